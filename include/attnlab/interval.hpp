@@ -1,0 +1,79 @@
+// The visible-key rule, in ONE place, usable from host and CUDA device code.
+//
+// For query row i of a batch whose kv length is Lk (kv_lens[b] or kv_len) and q length Lq:
+//   off = Lk - Lq            (bottom-right alignment: the default meaning of "causal",
+//                             what FlashAttention >= 2.1 and every KV-cache decoder use)
+//   off = 0                  (top-left alignment: PyTorch's is_causal)
+//   causal      -> right = 0 (a window's right bound is clipped to 0)
+//   hi = right < 0 ? Lk : min(Lk, i + off + right + 1)
+//   lo = left  < 0 ? 0  : max(0,  i + off - left)
+// Window bounds are inclusive: left = w sees w keys before the diagonal plus the diagonal.
+// Without causal the window is aligned bottom-right (FlashAttention's convention).
+// An interval with lo >= hi is empty: the row is fully masked (O = 0, LSE = -inf).
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define ATTN_HD __host__ __device__ inline
+#else
+#define ATTN_HD inline
+#endif
+
+namespace attnlab {
+
+enum class CausalAlign : int {
+  None = 0,
+  BottomRight = 1,  // query i sees keys j <= i + (Lk - Lq)
+  TopLeft = 2,      // query i sees keys j <= i  (PyTorch is_causal)
+};
+
+struct Interval {
+  int64_t lo = 0;
+  int64_t hi = 0;
+  ATTN_HD bool empty() const { return hi <= lo; }
+  ATTN_HD int64_t size() const { return hi > lo ? hi - lo : 0; }
+};
+
+// The mask of one batch entry: everything visible() needs, nothing else.
+struct MaskSpec {
+  int64_t q_len = 0;
+  int64_t kv_len = 0;  // this batch entry's kv length (kv_lens[b] when given)
+  CausalAlign causal = CausalAlign::None;
+  int64_t left = -1;   // -1 = unbounded
+  int64_t right = -1;  // -1 = unbounded
+
+  ATTN_HD Interval row(int64_t i) const {
+    const int64_t off = causal == CausalAlign::TopLeft ? 0 : kv_len - q_len;
+    int64_t r = right;
+    if (causal != CausalAlign::None) r = 0;  // causal == window right bound 0
+    Interval iv;
+    iv.hi = r < 0 ? kv_len : (i + off + r + 1 < kv_len ? i + off + r + 1 : kv_len);
+    iv.lo = left < 0 ? 0 : (i + off - left > 0 ? i + off - left : 0);
+    if (iv.hi < 0) iv.hi = 0;
+    if (iv.lo > iv.hi) iv.lo = iv.hi;  // canonical empty interval
+    return iv;
+  }
+
+  // Smallest interval holding every visible key of rows [i0, i1). Visible intervals move
+  // monotonically with i and overlap or touch, so their union is one interval; a key tile
+  // outside it can be skipped for the whole row block.
+  ATTN_HD Interval rows(int64_t i0, int64_t i1) const {
+    Interval u{0, 0};
+    bool any = false;
+    for (int64_t i = i0; i < i1; ++i) {
+      const Interval iv = row(i);
+      if (iv.empty()) continue;
+      if (!any) {
+        u = iv;
+        any = true;
+      } else {
+        u.lo = iv.lo < u.lo ? iv.lo : u.lo;
+        u.hi = iv.hi > u.hi ? iv.hi : u.hi;
+      }
+    }
+    return u;
+  }
+};
+
+}  // namespace attnlab

@@ -1,0 +1,88 @@
+// The one interface every implementation sits behind, and the registry that lists them.
+//
+// A kernel says whether it supports a problem (and why not), how much workspace it needs
+// (allocated once, outside any timed region) and runs. `Session` binds a kernel to a
+// problem and a thread count: it validates, allocates the workspace and owns the
+// tbb::task_arena the kernel runs in, so `Session::run` is the only thing a benchmark
+// times.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attnlab/problem.hpp"
+#include "attnlab/tensor.hpp"
+
+#include <tbb/task_arena.h>
+
+
+namespace attnlab {
+
+// "yes", or "no" with the reason.
+struct Support {
+  bool ok = true;
+  std::string reason;
+  static Support yes() { return {}; }
+  static Support no(std::string why) { return {false, std::move(why)}; }
+  explicit operator bool() const { return ok; }
+};
+
+struct RunContext {
+  int threads = 1;                  // size of the arena the kernel runs in
+  std::span<std::byte> workspace;   // workspace_bytes() bytes, 64-byte aligned
+};
+
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  virtual std::string_view name() const = 0;
+  virtual std::string_view description() const = 0;
+  // Whether the kernel can run on this machine at all (e.g. "no CUDA device").
+  virtual Support available() const { return Support::yes(); }
+  // Whether it computes this (valid) problem; the reason when not.
+  virtual Support supports(const Problem&) const { return Support::yes(); }
+  // Scratch memory for run(), for `threads` threads: the kernel's extra memory.
+  virtual size_t workspace_bytes(const Problem&, int /*threads*/) const { return 0; }
+  // Computes O (and LSE when outputs.lse is set). Called inside the run's task_arena.
+  virtual void run(const Problem& p, const Inputs& in, const Outputs& out,
+                   RunContext& ctx) const = 0;
+};
+
+// All kernels, in ladder order. Test-only kernels are not listed here.
+const std::vector<const Kernel*>& registry();
+// nullptr when no kernel has that name.
+const Kernel* find_kernel(std::string_view name);
+// Throws InvalidInput listing the known names.
+const Kernel& kernel_or_throw(std::string_view name);
+std::string kernel_names();  // "naive, blocked, ..."
+
+// A kernel bound to a problem and a thread count.
+class Session {
+ public:
+  // Validates the problem, checks availability and support (throws InvalidInput with
+  // the reason), allocates the workspace and creates the arena.
+  Session(const Kernel& kernel, const Problem& problem, int threads);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  void run(const Inputs& in, const Outputs& out);
+  size_t workspace_bytes() const { return workspace_size_; }
+  const Kernel& kernel() const { return kernel_; }
+  const Problem& problem() const { return problem_; }
+  int threads() const { return threads_; }
+
+ private:
+  const Kernel& kernel_;
+  Problem problem_;
+  int threads_;
+  size_t workspace_size_ = 0;
+  std::unique_ptr<std::byte[], AlignedFree> workspace_;
+  std::unique_ptr<tbb::task_arena> arena_;
+};
+
+}  // namespace attnlab

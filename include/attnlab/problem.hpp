@@ -1,0 +1,80 @@
+// The one operation the lab measures, described precisely (see docs/architecture.md):
+//
+//   O[b,h,i,:]  = sum_j P[b,h,i,j] * V[b,g(h),j,:]
+//   P[b,h,i,:]  = softmax_j(scale * <Q[b,h,i,:], K[b,g(h),j,:]>) over visible j
+//   LSE[b,h,i]  = log sum_j exp(scale * <Q, K>) over visible j   (natural log)
+//
+// g(h) = h / (q_heads / kv_heads). The visible keys of a row form ONE interval [lo, hi),
+// computed by Problem::visible() and nowhere else. A fully masked row gives O = 0 and
+// LSE = -inf.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attnlab/interval.hpp"
+
+namespace attnlab {
+
+// Raised for any problem, file or argument the lab refuses. The message names the
+// field, the bad value and the allowed values.
+struct InvalidInput : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Memory order of Q, K, V and O. The last dimension (head_dim) is always contiguous.
+enum class Layout {
+  BHSD,  // (batch, heads, seq, head_dim)
+  BSHD,  // (batch, seq, heads, head_dim)
+};
+
+const char* to_string(Layout layout);
+Layout parse_layout(const std::string& text);  // "bhsd" | "bshd"; throws InvalidInput
+
+const char* to_string(CausalAlign causal);
+
+struct Problem {
+  int64_t batch = 1;
+  int64_t q_heads = 1;
+  int64_t kv_heads = 1;
+  int64_t q_len = 1;
+  int64_t kv_len = 1;
+  int64_t head_dim = 64;
+  CausalAlign causal = CausalAlign::None;
+  int64_t window_left = -1;   // -1 = unbounded
+  int64_t window_right = -1;  // -1 = unbounded
+  std::vector<int64_t> kv_lens;  // empty, or one entry per batch in [0, kv_len]
+  std::optional<float> scale;    // default 1/sqrt(head_dim)
+  Layout layout = Layout::BHSD;
+
+  static constexpr int64_t kMinHeadDim = 1;
+  static constexpr int64_t kMaxHeadDim = 512;
+
+  // Throws InvalidInput naming the field and the allowed values.
+  void validate() const;
+
+  int64_t group() const { return q_heads / kv_heads; }  // query heads per kv head
+  int64_t kv_head_of(int64_t h) const { return h / group(); }
+  float effective_scale() const;
+  int64_t kv_len_of(int64_t b) const { return kv_lens.empty() ? kv_len : kv_lens[b]; }
+  MaskSpec mask_for_batch(int64_t b) const;
+  // The visible key interval of query row i in batch b.
+  Interval visible(int64_t b, int64_t i) const { return mask_for_batch(b).row(i); }
+
+  // Counted once, here; every report and benchmark uses these.
+  int64_t visible_pairs() const;  // sum over (b, h, i) of visible keys
+  double flops() const;           // 4 * head_dim * visible_pairs
+  double bytes_moved() const;     // compulsory Q, K, V (once per kv head), O, LSE bytes
+  double kv_bytes() const;        // the K and V part of bytes_moved()
+
+  int64_t q_elems() const { return batch * q_heads * q_len * head_dim; }
+  int64_t kv_elems() const { return batch * kv_heads * kv_len * head_dim; }
+  int64_t lse_elems() const { return batch * q_heads * q_len; }
+
+  std::string describe() const;  // one line, for tables and error messages
+};
+
+}  // namespace attnlab

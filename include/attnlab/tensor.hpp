@@ -1,0 +1,77 @@
+// Strided 4-D views (batch, heads, seq, head_dim) with the last dimension contiguous.
+// The same view type covers BHSD and BSHD memory: only the strides differ.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "attnlab/problem.hpp"
+
+namespace attnlab {
+
+template <class T>
+struct View4 {
+  T* data = nullptr;
+  int64_t batch = 0, heads = 0, seq = 0, dim = 0;
+  int64_t stride_b = 0, stride_h = 0, stride_s = 0;  // in elements; stride_d == 1
+
+  T* row(int64_t b, int64_t h, int64_t s) const {
+    return data + b * stride_b + h * stride_h + s * stride_s;
+  }
+  int64_t elems() const { return batch * heads * seq * dim; }
+};
+
+using ConstView = View4<const float>;
+using MutView = View4<float>;
+
+// Strides of a densely packed tensor in the given layout.
+template <class T>
+View4<T> make_view(T* data, int64_t batch, int64_t heads, int64_t seq, int64_t dim,
+                   Layout layout) {
+  View4<T> v{data, batch, heads, seq, dim, 0, 0, 0};
+  if (layout == Layout::BHSD) {
+    v.stride_s = dim;
+    v.stride_h = seq * dim;
+    v.stride_b = heads * seq * dim;
+  } else {
+    v.stride_h = dim;
+    v.stride_s = heads * dim;
+    v.stride_b = seq * heads * dim;
+  }
+  return v;
+}
+
+template <class T>
+View4<const T> as_const(const View4<T>& v) {
+  return {v.data, v.batch, v.heads, v.seq, v.dim, v.stride_b, v.stride_h, v.stride_s};
+}
+
+struct Inputs {
+  ConstView q, k, v;
+};
+
+struct Outputs {
+  MutView o;                 // same shape and layout as q
+  float* lse = nullptr;      // optional, contiguous (batch, q_heads, q_len)
+};
+
+// 64-byte aligned float storage, zero-initialised.
+struct AlignedFree {
+  void operator()(void* p) const;
+};
+std::unique_ptr<float[], AlignedFree> alloc_floats(size_t count);
+std::unique_ptr<std::byte[], AlignedFree> alloc_bytes(size_t count);
+
+// Owned Q, K, V, O, LSE for a problem, in the problem's layout.
+struct Tensors {
+  std::unique_ptr<float[], AlignedFree> q, k, v, o, lse;
+  Inputs inputs;
+  Outputs outputs;
+};
+Tensors allocate_tensors(const Problem& p);
+// Uniform [-1, 1) inputs from a seed (deterministic across platforms), O and LSE zeroed.
+Tensors random_tensors(const Problem& p, uint64_t seed);
+
+}  // namespace attnlab

@@ -1,0 +1,106 @@
+// Agreement with the float64 reference, and the tolerance policy (the only place it lives).
+//
+// Errors of a kernel's output against the reference, per row (b, h, i):
+//   o_abs  = max |O - O_ref|
+//   o_rel  = max |O - O_ref| / row_scale, row_scale = sum_j P_ij * max_d |V_jd|: the size of
+//            the terms the row is a convex combination of, so cancellation cannot inflate it
+//   lse    = max |LSE - LSE_ref| / max(1, |LSE_ref|)
+// A NaN/Inf where the reference is finite (or a finite value where the reference is NaN,
+// i.e. the inputs seen by that row hold NaN) counts as an infinite error.
+//
+// Tolerance policy (FlashAttention's test rule, with a floor): a kernel passes when
+//   o_rel <= kFactor * baseline.o_rel + kFloor   and   lse <= kFactor * baseline.lse + kFloor
+// where `baseline` is the error the textbook float32 algorithm (the `naive` kernel's
+// arithmetic) makes against float64 on the same inputs and rows, kFactor = 4 and
+// kFloor = 32 * FLT_EPSILON (~3.8e-6).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnlab/problem.hpp"
+#include "attnlab/tensor.hpp"
+
+namespace attnlab {
+
+struct RowId {
+  int64_t b = 0, h = 0, i = 0;
+};
+
+// Reference values (double) for a list of rows: o is rows.size() x head_dim.
+struct Reference {
+  std::vector<RowId> rows;
+  std::vector<double> o;
+  std::vector<double> lse;
+  std::vector<double> row_scale;
+  int64_t dim = 0;
+};
+
+// Every row of the problem, in (b, h, i) order.
+std::vector<RowId> all_rows(const Problem& p);
+// All rows when there are at most max_rows; otherwise a deterministic sample that always
+// includes the first and last row of every (b, h) (where masks bite) plus random rows.
+std::vector<RowId> sample_rows(const Problem& p, size_t max_rows, uint64_t seed);
+
+// The float64 reference: the specification, computed row by row, never optimized.
+double reference_row(const Problem& p, const Inputs& in, const RowId& r, double* o_row,
+                     double* row_scale);
+Reference reference(const Problem& p, const Inputs& in, std::vector<RowId> rows);
+inline Reference reference(const Problem& p, const Inputs& in) {
+  return reference(p, in, all_rows(p));
+}
+
+struct Errors {
+  double o_abs = 0, o_rel = 0, lse = 0;
+  bool lse_checked = false;
+  RowId worst;  // row of the largest o_rel
+};
+
+// o: the output view (q's shape and layout); lse may be nullptr (then not checked).
+Errors measure(const Reference& ref, const ConstView& o, const float* lse, const Problem& p);
+
+// The baseline: the textbook float32 algorithm's error on the reference rows.
+Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref);
+
+struct Tolerance {
+  static constexpr double kFactor = 4.0;
+  static constexpr double kFloor = 32.0 * 1.1920928955078125e-07;
+  double o_rel = 0, lse = 0;
+  static Tolerance from_baseline(const Errors& baseline);
+  // When checking against outputs made elsewhere: allow their own error as well.
+  Tolerance widened_by(const Errors& external) const;
+  bool passes(const Errors& e) const;
+  std::string why_failed(const Errors& e) const;  // empty when it passes
+};
+
+}  // namespace attnlab
+
+#include "attnlab/kernel.hpp"
+
+namespace attnlab {
+
+// Reference, baseline error and tolerance for one problem and input set.
+struct Agreement {
+  Reference ref;
+  Errors baseline;
+  Tolerance tol;
+};
+Agreement prepare_agreement(const Problem& p, const Inputs& in, std::vector<RowId> rows);
+
+enum class Verdict { Pass, Fail, Skip };
+const char* to_string(Verdict v);
+
+struct KernelCheck {
+  std::string kernel;
+  Verdict verdict = Verdict::Skip;
+  Errors errors;
+  std::string reason;  // why it failed or was skipped
+};
+
+// Runs the kernel (through a Session with `threads`) on outputs pre-filled with NaN, so a
+// row the kernel forgets to write fails, and measures it against a.ref with a.tol.
+KernelCheck check_kernel(const Kernel& k, const Problem& p, const Inputs& in,
+                         const Agreement& a, int threads);
+
+}  // namespace attnlab

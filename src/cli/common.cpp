@@ -1,0 +1,86 @@
+#include "common.hpp"
+
+#include <sstream>
+#include <thread>
+
+namespace attnlab::cli {
+
+std::vector<int64_t> parse_int_list(const std::string& field, const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string tok;
+  while (std::getline(ss, tok, ',')) {
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(tok, &used);
+      if (used != tok.size()) throw std::invalid_argument(tok);
+      out.push_back(v);
+    } catch (const std::exception&) {
+      throw InvalidInput(field + ": '" + text + "' is not a comma-separated list of integers");
+    }
+  }
+  if (out.empty()) throw InvalidInput(field + ": empty list; allowed: integers separated by commas");
+  return out;
+}
+
+void MaskFlags::add_to(CLI::App& app) {
+  app.add_flag("--causal", causal, "causal mask, bottom-right aligned (query i sees keys j <= i + kv_len - q_len)");
+  app.add_flag("--causal-top-left", causal_top_left, "causal mask aligned top-left (PyTorch is_causal: j <= i)");
+  app.add_option("--window", window, "sliding window L,R (inclusive bounds, -1 = unbounded)");
+  app.add_option("--kv-lens", kv_lens, "per-batch kv lengths a,b,... (each in [0, kv_len])");
+  app.add_option("--scale", scale, "softmax scale (default 1/sqrt(head_dim))");
+  app.add_option("--layout", layout, "memory layout: bhsd (batch, heads, seq, dim) or bshd")
+      ->check(CLI::IsMember({"bhsd", "bshd"}));
+  app.add_option("--threads", threads, "threads (default: all cores)");
+}
+
+void MaskFlags::apply(Problem& p) const {
+  if (causal && causal_top_left) {
+    throw InvalidInput("causal: --causal and --causal-top-left exclude each other; allowed: one of them");
+  }
+  p.causal = causal ? CausalAlign::BottomRight
+                    : (causal_top_left ? CausalAlign::TopLeft : CausalAlign::None);
+  if (!window.empty()) {
+    const auto w = parse_int_list("window", window);
+    if (w.size() != 2) throw InvalidInput("window: '" + window + "' must be two integers L,R (-1 = unbounded)");
+    p.window_left = w[0];
+    p.window_right = w[1];
+  }
+  if (!kv_lens.empty()) p.kv_lens = parse_int_list("kv-lens", kv_lens);
+  p.scale = scale;
+  p.layout = parse_layout(layout);
+}
+
+int MaskFlags::thread_count() const {
+  if (threads > 0) return threads;
+  if (threads < 0) throw InvalidInput("threads: " + std::to_string(threads) + " is not allowed; allowed: >= 1, or 0 for all cores");
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+void ShapeFlags::add_to(CLI::App& app) {
+  app.add_option("--batch", batch, "batch size");
+  app.add_option("--q-heads", q_heads, "query heads");
+  app.add_option("--kv-heads", kv_heads, "key/value heads (divides q-heads)");
+  app.add_option("--q-len", q_len, "query length");
+  app.add_option("--kv-len", kv_len, "key/value length");
+  app.add_option("--head-dim", head_dim, "head dimension");
+  app.add_option("--seed", seed, "seed of the random inputs");
+}
+
+bool ShapeFlags::any_given(const CLI::App& app) const {
+  for (const char* f : {"--batch", "--q-heads", "--kv-heads", "--q-len", "--kv-len", "--head-dim"}) {
+    if (app.count(f) > 0) return true;
+  }
+  return false;
+}
+
+void ShapeFlags::apply(Problem& p) const {
+  p.batch = batch;
+  p.q_heads = q_heads;
+  p.kv_heads = kv_heads;
+  p.q_len = q_len;
+  p.kv_len = kv_len;
+  p.head_dim = head_dim;
+}
+
+}  // namespace attnlab::cli

@@ -1,0 +1,49 @@
+// Flags shared by the attnlab subcommands, and the problem they describe.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attnlab/problem.hpp"
+
+namespace attnlab::cli {
+
+// Mask, scale, layout and threads flags (used by run and verify).
+struct MaskFlags {
+  bool causal = false;
+  bool causal_top_left = false;
+  std::string window;   // "L,R"
+  std::string kv_lens;  // "a,b,..."
+  std::optional<float> scale;
+  std::string layout = "bhsd";
+  int threads = 0;  // 0 = all cores
+  void add_to(CLI::App& app);
+  // Fills the mask/scale/layout fields of p (throws InvalidInput on malformed text).
+  void apply(Problem& p) const;
+  int thread_count() const;
+};
+
+// Explicit shape flags (verify with random inputs).
+struct ShapeFlags {
+  int64_t batch = 1, q_heads = 8, kv_heads = 2, q_len = 65, kv_len = 127, head_dim = 64;
+  uint64_t seed = 1;
+  void add_to(CLI::App& app);
+  bool any_given(const CLI::App& app) const;
+  void apply(Problem& p) const;
+};
+
+std::vector<int64_t> parse_int_list(const std::string& field, const std::string& text);
+
+// Subcommands. Each adds itself to the app and runs when selected; the runner returns
+// the process exit code (0 ok, 1 verification failed, 2 bad input).
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+Command add_list(CLI::App& app);
+Command add_run(CLI::App& app);
+Command add_verify(CLI::App& app);
+
+}  // namespace attnlab::cli

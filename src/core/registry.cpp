@@ -1,0 +1,69 @@
+// The registry: one line per implementation, in ladder order.
+#include <tbb/task_arena.h>
+
+#include "attnlab/kernel.hpp"
+
+namespace attnlab {
+
+namespace cpu {
+const Kernel& naive();
+const Kernel& blocked();
+}  // namespace cpu
+
+const std::vector<const Kernel*>& registry() {
+  static const std::vector<const Kernel*> kernels = {
+      &cpu::naive(),
+      &cpu::blocked(),
+  };
+  return kernels;
+}
+
+const Kernel* find_kernel(std::string_view name) {
+  for (const Kernel* k : registry()) {
+    if (k->name() == name) return k;
+  }
+  return nullptr;
+}
+
+std::string kernel_names() {
+  std::string names;
+  for (const Kernel* k : registry()) {
+    if (!names.empty()) names += ", ";
+    names += k->name();
+  }
+  return names;
+}
+
+const Kernel& kernel_or_throw(std::string_view name) {
+  if (const Kernel* k = find_kernel(name)) return *k;
+  throw InvalidInput("impl: '" + std::string(name) + "' is not a kernel; allowed: " +
+                     kernel_names());
+}
+
+Session::Session(const Kernel& kernel, const Problem& problem, int threads)
+    : kernel_(kernel), problem_(problem), threads_(threads) {
+  problem_.validate();
+  if (threads < 1 || threads > 1024) {
+    throw InvalidInput("threads: " + std::to_string(threads) +
+                       " is not allowed; allowed: 1 to 1024");
+  }
+  if (Support a = kernel.available(); !a) {
+    throw InvalidInput(std::string(kernel.name()) + " is not available: " + a.reason);
+  }
+  if (Support s = kernel.supports(problem_); !s) {
+    throw InvalidInput(std::string(kernel.name()) + " does not support " + problem_.describe() +
+                       ": " + s.reason);
+  }
+  workspace_size_ = kernel.workspace_bytes(problem_, threads);
+  workspace_ = alloc_bytes(workspace_size_);
+  arena_ = std::make_unique<tbb::task_arena>(threads);
+}
+
+Session::~Session() = default;
+
+void Session::run(const Inputs& in, const Outputs& out) {
+  RunContext ctx{threads_, std::span<std::byte>(workspace_.get(), workspace_size_)};
+  arena_->execute([&] { kernel_.run(problem_, in, out, ctx); });
+}
+
+}  // namespace attnlab

@@ -1,0 +1,232 @@
+// The float64 reference, the agreement metric and the tolerance policy (see verify.hpp).
+#include "attnlab/verify.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "attnlab/textbook.hpp"
+
+namespace attnlab {
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Error of one value against the reference, with the NaN rules of the header.
+double value_error(double got, double want) {
+  if (std::isnan(want) && std::isnan(got)) return 0.0;
+  if (std::isinf(want) && got == want) return 0.0;
+  if (!std::isfinite(got) || !std::isfinite(want)) return kInf;
+  return std::fabs(got - want);
+}
+
+void accumulate(Errors& e, const Reference& ref, size_t r, const float* o_row, const float* lse) {
+  const double* want = &ref.o[r * ref.dim];
+  const double scale = std::max(ref.row_scale[r], 1e-30);
+  double worst_abs = 0;
+  for (int64_t d = 0; d < ref.dim; ++d) {
+    worst_abs = std::max(worst_abs, value_error(o_row[d], want[d]));
+  }
+  e.o_abs = std::max(e.o_abs, worst_abs);
+  const double rel = worst_abs == 0 ? 0.0 : worst_abs / scale;
+  if (r == 0 || rel > e.o_rel) {
+    e.o_rel = std::max(e.o_rel, rel);
+    e.worst = ref.rows[r];
+  }
+  if (lse) {
+    e.lse_checked = true;
+    double err = value_error(*lse, ref.lse[r]);
+    if (std::isfinite(err)) err /= std::max(1.0, std::fabs(ref.lse[r]));
+    e.lse = std::max(e.lse, err);
+  }
+}
+}  // namespace
+
+std::vector<RowId> all_rows(const Problem& p) {
+  std::vector<RowId> rows;
+  rows.reserve(static_cast<size_t>(p.batch * p.q_heads * p.q_len));
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.q_heads; ++h)
+      for (int64_t i = 0; i < p.q_len; ++i) rows.push_back({b, h, i});
+  return rows;
+}
+
+std::vector<RowId> sample_rows(const Problem& p, size_t max_rows, uint64_t seed) {
+  const int64_t total = p.batch * p.q_heads * p.q_len;
+  if (static_cast<size_t>(total) <= max_rows) return all_rows(p);
+  std::set<std::tuple<int64_t, int64_t, int64_t>> picked;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.q_heads; ++h) {
+      picked.insert({b, h, 0});
+      picked.insert({b, h, p.q_len - 1});
+    }
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  while (picked.size() < max_rows) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    const int64_t idx = static_cast<int64_t>(s % static_cast<uint64_t>(total));
+    picked.insert({idx / (p.q_heads * p.q_len), (idx / p.q_len) % p.q_heads, idx % p.q_len});
+  }
+  std::vector<RowId> rows;
+  for (auto& [b, h, i] : picked) rows.push_back({b, h, i});
+  return rows;
+}
+
+double reference_row(const Problem& p, const Inputs& in, const RowId& r, double* o_row,
+                     double* row_scale) {
+  const int64_t d_n = p.head_dim;
+  const int64_t hk = p.kv_head_of(r.h);
+  const Interval iv = p.visible(r.b, r.i);
+  std::fill(o_row, o_row + d_n, 0.0);
+  *row_scale = 0.0;
+  if (iv.empty()) return -kInf;
+  const double scale = p.effective_scale();
+  const float* q = in.q.row(r.b, r.h, r.i);
+  std::vector<double> s(static_cast<size_t>(iv.size()));
+  double m = -kInf;
+  for (int64_t j = iv.lo; j < iv.hi; ++j) {
+    const float* k = in.k.row(r.b, hk, j);
+    double dot = 0;
+    for (int64_t d = 0; d < d_n; ++d) dot += static_cast<double>(q[d]) * k[d];
+    const double sj = scale * dot;
+    s[j - iv.lo] = sj;
+    if (!(sj <= m)) m = sj;  // a NaN score makes m NaN, and the whole row NaN
+  }
+  double l = 0, scale_sum = 0;
+  for (int64_t j = iv.lo; j < iv.hi; ++j) {
+    const double pj = std::exp(s[j - iv.lo] - m);
+    l += pj;
+    const float* v = in.v.row(r.b, hk, j);
+    double vmax = 0;
+    for (int64_t d = 0; d < d_n; ++d) {
+      o_row[d] += pj * v[d];
+      vmax = std::max(vmax, std::fabs(static_cast<double>(v[d])));
+    }
+    scale_sum += pj * vmax;
+  }
+  for (int64_t d = 0; d < d_n; ++d) o_row[d] /= l;
+  *row_scale = scale_sum / l;
+  return m + std::log(l);
+}
+
+Reference reference(const Problem& p, const Inputs& in, std::vector<RowId> rows) {
+  Reference ref;
+  ref.dim = p.head_dim;
+  ref.rows = std::move(rows);
+  ref.o.resize(ref.rows.size() * static_cast<size_t>(ref.dim));
+  ref.lse.resize(ref.rows.size());
+  ref.row_scale.resize(ref.rows.size());
+  for (size_t r = 0; r < ref.rows.size(); ++r) {
+    ref.lse[r] = reference_row(p, in, ref.rows[r], &ref.o[r * ref.dim], &ref.row_scale[r]);
+  }
+  return ref;
+}
+
+Errors measure(const Reference& ref, const ConstView& o, const float* lse, const Problem& p) {
+  Errors e;
+  for (size_t r = 0; r < ref.rows.size(); ++r) {
+    const RowId& id = ref.rows[r];
+    const float* l = lse ? lse + (id.b * p.q_heads + id.h) * p.q_len + id.i : nullptr;
+    accumulate(e, ref, r, o.row(id.b, id.h, id.i), l);
+  }
+  return e;
+}
+
+Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref) {
+  Errors e;
+  std::vector<float> s(static_cast<size_t>(p.kv_len)), o(static_cast<size_t>(p.head_dim));
+  const float scale = p.effective_scale();
+  for (size_t r = 0; r < ref.rows.size(); ++r) {
+    const RowId& id = ref.rows[r];
+    const int64_t hk = p.kv_head_of(id.h);
+    const Interval iv = p.visible(id.b, id.i);
+    textbook::scores(in.q.row(id.b, id.h, id.i), in.k, id.b, hk, iv, scale, s.data());
+    const float lse = textbook::softmax_pv(s.data(), in.v, id.b, hk, iv, o.data());
+    accumulate(e, ref, r, o.data(), &lse);
+  }
+  return e;
+}
+
+Tolerance Tolerance::from_baseline(const Errors& baseline) {
+  Tolerance t;
+  // A NaN row in the inputs makes the baseline infinite; keep the tolerance finite so the
+  // check stays meaningful for the other rows.
+  const double o = std::isfinite(baseline.o_rel) ? baseline.o_rel : 0.0;
+  const double l = std::isfinite(baseline.lse) ? baseline.lse : 0.0;
+  t.o_rel = kFactor * o + kFloor;
+  t.lse = kFactor * l + kFloor;
+  return t;
+}
+
+Tolerance Tolerance::widened_by(const Errors& external) const {
+  Tolerance t = *this;
+  t.o_rel += external.o_rel;
+  t.lse += external.lse;
+  return t;
+}
+
+bool Tolerance::passes(const Errors& e) const { return why_failed(e).empty(); }
+
+std::string Tolerance::why_failed(const Errors& e) const {
+  std::ostringstream s;
+  if (!(e.o_rel <= o_rel)) {
+    s << "O error " << e.o_rel << " (relative to row scale) > tolerance " << o_rel
+      << " at row (b=" << e.worst.b << ", h=" << e.worst.h << ", i=" << e.worst.i << ")";
+  }
+  if (e.lse_checked && !(e.lse <= lse)) {
+    if (s.tellp() > 0) s << "; ";
+    s << "LSE error " << e.lse << " > tolerance " << lse;
+  }
+  return s.str();
+}
+
+}  // namespace attnlab
+
+namespace attnlab {
+
+Agreement prepare_agreement(const Problem& p, const Inputs& in, std::vector<RowId> rows) {
+  Agreement a;
+  a.ref = reference(p, in, std::move(rows));
+  a.baseline = baseline_errors(p, in, a.ref);
+  a.tol = Tolerance::from_baseline(a.baseline);
+  return a;
+}
+
+const char* to_string(Verdict v) {
+  switch (v) {
+    case Verdict::Pass: return "PASS";
+    case Verdict::Fail: return "FAIL";
+    case Verdict::Skip: return "SKIP";
+  }
+  return "?";
+}
+
+KernelCheck check_kernel(const Kernel& k, const Problem& p, const Inputs& in,
+                         const Agreement& a, int threads) {
+  KernelCheck c;
+  c.kernel = std::string(k.name());
+  if (Support s = k.available(); !s) {
+    c.reason = s.reason;
+    return c;
+  }
+  if (Support s = k.supports(p); !s) {
+    c.reason = s.reason;
+    return c;
+  }
+  Tensors out = allocate_tensors(p);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::fill(out.o.get(), out.o.get() + p.q_elems(), nan);
+  std::fill(out.lse.get(), out.lse.get() + p.lse_elems(), nan);
+  Session session(k, p, threads);
+  session.run(in, out.outputs);
+  c.errors = measure(a.ref, as_const(out.outputs.o), out.outputs.lse, p);
+  c.reason = a.tol.why_failed(c.errors);
+  c.verdict = c.reason.empty() ? Verdict::Pass : Verdict::Fail;
+  return c;
+}
+
+}  // namespace attnlab

@@ -1,0 +1,53 @@
+// naive: the textbook algorithm in float32, plain loops.
+//
+// Idea: for each (batch, head), materialize the whole scaled score matrix S (q_len x
+// kv_len), then for each row take the visible interval, a stable softmax (subtract the
+// max) and multiply by V. Exactly the arithmetic of textbook.hpp, which is also the
+// tolerance baseline.
+// Memory: q_len * kv_len floats of workspace (the O(n^2) the tiled kernels avoid).
+// Cost: 4 * d FLOP per visible pair plus one exp; no reuse of K/V across rows, so at
+// large n it streams K and V from memory once per query row (memory bound, ~1-3% of peak).
+#include "attnlab/kernel.hpp"
+#include "attnlab/textbook.hpp"
+
+namespace attnlab::cpu {
+namespace {
+
+class Naive final : public Kernel {
+ public:
+  std::string_view name() const override { return "naive"; }
+  std::string_view description() const override {
+    return "textbook float32: full score matrix, stable softmax, P*V; plain loops";
+  }
+  size_t workspace_bytes(const Problem& p, int) const override {
+    return static_cast<size_t>(p.q_len * p.kv_len) * sizeof(float);
+  }
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    float* scores = reinterpret_cast<float*>(ctx.workspace.data());
+    const float scale = p.effective_scale();
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const MaskSpec mask = p.mask_for_batch(b);
+      for (int64_t h = 0; h < p.q_heads; ++h) {
+        const int64_t hk = p.kv_head_of(h);
+        for (int64_t i = 0; i < p.q_len; ++i) {  // S = scale * Q K^T on the visible interval
+          textbook::scores(in.q.row(b, h, i), in.k, b, hk, mask.row(i), scale,
+                           scores + i * p.kv_len);
+        }
+        for (int64_t i = 0; i < p.q_len; ++i) {  // softmax rows, then P V
+          const float lse = textbook::softmax_pv(scores + i * p.kv_len, in.v, b, hk,
+                                                 mask.row(i), out.o.row(b, h, i));
+          if (out.lse) out.lse[(b * p.q_heads + h) * p.q_len + i] = lse;
+        }
+      }
+    }
+  }
+};
+
+}  // namespace
+
+const Kernel& naive() {
+  static const Naive k;
+  return k;
+}
+
+}  // namespace attnlab::cpu
