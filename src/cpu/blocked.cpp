@@ -91,11 +91,12 @@ class Blocked final : public Kernel {
           }
           for (int64_t r = 0; r < rows; ++r) {
             float* o = out.o.row(b, h, i0 + r);
-            const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;  // fully masked row -> 0
+            // Fully masked row (l == 0) -> O = 0, LSE = -inf; a NaN l propagates.
+            const float inv = l[r] == 0.f ? 0.f : 1.f / l[r];
             for (int64_t d = 0; d < dim; ++d) o[d] = acc[r * dim + d] * inv;
             if (out.lse) {
               out.lse[(b * p.q_heads + h) * p.q_len + i0 + r] =
-                  l[r] > 0.f ? m[r] + std::log(l[r]) : kNegInf;
+                  l[r] == 0.f ? kNegInf : m[r] + std::log(l[r]);
             }
           }
         }

@@ -1,0 +1,174 @@
+// The attnlab executable end to end: .npy round trips, exit codes, messages, and that
+// nothing is written on failure.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "attnlab/npy.hpp"
+#include "attnlab/verify.hpp"
+#include "test_util.hpp"
+
+namespace attnlab {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result attnlab(const std::string& args) {
+  const std::string cmd = std::string(ATTNLAB_EXE) + " " + args + " 2>&1";
+  Result r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) r.out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  fs::path dir;
+  void SetUp() override {
+    dir = fs::temp_directory_path() /
+          ("attn_cli_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir);
+  }
+  void TearDown() override { fs::remove_all(dir); }
+  std::string path(const std::string& name) const { return (dir / name).string(); }
+  // Writes Q, K, V of p (random) in p's layout; returns the tensors.
+  Tensors write_inputs(const Problem& p) {
+    Tensors t = random_tensors(p, 9);
+    const bool bhsd = p.layout == Layout::BHSD;
+    auto shp = [&](int64_t h, int64_t s) {
+      return bhsd ? std::vector<int64_t>{p.batch, h, s, p.head_dim} : std::vector<int64_t>{p.batch, s, h, p.head_dim};
+    };
+    write_npy(path("q.npy"), t.q.get(), shp(p.q_heads, p.q_len));
+    write_npy(path("k.npy"), t.k.get(), shp(p.kv_heads, p.kv_len));
+    write_npy(path("v.npy"), t.v.get(), shp(p.kv_heads, p.kv_len));
+    return t;
+  }
+  std::string qkv() const { return "--q " + path("q.npy") + " --k " + path("k.npy") + " --v " + path("v.npy"); }
+};
+
+TEST_F(Cli, ListShowsEveryKernel) {
+  const Result r = attnlab("list");
+  EXPECT_EQ(r.code, 0) << r.out;
+  for (const char* name : {"naive", "blocked"}) EXPECT_NE(r.out.find(name), std::string::npos);
+}
+
+TEST_F(Cli, RunRoundTripMatchesReference) {
+  Problem p = test::shape(2, 4, 2, 7, 19, 24);
+  p.layout = Layout::BSHD;
+  p.causal = CausalAlign::BottomRight;
+  p.kv_lens = {19, 5};
+  Tensors t = write_inputs(p);
+  const Result r = attnlab("run --impl blocked " + qkv() + " --out " + path("o.npy") + " --lse " +
+                           path("lse.npy") + " --layout bshd --causal --kv-lens 19,5 --threads 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("time "), std::string::npos) << r.out;
+  NpyArray o = read_npy(path("o.npy"));
+  NpyArray lse = read_npy(path("lse.npy"));
+  EXPECT_EQ(o.shape, (std::vector<int64_t>{2, 7, 4, 24}));
+  EXPECT_EQ(lse.shape, (std::vector<int64_t>{2, 4, 7}));
+  const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
+  const MutView ov = make_view<float>(o.data.data(), 2, 4, 7, 24, Layout::BSHD);
+  const Errors e = measure(a.ref, as_const(ov), lse.data.data(), p);
+  EXPECT_TRUE(a.tol.passes(e)) << a.tol.why_failed(e);
+}
+
+TEST_F(Cli, VerifyAgainstExpectedFile) {
+  Problem p = test::shape(1, 6, 2, 5, 11, 16);
+  write_inputs(p);
+  ASSERT_EQ(attnlab("run --impl naive " + qkv() + " --out " + path("o.npy") + " --lse " + path("lse.npy")).code, 0);
+  Result ok = attnlab("verify --impl all " + qkv() + " --expect " + path("o.npy") + " --expect-lse " + path("lse.npy"));
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  EXPECT_NE(ok.out.find("agrees"), std::string::npos) << ok.out;
+  // Outputs made with a different mask disagree: exit 1.
+  ASSERT_EQ(attnlab("run --impl naive " + qkv() + " --out " + path("oc.npy") + " --causal").code, 0);
+  Result bad = attnlab("verify --impl naive " + qkv() + " --expect " + path("oc.npy"));
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("FAIL"), std::string::npos) << bad.out;
+}
+
+TEST_F(Cli, VerifyRandomShapeAndDefaults) {
+  Result one = attnlab("verify --impl naive,blocked --batch 2 --q-heads 4 --kv-heads 1 --q-len 9 --kv-len 33 "
+                       "--head-dim 20 --window 4,1 --kv-lens 0,30 --layout bshd");
+  EXPECT_EQ(one.code, 0) << one.out;
+  EXPECT_NE(one.out.find("kv_lens=0,30"), std::string::npos) << one.out;
+  Result all = attnlab("verify --impl naive");
+  EXPECT_EQ(all.code, 0) << all.out;
+  EXPECT_NE(all.out.find("causal=top-left"), std::string::npos) << all.out;
+}
+
+TEST_F(Cli, BadInputGetsClearErrorsAndWritesNothing) {
+  Problem p = test::shape(1, 2, 2, 3, 3, 8);
+  write_inputs(p);
+  const std::string out = " --out " + path("o.npy");
+  struct Bad {
+    std::string args, message;
+  };
+  const std::vector<Bad> cases = {
+      {"run --impl fastest " + qkv() + out, "impl: 'fastest' is not a kernel; allowed: naive, blocked"},
+      {"run --impl naive " + qkv() + out + " --window 3", "window: '3' must be two integers"},
+      {"run --impl naive " + qkv() + out + " --kv-lens 9", "kv_lens[0]: 9 is out of range"},
+      {"run --impl naive " + qkv() + out + " --causal --causal-top-left", "exclude each other"},
+      {"run --impl naive --q " + path("k.npy") + " --k " + path("q.npy") + " --v " + path("missing.npy") + out,
+       "cannot open"},
+      {"verify --q-heads 3 --kv-heads 2", "kv_heads: 2 does not divide q_heads (3)"},
+      {"verify --head-dim 0", "head_dim: 0 is not supported"},
+      {"verify --q " + path("q.npy"), "--q, --k, --v and --expect go together"},
+  };
+  for (const Bad& b : cases) {
+    const Result r = attnlab(b.args);
+    EXPECT_EQ(r.code, 2) << b.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(b.message), std::string::npos) << b.args << "\n" << r.out;
+  }
+  // Bad .npy files: bad magic, wrong dtype, truncated, shapes that do not fit.
+  std::ofstream(path("junk.npy")) << "definitely not numpy";
+  Result r = attnlab("run --impl naive --q " + path("junk.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("bad magic"), std::string::npos) << r.out;
+  const float x[8] = {};
+  write_npy(path("k3.npy"), x, {1, 2, 4});
+  r = attnlab("run --impl naive --q " + path("q.npy") + " --k " + path("k3.npy") + " --v " + path("v.npy") + out);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("has 3 dimensions; allowed: 4"), std::string::npos) << r.out;
+  write_npy(path("kd.npy"), x, {1, 2, 1, 4});
+  r = attnlab("run --impl naive --q " + path("q.npy") + " --k " + path("kd.npy") + " --v " + path("kd.npy") + out);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("head_dim 4 differs from Q's head_dim 8"), std::string::npos) << r.out;
+  std::string q = encode_npy(x, {1, 2, 3, 8});
+  std::ofstream(path("qt.npy"), std::ios::binary) << q.substr(0, q.size() - 4);
+  r = attnlab("run --impl naive --q " + path("qt.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("truncated data"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+  // Unknown flags and subcommands are parse errors, not crashes.
+  EXPECT_EQ(attnlab("run --impl naive --bogus").code, 2);
+  EXPECT_EQ(attnlab("frobnicate").code, 2);
+}
+
+TEST_F(Cli, NanInputsAreReported) {
+  Problem p = test::shape(1, 1, 1, 2, 2, 4);
+  Tensors t = random_tensors(p, 1);
+  t.k[5] = std::nanf("");
+  write_npy(path("q.npy"), t.q.get(), {1, 1, 2, 4});
+  write_npy(path("k.npy"), t.k.get(), {1, 1, 2, 4});
+  write_npy(path("v.npy"), t.v.get(), {1, 1, 2, 4});
+  const Result r = attnlab("run --impl naive " + qkv() + " --out " + path("o.npy"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: K holds 1 NaN/Inf value(s), first at flat index 5"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::isnan(read_npy(path("o.npy")).data[0]));
+}
+
+}  // namespace
+}  // namespace attnlab

@@ -1,0 +1,103 @@
+// The tolerance policy rejects planted bugs. One test-only kernel with a switchable bug
+// (not in the registry): wrong scale, causal interval off by one, kv_lens ignored, GQA
+// mapping dropped. The bug-free variant must pass, so the test can fail both ways.
+#include <gtest/gtest.h>
+
+#include "attnlab/kernel.hpp"
+#include "attnlab/textbook.hpp"
+#include "attnlab/verify.hpp"
+#include "test_util.hpp"
+
+namespace attnlab {
+namespace {
+
+enum class Bug { None, WrongScale, CausalOffByOne, IgnoresKvLens, DropsGqaMapping };
+
+class Planted final : public Kernel {
+ public:
+  explicit Planted(Bug bug) : bug_(bug) {}
+  std::string_view name() const override { return "planted"; }
+  std::string_view description() const override { return "test-only kernel with one planted bug"; }
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext&) const override {
+    std::vector<float> s(static_cast<size_t>(p.kv_len) + 1);
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.q_heads; ++h)
+        for (int64_t i = 0; i < p.q_len; ++i) {
+          Problem q = p;
+          if (bug_ == Bug::IgnoresKvLens) q.kv_lens.clear();
+          Interval iv = q.visible(b, i);
+          if (bug_ == Bug::CausalOffByOne) iv.hi = std::min(iv.hi + 1, p.kv_len_of(b));
+          const float scale = bug_ == Bug::WrongScale ? 1.0f / static_cast<float>(p.head_dim)
+                                                      : p.effective_scale();
+          const int64_t hk = bug_ == Bug::DropsGqaMapping ? h % p.kv_heads : p.kv_head_of(h);
+          textbook::scores(in.q.row(b, h, i), in.k, b, hk, iv, scale, s.data());
+          const float lse = textbook::softmax_pv(s.data(), in.v, b, hk, iv, out.o.row(b, h, i));
+          out.lse[(b * p.q_heads + h) * p.q_len + i] = lse;
+        }
+  }
+
+ private:
+  Bug bug_;
+};
+
+Problem bug_revealing_shape() {
+  Problem p = test::shape(2, 6, 2, 17, 33, 32);
+  p.causal = CausalAlign::BottomRight;
+  p.kv_lens = {33, 20};
+  return p;
+}
+
+class PlantedBug : public ::testing::TestWithParam<Bug> {};
+
+TEST_P(PlantedBug, IsRejectedAndTheCorrectKernelPasses) {
+  const Problem p = bug_revealing_shape();
+  Tensors t = random_tensors(p, 3);
+  const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
+  const KernelCheck c = check_kernel(Planted(GetParam()), p, t.inputs, a, 1);
+  if (GetParam() == Bug::None) {
+    EXPECT_EQ(c.verdict, Verdict::Pass) << c.reason;
+  } else {
+    EXPECT_EQ(c.verdict, Verdict::Fail);
+    // Not a near miss: the error is far beyond the tolerance.
+    EXPECT_GT(c.errors.o_rel, 100 * a.tol.o_rel);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Bugs, PlantedBug,
+                         ::testing::Values(Bug::None, Bug::WrongScale, Bug::CausalOffByOne,
+                                           Bug::IgnoresKvLens, Bug::DropsGqaMapping),
+                         [](const ::testing::TestParamInfo<Bug>& info) {
+                           const char* names[] = {"none", "wrong_scale", "causal_off_by_one",
+                                                  "ignores_kv_lens", "drops_gqa_mapping"};
+                           return std::string(names[static_cast<int>(info.param)]);
+                         });
+
+TEST(ToleranceRule, FactorOfBaselinePlusFloor) {
+  Errors baseline;
+  baseline.o_rel = 1e-6, baseline.lse = 2e-6, baseline.lse_checked = true;
+  const Tolerance t = Tolerance::from_baseline(baseline);
+  EXPECT_DOUBLE_EQ(t.o_rel, 4e-6 + Tolerance::kFloor);
+  EXPECT_DOUBLE_EQ(t.lse, 8e-6 + Tolerance::kFloor);
+  Errors e = baseline;
+  e.o_rel = t.o_rel * 0.99;
+  EXPECT_TRUE(t.passes(e));
+  e.o_rel = t.o_rel * 1.01;
+  EXPECT_FALSE(t.passes(e));
+  EXPECT_NE(t.why_failed(e).find("O error"), std::string::npos);
+}
+
+TEST(ToleranceRule, UnwrittenOutputsFail) {
+  // A kernel that writes nothing leaves the NaN the check pre-fills: it must fail.
+  struct Lazy final : Kernel {
+    std::string_view name() const override { return "lazy"; }
+    std::string_view description() const override { return "writes nothing"; }
+    void run(const Problem&, const Inputs&, const Outputs&, RunContext&) const override {}
+  };
+  const Problem p = test::shape(1, 1, 1, 3, 3, 16);
+  Tensors t = random_tensors(p, 1);
+  const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
+  EXPECT_EQ(check_kernel(Lazy(), p, t.inputs, a, 1).verdict, Verdict::Fail);
+}
+
+}  // namespace
+}  // namespace attnlab
