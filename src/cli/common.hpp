@@ -45,5 +45,8 @@ struct Command {
 Command add_list(CLI::App& app);
 Command add_run(CLI::App& app);
 Command add_verify(CLI::App& app);
+Command add_peak(CLI::App& app);   // cmd_peak.cpp
+Command add_sweep(CLI::App& app);  // cmd_sweep.cpp
+Command add_merge(CLI::App& app);  // cmd_merge.cpp
 
 }  // namespace attnlab::cli

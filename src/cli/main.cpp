@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
       cli::add_list(app),
       cli::add_run(app),
       cli::add_verify(app),
+      cli::add_peak(app),
   };
   try {
     app.parse(argc, argv);
