@@ -47,6 +47,12 @@ Problem bug_revealing_shape() {
   return p;
 }
 
+std::string bug_name(const ::testing::TestParamInfo<Bug>& info) {
+  static const char* const kNames[] = {"none", "wrong_scale", "causal_off_by_one",
+                                       "ignores_kv_lens", "drops_gqa_mapping"};
+  return kNames[static_cast<int>(info.param)];
+}
+
 class PlantedBug : public ::testing::TestWithParam<Bug> {};
 
 TEST_P(PlantedBug, IsRejectedAndTheCorrectKernelPasses) {
@@ -66,11 +72,7 @@ TEST_P(PlantedBug, IsRejectedAndTheCorrectKernelPasses) {
 INSTANTIATE_TEST_SUITE_P(Bugs, PlantedBug,
                          ::testing::Values(Bug::None, Bug::WrongScale, Bug::CausalOffByOne,
                                            Bug::IgnoresKvLens, Bug::DropsGqaMapping),
-                         [](const ::testing::TestParamInfo<Bug>& info) {
-                           const char* names[] = {"none", "wrong_scale", "causal_off_by_one",
-                                                  "ignores_kv_lens", "drops_gqa_mapping"};
-                           return std::string(names[static_cast<int>(info.param)]);
-                         });
+                         bug_name);
 
 TEST(ToleranceRule, FactorOfBaselinePlusFloor) {
   Errors baseline;
