@@ -1,0 +1,185 @@
+#include "bench/bench_point.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace attnlab::bench {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+std::string bound(int64_t v) { return v < 0 ? "inf" : std::to_string(v); }
+}  // namespace
+
+std::string mask_name(const Problem& p) {
+  std::string m;
+  if (p.causal == CausalAlign::BottomRight) m = "causal";
+  if (p.causal == CausalAlign::TopLeft) m = "causal_tl";
+  if (p.window_left >= 0 || p.window_right >= 0) {
+    m += (m.empty() ? "" : "_");
+    m += "window_" + bound(p.window_left) + "_" + bound(p.window_right);
+  }
+  return m.empty() ? "none" : m;
+}
+
+std::string BenchPoint::name() const {
+  const Problem& p = problem;
+  std::string n = "attn/" + std::string(kernel->name()) + "/b:" + std::to_string(p.batch) +
+                  "/hq:" + std::to_string(p.q_heads) + "/hkv:" + std::to_string(p.kv_heads) +
+                  "/sq:" + std::to_string(p.q_len) + "/sk:" + std::to_string(p.kv_len) +
+                  "/d:" + std::to_string(p.head_dim) + "/mask:" + mask_name(p);
+  if (p.layout == Layout::BSHD) n += "/layout:bshd";
+  return n + "/t:" + std::to_string(threads);
+}
+
+std::string BenchPoint::id() const {
+  const Problem& p = problem;
+  std::string n = std::string(kernel->name()) + "-b" + std::to_string(p.batch) + "-hq" +
+                  std::to_string(p.q_heads) + "-hkv" + std::to_string(p.kv_heads) + "-sq" +
+                  std::to_string(p.q_len) + "-sk" + std::to_string(p.kv_len) + "-d" +
+                  std::to_string(p.head_dim) + "-" + mask_name(p);
+  if (p.layout == Layout::BSHD) n += "-bshd";
+  return n + "-t" + std::to_string(threads);
+}
+
+size_t point_memory_bytes(const BenchPoint& pt) {
+  const Problem& p = pt.problem;
+  const auto elems = static_cast<size_t>(2 * p.q_elems() + 2 * p.kv_elems() + p.lse_elems());
+  const auto check_out = static_cast<size_t>(p.q_elems() + p.lse_elems());
+  return (elems + check_out) * sizeof(float) + pt.kernel->workspace_bytes(p, pt.threads);
+}
+
+std::unique_ptr<PointFixture> make_fixture(const BenchPoint& pt, uint64_t seed) {
+  auto f = std::make_unique<PointFixture>();
+  f->id = pt.id();
+  f->session = std::make_unique<Session>(*pt.kernel, pt.problem, pt.threads);
+  f->tensors = random_tensors(pt.problem, seed);
+  return f;
+}
+
+PointFixture& FixtureSlot::get(const BenchPoint& pt, uint64_t seed) {
+  const std::string id = pt.id();
+  if (!held_ || held_->id != id) {
+    held_.reset();  // free the previous point's tensors before allocating these
+    held_ = make_fixture(pt, seed);
+  }
+  return *held_;
+}
+
+void RateBook::record(const std::string& kernel, int threads, double flops, double seconds) {
+  if (!(seconds > 0) || !(flops > 0)) return;
+  Entry& e = entries_[{kernel, threads}];
+  if (flops >= e.flops) e = Entry{flops, flops / seconds};
+}
+
+double RateBook::estimate_seconds(const BenchPoint& pt, std::string* basis) const {
+  const std::string kname(pt.kernel->name());
+  const double flops = pt.problem.flops();
+  auto say = [&](const std::string& s) {
+    if (basis) *basis = s;
+  };
+  char buf[160];
+  if (auto it = entries_.find({kname, pt.threads}); it != entries_.end()) {
+    std::snprintf(buf, sizeof buf, "%s at %.2f GFLOP/s measured on a %.3g GFLOP point", kname.c_str(),
+                  it->second.rate * 1e-9, it->second.flops * 1e-9);
+    say(buf);
+    return flops / it->second.rate;
+  }
+  const Entry* same_kernel = nullptr;
+  const Entry* slowest = nullptr;
+  for (const auto& [key, e] : entries_) {
+    if (key.first == kname && (!same_kernel || e.flops > same_kernel->flops)) same_kernel = &e;
+    if (!slowest || e.rate < slowest->rate) slowest = &e;
+  }
+  if (same_kernel) {
+    std::snprintf(buf, sizeof buf, "%s at %.2f GFLOP/s measured at another thread count", kname.c_str(),
+                  same_kernel->rate * 1e-9);
+    say(buf);
+    return flops / same_kernel->rate;
+  }
+  if (slowest) {
+    std::snprintf(buf, sizeof buf, "no %s point yet; slowest kernel so far, %.2f GFLOP/s", kname.c_str(),
+                  slowest->rate * 1e-9);
+    say(buf);
+    return flops / slowest->rate;
+  }
+  std::snprintf(buf, sizeof buf, "nothing measured yet; assumed %.1f GFLOP/s", kDefaultRate * 1e-9);
+  say(buf);
+  return flops / kDefaultRate;
+}
+
+double estimate_point_seconds(double run_seconds, const TimingOptions& t, bool with_verify) {
+  // Google Benchmark grows the iteration count until one repetition lasts min_time, then
+  // repeats; a run longer than min_time is one iteration per repetition.
+  const double min_time = t.min_time_s > 0 ? t.min_time_s : 0.5;
+  const double per_rep = std::max(run_seconds, min_time);
+  return (with_verify ? run_seconds : 0.0) + std::max(1, t.repetitions) * per_rep + std::min(run_seconds, min_time);
+}
+
+void set_point_counters(benchmark::State& state, const BenchPoint& pt, const PeakRef& peak,
+                        size_t workspace_bytes) {
+  using C = benchmark::Counter;
+  const Problem& p = pt.problem;
+  const double flops = p.flops();
+  const double bytes = p.bytes_moved();
+  auto& c = state.counters;
+  c["flops_per_second"] = C(flops, C::kIsIterationInvariantRate);
+  c["bytes_per_second"] = C(bytes, C::kIsIterationInvariantRate);
+  if (peak.flops > 0) c["peak_fraction"] = C(flops / peak.flops, C::kIsIterationInvariantRate);
+  if (peak.read_bytes > 0) c["bw_fraction"] = C(bytes / peak.read_bytes, C::kIsIterationInvariantRate);
+  c["extra_bytes"] = C(static_cast<double>(workspace_bytes));
+  c["flop_count"] = C(flops);
+  c["byte_count"] = C(bytes);
+  c["kv_byte_count"] = C(p.kv_bytes());
+  c["batch"] = C(static_cast<double>(p.batch));
+  c["q_heads"] = C(static_cast<double>(p.q_heads));
+  c["kv_heads"] = C(static_cast<double>(p.kv_heads));
+  c["q_len"] = C(static_cast<double>(p.q_len));
+  c["kv_len"] = C(static_cast<double>(p.kv_len));
+  c["head_dim"] = C(static_cast<double>(p.head_dim));
+  c["causal"] = C(static_cast<double>(static_cast<int>(p.causal)));
+  c["window_left"] = C(static_cast<double>(p.window_left));
+  c["window_right"] = C(static_cast<double>(p.window_right));
+  c["bshd"] = C(p.layout == Layout::BSHD ? 1.0 : 0.0);
+  c["threads"] = C(static_cast<double>(pt.threads));
+}
+
+benchmark::internal::Benchmark* register_point(const BenchPoint& pt, const PeakRef& peak,
+                                               const TimingOptions& timing, RegisterHooks hooks) {
+  const uint64_t seed = timing.seed;
+  auto* b = benchmark::RegisterBenchmark(pt.name().c_str(), [pt, peak, seed, hooks](benchmark::State& state) {
+    if (hooks.skip_reason) {
+      const std::string why = hooks.skip_reason(pt);
+      if (!why.empty()) {
+        state.SkipWithError(why.c_str());
+        return;
+      }
+    }
+    try {
+      PointFixture& f = hooks.slot->get(pt, seed);
+      Session& session = *f.session;
+      const Inputs& in = f.tensors.inputs;
+      const Outputs& out = f.tensors.outputs;
+      const auto t0 = Clock::now();
+      for (auto _ : state) {
+        session.run(in, out);
+        benchmark::ClobberMemory();
+      }
+      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (hooks.rates) {
+        hooks.rates->record(std::string(pt.kernel->name()), pt.threads,
+                            pt.problem.flops() * static_cast<double>(state.iterations()), secs);
+      }
+      set_point_counters(state, pt, peak, session.workspace_bytes());
+      state.SetLabel(pt.problem.describe());
+    } catch (const std::exception& e) {
+      state.SkipWithError(e.what());
+    }
+  });
+  b->UseRealTime()->Unit(benchmark::kMillisecond);
+  if (timing.min_time_s > 0) b->MinTime(timing.min_time_s);
+  if (timing.repetitions > 1) b->Repetitions(timing.repetitions);
+  return b;
+}
+
+}  // namespace attnlab::bench

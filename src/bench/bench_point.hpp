@@ -1,0 +1,123 @@
+// One benchmark point (kernel x problem x threads) and its Google Benchmark registration:
+// the single place that decides what is timed and which counters are reported. Both the
+// attn_bench binary and `attnlab sweep` register points through register_point().
+//
+// Timed region: Session::run only (inputs, outputs, workspace and arena exist before the
+// loop), wall-clock time (UseRealTime: the kernels run on a TBB arena, so the main thread's
+// CPU time would be wrong).
+//
+// Counters (names as they appear in Google Benchmark's JSON):
+//   flops_per_second   Problem::flops() per second (visible pairs only)
+//   bytes_per_second   Problem::bytes_moved() per second (compulsory Q, K, V, O, LSE)
+//   peak_fraction      FLOP/s / measured FMA peak for this thread count (attnlab peak)
+//   bw_fraction        bytes/s / measured read bandwidth for this thread count
+//   extra_bytes        the kernel's workspace for this problem and thread count
+//   flop_count, byte_count, kv_byte_count   per run
+//   batch, q_heads, kv_heads, q_len, kv_len, head_dim, causal (0 none, 1 bottom-right,
+//   2 top-left), window_left, window_right, bshd (0/1), threads
+// so plots read fields and never parse names.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <benchmark/benchmark.h>
+
+#include "attnlab/kernel.hpp"
+#include "attnlab/problem.hpp"
+#include "attnlab/tensor.hpp"
+
+namespace attnlab::bench {
+
+struct BenchPoint {
+  const Kernel* kernel = nullptr;
+  Problem problem;
+  int threads = 1;
+
+  // Google Benchmark name: attn/flash/b:1/hq:8/hkv:8/sq:4096/sk:4096/d:128/mask:none/t:2
+  std::string name() const;
+  // File-system safe id, unique within an experiment: flash-b1-hq8-hkv8-sq4096-sk4096-d128-none-t2
+  std::string id() const;
+};
+
+// "none", "causal", "causal_tl", "window_L_R", "causal_window_L_R" (L/R: -1 = unbounded).
+std::string mask_name(const Problem& p);
+
+// Memory a point needs while it is verified and timed: Q, K, V, O, LSE, a second O and
+// LSE for the verification run, and the workspace.
+size_t point_memory_bytes(const BenchPoint& pt);
+
+// The peaks a point's fractions are relative to (0 = not measured: fraction omitted).
+struct PeakRef {
+  double flops = 0;       // FLOP/s
+  double read_bytes = 0;  // bytes/s
+};
+
+struct TimingOptions {
+  int repetitions = 1;     // <= 1: Google Benchmark's --benchmark_repetitions applies
+  double min_time_s = 0.5; // <= 0: --benchmark_min_time applies
+  uint64_t seed = 1;
+};
+
+// The inputs, outputs and session of the point being timed. One slot is kept alive at a
+// time: a big point's tensors are freed as soon as another point is run.
+struct PointFixture {
+  std::string id;
+  Tensors tensors;
+  std::unique_ptr<Session> session;
+};
+class FixtureSlot {
+ public:
+  // The fixture for this point, creating it (random inputs from seed) when the slot holds
+  // another one or none.
+  PointFixture& get(const BenchPoint& pt, uint64_t seed);
+  void put(std::unique_ptr<PointFixture> f) { held_ = std::move(f); }
+  void clear() { held_.reset(); }
+
+ private:
+  std::unique_ptr<PointFixture> held_;
+};
+std::unique_ptr<PointFixture> make_fixture(const BenchPoint& pt, uint64_t seed);
+
+// Observed FLOP rates, to estimate how long a point will take before running it (the time
+// cap). The estimate for a kernel uses the rate it reached on its largest point so far at
+// the same thread count, else at any thread count, else the slowest rate of any kernel,
+// else kDefaultRate.
+class RateBook {
+ public:
+  static constexpr double kDefaultRate = 1e9;  // FLOP/s, the naive kernel's order
+  void record(const std::string& kernel, int threads, double flops, double seconds);
+  // Seconds one run of the point should take, and what the estimate rests on.
+  double estimate_seconds(const BenchPoint& pt, std::string* basis = nullptr) const;
+
+ private:
+  struct Entry {
+    double flops = 0;  // of the largest point so far
+    double rate = 0;   // FLOP/s on it
+  };
+  std::map<std::pair<std::string, int>, Entry> entries_;
+};
+
+// Seconds a point will take: one verification run, then `repetitions` repetitions of at
+// least min_time_s each (at least one run each).
+double estimate_point_seconds(double run_seconds, const TimingOptions& t, bool with_verify);
+
+struct RegisterHooks {
+  std::shared_ptr<FixtureSlot> slot;  // required
+  std::shared_ptr<RateBook> rates;    // optional: record observed rates
+  // Optional: a non-empty reason skips the point (SkipWithError) before any allocation.
+  std::function<std::string(const BenchPoint&)> skip_reason;
+};
+
+benchmark::internal::Benchmark* register_point(const BenchPoint& pt, const PeakRef& peak,
+                                               const TimingOptions& timing, RegisterHooks hooks);
+
+// The counters above, for `iterations`-independent per-run values.
+void set_point_counters(benchmark::State& state, const BenchPoint& pt, const PeakRef& peak,
+                        size_t workspace_bytes);
+
+}  // namespace attnlab::bench

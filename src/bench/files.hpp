@@ -1,0 +1,17 @@
+// Small file helpers for the results folders (every write goes through write_file_atomic).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace attnlab::bench {
+
+// Whole file as text; throws InvalidInput naming the path when it cannot be read.
+std::string read_text_file(const std::string& path);
+bool file_exists(const std::string& path);
+// Creates the folder and its parents; throws InvalidInput when that fails.
+void make_dirs(const std::string& path);
+// Regular files in a folder (names only, sorted); empty when the folder is absent.
+std::vector<std::string> list_files(const std::string& dir, const std::string& suffix);
+
+}  // namespace attnlab::bench

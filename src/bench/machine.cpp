@@ -1,0 +1,173 @@
+#include "bench/machine.hpp"
+
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <CLI/Version.hpp>
+#include <benchmark/benchmark.h>
+#include <tbb/version.h>
+#include <xsimd/xsimd.hpp>
+
+#include "attnlab/kernel.hpp"
+
+#ifndef ATTN_BUILD_TYPE
+#define ATTN_BUILD_TYPE "unknown"
+#endif
+#ifndef ATTN_BUILD_FLAGS
+#define ATTN_BUILD_FLAGS "unknown"
+#endif
+#ifndef ATTN_BENCHMARK_VERSION
+#define ATTN_BENCHMARK_VERSION "unknown"
+#endif
+#ifndef ATTN_SOURCE_DIR
+#define ATTN_SOURCE_DIR "."
+#endif
+
+namespace attnlab::bench {
+
+namespace {
+
+// First line of a command's output, trimmed; empty on failure.
+std::string command_output(const std::string& cmd) {
+  std::string out;
+  if (FILE* f = popen(cmd.c_str(), "r")) {
+    std::array<char, 512> buf{};
+    while (fgets(buf.data(), buf.size(), f)) out += buf.data();
+    pclose(f);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+std::string cpuinfo_field(const std::string& key) {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
+    }
+  }
+  return "";
+}
+
+// The SIMD-related CPU flags (the whole list is long and mostly irrelevant).
+std::string simd_flags() {
+  std::istringstream all(cpuinfo_field("flags"));
+  std::string f, out;
+  while (all >> f) {
+    if (f.rfind("avx", 0) == 0 || f == "fma" || f == "f16c" || f.rfind("amx", 0) == 0 || f.rfind("sse", 0) == 0) {
+      out += (out.empty() ? "" : " ") + f;
+    }
+  }
+  return out;
+}
+
+std::string compiler() {
+#if defined(__clang__)
+  return std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+  return std::string("GCC ") + __VERSION__;
+#else
+  return "unknown";
+#endif
+}
+
+}  // namespace
+
+size_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+}
+
+std::string today() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
+  return buf;
+}
+
+std::string now_iso8601() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[40];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S%z", &tm);
+  return buf;
+}
+
+nlohmann::json describe_machine() {
+  nlohmann::json m;
+  m["schema"] = "attnlab-machine-1";
+  m["date"] = now_iso8601();
+  utsname u{};
+  if (uname(&u) == 0) {
+    m["host"] = u.nodename;
+    m["os"] = std::string(u.sysname) + " " + u.release + " " + u.machine;
+  }
+  m["cpu_model"] = cpuinfo_field("model name");
+  m["cores"] = std::max(1u, std::thread::hardware_concurrency());
+  m["memory_bytes"] = physical_memory_bytes();
+  m["virtual_machine"] = cpuinfo_field("flags").find("hypervisor") != std::string::npos;
+  m["isa"] = {{"simd_arch", xsimd::default_arch::name()},
+              {"float_lanes", xsimd::batch<float>::size},
+              {"cpu_simd_flags", simd_flags()}};
+  m["compiler"] = compiler();
+  m["build_type"] = ATTN_BUILD_TYPE;
+  m["flags"] = ATTN_BUILD_FLAGS;
+  m["libraries"] = {
+      {"xsimd", std::to_string(XSIMD_VERSION_MAJOR) + "." + std::to_string(XSIMD_VERSION_MINOR) + "." +
+                    std::to_string(XSIMD_VERSION_PATCH)},
+      {"oneTBB", std::string(TBB_VERSION_STRING) + " (runtime " + TBB_runtime_version() + ")"},
+      {"google_benchmark", ATTN_BENCHMARK_VERSION},
+      {"nlohmann_json", std::to_string(NLOHMANN_JSON_VERSION_MAJOR) + "." + std::to_string(NLOHMANN_JSON_VERSION_MINOR) +
+                            "." + std::to_string(NLOHMANN_JSON_VERSION_PATCH)},
+      {"CLI11", CLI11_VERSION}};
+  const std::string src = ATTN_SOURCE_DIR;
+  const std::string commit = command_output("git -C '" + src + "' rev-parse HEAD 2>/dev/null");
+  const std::string dirty = command_output("git -C '" + src + "' status --porcelain --untracked-files=no 2>/dev/null");
+  m["git"] = {{"commit", commit.empty() ? "unknown" : commit}, {"dirty", !dirty.empty()}};
+  m["kernels"] = nlohmann::json::array();
+  for (const Kernel* k : registry()) {
+    const Support a = k->available();
+    m["kernels"].push_back({{"name", k->name()}, {"description", k->description()}, {"available", a.ok},
+                            {"why_not", a.reason}});
+  }
+  return m;
+}
+
+nlohmann::json describe_machine(const Peaks& peaks) {
+  nlohmann::json m = describe_machine();
+  m["peaks"] = peaks.to_json();
+  return m;
+}
+
+void add_benchmark_context(const nlohmann::json& m) {
+  auto str = [](const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
+  benchmark::AddCustomContext("attnlab_cpu_model", str(m.value("cpu_model", "")));
+  benchmark::AddCustomContext("attnlab_simd_arch", str(m["isa"]["simd_arch"]));
+  benchmark::AddCustomContext("attnlab_compiler", str(m["compiler"]));
+  benchmark::AddCustomContext("attnlab_flags", str(m["flags"]));
+  benchmark::AddCustomContext("attnlab_build_type", str(m["build_type"]));
+  benchmark::AddCustomContext("attnlab_git_commit", str(m["git"]["commit"]) + (m["git"]["dirty"].get<bool>() ? "+dirty" : ""));
+  if (m.contains("peaks")) {
+    for (const auto& r : m["peaks"]["rows"]) {
+      const std::string t = std::to_string(r["threads"].get<int>());
+      benchmark::AddCustomContext("attnlab_peak_gflops_t" + t, std::to_string(r["fma_flops"].get<double>() * 1e-9));
+      benchmark::AddCustomContext("attnlab_peak_read_gbs_t" + t, std::to_string(r["read_bytes"].get<double>() * 1e-9));
+    }
+  }
+}
+
+}  // namespace attnlab::bench
