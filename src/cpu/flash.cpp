@@ -1,0 +1,349 @@
+// flash: FlashAttention-2 forward on the CPU - query tiles x key/value tiles with an online
+// softmax, register-blocked AVX-512 micro-kernels (src/cpu/simd/microkernel.hpp), oneTBB.
+//
+// Idea. One task = (batch b, kv head hk, query tile of Br rows). The task handles the
+// G = q_heads / kv_heads query heads of the group together: its R = G * Br "rows" are the
+// (query row, head) pairs, interleaved row-major (rr = r * G + g) so that rows with the
+// same mask sit in the same register panel. Each K/V tile is therefore loaded (and K
+// packed) once for all G heads. Per task:
+//   1. pack Q: rows into panels of MR = 6, k-major inside a panel, multiplied by
+//      scale * log2(e) once (scores come out in log2 units, the softmax uses exp2);
+//   2. for each key tile of Bc = 64 keys inside the union of the rows' visible intervals
+//      (MaskSpec::rows: tiles outside it are never touched - causal does about half the
+//      work): pack K transposed to [d][64] (64-byte aligned, 16x16 in-register transposes),
+//      then for each panel of 6 rows:
+//        S = Q.K^T in 24 zmm accumulators (6 rows x 64 keys, the whole tile width), so the
+//        softmax epilogue works on registers: mask (only when a row's interval does not
+//        cover the tile: select -inf, never arithmetic, so NaN/Inf in masked K never
+//        leaks), tile max, m_new = max(m, tile max), alpha = 2^(m - m_new) only when the
+//        max grew (otherwise no rescale at all), P = exp2(S - m_new) stored (6 x 64 floats,
+//        stays in L1), l = alpha * l + rowsum(P);
+//        O += P.V with 6 rows x 64 columns of accumulators per block, V rows read in place,
+//        the alpha rescale fused into the accumulator load. On a partially visible tile
+//        each row only accumulates its own visible keys (the common key range runs through
+//        the 6-row kernel, the ragged ends through the 1-row kernel), so a NaN in a V row
+//        that a row does not see never reaches it (0 * NaN would).
+//   3. O = acc / l (0 for a fully masked row), LSE = m * ln2 + ln(l) (-inf when l = 0).
+// Parallel: tbb::parallel_for over all (b, hk, query tile) tasks, grain 1, inside the
+// caller's arena; scratch is the workspace slice of tbb::this_task_arena::
+// current_thread_index(). Tiles and summation order depend only on the problem, never on
+// the thread count or on which thread runs a task, so results are bitwise identical for
+// any thread count. Within each (b, hk) the query tiles are issued last-first: with causal
+// masks the last tiles see the most keys, so the expensive tasks start first and the cheap
+// ones fill the gaps at the end (work stealing does the rest).
+//
+// Tile sizes. Bc = 64 = 4 zmm: the widest score row whose 6-row panel (24 accumulators)
+// still leaves registers for the K vectors (32 zmm). Br comes from the L2 (1 MiB per core
+// here): a task's working set is R rows of packed Q (d floats) and accumulators (padded d)
+// plus the packed K tile and the V tile (64 x padded d each); Br is the largest multiple of
+// 24 (so R is a multiple of 6 panels' rows) up to 120 with R * (2 * d_pad + 2) * 4 +
+// 2 * 64 * d_pad * 4 <= 512 KiB (half the L2, leaving room for K/V rows streaming in):
+// d = 64/128: Br = 120 (G = 1), 96 (G = 4 at d = 128); d = 512, G = 8: Br = 24. The 6 x 64
+// score panel and P (1.5 KiB) live in L1 (32 KiB); the packed K tile (d * 256 B, 32 KiB at
+// d = 128) and the V tile stream from L2 once per panel. Each K/V byte is read from memory
+// (L3 here: one kv head's K and V at 4096 x 128 are 4 MiB) once per query tile, i.e.
+// R / 2 FLOP per byte (60 at G = 1).
+//
+// Memory: per thread R * (d + d_pad + 2) + d_pad * 64 + 6 * 64 floats + Br intervals
+// (121 KiB at d = 128, G = 1); independent of q_len and kv_len (Br <= q_len only shrinks it).
+// Cost: 4 * d FLOP per visible pair in the two GEMMs at up to 24 FMAs per 4 vector loads,
+// plus per score one exp2 (11 vector instructions / 16 scores, ~10% of the GEMM work at
+// d = 128, ~20% at d = 64), plus packing K (1/R of the GEMM 1 loads) and Q (once per task);
+// boundary tiles of causal/window masks pay the masking and the per-row ragged ends.
+// Measured (2 threads, float32, this shared 2-core Zen 4 VM, medians): see the table in
+// the closing comment at the end of this file's header block.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+#include <tbb/task_arena.h>
+
+#include "attnlab/kernel.hpp"
+#include "cpu/simd/microkernel.hpp"
+#include "cpu/simd/vec_math.hpp"
+
+namespace attnlab::cpu {
+namespace {
+
+using simd::Batch;
+using simd::kLanes;
+using simd::kPanelRows;
+using simd::kTileKeys;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int64_t kL2Bytes = int64_t{1} << 20;  // per core on this machine
+constexpr int64_t kL2Budget = kL2Bytes / 2;
+constexpr int64_t kRowStep = 24;   // Br granularity: R = G * Br is a multiple of 6 rows
+constexpr int64_t kMaxRows = 120;  // Br cap: causal waste ~ Br/2 keys per row, task count
+
+inline size_t align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// Tile sizes and the per-thread scratch layout, a function of the problem only.
+struct Tiling {
+  int64_t group = 1;    // G
+  int64_t br = 1;       // query rows per tile
+  int64_t rows = 1;     // R = G * br (at most)
+  int64_t dim = 1;      // d
+  int64_t dim_pad = 16; // d rounded up to whole vectors
+  size_t q_off = 0, o_off = 0, kt_off = 0, p_off = 0, m_off = 0, l_off = 0, iv_off = 0;
+  size_t bytes = 0;     // per thread
+};
+
+Tiling make_tiling(const Problem& p) {
+  Tiling t;
+  t.group = p.group();
+  t.dim = p.head_dim;
+  t.dim_pad = simd::padded_dim(p.head_dim);
+  const int64_t fixed = 2 * kTileKeys * t.dim_pad * int64_t{sizeof(float)};
+  const int64_t per_row = (2 * t.dim_pad + 2) * int64_t{sizeof(float)};
+  const int64_t fit = kL2Budget > fixed ? (kL2Budget - fixed) / per_row / t.group : 0;
+  t.br = std::clamp(fit / kRowStep * kRowStep, kRowStep, kMaxRows);
+  t.br = std::min(t.br, p.q_len);
+  t.rows = t.group * t.br;
+  size_t off = 0;
+  auto take = [&off](size_t bytes) {
+    const size_t at = off;
+    off += align64(bytes);
+    return at;
+  };
+  t.q_off = take(sizeof(float) * t.rows * t.dim);
+  t.o_off = take(sizeof(float) * t.rows * t.dim_pad);
+  t.kt_off = take(sizeof(float) * t.dim_pad * kTileKeys);
+  t.p_off = take(sizeof(float) * kPanelRows * kTileKeys);
+  t.m_off = take(sizeof(float) * t.rows);
+  t.l_off = take(sizeof(float) * t.rows);
+  t.iv_off = take(sizeof(Interval) * t.br);
+  t.bytes = off;
+  return t;
+}
+
+struct Scratch {
+  float* q;      // R x d, panels of kPanelRows rows, k-major in a panel, times scale*log2e
+  float* o;      // R x dim_pad unnormalized output accumulators
+  float* kt;     // dim_pad x kTileKeys packed K tile
+  float* p;      // kPanelRows x kTileKeys probabilities of the current panel
+  float* m;      // R running max (log2 units)
+  float* l;      // R running sum
+  Interval* iv;  // br visible intervals of the tile's query rows
+
+  Scratch(std::byte* base, const Tiling& t)
+      : q(reinterpret_cast<float*>(base + t.q_off)),
+        o(reinterpret_cast<float*>(base + t.o_off)),
+        kt(reinterpret_cast<float*>(base + t.kt_off)),
+        p(reinterpret_cast<float*>(base + t.p_off)),
+        m(reinterpret_cast<float*>(base + t.m_off)),
+        l(reinterpret_cast<float*>(base + t.l_off)),
+        iv(reinterpret_cast<Interval*>(base + t.iv_off)) {}
+};
+
+// One key tile as a task sees it.
+struct KeyTile {
+  int64_t j0;       // first key
+  int nk;           // keys in the tile (<= kTileKeys)
+  const float* v;   // V row j0
+  int64_t ldv;      // V row stride
+};
+
+// Lane index of each score in vector v of a tile row, as floats (exact: < 64).
+inline Batch lane_index(int v) {
+  alignas(64) static const float kIota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  static_assert(kLanes <= 16, "kIota covers 16 lanes");
+  return Batch::load_aligned(kIota) + Batch(static_cast<float>(v * kLanes));
+}
+
+// Steps 2a-2c of the header for the panel of MR rows starting at rr0 and one key tile.
+template <int MR>
+void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile& kt) {
+  // Visible keys of each row inside the tile, relative to j0; full = no row needs a mask.
+  int lo[MR], hi[MR];
+  bool full = true, any = false;
+  for (int m = 0; m < MR; ++m) {
+    const Interval& iv = s.iv[(rr0 + m) / t.group];
+    lo[m] = static_cast<int>(std::clamp<int64_t>(iv.lo - kt.j0, 0, kt.nk));
+    hi[m] = static_cast<int>(std::clamp<int64_t>(iv.hi - kt.j0, 0, kt.nk));
+    if (hi[m] <= lo[m]) {
+      lo[m] = hi[m] = 0;
+    } else {
+      any = true;
+    }
+    full = full && iv.lo <= kt.j0 && iv.hi >= kt.j0 + kTileKeys;
+  }
+  if (!any) return;
+
+  Batch acc[MR][simd::kKeyVecs];
+  simd::score_panel<MR>(s.q + rr0 * t.dim, s.kt, t.dim, acc);
+
+  float alpha[MR];
+  bool rescale = false;
+  for (int m = 0; m < MR; ++m) {
+    Batch* sv = acc[m];
+    if (!full) {
+      const Batch lo_b(static_cast<float>(lo[m])), hi_b(static_cast<float>(hi[m]));
+      for (int v = 0; v < simd::kKeyVecs; ++v) {
+        const Batch idx = lane_index(v);
+        sv[v] = xsimd::select((idx >= lo_b) & (idx < hi_b), sv[v], Batch(kNegInf));
+      }
+    }
+    Batch vmax = sv[0];
+    for (int v = 1; v < simd::kKeyVecs; ++v) vmax = xsimd::max(vmax, sv[v]);
+    const float m_old = s.m[rr0 + m];
+    const float m_new = std::max(m_old, simd::reduce_max(vmax));
+    float* prow = s.p + m * kTileKeys;
+    alpha[m] = 1.f;
+    if (m_new == kNegInf) {  // nothing visible yet: exp2(-inf - -inf) would be NaN
+      for (int v = 0; v < simd::kKeyVecs; ++v) Batch(0.f).store_aligned(prow + v * kLanes);
+      continue;
+    }
+    // The accumulators are still 0 while m_old = -inf: no rescale needed then.
+    if (m_new > m_old && m_old != kNegInf) {
+      alpha[m] = std::exp2(m_old - m_new);
+      rescale = true;
+    }
+    const Batch mb(m_new);
+    Batch sum(0.f);
+    for (int v = 0; v < simd::kKeyVecs; ++v) {
+      const Batch pv = simd::exp2(sv[v] - mb);
+      pv.store_aligned(prow + v * kLanes);
+      sum += pv;
+    }
+    s.l[rr0 + m] = s.l[rr0 + m] * alpha[m] + simd::reduce_sum(sum);
+    s.m[rr0 + m] = m_new;
+  }
+
+  float* o = s.o + rr0 * t.dim_pad;
+  const float* a = rescale ? alpha : nullptr;
+  if (full) {
+    simd::pv_rows<MR>(s.p, kTileKeys, kt.v, kt.ldv, o, t.dim_pad, a, 0, kt.nk, t.dim);
+    return;
+  }
+  // Common visible range through the MR-row kernel, each row's ragged ends one row at a time.
+  int ca = 0, cb = kt.nk;
+  for (int m = 0; m < MR; ++m) ca = std::max(ca, lo[m]), cb = std::min(cb, hi[m]);
+  if (ca >= cb) ca = cb = 0;
+  if (ca < cb || a) simd::pv_rows<MR>(s.p, kTileKeys, kt.v, kt.ldv, o, t.dim_pad, a, ca, cb, t.dim);
+  for (int m = 0; m < MR; ++m) {
+    const float* prow = s.p + m * kTileKeys;
+    float* orow = o + m * t.dim_pad;
+    if (ca < cb) {
+      if (lo[m] < ca) simd::pv_rows<1>(prow, kTileKeys, kt.v, kt.ldv, orow, t.dim_pad, nullptr, lo[m], ca, t.dim);
+      if (cb < hi[m]) simd::pv_rows<1>(prow, kTileKeys, kt.v, kt.ldv, orow, t.dim_pad, nullptr, cb, hi[m], t.dim);
+    } else if (lo[m] < hi[m]) {
+      simd::pv_rows<1>(prow, kTileKeys, kt.v, kt.ldv, orow, t.dim_pad, nullptr, lo[m], hi[m], t.dim);
+    }
+  }
+}
+
+void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile& kt) {
+  static_assert(kPanelRows <= 6, "dispatch below covers panels of 1..6 rows");
+  switch (mr) {
+    case 1: process_panel<1>(t, s, rr0, kt); break;
+    case 2: process_panel<2>(t, s, rr0, kt); break;
+    case 3: process_panel<3>(t, s, rr0, kt); break;
+    case 4: process_panel<4>(t, s, rr0, kt); break;
+    case 5: process_panel<5>(t, s, rr0, kt); break;
+    case 6: process_panel<6>(t, s, rr0, kt); break;
+  }
+}
+
+// One task: query tile qt of kv head hk in batch b, all G query heads of the group.
+void run_task(const Problem& p, const Inputs& in, const Outputs& out, const Tiling& t,
+              const Scratch& s, int64_t b, int64_t hk, int64_t qt) {
+  const int64_t G = t.group, d = t.dim, dp = t.dim_pad;
+  const int64_t i0 = qt * t.br;
+  const int64_t nr = std::min(t.br, p.q_len - i0);
+  const int64_t R = nr * G;
+  const MaskSpec mask = p.mask_for_batch(b);
+  for (int64_t r = 0; r < nr; ++r) s.iv[r] = mask.row(i0 + r);
+  const Interval span = mask.rows(i0, i0 + nr);
+
+  // 1. Q panels, scaled so that scores come out in log2 units.
+  const float q_scale = p.effective_scale() * simd::kLog2e;
+  for (int64_t rr = 0; rr < R; ++rr) {
+    const float* q = in.q.row(b, hk * G + rr % G, i0 + rr / G);
+    const int64_t panel0 = rr / kPanelRows * kPanelRows;
+    const int64_t mr = std::min<int64_t>(kPanelRows, R - panel0);
+    float* dst = s.q + panel0 * d + (rr - panel0);
+    for (int64_t k = 0; k < d; ++k) dst[k * mr] = q[k] * q_scale;
+  }
+  std::fill(s.o, s.o + R * dp, 0.f);
+  std::fill(s.m, s.m + R, kNegInf);
+  std::fill(s.l, s.l + R, 0.f);
+
+  // 2. Key tiles inside the union of the rows' visible intervals.
+  for (int64_t j0 = span.lo; j0 < span.hi; j0 += kTileKeys) {
+    const KeyTile kt{j0, static_cast<int>(std::min<int64_t>(kTileKeys, span.hi - j0)),
+                     in.v.row(b, hk, j0), in.v.stride_s};
+    simd::pack_k_transposed(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d, s.kt);
+    for (int64_t rr0 = 0; rr0 < R; rr0 += kPanelRows) {
+      process_panel_any(static_cast<int>(std::min<int64_t>(kPanelRows, R - rr0)), t, s, rr0, kt);
+    }
+  }
+
+  // 3. Normalize; a row that saw nothing has l = 0: O = 0, LSE = -inf. (A NaN l - the
+  // row saw a NaN - fails l == 0 and propagates, as the reference does.)
+  const int64_t nvec = dp / kLanes;
+  const int tail = static_cast<int>(d - (nvec - 1) * kLanes);
+  for (int64_t rr = 0; rr < R; ++rr) {
+    const int64_t h = hk * G + rr % G, i = i0 + rr / G;
+    const float l = s.l[rr];
+    const Batch inv(l == 0.f ? 0.f : 1.f / l);
+    float* o = out.o.row(b, h, i);
+    const float* acc = s.o + rr * dp;
+    for (int64_t c = 0; c < nvec; ++c) {
+      const Batch x = Batch::load_aligned(acc + c * kLanes) * inv;
+      if (c + 1 < nvec || tail == kLanes) {
+        x.store_unaligned(o + c * kLanes);
+      } else {
+        simd::store_partial(o + c * kLanes, x, tail);
+      }
+    }
+    if (out.lse) {
+      out.lse[(b * p.q_heads + h) * p.q_len + i] =
+          l == 0.f ? kNegInf : s.m[rr] * simd::kLn2 + std::log(l);
+    }
+  }
+}
+
+class Flash final : public Kernel {
+ public:
+  std::string_view name() const override { return "flash"; }
+  std::string_view description() const override {
+    return "FlashAttention-2 forward: Br x 64 tiles, online softmax (exp2), 6x64 register-blocked "
+           "AVX-512 micro-kernels, packed K^T, GQA groups share tiles, oneTBB over tiles";
+  }
+  size_t workspace_bytes(const Problem& p, int threads) const override {
+    return make_tiling(p).bytes * static_cast<size_t>(threads);
+  }
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    const Tiling t = make_tiling(p);
+    const int64_t nq = (p.q_len + t.br - 1) / t.br;
+    const int64_t tasks = p.batch * p.kv_heads * nq;
+    tbb::parallel_for(
+        tbb::blocked_range<int64_t>(0, tasks, 1),
+        [&](const tbb::blocked_range<int64_t>& range) {
+          const int slot = tbb::this_task_arena::current_thread_index();
+          if (slot < 0 || slot >= ctx.threads) {
+            throw std::logic_error("flash: thread index outside the run's arena");
+          }
+          const Scratch s(ctx.workspace.data() + static_cast<size_t>(slot) * t.bytes, t);
+          for (int64_t task = range.begin(); task != range.end(); ++task) {
+            const int64_t bh = task / nq;
+            const int64_t qt = nq - 1 - task % nq;  // last (most keys under causal) first
+            run_task(p, in, out, t, s, bh / p.kv_heads, bh % p.kv_heads, qt);
+          }
+        },
+        tbb::simple_partitioner());
+  }
+};
+
+}  // namespace
+
+const Kernel& flash() {
+  static const Flash k;
+  return k;
+}
+
+}  // namespace attnlab::cpu

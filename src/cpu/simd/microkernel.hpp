@@ -1,0 +1,187 @@
+// Register-blocked micro-kernels for the two small GEMMs of a FlashAttention tile, and the
+// K-tile packing they need. Used by src/cpu/flash.cpp.
+//
+//   score_panel:  S[MR x kTileKeys] = Qpanel[MR x d] * Kt[d x kTileKeys]   (GEMM 1)
+//   pv_panel:     O[MR x NV*kLanes] (+)= P[MR x keys] * V[keys x NV*kLanes] (GEMM 2)
+//   pack_k_transposed: K tile (kTileKeys rows of d floats, any row stride) -> Kt [d][kTileKeys]
+//
+// Register budget (AVX-512: 32 zmm, FMA latency 4 cycles, one zmm FMA per cycle on this
+// Zen 4 - two 256-bit pipes - so >= 4 independent accumulators hide the latency):
+//   GEMM 1: MR = kPanelRows = 6 rows x kKeyVecs = 4 vectors (64 keys) = 24 accumulators,
+//           + 4 Kt vectors loaded per k step + 1 broadcast Q element = 29 registers.
+//           Per k step: 4 vector loads (Kt streams, contiguous, 64-byte aligned) and 6
+//           broadcasts for 24 FMAs. A whole 64-key score row of 6 query rows is in
+//           registers at the end, so the caller's softmax epilogue (max, exp, sum) runs on
+//           registers without a pass over memory.
+//   GEMM 2: MR = 6 rows x NV <= 4 output vectors (64 columns of d) = 24 accumulators,
+//           + NV V vectors per key + 1 broadcast P element. V rows are used as they lie in
+//           the input (contiguous along d, any row stride): no packing. The accumulators
+//           are loaded once per call (times the softmax rescale factor alpha when a row's
+//           max grew - the rescale is fused into the load) and stored once.
+// Without AVX-512 (16 vector registers) kPanelRows drops to 2 so nothing spills.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/simd/vec_math.hpp"
+
+namespace attnlab::simd {
+
+#if defined(__AVX512F__)
+inline constexpr int kVectorRegisters = 32;
+#else
+inline constexpr int kVectorRegisters = 16;
+#endif
+
+inline constexpr int kKeyVecs = 4;                        // vectors per score row of a tile
+inline constexpr int kTileKeys = kKeyVecs * kLanes;        // Bc: 64 keys with AVX-512
+inline constexpr int kPanelRows =                          // MR: query rows per register panel
+    (kVectorRegisters - kKeyVecs - 2) / kKeyVecs;          // 6 with AVX-512, 2 with AVX2
+inline constexpr int kOutVecs = 4;                         // GEMM 2 column block, in vectors
+
+// Number of floats of a row of d floats padded to whole vectors.
+inline int64_t padded_dim(int64_t d) { return (d + kLanes - 1) / kLanes * kLanes; }
+
+#if defined(__AVX512F__)
+// In-register transpose of a 16 x 16 float block: r[i] lane j <- r[j] lane i.
+// Four stages of 16 shuffles (unpack ps, unpack pd, two 128-bit lane shuffles).
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c.
+  __m512 u[16];
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
+    u[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+  }
+  // Column 4L + c = lane L of u[c], u[4+c], u[8+c], u[12+c].
+  for (int c = 0; c < 4; ++c) {
+    const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);  // lanes 0,1 | 0,1
+    const __m512 v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);  // lanes 2,3 | 2,3
+    const __m512 w0 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512 w1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+    r[c] = _mm512_shuffle_f32x4(v0, w0, 0x88);       // lane 0 of each
+    r[4 + c] = _mm512_shuffle_f32x4(v0, w0, 0xDD);   // lane 1
+    r[8 + c] = _mm512_shuffle_f32x4(v1, w1, 0x88);   // lane 2
+    r[12 + c] = _mm512_shuffle_f32x4(v1, w1, 0xDD);  // lane 3
+  }
+}
+#endif
+
+// Kt[k * kTileKeys + j] = k_rows[j * ldk + k] for keys j < nk and k < d; keys j in
+// [nk, kTileKeys) are zero. kt holds padded_dim(d) rows of kTileKeys floats, 64-byte
+// aligned; rows [d, padded_dim(d)) are written (zero) but never read. Reads only the nk
+// rows of d floats it is given.
+inline void pack_k_transposed(const float* k_rows, int64_t ldk, int nk, int64_t d, float* kt) {
+  const int64_t dp = padded_dim(d);
+#if defined(__AVX512F__)
+  for (int64_t k0 = 0; k0 < dp; k0 += 16) {
+    const int n = static_cast<int>(d - k0 < 16 ? d - k0 : 16);
+    for (int j0 = 0; j0 < kTileKeys; j0 += 16) {
+      __m512 r[16];
+      for (int j = 0; j < 16; ++j) {
+        r[j] = j0 + j < nk ? __m512(load_partial(k_rows + (j0 + j) * ldk + k0, n))
+                           : _mm512_setzero_ps();
+      }
+      transpose16(r);
+      for (int c = 0; c < 16; ++c) _mm512_store_ps(kt + (k0 + c) * kTileKeys + j0, r[c]);
+    }
+  }
+#else
+  for (int64_t k = 0; k < dp; ++k) {
+    float* dst = kt + k * kTileKeys;
+    for (int j = 0; j < kTileKeys; ++j) dst[j] = (j < nk && k < d) ? k_rows[j * ldk + k] : 0.f;
+  }
+#endif
+}
+
+// GEMM 1 for one register panel: acc[m][v] = sum_k qp[k * MR + m] * Kt[k][v*kLanes ...].
+// qp is the panel of MR query rows packed k-major (the MR elements broadcast at step k are
+// adjacent). kt as written by pack_k_transposed.
+template <int MR>
+inline void score_panel(const float* qp, const float* kt, int64_t d, Batch (&acc)[MR][kKeyVecs]) {
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < kKeyVecs; ++v) acc[m][v] = Batch(0.f);
+  for (int64_t k = 0; k < d; ++k) {
+    const float* kr = kt + k * kTileKeys;
+    Batch kv[kKeyVecs];
+    for (int v = 0; v < kKeyVecs; ++v) kv[v] = Batch::load_aligned(kr + v * kLanes);
+    for (int m = 0; m < MR; ++m) {
+      const Batch q(qp[k * MR + m]);
+      for (int v = 0; v < kKeyVecs; ++v) acc[m][v] = xsimd::fma(q, kv[v], acc[m][v]);
+    }
+  }
+}
+
+// GEMM 2 for one register panel and one column block of NV vectors:
+//   o[m] = o[m] * alpha[m] (when alpha is given) + sum_{j in [ja, jb)} p[m * ldp + j] * v[j * ldv]
+// o rows (ldo apart) are 64-byte aligned accumulators of NV full vectors. v points at
+// column 0 of the block in key row 0 of the tile. With Tail, the block's last vector holds
+// only tail_lanes columns of V: it is loaded with a masked load (never reads past the row)
+// and its other lanes stay 0.
+template <int MR, int NV, bool Tail>
+inline void pv_panel(const float* p, int64_t ldp, const float* v, int64_t ldv, float* o,
+                     int64_t ldo, const float* alpha, int ja, int jb, int tail_lanes) {
+  Batch acc[MR][NV];
+  for (int m = 0; m < MR; ++m) {
+    for (int c = 0; c < NV; ++c) acc[m][c] = Batch::load_aligned(o + m * ldo + c * kLanes);
+    if (alpha) {
+      const Batch a(alpha[m]);
+      for (int c = 0; c < NV; ++c) acc[m][c] *= a;
+    }
+  }
+  for (int j = ja; j < jb; ++j) {
+    const float* vr = v + j * ldv;
+    Batch vv[NV];
+    for (int c = 0; c < NV; ++c) {
+      vv[c] = (Tail && c == NV - 1) ? load_partial(vr + c * kLanes, tail_lanes)
+                                    : Batch::load_unaligned(vr + c * kLanes);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const Batch pb(p[m * ldp + j]);
+      for (int c = 0; c < NV; ++c) acc[m][c] = xsimd::fma(pb, vv[c], acc[m][c]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int c = 0; c < NV; ++c) acc[m][c].store_aligned(o + m * ldo + c * kLanes);
+}
+
+// GEMM 2 over all of d (column blocks of kOutVecs vectors, the last one possibly narrower
+// and with a partial vector). Same arguments as pv_panel, v and o at column 0.
+template <int MR>
+inline void pv_rows(const float* p, int64_t ldp, const float* v, int64_t ldv, float* o,
+                    int64_t ldo, const float* alpha, int ja, int jb, int64_t d) {
+  const int64_t nvec = (d + kLanes - 1) / kLanes;
+  const int tail = static_cast<int>(d - (nvec - 1) * kLanes);  // lanes of the last vector
+  for (int64_t c0 = 0; c0 < nvec; c0 += kOutVecs) {
+    const int nv = static_cast<int>(nvec - c0 < kOutVecs ? nvec - c0 : kOutVecs);
+    const bool partial = c0 + nv == nvec && tail < kLanes;
+    const float* vc = v + c0 * kLanes;
+    float* oc = o + c0 * kLanes;
+    static_assert(kOutVecs == 4, "dispatch below covers NV = 1..4");
+#define ATTN_PV_CASE(NV)                                                              \
+  case NV:                                                                            \
+    if (partial)                                                                      \
+      pv_panel<MR, NV, true>(p, ldp, vc, ldv, oc, ldo, alpha, ja, jb, tail);          \
+    else                                                                              \
+      pv_panel<MR, NV, false>(p, ldp, vc, ldv, oc, ldo, alpha, ja, jb, kLanes);       \
+    break;
+    switch (nv) {
+      ATTN_PV_CASE(1)
+      ATTN_PV_CASE(2)
+      ATTN_PV_CASE(3)
+      ATTN_PV_CASE(4)
+    }
+#undef ATTN_PV_CASE
+  }
+}
+
+}  // namespace attnlab::simd
