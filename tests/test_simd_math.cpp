@@ -1,6 +1,6 @@
 // Tests for src/cpu/simd/vec_math.hpp: exp/exp2 accuracy over a dense sweep of the
-// softmax range (bounds documented in the header), special values, reductions and the
-// tail-safe partial loads/stores.
+// softmax range (bounds documented in the header), special values, reductions (including
+// the transposed sum) and the tail-safe partial loads/stores.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -171,6 +171,22 @@ TEST(SimdMath, Reductions) {
   EXPECT_EQ(reduce_max(Batch(-kInf)), -kInf);
   in[kLanes - 1] = 1000.f;
   EXPECT_EQ(reduce_max(Batch::load_aligned(in)), 1000.f);
+}
+
+TEST(SimdMath, TransposeSumPutsEachRowSumInItsLane) {
+  // Distinct integer-valued entries: every sum is exact, every lane distinguishable.
+  Batch rows[kLanes];
+  alignas(64) float lanes[kLanes], expect[kLanes];
+  for (int i = 0; i < kLanes; ++i) {
+    expect[i] = 0.f;
+    for (int j = 0; j < kLanes; ++j) {
+      lanes[j] = static_cast<float>(i * 100 + j * j);
+      expect[i] += lanes[j];
+    }
+    rows[i] = Batch::load_aligned(lanes);
+  }
+  transpose_sum(rows).store_aligned(lanes);
+  for (int i = 0; i < kLanes; ++i) EXPECT_EQ(lanes[i], expect[i]) << "lane " << i;
 }
 
 TEST(SimdMath, PartialLoadsAndStoresStayInBounds) {

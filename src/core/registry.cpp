@@ -8,12 +8,14 @@ namespace attnlab {
 namespace cpu {
 const Kernel& naive();
 const Kernel& blocked();
+const Kernel& simd();
 }  // namespace cpu
 
 const std::vector<const Kernel*>& registry() {
   static const std::vector<const Kernel*> kernels = {
       &cpu::naive(),
       &cpu::blocked(),
+      &cpu::simd(),
   };
   return kernels;
 }

@@ -8,6 +8,7 @@
 //                                                  into the score scale)
 //   exp(Batch)                      e^x           (Cody-Waite reduction, accurate)
 //   reduce_sum(Batch), reduce_max(Batch)          horizontal reductions
+//   transpose_sum(const Batch rows[kLanes])       lane i = reduce_sum(rows[i])
 //   load_partial(p, n[, fill]), store_partial(p, v, n)
 //                                   lanes [0, n) only, n in [0, kLanes]; never touch
 //                                   memory past p + n (masked loads/stores on AVX-512)
@@ -130,6 +131,37 @@ inline Batch exp(Batch x) {
 
 // Sum of all lanes (xsimd 8.1 spells it hadd; 9.0+ renamed it reduce_add).
 inline float reduce_sum(Batch v) { return xsimd::hadd(v); }
+
+// Lane i of the result = reduce_sum(rows[i]), for kLanes rows: the transposed reduction
+// that turns kLanes dot-product accumulators into kLanes scores (about 3 shuffle/add
+// instructions per row on AVX-512). Not xsimd::haddp: xsimd 8.1's AVX-512 haddp returns
+// the sums in the wrong lanes (lanes 2,3 and 4,5 of each half swapped - measured; its
+// SSE/AVX versions are right and are used below).
+inline Batch transpose_sum(const Batch* rows) {
+#if defined(__AVX512F__)
+  // 16 -> 8: within each 128-bit lane, [a0+a2, b0+b2, a1+a3, b1+b3] for rows a, b.
+  __m512 s8[8];
+  for (int i = 0; i < 8; ++i) {
+    const __m512 a = rows[2 * i], b = rows[2 * i + 1];
+    s8[i] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  }
+  // 8 -> 4: within each 128-bit lane, [a, b, c, d] partial sums of rows 4k..4k+3.
+  __m512 s4[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(s8[2 * i]), y = _mm512_castps_pd(s8[2 * i + 1]);
+    s4[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                          _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // Across 128-bit lanes: 4 -> 2 -> 1.
+  const auto fold = [](__m512 x, __m512 y) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
+  };
+  return fold(fold(s4[0], s4[1]), fold(s4[2], s4[3]));
+#else
+  return xsimd::haddp(rows);
+#endif
+}
 
 // Largest lane (xsimd 8.1 has no reduce_max; 9.0+ has xsimd::reduce_max).
 inline float reduce_max(Batch v) {
