@@ -22,9 +22,8 @@ std::string mask_name(const Problem& p) {
   return m.empty() ? "none" : m;
 }
 
-std::string BenchPoint::name() const {
-  const Problem& p = problem;
-  std::string n = "attn/" + std::string(kernel->name()) + "/b:" + std::to_string(p.batch) +
+std::string point_name(std::string_view kernel, const Problem& p, int threads) {
+  std::string n = "attn/" + std::string(kernel) + "/b:" + std::to_string(p.batch) +
                   "/hq:" + std::to_string(p.q_heads) + "/hkv:" + std::to_string(p.kv_heads) +
                   "/sq:" + std::to_string(p.q_len) + "/sk:" + std::to_string(p.kv_len) +
                   "/d:" + std::to_string(p.head_dim) + "/mask:" + mask_name(p);
@@ -32,15 +31,17 @@ std::string BenchPoint::name() const {
   return n + "/t:" + std::to_string(threads);
 }
 
-std::string BenchPoint::id() const {
-  const Problem& p = problem;
-  std::string n = std::string(kernel->name()) + "-b" + std::to_string(p.batch) + "-hq" +
+std::string point_id(std::string_view kernel, const Problem& p, int threads) {
+  std::string n = std::string(kernel) + "-b" + std::to_string(p.batch) + "-hq" +
                   std::to_string(p.q_heads) + "-hkv" + std::to_string(p.kv_heads) + "-sq" +
                   std::to_string(p.q_len) + "-sk" + std::to_string(p.kv_len) + "-d" +
                   std::to_string(p.head_dim) + "-" + mask_name(p);
   if (p.layout == Layout::BSHD) n += "-bshd";
   return n + "-t" + std::to_string(threads);
 }
+
+std::string BenchPoint::name() const { return point_name(kernel->name(), problem, threads); }
+std::string BenchPoint::id() const { return point_id(kernel->name(), problem, threads); }
 
 size_t point_memory_bytes(const BenchPoint& pt) {
   const Problem& p = pt.problem;

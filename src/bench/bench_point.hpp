@@ -44,6 +44,10 @@ struct BenchPoint {
   std::string id() const;
 };
 
+// The id and name of a point given the kernel's name (BenchPoint::id/name call these).
+std::string point_id(std::string_view kernel, const Problem& p, int threads);
+std::string point_name(std::string_view kernel, const Problem& p, int threads);
+
 // "none", "causal", "causal_tl", "window_L_R", "causal_window_L_R" (L/R: -1 = unbounded).
 std::string mask_name(const Problem& p);
 

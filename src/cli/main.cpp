@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
       cli::add_run(app),
       cli::add_verify(app),
       cli::add_peak(app),
+      cli::add_sweep(app),
+      cli::add_merge(app),
   };
   try {
     app.parse(argc, argv);

@@ -1,0 +1,366 @@
+#include "bench/experiment.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "attnlab/kernel.hpp"
+#include "bench/bench_point.hpp"
+#include "bench/files.hpp"
+
+namespace attnlab::bench {
+
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr size_t kMaxGridPoints = 100000;
+constexpr int64_t kMaxListLength = 4096;
+
+const std::vector<std::string> kKeys = {
+    "description", "implementations", "batch",   "q_heads",     "kv_heads",   "gqa_groups",
+    "q_len",       "kv_len",          "head_dim", "d_model",    "causal",     "window",
+    "layout",      "threads",         "repetitions", "min_time_s", "time_cap_s", "memory_budget_mib",
+    "verify_rows", "seed"};
+
+constexpr const char* kIntsAllowed =
+    "a positive integer, a list of them, {\"pow2\": [lo, hi]} (powers of two, lo <= hi) or "
+    "{\"range\": [start, stop, step]} (stop inclusive, step >= 1)";
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+// Error builder: every message names the file, the key, the bad value and what is allowed.
+struct Where {
+  std::string file;
+  [[noreturn]] void bad(const std::string& key, const Json& value, const std::string& allowed) const {
+    throw InvalidInput("experiment " + file + ": key '" + key + "': bad value " + value.dump() +
+                       "; allowed: " + allowed);
+  }
+  [[noreturn]] void fail(const std::string& what) const {
+    throw InvalidInput("experiment " + file + ": " + what);
+  }
+};
+
+bool is_int(const Json& v) { return v.is_number_integer() || v.is_number_unsigned(); }
+
+bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// INTS, each value >= min_value.
+std::vector<int64_t> parse_ints(const Where& w, const std::string& key, const Json& v, int64_t min_value) {
+  const std::string allowed = std::string(kIntsAllowed) + ", each >= " + std::to_string(min_value);
+  std::vector<int64_t> out;
+  auto take = [&](const Json& x) {
+    if (!is_int(x) || x.get<int64_t>() < min_value) w.bad(key, v, allowed);
+    out.push_back(x.get<int64_t>());
+  };
+  if (is_int(v)) {
+    take(v);
+  } else if (v.is_array()) {
+    if (v.empty()) w.bad(key, v, allowed + " (not an empty list)");
+    for (const auto& x : v) take(x);
+  } else if (v.is_object() && v.size() == 1 && v.contains("pow2")) {
+    const Json& a = v["pow2"];
+    if (!a.is_array() || a.size() != 2 || !is_int(a[0]) || !is_int(a[1])) w.bad(key, v, allowed);
+    const int64_t lo = a[0].get<int64_t>(), hi = a[1].get<int64_t>();
+    if (!is_pow2(lo) || !is_pow2(hi) || lo > hi || lo < min_value) w.bad(key, v, allowed);
+    for (int64_t x = lo; x <= hi; x *= 2) out.push_back(x);
+  } else if (v.is_object() && v.size() == 1 && v.contains("range")) {
+    const Json& a = v["range"];
+    if (!a.is_array() || a.size() != 3 || !is_int(a[0]) || !is_int(a[1]) || !is_int(a[2])) w.bad(key, v, allowed);
+    const int64_t start = a[0].get<int64_t>(), stop = a[1].get<int64_t>(), step = a[2].get<int64_t>();
+    if (step < 1 || start > stop || start < min_value || (stop - start) / step >= kMaxListLength) {
+      w.bad(key, v, allowed + " (at most " + std::to_string(kMaxListLength) + " values)");
+    }
+    for (int64_t x = start; x <= stop; x += step) out.push_back(x);
+  } else {
+    w.bad(key, v, allowed);
+  }
+  std::vector<int64_t> unique;
+  for (int64_t x : out) {
+    if (std::find(unique.begin(), unique.end(), x) == unique.end()) unique.push_back(x);
+  }
+  return unique;
+}
+
+CausalAlign parse_one_causal(const Where& w, const Json& whole, const Json& v) {
+  if (v.is_boolean()) return v.get<bool>() ? CausalAlign::BottomRight : CausalAlign::None;
+  if (v.is_string() && v.get<std::string>() == "top_left") return CausalAlign::TopLeft;
+  if (v.is_string() && v.get<std::string>() == "bottom_right") return CausalAlign::BottomRight;
+  w.bad("causal", whole, "false, true (bottom-right aligned), \"bottom_right\", \"top_left\", or a list of these");
+}
+
+std::vector<CausalAlign> parse_causal(const Where& w, const Json& v) {
+  std::vector<CausalAlign> out;
+  if (v.is_array()) {
+    if (v.empty()) w.bad("causal", v, "a non-empty list of false, true, \"top_left\"");
+    for (const auto& x : v) out.push_back(parse_one_causal(w, v, x));
+  } else {
+    out.push_back(parse_one_causal(w, v, v));
+  }
+  return out;
+}
+
+std::vector<Window> parse_window(const Where& w, const Json& v) {
+  const std::string allowed =
+      "null (no window), [L, R] with integers >= -1 (-1 = unbounded), or a list of null / [L, R]";
+  auto one = [&](const Json& x) -> Window {
+    if (x.is_null() || (x.is_string() && x.get<std::string>() == "none")) return {};
+    if (!x.is_array() || x.size() != 2 || !is_int(x[0]) || !is_int(x[1]) || x[0].get<int64_t>() < -1 ||
+        x[1].get<int64_t>() < -1) {
+      w.bad("window", v, allowed);
+    }
+    return {x[0].get<int64_t>(), x[1].get<int64_t>()};
+  };
+  // [L, R] of two integers is one window; any other list is a list of windows.
+  if (v.is_array() && v.size() == 2 && is_int(v[0]) && is_int(v[1])) return {one(v)};
+  if (v.is_array()) {
+    if (v.empty()) w.bad("window", v, allowed);
+    std::vector<Window> out;
+    for (const auto& x : v) out.push_back(one(x));
+    return out;
+  }
+  return {one(v)};
+}
+
+std::vector<Layout> parse_layouts(const Where& w, const Json& v) {
+  auto one = [&](const Json& x) {
+    if (x.is_string() && x.get<std::string>() == "bhsd") return Layout::BHSD;
+    if (x.is_string() && x.get<std::string>() == "bshd") return Layout::BSHD;
+    w.bad("layout", v, "\"bhsd\", \"bshd\", or a list of these");
+  };
+  std::vector<Layout> out;
+  if (v.is_array()) {
+    if (v.empty()) w.bad("layout", v, "\"bhsd\", \"bshd\", or a non-empty list of these");
+    for (const auto& x : v) out.push_back(one(x));
+  } else {
+    out.push_back(one(v));
+  }
+  return out;
+}
+
+std::vector<int> parse_threads(const Where& w, const Json& v) {
+  const std::string allowed = "\"all\" (every core), an integer 1..1024, a list of these, or INTS";
+  auto one = [&](const Json& x) -> int {
+    if (x.is_string() && x.get<std::string>() == "all") return 0;
+    if (is_int(x) && x.get<int64_t>() >= 1 && x.get<int64_t>() <= 1024) return static_cast<int>(x.get<int64_t>());
+    w.bad("threads", v, allowed);
+  };
+  if (v.is_array()) {
+    if (v.empty()) w.bad("threads", v, allowed);
+    std::vector<int> out;
+    for (const auto& x : v) out.push_back(one(x));
+    return out;
+  }
+  if (v.is_object()) {
+    std::vector<int> out;
+    for (int64_t t : parse_ints(w, "threads", v, 1)) {
+      if (t > 1024) w.bad("threads", v, allowed);
+      out.push_back(static_cast<int>(t));
+    }
+    return out;
+  }
+  return {one(v)};
+}
+
+double parse_positive(const Where& w, const std::string& key, const Json& v) {
+  if (!v.is_number() || !(v.get<double>() > 0) || v.get<double>() > 1e9) w.bad(key, v, "a number > 0");
+  return v.get<double>();
+}
+
+int64_t parse_int_at_least(const Where& w, const std::string& key, const Json& v, int64_t lo, int64_t hi) {
+  if (!is_int(v) || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+    w.bad(key, v, "an integer from " + std::to_string(lo) + " to " + std::to_string(hi));
+  }
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
+std::vector<std::string> registry_kernel_names() {
+  std::vector<std::string> names;
+  for (const Kernel* k : registry()) names.emplace_back(k->name());
+  return names;
+}
+
+Experiment parse_experiment(const Json& doc, const std::string& name,
+                            const std::vector<std::string>& known_kernels) {
+  const Where w{name};
+  if (!doc.is_object()) w.fail("the document must be a JSON object with the keys: " + join(kKeys));
+  for (const auto& [key, value] : doc.items()) {
+    if (std::find(kKeys.begin(), kKeys.end(), key) == kKeys.end()) {
+      w.fail("unknown key '" + key + "'; allowed keys: " + join(kKeys));
+    }
+  }
+  Experiment e;
+  e.name = name;
+  e.source = doc;
+
+  if (!doc.contains("description")) w.fail("missing key 'description'; allowed: a string saying what the experiment asks");
+  if (!doc["description"].is_string() || doc["description"].get<std::string>().empty()) {
+    w.bad("description", doc["description"], "a non-empty string");
+  }
+  e.description = doc["description"].get<std::string>();
+
+  // implementations
+  const Json impl = doc.value("implementations", Json("all"));
+  const std::string impl_allowed = "\"all\" or a list of kernel names from: " + join(known_kernels);
+  if (impl.is_string() && impl.get<std::string>() == "all") {
+    e.implementations = known_kernels;
+  } else if (impl.is_array() && !impl.empty()) {
+    for (const auto& x : impl) {
+      if (!x.is_string()) w.bad("implementations", impl, impl_allowed);
+      const std::string k = x.get<std::string>();
+      if (std::find(known_kernels.begin(), known_kernels.end(), k) == known_kernels.end()) {
+        w.bad("implementations", x, impl_allowed);
+      }
+      if (std::find(e.implementations.begin(), e.implementations.end(), k) == e.implementations.end()) {
+        e.implementations.push_back(k);
+      }
+    }
+  } else {
+    w.bad("implementations", impl, impl_allowed);
+  }
+
+  e.batch = parse_ints(w, "batch", doc.value("batch", Json(1)), 1);
+  e.q_heads = parse_ints(w, "q_heads", doc.value("q_heads", Json(8)), 1);
+
+  if (doc.contains("kv_heads") && doc.contains("gqa_groups")) {
+    w.fail("keys 'kv_heads' and 'gqa_groups' exclude each other; allowed: one of them (gqa_groups = q_heads / kv_heads)");
+  }
+  if (doc.contains("gqa_groups")) {
+    e.gqa_groups = parse_ints(w, "gqa_groups", doc["gqa_groups"], 1);
+    for (int64_t g : e.gqa_groups) {
+      for (int64_t h : e.q_heads) {
+        if (h % g != 0) {
+          w.bad("gqa_groups", Json(g), "divisors of every q_heads value (" + std::to_string(h) + " is not divisible)");
+        }
+      }
+    }
+  } else if (!doc.contains("kv_heads") || (doc["kv_heads"].is_string() && doc["kv_heads"] == "q_heads")) {
+    e.kv_heads_from_q_heads = true;
+  } else {
+    e.kv_heads = parse_ints(w, "kv_heads", doc["kv_heads"], 1);
+  }
+
+  if (!doc.contains("q_len")) w.fail(std::string("missing key 'q_len'; allowed: ") + kIntsAllowed);
+  e.q_len = parse_ints(w, "q_len", doc["q_len"], 1);
+  if (!doc.contains("kv_len") || (doc["kv_len"].is_string() && doc["kv_len"] == "q_len")) {
+    e.kv_len_from_q_len = true;
+  } else {
+    e.kv_len = parse_ints(w, "kv_len", doc["kv_len"], 0);
+  }
+
+  if (doc.contains("head_dim") && doc.contains("d_model")) {
+    w.fail("keys 'head_dim' and 'd_model' exclude each other; allowed: one of them (head_dim = d_model / q_heads)");
+  }
+  if (doc.contains("d_model")) {
+    e.d_model = parse_ints(w, "d_model", doc["d_model"], 1);
+    for (int64_t dm : e.d_model) {
+      for (int64_t h : e.q_heads) {
+        if (dm % h != 0) {
+          w.bad("d_model", Json(dm), "multiples of every q_heads value (not divisible by " + std::to_string(h) + ")");
+        }
+      }
+    }
+  } else {
+    e.head_dim = parse_ints(w, "head_dim", doc.value("head_dim", Json(128)), 1);
+  }
+
+  e.causal = parse_causal(w, doc.value("causal", Json(false)));
+  e.window = parse_window(w, doc.value("window", Json(nullptr)));
+  e.layout = parse_layouts(w, doc.value("layout", Json("bhsd")));
+  e.threads = parse_threads(w, doc.value("threads", Json("all")));
+
+  if (doc.contains("repetitions")) e.repetitions = static_cast<int>(parse_int_at_least(w, "repetitions", doc["repetitions"], 1, 1000));
+  if (doc.contains("min_time_s")) e.min_time_s = parse_positive(w, "min_time_s", doc["min_time_s"]);
+  if (doc.contains("time_cap_s")) e.time_cap_s = parse_positive(w, "time_cap_s", doc["time_cap_s"]);
+  if (doc.contains("memory_budget_mib")) e.memory_budget_mib = parse_positive(w, "memory_budget_mib", doc["memory_budget_mib"]);
+  if (doc.contains("verify_rows")) e.verify_rows = static_cast<int>(parse_int_at_least(w, "verify_rows", doc["verify_rows"], 1, 1 << 20));
+  if (doc.contains("seed")) e.seed = static_cast<uint64_t>(parse_int_at_least(w, "seed", doc["seed"], 0, INT64_MAX));
+
+  // The grid must be small enough to run and every combination valid: expand once now.
+  (void)expand(e, 1);
+  return e;
+}
+
+Experiment load_experiment(const std::string& path, const std::vector<std::string>& known_kernels) {
+  const std::string text = read_text_file(path);
+  Json doc;
+  try {
+    doc = Json::parse(text);
+  } catch (const Json::parse_error& err) {
+    throw InvalidInput("experiment " + path + ": not valid JSON (" + err.what() + ")");
+  }
+  const std::string stem = std::filesystem::path(path).stem().string();
+  Experiment e = parse_experiment(doc, path, known_kernels);
+  e.name = stem;
+  return e;
+}
+
+std::string GridPoint::id() const { return point_id(kernel, problem, threads); }
+
+std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
+  const Where w{e.name};
+  std::vector<GridPoint> out;
+  std::set<std::string> seen;
+  const std::vector<int64_t> none = {0};
+  const auto& groups_or_kv = !e.gqa_groups.empty() ? e.gqa_groups : (e.kv_heads_from_q_heads ? none : e.kv_heads);
+  const auto& dims = !e.d_model.empty() ? e.d_model : e.head_dim;
+  const auto& kv_lens = e.kv_len_from_q_len ? none : e.kv_len;
+  size_t combos = e.implementations.size() * e.batch.size() * e.q_heads.size() * groups_or_kv.size() *
+                  e.q_len.size() * kv_lens.size() * dims.size() * e.causal.size() * e.window.size() *
+                  e.layout.size() * e.threads.size();
+  if (combos > kMaxGridPoints) {
+    w.fail("the grid has " + std::to_string(combos) + " points; allowed: at most " + std::to_string(kMaxGridPoints));
+  }
+  std::map<std::string, size_t> kernel_order;
+  for (size_t i = 0; i < e.implementations.size(); ++i) kernel_order[e.implementations[i]] = i;
+
+  for (const auto& kernel : e.implementations)
+    for (int64_t b : e.batch)
+      for (int64_t hq : e.q_heads)
+        for (int64_t g : groups_or_kv)
+          for (int64_t sq : e.q_len)
+            for (int64_t sk : kv_lens)
+              for (int64_t d : dims)
+                for (CausalAlign c : e.causal)
+                  for (const Window& win : e.window)
+                    for (Layout lay : e.layout)
+                      for (int t : e.threads) {
+                        GridPoint gp;
+                        gp.kernel = kernel;
+                        gp.threads = t == 0 ? all_threads : t;
+                        Problem& p = gp.problem;
+                        p.batch = b;
+                        p.q_heads = hq;
+                        p.kv_heads = !e.gqa_groups.empty() ? hq / g : (e.kv_heads_from_q_heads ? hq : g);
+                        p.q_len = sq;
+                        p.kv_len = e.kv_len_from_q_len ? sq : sk;
+                        p.head_dim = !e.d_model.empty() ? d / hq : d;
+                        p.causal = c;
+                        p.window_left = win.left;
+                        p.window_right = win.right;
+                        p.layout = lay;
+                        try {
+                          p.validate();
+                        } catch (const InvalidInput& err) {
+                          w.fail("grid point " + p.describe() + " is invalid: " + err.what());
+                        }
+                        gp.flops = p.flops();
+                        if (seen.insert(gp.id()).second) out.push_back(std::move(gp));
+                      }
+  std::stable_sort(out.begin(), out.end(), [&](const GridPoint& a, const GridPoint& b) {
+    if (a.flops != b.flops) return a.flops < b.flops;
+    const size_t ka = kernel_order[a.kernel], kb = kernel_order[b.kernel];
+    if (ka != kb) return ka < kb;
+    return a.id() < b.id();
+  });
+  return out;
+}
+
+}  // namespace attnlab::bench

@@ -1,0 +1,90 @@
+// Experiment files (experiments/*.json): one question, a grid of points to measure.
+//
+//   {
+//     "description": "what the experiment asks (required)",
+//     "implementations": "all" | ["naive", "flash", ...]       default "all" (the registry)
+//     "batch":      INTS                                          default 1
+//     "q_heads":    INTS                                          default 8
+//     "kv_heads":   INTS | "q_heads"                              default "q_heads"
+//     "gqa_groups": INTS      (q_heads / kv_heads; instead of kv_heads)
+//     "q_len":      INTS                                          required
+//     "kv_len":     INTS | "q_len"                                default "q_len"
+//     "head_dim":   INTS                                          default 128
+//     "d_model":    INTS      (head_dim = d_model / q_heads; instead of head_dim)
+//     "causal":     MASK | [MASK, ...]  with MASK = false | true | "top_left"   default false
+//     "window":     null | [L, R] | [null | [L, R], ...]  (-1 = unbounded)   default null
+//     "layout":     "bhsd" | "bshd" | [...]                       default "bhsd"
+//     "threads":    INTS | "all" | [int or "all", ...]            default "all"
+//     "repetitions": int >= 1          timed repetitions per point (median, spread)  default 3
+//     "min_time_s":  number > 0        minimum time of one repetition                default 0.05
+//     "time_cap_s":  number > 0        skip a point estimated to take longer         default 60
+//     "memory_budget_mib": number > 0  skip a point needing more memory      default RAM / 2
+//     "verify_rows": int >= 1          rows checked against the reference per point  default 64
+//     "seed":        int >= 0          random inputs                                 default 1
+//   }
+//   INTS = n | [n, ...] | {"pow2": [lo, hi]} (powers of two lo..hi) | {"range": [start, stop, step]}
+//          (stop inclusive)
+// The grid is the Cartesian product of every list. Unknown keys are errors; every error
+// names the file, the key, the bad value and what is allowed (InvalidInput).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "attnlab/problem.hpp"
+
+namespace attnlab::bench {
+
+struct Window {
+  int64_t left = -1, right = -1;
+  bool operator==(const Window&) const = default;
+};
+
+struct Experiment {
+  std::string name;         // file stem
+  std::string description;
+  nlohmann::json source;    // the document as read (copied into the results folder)
+
+  std::vector<std::string> implementations;  // resolved kernel names, registry order
+  std::vector<int64_t> batch, q_heads, kv_heads, gqa_groups, q_len, kv_len, head_dim, d_model;
+  bool kv_heads_from_q_heads = false;  // kv_heads absent or "q_heads"
+  bool kv_len_from_q_len = false;      // kv_len absent or "q_len"
+  std::vector<CausalAlign> causal;
+  std::vector<Window> window;          // {-1, -1} = none
+  std::vector<Layout> layout;
+  std::vector<int> threads;            // 0 = all cores
+
+  int repetitions = 3;
+  double min_time_s = 0.05;
+  double time_cap_s = 60;
+  double memory_budget_mib = 0;        // 0 = half the physical memory
+  int verify_rows = 64;
+  uint64_t seed = 1;
+};
+
+// `known_kernels`: the names "all" expands to and that implementations may list.
+Experiment parse_experiment(const nlohmann::json& doc, const std::string& name,
+                            const std::vector<std::string>& known_kernels);
+// Reads and parses a file (name = file stem); JSON syntax errors name the file and position.
+Experiment load_experiment(const std::string& path, const std::vector<std::string>& known_kernels);
+// The registry's kernel names.
+std::vector<std::string> registry_kernel_names();
+
+struct GridPoint {
+  std::string kernel;
+  Problem problem;
+  int threads = 1;
+  double flops = 0;  // problem.flops(), the sort key
+  std::string id() const;
+};
+
+// Every grid point, deduplicated, each problem validated (an invalid combination is an
+// error naming it), in a fixed order: ascending FLOP count, then kernel order, then
+// shape. `all_threads` is what "all" means. Throws InvalidInput.
+std::vector<GridPoint> expand(const Experiment& e, int all_threads);
+
+}  // namespace attnlab::bench

@@ -1,0 +1,320 @@
+#include "bench/results.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "attnlab/npy.hpp"
+#include "bench/bench_point.hpp"
+#include "bench/files.hpp"
+#include "bench/stats.hpp"
+
+namespace attnlab::bench {
+
+namespace {
+using Json = nlohmann::json;
+
+Json problem_to_json(const Problem& p) {
+  return {{"batch", p.batch},       {"q_heads", p.q_heads},
+          {"kv_heads", p.kv_heads}, {"q_len", p.q_len},
+          {"kv_len", p.kv_len},     {"head_dim", p.head_dim},
+          {"causal", static_cast<int>(p.causal)},
+          {"window_left", p.window_left}, {"window_right", p.window_right},
+          {"layout", to_string(p.layout)}};
+}
+
+Problem problem_from_json(const Json& j) {
+  Problem p;
+  p.batch = j.at("batch").get<int64_t>();
+  p.q_heads = j.at("q_heads").get<int64_t>();
+  p.kv_heads = j.at("kv_heads").get<int64_t>();
+  p.q_len = j.at("q_len").get<int64_t>();
+  p.kv_len = j.at("kv_len").get<int64_t>();
+  p.head_dim = j.at("head_dim").get<int64_t>();
+  const int c = j.at("causal").get<int>();
+  if (c < 0 || c > 2) throw InvalidInput("causal: " + std::to_string(c) + "; allowed: 0, 1, 2");
+  p.causal = static_cast<CausalAlign>(c);
+  p.window_left = j.at("window_left").get<int64_t>();
+  p.window_right = j.at("window_right").get<int64_t>();
+  p.layout = parse_layout(j.at("layout").get<std::string>());
+  return p;
+}
+
+// Numbers in the CSV: shortest text that round-trips well enough for plots.
+std::string num(double v) {
+  if (!std::isfinite(v)) return "";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += (c == '"') ? std::string("\"\"") : std::string(1, c == '\n' ? ' ' : c);
+  return q + "\"";
+}
+
+}  // namespace
+
+const char* to_string(PointStatus s) {
+  switch (s) {
+    case PointStatus::Ok: return "ok";
+    case PointStatus::Failed: return "failed";
+    case PointStatus::Skipped: return "skipped";
+  }
+  return "?";
+}
+
+PointStatus parse_point_status(const std::string& s) {
+  if (s == "ok") return PointStatus::Ok;
+  if (s == "failed") return PointStatus::Failed;
+  if (s == "skipped") return PointStatus::Skipped;
+  throw InvalidInput("status: '" + s + "'; allowed: ok, failed, skipped");
+}
+
+double PointRecord::time_median() const { return median(times); }
+
+Json PointRecord::to_json() const {
+  return {{"id", id},
+          {"name", name},
+          {"kernel", kernel},
+          {"status", to_string(status)},
+          {"reason", reason},
+          {"problem", problem_to_json(problem)},
+          {"threads", threads},
+          {"extra_bytes", extra_bytes},
+          {"memory_bytes", memory_bytes},
+          {"times_s", times},
+          {"iterations", iterations},
+          {"peak_flops", peak_flops},
+          {"peak_read_bytes", peak_read_bytes},
+          {"verdict", verdict},
+          {"err_o_rel", err_o_rel},
+          {"err_lse", err_lse},
+          {"tol_o_rel", tol_o_rel},
+          {"tol_lse", tol_lse},
+          {"verify_rows", verify_rows},
+          {"seconds_spent", seconds_spent},
+          {"measured_at", measured_at}};
+}
+
+PointRecord PointRecord::from_json(const Json& j) {
+  try {
+    PointRecord r;
+    r.id = j.at("id").get<std::string>();
+    r.name = j.at("name").get<std::string>();
+    r.kernel = j.at("kernel").get<std::string>();
+    r.status = parse_point_status(j.at("status").get<std::string>());
+    r.reason = j.at("reason").get<std::string>();
+    r.problem = problem_from_json(j.at("problem"));
+    r.threads = j.at("threads").get<int>();
+    r.extra_bytes = j.at("extra_bytes").get<size_t>();
+    r.memory_bytes = j.at("memory_bytes").get<size_t>();
+    r.times = j.at("times_s").get<std::vector<double>>();
+    r.iterations = j.at("iterations").get<int64_t>();
+    r.peak_flops = j.at("peak_flops").get<double>();
+    r.peak_read_bytes = j.at("peak_read_bytes").get<double>();
+    r.verdict = j.at("verdict").get<std::string>();
+    r.err_o_rel = j.at("err_o_rel").get<double>();
+    r.err_lse = j.at("err_lse").get<double>();
+    r.tol_o_rel = j.at("tol_o_rel").get<double>();
+    r.tol_lse = j.at("tol_lse").get<double>();
+    r.verify_rows = j.at("verify_rows").get<int>();
+    r.seconds_spent = j.at("seconds_spent").get<double>();
+    r.measured_at = j.at("measured_at").get<std::string>();
+    return r;
+  } catch (const Json::exception& e) {
+    throw InvalidInput(std::string("point record: ") + e.what());
+  }
+}
+
+Json SweepPlan::to_json() const {
+  return {{"schema", "attnlab-sweep-1"},
+          {"experiment", experiment},
+          {"shard", {shard_index, shard_count}},
+          {"all_threads", all_threads},
+          {"plan", ids}};
+}
+
+SweepPlan SweepPlan::from_json(const Json& j) {
+  try {
+    SweepPlan p;
+    p.experiment = j.at("experiment").get<std::string>();
+    p.shard_index = j.at("shard").at(0).get<int>();
+    p.shard_count = j.at("shard").at(1).get<int>();
+    p.all_threads = j.at("all_threads").get<int>();
+    p.ids = j.at("plan").get<std::vector<std::string>>();
+    return p;
+  } catch (const Json::exception& e) {
+    throw InvalidInput(std::string("sweep.json: ") + e.what());
+  }
+}
+
+std::string points_dir(const std::string& dir) { return dir + "/points"; }
+std::string point_path(const std::string& dir, const std::string& id) { return points_dir(dir) + "/" + id + ".json"; }
+
+void write_point(const std::string& dir, const PointFile& pf) {
+  Json j = {{"schema", "attnlab-point-1"},
+            {"record", pf.record.to_json()},
+            {"gbench_context", pf.gbench_context},
+            {"gbench_runs", pf.gbench_runs}};
+  write_file_atomic(point_path(dir, pf.record.id), j.dump(1) + "\n");
+}
+
+std::vector<PointFile> read_points(const std::string& dir) {
+  std::vector<PointFile> out;
+  for (const std::string& name : list_files(points_dir(dir), ".json")) {
+    const std::string path = points_dir(dir) + "/" + name;
+    try {
+      const Json j = Json::parse(read_text_file(path));
+      PointFile pf;
+      pf.record = PointRecord::from_json(j.at("record"));
+      pf.gbench_context = j.value("gbench_context", Json());
+      pf.gbench_runs = j.value("gbench_runs", Json::array());
+      out.push_back(std::move(pf));
+    } catch (const std::exception& e) {
+      std::cerr << "warning: " << path << " is unreadable (" << e.what() << "); the point will be run again\n";
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> tidy_columns() {
+  return {"experiment", "id", "kernel", "status", "reason", "batch", "q_heads", "kv_heads", "gqa_group",
+          "q_len", "kv_len", "head_dim", "mask", "causal", "window_left", "window_right", "layout",
+          "threads", "flops", "bytes", "kv_bytes", "visible_pairs", "extra_bytes", "memory_bytes",
+          "repetitions", "iterations", "time_median_s", "time_min_s", "time_max_s", "time_mean_s",
+          "time_stddev_s", "time_cv", "gflops", "gbytes_per_s", "peak_gflops", "peak_fraction",
+          "read_bw_gbs", "bw_fraction", "verdict", "err_o_rel", "tol_o_rel", "err_lse", "tol_lse",
+          "verify_rows", "seconds_spent", "measured_at"};
+}
+
+std::string tidy_csv(const std::string& experiment, const std::vector<PointRecord>& records) {
+  std::ostringstream out;
+  const auto cols = tidy_columns();
+  for (size_t i = 0; i < cols.size(); ++i) out << (i ? "," : "") << cols[i];
+  out << "\n";
+  for (const PointRecord& r : records) {
+    const Problem& p = r.problem;
+    const bool timed = r.status == PointStatus::Ok && !r.times.empty();
+    const double t = timed ? r.time_median() : NAN;
+    const double tmin = timed ? *std::min_element(r.times.begin(), r.times.end()) : NAN;
+    const double tmax = timed ? *std::max_element(r.times.begin(), r.times.end()) : NAN;
+    const double tmean = timed ? mean(r.times) : NAN;
+    const double tsd = timed ? stddev(r.times) : NAN;
+    const double flops = p.flops(), bytes = p.bytes_moved();
+    const double gflops = flops / t * 1e-9;
+    const double gbs = bytes / t * 1e-9;
+    const std::vector<std::string> row = {
+        experiment, r.id, r.kernel, to_string(r.status), r.reason, std::to_string(p.batch),
+        std::to_string(p.q_heads), std::to_string(p.kv_heads), std::to_string(p.group()),
+        std::to_string(p.q_len), std::to_string(p.kv_len), std::to_string(p.head_dim), mask_name(p),
+        std::to_string(static_cast<int>(p.causal)), std::to_string(p.window_left),
+        std::to_string(p.window_right), to_string(p.layout), std::to_string(r.threads), num(flops),
+        num(bytes), num(p.kv_bytes()), std::to_string(p.visible_pairs()), std::to_string(r.extra_bytes),
+        std::to_string(r.memory_bytes), std::to_string(r.times.size()), std::to_string(r.iterations),
+        num(t), num(tmin), num(tmax), num(tmean), num(tsd), num(tsd / tmean), num(gflops), num(gbs),
+        r.peak_flops > 0 ? num(r.peak_flops * 1e-9) : "",
+        r.peak_flops > 0 ? num(flops / t / r.peak_flops) : "",
+        r.peak_read_bytes > 0 ? num(r.peak_read_bytes * 1e-9) : "",
+        r.peak_read_bytes > 0 ? num(bytes / t / r.peak_read_bytes) : "", r.verdict,
+        r.verdict.empty() ? "" : num(r.err_o_rel), r.verdict.empty() ? "" : num(r.tol_o_rel),
+        r.verdict.empty() ? "" : num(r.err_lse), r.verdict.empty() ? "" : num(r.tol_lse),
+        std::to_string(r.verify_rows), num(r.seconds_spent), r.measured_at};
+    for (size_t i = 0; i < row.size(); ++i) out << (i ? "," : "") << csv_field(row[i]);
+    out << "\n";
+  }
+  return out.str();
+}
+
+void write_outputs(const std::string& dir, const SweepPlan& plan, const std::vector<PointFile>& points) {
+  std::map<std::string, size_t> order;
+  for (size_t i = 0; i < plan.ids.size(); ++i) order[plan.ids[i]] = i;
+  std::vector<const PointFile*> sorted;
+  for (const auto& pf : points) sorted.push_back(&pf);
+  std::stable_sort(sorted.begin(), sorted.end(), [&](const PointFile* a, const PointFile* b) {
+    const auto ia = order.find(a->record.id), ib = order.find(b->record.id);
+    const size_t ka = ia == order.end() ? SIZE_MAX : ia->second, kb = ib == order.end() ? SIZE_MAX : ib->second;
+    return ka < kb;
+  });
+  std::vector<PointRecord> records;
+  Json bench = {{"context", Json::object()}, {"benchmarks", Json::array()}};
+  for (const PointFile* pf : sorted) {
+    records.push_back(pf->record);
+    if (bench["context"].empty() && pf->gbench_context.is_object()) bench["context"] = pf->gbench_context;
+    for (const auto& run : pf->gbench_runs) bench["benchmarks"].push_back(run);
+  }
+  write_file_atomic(dir + "/results.csv", tidy_csv(plan.experiment, records));
+  write_file_atomic(dir + "/bench.json", bench.dump(1) + "\n");
+}
+
+size_t merge_results(const std::string& out, const std::vector<std::string>& shards) {
+  if (shards.empty()) throw InvalidInput("merge: no shard folders given; allowed: one or more results folders");
+  Json experiment;
+  Json machine;
+  SweepPlan plan;
+  Json shard_list = Json::array();
+  std::map<std::string, std::pair<std::string, Json>> by_id;  // id -> (shard, record json)
+  std::vector<PointFile> merged;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const std::string& dir = shards[s];
+    if (!file_exists(dir + "/sweep.json")) {
+      throw InvalidInput("merge: " + dir + " is not a sweep results folder (no sweep.json); allowed: folders written by attnlab sweep");
+    }
+    const Json exp = Json::parse(read_text_file(dir + "/experiment.json"));
+    const SweepPlan sp = SweepPlan::from_json(Json::parse(read_text_file(dir + "/sweep.json")));
+    const Json mach = file_exists(dir + "/machine.json") ? Json::parse(read_text_file(dir + "/machine.json")) : Json::object();
+    if (s == 0) {
+      experiment = exp;
+      machine = mach;
+      plan = sp;
+    } else {
+      if (exp != experiment) {
+        throw InvalidInput("merge: " + dir + " ran a different experiment.json than " + shards[0] +
+                           "; allowed: shards of one experiment");
+      }
+      if (sp.ids != plan.ids) {
+        throw InvalidInput("merge: " + dir + " planned different points than " + shards[0] +
+                           " (different kernels or core counts?); allowed: shards of one plan");
+      }
+    }
+    shard_list.push_back({{"folder", dir},
+                          {"shard", {sp.shard_index, sp.shard_count}},
+                          {"host", mach.value("host", "")},
+                          {"date", mach.value("date", "")},
+                          {"git", mach.value("git", Json())},
+                          {"peaks", mach.value("peaks", Json())}});
+    for (PointFile& pf : read_points(dir)) {
+      const Json rec = pf.record.to_json();
+      auto it = by_id.find(pf.record.id);
+      if (it != by_id.end()) {
+        if (it->second.second != rec) {
+          throw InvalidInput("merge: point " + pf.record.id + " was measured in both " + it->second.first + " and " +
+                             dir + " with different results; allowed: each point in one shard");
+        }
+        continue;
+      }
+      by_id[pf.record.id] = {dir, rec};
+      merged.push_back(std::move(pf));
+    }
+  }
+  make_dirs(points_dir(out));
+  if (!read_points(out).empty()) {
+    throw InvalidInput("merge: " + out + " already holds points; allowed: a new or empty folder");
+  }
+  plan.shard_index = 0;
+  plan.shard_count = 1;
+  machine["shards"] = shard_list;
+  write_file_atomic(out + "/experiment.json", experiment.dump(2) + "\n");
+  write_file_atomic(out + "/sweep.json", plan.to_json().dump(1) + "\n");
+  write_file_atomic(out + "/machine.json", machine.dump(2) + "\n");
+  for (const PointFile& pf : merged) write_point(out, pf);
+  write_outputs(out, plan, merged);
+  return merged.size();
+}
+
+}  // namespace attnlab::bench

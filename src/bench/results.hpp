@@ -1,0 +1,92 @@
+// A results folder and the records in it.
+//
+//   <dir>/experiment.json   the experiment file as read
+//   <dir>/sweep.json        the plan: every point id in run order, this folder's shard,
+//                           what "all" threads meant
+//   <dir>/machine.json      machine, build, library versions, git commit, measured peaks
+//   <dir>/points/<id>.json  one file per decided point (record + its raw Google Benchmark
+//                           runs), written atomically the moment the point is done: an
+//                           interrupted sweep loses at most the point it was running
+//   <dir>/bench.json        Google Benchmark JSON of all timed points (context + benchmarks),
+//                           so google/benchmark's tools/compare.py works on it
+//   <dir>/results.csv       tidy table, one row per decided point (ok, failed, skipped)
+// bench.json and results.csv are regenerated from points/ after every point.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "attnlab/problem.hpp"
+
+namespace attnlab::bench {
+
+enum class PointStatus { Ok, Failed, Skipped };
+const char* to_string(PointStatus s);
+PointStatus parse_point_status(const std::string& s);
+
+struct PointRecord {
+  std::string id, name, kernel;
+  PointStatus status = PointStatus::Skipped;
+  std::string reason;  // why failed or skipped
+  Problem problem;
+  int threads = 1;
+  size_t extra_bytes = 0;   // kernel workspace
+  size_t memory_bytes = 0;  // everything the point allocated
+  // timing (status ok): seconds per run, one entry per repetition
+  std::vector<double> times;
+  int64_t iterations = 0;  // per repetition
+  // machine peaks for this thread count (0 = not measured)
+  double peak_flops = 0, peak_read_bytes = 0;
+  // verification against the float64 reference on sampled rows
+  std::string verdict;  // PASS, FAIL, SKIP or "" (not verified)
+  double err_o_rel = 0, err_lse = 0, tol_o_rel = 0, tol_lse = 0;
+  int verify_rows = 0;
+  double seconds_spent = 0;  // wall time the point took (verify + timing)
+  std::string measured_at;
+
+  double time_median() const;
+  nlohmann::json to_json() const;
+  static PointRecord from_json(const nlohmann::json& j);  // throws InvalidInput
+};
+
+// One point file: the record and the raw Google Benchmark output of its timing.
+struct PointFile {
+  PointRecord record;
+  nlohmann::json gbench_context;  // null for untimed points
+  nlohmann::json gbench_runs = nlohmann::json::array();
+};
+
+struct SweepPlan {
+  std::string experiment;
+  std::vector<std::string> ids;  // every point of the experiment, in run order
+  int shard_index = 0, shard_count = 1;
+  int all_threads = 1;
+  bool in_shard(size_t plan_index) const {
+    return static_cast<int>(plan_index % static_cast<size_t>(shard_count)) == shard_index;
+  }
+  nlohmann::json to_json() const;
+  static SweepPlan from_json(const nlohmann::json& j);
+};
+
+std::string points_dir(const std::string& dir);
+std::string point_path(const std::string& dir, const std::string& id);
+void write_point(const std::string& dir, const PointFile& pf);
+// All point files of a folder (unreadable ones are reported on stderr and left out, so a
+// resume re-runs them).
+std::vector<PointFile> read_points(const std::string& dir);
+
+// The tidy CSV (header + one row per record, in the order given).
+std::string tidy_csv(const std::string& experiment, const std::vector<PointRecord>& records);
+std::vector<std::string> tidy_columns();
+
+// Rewrites results.csv and bench.json from the point files, ordered by the plan.
+void write_outputs(const std::string& dir, const SweepPlan& plan, const std::vector<PointFile>& points);
+
+// Joins shard folders of one experiment into `out`: same experiment.json required; a point
+// present in two shards must be identical. Returns the number of points in the result.
+size_t merge_results(const std::string& out, const std::vector<std::string>& shards);
+
+}  // namespace attnlab::bench

@@ -1,0 +1,62 @@
+// `attnlab sweep`: runs an experiment's grid, one point at a time, into a results folder
+// (layout in results.hpp).
+//
+// Per point, in the experiment's order (ascending FLOP count, so cheap points give rate
+// estimates before expensive ones):
+//   1. skip, with the reason recorded, when the kernel is unavailable or does not support
+//      the problem, when the point needs more memory than the budget, or when its estimated
+//      time (RateBook: rates measured on earlier points) exceeds the time cap;
+//   2. verify: random inputs (the experiment's seed), the float64 reference on sampled rows
+//      (sample_rows, verify_rows of them), check_kernel with the point's thread count; a
+//      disagreeing kernel is recorded as failed and not timed;
+//   3. time with Google Benchmark (register_point, the attn_bench registration), repetitions
+//      x min_time, wall-clock; the raw runs are kept in the point file;
+//   4. write the point file atomically, then regenerate results.csv and bench.json.
+// A progress line per point goes to stderr (done/total, point, result, elapsed, ETA).
+// --resume skips points whose file exists; --shard i/n runs the plan's points with
+// index % n == i (0-based), so shards can run anywhere and `attnlab merge` joins them.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "attnlab/kernel.hpp"
+#include "bench/experiment.hpp"
+
+namespace attnlab::bench {
+
+struct SweepOptions {
+  std::string out_dir;                 // empty: <results_root>/<date>-<experiment>
+  std::string results_root = "results";
+  int shard_index = 0, shard_count = 1;
+  bool resume = false;
+  std::string peak_json;               // reuse a measured peak (attnlab peak --json)
+  int peak_repeats = 3;
+  size_t peak_buffer_bytes = size_t{512} << 20;
+  int stop_after = 0;                  // > 0: stop after deciding this many points (as if killed)
+  int all_threads = 0;                 // what "all" threads means; 0 = every core
+  std::vector<const Kernel*> kernels;  // empty = registry()
+  std::ostream* progress = nullptr;    // nullptr = std::cerr
+};
+
+struct SweepSummary {
+  std::string out_dir;
+  size_t planned = 0;     // points in this shard
+  size_t already = 0;     // found done on resume
+  size_t ok = 0, failed = 0, skipped = 0;  // decided by this run
+  size_t remaining = 0;   // not decided (stop_after)
+};
+
+// Throws InvalidInput for a bad shard spec, an existing folder without --resume, or a
+// folder holding another experiment.
+SweepSummary run_sweep(const Experiment& e, const SweepOptions& o);
+
+// "i/n" -> (i, n), 0 <= i < n.
+std::pair<int, int> parse_shard(const std::string& text);
+
+// The folder a sweep writes to: --out, else (resume) the newest <root>/*-<experiment>
+// holding a sweep.json, else <root>/<date>-<experiment> (with -2, -3... when it exists).
+std::string choose_out_dir(const std::string& experiment, const SweepOptions& o);
+
+}  // namespace attnlab::bench

@@ -1,0 +1,63 @@
+// attnlab sweep: run an experiment file's grid into a results folder (src/bench/sweep.hpp).
+// Prints the results folder on stdout (progress goes to stderr), so scripts can do
+//   dir=$(attnlab sweep --experiment experiments/quick.json) && python3 scripts/report.py "$dir"
+#include <filesystem>
+#include <iostream>
+
+#include "bench/experiment.hpp"
+#include "bench/sweep.hpp"
+#include "common.hpp"
+
+namespace attnlab::cli {
+
+namespace {
+struct SweepArgs {
+  std::string experiment, out, shard = "0/1", peak_json, results_root = "results";
+  bool resume = false;
+  int max_points = 0;
+  int peak_repeats = 3;
+};
+
+// A path, or a bare name looked up as experiments/<name>.json.
+std::string resolve_experiment(const std::string& arg) {
+  namespace fs = std::filesystem;
+  if (fs::exists(arg)) return arg;
+  if (arg.find('/') == std::string::npos) {
+    const std::string candidate = "experiments/" + arg + (arg.ends_with(".json") ? "" : ".json");
+    if (fs::exists(candidate)) return candidate;
+  }
+  throw InvalidInput("experiment: '" + arg + "' is not a file; allowed: a path to an experiment .json, or the name of "
+                     "one in experiments/ (e.g. quick)");
+}
+}  // namespace
+
+Command add_sweep(CLI::App& app) {
+  auto args = std::make_shared<SweepArgs>();
+  CLI::App* sub = app.add_subcommand("sweep", "run an experiment grid (verify, then time with Google Benchmark) into a results folder");
+  sub->add_option("--experiment", args->experiment, "experiment file, or a name in experiments/ (e.g. quick)")->required();
+  sub->add_option("--out", args->out, "results folder (default: results/<date>-<experiment>)");
+  sub->add_option("--shard", args->shard, "run only points with index % n == i (0-based), e.g. 2/8");
+  sub->add_flag("--resume", args->resume, "continue the sweep in --out (default: the newest results/*-<experiment>)");
+  sub->add_option("--peak-json", args->peak_json, "use peaks from attnlab peak --json instead of measuring");
+  sub->add_option("--peak-repeats", args->peak_repeats, "runs per peak figure when measuring");
+  sub->add_option("--results-root", args->results_root, "folder for default results folders");
+  sub->add_option("--max-points", args->max_points, "stop after deciding this many points (a resumable partial run)");
+  return {sub, [args] {
+            const bench::Experiment e = bench::load_experiment(resolve_experiment(args->experiment),
+                                                               bench::registry_kernel_names());
+            bench::SweepOptions o;
+            o.out_dir = args->out;
+            o.results_root = args->results_root;
+            std::tie(o.shard_index, o.shard_count) = bench::parse_shard(args->shard);
+            o.resume = args->resume;
+            o.peak_json = args->peak_json;
+            o.peak_repeats = args->peak_repeats;
+            if (args->max_points < 0) throw InvalidInput("max-points: must be >= 0; allowed: 0 (all) or a count");
+            o.stop_after = args->max_points;
+            const bench::SweepSummary s = bench::run_sweep(e, o);
+            std::cout << s.out_dir << "\n";
+            return s.failed > 0 ? 1 : 0;
+          }};
+}
+
+}  // namespace attnlab::cli
