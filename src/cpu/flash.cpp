@@ -277,7 +277,18 @@ void run_task(const Problem& p, const Inputs& in, const Outputs& out, const Tili
     const KeyTile kt{j0, static_cast<int>(std::min<int64_t>(kTileKeys, span.hi - j0)),
                      in.v.row(b, hk, j0), in.v.stride_s};
     simd::pack_k_transposed(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d, s.kt);
-    for (int64_t rr0 = 0; rr0 < R; rr0 += kPanelRows) {
+    // The next tile's K and V rows are prefetched a slice per panel, so they arrive in L2
+    // while this tile computes instead of stalling the packing and the first panel.
+    const int64_t jn = j0 + kTileKeys;
+    const int64_t nn = std::min<int64_t>(kTileKeys, span.hi - jn);
+    const int64_t panels = (R + kPanelRows - 1) / kPanelRows;
+    for (int64_t pi = 0; pi < panels; ++pi) {
+      if (nn > 0) {
+        const int64_t r0 = pi * nn / panels, r1 = (pi + 1) * nn / panels;
+        simd::prefetch_rows(in.k.row(b, hk, jn), in.k.stride_s, r0, r1, d);
+        simd::prefetch_rows(in.v.row(b, hk, jn), in.v.stride_s, r0, r1, d);
+      }
+      const int64_t rr0 = pi * kPanelRows;
       process_panel_any(static_cast<int>(std::min<int64_t>(kPanelRows, R - rr0)), t, s, rr0, kt);
     }
   }

@@ -83,9 +83,11 @@ inline void transpose16(__m512 r[16]) {
 inline void pack_k_transposed(const float* k_rows, int64_t ldk, int nk, int64_t d, float* kt) {
   const int64_t dp = padded_dim(d);
 #if defined(__AVX512F__)
-  for (int64_t k0 = 0; k0 < dp; k0 += 16) {
-    const int n = static_cast<int>(d - k0 < 16 ? d - k0 : 16);
-    for (int j0 = 0; j0 < kTileKeys; j0 += 16) {
+  // Key blocks outer: the 16 rows of a block are read front to back (sequential memory in
+  // BHSD), which the hardware prefetcher follows better than a 512-byte stride.
+  for (int j0 = 0; j0 < kTileKeys; j0 += 16) {
+    for (int64_t k0 = 0; k0 < dp; k0 += 16) {
+      const int n = static_cast<int>(d - k0 < 16 ? d - k0 : 16);
       __m512 r[16];
       for (int j = 0; j < 16; ++j) {
         r[j] = j0 + j < nk ? __m512(load_partial(k_rows + (j0 + j) * ldk + k0, n))
@@ -101,6 +103,17 @@ inline void pack_k_transposed(const float* k_rows, int64_t ldk, int nk, int64_t 
     for (int j = 0; j < kTileKeys; ++j) dst[j] = (j < nk && k < d) ? k_rows[j * ldk + k] : 0.f;
   }
 #endif
+}
+
+// Software prefetch (into L2) of rows [r0, r1) of d floats each, ld floats apart: used to
+// bring the next K/V tile in while the current one is computed.
+inline void prefetch_rows(const float* base, int64_t ld, int64_t r0, int64_t r1, int64_t d) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const char* row = reinterpret_cast<const char*>(base + r * ld);
+    const char* end = reinterpret_cast<const char*>(base + r * ld + d);
+    for (const char* a = row; a < end; a += 64) __builtin_prefetch(a, 0, 2);
+    __builtin_prefetch(end - 1, 0, 2);  // the last line when the row is not line-aligned
+  }
 }
 
 // GEMM 1 for one register panel: acc[m][v] = sum_k qp[k * MR + m] * Kt[k][v*kLanes ...].
