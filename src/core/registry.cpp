@@ -9,6 +9,7 @@ namespace cpu {
 const Kernel& naive();
 const Kernel& blocked();
 const Kernel& simd();
+const Kernel& threaded();
 }  // namespace cpu
 
 const std::vector<const Kernel*>& registry() {
@@ -16,6 +17,7 @@ const std::vector<const Kernel*>& registry() {
       &cpu::naive(),
       &cpu::blocked(),
       &cpu::simd(),
+      &cpu::threaded(),
   };
   return kernels;
 }

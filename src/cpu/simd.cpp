@@ -175,8 +175,9 @@ size_t row_block_scratch_bytes(const Problem& p) {
   return static_cast<size_t>(Layout(p.head_dim).total) * sizeof(float);
 }
 
-void attend_row_block(const Problem& p, const Inputs& in, const Outputs& out, int64_t b,
-                      int64_t h, int64_t i0, std::byte* scratch) {
+RowState attend_rows(const Problem& p, int64_t rows, const float* const* q_rows,
+                     const Interval* visible, const KvHead& kv, Interval keys,
+                     std::byte* scratch) {
   const int64_t d = p.head_dim;
   const Layout lay(d);
   const int64_t dp = lay.dp;
@@ -192,27 +193,24 @@ void attend_row_block(const Problem& p, const Inputs& in, const Outputs& out, in
   std::fill(base + lay.zero_q, base + lay.zero_q + dp, 0.f);
   std::fill(base + lay.zero_p, base + lay.zero_p + kKeyTile, 0.f);
 
-  const int64_t rows = std::min(kRowBlock, p.q_len - i0);
-  const int64_t hk = p.kv_head_of(h);
-  const MaskSpec mask = p.mask_for_batch(b);
   const float q_scale = p.effective_scale() * kLog2e;  // scores in log2 units
   int64_t lo[kRowBlock], hi[kRowBlock];
+  Interval span{0, 0};  // union of the rows' visible keys within `keys`
   for (int64_t r = 0; r < rows; ++r) {
-    const Interval iv = mask.row(i0 + r);
-    lo[r] = iv.lo, hi[r] = iv.hi;
-    const float* qr = in.q.row(b, h, i0 + r);
+    lo[r] = std::max(visible[r].lo, keys.lo);
+    hi[r] = std::min(visible[r].hi, keys.hi);
+    if (lo[r] < hi[r]) {
+      span = span.empty() ? Interval{lo[r], hi[r]}
+                          : Interval{std::min(span.lo, lo[r]), std::max(span.hi, hi[r])};
+    }
     float* qs = q + r * dp;
-    for (int64_t c = 0; c < d; ++c) qs[c] = qr[c] * q_scale;
+    for (int64_t c = 0; c < d; ++c) qs[c] = q_rows[r][c] * q_scale;
     std::fill(qs + d, qs + dp, 0.f);
     std::fill(acc + r * dp, acc + (r + 1) * dp, 0.f);
     m[r] = kNegInf;
     l[r] = 0.f;
   }
 
-  const Interval span = mask.rows(i0, i0 + rows);
-  const float* k_head = in.k.row(b, hk, 0);
-  const float* v_head = in.v.row(b, hk, 0);
-  const int64_t k_stride = in.k.stride_s, v_stride = in.v.stride_s;
   for (int64_t j0 = span.lo; j0 < span.hi; j0 += kKeyTile) {
     const int64_t j1 = std::min(j0 + kKeyTile, span.hi);
     const int64_t n = j1 - j0;
@@ -238,7 +236,7 @@ void attend_row_block(const Problem& p, const Inputs& in, const Outputs& out, in
       for (int64_t jj = ga; jj < ge; jj += kNr) {
         const int64_t kn = std::min<int64_t>(kNr, ge - jj);
         const float* kr[kNr];  // keys past the group's range repeat its last key
-        for (int c = 0; c < kNr; ++c) kr[c] = k_head + (j0 + std::min<int64_t>(jj + c, ge - 1)) * k_stride;
+        for (int c = 0; c < kNr; ++c) kr[c] = kv.k + (j0 + std::min<int64_t>(jj + c, ge - 1)) * kv.k_stride;
         alignas(64) float tile[kMr * kNr];
         score_tile(qr, kr, d, tile);
         for (int64_t t = 0; t < rn; ++t)
@@ -272,7 +270,7 @@ void attend_row_block(const Problem& p, const Inputs& in, const Outputs& out, in
 
     // 3. O += P V. Keys every active row of a group sees go through the 4-row tile; each
     //    row's remaining keys go through the tile with that row alone.
-    const float* v_tile = v_head + j0 * v_stride;
+    const float* v_tile = kv.v + j0 * kv.v_stride;
     for (int64_t r0 = 0; r0 < rows; r0 += kMr) {
       const int64_t rn = std::min<int64_t>(kMr, rows - r0);
       int64_t ca = 0, ce = n;
@@ -295,33 +293,51 @@ void attend_row_block(const Problem& p, const Inputs& in, const Outputs& out, in
           ar[t++] = acc + r * dp;
         }
         for (; t < kMr; ++t) pr[t] = zero_p, ar[t] = sink;
-        pv_rows(pr, ar, v_tile, v_stride, ca, ce, d, dp);
+        pv_rows(pr, ar, v_tile, kv.v_stride, ca, ce, d, dp);
       }
       for (int64_t r = r0; r < r0 + rn; ++r) {
         if (!active[r]) continue;
         const float* pr[kMr] = {s + r * kKeyTile, zero_p, zero_p, zero_p};
         float* ar[kMr] = {acc + r * dp, sink, sink, sink};
-        if (ta[r] < ca) pv_rows(pr, ar, v_tile, v_stride, ta[r], ca, d, dp);
+        if (ta[r] < ca) pv_rows(pr, ar, v_tile, kv.v_stride, ta[r], ca, d, dp);
         const int64_t from = std::max(ce, ta[r]);
-        if (from < te[r]) pv_rows(pr, ar, v_tile, v_stride, from, te[r], d, dp);
+        if (from < te[r]) pv_rows(pr, ar, v_tile, kv.v_stride, from, te[r], d, dp);
       }
     }
   }
+  return RowState{acc, dp, m, l};
+}
 
-  // 4. Normalize. l == 0 only for a row without visible keys: O = 0, LSE = -inf. A NaN l
-  //    (the row saw a NaN) takes the division path so the NaN propagates.
+void attend_row_block(const Problem& p, const Inputs& in, const Outputs& out, int64_t b,
+                      int64_t h, int64_t i0, std::byte* scratch) {
+  const int64_t d = p.head_dim;
+  const int64_t rows = std::min(kRowBlock, p.q_len - i0);
+  const int64_t hk = p.kv_head_of(h);
+  const MaskSpec mask = p.mask_for_batch(b);
+  const float* q[kRowBlock];
+  Interval visible[kRowBlock];
+  for (int64_t r = 0; r < rows; ++r) {
+    q[r] = in.q.row(b, h, i0 + r);
+    visible[r] = mask.row(i0 + r);
+  }
+  const KvHead kv{in.k.row(b, hk, 0), in.k.stride_s, in.v.row(b, hk, 0), in.v.stride_s};
+  const RowState st = attend_rows(p, rows, q, visible, kv, Interval{0, mask.kv_len}, scratch);
+
+  // Normalize. l == 0 only for a row without visible keys: O = 0, LSE = -inf. A NaN l
+  // (the row saw a NaN) takes the division path so the NaN propagates.
   for (int64_t r = 0; r < rows; ++r) {
     float* o = out.o.row(b, h, i0 + r);
-    const float* ar = acc + r * dp;
-    const bool empty = l[r] == 0.f;
-    const Batch inv(empty ? 0.f : 1.f / l[r]);
+    const float* ar = st.acc + r * st.acc_stride;
+    const bool empty = st.l[r] == 0.f;
+    const Batch inv(empty ? 0.f : 1.f / st.l[r]);
     int64_t c = 0;
     for (; c + kLanes <= d; c += kLanes) (Batch::load_aligned(ar + c) * inv).store_unaligned(o + c);
     if (c < d) store_partial(o + c, Batch::load_aligned(ar + c) * inv, static_cast<int>(d - c));
     if (out.lse) {
       out.lse[(b * p.q_heads + h) * p.q_len + i0 + r] =
           empty ? kNegInf
-                : static_cast<float>(static_cast<double>(m[r]) * kLn2 + std::log(static_cast<double>(l[r])));
+                : static_cast<float>(static_cast<double>(st.m[r]) * kLn2 +
+                                     std::log(static_cast<double>(st.l[r])));
     }
   }
 }

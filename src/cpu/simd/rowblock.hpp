@@ -1,7 +1,12 @@
-// The `simd` kernel's unit of work, shared with `threaded`: one block of query rows of one
-// (batch, query head) against all keys it can see. The result of a block depends only on
-// (b, h, i0), never on which thread runs it or in which order blocks run, so any schedule
-// over blocks gives bitwise identical outputs. Defined in src/cpu/simd.cpp.
+// The `simd` kernel's unit of work, shared with `threaded` and `decode` (defined in
+// src/cpu/simd.cpp).
+//
+// attend_rows: up to kRowBlock query rows that share one K/V head, against the keys of a
+// key range, with the online softmax; it leaves the UNNORMALIZED state per row in scratch
+// (accumulator, running max in log2 units, running sum), so a caller can either normalize
+// it (attend_row_block) or merge it exactly with the states of other key ranges (decode).
+// Its result depends only on its arguments - never on the thread that runs it or on what
+// ran before - so any schedule of calls gives bitwise identical outputs.
 #pragma once
 
 #include <cstddef>
@@ -12,14 +17,39 @@
 
 namespace attnlab::simd {
 
-inline constexpr int64_t kRowBlock = 32;  // query rows per block (Br)
+inline constexpr int64_t kRowBlock = 32;  // query rows per call (Br)
 inline constexpr int64_t kKeyTile = 64;   // keys per score tile (Bc)
 
-// Scratch one call of attend_row_block needs (64-byte multiple; pass 64-byte aligned).
+// One K/V head: row j of K at k + j * k_stride (head_dim contiguous floats), same for V.
+struct KvHead {
+  const float* k;
+  int64_t k_stride;
+  const float* v;
+  int64_t v_stride;
+};
+
+// Per-row state after attend_rows, for rows r < rows:
+//   O_unnormalized(r) = acc + r * acc_stride   (head_dim floats, then zero padding)
+//   m[r] = max visible score * log2(e)  (-inf if the row saw no key of the range)
+//   l[r] = sum over visible keys of 2^(score * log2(e) - m[r])    (0 if none)
+// so O = acc / l and LSE = (m + log2(l)) * ln 2 over that key range.
+struct RowState {
+  const float* acc;
+  int64_t acc_stride;
+  const float* m;
+  const float* l;
+};
+
+// Scratch one call needs (a 64-byte multiple; pass it 64-byte aligned).
 size_t row_block_scratch_bytes(const Problem& p);
 
+// q[r]: query row r (head_dim floats); visible[r]: its visible key interval. Only keys in
+// keys ∩ visible[r] are used; rows <= kRowBlock. Returns views into scratch.
+RowState attend_rows(const Problem& p, int64_t rows, const float* const* q,
+                     const Interval* visible, const KvHead& kv, Interval keys,
+                     std::byte* scratch);
+
 // O rows [i0, min(i0 + kRowBlock, q_len)) of (b, h), and their LSE when out.lse is set.
-// scratch: row_block_scratch_bytes(p) bytes, 64-byte aligned, owned by the caller's thread.
 void attend_row_block(const Problem& p, const Inputs& in, const Outputs& out, int64_t b,
                       int64_t h, int64_t i0, std::byte* scratch);
 
