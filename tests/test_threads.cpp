@@ -48,5 +48,14 @@ TEST(ThreadCount, ThreadedIsBitwiseIdenticalForAnyThreadCount) {
   expect_thread_count_invariant("threaded", p);
 }
 
+TEST(ThreadCount, DecodeIsBitwiseIdenticalForAnyThreadCount) {
+  // GQA 4:1, several key chunks per head, one sequence shorter than the cache (empty
+  // chunks) and a causal diagonal inside a chunk.
+  Problem p = test::shape(2, 8, 2, 5, 1500, 80);
+  p.causal = CausalAlign::BottomRight;
+  p.kv_lens = {1500, 700};
+  expect_thread_count_invariant("decode", p);
+}
+
 }  // namespace
 }  // namespace attnlab

@@ -10,6 +10,7 @@ const Kernel& naive();
 const Kernel& blocked();
 const Kernel& simd();
 const Kernel& threaded();
+const Kernel& decode();  // after flash in the ladder
 }  // namespace cpu
 
 const std::vector<const Kernel*>& registry() {
@@ -18,6 +19,7 @@ const std::vector<const Kernel*>& registry() {
       &cpu::blocked(),
       &cpu::simd(),
       &cpu::threaded(),
+      &cpu::decode(),
   };
   return kernels;
 }

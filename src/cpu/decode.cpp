@@ -1,0 +1,199 @@
+// decode: a few new query rows (q_len 1..16) against a long KV cache - flash-decoding.
+//
+// Idea: with one query row per head there is nothing to parallelize over in the rows and
+// each K/V byte feeds only 2 FLOP per query head, so the kernel is bound by reading the
+// cache. So: (1) split the keys into fixed chunks of kChunkKeys and make every
+// (batch, kv head, chunk) a oneTBB task - enough tasks for any core count even at
+// batch 1; (2) a task runs ALL query rows that read this kv head - the group's query
+// heads times q_len - through the simd kernel's row engine (simd::attend_rows, the
+// register-tiled dot products / exp2 / P*V of src/cpu/simd.cpp) against its chunk, so
+// every K/V byte is read from memory once; (3) each task leaves per row an unnormalized
+// partial state (acc, running max m, sum l); a second parallel pass merges the chunks of
+// each row exactly, in chunk order:
+//   M = max_c m_c,  L = sum_c 2^(m_c - M) l_c,  O = sum_c 2^(m_c - M) acc_c / L,
+//   LSE = (M + log2 L) ln 2.
+// Chunks a row cannot see (past kv_lens[b], outside its causal/window interval) have
+// l_c = 0 and are skipped - never weighted by 0, so their scratch cannot leak NaN; a row
+// with no visible chunk gets O = 0, LSE = -inf.
+// Thread-count independence: the chunking depends only on the problem and the merge
+// order is fixed, so the output is bitwise identical for any thread count (tested in
+// tests/test_threads.cpp).
+// Memory: partial states batch * q_heads * q_len * ceil(kv_len / kChunkKeys) rows of
+// (head_dim + 16) floats (2.4 MiB at q_heads 32, kv_len 32768, head_dim 128), plus one
+// simd row-engine scratch per thread.
+// Expected cost: 2 * batch * kv_heads * kv_len * head_dim * 4 bytes of K/V streamed once
+// (Problem::kv_bytes()); compute is 4 * head_dim FLOP per (query row, key), i.e.
+// 2 * group * q_len / 4 FLOP per byte: memory-bound for small group * q_len. Target: at
+// least 70% of the measured read bandwidth (`attnlab peak`) for the thread count.
+// Measured: see MEASURED below.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include "attnlab/kernel.hpp"
+#include "cpu/simd/rowblock.hpp"
+#include "cpu/simd/vec_math.hpp"
+
+namespace attnlab::cpu {
+namespace {
+
+constexpr int64_t kMaxQLen = 16;
+// Keys per task: 256 keys of K and V are 256 KiB at head_dim 128 - a fraction of the
+// 1 MiB L2, so the rows' second and later passes over a chunk (more than kRowBlock rows)
+// hit L2 - and kv_len 32768 gives 128 tasks per (batch, kv head).
+constexpr int64_t kChunkKeys = 256;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Plan {
+  int64_t group, rows, chunks, dp, row_stride;
+  size_t partial_bytes, scratch_bytes;
+  explicit Plan(const Problem& p) {
+    group = p.group();
+    rows = group * p.q_len;  // query rows per kv head: (g, i) -> g * q_len + i
+    chunks = std::max<int64_t>(1, (p.kv_len + kChunkKeys - 1) / kChunkKeys);
+    dp = (p.head_dim + 15) / 16 * 16;
+    row_stride = dp + 16;  // acc (dp floats), then m at [dp], l at [dp + 1]; 64-byte rows
+    partial_bytes = static_cast<size_t>(p.batch * p.kv_heads * chunks * rows * row_stride) * sizeof(float);
+    scratch_bytes = (simd::row_block_scratch_bytes(p) + 63) / 64 * 64;
+  }
+  float* partial(float* base, int64_t b, int64_t hk, int64_t chunk, int64_t kv_heads) const {
+    return base + ((b * kv_heads + hk) * chunks + chunk) * rows * row_stride;
+  }
+};
+
+class Decode final : public Kernel {
+ public:
+  std::string_view name() const override { return "decode"; }
+  std::string_view description() const override {
+    return "flash-decoding for q_len <= 16: 256-key chunks as oneTBB tasks, all query rows of a "
+           "GQA group per task (K/V read once), partial (O, m, l) merged exactly";
+  }
+  Support supports(const Problem& p) const override {
+    if (p.q_len > kMaxQLen) {
+      return Support::no("q_len " + std::to_string(p.q_len) + " > " + std::to_string(kMaxQLen) +
+                         ": decode splits the keys of a few new query rows; use flash for prefill");
+    }
+    return Support::yes();
+  }
+  size_t workspace_bytes(const Problem& p, int threads) const override {
+    const Plan plan(p);
+    return plan.partial_bytes + static_cast<size_t>(threads) * plan.scratch_bytes;
+  }
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    const Plan plan(p);
+    float* partials = reinterpret_cast<float*>(ctx.workspace.data());
+    std::byte* scratch_base = ctx.workspace.data() + plan.partial_bytes;
+
+    // 1. Partial states, one task per (batch, kv head, key chunk).
+    const int64_t tasks = p.batch * p.kv_heads * plan.chunks;
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, tasks, 1), [&](const tbb::blocked_range<int64_t>& range) {
+      const int slot = tbb::this_task_arena::current_thread_index();
+      if (slot < 0 || slot >= ctx.threads) {
+        throw std::logic_error("decode: run outside an arena of ctx.threads threads");
+      }
+      std::byte* scratch = scratch_base + static_cast<size_t>(slot) * plan.scratch_bytes;
+      for (int64_t t = range.begin(); t != range.end(); ++t) {
+        const int64_t chunk = t % plan.chunks;
+        const int64_t bh = t / plan.chunks;
+        const int64_t b = bh / p.kv_heads, hk = bh % p.kv_heads;
+        run_chunk(p, in, plan, b, hk, chunk, plan.partial(partials, b, hk, chunk, p.kv_heads), scratch);
+      }
+    });
+
+    // 2. Exact merge of the chunks of every query row, in chunk order.
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, p.batch * p.kv_heads, 1),
+                      [&](const tbb::blocked_range<int64_t>& range) {
+                        for (int64_t bh = range.begin(); bh != range.end(); ++bh) {
+                          merge(p, out, plan, bh / p.kv_heads, bh % p.kv_heads, partials);
+                        }
+                      });
+  }
+
+ private:
+  static void run_chunk(const Problem& p, const Inputs& in, const Plan& plan, int64_t b,
+                        int64_t hk, int64_t chunk, float* partial, std::byte* scratch) {
+    const MaskSpec mask = p.mask_for_batch(b);
+    const Interval keys{chunk * kChunkKeys, std::min((chunk + 1) * kChunkKeys, mask.kv_len)};
+    const simd::KvHead kv{in.k.row(b, hk, 0), in.k.stride_s, in.v.row(b, hk, 0), in.v.stride_s};
+    const float* q[simd::kRowBlock];
+    Interval visible[simd::kRowBlock];
+    for (int64_t r0 = 0; r0 < plan.rows; r0 += simd::kRowBlock) {
+      const int64_t n = std::min(simd::kRowBlock, plan.rows - r0);
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t g = (r0 + t) / p.q_len, i = (r0 + t) % p.q_len;
+        q[t] = in.q.row(b, hk * plan.group + g, i);
+        visible[t] = mask.row(i);
+      }
+      const simd::RowState st = simd::attend_rows(p, n, q, visible, kv, keys, scratch);
+      for (int64_t t = 0; t < n; ++t) {
+        float* dst = partial + (r0 + t) * plan.row_stride;
+        dst[plan.dp] = st.m[t];
+        dst[plan.dp + 1] = st.l[t];
+        if (st.l[t] != 0.f) std::copy(st.acc + t * st.acc_stride, st.acc + t * st.acc_stride + plan.dp, dst);
+      }
+    }
+  }
+
+  static void merge(const Problem& p, const Outputs& out, const Plan& plan, int64_t b, int64_t hk,
+                    float* partials) {
+    using simd::Batch;
+    using simd::kLanes;
+    const int64_t d = p.head_dim;
+    const float* first = plan.partial(partials, b, hk, 0, p.kv_heads);
+    const int64_t chunk_stride = plan.rows * plan.row_stride;
+    for (int64_t r = 0; r < plan.rows; ++r) {
+      const int64_t h = hk * plan.group + r / p.q_len, i = r % p.q_len;
+      const float* row = first + r * plan.row_stride;
+      // Chunks with l == 0 saw no key of this row: skipped, never weighted by 0.
+      float big_m = kNegInf;
+      bool any = false;
+      for (int64_t c = 0; c < plan.chunks; ++c) {
+        const float* pc = row + c * chunk_stride;
+        if (pc[plan.dp + 1] == 0.f) continue;
+        big_m = any ? std::max(big_m, pc[plan.dp]) : pc[plan.dp];
+        any = true;
+      }
+      float* o = out.o.row(b, h, i);
+      float* lse = out.lse ? out.lse + (b * p.q_heads + h) * p.q_len + i : nullptr;
+      if (!any) {
+        std::fill(o, o + d, 0.f);
+        if (lse) *lse = kNegInf;
+        continue;
+      }
+      // Accumulate in chunk order, then one division per element.
+      constexpr int64_t kMaxVecs = (Problem::kMaxHeadDim + kLanes - 1) / kLanes;
+      Batch acc[kMaxVecs];
+      const int64_t nv = plan.dp / kLanes;
+      for (int64_t v = 0; v < nv; ++v) acc[v] = Batch(0.f);
+      double big_l = 0.0;
+      for (int64_t c = 0; c < plan.chunks; ++c) {
+        const float* pc = row + c * chunk_stride;
+        if (pc[plan.dp + 1] == 0.f) continue;
+        const float w = std::exp2(pc[plan.dp] - big_m);
+        big_l += static_cast<double>(w) * pc[plan.dp + 1];
+        const Batch wv(w);
+        for (int64_t v = 0; v < nv; ++v) acc[v] = xsimd::fma(wv, Batch::load_aligned(pc + v * kLanes), acc[v]);
+      }
+      const Batch inv(static_cast<float>(1.0 / big_l));
+      int64_t v = 0;
+      for (; (v + 1) * kLanes <= d; ++v) (acc[v] * inv).store_unaligned(o + v * kLanes);
+      if (v * kLanes < d) simd::store_partial(o + v * kLanes, acc[v] * inv, static_cast<int>(d - v * kLanes));
+      if (lse) *lse = static_cast<float>((static_cast<double>(big_m) + std::log2(big_l)) * 0.6931471805599453);
+    }
+  }
+};
+
+}  // namespace
+
+const Kernel& decode() {
+  static const Decode k;
+  return k;
+}
+
+}  // namespace attnlab::cpu
