@@ -119,6 +119,12 @@ nlohmann::json describe_machine() {
   m["cpu_model"] = cpuinfo_field("model name");
   m["cores"] = std::max(1u, std::thread::hardware_concurrency());
   m["memory_bytes"] = physical_memory_bytes();
+  {
+    // Other users of the machine slow every figure: record how busy it was.
+    std::ifstream la("/proc/loadavg");
+    double l1 = 0, l5 = 0, l15 = 0;
+    if (la >> l1 >> l5 >> l15) m["load_avg"] = {l1, l5, l15};
+  }
   m["virtual_machine"] = cpuinfo_field("flags").find("hypervisor") != std::string::npos;
   m["isa"] = {{"simd_arch", xsimd::default_arch::name()},
               {"float_lanes", xsimd::batch<float>::size},

@@ -2,7 +2,9 @@
 // Prints the results folder on stdout (progress goes to stderr), so scripts can do
 //   dir=$(attnlab sweep --experiment experiments/quick.json) && python3 scripts/report.py "$dir"
 #include <filesystem>
+#include <cstdio>
 #include <iostream>
+#include <thread>
 
 #include "bench/experiment.hpp"
 #include "bench/sweep.hpp"
@@ -14,6 +16,7 @@ namespace {
 struct SweepArgs {
   std::string experiment, out, shard = "0/1", peak_json, results_root = "results";
   bool resume = false;
+  bool dry_run = false;
   int max_points = 0;
   int peak_repeats = 3;
 };
@@ -41,10 +44,17 @@ Command add_sweep(CLI::App& app) {
   sub->add_option("--peak-json", args->peak_json, "use peaks from attnlab peak --json instead of measuring");
   sub->add_option("--peak-repeats", args->peak_repeats, "runs per peak figure when measuring");
   sub->add_option("--results-root", args->results_root, "folder for default results folders");
+  sub->add_flag("--dry-run", args->dry_run, "print the planned points (FLOP count order) and exit");
   sub->add_option("--max-points", args->max_points, "stop after deciding this many points (a resumable partial run)");
   return {sub, [args] {
             const bench::Experiment e = bench::load_experiment(resolve_experiment(args->experiment),
                                                                bench::registry_kernel_names());
+            if (args->dry_run) {
+              const auto grid = bench::expand(e, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+              std::printf("%s: %zu points\n", e.name.c_str(), grid.size());
+              for (const auto& g : grid) std::printf("  %-60s %10.3g GFLOP\n", g.id().c_str(), g.flops * 1e-9);
+              return 0;
+            }
             bench::SweepOptions o;
             o.out_dir = args->out;
             o.results_root = args->results_root;

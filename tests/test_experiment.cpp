@@ -1,0 +1,197 @@
+// Experiment files: the shipped ones parse, the grid expands as documented, and every
+// malformed file gets an error naming the key, the bad value and the allowed values.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "bench/bench_point.hpp"
+#include "bench/experiment.hpp"
+#include "bench/files.hpp"
+
+namespace attnlab::bench {
+namespace {
+
+using Json = nlohmann::json;
+
+const std::vector<std::string> kKernels = {"naive", "blocked", "flash"};
+
+Experiment parse(const std::string& text) { return parse_experiment(Json::parse(text), "t.json", kKernels); }
+
+std::vector<GridPoint> grid(const std::string& text, int all_threads = 2) { return expand(parse(text), all_threads); }
+
+// The InvalidInput message of parsing `text`, or "" when it parses.
+std::string error_of(const std::string& text) {
+  try {
+    parse(text);
+  } catch (const InvalidInput& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Experiment, ShippedExperimentsParseAndExpand) {
+  const std::string dir = std::string(ATTNLAB_SOURCE_DIR) + "/experiments";
+  const std::vector<std::string> required = {"quick", "seq_len_scaling", "heads", "gqa_groups",
+                                             "decode", "head_dim", "threads", "masks"};
+  const auto files = list_files(dir, ".json");
+  for (const std::string& name : required) {
+    SCOPED_TRACE(name);
+    ASSERT_NE(std::find(files.begin(), files.end(), name + ".json"), files.end());
+  }
+  for (const std::string& f : files) {
+    SCOPED_TRACE(f);
+    const Experiment e = load_experiment(dir + "/" + f, registry_kernel_names());
+    EXPECT_EQ(e.name + ".json", f);
+    EXPECT_FALSE(e.description.empty());
+    EXPECT_EQ(e.implementations, registry_kernel_names()) << "shipped experiments run every kernel";
+    EXPECT_FALSE(expand(e, 2).empty());
+  }
+}
+
+TEST(Experiment, ListsRangesAndPowersOfTwo) {
+  auto g = grid(R"({"description": "d", "implementations": ["naive"], "q_len": {"pow2": [128, 1024]}})");
+  std::vector<int64_t> lens;
+  for (const auto& p : g) lens.push_back(p.problem.q_len);
+  EXPECT_EQ(lens, (std::vector<int64_t>{128, 256, 512, 1024}));
+  for (const auto& p : g) EXPECT_EQ(p.problem.kv_len, p.problem.q_len) << "kv_len defaults to q_len";
+
+  g = grid(R"({"description": "d", "implementations": ["naive"], "q_len": 8, "kv_len": {"range": [10, 30, 10]}})");
+  lens.clear();
+  for (const auto& p : g) lens.push_back(p.problem.kv_len);
+  EXPECT_EQ(lens, (std::vector<int64_t>{10, 20, 30}));
+
+  g = grid(R"({"description": "d", "implementations": ["naive"], "q_len": [64, 32, 64]})");
+  EXPECT_EQ(g.size(), 2u) << "duplicates are dropped";
+}
+
+TEST(Experiment, CartesianProductDefaultsAndOrder) {
+  const auto g = grid(R"({"description": "d", "implementations": "all", "q_len": [64, 16],
+                          "causal": [false, true], "threads": [1, "all"]})",
+                      4);
+  EXPECT_EQ(g.size(), 3u * 2 * 2 * 2);
+  for (size_t i = 1; i < g.size(); ++i) EXPECT_LE(g[i - 1].flops, g[i].flops) << "ascending FLOP order";
+  std::set<int> threads;
+  for (const auto& p : g) {
+    threads.insert(p.threads);
+    EXPECT_EQ(p.problem.q_heads, 8);
+    EXPECT_EQ(p.problem.kv_heads, 8);
+    EXPECT_EQ(p.problem.head_dim, 128);
+    EXPECT_EQ(p.problem.batch, 1);
+    EXPECT_EQ(p.problem.layout, Layout::BHSD);
+  }
+  EXPECT_EQ(threads, (std::set<int>{1, 4})) << "\"all\" means all_threads";
+  std::set<std::string> ids;
+  for (const auto& p : g) ids.insert(p.id());
+  EXPECT_EQ(ids.size(), g.size()) << "ids are unique";
+}
+
+TEST(Experiment, GqaGroupsAndModelWidth) {
+  auto g = grid(R"({"description": "d", "implementations": ["naive"], "q_len": 8, "q_heads": 32,
+                    "gqa_groups": [1, 4, 32]})");
+  std::set<int64_t> kv;
+  for (const auto& p : g) kv.insert(p.problem.kv_heads);
+  EXPECT_EQ(kv, (std::set<int64_t>{32, 8, 1}));
+
+  g = grid(R"({"description": "d", "implementations": ["naive"], "q_len": 8, "q_heads": [1, 4, 16],
+               "d_model": 256})");
+  for (const auto& p : g) EXPECT_EQ(p.problem.q_heads * p.problem.head_dim, 256);
+
+  g = grid(R"({"description": "d", "implementations": ["naive"], "q_len": 8, "q_heads": 8, "kv_heads": [8, 2]})");
+  EXPECT_EQ(g.size(), 2u);
+}
+
+TEST(Experiment, MasksWindowsAndLayouts) {
+  auto e = parse(R"({"description": "d", "q_len": 8, "window": [128, 0]})");
+  ASSERT_EQ(e.window.size(), 1u) << "[L, R] is one window";
+  EXPECT_EQ(e.window[0], (Window{128, 0}));
+  e = parse(R"({"description": "d", "q_len": 8, "window": [null, [128, 0], [-1, 4]]})");
+  ASSERT_EQ(e.window.size(), 3u);
+  EXPECT_EQ(e.window[0], (Window{-1, -1}));
+  EXPECT_EQ(e.window[2], (Window{-1, 4}));
+  e = parse(R"({"description": "d", "q_len": 8, "causal": [false, true, "top_left"], "layout": ["bhsd", "bshd"]})");
+  EXPECT_EQ(e.causal, (std::vector<CausalAlign>{CausalAlign::None, CausalAlign::BottomRight, CausalAlign::TopLeft}));
+  EXPECT_EQ(e.layout, (std::vector<Layout>{Layout::BHSD, Layout::BSHD}));
+  const auto g = expand(e, 1);
+  EXPECT_EQ(g.size(), kKernels.size() * 3 * 2);
+}
+
+TEST(Experiment, RunSettings) {
+  const auto e = parse(R"({"description": "d", "q_len": 8, "repetitions": 7, "min_time_s": 0.25,
+                           "time_cap_s": 9, "memory_budget_mib": 100, "verify_rows": 5, "seed": 42})");
+  EXPECT_EQ(e.repetitions, 7);
+  EXPECT_DOUBLE_EQ(e.min_time_s, 0.25);
+  EXPECT_DOUBLE_EQ(e.time_cap_s, 9);
+  EXPECT_DOUBLE_EQ(e.memory_budget_mib, 100);
+  EXPECT_EQ(e.verify_rows, 5);
+  EXPECT_EQ(e.seed, 42u);
+}
+
+struct BadCase {
+  const char* doc;
+  std::vector<const char*> expect;  // substrings the message must contain
+};
+
+TEST(Experiment, MalformedFilesNameKeyValueAndAllowed) {
+  const std::vector<BadCase> cases = {
+      {R"({"description": "d", "q_len": 8, "q_lens": 8})", {"unknown key 'q_lens'", "allowed keys:", "q_len", "gqa_groups"}},
+      {R"({"q_len": 8})", {"missing key 'description'"}},
+      {R"({"description": "", "q_len": 8})", {"'description'", "non-empty string"}},
+      {R"({"description": "d"})", {"missing key 'q_len'", "pow2"}},
+      {R"({"description": "d", "q_len": "long"})", {"'q_len'", "\"long\"", "allowed:", "pow2"}},
+      {R"({"description": "d", "q_len": 0})", {"'q_len'", "bad value 0", ">= 1"}},
+      {R"({"description": "d", "q_len": []})", {"'q_len'", "[]", "not an empty list"}},
+      {R"({"description": "d", "q_len": {"pow2": [100, 200]}})", {"'q_len'", "{\"pow2\":[100,200]}", "powers of two"}},
+      {R"({"description": "d", "q_len": {"range": [1, 10, 0]}})", {"'q_len'", "step >= 1"}},
+      {R"({"description": "d", "q_len": {"steps": [1, 2]}})", {"'q_len'", "{\"steps\":[1,2]}"}},
+      {R"({"description": "d", "q_len": 8, "implementations": ["fast"]})", {"'implementations'", "\"fast\"", "naive, blocked, flash"}},
+      {R"({"description": "d", "q_len": 8, "implementations": "some"})", {"'implementations'", "\"all\""}},
+      {R"({"description": "d", "q_len": 8, "kv_heads": 2, "gqa_groups": 2})", {"'kv_heads' and 'gqa_groups' exclude each other"}},
+      {R"({"description": "d", "q_len": 8, "q_heads": 32, "gqa_groups": [4, 3]})", {"'gqa_groups'", "bad value 3", "divisors"}},
+      {R"({"description": "d", "q_len": 8, "q_heads": 3, "d_model": 256})", {"'d_model'", "256", "q_heads"}},
+      {R"({"description": "d", "q_len": 8, "head_dim": 64, "d_model": 256})", {"'head_dim' and 'd_model'"}},
+      {R"({"description": "d", "q_len": 8, "causal": "yes"})", {"'causal'", "\"yes\"", "top_left"}},
+      {R"({"description": "d", "q_len": 8, "window": [1, 2, 3]})", {"'window'", "[1,2,3]", "[L, R]"}},
+      {R"({"description": "d", "q_len": 8, "window": [-5, 0]})", {"'window'", "-1 = unbounded"}},
+      {R"({"description": "d", "q_len": 8, "layout": "bsdh"})", {"'layout'", "\"bsdh\"", "\"bshd\""}},
+      {R"({"description": "d", "q_len": 8, "threads": 0})", {"'threads'", "bad value 0", "\"all\""}},
+      {R"({"description": "d", "q_len": 8, "threads": "many"})", {"'threads'", "\"many\""}},
+      {R"({"description": "d", "q_len": 8, "repetitions": 0})", {"'repetitions'", "bad value 0", "from 1"}},
+      {R"({"description": "d", "q_len": 8, "min_time_s": -1})", {"'min_time_s'", "> 0"}},
+      {R"({"description": "d", "q_len": 8, "time_cap_s": "long"})", {"'time_cap_s'", "> 0"}},
+      {R"({"description": "d", "q_len": 8, "verify_rows": 1.5})", {"'verify_rows'", "1.5"}},
+      {R"({"description": "d", "q_len": 8, "head_dim": 1024})", {"head_dim", "1024", "allowed"}},
+      {R"([1, 2])", {"JSON object"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.doc);
+    const std::string msg = error_of(c.doc);
+    ASSERT_FALSE(msg.empty()) << "must be rejected";
+    EXPECT_NE(msg.find("t.json"), std::string::npos) << msg;
+    for (const char* s : c.expect) EXPECT_NE(msg.find(s), std::string::npos) << "missing '" << s << "' in: " << msg;
+  }
+}
+
+TEST(Experiment, SyntaxErrorsAndMissingFilesNameTheFile) {
+  const std::string dir = ::testing::TempDir() + "/attn_experiment_syntax";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/broken.json";
+  std::ofstream(path) << R"({"description": "d", "q_len": 8,})";
+  try {
+    load_experiment(path, kKernels);
+    FAIL() << "must be rejected";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("broken.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not valid JSON"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(load_experiment(dir + "/absent.json", kKernels), InvalidInput);
+}
+
+TEST(Experiment, GridSizeIsBounded) {
+  const std::string msg = error_of(R"({"description": "d", "q_len": {"range": [1, 4000, 1]},
+                                       "kv_len": {"range": [1, 4000, 1]}})");
+  EXPECT_NE(msg.find("at most"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace attnlab::bench
