@@ -146,7 +146,8 @@ TEST_F(Cli, BadInputGetsClearErrorsAndWritesNothing) {
   r = attnlab("run --impl naive --q " + path("q.npy") + " --k " + path("kd.npy") + " --v " + path("kd.npy") + out);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("head_dim 4 differs from Q's head_dim 8"), std::string::npos) << r.out;
-  std::string q = encode_npy(x, {1, 2, 3, 8});
+  const std::vector<float> q_data(1 * 2 * 3 * 8, 0.f);
+  std::string q = encode_npy(q_data.data(), {1, 2, 3, 8});
   std::ofstream(path("qt.npy"), std::ios::binary) << q.substr(0, q.size() - 4);
   r = attnlab("run --impl naive --q " + path("qt.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out);
   EXPECT_EQ(r.code, 2);
