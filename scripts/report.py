@@ -1,0 +1,701 @@
+#!/usr/bin/python3
+"""Writes report.md and PNG plots for one attnlab results folder, from that folder only.
+
+    /usr/bin/python3 scripts/report.py RESULTS_DIR [--out DIR]
+
+Reads RESULTS_DIR/results.csv (tidy, one row per point), machine.json (machine, build,
+measured peaks), experiment.json and sweep.json (the plan). Writes report.md and *.png to
+--out (default: RESULTS_DIR). Needs matplotlib and numpy only, so a committed results
+folder can be re-reported anywhere without re-running the sweep.
+
+Each plot is drawn when the data vary along its axis (a seq_len plot needs >= 3 sequence
+lengths, a GQA plot >= 2 group sizes, ...). Parameters that are not on a plot's axis are
+held at their most common value, and the caption says which values those are.
+"""
+
+import argparse
+import collections
+import csv
+import json
+import math
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
+import numpy as np  # noqa: E402
+
+# Shape parameters of a point (the tidy CSV columns plots slice on).
+DIMS = ["batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "mask", "layout", "threads"]
+INT_COLS = {"batch", "q_heads", "kv_heads", "gqa_group", "q_len", "kv_len", "head_dim", "causal",
+            "window_left", "window_right", "threads", "visible_pairs", "extra_bytes", "memory_bytes",
+            "repetitions", "iterations", "verify_rows"}
+FLOAT_COLS = {"flops", "bytes", "kv_bytes", "time_median_s", "time_min_s", "time_max_s", "time_mean_s",
+              "time_stddev_s", "time_cv", "gflops", "gbytes_per_s", "peak_gflops", "peak_fraction",
+              "read_bw_gbs", "bw_fraction", "err_o_rel", "tol_o_rel", "err_lse", "tol_lse", "seconds_spent"}
+DECODE_MAX_Q = 16  # q_len at most this (and below kv_len) counts as decode
+
+
+# ----------------------------------------------------------------------------- loading
+
+def load_results(folder):
+    """The folder's points (list of dicts with typed values), machine, experiment, plan."""
+    path = os.path.join(folder, "results.csv")
+    if not os.path.isfile(path):
+        raise SystemExit(f"report: {path} not found; allowed: a folder written by attnlab sweep")
+    rows = []
+    with open(path, newline="") as f:
+        for raw in csv.DictReader(f):
+            row = {}
+            for key, value in raw.items():
+                if key in INT_COLS:
+                    row[key] = int(value) if value not in ("", None) else None
+                elif key in FLOAT_COLS:
+                    row[key] = float(value) if value not in ("", None) else None
+                else:
+                    row[key] = value
+            rows.append(row)
+
+    def read_json(name):
+        p = os.path.join(folder, name)
+        if not os.path.isfile(p):
+            return {}
+        with open(p) as f:
+            return json.load(f)
+
+    return rows, read_json("machine.json"), read_json("experiment.json"), read_json("sweep.json")
+
+
+def kernel_order(rows, machine):
+    seen = [k["name"] for k in machine.get("kernels", [])]
+    for r in rows:
+        if r["kernel"] not in seen:
+            seen.append(r["kernel"])
+    present = {r["kernel"] for r in rows}
+    return [k for k in seen if k in present]
+
+
+def ok_rows(rows):
+    return [r for r in rows if r["status"] == "ok" and r.get("time_median_s")]
+
+
+def is_prefill(r):
+    return r["q_len"] == r["kv_len"]
+
+
+def is_decode(r):
+    return r["q_len"] <= DECODE_MAX_Q and r["q_len"] < r["kv_len"]
+
+
+def modal(rows, key):
+    """Most common value; ties go to the largest (the longest sequence, the most threads)."""
+    counts = collections.Counter(r[key] for r in rows)
+    return max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0] if counts else None
+
+
+def hold_fixed(rows, free):
+    """Rows whose parameters outside `free` equal their most common value, and those values."""
+    fixed = {}
+    for d in DIMS:
+        if d in free:
+            continue
+        fixed[d] = modal(rows, d)
+    kept = [r for r in rows if all(r[d] == v for d, v in fixed.items())]
+    return kept, fixed
+
+
+def describe_fixed(fixed):
+    names = {"batch": "batch", "q_heads": "q_heads", "kv_heads": "kv_heads", "q_len": "q_len",
+             "kv_len": "kv_len", "head_dim": "head_dim", "mask": "mask", "layout": "layout",
+             "threads": "threads"}
+    parts = [f"{names[k]} {v}" for k, v in fixed.items() if v is not None]
+    return ", ".join(parts)
+
+
+def int_ticks(ax, values, axis="x"):
+    """Plain integer tick labels at the data values (log2 axes otherwise show 2^k)."""
+    values = sorted(set(values))
+    if len(values) > 12:
+        values = values[:: math.ceil(len(values) / 12)]
+    if axis == "x":
+        ax.set_xticks(values)
+        ax.set_xticklabels([str(v) for v in values])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    else:
+        ax.set_yticks(values)
+        ax.set_yticklabels([str(v) for v in values])
+
+
+def fit_exponent(ns, ts):
+    """Least-squares slope of log t vs log n over the large-n points: the upper half of the
+    distinct sizes, at least 3 when there are 3. None with fewer than 2 points."""
+    pts = sorted(zip(ns, ts))
+    if len(pts) < 2:
+        return None, []
+    k = min(len(pts), max(3, math.ceil(len(pts) / 2)))
+    use = pts[-k:]
+    x = np.log([p[0] for p in use])
+    y = np.log([p[1] for p in use])
+    slope = float(np.polyfit(x, y, 1)[0])
+    return slope, [p[0] for p in use]
+
+
+def fmt_bytes(b):
+    if b is None:
+        return "-"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= scale:
+            return f"{b / scale:.1f} {unit}"
+    return f"{b:.0f} B"
+
+
+def fmt(v, spec=".3g", none="-"):
+    return none if v is None else format(v, spec)
+
+
+# ----------------------------------------------------------------------------- plotting
+
+class Plots:
+    """Collects figures and their captions."""
+
+    def __init__(self, out, kernels):
+        self.out = out
+        self.items = []  # (title, file, caption)
+        cmap = plt.get_cmap("tab10")
+        self.color = {k: cmap(i % 10) for i, k in enumerate(kernels)}
+        self.marker = {k: "osD^v<>ph*"[i % 10] for i, k in enumerate(kernels)}
+
+    def save(self, fig, name, title, caption):
+        fig.tight_layout()
+        fig.savefig(os.path.join(self.out, name), dpi=110)
+        plt.close(fig)
+        self.items.append((title, name, caption))
+
+
+def series_by_kernel(rows, kernels, x, y):
+    out = {}
+    for k in kernels:
+        pts = sorted((r[x], y(r)) for r in rows if r["kernel"] == k and y(r) is not None)
+        if pts:
+            out[k] = pts
+    return out
+
+
+def scaling_slice(ok):
+    """Prefill points, q_len = kv_len varying, everything else at its common value."""
+    pre = [r for r in ok if is_prefill(r)]
+    if len({r["q_len"] for r in pre}) < 3:
+        return None, None
+    return hold_fixed(pre, {"q_len", "kv_len"})
+
+
+def plot_scaling(plots, ok, kernels, fits):
+    rows, fixed = scaling_slice(ok)
+    if rows is None:
+        return
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    data = series_by_kernel(rows, kernels, "q_len", lambda r: r["time_median_s"] * 1e3)
+    for k, pts in data.items():
+        ns, ts = zip(*pts)
+        slope, used = fit_exponent(ns, ts)
+        fits[k] = slope
+        label = f"{k}: n^{slope:.2f}" if slope is not None else k
+        ax.plot(ns, ts, marker=plots.marker[k], color=plots.color[k], label=label)
+        # Spread over repetitions, as error bars.
+        lo = [r["time_min_s"] * 1e3 for r in sorted(rows, key=lambda r: r["q_len"]) if r["kernel"] == k]
+        hi = [r["time_max_s"] * 1e3 for r in sorted(rows, key=lambda r: r["q_len"]) if r["kernel"] == k]
+        if len(lo) == len(ns):
+            ax.fill_between(ns, lo, hi, color=plots.color[k], alpha=0.15, linewidth=0)
+    all_n = sorted({r["q_len"] for r in rows})
+    slowest = max(data.items(), key=lambda kv: kv[1][-1][1])[1]
+    n0, t0 = slowest[-1]
+    guide = [t0 * (n / n0) ** 2 for n in all_n]
+    ax.plot(all_n, guide, "--", color="gray", linewidth=1, label="n^2 guide")
+    ax.set_xscale("log", base=2)
+    int_ticks(ax, all_n)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length n = q_len = kv_len (tokens)")
+    ax.set_ylabel("time per forward pass (ms, median)")
+    ax.set_title("Time vs sequence length (log-log)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    plots.save(fig, "scaling_time.png", "Time vs sequence length",
+               "Median time per call on log-log axes; the shaded band is the min-max over repetitions. "
+               "The legend gives each kernel's fitted exponent (least squares of log time vs log n over "
+               "the larger half of the sizes); the dashed line has slope 2. Parallel lines at slope 2 mean "
+               "every kernel does the same O(n^2) work and the optimizations change only the constant. "
+               f"Held fixed: {describe_fixed(fixed)}.")
+
+
+def plot_throughput(plots, ok, kernels):
+    rows, fixed = scaling_slice(ok)
+    if rows is None:
+        return
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    g = series_by_kernel(rows, kernels, "q_len", lambda r: r["gflops"])
+    p = series_by_kernel(rows, kernels, "q_len",
+                         lambda r: 100 * r["peak_fraction"] if r["peak_fraction"] is not None else None)
+    for k, pts in g.items():
+        a1.plot(*zip(*pts), marker=plots.marker[k], color=plots.color[k], label=k)
+    for k, pts in p.items():
+        a2.plot(*zip(*pts), marker=plots.marker[k], color=plots.color[k], label=k)
+    for a in (a1, a2):
+        a.set_xscale("log", base=2)
+        int_ticks(a, [r["q_len"] for r in rows])
+        a.set_xlabel("sequence length n (tokens)")
+        a.grid(True, which="both", alpha=0.3)
+    a1.set_yscale("log")
+    a1.set_ylabel("GFLOP/s (visible pairs only)")
+    a1.set_title("Throughput")
+    a2.set_ylabel("% of measured FMA peak (same thread count)")
+    a2.set_title("Fraction of peak")
+    a1.legend(fontsize=8)
+    plots.save(fig, "scaling_gflops.png", "Throughput and fraction of peak",
+               "Left: GFLOP/s (4 * head_dim FLOP per visible query-key pair, from the Problem), log scale. "
+               "Right: the same as a percentage of the FMA peak measured by `attnlab peak` for the thread "
+               "count of the point. Curves that rise with n are amortizing per-call or per-row overheads. "
+               f"Held fixed: {describe_fixed(fixed)}.")
+
+
+def plot_ladder(plots, ok, kernels):
+    rows, fixed = scaling_slice(ok)
+    if rows is None:
+        return
+    base = "naive" if any(r["kernel"] == "naive" for r in rows) else kernels[0]
+    base_t = {r["q_len"]: r["time_median_s"] for r in rows if r["kernel"] == base}
+    ns = sorted(base_t)
+    others = [k for k in kernels if k != base and any(r["kernel"] == k for r in rows)]
+    if not ns or not others:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    width = 0.8 / len(others)
+    for i, k in enumerate(others):
+        t = {r["q_len"]: r["time_median_s"] for r in rows if r["kernel"] == k}
+        xs = [j + (i - (len(others) - 1) / 2) * width for j, n in enumerate(ns) if n in t]
+        ys = [base_t[n] / t[n] for n in ns if n in t]
+        bars = ax.bar(xs, ys, width=width, color=plots.color[k], label=k)
+        for b, y in zip(bars, ys):
+            ax.annotate(f"{y:.0f}x" if y >= 10 else f"{y:.1f}x", (b.get_x() + b.get_width() / 2, y),
+                        ha="center", va="bottom", fontsize=6)
+    ax.axhline(1, color="gray", linewidth=1)
+    ax.set_xticks(range(len(ns)))
+    ax.set_xticklabels([str(n) for n in ns])
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length n (tokens)")
+    ax.set_ylabel(f"speed-up over {base} (x, log scale)")
+    ax.set_title(f"The ladder: speed-up of each kernel over {base}")
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    plots.save(fig, "ladder.png", "The ladder",
+               f"Time of {base} divided by the time of each kernel at the same shape (higher is better). "
+               f"Sizes where {base} was skipped (time cap) have no bars. Each rung's factor is explained in "
+               f"the kernel's header comment. Held fixed: {describe_fixed(fixed)}.")
+
+
+def plot_memory(plots, rows_all, kernels):
+    pre = [r for r in rows_all if is_prefill(r) and r["extra_bytes"] is not None and
+           (r["status"] == "ok" or r["reason"].startswith(("time cap", "memory")))]
+    if len({r["q_len"] for r in pre}) < 3:
+        return
+    rows, fixed = hold_fixed(pre, {"q_len", "kv_len"})
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    drawn = False
+    for k in kernels:
+        pts = sorted((r["q_len"], r["extra_bytes"], r["status"]) for r in rows if r["kernel"] == k)
+        if not pts:
+            continue
+        ns = [p[0] for p in pts]
+        bs = [max(p[1], 1) for p in pts]
+        ax.plot(ns, bs, color=plots.color[k], marker=plots.marker[k], label=k)
+        skipped = [(n, b) for (n, _, s), b in zip(pts, bs) if s != "ok"]
+        if skipped:
+            ax.scatter(*zip(*skipped), s=80, facecolors="none", edgecolors=plots.color[k])
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return
+    ax.set_xscale("log", base=2)
+    int_ticks(ax, [r["q_len"] for r in rows])
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: fmt_bytes(v)))
+    ax.set_xlabel("sequence length n (tokens)")
+    ax.set_ylabel("extra memory: kernel workspace (log scale; 0 drawn as 1 B)")
+    ax.set_title("Extra memory vs sequence length")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    plots.save(fig, "extra_memory.png", "Extra memory",
+               "Workspace each kernel asks for beyond Q, K, V and O. A kernel that materializes the score "
+               "matrix grows as n^2 (slope 2 here); tiled kernels need O(tile) per thread, flat in n. "
+               "Hollow circles: points skipped by the time cap or memory budget (their memory is still known). "
+               f"Held fixed: {describe_fixed(fixed)}.")
+
+
+def plot_decode(plots, ok, kernels, machine, fits_decode):
+    dec = [r for r in ok if is_decode(r)]
+    if len({r["kv_len"] for r in dec}) < 3:
+        return
+    rows, fixed = hold_fixed(dec, {"kv_len"})
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for k, pts in series_by_kernel(rows, kernels, "kv_len", lambda r: r["gbytes_per_s"]).items():
+        a1.plot(*zip(*pts), marker=plots.marker[k], color=plots.color[k], label=k)
+    for k, pts in series_by_kernel(rows, kernels, "kv_len", lambda r: r["time_median_s"] * 1e3).items():
+        ns, ts = zip(*pts)
+        slope, _ = fit_exponent(ns, ts)
+        fits_decode[k] = slope
+        a2.plot(ns, ts, marker=plots.marker[k], color=plots.color[k],
+                label=f"{k}: n^{slope:.2f}" if slope is not None else k)
+    bw = {r["threads"]: r["read_bw_gbs"] for r in rows if r["read_bw_gbs"]}
+    for t, v in sorted(bw.items()):
+        a1.axhline(v, linestyle="--", color="gray", linewidth=1)
+        a1.annotate(f"measured read bandwidth, {t} thread(s): {v:.1f} GB/s", (rows[0]["kv_len"], v),
+                    fontsize=7, va="bottom", color="gray")
+    for a in (a1, a2):
+        a.set_xscale("log", base=2)
+        int_ticks(a, [r["kv_len"] for r in rows])
+    a1.set_xlabel("KV cache length (tokens)")
+    a1.set_ylabel("GB/s (compulsory Q, K, V, O bytes / time)")
+    a1.set_title("Decode bandwidth")
+    a2.set_yscale("log")
+    a2.set_xlabel("KV cache length (tokens)")
+    a2.set_ylabel("time per decode step (ms)")
+    a2.set_title("Decode time (log-log)")
+    for a in (a1, a2):
+        a.grid(True, which="both", alpha=0.3)
+        a.legend(fontsize=8)
+    plots.save(fig, "decode.png", "Decode: bandwidth against the KV cache length",
+               "One query token (or a few) against a growing KV cache. Left: bytes that must be read "
+               "(K and V once per kv head, plus Q and O) per second; the dashed line is the streaming read "
+               "bandwidth measured by `attnlab peak`. Caches that fit in L2/L3 can exceed it. Right: time, "
+               "which should grow linearly (fitted exponent ~1) once the cache is memory-resident. "
+               f"Held fixed: {describe_fixed(fixed)}.")
+
+
+def plot_gqa(plots, ok, kernels):
+    if len({r["gqa_group"] for r in ok}) < 2:
+        return
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    drawn = False
+    for col, (name, pick) in enumerate((("prefill", is_prefill), ("decode", is_decode))):
+        sub = [r for r in ok if pick(r)]
+        if len({r["gqa_group"] for r in sub}) < 2:
+            axes[0][col].set_visible(False)
+            axes[1][col].set_visible(False)
+            continue
+        rows, fixed = hold_fixed(sub, {"kv_heads"})
+        for k, pts in series_by_kernel(rows, kernels, "gqa_group", lambda r: r["time_median_s"] * 1e3).items():
+            axes[0][col].plot(*zip(*pts), marker=plots.marker[k], color=plots.color[k], label=k)
+        for k, pts in series_by_kernel(rows, kernels, "gqa_group", lambda r: r["gbytes_per_s"]).items():
+            axes[1][col].plot(*zip(*pts), marker=plots.marker[k], color=plots.color[k], label=k)
+        groups = sorted({r["gqa_group"] for r in rows})
+        mb = {r["gqa_group"]: r["bytes"] / 1e6 for r in rows}
+        twin = axes[1][col].twinx()
+        twin.plot(groups, [mb[g] for g in groups], "k--", linewidth=1, label="compulsory bytes")
+        twin.set_ylabel("compulsory bytes per call (MB, dashed)")
+        twin.set_yscale("log")
+        axes[0][col].set_title(f"{name}: time ({describe_fixed({k: fixed[k] for k in ('q_heads', 'q_len', 'kv_len')})})",
+                               fontsize=9)
+        axes[0][col].set_ylabel("time (ms, median)")
+        axes[1][col].set_ylabel("achieved GB/s")
+        axes[1][col].set_title(f"{name}: bytes moved and achieved bandwidth", fontsize=9)
+        for a in (axes[0][col], axes[1][col]):
+            a.set_xscale("log", base=2)
+            int_ticks(a, groups)
+            a.set_xlabel("GQA group size = q_heads / kv_heads (1 = MHA, q_heads = MQA)")
+            a.grid(True, which="both", alpha=0.3)
+            a.legend(fontsize=7, loc="upper left")
+        axes[0][col].set_yscale("log")
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return
+    plots.save(fig, "gqa.png", "GQA groups: prefill and decode",
+               "Top: time against the number of query heads sharing one K/V head, at a fixed number of query "
+               "heads (so the FLOP count is the same everywhere). Bottom: achieved GB/s (solid) and the "
+               "compulsory bytes per call (dashed, right axis; K and V counted once per kv head), which fall "
+               "by the group factor. Prefill is compute bound and barely moves; decode is bandwidth bound and "
+               "gets faster as K/V shrink, as long as the kernel reads each K/V byte once per group.")
+
+
+def plot_heads(plots, ok, kernels):
+    if len({r["q_heads"] for r in ok}) < 2 or len({r["gqa_group"] for r in ok}) > 1:
+        return
+    rows, fixed = hold_fixed(ok, {"q_heads", "kv_heads", "head_dim"})
+    if len({r["q_heads"] for r in rows}) < 2:
+        return
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for k, pts in series_by_kernel(rows, kernels, "q_heads", lambda r: r["time_median_s"] * 1e3).items():
+        a1.plot(*zip(*pts), marker=plots.marker[k], color=plots.color[k], label=k)
+    for k, pts in series_by_kernel(rows, kernels, "q_heads", lambda r: r["gflops"]).items():
+        a2.plot(*zip(*pts), marker=plots.marker[k], color=plots.color[k], label=k)
+    heads = sorted({r["q_heads"] for r in rows})
+    dims = {r["q_heads"]: r["head_dim"] for r in rows}
+    for a in (a1, a2):
+        a.set_xscale("log", base=2)
+        a.set_xticks(heads)
+        a.set_xticklabels([f"{h}\n(d={dims[h]})" for h in heads])
+        a.set_xlabel("query heads (head_dim)")
+        a.grid(True, which="both", alpha=0.3)
+        a.set_yscale("log")
+    a1.set_ylabel("time (ms, median)")
+    a2.set_ylabel("GFLOP/s")
+    a1.legend(fontsize=8)
+    same_flops = len({r["flops"] for r in rows}) == 1
+    plots.save(fig, "heads.png", "Heads",
+               "Time and GFLOP/s against the number of heads"
+               + (" at a fixed model width (heads x head_dim constant, so the FLOP count is the same at every "
+                  "point: differences are per-head overheads and how well each head_dim fills the vectors). "
+                  if same_flops else ". ")
+               + f"Held fixed: {describe_fixed({k: v for k, v in fixed.items()})}.")
+
+
+def plot_threads(plots, ok, kernels):
+    if len({r["threads"] for r in ok}) < 2:
+        return
+    rows, fixed = hold_fixed(ok, {"threads", "mask"})
+    masks = sorted({r["mask"] for r in rows})
+    styles = ["-", "--", ":", "-."]
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    tmax = max(r["threads"] for r in rows)
+    for k in kernels:
+        for i, m in enumerate(masks):
+            pts = sorted((r["threads"], r["time_median_s"]) for r in rows if r["kernel"] == k and r["mask"] == m)
+            if len(pts) < 2:
+                continue
+            t1 = pts[0][1]
+            ax.plot([p[0] for p in pts], [t1 / p[1] for p in pts], styles[i % 4], marker=plots.marker[k],
+                    color=plots.color[k], label=f"{k} ({m})" if len(masks) > 1 else k)
+    ax.plot([1, tmax], [1, tmax], color="gray", linewidth=1, linestyle=":", label="ideal")
+    int_ticks(ax, [r["threads"] for r in rows])
+    ax.set_xlabel("threads")
+    ax.set_ylabel("speed-up over the kernel's smallest thread count (x)")
+    ax.set_title("Thread scaling")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    plots.save(fig, "threads.png", "Thread scaling",
+               "Speed-up of each kernel over itself at the smallest thread count. Single-threaded kernels stay "
+               "at 1; parallel ones should follow the dotted ideal line up to the number of physical cores and "
+               "flatten (or drop) beyond it. Line styles distinguish masks when more than one was measured. "
+               f"Held fixed: {describe_fixed(fixed)}.")
+
+
+def plot_head_dim(plots, ok, kernels):
+    if len({r["head_dim"] for r in ok}) < 2 or len({r["q_heads"] for r in ok}) > 1:
+        return
+    rows, fixed = hold_fixed(ok, {"head_dim"})
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for k, pts in series_by_kernel(rows, kernels, "head_dim", lambda r: r["gflops"]).items():
+        a1.plot(*zip(*pts), marker=plots.marker[k], color=plots.color[k], label=k)
+    for k, pts in series_by_kernel(rows, kernels, "head_dim",
+                                   lambda r: 100 * r["peak_fraction"] if r["peak_fraction"] else None).items():
+        a2.plot(*zip(*pts), marker=plots.marker[k], color=plots.color[k], label=k)
+    dims = sorted({r["head_dim"] for r in rows})
+    for a in (a1, a2):
+        a.set_xscale("log", base=2)
+        a.set_xticks(dims)
+        a.set_xticklabels([str(d) for d in dims])
+        a.set_xlabel("head_dim")
+        a.grid(True, which="both", alpha=0.3)
+    a1.set_yscale("log")
+    a1.set_ylabel("GFLOP/s")
+    a2.set_ylabel("% of measured FMA peak")
+    a1.legend(fontsize=8)
+    plots.save(fig, "head_dim.png", "head_dim",
+               "GFLOP/s and % of peak against head_dim. Each score costs 4 * head_dim FLOP but one exp, so "
+               "larger heads spend a smaller share on the softmax; sizes that are not a multiple of the "
+               f"vector width (16 floats) need tails. Held fixed: {describe_fixed(fixed)}.")
+
+
+def plot_masks(plots, ok, kernels):
+    if len({r["mask"] for r in ok}) < 2:
+        return
+    rows, fixed = hold_fixed(ok, {"mask"})
+    masks = []
+    for r in sorted(rows, key=lambda r: -r["visible_pairs"]):
+        if r["mask"] not in masks:
+            masks.append(r["mask"])
+    full = max(r["visible_pairs"] for r in rows)
+    present = [k for k in kernels if any(r["kernel"] == k for r in rows)]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    width = 0.8 / max(1, len(present))
+    for i, k in enumerate(present):
+        t = {r["mask"]: r for r in rows if r["kernel"] == k}
+        xs = [j + (i - (len(present) - 1) / 2) * width for j, m in enumerate(masks) if m in t]
+        a1.bar(xs, [t[m]["time_median_s"] * 1e3 for m in masks if m in t], width=width, color=plots.color[k], label=k)
+        a2.bar(xs, [t[m]["gflops"] for m in masks if m in t], width=width, color=plots.color[k], label=k)
+    vis = {r["mask"]: r["visible_pairs"] / full for r in rows}
+    labels = [f"{m}\n({100 * vis[m]:.0f}% visible)" for m in masks]
+    for a in (a1, a2):
+        a.set_xticks(range(len(masks)))
+        a.set_xticklabels(labels, fontsize=7, rotation=30, ha="right")
+        a.set_yscale("log")
+        a.grid(True, axis="y", which="both", alpha=0.3)
+    a1.set_ylabel("time (ms, median, log)")
+    a2.set_ylabel("GFLOP/s (visible pairs only, log)")
+    a1.set_title("Time per mask")
+    a2.set_title("Throughput per mask")
+    a1.legend(fontsize=7)
+    plots.save(fig, "masks.png", "Masks",
+               "Time and GFLOP/s per mask, masks ordered by the fraction of query-key pairs they leave visible. "
+               "FLOPs count visible pairs only, so a kernel that skips fully masked tiles keeps its GFLOP/s "
+               "while its time falls with the visible fraction; one that computes everything and masks "
+               f"afterwards loses GFLOP/s instead. Held fixed: {describe_fixed(fixed)}.")
+
+
+# ----------------------------------------------------------------------------- report
+
+def agreement(rows_k):
+    verified = [r for r in rows_k if r["verdict"] in ("PASS", "FAIL")]
+    fails = [r for r in verified if r["verdict"] == "FAIL"]
+    if fails:
+        return f"FAIL ({len(fails)} of {len(verified)} shapes)"
+    if verified:
+        return f"PASS ({len(verified)}/{len(verified)} shapes)"
+    unavailable = [r for r in rows_k if r["reason"].startswith("unavailable")]
+    if unavailable:
+        return "not run: " + unavailable[0]["reason"]
+    return "not verified"
+
+
+def summary_table(rows, ok, kernels, fits, fits_decode):
+    lines = ["| kernel | fitted exponent | best GFLOP/s | best % of peak | agreement | points ok / failed / skipped |",
+             "|---|---|---|---|---|---|"]
+    for k in kernels:
+        rk = [r for r in rows if r["kernel"] == k]
+        ok_k = [r for r in ok if r["kernel"] == k]
+        if fits.get(k) is not None:
+            exp = f"{fits[k]:.2f} (time vs n)"
+        elif fits_decode.get(k) is not None:
+            exp = f"{fits_decode[k]:.2f} (time vs kv_len)"
+        else:
+            exp = "-"
+        best_g = max((r["gflops"] for r in ok_k if r["gflops"]), default=None)
+        best_p = max((r["peak_fraction"] for r in ok_k if r["peak_fraction"]), default=None)
+        counts = collections.Counter(r["status"] for r in rk)
+        lines.append(f"| {k} | {exp} | {fmt(best_g, '.1f')} | "
+                     f"{fmt(None if best_p is None else 100 * best_p, '.1f')} | {agreement(rk)} | "
+                     f"{counts['ok']} / {counts['failed']} / {counts['skipped']} |")
+    return lines
+
+
+def shape_text(r):
+    s = f"b{r['batch']} h{r['q_heads']}/{r['kv_heads']} q{r['q_len']} kv{r['kv_len']} d{r['head_dim']}"
+    if r["layout"] != "bhsd":
+        s += f" {r['layout']}"
+    return s
+
+
+def write_report(folder, out):
+    rows, machine, experiment, plan = load_results(folder)
+    os.makedirs(out, exist_ok=True)
+    kernels = kernel_order(rows, machine)
+    ok = ok_rows(rows)
+    plots = Plots(out, kernels)
+    fits, fits_decode = {}, {}
+    if ok:
+        plot_scaling(plots, ok, kernels, fits)
+        plot_throughput(plots, ok, kernels)
+        plot_ladder(plots, ok, kernels)
+        plot_decode(plots, ok, kernels, machine, fits_decode)
+        plot_gqa(plots, ok, kernels)
+        plot_heads(plots, ok, kernels)
+        plot_threads(plots, ok, kernels)
+        plot_head_dim(plots, ok, kernels)
+        plot_masks(plots, ok, kernels)
+    plot_memory(plots, rows, kernels)
+
+    name = plan.get("experiment") or (rows[0]["experiment"] if rows else os.path.basename(folder.rstrip("/")))
+    md = [f"# attnlab report: {name}", ""]
+    if experiment.get("description"):
+        md += [f"> {experiment['description']}", ""]
+    planned = len(plan.get("plan", [])) if plan else None
+    md += [f"Results folder `{os.path.basename(os.path.abspath(folder))}`: every figure below comes from "
+           "`results.csv` (tidy, one row per point) in this folder; raw Google Benchmark output is in "
+           "`bench.json`, the machine and its measured peaks in `machine.json`, the question in "
+           "`experiment.json`. Regenerate with `/usr/bin/python3 scripts/report.py <this folder>`.", ""]
+    if planned is not None:
+        shard = plan.get("shard", [0, 1])
+        note = f" (shard {shard[0]}/{shard[1]})" if shard and shard[1] > 1 else ""
+        md += [f"Points decided: {len(rows)} of {planned} planned{note}.", ""]
+
+    if machine:
+        git = machine.get("git", {})
+        isa = machine.get("isa", {})
+        md += ["## Machine", "",
+               f"- CPU: {machine.get('cpu_model', '?')}, {machine.get('cores', '?')} cores, "
+               f"{fmt_bytes(machine.get('memory_bytes'))} RAM"
+               + (", virtual machine" if machine.get("virtual_machine") else ""),
+               f"- SIMD: {isa.get('simd_arch', '?')} ({isa.get('float_lanes', '?')} float lanes); CPU flags: "
+               f"{isa.get('cpu_simd_flags', '?')}",
+               f"- Compiler: {machine.get('compiler', '?')}; build {machine.get('build_type', '?')}; "
+               f"flags `{machine.get('flags', '?').strip()}`",
+               f"- Libraries: " + ", ".join(f"{k} {v}" for k, v in machine.get("libraries", {}).items()),
+               f"- Commit: `{git.get('commit', '?')}`" + (" (with uncommitted changes)" if git.get("dirty") else ""),
+               f"- Measured: {machine.get('date', '?')}; load average at start "
+               f"{', '.join(str(x) for x in machine.get('load_avg', [])) or '?'}", ""]
+        peaks = machine.get("peaks", {})
+        if peaks.get("rows"):
+            md += [f"Machine peaks (`attnlab peak`, median of {peaks.get('repeats')} runs; exp = "
+                   f"{peaks.get('exp_function')}):", "",
+                   "| threads | FMA GFLOP/s | read GB/s | exp Gexp/s |", "|---|---|---|---|"]
+            for r in peaks["rows"]:
+                md.append(f"| {r['threads']} | {r['fma_flops'] / 1e9:.1f} | {r['read_bytes'] / 1e9:.1f} | "
+                          f"{r['exp_per_s'] / 1e9:.2f} |")
+            md.append("")
+        md += ["**Noise.** This machine is shared: other jobs build and benchmark on the same cores while a "
+               "sweep runs (see the load average above), so absolute times and even the measured peaks move "
+               "by tens of percent between runs. Read ratios measured in the same run (speed-ups, exponents, "
+               "% of the peak measured in this run), and use the min-max spread in the table below.", ""]
+
+    md += ["## Summary", ""]
+    md += summary_table(rows, ok, kernels, fits, fits_decode)
+    md += ["", "Fitted exponent: slope of log(time) against log(sequence length) over the larger half of the "
+           "sizes (at least 3) of the sequence-length slice (prefill, q_len = kv_len), or against the KV "
+           "length for decode experiments. Best GFLOP/s and % of peak: the best point of the kernel in this "
+           "run. Agreement: each point is checked against the float64 reference on sampled rows before it "
+           "is timed.", ""]
+
+    for title, fname, caption in plots.items:
+        md += [f"## {title}", "", f"![{title}]({fname})", "", f"*{caption}*", ""]
+
+    if ok:
+        md += ["## All measured points", "",
+               "| kernel | shape | mask | threads | time ms (median) | min-max ms | GFLOP/s | % peak | GB/s | "
+               "extra memory | verify |",
+               "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in ok:
+            md.append(f"| {r['kernel']} | {shape_text(r)} | {r['mask']} | {r['threads']} | "
+                      f"{r['time_median_s'] * 1e3:.4g} | {r['time_min_s'] * 1e3:.4g}-{r['time_max_s'] * 1e3:.4g} | "
+                      f"{fmt(r['gflops'], '.1f')} | "
+                      f"{fmt(None if r['peak_fraction'] is None else 100 * r['peak_fraction'], '.1f')} | "
+                      f"{fmt(r['gbytes_per_s'], '.2f')} | {fmt_bytes(r['extra_bytes'])} | {r['verdict']} |")
+        md.append("")
+    other = [r for r in rows if r["status"] != "ok"]
+    if other:
+        md += ["## Failed and skipped points", "", "| kernel | shape | mask | threads | status | reason |",
+               "|---|---|---|---|---|---|"]
+        for r in other:
+            md.append(f"| {r['kernel']} | {shape_text(r)} | {r['mask']} | {r['threads']} | {r['status']} | "
+                      f"{r['reason'].replace('|', '/')} |")
+        md.append("")
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write("\n".join(md))
+    return os.path.join(out, "report.md"), [p[1] for p in plots.items]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", help="results folder written by attnlab sweep")
+    ap.add_argument("--out", help="where to write report.md and the plots (default: the results folder)")
+    args = ap.parse_args(argv)
+    path, pngs = write_report(args.results, args.out or args.results)
+    print(path)
+    for p in pngs:
+        print(os.path.join(args.out or args.results, p))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

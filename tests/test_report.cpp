@@ -1,0 +1,162 @@
+// The report and compare scripts on the fixture results folders (tests/fixtures/), run with
+// /usr/bin/python3 (matplotlib + numpy). Also checks the fitted exponent on synthetic data
+// written by the C++ CSV writer, so writer and reader are tested together.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sys/wait.h>
+#include <cmath>
+
+#include "attnlab/kernel.hpp"
+#include "attnlab/npy.hpp"
+#include "bench/files.hpp"
+#include "bench/results.hpp"
+
+namespace attnlab::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kSource = ATTNLAB_SOURCE_DIR;
+const std::string kPython = "/usr/bin/python3";
+
+bool python_ready() {
+  return std::system((kPython + " -c 'import matplotlib, numpy' > /dev/null 2>&1").c_str()) == 0;
+}
+
+// Runs a command; returns its exit status and leaves stdout+stderr in *output.
+int run(const std::string& cmd, std::string* output) {
+  const std::string log = ::testing::TempDir() + "/attn_report_cmd.log";
+  const int rc = std::system((cmd + " > '" + log + "' 2>&1").c_str());
+  *output = read_text_file(log);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "/attn_report_" + name;
+  fs::remove_all(d);
+  return d;
+}
+
+void expect_png(const std::string& path) {
+  ASSERT_TRUE(file_exists(path)) << path;
+  const std::string bytes = read_text_file(path);
+  EXPECT_GT(bytes.size(), 5000u) << path;
+  EXPECT_EQ(bytes.substr(1, 3), "PNG") << path;
+}
+
+class Report : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!python_ready()) GTEST_SKIP() << kPython << " with matplotlib and numpy is not installed (scripts/setup.sh)";
+  }
+  std::string report(const std::string& folder, const std::string& out, int* rc = nullptr) {
+    std::string output;
+    const int status = run(kPython + " " + kSource + "/scripts/report.py '" + folder + "' --out '" + out + "'", &output);
+    if (rc) {
+      *rc = status;
+    } else {
+      EXPECT_EQ(status, 0) << output;
+    }
+    return output;
+  }
+};
+
+TEST_F(Report, ScalingFixtureGetsSummaryAndEveryApplicablePlot) {
+  const std::string out = fresh_dir("scaling");
+  report(kSource + "/tests/fixtures/results_scaling", out);
+  const std::string md = read_text_file(out + "/report.md");
+  EXPECT_NE(md.find("# attnlab report: results_scaling"), std::string::npos);
+  EXPECT_NE(md.find("## Summary"), std::string::npos);
+  EXPECT_LT(md.find("## Summary"), md.find("![")) << "the summary table comes before the plots";
+  EXPECT_NE(md.find("**Noise.**"), std::string::npos);
+  for (const char* k : {"naive", "blocked", "flash"}) {
+    const std::regex row(std::string("\\| ") + k + " \\| -?[0-9]+\\.[0-9]+ \\(time vs n\\) \\| [0-9.]+ \\| [0-9.]+ \\| PASS");
+    EXPECT_TRUE(std::regex_search(md, row)) << k << " summary row missing or malformed";
+  }
+  for (const char* png : {"scaling_time.png", "scaling_gflops.png", "ladder.png", "extra_memory.png",
+                          "threads.png", "masks.png"}) {
+    expect_png(out + "/" + png);
+    EXPECT_NE(md.find(std::string("](") + png + ")"), std::string::npos) << png << " not in report.md";
+  }
+  EXPECT_FALSE(file_exists(out + "/gqa.png")) << "no GQA variation in this fixture";
+  // Six plots, each followed by its caption (an italic paragraph).
+  size_t images = 0;
+  for (size_t at = md.find("!["); at != std::string::npos; at = md.find("![", at + 1)) {
+    ++images;
+    const size_t caption = md.find("\n\n*", at);
+    EXPECT_EQ(md.find('\n', at), caption) << "no caption right after the image at " << at;
+  }
+  EXPECT_EQ(images, 6u);
+}
+
+TEST_F(Report, GqaDecodeFixtureGetsGqaAndDecodePlots) {
+  const std::string out = fresh_dir("gqa");
+  report(kSource + "/tests/fixtures/results_gqa_decode", out);
+  const std::string md = read_text_file(out + "/report.md");
+  expect_png(out + "/gqa.png");
+  expect_png(out + "/decode.png");
+  EXPECT_NE(md.find("(time vs kv_len)"), std::string::npos) << "decode exponent in the summary";
+  EXPECT_FALSE(file_exists(out + "/scaling_time.png")) << "a single prefill length gives no scaling plot";
+}
+
+// Synthetic points with exact power laws: the report must recover the exponents.
+TEST_F(Report, FittedExponentIsExactOnPowerLaws) {
+  const std::string dir = fresh_dir("synthetic");
+  make_dirs(dir);
+  std::vector<PointRecord> records;
+  for (const auto& [kernel, power] : {std::pair<std::string, double>{"naive", 2.0}, {"flash", 1.5}}) {
+    for (int64_t n = 64; n <= 2048; n *= 2) {
+      PointRecord r;
+      r.kernel = kernel;
+      r.id = kernel + std::to_string(n);
+      r.status = PointStatus::Ok;
+      r.problem.q_len = r.problem.kv_len = n;
+      r.problem.head_dim = 16;
+      const double t = 1e-9 * std::pow(static_cast<double>(n), power);
+      r.times = {t * 0.99, t, t * 1.01};
+      r.verdict = "PASS";
+      r.peak_flops = 1e11;
+      records.push_back(r);
+    }
+  }
+  write_file_atomic(dir + "/results.csv", tidy_csv("synthetic", records));
+  const std::string out = fresh_dir("synthetic_out");
+  report(dir, out);
+  const std::string md = read_text_file(out + "/report.md");
+  EXPECT_NE(md.find("| naive | 2.00 (time vs n)"), std::string::npos) << md.substr(0, 2000);
+  EXPECT_NE(md.find("| flash | 1.50 (time vs n)"), std::string::npos) << md.substr(0, 2000);
+}
+
+TEST_F(Report, MissingResultsAreAnError) {
+  int rc = 0;
+  const std::string output = report(fresh_dir("empty_in"), fresh_dir("empty_out"), &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(output.find("results.csv not found"), std::string::npos) << output;
+}
+
+TEST_F(Report, CompareGivesPerPointSpeedups) {
+  const std::string out = fresh_dir("compare");
+  const std::string fx = kSource + "/tests/fixtures/results_scaling";
+  std::string output;
+  ASSERT_EQ(run(kPython + " " + kSource + "/scripts/compare.py '" + fx + "' '" + fx + "' --out '" + out + "'", &output), 0)
+      << output;
+  const std::string md = read_text_file(out + "/compare.md");
+  EXPECT_NE(md.find("| naive | 16 | 1.000 | 1.000 | 1.000 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("within noise"), std::string::npos);
+  expect_png(out + "/compare.png");
+
+  // Folders without common points: an error, not an empty table.
+  EXPECT_NE(run(kPython + " " + kSource + "/scripts/compare.py '" + fx + "' '" + kSource +
+                    "/tests/fixtures/results_gqa_decode' --out '" + out + "2'",
+                &output),
+            0);
+  EXPECT_NE(output.find("no measured point in common"), std::string::npos) << output;
+}
+
+}  // namespace
+}  // namespace attnlab::bench
