@@ -212,9 +212,23 @@ RowState attend_rows(const Problem& p, int64_t rows, const float* const* q_rows,
     l[r] = 0.f;
   }
 
+  const int64_t row_bytes = d * static_cast<int64_t>(sizeof(float));
   for (int64_t j0 = span.lo; j0 < span.hi; j0 += kKeyTile) {
     const int64_t j1 = std::min(j0 + kKeyTile, span.hi);
     const int64_t n = j1 - j0;
+    // Prefetch the next tile's K and V rows while this one is computed: with few query
+    // rows (decode) the hardware prefetcher alone leaves the loads waiting on memory.
+    // Prefetch the next tile's K and V rows while this one is computed. With few query
+    // rows (decode: 4 rows per K/V byte) the loads otherwise wait on memory; measured
+    // about 6% less CPU time per byte there, and nothing measurable with 32 rows.
+    for (int64_t j = j1; j < std::min(j1 + kKeyTile, span.hi); ++j) {
+      const char* kr = reinterpret_cast<const char*>(kv.k + j * kv.k_stride);
+      const char* vr = reinterpret_cast<const char*>(kv.v + j * kv.v_stride);
+      for (int64_t off = 0; off < row_bytes; off += 64) {
+        __builtin_prefetch(kr + off);
+        __builtin_prefetch(vr + off);
+      }
+    }
     // Visible keys of each row inside this tile, relative to j0: [ta, te).
     int64_t ta[kRowBlock], te[kRowBlock];
     for (int64_t r = 0; r < rows; ++r) {
