@@ -67,10 +67,10 @@ PointFixture& FixtureSlot::get(const BenchPoint& pt, uint64_t seed) {
   return *held_;
 }
 
-void RateBook::record(const std::string& kernel, int threads, double flops, double seconds) {
-  if (!(seconds > 0) || !(flops > 0)) return;
+void RateBook::record(const std::string& kernel, int threads, double flops_per_run, double seconds_per_run) {
+  if (!(seconds_per_run > 0) || !(flops_per_run > 0)) return;
   Entry& e = entries_[{kernel, threads}];
-  if (flops >= e.flops) e = Entry{flops, flops / seconds};
+  if (flops_per_run >= e.flops) e = Entry{flops_per_run, flops_per_run / seconds_per_run};
 }
 
 double RateBook::estimate_seconds(const BenchPoint& pt, std::string* basis) const {
@@ -168,8 +168,8 @@ benchmark::internal::Benchmark* register_point(const BenchPoint& pt, const PeakR
       }
       const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
       if (hooks.rates) {
-        hooks.rates->record(std::string(pt.kernel->name()), pt.threads,
-                            pt.problem.flops() * static_cast<double>(state.iterations()), secs);
+        hooks.rates->record(std::string(pt.kernel->name()), pt.threads, pt.problem.flops(),
+                            secs / static_cast<double>(std::max<int64_t>(1, state.iterations())));
       }
       set_point_counters(state, pt, peak, session.workspace_bytes());
       state.SetLabel(pt.problem.describe());

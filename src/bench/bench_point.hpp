@@ -94,7 +94,8 @@ std::unique_ptr<PointFixture> make_fixture(const BenchPoint& pt, uint64_t seed);
 class RateBook {
  public:
   static constexpr double kDefaultRate = 1e9;  // FLOP/s, the naive kernel's order
-  void record(const std::string& kernel, int threads, double flops, double seconds);
+  // One run of a point: its FLOP count and how long the run took.
+  void record(const std::string& kernel, int threads, double flops_per_run, double seconds_per_run);
   // Seconds one run of the point should take, and what the estimate rests on.
   double estimate_seconds(const BenchPoint& pt, std::string* basis = nullptr) const;
 

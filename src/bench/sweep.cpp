@@ -236,9 +236,7 @@ struct Runner {
     const PeakRef peak{r.peak_flops, r.peak_read_bytes};
     register_point(pt, peak, timing, hooks);
     CaptureReporter capture;
-    const auto t0 = Clock::now();
     benchmark::RunSpecifiedBenchmarks(&capture);
-    const double secs = seconds_since(t0);
     benchmark::ClearRegisteredBenchmarks();
     std::string error;
     for (const auto& run : capture.runs()) {
@@ -255,7 +253,7 @@ struct Runner {
       r.times.clear();
     } else {
       r.status = PointStatus::Ok;
-      rates.record(r.kernel, r.threads, r.problem.flops() * static_cast<double>(r.iterations) * r.times.size(), secs);
+      rates.record(r.kernel, r.threads, r.problem.flops(), r.time_median());
     }
     try {
       Json doc = Json::parse(sanitize_gbench_json(capture.text()));
