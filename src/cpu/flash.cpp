@@ -114,8 +114,8 @@ Tiling make_tiling(const Problem& p) {
   t.kt_off = take(sizeof(float) * t.dim_pad * kTileKeys);
   t.p_off = take(sizeof(float) * kPanelRows * kTileKeys);
   t.m_off = take(sizeof(float) * t.rows);
-  t.l_off = take(sizeof(float) * t.rows);
-  t.iv_off = take(sizeof(Interval) * t.br);
+  t.l_off = take(sizeof(float) * t.rows * kLanes);
+  t.iv_off = take(sizeof(Interval) * t.rows);
   t.bytes = off;
   return t;
 }
@@ -126,8 +126,8 @@ struct Scratch {
   float* kt;     // dim_pad x kTileKeys packed K tile
   float* p;      // kPanelRows x kTileKeys probabilities of the current panel
   float* m;      // R running max (log2 units)
-  float* l;      // R running sum
-  Interval* iv;  // br visible intervals of the tile's query rows
+  float* l;      // R x kLanes running sums, one partial sum per lane (reduced at the end)
+  Interval* iv;  // R visible intervals, one per row (the G rows of a query row share it)
 
   Scratch(std::byte* base, const Tiling& t)
       : q(reinterpret_cast<float*>(base + t.q_off)),
@@ -161,7 +161,7 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
   int lo[MR], hi[MR];
   bool full = true, any = false;
   for (int m = 0; m < MR; ++m) {
-    const Interval& iv = s.iv[(rr0 + m) / t.group];
+    const Interval& iv = s.iv[rr0 + m];
     lo[m] = static_cast<int>(std::clamp<int64_t>(iv.lo - kt.j0, 0, kt.nk));
     hi[m] = static_cast<int>(std::clamp<int64_t>(iv.hi - kt.j0, 0, kt.nk));
     if (hi[m] <= lo[m]) {
@@ -209,7 +209,8 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
       pv.store_aligned(prow + v * kLanes);
       sum += pv;
     }
-    s.l[rr0 + m] = s.l[rr0 + m] * alpha[m] + simd::reduce_sum(sum);
+    float* lrow = s.l + (rr0 + m) * kLanes;
+    (Batch::load_aligned(lrow) * Batch(alpha[m]) + sum).store_aligned(lrow);
     s.m[rr0 + m] = m_new;
   }
 
@@ -256,7 +257,7 @@ void run_task(const Problem& p, const Inputs& in, const Outputs& out, const Tili
   const int64_t nr = std::min(t.br, p.q_len - i0);
   const int64_t R = nr * G;
   const MaskSpec mask = p.mask_for_batch(b);
-  for (int64_t r = 0; r < nr; ++r) s.iv[r] = mask.row(i0 + r);
+  for (int64_t r = 0; r < nr; ++r) std::fill_n(s.iv + r * G, G, mask.row(i0 + r));
   const Interval span = mask.rows(i0, i0 + nr);
 
   // 1. Q panels, scaled so that scores come out in log2 units.
@@ -270,7 +271,7 @@ void run_task(const Problem& p, const Inputs& in, const Outputs& out, const Tili
   }
   std::fill(s.o, s.o + R * dp, 0.f);
   std::fill(s.m, s.m + R, kNegInf);
-  std::fill(s.l, s.l + R, 0.f);
+  std::fill(s.l, s.l + R * kLanes, 0.f);
 
   // 2. Key tiles inside the union of the rows' visible intervals.
   for (int64_t j0 = span.lo; j0 < span.hi; j0 += kTileKeys) {
@@ -299,7 +300,7 @@ void run_task(const Problem& p, const Inputs& in, const Outputs& out, const Tili
   const int tail = static_cast<int>(d - (nvec - 1) * kLanes);
   for (int64_t rr = 0; rr < R; ++rr) {
     const int64_t h = hk * G + rr % G, i = i0 + rr / G;
-    const float l = s.l[rr];
+    const float l = simd::reduce_sum(Batch::load_aligned(s.l + rr * kLanes));
     const Batch inv(l == 0.f ? 0.f : 1.f / l);
     float* o = out.o.row(b, h, i);
     const float* acc = s.o + rr * dp;

@@ -1,0 +1,105 @@
+// flash-specific checks the registry-wide suites do not make:
+//  - the K-tile packing (16x16 in-register transposes, ragged d and key counts) against a
+//    plain transpose;
+//  - shapes whose lengths straddle the tile sizes (64 keys, 24..120 query rows) with masks;
+//  - a NaN in a V row inside a partially visible tile reaches exactly the rows that see it
+//    (the P.V kernel must skip, not multiply by zero);
+//  - bitwise identical results for any thread count;
+//  - workspace independent of the sequence lengths (and under 64 MiB at 32k x 32k).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "attnlab/kernel.hpp"
+#include "attnlab/verify.hpp"
+#include "cpu/simd/microkernel.hpp"
+#include "test_util.hpp"
+
+namespace attnlab {
+namespace {
+
+const Kernel& flash() { return kernel_or_throw("flash"); }
+
+TEST(Flash, PackKTransposedMatchesPlainTranspose) {
+  for (int64_t d : {1, 7, 16, 17, 64, 80, 129}) {
+    for (int nk : {1, 5, 16, 33, simd::kTileKeys}) {
+      const int64_t ldk = d + 3;  // a row stride that is not the row length (BSHD-like)
+      std::vector<float> k(static_cast<size_t>(nk * ldk), std::nanf(""));
+      for (int j = 0; j < nk; ++j)
+        for (int64_t c = 0; c < d; ++c) k[j * ldk + c] = static_cast<float>(1000 * j + c);
+      const int64_t dp = simd::padded_dim(d);
+      auto kt = alloc_floats(static_cast<size_t>(dp * simd::kTileKeys));
+      simd::pack_k_transposed(k.data(), ldk, nk, d, kt.get());
+      for (int64_t c = 0; c < d; ++c)
+        for (int j = 0; j < simd::kTileKeys; ++j) {
+          const float want = j < nk ? static_cast<float>(1000 * j + c) : 0.f;
+          ASSERT_EQ(kt[c * simd::kTileKeys + j], want) << "d " << d << " nk " << nk << " k " << c << " key " << j;
+        }
+    }
+  }
+}
+
+TEST(Flash, LengthsAroundTileBoundariesAgree) {
+  const Kernel& k = flash();
+  for (int64_t sq : {23, 24, 25, 119, 120, 121, 241})
+    for (int64_t sk : {63, 64, 65, 129, 200}) {
+      Problem p = test::shape(1, 4, 2, sq, sk, 48);
+      p.causal = CausalAlign::BottomRight;
+      Tensors t = random_tensors(p, 17);
+      const KernelCheck c = check_kernel(k, p, t.inputs, prepare_agreement(p, t.inputs, all_rows(p)), 2);
+      EXPECT_EQ(c.verdict, Verdict::Pass) << p.describe() << ": " << c.reason;
+    }
+}
+
+TEST(Flash, NanInPartlyVisibleValueRowReachesOnlyTheRowsThatSeeIt) {
+  // Causal, 100 x 100: key 70 sits in the middle of a diagonal tile, visible to rows >= 70.
+  Problem p = test::shape(1, 2, 1, 100, 100, 24);
+  p.causal = CausalAlign::BottomRight;
+  Tensors t = random_tensors(p, 9);
+  const int64_t bad_key = 70;
+  const_cast<float*>(t.inputs.v.row(0, 0, bad_key))[5] = std::nanf("");
+  Session s(flash(), p, 2);
+  s.run(t.inputs, t.outputs);
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < p.q_len; ++i) {
+      const bool sees = p.visible(0, i).hi > bad_key;
+      EXPECT_EQ(std::isnan(t.outputs.o.row(0, h, i)[5]), sees) << "h " << h << " row " << i;
+      EXPECT_FALSE(std::isnan(t.outputs.o.row(0, h, i)[4])) << "h " << h << " row " << i;
+      EXPECT_FALSE(std::isnan(t.outputs.lse[h * p.q_len + i])) << "h " << h << " row " << i;
+    }
+}
+
+std::vector<float> run_flash(const Problem& p, int threads, std::vector<float>* lse) {
+  Tensors t = random_tensors(p, 123);
+  Session s(flash(), p, threads);
+  s.run(t.inputs, t.outputs);
+  lse->assign(t.lse.get(), t.lse.get() + p.lse_elems());
+  return {t.o.get(), t.o.get() + p.q_elems()};
+}
+
+TEST(Flash, BitwiseIdenticalForAnyThreadCount) {
+  Problem p = test::shape(2, 6, 2, 250, 300, 80);  // GQA 3:1, several query tiles per head
+  p.causal = CausalAlign::BottomRight;
+  p.kv_lens = {300, 130};
+  std::vector<float> lse1, lse_n;
+  const std::vector<float> one = run_flash(p, 1, &lse1);
+  for (int threads : {2, 3}) {
+    const std::vector<float> many = run_flash(p, threads, &lse_n);
+    EXPECT_EQ(std::memcmp(one.data(), many.data(), one.size() * sizeof(float)), 0) << threads << " threads";
+    EXPECT_EQ(std::memcmp(lse1.data(), lse_n.data(), lse1.size() * sizeof(float)), 0) << threads << " threads";
+  }
+}
+
+TEST(Flash, WorkspaceDoesNotGrowWithSequenceLength) {
+  Problem small = test::shape(1, 8, 8, 4096, 4096, 128);
+  Problem big = test::shape(1, 8, 8, 32768, 32768, 128);
+  EXPECT_EQ(flash().workspace_bytes(small, 2), flash().workspace_bytes(big, 2));
+  EXPECT_LT(flash().workspace_bytes(big, 2), size_t{64} << 20);
+  // Per thread: twice the threads, twice the workspace.
+  EXPECT_EQ(flash().workspace_bytes(big, 4), 2 * flash().workspace_bytes(big, 2));
+}
+
+}  // namespace
+}  // namespace attnlab
