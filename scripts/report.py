@@ -129,6 +129,14 @@ def int_ticks(ax, values, axis="x"):
         ax.set_yticklabels([str(v) for v in values])
 
 
+def log_y_labels(ax):
+    """Log y axis labelled at 1, 2, 5 x 10^k in plain numbers (decades alone leave most plots unlabelled)."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
 def fit_exponent(ns, ts):
     """Least-squares slope of log t vs log n over the large-n points: the upper half of the
     distinct sizes, at least 3 when there are 3. None with fewer than 2 points."""
@@ -216,7 +224,7 @@ def plot_scaling(plots, ok, kernels, fits):
     ax.plot(all_n, guide, "--", color="gray", linewidth=1, label="n^2 guide")
     ax.set_xscale("log", base=2)
     int_ticks(ax, all_n)
-    ax.set_yscale("log")
+    log_y_labels(ax)
     ax.set_xlabel("sequence length n = q_len = kv_len (tokens)")
     ax.set_ylabel("time per forward pass (ms, median)")
     ax.set_title("Time vs sequence length (log-log)")
@@ -247,7 +255,7 @@ def plot_throughput(plots, ok, kernels):
         int_ticks(a, [r["q_len"] for r in rows])
         a.set_xlabel("sequence length n (tokens)")
         a.grid(True, which="both", alpha=0.3)
-    a1.set_yscale("log")
+    log_y_labels(a1)
     a1.set_ylabel("GFLOP/s (visible pairs only)")
     a1.set_title("Throughput")
     a2.set_ylabel("% of measured FMA peak (same thread count)")
@@ -283,7 +291,7 @@ def plot_ladder(plots, ok, kernels):
     ax.axhline(1, color="gray", linewidth=1)
     ax.set_xticks(range(len(ns)))
     ax.set_xticklabels([str(n) for n in ns])
-    ax.set_yscale("log")
+    log_y_labels(ax)
     ax.set_xlabel("sequence length n (tokens)")
     ax.set_ylabel(f"speed-up over {base} (x, log scale)")
     ax.set_title(f"The ladder: speed-up of each kernel over {base}")
@@ -358,7 +366,7 @@ def plot_decode(plots, ok, kernels, machine, fits_decode):
     a1.set_xlabel("KV cache length (tokens)")
     a1.set_ylabel("GB/s (compulsory Q, K, V, O bytes / time)")
     a1.set_title("Decode bandwidth")
-    a2.set_yscale("log")
+    log_y_labels(a2)
     a2.set_xlabel("KV cache length (tokens)")
     a2.set_ylabel("time per decode step (ms)")
     a2.set_title("Decode time (log-log)")
@@ -406,7 +414,7 @@ def plot_gqa(plots, ok, kernels):
             a.set_xlabel("GQA group size = q_heads / kv_heads (1 = MHA, q_heads = MQA)")
             a.grid(True, which="both", alpha=0.3)
             a.legend(fontsize=7, loc="upper left")
-        axes[0][col].set_yscale("log")
+        log_y_labels(axes[0][col])
         drawn = True
     if not drawn:
         plt.close(fig)
@@ -438,7 +446,7 @@ def plot_heads(plots, ok, kernels):
         a.set_xticklabels([f"{h}\n(d={dims[h]})" for h in heads])
         a.set_xlabel("query heads (head_dim)")
         a.grid(True, which="both", alpha=0.3)
-        a.set_yscale("log")
+        log_y_labels(a)
     a1.set_ylabel("time (ms, median)")
     a2.set_ylabel("GFLOP/s")
     a1.legend(fontsize=8)
@@ -498,7 +506,7 @@ def plot_head_dim(plots, ok, kernels):
         a.set_xticklabels([str(d) for d in dims])
         a.set_xlabel("head_dim")
         a.grid(True, which="both", alpha=0.3)
-    a1.set_yscale("log")
+    log_y_labels(a1)
     a1.set_ylabel("GFLOP/s")
     a2.set_ylabel("% of measured FMA peak")
     a1.legend(fontsize=8)
@@ -530,7 +538,7 @@ def plot_masks(plots, ok, kernels):
     for a in (a1, a2):
         a.set_xticks(range(len(masks)))
         a.set_xticklabels(labels, fontsize=7, rotation=30, ha="right")
-        a.set_yscale("log")
+        log_y_labels(a)
         a.grid(True, axis="y", which="both", alpha=0.3)
     a1.set_ylabel("time (ms, median, log)")
     a2.set_ylabel("GFLOP/s (visible pairs only, log)")
@@ -553,9 +561,10 @@ def agreement(rows_k):
         return f"FAIL ({len(fails)} of {len(verified)} shapes)"
     if verified:
         return f"PASS ({len(verified)}/{len(verified)} shapes)"
-    unavailable = [r for r in rows_k if r["reason"].startswith("unavailable")]
-    if unavailable:
-        return "not run: " + unavailable[0]["reason"]
+    skipped = [r for r in rows_k if r["status"] == "skipped"]
+    if skipped:
+        reason = skipped[0]["reason"]
+        return "not run: " + (reason if len(reason) <= 90 else reason[:87] + "...")
     return "not verified"
 
 
