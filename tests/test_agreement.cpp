@@ -97,6 +97,9 @@ struct Param {
   Case c;
 };
 
+// Readable test output instead of gtest's byte dump.
+void PrintTo(const Param& p, std::ostream* os) { *os << p.kernel->name() << " " << p.c.p.describe(); }
+
 std::vector<Param> params() {
   std::vector<Param> out;
   for (const Kernel* k : registry())
