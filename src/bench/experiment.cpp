@@ -18,11 +18,16 @@ using Json = nlohmann::json;
 constexpr size_t kMaxGridPoints = 100000;
 constexpr int64_t kMaxListLength = 4096;
 
-const std::vector<std::string> kKeys = {
-    "description", "implementations", "batch",   "q_heads",     "kv_heads",   "gqa_groups",
-    "q_len",       "kv_len",          "head_dim", "d_model",    "causal",     "window",
-    "layout",      "threads",         "repetitions", "min_time_s", "time_cap_s", "memory_budget_mib",
-    "verify_rows", "seed"};
+// Keys of one grid (allowed at the top level and inside "grids" entries).
+const std::vector<std::string> kGridKeys = {"implementations", "batch", "q_heads", "kv_heads", "gqa_groups",
+                                            "q_len", "kv_len", "head_dim", "d_model", "causal", "window",
+                                            "layout", "threads"};
+// Keys allowed only at the top level.
+const std::vector<std::string> kRunKeys = {"description", "repetitions", "min_time_s", "time_cap_s",
+                                           "memory_budget_mib", "verify_rows", "seed", "grids"};
+// A grid key that replaces the top-level one's alternative.
+const std::vector<std::pair<std::string, std::string>> kExclusive = {{"kv_heads", "gqa_groups"},
+                                                                     {"head_dim", "d_model"}};
 
 constexpr const char* kIntsAllowed =
     "a positive integer, a list of them, {\"pow2\": [lo, hi]} (powers of two, lo <= hi) or "
@@ -179,6 +184,82 @@ int64_t parse_int_at_least(const Where& w, const std::string& key, const Json& v
   return v.get<int64_t>();
 }
 
+// The grid keys of `doc` (a top-level document, or one merged with a "grids" entry).
+Grid parse_grid(const Where& w, const Json& doc, const std::vector<std::string>& known_kernels) {
+  Grid g;
+  // implementations
+  const Json impl = doc.value("implementations", Json("all"));
+  const std::string impl_allowed = "\"all\" or a list of kernel names from: " + join(known_kernels);
+  if (impl.is_string() && impl.get<std::string>() == "all") {
+    g.implementations = known_kernels;
+  } else if (impl.is_array() && !impl.empty()) {
+    for (const auto& x : impl) {
+      if (!x.is_string()) w.bad("implementations", impl, impl_allowed);
+      const std::string k = x.get<std::string>();
+      if (std::find(known_kernels.begin(), known_kernels.end(), k) == known_kernels.end()) {
+        w.bad("implementations", x, impl_allowed);
+      }
+      if (std::find(g.implementations.begin(), g.implementations.end(), k) == g.implementations.end()) {
+        g.implementations.push_back(k);
+      }
+    }
+  } else {
+    w.bad("implementations", impl, impl_allowed);
+  }
+
+  g.batch = parse_ints(w, "batch", doc.value("batch", Json(1)), 1);
+  g.q_heads = parse_ints(w, "q_heads", doc.value("q_heads", Json(8)), 1);
+
+  if (doc.contains("kv_heads") && doc.contains("gqa_groups")) {
+    w.fail("keys 'kv_heads' and 'gqa_groups' exclude each other; allowed: one of them (gqa_groups = q_heads / kv_heads)");
+  }
+  if (doc.contains("gqa_groups")) {
+    g.gqa_groups = parse_ints(w, "gqa_groups", doc["gqa_groups"], 1);
+    for (int64_t group : g.gqa_groups) {
+      for (int64_t h : g.q_heads) {
+        if (h % group != 0) {
+          w.bad("gqa_groups", Json(group), "divisors of every q_heads value (" + std::to_string(h) + " is not divisible)");
+        }
+      }
+    }
+  } else if (!doc.contains("kv_heads") || (doc["kv_heads"].is_string() && doc["kv_heads"] == "q_heads")) {
+    g.kv_heads_from_q_heads = true;
+  } else {
+    g.kv_heads = parse_ints(w, "kv_heads", doc["kv_heads"], 1);
+  }
+
+  if (!doc.contains("q_len")) w.fail(std::string("missing key 'q_len'; allowed: ") + kIntsAllowed);
+  g.q_len = parse_ints(w, "q_len", doc["q_len"], 1);
+  if (!doc.contains("kv_len") || (doc["kv_len"].is_string() && doc["kv_len"] == "q_len")) {
+    g.kv_len_from_q_len = true;
+  } else {
+    g.kv_len = parse_ints(w, "kv_len", doc["kv_len"], 0);
+  }
+
+  if (doc.contains("head_dim") && doc.contains("d_model")) {
+    w.fail("keys 'head_dim' and 'd_model' exclude each other; allowed: one of them (head_dim = d_model / q_heads)");
+  }
+  if (doc.contains("d_model")) {
+    g.d_model = parse_ints(w, "d_model", doc["d_model"], 1);
+    for (int64_t dm : g.d_model) {
+      for (int64_t h : g.q_heads) {
+        if (dm % h != 0) {
+          w.bad("d_model", Json(dm), "multiples of every q_heads value (not divisible by " + std::to_string(h) + ")");
+        }
+      }
+    }
+  } else {
+    g.head_dim = parse_ints(w, "head_dim", doc.value("head_dim", Json(128)), 1);
+  }
+
+  g.causal = parse_causal(w, doc.value("causal", Json(false)));
+  g.window = parse_window(w, doc.value("window", Json(nullptr)));
+  g.layout = parse_layouts(w, doc.value("layout", Json("bhsd")));
+  g.threads = parse_threads(w, doc.value("threads", Json("all")));
+
+  return g;
+}
+
 }  // namespace
 
 std::vector<std::string> registry_kernel_names() {
@@ -190,10 +271,13 @@ std::vector<std::string> registry_kernel_names() {
 Experiment parse_experiment(const Json& doc, const std::string& name,
                             const std::vector<std::string>& known_kernels) {
   const Where w{name};
-  if (!doc.is_object()) w.fail("the document must be a JSON object with the keys: " + join(kKeys));
+  if (!doc.is_object()) w.fail("the document must be a JSON object with the keys: " + join(kGridKeys) + ", " + join(kRunKeys));
   for (const auto& [key, value] : doc.items()) {
-    if (std::find(kKeys.begin(), kKeys.end(), key) == kKeys.end()) {
-      w.fail("unknown key '" + key + "'; allowed keys: " + join(kKeys));
+    if (std::find(kGridKeys.begin(), kGridKeys.end(), key) == kGridKeys.end() &&
+        std::find(kRunKeys.begin(), kRunKeys.end(), key) == kRunKeys.end()) {
+      std::vector<std::string> all = kRunKeys;
+      all.insert(all.begin() + 1, kGridKeys.begin(), kGridKeys.end());
+      w.fail("unknown key '" + key + "'; allowed keys: " + join(all));
     }
   }
   Experiment e;
@@ -206,75 +290,43 @@ Experiment parse_experiment(const Json& doc, const std::string& name,
   }
   e.description = doc["description"].get<std::string>();
 
-  // implementations
-  const Json impl = doc.value("implementations", Json("all"));
-  const std::string impl_allowed = "\"all\" or a list of kernel names from: " + join(known_kernels);
-  if (impl.is_string() && impl.get<std::string>() == "all") {
-    e.implementations = known_kernels;
-  } else if (impl.is_array() && !impl.empty()) {
-    for (const auto& x : impl) {
-      if (!x.is_string()) w.bad("implementations", impl, impl_allowed);
-      const std::string k = x.get<std::string>();
-      if (std::find(known_kernels.begin(), known_kernels.end(), k) == known_kernels.end()) {
-        w.bad("implementations", x, impl_allowed);
+  if (doc.contains("grids")) {
+    const Json& grids = doc["grids"];
+    if (!grids.is_array() || grids.empty()) {
+      w.bad("grids", grids, "a non-empty list of objects with grid keys (" + join(kGridKeys) + ")");
+    }
+    Json base = doc;
+    base.erase("grids");
+    for (size_t i = 0; i < grids.size(); ++i) {
+      const Where wi{name + " grids[" + std::to_string(i) + "]"};
+      const Json& sub = grids[i];
+      if (!sub.is_object() || sub.empty()) {
+        wi.bad("grids", sub, "an object with grid keys (" + join(kGridKeys) + ")");
       }
-      if (std::find(e.implementations.begin(), e.implementations.end(), k) == e.implementations.end()) {
+      Json merged = base;
+      for (const auto& [key, value] : sub.items()) {
+        if (std::find(kGridKeys.begin(), kGridKeys.end(), key) == kGridKeys.end()) {
+          wi.fail("unknown key '" + key + "'; allowed keys in a grid: " + join(kGridKeys));
+        }
+        for (const auto& [a, b] : kExclusive) {
+          if (key == a && !sub.contains(b)) merged.erase(b);
+          if (key == b && !sub.contains(a)) merged.erase(a);
+        }
+        merged[key] = value;
+      }
+      e.grids.push_back(parse_grid(wi, merged, known_kernels));
+    }
+  } else {
+    e.grids.push_back(parse_grid(w, doc, known_kernels));
+  }
+  for (const std::string& k : known_kernels) {
+    for (const Grid& g : e.grids) {
+      if (std::find(g.implementations.begin(), g.implementations.end(), k) != g.implementations.end()) {
         e.implementations.push_back(k);
+        break;
       }
     }
-  } else {
-    w.bad("implementations", impl, impl_allowed);
   }
-
-  e.batch = parse_ints(w, "batch", doc.value("batch", Json(1)), 1);
-  e.q_heads = parse_ints(w, "q_heads", doc.value("q_heads", Json(8)), 1);
-
-  if (doc.contains("kv_heads") && doc.contains("gqa_groups")) {
-    w.fail("keys 'kv_heads' and 'gqa_groups' exclude each other; allowed: one of them (gqa_groups = q_heads / kv_heads)");
-  }
-  if (doc.contains("gqa_groups")) {
-    e.gqa_groups = parse_ints(w, "gqa_groups", doc["gqa_groups"], 1);
-    for (int64_t g : e.gqa_groups) {
-      for (int64_t h : e.q_heads) {
-        if (h % g != 0) {
-          w.bad("gqa_groups", Json(g), "divisors of every q_heads value (" + std::to_string(h) + " is not divisible)");
-        }
-      }
-    }
-  } else if (!doc.contains("kv_heads") || (doc["kv_heads"].is_string() && doc["kv_heads"] == "q_heads")) {
-    e.kv_heads_from_q_heads = true;
-  } else {
-    e.kv_heads = parse_ints(w, "kv_heads", doc["kv_heads"], 1);
-  }
-
-  if (!doc.contains("q_len")) w.fail(std::string("missing key 'q_len'; allowed: ") + kIntsAllowed);
-  e.q_len = parse_ints(w, "q_len", doc["q_len"], 1);
-  if (!doc.contains("kv_len") || (doc["kv_len"].is_string() && doc["kv_len"] == "q_len")) {
-    e.kv_len_from_q_len = true;
-  } else {
-    e.kv_len = parse_ints(w, "kv_len", doc["kv_len"], 0);
-  }
-
-  if (doc.contains("head_dim") && doc.contains("d_model")) {
-    w.fail("keys 'head_dim' and 'd_model' exclude each other; allowed: one of them (head_dim = d_model / q_heads)");
-  }
-  if (doc.contains("d_model")) {
-    e.d_model = parse_ints(w, "d_model", doc["d_model"], 1);
-    for (int64_t dm : e.d_model) {
-      for (int64_t h : e.q_heads) {
-        if (dm % h != 0) {
-          w.bad("d_model", Json(dm), "multiples of every q_heads value (not divisible by " + std::to_string(h) + ")");
-        }
-      }
-    }
-  } else {
-    e.head_dim = parse_ints(w, "head_dim", doc.value("head_dim", Json(128)), 1);
-  }
-
-  e.causal = parse_causal(w, doc.value("causal", Json(false)));
-  e.window = parse_window(w, doc.value("window", Json(nullptr)));
-  e.layout = parse_layouts(w, doc.value("layout", Json("bhsd")));
-  e.threads = parse_threads(w, doc.value("threads", Json("all")));
 
   if (doc.contains("repetitions")) e.repetitions = static_cast<int>(parse_int_at_least(w, "repetitions", doc["repetitions"], 1, 1000));
   if (doc.contains("min_time_s")) e.min_time_s = parse_positive(w, "min_time_s", doc["min_time_s"]);
@@ -309,51 +361,54 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
   std::vector<GridPoint> out;
   std::set<std::string> seen;
   const std::vector<int64_t> none = {0};
-  const auto& groups_or_kv = !e.gqa_groups.empty() ? e.gqa_groups : (e.kv_heads_from_q_heads ? none : e.kv_heads);
-  const auto& dims = !e.d_model.empty() ? e.d_model : e.head_dim;
-  const auto& kv_lens = e.kv_len_from_q_len ? none : e.kv_len;
-  size_t combos = e.implementations.size() * e.batch.size() * e.q_heads.size() * groups_or_kv.size() *
-                  e.q_len.size() * kv_lens.size() * dims.size() * e.causal.size() * e.window.size() *
-                  e.layout.size() * e.threads.size();
-  if (combos > kMaxGridPoints) {
-    w.fail("the grid has " + std::to_string(combos) + " points; allowed: at most " + std::to_string(kMaxGridPoints));
+  size_t combos = 0;
+  for (const Grid& gr : e.grids) {
+    const auto& groups_or_kv = !gr.gqa_groups.empty() ? gr.gqa_groups : (gr.kv_heads_from_q_heads ? none : gr.kv_heads);
+    const auto& dims = !gr.d_model.empty() ? gr.d_model : gr.head_dim;
+    const auto& kv_lens = gr.kv_len_from_q_len ? none : gr.kv_len;
+    combos += gr.implementations.size() * gr.batch.size() * gr.q_heads.size() * groups_or_kv.size() *
+              gr.q_len.size() * kv_lens.size() * dims.size() * gr.causal.size() * gr.window.size() *
+              gr.layout.size() * gr.threads.size();
+    if (combos > kMaxGridPoints) {
+      w.fail("the grid has more than " + std::to_string(kMaxGridPoints) + " points; allowed: at most " +
+             std::to_string(kMaxGridPoints));
+    }
+    for (const auto& kernel : gr.implementations)
+      for (int64_t b : gr.batch)
+        for (int64_t hq : gr.q_heads)
+          for (int64_t g : groups_or_kv)
+            for (int64_t sq : gr.q_len)
+              for (int64_t sk : kv_lens)
+                for (int64_t d : dims)
+                  for (CausalAlign c : gr.causal)
+                    for (const Window& win : gr.window)
+                      for (Layout lay : gr.layout)
+                        for (int t : gr.threads) {
+                          GridPoint gp;
+                          gp.kernel = kernel;
+                          gp.threads = t == 0 ? all_threads : t;
+                          Problem& p = gp.problem;
+                          p.batch = b;
+                          p.q_heads = hq;
+                          p.kv_heads = !gr.gqa_groups.empty() ? hq / g : (gr.kv_heads_from_q_heads ? hq : g);
+                          p.q_len = sq;
+                          p.kv_len = gr.kv_len_from_q_len ? sq : sk;
+                          p.head_dim = !gr.d_model.empty() ? d / hq : d;
+                          p.causal = c;
+                          p.window_left = win.left;
+                          p.window_right = win.right;
+                          p.layout = lay;
+                          try {
+                            p.validate();
+                          } catch (const InvalidInput& err) {
+                            w.fail("grid point " + p.describe() + " is invalid: " + err.what());
+                          }
+                          gp.flops = p.flops();
+                          if (seen.insert(gp.id()).second) out.push_back(std::move(gp));
+                        }
   }
   std::map<std::string, size_t> kernel_order;
   for (size_t i = 0; i < e.implementations.size(); ++i) kernel_order[e.implementations[i]] = i;
-
-  for (const auto& kernel : e.implementations)
-    for (int64_t b : e.batch)
-      for (int64_t hq : e.q_heads)
-        for (int64_t g : groups_or_kv)
-          for (int64_t sq : e.q_len)
-            for (int64_t sk : kv_lens)
-              for (int64_t d : dims)
-                for (CausalAlign c : e.causal)
-                  for (const Window& win : e.window)
-                    for (Layout lay : e.layout)
-                      for (int t : e.threads) {
-                        GridPoint gp;
-                        gp.kernel = kernel;
-                        gp.threads = t == 0 ? all_threads : t;
-                        Problem& p = gp.problem;
-                        p.batch = b;
-                        p.q_heads = hq;
-                        p.kv_heads = !e.gqa_groups.empty() ? hq / g : (e.kv_heads_from_q_heads ? hq : g);
-                        p.q_len = sq;
-                        p.kv_len = e.kv_len_from_q_len ? sq : sk;
-                        p.head_dim = !e.d_model.empty() ? d / hq : d;
-                        p.causal = c;
-                        p.window_left = win.left;
-                        p.window_right = win.right;
-                        p.layout = lay;
-                        try {
-                          p.validate();
-                        } catch (const InvalidInput& err) {
-                          w.fail("grid point " + p.describe() + " is invalid: " + err.what());
-                        }
-                        gp.flops = p.flops();
-                        if (seen.insert(gp.id()).second) out.push_back(std::move(gp));
-                      }
   std::stable_sort(out.begin(), out.end(), [&](const GridPoint& a, const GridPoint& b) {
     if (a.flops != b.flops) return a.flops < b.flops;
     const size_t ka = kernel_order[a.kernel], kb = kernel_order[b.kernel];

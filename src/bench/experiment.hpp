@@ -21,11 +21,17 @@
 //     "memory_budget_mib": number > 0  skip a point needing more memory      default RAM / 2
 //     "verify_rows": int >= 1          rows checked against the reference per point  default 64
 //     "seed":        int >= 0          random inputs                                 default 1
+//     "grids": [ {GRID KEYS}, ... ]    several grids in one experiment (see below)
 //   }
 //   INTS = n | [n, ...] | {"pow2": [lo, hi]} (powers of two lo..hi) | {"range": [start, stop, step]}
 //          (stop inclusive)
-// The grid is the Cartesian product of every list. Unknown keys are errors; every error
-// names the file, the key, the bad value and what is allowed (InvalidInput).
+// The grid is the Cartesian product of every list. With "grids", each entry (an object of
+// grid keys: implementations, batch ... threads) overrides the top-level grid keys, and the
+// experiment is the union of those grids, e.g. prefill and decode shapes in one question:
+//   "q_heads": 32, "gqa_groups": [1, 4, 32], "grids": [{"q_len": 1024}, {"q_len": 1, "kv_len": 8192}]
+// (a grid setting kv_heads drops a top-level gqa_groups, and d_model drops head_dim, and
+// vice versa). Unknown keys are errors; every error names the file, the key, the bad value
+// and what is allowed (InvalidInput).
 #pragma once
 
 #include <cstdint>
@@ -44,12 +50,9 @@ struct Window {
   bool operator==(const Window&) const = default;
 };
 
-struct Experiment {
-  std::string name;         // file stem
-  std::string description;
-  nlohmann::json source;    // the document as read (copied into the results folder)
-
-  std::vector<std::string> implementations;  // resolved kernel names, registry order
+// One Cartesian grid.
+struct Grid {
+  std::vector<std::string> implementations;  // kernel names
   std::vector<int64_t> batch, q_heads, kv_heads, gqa_groups, q_len, kv_len, head_dim, d_model;
   bool kv_heads_from_q_heads = false;  // kv_heads absent or "q_heads"
   bool kv_len_from_q_len = false;      // kv_len absent or "q_len"
@@ -57,6 +60,15 @@ struct Experiment {
   std::vector<Window> window;          // {-1, -1} = none
   std::vector<Layout> layout;
   std::vector<int> threads;            // 0 = all cores
+};
+
+struct Experiment {
+  std::string name;         // file stem
+  std::string description;
+  nlohmann::json source;    // the document as read (copied into the results folder)
+
+  std::vector<std::string> implementations;  // every kernel of any grid, in known order
+  std::vector<Grid> grids;                   // one, or one per "grids" entry
 
   int repetitions = 3;
   double min_time_s = 0.05;
