@@ -249,7 +249,13 @@ void write_outputs(const std::string& dir, const SweepPlan& plan, const std::vec
     for (const auto& run : pf->gbench_runs) bench["benchmarks"].push_back(run);
   }
   write_file_atomic(dir + "/results.csv", tidy_csv(plan.experiment, records));
-  write_file_atomic(dir + "/bench.json", bench.dump(1) + "\n");
+  // One benchmark per line: compact enough to commit, still readable and diffable.
+  std::string text = "{\n\"context\": " + bench["context"].dump() + ",\n\"benchmarks\": [";
+  for (size_t i = 0; i < bench["benchmarks"].size(); ++i) {
+    text += (i ? ",\n" : "\n") + bench["benchmarks"][i].dump();
+  }
+  text += "\n]\n}\n";
+  write_file_atomic(dir + "/bench.json", text);
 }
 
 size_t merge_results(const std::string& out, const std::vector<std::string>& shards) {
