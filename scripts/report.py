@@ -645,13 +645,22 @@ def write_report(folder, out):
                f"- Measured: {machine.get('date', '?')}; load average at start "
                f"{', '.join(str(x) for x in machine.get('load_avg', [])) or '?'}", ""]
         peaks = machine.get("peaks", {})
+        after = {r["threads"]: r for r in machine.get("peaks_after", {}).get("rows", [])}
         if peaks.get("rows"):
             md += [f"Machine peaks (`attnlab peak`, median of {peaks.get('repeats')} runs; exp = "
-                   f"{peaks.get('exp_function')}):", "",
+                   f"{peaks.get('exp_function')}), measured before the points"
+                   + (" and again after them (in brackets), to show the drift on this shared machine; "
+                      "% of peak is relative to the first figure" if after else "") + ":", "",
                    "| threads | FMA GFLOP/s | read GB/s | exp Gexp/s |", "|---|---|---|---|"]
+
+            def cell(r, key, scale, spec):
+                a = after.get(r["threads"])
+                text = format(r[key] / scale, spec)
+                return text + (f" ({format(a[key] / scale, spec)})" if a else "")
+
             for r in peaks["rows"]:
-                md.append(f"| {r['threads']} | {r['fma_flops'] / 1e9:.1f} | {r['read_bytes'] / 1e9:.1f} | "
-                          f"{r['exp_per_s'] / 1e9:.2f} |")
+                md.append(f"| {r['threads']} | {cell(r, 'fma_flops', 1e9, '.1f')} | "
+                          f"{cell(r, 'read_bytes', 1e9, '.1f')} | {cell(r, 'exp_per_s', 1e9, '.2f')} |")
             md.append("")
         md += ["**Noise.** This machine is shared: other jobs build and benchmark on the same cores while a "
                "sweep runs (see the load average above), so absolute times and even the measured peaks move "

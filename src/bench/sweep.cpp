@@ -383,9 +383,10 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
     run.peaks = Peaks::from_json(machine["peaks"]);
     have_peaks = covers(run.peaks);
   }
+  bool peaks_from_file = false;
   if (!have_peaks && !o.peak_json.empty()) {
     run.peaks = Peaks::from_json(Json::parse(read_text_file(o.peak_json)));
-    have_peaks = covers(run.peaks);
+    have_peaks = peaks_from_file = covers(run.peaks);
     if (!have_peaks) log << "note: " << o.peak_json << " lacks some thread counts; measuring\n";
   }
   if (!have_peaks) {
@@ -470,6 +471,20 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
     }
   }
   sum.remaining = todo.size() - decided;
+  // The machine is shared: measure the peaks again at the end, so the report can show how
+  // much they drifted while the points ran (fractions stay relative to the first
+  // measurement). Not when the peaks were given (--peak-json).
+  if (decided > 0 && !run.peaks.rows.empty() && !peaks_from_file) {
+    PeakOptions po;
+    for (const auto& row : run.peaks.rows) po.threads.push_back(row.threads);
+    po.repeats = o.peak_repeats;
+    po.buffer_bytes = o.peak_buffer_bytes;
+    const Peaks after = measure_peaks(po);
+    machine["peaks_after"] = after.to_json();
+    machine["date_after"] = now_iso8601();
+    write_file_atomic(dir + "/machine.json", machine.dump(2) + "\n");
+    log << "peaks again after the sweep:\n" << format_peaks(after);
+  }
   log << "sweep " << e.name << ": " << sum.ok << " ok, " << sum.failed << " failed, " << sum.skipped << " skipped"
       << (sum.remaining ? ", " + std::to_string(sum.remaining) + " not run (stopped; --resume continues)" : "")
       << " in " << fmt_duration(seconds_since(start)) << " -> " << dir << "\n";
