@@ -48,5 +48,6 @@ Command add_verify(CLI::App& app);
 Command add_peak(CLI::App& app);   // cmd_peak.cpp
 Command add_sweep(CLI::App& app);  // cmd_sweep.cpp
 Command add_merge(CLI::App& app);  // cmd_merge.cpp
+Command add_cuda(CLI::App& app);   // cmd_cuda.cpp
 
 }  // namespace attnlab::cli

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
       cli::add_peak(app),
       cli::add_sweep(app),
       cli::add_merge(app),
+      cli::add_cuda(app),
   };
   try {
     app.parse(argc, argv);

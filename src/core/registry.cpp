@@ -14,6 +14,11 @@ const Kernel& flash();
 const Kernel& decode();
 }  // namespace cpu
 
+namespace cuda {  // src/cuda/kernels.cpp: present in every build, available only with a GPU
+const Kernel& naive();
+const Kernel& flash();
+}  // namespace cuda
+
 const std::vector<const Kernel*>& registry() {
   static const std::vector<const Kernel*> kernels = {
       &cpu::naive(),
@@ -22,6 +27,8 @@ const std::vector<const Kernel*>& registry() {
       &cpu::threaded(),
       &cpu::flash(),
       &cpu::decode(),
+      &cuda::naive(),
+      &cuda::flash(),
   };
   return kernels;
 }

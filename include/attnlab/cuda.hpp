@@ -1,0 +1,61 @@
+// The CUDA side of the lab as the rest of the code sees it (plain C++: usable in every build).
+//
+// cuda_naive and cuda_flash are ordinary registry kernels: Session::run copies Q, K, V (and
+// kv_lens) to the device, runs the kernel, copies O (and LSE) back, and returns when the results
+// are on the host. Device buffers are kept between runs and grown when a larger problem comes
+// (so run() allocates nothing in steady state); release_device_memory() frees them.
+//
+// Timing for benchmarks: the wall time of Session::run includes the copies. Every run records
+// CUDA-event times of its three phases; last_timing() returns those of the most recent run in
+// this process:
+//   h2d_ms     host-to-device copies of Q, K, V, kv_lens (pageable host memory)
+//   kernel_ms  the kernel alone (events around the launch; what TFLOP/s should be computed from)
+//   d2h_ms     device-to-host copies of O and LSE
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace attnlab {
+class Kernel;    // attnlab/kernel.hpp (not included: this header is also compiled by nvcc)
+struct Support;
+}  // namespace attnlab
+
+namespace attnlab::cuda {
+
+// The two kernels (also in registry(); here for direct use).
+const Kernel& naive();
+const Kernel& flash();
+
+// Whether the CUDA kernels can run here: yes, or "built without CUDA ..." /
+// "no CUDA device (<CUDA runtime error text>)" / "no supported CUDA device (...)".
+Support device_status();
+// True for the kernels of this file (the ones last_timing() describes).
+bool is_cuda_kernel(const Kernel& k);
+
+struct DeviceInfo {
+  std::string name;               // e.g. "NVIDIA H200"
+  int cc_major = 0, cc_minor = 0; // compute capability
+  int sm_count = 0;
+  double clock_ghz = 0;           // peak SM clock
+  int fp32_lanes_per_sm = 0;      // 64 on sm_80 (A100), 128 on sm_86+ and sm_90 (H100/H200)
+  double fp32_peak_tflops = 0;    // sm_count * lanes * 2 FLOP (FMA) * clock: the non-tensor peak
+  double mem_bandwidth_gbs = 0;   // nominal: 2 * memory clock * bus width
+  long long global_mem_bytes = 0;
+  int smem_per_block_optin = 0;   // bytes of dynamic shared memory a block may opt in to
+  std::string describe() const;   // one line for reports
+};
+// The device the kernels run on (device 0), when device_status() is yes.
+std::optional<DeviceInfo> device_info();
+
+struct Timing {
+  double h2d_ms = 0, kernel_ms = 0, d2h_ms = 0;
+  double h2d_bytes = 0, d2h_bytes = 0;
+};
+// Times of the most recent CUDA kernel run in this process (nullopt before the first).
+std::optional<Timing> last_timing();
+
+// Frees the cached device buffers (they are also freed at exit).
+void release_device_memory();
+
+}  // namespace attnlab::cuda

@@ -1,0 +1,73 @@
+// What a CUDA kernel receives: raw pointers, strides and the problem's scalars, in one POD
+// passed by value to the device (no Problem, no std::vector, nothing host-only). The mask is
+// rebuilt per batch entry with the shared MaskSpec (include/attnlab/interval.hpp), so the GPU
+// applies exactly the visible-interval rule the CPU kernels and the reference use.
+#pragma once
+
+#include <cstdint>
+
+#include "attnlab/interval.hpp"
+
+namespace attnlab::cuda_impl {
+
+// Element strides of a (batch, heads, seq, head_dim) view; head_dim is contiguous.
+struct Strides {
+  int64_t b = 0, h = 0, s = 0;
+  ATTN_HD int64_t at(int64_t bi, int64_t hi, int64_t si) const { return bi * b + hi * h + si * s; }
+};
+
+struct DeviceArgs {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  float* o = nullptr;
+  float* lse = nullptr;              // nullptr: LSE not wanted; else (batch, q_heads, q_len)
+  const int64_t* kv_lens = nullptr;  // nullptr: every batch entry has kv_len keys
+  Strides qs, ks, vs, os;
+  int64_t batch = 0, q_heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0;
+  CausalAlign causal = CausalAlign::None;
+  int64_t window_left = -1, window_right = -1;
+  float scale = 1.f;  // the effective softmax scale (1/sqrt(head_dim) unless given)
+
+  ATTN_HD int64_t group() const { return q_heads / kv_heads; }
+  ATTN_HD MaskSpec mask(int64_t b) const {
+    return MaskSpec{q_len, kv_lens ? kv_lens[b] : kv_len, causal, window_left, window_right};
+  }
+  ATTN_HD int64_t lse_index(int64_t b, int64_t h, int64_t i) const {
+    return (b * q_heads + h) * q_len + i;
+  }
+};
+
+// How a launch is placed: the stream (a cudaStream_t, opaque here), the SM count that sizes
+// grid-stride launches, and a device scratch buffer of scratch_floats() floats.
+struct LaunchEnv {
+  void* stream = nullptr;
+  int sm_count = 1;
+  float* scratch = nullptr;
+};
+
+// One CUDA kernel's entry points. Defined by each kernel file (src/cuda/naive.cu, flash.cu),
+// once compiled by nvcc (namespace cuda_dev) and, for the host emulation used by the tests,
+// once compiled as C++ (namespace cuda_emu).
+struct KernelOps {
+  // Floats of device scratch the launch needs (0: none).
+  int64_t (*scratch_floats)(const DeviceArgs& a, int sm_count);
+  // Dynamic shared memory per block in bytes (0: none); the device must allow it.
+  int64_t (*smem_bytes)(const DeviceArgs& a);
+  // Empty when the kernel computes this problem, else why not (grid limits and the like).
+  const char* (*unsupported)(const DeviceArgs& a);
+  // Enqueues the kernel; errors are reported by the caller (cudaGetLastError).
+  void (*launch)(const DeviceArgs& a, const LaunchEnv& env);
+};
+
+}  // namespace attnlab::cuda_impl
+
+namespace attnlab::cuda_dev {
+extern const cuda_impl::KernelOps naive_ops;
+extern const cuda_impl::KernelOps flash_ops;
+}  // namespace attnlab::cuda_dev
+
+namespace attnlab::cuda_emu {
+extern const cuda_impl::KernelOps naive_ops;
+extern const cuda_impl::KernelOps flash_ops;
+}  // namespace attnlab::cuda_emu

@@ -1,0 +1,78 @@
+// Device-side building blocks shared by the CUDA kernels, and the switch between real CUDA
+// (nvcc) and the host emulation (ATTN_CUDA_EMU, see emu.hpp) so the same kernel source is
+// both compiled for the GPU and tested on machines without one.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(ATTN_CUDA_EMU)
+#include "cuda/emu.hpp"
+#define ATTN_CUDA_NS cuda_emu
+#else
+#include <cuda_runtime.h>
+#define ATTN_CUDA_NS cuda_dev
+#endif
+
+#include "cuda/args.hpp"
+
+// `#pragma unroll` for nvcc; nothing for the host compiler (which would warn).
+#if defined(ATTN_CUDA_EMU)
+#define ATTN_UNROLL
+#else
+#define ATTN_UNROLL _Pragma("unroll")
+#endif
+
+namespace attnlab::ATTN_CUDA_NS {
+
+using cuda_impl::DeviceArgs;
+using cuda_impl::LaunchEnv;
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Max / sum over groups of kWidth consecutive lanes (kWidth a power of two <= 32); every lane
+// of the group gets the result.
+template <int kWidth>
+__device__ __forceinline__ float group_max(float v) {
+ATTN_UNROLL
+  for (int m = kWidth / 2; m > 0; m /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, m));
+  return v;
+}
+template <int kWidth>
+__device__ __forceinline__ float group_sum(float v) {
+ATTN_UNROLL
+  for (int m = kWidth / 2; m > 0; m /= 2) v += __shfl_xor_sync(kFullMask, v, m);
+  return v;
+}
+
+// The block's dynamic shared memory (sized by the launch).
+template <class T>
+__device__ __forceinline__ T* dynamic_smem() {
+#if defined(ATTN_CUDA_EMU)
+  return reinterpret_cast<T*>(cuda_emu::g_smem);
+#else
+  extern __shared__ float4 attn_dynamic_smem[];
+  return reinterpret_cast<T*>(attn_dynamic_smem);
+#endif
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), or its emulation.
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
+                   void* stream, Args... args) {
+#if defined(ATTN_CUDA_EMU)
+  (void)stream;
+  cuda_emu::emulate_launch(grid, block, smem_bytes, [&] { kernel(args...); });
+#else
+  if (smem_bytes > 48 * 1024) {
+    // Above 48 KiB a kernel must opt in; a refusal surfaces at the launch (cudaGetLastError).
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(smem_bytes));
+  }
+  kernel<<<grid, block, smem_bytes, static_cast<cudaStream_t>(stream)>>>(args...);
+#endif
+}
+
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace attnlab::ATTN_CUDA_NS

@@ -1,0 +1,238 @@
+// Host emulation of the small part of CUDA the lab's kernels use, so their device code runs
+// (slowly) and is tested on machines without a GPU. Not a general CUDA emulator.
+//
+// The device code of src/cuda/*.cu is compiled as plain C++ with ATTN_CUDA_EMU defined
+// (see tests/cuda_emu_kernels.cpp). Every CUDA thread of a block becomes a fiber (ucontext)
+// on the calling OS thread; blocks run one after another. A fiber runs until it reaches a
+// barrier (__syncthreads, __syncwarp, or a warp shuffle, which is a warp barrier around a
+// slot exchange) and the scheduler resumes waiting fibers when their whole block / warp has
+// arrived. Fibers are resumed in a shuffled order at every round, so a missing barrier shows
+// up as a wrong or changing result instead of being hidden by a fixed order. A barrier that
+// can never complete (divergent __syncthreads) is reported as an error instead of hanging.
+// What it cannot show: timing, memory-model subtleties beyond barrier ordering, bank conflicts,
+// and anything about the real compiler's register allocation.
+#pragma once
+
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace attnlab::cuda_emu {
+
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct uint3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+
+// The thread the scheduler is running; read by the threadIdx/blockIdx macros below.
+inline thread_local uint3 g_thread_idx;
+inline thread_local uint3 g_block_idx;
+inline thread_local dim3 g_block_dim;
+inline thread_local dim3 g_grid_dim;
+inline thread_local std::byte* g_smem = nullptr;
+
+class BlockScheduler {
+ public:
+  static constexpr size_t kStackBytes = 256 * 1024;
+  static constexpr int kWarp = 32;
+
+  enum class State { Ready, AtBlockBarrier, AtWarpBarrier, Done };
+
+  BlockScheduler(unsigned threads, uint64_t seed) : rng_(seed) {
+    fibers_.resize(threads);
+    stacks_.reset(new std::byte[kStackBytes * threads]);
+    slots_.assign(2 * ((threads + kWarp - 1) / kWarp) * kWarp, 0);
+  }
+
+  // Runs body() once per thread of the block (threadIdx.x = 0 .. threads-1).
+  void run_block(const std::function<void()>& body) {
+    body_ = &body;
+    const unsigned n = static_cast<unsigned>(fibers_.size());
+    for (unsigned t = 0; t < n; ++t) {
+      Fiber& f = fibers_[t];
+      f.state = State::Ready;
+      f.shuffle_phase = 0;
+      getcontext(&f.ctx);
+      f.ctx.uc_stack.ss_sp = stacks_.get() + kStackBytes * t;
+      f.ctx.uc_stack.ss_size = kStackBytes;
+      f.ctx.uc_link = &main_;
+      makecontext(&f.ctx, &BlockScheduler::entry, 0);
+    }
+    std::vector<unsigned> order(n);
+    for (unsigned t = 0; t < n; ++t) order[t] = t;
+    unsigned done = 0;
+    while (done < n) {
+      std::shuffle(order.begin(), order.end(), rng_);
+      bool ran = false;
+      for (unsigned t : order) {
+        if (fibers_[t].state != State::Ready) continue;
+        ran = true;
+        current_ = t;
+        g_thread_idx = uint3{t, 0, 0};
+        t_current = this;
+        swapcontext(&main_, &fibers_[t].ctx);
+        if (fibers_[t].state == State::Ready) fibers_[t].state = State::Done;  // returned
+        if (fibers_[t].state == State::Done) ++done;
+      }
+      if (release_barriers()) continue;
+      if (!ran && done < n) {
+        throw std::runtime_error(
+            "cuda emulation: barrier deadlock (a __syncthreads/__syncwarp/shuffle that not "
+            "every thread of the block/warp reaches)");
+      }
+    }
+  }
+
+  // Called from fibers.
+  void block_barrier() { yield(State::AtBlockBarrier); }
+  void warp_barrier() { yield(State::AtWarpBarrier); }
+
+  template <class T>
+  T shuffle(T value, unsigned src_lane_xor, bool is_xor) {
+    static_assert(sizeof(T) <= sizeof(uint64_t));
+    Fiber& f = fibers_[current_];
+    const unsigned t = current_;
+    const unsigned warp = t / kWarp, lane = t % kWarp;
+    // Two slot sets, alternating: a lane may write the next shuffle's slot while a slower
+    // lane still reads this one, and the warp barrier between them orders the reuse.
+    uint64_t* slots = slots_.data() + (f.shuffle_phase * (slots_.size() / 2)) + warp * kWarp;
+    f.shuffle_phase ^= 1;
+    uint64_t bits = 0;
+    std::memcpy(&bits, &value, sizeof(T));
+    slots[lane] = bits;
+    warp_barrier();
+    const unsigned src = is_xor ? (lane ^ src_lane_xor) : src_lane_xor;
+    T out;
+    std::memcpy(&out, &slots[src % kWarp], sizeof(T));
+    return out;
+  }
+
+  static inline thread_local BlockScheduler* t_current = nullptr;
+
+ private:
+  struct Fiber {
+    ucontext_t ctx{};
+    State state = State::Ready;
+    unsigned shuffle_phase = 0;
+  };
+
+  static void entry() {
+    BlockScheduler* s = t_current;
+    (*s->body_)();
+    // Falls off the end: uc_link resumes the scheduler, which marks the fiber done.
+  }
+
+  void yield(State s) {
+    const unsigned t = current_;
+    fibers_[t].state = s;
+    swapcontext(&fibers_[t].ctx, &main_);
+    // Resumed by the scheduler: restore this thread's identity.
+    g_thread_idx = uint3{t, 0, 0};
+  }
+
+  // Wakes complete barriers; true when some fiber became ready.
+  bool release_barriers() {
+    const unsigned n = static_cast<unsigned>(fibers_.size());
+    bool woke = false;
+    bool block_ready = true, any_block = false;
+    for (unsigned t = 0; t < n; ++t) {
+      const State s = fibers_[t].state;
+      if (s == State::Done) continue;
+      if (s == State::AtBlockBarrier) any_block = true;
+      else block_ready = false;
+    }
+    if (any_block && block_ready) {
+      for (auto& f : fibers_) {
+        if (f.state == State::AtBlockBarrier) f.state = State::Ready;
+      }
+      woke = true;
+    }
+    for (unsigned w0 = 0; w0 < n; w0 += kWarp) {
+      const unsigned w1 = std::min(n, w0 + kWarp);
+      bool ready = true, any = false;
+      for (unsigned t = w0; t < w1; ++t) {
+        const State s = fibers_[t].state;
+        if (s == State::Done) continue;
+        if (s == State::AtWarpBarrier) any = true;
+        else ready = false;
+      }
+      if (any && ready) {
+        for (unsigned t = w0; t < w1; ++t) {
+          if (fibers_[t].state == State::AtWarpBarrier) fibers_[t].state = State::Ready;
+        }
+        woke = true;
+      }
+    }
+    return woke;
+  }
+
+  std::vector<Fiber> fibers_;
+  std::unique_ptr<std::byte[]> stacks_;
+  std::vector<uint64_t> slots_;
+  ucontext_t main_{};
+  unsigned current_ = 0;
+  const std::function<void()>* body_ = nullptr;
+  std::mt19937_64 rng_;
+};
+
+// kernel<<<grid, block, smem>>>(args) for a 1-D block, run to completion on this thread.
+inline void emulate_launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
+  if (block.y != 1 || block.z != 1) throw std::runtime_error("cuda emulation: 1-D blocks only");
+  std::vector<float4> smem((smem_bytes + sizeof(float4) - 1) / sizeof(float4) + 1);
+  BlockScheduler sched(block.x, 0x5eedu + grid.x * 31u + grid.y * 17u + grid.z);
+  g_block_dim = block;
+  g_grid_dim = grid;
+  for (unsigned z = 0; z < grid.z; ++z) {
+    for (unsigned y = 0; y < grid.y; ++y) {
+      for (unsigned x = 0; x < grid.x; ++x) {
+        g_block_idx = uint3{x, y, z};
+        // Garbage, not zeros: shared memory is uninitialised on a GPU too.
+        std::memset(smem.data(), 0x7f, smem.size() * sizeof(float4));
+        g_smem = reinterpret_cast<std::byte*>(smem.data());
+        sched.run_block(body);
+      }
+    }
+  }
+  g_smem = nullptr;
+}
+
+inline BlockScheduler& current() { return *BlockScheduler::t_current; }
+
+}  // namespace attnlab::cuda_emu
+
+// The CUDA spellings the kernels use.
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define threadIdx (::attnlab::cuda_emu::g_thread_idx)
+#define blockIdx (::attnlab::cuda_emu::g_block_idx)
+#define blockDim (::attnlab::cuda_emu::g_block_dim)
+#define gridDim (::attnlab::cuda_emu::g_grid_dim)
+
+inline void __syncthreads() { ::attnlab::cuda_emu::current().block_barrier(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { ::attnlab::cuda_emu::current().warp_barrier(); }
+template <class T>
+inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
+  return ::attnlab::cuda_emu::current().shuffle(v, static_cast<unsigned>(lane_mask), true);
+}
+template <class T>
+inline T __shfl_sync(unsigned, T v, int src_lane) {
+  return ::attnlab::cuda_emu::current().shuffle(v, static_cast<unsigned>(src_lane), false);
+}

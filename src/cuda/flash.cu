@@ -1,0 +1,299 @@
+// cuda_flash: FlashAttention-2 style forward pass in float32 on CUDA cores (no tensor cores).
+//
+// Idea (FA-2, Dao 2023): one thread block per (batch, kv head, tile of kM query rows). The
+// rows of a tile are the (query position, query head) pairs of ONE kv head's group, position
+// major (row t -> position t / G, head hk * G + t % G), so with GQA a K/V tile staged in shared
+// memory serves all G query heads that read it, and the rows of a tile share few positions
+// (their visible intervals stay close). For each kN-key tile of the union of the rows' visible
+// intervals (MaskSpec::rows: tiles outside it are never loaded - causal and window skipping):
+//   1. the block loads K and V rows [j0, j0 + kN) into shared memory (zeros past the span);
+//   2. S = Q K^T: a 16 x 16 thread grid, thread (ty, tx) owning rows ty*kRM.. and keys tx + 16c
+//      (kRM x kRN scores in registers, Q and K read from shared memory as float4);
+//   3. online softmax in registers: per-row max over the 16 lanes of a row (shuffles), rescale
+//      of the running sum and output by exp2(m_old - m_new); only tiles that cut some row's
+//      interval apply the mask, and there a masked score is replaced (never multiplied) so
+//      NaN/Inf in masked K/V cannot leak;
+//   4. P goes to shared memory and O += P V, each thread owning kRM rows x head_dim/16 columns.
+// Q is pre-scaled by scale * log2(e) once, so the softmax runs on exp2 (FA's softmax.h trick);
+// LSE = m * ln 2 + log(l). Fully masked rows: O = 0, LSE = -inf.
+// Memory: shared (kM + kN) * (D + 4) + kN * D + kM * (kN + pad) floats, <= 98 KiB for every
+// head-dim bucket (so it also runs on sm_86/89 parts with 99 KiB), nothing in global memory
+// beyond Q, K, V, O, LSE: O(N) extra memory. K and V are read q_len*G/kM times per kv head.
+// Cost: 4 * visible pairs * D FLOP; per 4-wide k step a thread issues kRM + kRN float4 shared
+// loads for 4 * kRM * kRN FMAs, so it is FMA-bound in principle, less in practice: no
+// cp.async double buffering (loads stall the block), scalar global loads, 8 warps per block.
+// Head dims are padded to the next bucket (32, 64, 96, 128, 256, 512): d = 80 pays for 96.
+// Expected: well under FA-2's tensor-core numbers; a fraction of the FP32 peak (measured
+// numbers go in the results of scripts/gpu_check.sh, none exist yet).
+#include "cuda/device.cuh"
+#include "cuda/tile_plan.hpp"
+
+namespace attnlab::ATTN_CUDA_NS {
+namespace flash_impl {
+
+constexpr int kThreads = 256;
+constexpr int kTX = 16;  // threads across the keys of a score tile (and across head_dim)
+constexpr int kTY = 16;  // threads across the rows
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Row length of the P tile such that the two row groups of a warp (rows ty*kRM and
+// (ty+1)*kRM) land 16 banks apart: P stores are conflict-free.
+constexpr int p_row_floats(int rm, int n) {
+  for (int p = n;; ++p) {
+    if ((rm * p) % 32 == 16) return p;
+  }
+}
+
+template <int D, int M, int N>
+struct Config {
+  static constexpr int kD = D;  // head_dim bucket (a multiple of 16)
+  static constexpr int kM = M;  // rows per block
+  static constexpr int kN = N;  // keys per tile
+  static constexpr int kRM = M / kTY;
+  static constexpr int kRN = N / kTX;
+  static constexpr int kCols = D / kTX;
+  static constexpr int kQK = D + 4;  // Q, K row stride: float4 aligned, conflict-free float4 reads
+  static constexpr int kPN = p_row_floats(kRM, N);
+  static constexpr int64_t kSmemFloats = int64_t{M} * kQK + int64_t{N} * kQK + int64_t{N} * D +
+                                         int64_t{M} * kPN;
+  static_assert(M % kTY == 0 && N % kTX == 0 && D % kTX == 0, "tile shape");
+};
+
+// One score tile step. kMasked: some row's interval cuts the tile, so each score is checked
+// against its row's interval and P * V skips masked keys.
+template <class C, bool kMasked>
+__device__ __forceinline__ void tile_step(const float* qs, const float* ks, const float* vs,
+                                          float* ps, int tx, int ty, int dim4, int64_t j0,
+                                          int n_keys, const MaskSpec& mask, int64_t t0,
+                                          int64_t group, int64_t rows_total, float (&m)[C::kRM],
+                                          float (&l)[C::kRM], float (&acc)[C::kRM][C::kCols]) {
+  // S = Q K^T for this thread's kRM x kRN scores (log2 domain: Q carries scale * log2 e).
+  float s[C::kRM][C::kRN];
+ATTN_UNROLL
+  for (int r = 0; r < C::kRM; ++r) {
+ATTN_UNROLL
+    for (int c = 0; c < C::kRN; ++c) s[r][c] = 0.f;
+  }
+  for (int d = 0; d < dim4; d += 4) {
+    float4 qv[C::kRM], kv[C::kRN];
+ATTN_UNROLL
+    for (int r = 0; r < C::kRM; ++r)
+      qv[r] = *reinterpret_cast<const float4*>(qs + (ty * C::kRM + r) * C::kQK + d);
+ATTN_UNROLL
+    for (int c = 0; c < C::kRN; ++c)
+      kv[c] = *reinterpret_cast<const float4*>(ks + (tx + kTX * c) * C::kQK + d);
+ATTN_UNROLL
+    for (int r = 0; r < C::kRM; ++r) {
+ATTN_UNROLL
+      for (int c = 0; c < C::kRN; ++c) {
+        float t = s[r][c];
+        t = fmaf(qv[r].x, kv[c].x, t);
+        t = fmaf(qv[r].y, kv[c].y, t);
+        t = fmaf(qv[r].z, kv[c].z, t);
+        t = fmaf(qv[r].w, kv[c].w, t);
+        s[r][c] = t;
+      }
+    }
+  }
+  // Online softmax, one row at a time; the 16 lanes of a row hold identical m and alpha.
+ATTN_UNROLL
+  for (int r = 0; r < C::kRM; ++r) {
+    if (kMasked) {
+      // Recomputed here rather than kept in registers for the whole kernel (fewer spills).
+      const int64_t t = t0 + ty * C::kRM + r;
+      const Interval iv = t < rows_total ? mask.row(t / group) : Interval{0, 0};
+ATTN_UNROLL
+      for (int c = 0; c < C::kRN; ++c) {
+        const int64_t j = j0 + tx + kTX * c;
+        if (j < iv.lo || j >= iv.hi) s[r][c] = -INFINITY;  // replaced, never multiplied
+      }
+    }
+    float tile_max = -INFINITY;
+ATTN_UNROLL
+    for (int c = 0; c < C::kRN; ++c) tile_max = fmaxf(tile_max, s[r][c]);
+    tile_max = group_max<kTX>(tile_max);
+    const float m_new = fmaxf(m[r], tile_max);
+    // m_new == -inf: nothing visible so far; keep alpha = 1 and p = 0 (no -inf - -inf).
+    const float alpha = m_new == -INFINITY ? 1.f : exp2f(m[r] - m_new);
+    float row_sum = 0.f;
+ATTN_UNROLL
+    for (int c = 0; c < C::kRN; ++c) {
+      const float p = m_new == -INFINITY ? 0.f : exp2f(s[r][c] - m_new);
+      row_sum += p;
+      ps[(ty * C::kRM + r) * C::kPN + tx + kTX * c] = p;
+    }
+    l[r] = l[r] * alpha + row_sum;  // this thread's share; summed over the row's lanes at the end
+    m[r] = m_new;
+ATTN_UNROLL
+    for (int c = 0; c < C::kCols; ++c) acc[r][c] *= alpha;
+  }
+  __syncthreads();  // P complete
+  // O += P V over the tile's keys that exist (n_keys <= kN).
+  for (int n = 0; n < n_keys; ++n) {
+    float pv[C::kRM], vv[C::kCols];
+ATTN_UNROLL
+    for (int r = 0; r < C::kRM; ++r) pv[r] = ps[(ty * C::kRM + r) * C::kPN + n];
+ATTN_UNROLL
+    for (int c = 0; c < C::kCols; ++c) vv[c] = vs[n * C::kD + tx + kTX * c];
+ATTN_UNROLL
+    for (int r = 0; r < C::kRM; ++r) {
+ATTN_UNROLL
+      for (int c = 0; c < C::kCols; ++c) {
+        if (kMasked) {
+          if (pv[r] != 0.f) acc[r][c] = fmaf(pv[r], vv[c], acc[r][c]);
+        } else {
+          acc[r][c] = fmaf(pv[r], vv[c], acc[r][c]);
+        }
+      }
+    }
+  }
+}
+
+// Copies rows [j0, j0 + kN) of K or V (zeros at and past `end`, and past head_dim) into a
+// shared tile with row stride `stride`.
+template <class C>
+__device__ __forceinline__ void load_kv_tile(float* dst, int stride, const float* src,
+                                             const cuda_impl::Strides& st, int64_t b, int64_t hk,
+                                             int64_t j0, int64_t end, int dim) {
+  for (int e = threadIdx.x; e < C::kN * C::kD; e += kThreads) {
+    const int n = e / C::kD, c = e % C::kD;
+    const int64_t j = j0 + n;
+    dst[n * stride + c] = (j < end && c < dim) ? src[st.at(b, hk, j) + c] : 0.f;
+  }
+}
+
+template <class C>
+__global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
+  float* qs = dynamic_smem<float>();
+  float* ks = qs + C::kM * C::kQK;
+  float* vs = ks + C::kN * C::kQK;
+  float* ps = vs + C::kN * C::kD;
+  const int tx = threadIdx.x % kTX, ty = threadIdx.x / kTX;
+  const int64_t b = blockIdx.z, hk = blockIdx.y;
+  const int64_t group = a.group();
+  const int64_t rows_total = group * a.q_len;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * C::kM;
+  const int dim = static_cast<int>(a.head_dim);
+  const int dim4 = (dim + 3) & ~3;
+  const MaskSpec mask = a.mask(b);
+
+  // Q tile, pre-scaled; rows past the problem and columns past head_dim are zero.
+  const float q_scale = a.scale * kLog2e;
+  for (int e = threadIdx.x; e < C::kM * C::kD; e += kThreads) {
+    const int r = e / C::kD, c = e % C::kD;
+    const int64_t t = t0 + r;
+    float x = 0.f;
+    if (t < rows_total && c < dim) {
+      const int64_t i = t / group, h = hk * group + t % group;
+      x = a.q[a.qs.at(b, h, i) + c] * q_scale;
+    }
+    qs[r * C::kQK + c] = x;
+  }
+
+  // This thread's rows: running max (log2 domain) and sum, output accumulator.
+  float m[C::kRM], l[C::kRM], acc[C::kRM][C::kCols];
+ATTN_UNROLL
+  for (int r = 0; r < C::kRM; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.f;
+ATTN_UNROLL
+    for (int c = 0; c < C::kCols; ++c) acc[r][c] = 0.f;
+  }
+
+  // Key tiles to visit (the union of the rows' intervals) and those needing no mask.
+  const cuda_impl::TilePlan plan = cuda_impl::plan_block(mask, t0, C::kM, rows_total, group);
+  const Interval span = plan.span;
+
+  for (int64_t j0 = span.lo; j0 < span.hi; j0 += C::kN) {
+    __syncthreads();  // the previous tile's P V is done with ks, vs, ps (and Q is stored)
+    load_kv_tile<C>(ks, C::kQK, a.k, a.ks, b, hk, j0, span.hi, dim);
+    load_kv_tile<C>(vs, C::kD, a.v, a.vs, b, hk, j0, span.hi, dim);
+    __syncthreads();
+    const int64_t left = span.hi - j0;
+    const int n_keys = left < C::kN ? static_cast<int>(left) : C::kN;
+    if (!plan.needs_mask(j0, C::kN)) {
+      tile_step<C, false>(qs, ks, vs, ps, tx, ty, dim4, j0, n_keys, mask, t0, group, rows_total,
+                          m, l, acc);
+    } else {
+      tile_step<C, true>(qs, ks, vs, ps, tx, ty, dim4, j0, n_keys, mask, t0, group, rows_total,
+                         m, l, acc);
+    }
+  }
+
+  // Normalize and store; the 16 lanes of a row each own head_dim/16 columns.
+ATTN_UNROLL
+  for (int r = 0; r < C::kRM; ++r) {
+    const float l_row = group_sum<kTX>(l[r]);
+    const int64_t t = t0 + ty * C::kRM + r;
+    if (t >= rows_total) continue;
+    const int64_t i = t / group, h = hk * group + t % group;
+    const float inv = l_row > 0.f ? 1.f / l_row : 0.f;  // fully masked row -> O = 0
+    float* o = a.o + a.os.at(b, h, i);
+ATTN_UNROLL
+    for (int c = 0; c < C::kCols; ++c) {
+      const int col = tx + kTX * c;
+      if (col < dim) o[col] = acc[r][c] * inv;
+    }
+    if (tx == 0 && a.lse) {
+      a.lse[a.lse_index(b, h, i)] = l_row > 0.f ? m[r] * kLn2 + logf(l_row) : -INFINITY;
+    }
+  }
+}
+
+// Tile shapes per head-dim bucket: shared memory <= 98 KiB, accumulators <= 32 floats/thread.
+using C32 = Config<32, 64, 64>;
+using C64 = Config<64, 64, 64>;
+using C96 = Config<96, 64, 32>;
+using C128 = Config<128, 64, 32>;
+using C256 = Config<256, 32, 16>;
+using C512 = Config<512, 16, 16>;
+
+// Calls f(Config{}) with the bucket of head_dim.
+template <class F>
+auto with_config(int64_t head_dim, F&& f) {
+  if (head_dim <= 32) return f(C32{});
+  if (head_dim <= 64) return f(C64{});
+  if (head_dim <= 96) return f(C96{});
+  if (head_dim <= 128) return f(C128{});
+  if (head_dim <= 256) return f(C256{});
+  return f(C512{});
+}
+
+constexpr int64_t kMaxGridY = 65535, kMaxGridZ = 65535, kMaxGridX = 2147483647;
+
+int64_t scratch_floats(const DeviceArgs&, int) { return 0; }
+
+int64_t smem_bytes(const DeviceArgs& a) {
+  return with_config(a.head_dim, [](auto c) {
+    return decltype(c)::kSmemFloats * static_cast<int64_t>(sizeof(float));
+  });
+}
+
+const char* unsupported(const DeviceArgs& a) {
+  if (a.head_dim > 512) return "head_dim above 512";
+  if (a.kv_heads > kMaxGridY) return "kv_heads above 65535 (grid y)";
+  if (a.batch > kMaxGridZ) return "batch above 65535 (grid z)";
+  const int64_t tiles = with_config(a.head_dim, [&](auto c) {
+    return ceil_div(a.group() * a.q_len, decltype(c)::kM);
+  });
+  if (tiles > kMaxGridX) return "q_heads / kv_heads * q_len too large (grid x)";
+  return "";
+}
+
+void launch(const DeviceArgs& a, const LaunchEnv& env) {
+  with_config(a.head_dim, [&](auto c) {
+    using C = decltype(c);
+    const dim3 grid(static_cast<unsigned>(ceil_div(a.group() * a.q_len, C::kM)),
+                    static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(a.batch));
+    launch_kernel(flash_kernel<C>, grid, dim3(kThreads),
+                  static_cast<size_t>(C::kSmemFloats * sizeof(float)), env.stream, a);
+  });
+}
+
+}  // namespace flash_impl
+
+const cuda_impl::KernelOps flash_ops = {flash_impl::scratch_floats, flash_impl::smem_bytes,
+                                        flash_impl::unsupported, flash_impl::launch};
+
+}  // namespace attnlab::ATTN_CUDA_NS

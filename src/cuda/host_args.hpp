@@ -1,0 +1,22 @@
+// Problem + host tensors -> the DeviceArgs a CUDA kernel takes (still pointing at host memory),
+// and the extents of the host views. Shared by the device path (kernels.cpp) and the host
+// emulation in the tests.
+#pragma once
+
+#include "attnlab/kernel.hpp"
+#include "cuda/args.hpp"
+
+namespace attnlab::cuda_impl {
+
+// The problem's shape, mask and scale; no pointers, no strides.
+DeviceArgs problem_args(const Problem& p);
+// Also the host pointers and strides. Throws InvalidInput for views the CUDA path cannot copy (negative strides, overlapping rows).
+DeviceArgs device_args(const Problem& p, const Inputs& in, const Outputs& out);
+
+// Elements from a view's first element to its last (what one contiguous copy moves).
+template <class T>
+int64_t span_elems(const View4<T>& v) {
+  return (v.batch - 1) * v.stride_b + (v.heads - 1) * v.stride_h + (v.seq - 1) * v.stride_s + v.dim;
+}
+
+}  // namespace attnlab::cuda_impl

@@ -1,0 +1,191 @@
+// The CUDA kernels as registry entries, present in every build. With ATTN_HAS_CUDA they copy
+// the host tensors to the device and run src/cuda/naive.cu or flash.cu there (runtime.cu);
+// without it, or without a usable device, available() says why and `attnlab list` shows it.
+#include <mutex>
+#include <sstream>
+
+#include "attnlab/cuda.hpp"
+#include "attnlab/kernel.hpp"
+#include "cuda/host_args.hpp"
+
+#if defined(ATTN_HAS_CUDA)
+#include "cuda/runtime.hpp"
+#endif
+
+namespace attnlab::cuda_impl {
+
+namespace {
+template <class T>
+void check_view(const char* name, const View4<T>& v) {
+  if (v.stride_b < 0 || v.stride_h < 0 || v.stride_s < 0) {
+    throw InvalidInput(std::string(name) + ": negative strides are not supported by the CUDA "
+                       "kernels; allowed: strides >= 0 (bhsd, bshd or sub-views of them)");
+  }
+  if (v.seq > 1 && v.stride_s < v.dim) {
+    throw InvalidInput(std::string(name) + ": seq stride " + std::to_string(v.stride_s) +
+                       " overlaps rows of head_dim " + std::to_string(v.dim) +
+                       "; allowed: seq stride >= head_dim");
+  }
+}
+Strides strides_of(const ConstView& v) { return {v.stride_b, v.stride_h, v.stride_s}; }
+}  // namespace
+
+DeviceArgs problem_args(const Problem& p) {
+  DeviceArgs a;
+  a.batch = p.batch;
+  a.q_heads = p.q_heads;
+  a.kv_heads = p.kv_heads;
+  a.q_len = p.q_len;
+  a.kv_len = p.kv_len;
+  a.head_dim = p.head_dim;
+  a.causal = p.causal;
+  a.window_left = p.window_left;
+  a.window_right = p.window_right;
+  a.scale = p.effective_scale();
+  return a;
+}
+
+DeviceArgs device_args(const Problem& p, const Inputs& in, const Outputs& out) {
+  check_view("q", in.q);
+  check_view("k", in.k);
+  check_view("v", in.v);
+  check_view("o", out.o);
+  DeviceArgs a = problem_args(p);
+  a.q = in.q.data;
+  a.k = in.k.data;
+  a.v = in.v.data;
+  a.o = out.o.data;
+  a.lse = out.lse;
+  a.kv_lens = p.kv_lens.empty() ? nullptr : p.kv_lens.data();
+  a.qs = strides_of(in.q);
+  a.ks = strides_of(in.k);
+  a.vs = strides_of(in.v);
+  a.os = strides_of(as_const(out.o));
+  return a;
+}
+
+}  // namespace attnlab::cuda_impl
+
+namespace attnlab::cuda {
+
+namespace {
+
+std::mutex g_timing_mutex;
+std::optional<Timing> g_last_timing;
+
+constexpr const char* kBuiltWithout =
+    "built without CUDA (reconfigure with nvcc available and -DATTN_ENABLE_CUDA=AUTO or ON)";
+
+class CudaKernel final : public Kernel {
+ public:
+  CudaKernel(std::string_view name, std::string_view description, const cuda_impl::KernelOps* ops)
+      : name_(name), description_(description), ops_(ops) {}
+  std::string_view name() const override { return name_; }
+  std::string_view description() const override { return description_; }
+  Support available() const override { return device_status(); }
+  Support supports(const Problem& p) const override {
+    if (!ops_) return Support::yes();  // unreachable: available() is no without CUDA
+    const cuda_impl::DeviceArgs a = cuda_impl::problem_args(p);
+    if (const char* why = ops_->unsupported(a); why && *why) return Support::no(why);
+#if defined(ATTN_HAS_CUDA)
+    if (auto d = device_info()) {
+      const int64_t smem = ops_->smem_bytes(a);
+      if (smem > d->smem_per_block_optin) {
+        return Support::no("needs " + std::to_string(smem) + " B of shared memory per block at "
+                           "head_dim " + std::to_string(p.head_dim) + "; the device allows " +
+                           std::to_string(d->smem_per_block_optin));
+      }
+    }
+#endif
+    return Support::yes();
+  }
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext&) const override {
+#if defined(ATTN_HAS_CUDA)
+    const cuda_impl::DeviceArgs a = cuda_impl::device_args(p, in, out);
+    cuda_dev::Extents ext;
+    ext.q = cuda_impl::span_elems(in.q);
+    ext.k = cuda_impl::span_elems(in.k);
+    ext.v = cuda_impl::span_elems(in.v);
+    ext.o = cuda_impl::span_elems(out.o);
+    ext.o_dense = ext.o == out.o.elems();
+    ext.lse = p.lse_elems();
+    Timing t;
+    cuda_dev::run(*ops_, a, ext, t);
+    std::lock_guard<std::mutex> lock(g_timing_mutex);
+    g_last_timing = t;
+#else
+    (void)p, (void)in, (void)out;
+    throw InvalidInput(std::string(name_) + " is not available: " + kBuiltWithout);
+#endif
+  }
+
+ private:
+  std::string_view name_, description_;
+  const cuda_impl::KernelOps* ops_;
+};
+
+#if defined(ATTN_HAS_CUDA)
+constexpr const cuda_impl::KernelOps* kNaiveOps = &cuda_dev::naive_ops;
+constexpr const cuda_impl::KernelOps* kFlashOps = &cuda_dev::flash_ops;
+#else
+constexpr const cuda_impl::KernelOps* kNaiveOps = nullptr;
+constexpr const cuda_impl::KernelOps* kFlashOps = nullptr;
+#endif
+
+}  // namespace
+
+const Kernel& naive() {
+  static const CudaKernel k("cuda_naive",
+                            "CUDA textbook: one warp per query row, scores in global memory",
+                            kNaiveOps);
+  return k;
+}
+
+const Kernel& flash() {
+  static const CudaKernel k("cuda_flash",
+                            "CUDA FlashAttention-2 style fp32: K/V tiles in shared memory, online "
+                            "softmax in registers, GQA-grouped, causal/window tile skipping",
+                            kFlashOps);
+  return k;
+}
+
+Support device_status() {
+#if defined(ATTN_HAS_CUDA)
+  const std::string& why = cuda_dev::unavailable_reason();
+  return why.empty() ? Support::yes() : Support::no(why);
+#else
+  return Support::no(kBuiltWithout);
+#endif
+}
+
+bool is_cuda_kernel(const Kernel& k) { return &k == &naive() || &k == &flash(); }
+
+std::optional<DeviceInfo> device_info() {
+#if defined(ATTN_HAS_CUDA)
+  return cuda_dev::info();
+#else
+  return std::nullopt;
+#endif
+}
+
+std::string DeviceInfo::describe() const {
+  std::ostringstream s;
+  s.precision(3);
+  s << name << " (sm_" << cc_major << cc_minor << ", " << sm_count << " SMs, " << clock_ghz
+    << " GHz, FP32 peak " << fp32_peak_tflops << " TFLOP/s, " << mem_bandwidth_gbs
+    << " GB/s nominal, " << global_mem_bytes / (1024 * 1024 * 1024) << " GiB)";
+  return s.str();
+}
+
+std::optional<Timing> last_timing() {
+  std::lock_guard<std::mutex> lock(g_timing_mutex);
+  return g_last_timing;
+}
+
+void release_device_memory() {
+#if defined(ATTN_HAS_CUDA)
+  cuda_dev::release();
+#endif
+}
+
+}  // namespace attnlab::cuda

@@ -1,0 +1,87 @@
+// cuda_naive: the textbook GPU baseline. One warp per query row, the row's scores in global
+// memory.
+//
+// Idea: warp w takes rows w, w + W, ... (grid-stride over the batch * q_heads * q_len rows).
+// For its row it walks the visible keys [lo, hi) of the shared interval rule with the 32 lanes
+// taking every 32nd key: pass 1 writes s_j = scale * q.k_j to a global scratch row and finds
+// the max; pass 2 turns the scratch row into exp(s_j - max) and sums it; pass 3 has the lanes
+// split head_dim and accumulate sum_j p_j * v_j. Masked keys are never read (no NaN leaks).
+// Memory: the scratch is (resident warps) x kv_len floats, not batch*heads*q_len*kv_len: the
+// grid is sized to the warps the GPU can hold (sm_count * 64), so it stays O(kv_len) per SM.
+// Cost: every row rereads all its keys' K and V from L2/HBM (no reuse across rows), each lane
+// reads a different K row (uncoalesced), and the scores make a round trip through memory:
+// expect a few percent of the FP32 peak. It is the yardstick cuda_flash is measured against.
+#include "cuda/device.cuh"
+
+namespace attnlab::ATTN_CUDA_NS {
+namespace naive_impl {
+
+constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / 32;
+constexpr int kResidentWarpsPerSm = 64;  // 2048 threads per SM on sm_80 / sm_90
+
+__global__ void __launch_bounds__(kThreads) naive_kernel(DeviceArgs a, float* scratch,
+                                                         int64_t warps) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  float* s = scratch + warp * a.kv_len;
+  const int64_t rows = a.batch * a.q_heads * a.q_len;
+  for (int64_t row = warp; row < rows; row += warps) {
+    const int64_t i = row % a.q_len;
+    const int64_t h = (row / a.q_len) % a.q_heads;
+    const int64_t b = row / (a.q_len * a.q_heads);
+    const int64_t hk = h / a.group();
+    const Interval iv = a.mask(b).row(i);
+    const float* q = a.q + a.qs.at(b, h, i);
+
+    float m = -INFINITY;
+    for (int64_t j = iv.lo + lane; j < iv.hi; j += 32) {
+      const float* k = a.k + a.ks.at(b, hk, j);
+      float dot = 0.f;
+      for (int64_t d = 0; d < a.head_dim; ++d) dot += q[d] * k[d];
+      s[j] = a.scale * dot;
+      m = fmaxf(m, s[j]);
+    }
+    m = group_max<32>(m);
+    float l = 0.f;
+    for (int64_t j = iv.lo + lane; j < iv.hi; j += 32) {  // empty when the row is masked
+      const float p = expf(s[j] - m);
+      s[j] = p;
+      l += p;
+    }
+    l = group_sum<32>(l);
+    __syncwarp();  // every lane's p_j visible to every lane
+    const float inv = l > 0.f ? 1.f / l : 0.f;  // fully masked row -> O = 0
+    float* o = a.o + a.os.at(b, h, i);
+    for (int64_t d = lane; d < a.head_dim; d += 32) {
+      float acc = 0.f;
+      for (int64_t j = iv.lo; j < iv.hi; ++j) acc += s[j] * a.v[a.vs.at(b, hk, j) + d];
+      o[d] = acc * inv;
+    }
+    if (lane == 0 && a.lse) a.lse[a.lse_index(b, h, i)] = l > 0.f ? m + logf(l) : -INFINITY;
+    __syncwarp();  // the scratch row is rewritten by the next row
+  }
+}
+
+int64_t grid_warps(const DeviceArgs& a, int sm_count) {
+  const int64_t rows = a.batch * a.q_heads * a.q_len;
+  const int64_t resident = static_cast<int64_t>(sm_count) * kResidentWarpsPerSm;
+  return ceil_div(rows < resident ? rows : resident, kWarpsPerBlock) * kWarpsPerBlock;
+}
+
+int64_t scratch_floats(const DeviceArgs& a, int sm_count) { return grid_warps(a, sm_count) * a.kv_len; }
+int64_t smem_bytes(const DeviceArgs&) { return 0; }
+const char* unsupported(const DeviceArgs&) { return ""; }
+
+void launch(const DeviceArgs& a, const LaunchEnv& env) {
+  const int64_t warps = grid_warps(a, env.sm_count);
+  launch_kernel(naive_kernel, dim3(static_cast<unsigned>(warps / kWarpsPerBlock)), dim3(kThreads),
+                0, env.stream, a, env.scratch, warps);
+}
+
+}  // namespace naive_impl
+
+const cuda_impl::KernelOps naive_ops = {naive_impl::scratch_floats, naive_impl::smem_bytes,
+                                       naive_impl::unsupported, naive_impl::launch};
+
+}  // namespace attnlab::ATTN_CUDA_NS

@@ -1,0 +1,288 @@
+// Host runtime of the CUDA kernels: finding the device, keeping device buffers, copying,
+// launching and timing with CUDA events. No kernel code here (see naive.cu, flash.cu).
+//
+// Why a cache of device buffers: Session::run must not allocate in steady state, and
+// cudaMalloc/cudaFree cost milliseconds and synchronize the device. Buffers grow to the
+// largest problem seen and are released at exit or by release(); each is an RAII owner, so an
+// exception anywhere frees nothing twice and leaks nothing. One mutex serializes runs: the
+// buffers, stream and events are shared.
+// Errors: every runtime call is checked; a failure becomes std::runtime_error("CUDA error in
+// <call>: <cudaErrorName>: <text>"), after the stream is drained so no copy still reads or
+// writes host memory the caller is about to free.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "cuda/runtime.hpp"
+
+namespace attnlab::cuda_dev {
+namespace {
+
+std::string error_text(cudaError_t e) {
+  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear a non-sticky error so the next run starts clean
+    throw std::runtime_error(std::string("CUDA error in ") + what + ": " + error_text(e));
+  }
+}
+
+std::string mib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return buf;
+}
+
+int fp32_lanes_per_sm(int major, int minor) {
+  if (major == 8 && minor == 0) return 64;  // A100: 64 FP32 units per SM
+  return 128;                               // sm_86/87/89, sm_90 and later
+}
+
+struct Probe {
+  std::string reason;  // empty: usable
+  cuda::DeviceInfo info;
+};
+
+Probe probe_device() {
+  Probe p;
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    // Without a driver this is cudaErrorInsufficientDriver, not cudaErrorNoDevice.
+    cudaGetLastError();
+    p.reason = "no CUDA device (" + std::string(cudaGetErrorString(e)) + ")";
+    return p;
+  }
+  if (count == 0) {
+    p.reason = "no CUDA device (cudaGetDeviceCount found none)";
+    return p;
+  }
+  cudaDeviceProp prop{};
+  if (cudaError_t e = cudaGetDeviceProperties(&prop, 0); e != cudaSuccess) {
+    cudaGetLastError();
+    p.reason = "no CUDA device (cudaGetDeviceProperties: " + std::string(cudaGetErrorString(e)) + ")";
+    return p;
+  }
+  auto attr = [](cudaDeviceAttr a) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, a, 0) != cudaSuccess) {
+      cudaGetLastError();
+      v = 0;
+    }
+    return v;
+  };
+  cuda::DeviceInfo& d = p.info;
+  d.name = prop.name;
+  d.cc_major = prop.major;
+  d.cc_minor = prop.minor;
+  d.sm_count = prop.multiProcessorCount;
+  d.clock_ghz = attr(cudaDevAttrClockRate) * 1e-6;  // kHz
+  d.fp32_lanes_per_sm = fp32_lanes_per_sm(d.cc_major, d.cc_minor);
+  d.fp32_peak_tflops = d.sm_count * d.fp32_lanes_per_sm * 2.0 * d.clock_ghz * 1e-3;
+  d.mem_bandwidth_gbs =
+      2.0 * attr(cudaDevAttrMemoryClockRate) * 1e3 * (attr(cudaDevAttrGlobalMemoryBusWidth) / 8.0) * 1e-9;
+  d.global_mem_bytes = static_cast<long long>(prop.totalGlobalMem);
+  d.smem_per_block_optin = attr(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  if (d.cc_major < 8) {
+    // The binary holds sm_80 and sm_90 code (+ sm_90 PTX); older GPUs cannot run it.
+    p.reason = "no supported CUDA device (" + d.name + " is compute capability " +
+               std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor) +
+               "; this build needs 8.0 or newer)";
+  }
+  return p;
+}
+
+const Probe& probe() {
+  static const Probe p = probe_device();
+  return p;
+}
+
+// One owned device allocation, grown on demand.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+  void reset() {
+    if (ptr_) cudaFree(ptr_);  // at exit the runtime may be gone already: nothing to report
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  template <class T>
+  T* get(size_t count, const char* what) {
+    const size_t bytes = count * sizeof(T);
+    if (bytes > bytes_) {
+      reset();
+      if (cudaError_t e = cudaMalloc(&ptr_, bytes); e != cudaSuccess) {
+        ptr_ = nullptr;
+        cudaGetLastError();
+        throw std::runtime_error(std::string("CUDA error in cudaMalloc of ") + mib(static_cast<double>(bytes)) +
+                                 " for " + what + ": " + error_text(e));
+      }
+      bytes_ = bytes;
+    }
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class Event {
+ public:
+  Event() { check(cudaEventCreate(&e_), "cudaEventCreate"); }
+  ~Event() { cudaEventDestroy(e_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_{};
+};
+
+class Stream {
+ public:
+  Stream() { check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  ~Stream() { cudaStreamDestroy(s_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_{};
+};
+
+struct Resources {
+  Stream stream;
+  Event start, copied_in, computed, copied_out;
+  DeviceBuffer q, k, v, o, lse, kv_lens, scratch;
+  void release_buffers() {
+    for (DeviceBuffer* b : {&q, &k, &v, &o, &lse, &kv_lens, &scratch}) b->reset();
+  }
+};
+
+std::mutex g_mutex;
+std::unique_ptr<Resources>& resources_slot() {
+  static std::unique_ptr<Resources> r;
+  return r;
+}
+
+float elapsed_ms(const Event& a, const Event& b) {
+  float ms = 0.f;
+  check(cudaEventElapsedTime(&ms, a.get(), b.get()), "cudaEventElapsedTime");
+  return ms;
+}
+
+// Drains the stream when a run leaves by an exception.
+struct DrainOnExit {
+  cudaStream_t s;
+  bool armed = true;
+  ~DrainOnExit() {
+    if (armed) {
+      cudaStreamSynchronize(s);
+      cudaGetLastError();
+    }
+  }
+};
+
+}  // namespace
+
+const std::string& unavailable_reason() { return probe().reason; }
+
+std::optional<cuda::DeviceInfo> info() {
+  if (!probe().reason.empty()) return std::nullopt;
+  return probe().info;
+}
+
+void release() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (auto& r = resources_slot()) r->release_buffers();
+}
+
+void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, const Extents& ext,
+         cuda::Timing& timing) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const Probe& pr = probe();
+  if (!pr.reason.empty()) throw std::runtime_error(pr.reason);
+  check(cudaSetDevice(0), "cudaSetDevice");
+  auto& slot = resources_slot();
+  if (!slot) slot = std::make_unique<Resources>();
+  Resources& r = *slot;
+  const cudaStream_t s = r.stream.get();
+
+  const int64_t smem = ops.smem_bytes(host);
+  if (smem > pr.info.smem_per_block_optin) {
+    throw std::runtime_error("the kernel needs " + std::to_string(smem) +
+                             " bytes of shared memory per block for head_dim " +
+                             std::to_string(host.head_dim) + "; " + pr.info.name + " allows " +
+                             std::to_string(pr.info.smem_per_block_optin));
+  }
+
+  cuda_impl::DeviceArgs d = host;
+  float* dq = r.q.get<float>(ext.q, "Q");
+  float* dk = r.k.get<float>(ext.k, "K");
+  float* dv = r.v.get<float>(ext.v, "V");
+  d.q = dq;
+  d.k = dk;
+  d.v = dv;
+  d.o = r.o.get<float>(ext.o, "O");
+  d.lse = host.lse ? r.lse.get<float>(ext.lse, "LSE") : nullptr;
+  int64_t* dlens = host.kv_lens ? r.kv_lens.get<int64_t>(host.batch, "kv_lens") : nullptr;
+  d.kv_lens = dlens;
+  const int64_t scratch = ops.scratch_floats(host, pr.info.sm_count);
+  cuda_impl::LaunchEnv env{s, pr.info.sm_count, scratch > 0 ? r.scratch.get<float>(scratch, "scratch") : nullptr};
+
+  DrainOnExit drain{s};
+  const size_t f = sizeof(float);
+  check(cudaEventRecord(r.start.get(), s), "cudaEventRecord");
+  check(cudaMemcpyAsync(dq, host.q, static_cast<size_t>(ext.q) * f, cudaMemcpyHostToDevice, s), "cudaMemcpy Q to device");
+  check(cudaMemcpyAsync(dk, host.k, static_cast<size_t>(ext.k) * f, cudaMemcpyHostToDevice, s), "cudaMemcpy K to device");
+  check(cudaMemcpyAsync(dv, host.v, static_cast<size_t>(ext.v) * f, cudaMemcpyHostToDevice, s), "cudaMemcpy V to device");
+  if (dlens) {
+    check(cudaMemcpyAsync(dlens, host.kv_lens, static_cast<size_t>(host.batch) * sizeof(int64_t), cudaMemcpyHostToDevice, s),
+          "cudaMemcpy kv_lens to device");
+  }
+  check(cudaEventRecord(r.copied_in.get(), s), "cudaEventRecord");
+  ops.launch(d, env);
+  check(cudaGetLastError(), "kernel launch");
+  check(cudaEventRecord(r.computed.get(), s), "cudaEventRecord");
+  size_t d2h = 0;
+  if (ext.o_dense) {
+    check(cudaMemcpyAsync(host.o, d.o, static_cast<size_t>(ext.o) * f, cudaMemcpyDeviceToHost, s), "cudaMemcpy O to host");
+  } else {
+    // O's rows are interleaved with memory that is not O: copy row blocks, leave the rest.
+    for (int64_t b = 0; b < host.batch; ++b) {
+      for (int64_t h = 0; h < host.q_heads; ++h) {
+        const int64_t off = host.os.at(b, h, 0);
+        check(cudaMemcpy2DAsync(host.o + off, static_cast<size_t>(host.os.s) * f, d.o + off, static_cast<size_t>(host.os.s) * f, static_cast<size_t>(host.head_dim) * f,
+                                static_cast<size_t>(host.q_len), cudaMemcpyDeviceToHost, s),
+              "cudaMemcpy2D O to host");
+      }
+    }
+  }
+  d2h += static_cast<size_t>(ext.o_dense ? ext.o : host.batch * host.q_heads * host.q_len * host.head_dim) * f;
+  if (d.lse) {
+    check(cudaMemcpyAsync(host.lse, d.lse, static_cast<size_t>(ext.lse) * f, cudaMemcpyDeviceToHost, s), "cudaMemcpy LSE to host");
+    d2h += static_cast<size_t>(ext.lse) * f;
+  }
+  check(cudaEventRecord(r.copied_out.get(), s), "cudaEventRecord");
+  // Kernel faults (illegal address, ...) surface here.
+  check(cudaEventSynchronize(r.copied_out.get()), "kernel execution or copy back");
+  drain.armed = false;
+
+  timing.h2d_ms = elapsed_ms(r.start, r.copied_in);
+  timing.kernel_ms = elapsed_ms(r.copied_in, r.computed);
+  timing.d2h_ms = elapsed_ms(r.computed, r.copied_out);
+  timing.h2d_bytes = static_cast<double>(static_cast<size_t>(ext.q + ext.k + ext.v) * f +
+                                          (dlens ? static_cast<size_t>(host.batch) * sizeof(int64_t) : 0));
+  timing.d2h_bytes = static_cast<double>(d2h);
+}
+
+}  // namespace attnlab::cuda_dev

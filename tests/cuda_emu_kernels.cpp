@@ -1,0 +1,48 @@
+// The CUDA kernels' device code, compiled as C++ against the host emulation
+// (src/cuda/emu.hpp), so tests/test_cuda.cpp can run them on machines without a GPU.
+// Defines attnlab::cuda_emu::naive_ops and flash_ops (declared in src/cuda/args.hpp).
+#define ATTN_CUDA_EMU 1
+#include "cuda/naive.cu"
+#include "cuda/flash.cu"
+
+// Two tiny kernels that break the barrier rules on purpose, to show the emulation notices.
+namespace attnlab::cuda_emu::selftest {
+
+// Each thread reads its neighbour's shared slot without a __syncthreads in between.
+__global__ void missing_barrier(float* out) {
+  float* s = dynamic_smem<float>();
+  s[threadIdx.x] = static_cast<float>(threadIdx.x);
+  out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+}
+
+// The same with the barrier: must always be right.
+__global__ void with_barrier(float* out) {
+  float* s = dynamic_smem<float>();
+  s[threadIdx.x] = static_cast<float>(threadIdx.x);
+  __syncthreads();
+  out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+}
+
+// Half of a warp waits at __syncthreads while the other half waits in a shuffle: never completes.
+__global__ void divergent_barrier(float* out) {
+  float v = static_cast<float>(threadIdx.x);
+  if (threadIdx.x % 32 < 16) __syncthreads();
+  out[threadIdx.x] = __shfl_xor_sync(kFullMask, v, 16);
+}
+
+// Group reductions over 16 lanes, as cuda_flash uses them.
+__global__ void group_reductions(float* out) {
+  const float v = static_cast<float>(threadIdx.x);
+  out[2 * threadIdx.x] = group_max<16>(v);
+  out[2 * threadIdx.x + 1] = group_sum<16>(v);
+}
+
+void run(int which, float* out, unsigned threads) {
+  void (*k)(float*) = which == 0 ? missing_barrier
+                      : which == 1 ? with_barrier
+                      : which == 2 ? divergent_barrier
+                                   : group_reductions;
+  launch_kernel(k, dim3(1), dim3(threads), threads * sizeof(float), nullptr, out);
+}
+
+}  // namespace attnlab::cuda_emu::selftest

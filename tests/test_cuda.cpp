@@ -1,0 +1,479 @@
+// The CUDA kernels (issue 5), in three layers:
+//  1. host side, every build: registry entries, the availability reason ("built without CUDA" /
+//     "no CUDA device (...)"), `attnlab list`, a clear error instead of a crash when run without
+//     a device, and how Problem + views become the kernels' DeviceArgs;
+//  2. the device code itself, through the host emulation (src/cuda/emu.hpp): cuda_naive and
+//     cuda_flash as compiled from src/cuda/*.cu, against the float64 reference, on every machine
+//     (plus self-tests showing the emulation notices missing and divergent barriers);
+//  3. the real device: event timing and non-dense output views; skipped (GTEST_SKIP with the
+//     reason) without one. The agreement grid on the device is tests/test_agreement.cpp, which
+//     takes the kernels from the registry.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attnlab/cuda.hpp"
+#include "attnlab/kernel.hpp"
+#include "attnlab/verify.hpp"
+#include "cuda/host_args.hpp"
+#include "cuda/tile_plan.hpp"
+#include "test_util.hpp"
+
+namespace attnlab::cuda_emu::selftest {
+void run(int which, float* out, unsigned threads);  // tests/cuda_emu_kernels.cpp
+}
+
+namespace attnlab {
+namespace {
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+std::string run_command(const std::string& cmd, int* rc) {
+  std::string out;
+  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
+  if (!f) return out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  *rc = pclose(f);
+  return out;
+}
+
+// ---- 1. host side ----------------------------------------------------------------------
+
+TEST(Cuda, KernelsAreRegisteredLastInLadderOrder) {
+  const auto& reg = registry();
+  ASSERT_GE(reg.size(), 3u);
+  EXPECT_EQ(reg[reg.size() - 2], &cuda::naive());
+  EXPECT_EQ(reg[reg.size() - 1], &cuda::flash());
+  EXPECT_EQ(find_kernel("cuda_naive"), &cuda::naive());
+  EXPECT_EQ(find_kernel("cuda_flash"), &cuda::flash());
+  EXPECT_TRUE(cuda::is_cuda_kernel(cuda::flash()));
+  EXPECT_FALSE(cuda::is_cuda_kernel(*reg[0]));
+}
+
+TEST(Cuda, AvailabilityExplainsItself) {
+  const Support s = cuda::device_status();
+  for (const Kernel* k : {&cuda::naive(), &cuda::flash()}) {
+    EXPECT_EQ(k->available().ok, s.ok);
+    EXPECT_EQ(k->available().reason, s.reason);
+  }
+#if defined(ATTN_HAS_CUDA)
+  if (s) {
+    ASSERT_TRUE(cuda::device_info());
+    GTEST_SKIP() << "a CUDA device is present: " << cuda::device_info()->describe();
+  }
+  EXPECT_TRUE(starts_with(s.reason, "no CUDA device (") || starts_with(s.reason, "no supported CUDA device ("))
+      << s.reason;
+  EXPECT_EQ(s.reason.back(), ')') << s.reason;
+  EXPECT_GT(s.reason.size(), std::string("no CUDA device ()").size()) << "the runtime's error text is missing";
+  EXPECT_FALSE(cuda::device_info());
+#else
+  EXPECT_FALSE(s);
+  EXPECT_TRUE(starts_with(s.reason, "built without CUDA")) << s.reason;
+  EXPECT_FALSE(cuda::device_info());
+#endif
+}
+
+TEST(Cuda, RunningWithoutADeviceIsAClearErrorNotACrash) {
+  const Support status = cuda::device_status();
+  if (status) GTEST_SKIP() << "a CUDA device is present";
+  Problem p = test::shape(1, 2, 1, 5, 7, 16);
+  Tensors t = random_tensors(p, 1);
+  for (const Kernel* k : {&cuda::naive(), &cuda::flash()}) {
+    try {
+      Session s(*k, p, 1);
+      ADD_FAILURE() << k->name() << ": Session accepted a kernel that cannot run";
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find(status.reason), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::string(k->name())), std::string::npos) << e.what();
+    }
+    // Bypassing Session: still an exception with the reason, never a crash or silent success.
+    RunContext ctx;
+    try {
+      k->run(p, t.inputs, t.outputs, ctx);
+      ADD_FAILURE() << k->name() << ": run() returned without a device";
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      EXPECT_TRUE(what.find("CUDA") != std::string::npos) << what;
+    }
+    const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
+    const KernelCheck c = check_kernel(*k, p, t.inputs, a, 1);
+    EXPECT_EQ(c.verdict, Verdict::Skip);
+    EXPECT_EQ(c.reason, status.reason);
+  }
+  EXPECT_FALSE(cuda::last_timing());
+  cuda::release_device_memory();  // harmless without a device
+}
+
+TEST(Cuda, ListShowsTheCudaKernelsWithTheReason) {
+  int rc = -1;
+  const std::string out = run_command(std::string(ATTNLAB_EXE) + " list", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  for (const char* name : {"cuda_naive", "cuda_flash"}) {
+    EXPECT_NE(out.find(name), std::string::npos) << out;
+  }
+  const Support s = cuda::device_status();
+  if (!s) {
+    EXPECT_NE(out.find("[unavailable: " + s.reason + "]"), std::string::npos) << out;
+  }
+}
+
+TEST(Cuda, DeviceArgsCarryStridesMaskAndScale) {
+  Problem p = test::shape(3, 6, 2, 9, 20, 24);
+  p.layout = Layout::BSHD;
+  p.kv_lens = {0, 20, 7};
+  p.window_left = 4, p.window_right = 0;
+  Tensors t = random_tensors(p, 3);
+  const cuda_impl::DeviceArgs a = cuda_impl::device_args(p, t.inputs, t.outputs);
+  EXPECT_EQ(a.q, t.inputs.q.data);
+  EXPECT_EQ(a.o, t.outputs.o.data);
+  EXPECT_EQ(a.lse, t.outputs.lse);
+  EXPECT_EQ(a.qs.s, p.q_heads * p.head_dim);  // BSHD: a sequence step skips every head
+  EXPECT_EQ(a.ks.h, p.head_dim);
+  EXPECT_EQ(a.os.b, t.outputs.o.stride_b);
+  EXPECT_EQ(a.group(), 3);
+  EXPECT_FLOAT_EQ(a.scale, 1.f / std::sqrt(24.f));
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t i = 0; i < p.q_len; ++i) {
+      EXPECT_EQ(a.mask(b).row(i).lo, p.visible(b, i).lo);
+      EXPECT_EQ(a.mask(b).row(i).hi, p.visible(b, i).hi);
+    }
+  EXPECT_EQ(cuda_impl::span_elems(t.inputs.q), p.q_elems());
+  EXPECT_EQ(cuda_impl::span_elems(t.inputs.k), p.kv_elems());
+  EXPECT_EQ(a.lse_index(2, 5, 8), p.lse_elems() - 1);
+
+  Outputs bad = t.outputs;
+  bad.o.stride_s = -bad.o.stride_s;
+  EXPECT_THROW(cuda_impl::device_args(p, t.inputs, bad), InvalidInput);
+  Inputs overlap = t.inputs;
+  overlap.k.stride_s = p.head_dim - 1;
+  EXPECT_THROW(cuda_impl::device_args(p, overlap, t.outputs), InvalidInput);
+}
+
+TEST(Cuda, FlashRefusesShapesBeyondTheGridLimits) {
+  Problem p = test::shape(1, 70000, 70000, 4, 4, 64);
+  const char* why = cuda_emu::flash_ops.unsupported(cuda_impl::problem_args(p));
+  EXPECT_NE(std::string(why).find("kv_heads"), std::string::npos) << why;
+  p = test::shape(70000, 1, 1, 4, 4, 64);
+  EXPECT_NE(std::string(cuda_emu::flash_ops.unsupported(cuda_impl::problem_args(p))).find("batch"),
+            std::string::npos);
+  p = test::shape(2, 8, 2, 300, 300, 64);
+  EXPECT_STREQ(cuda_emu::flash_ops.unsupported(cuda_impl::problem_args(p)), "");
+  // Shared memory stays within what sm_86/89 parts allow (99 KiB) for every head_dim bucket.
+  for (int64_t d : {1, 32, 33, 64, 96, 128, 200, 256, 512}) {
+    p.head_dim = d;
+    EXPECT_LE(cuda_emu::flash_ops.smem_bytes(cuda_impl::problem_args(p)), 99 * 1024) << d;
+  }
+}
+
+// cuda_flash's tile plan, exhaustively over small masks: every visible key of a block lies in
+// the visited span, and a tile said to need no mask is seen whole by every row of the block.
+TEST(Cuda, FlashTilePlanCoversEveryKeyAndMasksEveryCutTile) {
+  int64_t full_tiles = 0, masked_tiles = 0;
+  for (int64_t q_len = 1; q_len <= 9; ++q_len)
+    for (int64_t kv_len : {1, 2, 5, 9, 16})
+      for (CausalAlign causal : {CausalAlign::None, CausalAlign::BottomRight, CausalAlign::TopLeft})
+        for (int64_t left : {-1, 0, 2})
+          for (int64_t right : {-1, 0, 3})
+            for (int64_t group : {1, 3})
+              for (int64_t rows : {1, 4, 6})
+                for (int64_t width : {1, 3, 4}) {
+                  const MaskSpec mask{q_len, kv_len, causal, left, right};
+                  const int64_t rows_total = group * q_len;
+                  for (int64_t t0 = 0; t0 < rows_total; t0 += rows) {
+                    const cuda_impl::TilePlan plan = cuda_impl::plan_block(mask, t0, rows, rows_total, group);
+                    for (int64_t t = t0; t < std::min(t0 + rows, rows_total); ++t) {
+                      const Interval iv = mask.row(t / group);
+                      if (iv.empty()) continue;
+                      ASSERT_LE(plan.span.lo, iv.lo);
+                      ASSERT_GE(plan.span.hi, iv.hi);
+                    }
+                    for (int64_t j0 = plan.span.lo; j0 < plan.span.hi; j0 += width) {
+                      if (plan.needs_mask(j0, width)) {
+                        ++masked_tiles;
+                        continue;
+                      }
+                      ++full_tiles;
+                      for (int64_t t = t0; t < t0 + rows; ++t) {
+                        ASSERT_LT(t, rows_total) << "a block with absent rows has no mask-free tile";
+                        const Interval iv = mask.row(t / group);
+                        ASSERT_TRUE(iv.lo <= j0 && j0 + width <= iv.hi)
+                            << "tile [" << j0 << ", " << j0 + width << ") row " << t / group << " sees ["
+                            << iv.lo << ", " << iv.hi << ")";
+                      }
+                    }
+                  }
+                }
+  // Both kinds occur: the plan neither masks everything (no speed-up) nor nothing.
+  EXPECT_GT(full_tiles, 1000);
+  EXPECT_GT(masked_tiles, 1000);
+}
+
+// ---- 2. device code under the host emulation -------------------------------------------
+
+TEST(CudaEmulation, NoticesAMissingBarrier) {
+  constexpr unsigned kThreads = 64;
+  std::vector<float> out(kThreads);
+  cuda_emu::selftest::run(0, out.data(), kThreads);
+  int wrong = 0;
+  for (unsigned t = 0; t < kThreads; ++t) wrong += out[t] != static_cast<float>((t + 1) % kThreads);
+  EXPECT_GT(wrong, 0) << "without __syncthreads some thread must read a slot not yet written";
+  cuda_emu::selftest::run(1, out.data(), kThreads);
+  for (unsigned t = 0; t < kThreads; ++t) EXPECT_EQ(out[t], static_cast<float>((t + 1) % kThreads));
+}
+
+TEST(CudaEmulation, ReportsADivergentBarrierInsteadOfHanging) {
+  std::vector<float> out(64);
+  EXPECT_THROW(cuda_emu::selftest::run(2, out.data(), 64), std::runtime_error);
+}
+
+TEST(CudaEmulation, GroupReductionsStayInTheirGroup) {
+  constexpr unsigned kThreads = 64;
+  std::vector<float> out(2 * kThreads);
+  cuda_emu::selftest::run(3, out.data(), kThreads);
+  for (unsigned t = 0; t < kThreads; ++t) {
+    const unsigned g0 = t / 16 * 16;
+    EXPECT_EQ(out[2 * t], static_cast<float>(g0 + 15)) << t;
+    EXPECT_EQ(out[2 * t + 1], static_cast<float>(16 * g0 + 120)) << t;  // sum g0..g0+15
+  }
+}
+
+// A CUDA kernel's device code run by the emulation on host memory (test-only, not registered).
+class EmulatedKernel final : public Kernel {
+ public:
+  static constexpr int kSms = 1;  // sizes naive's grid: 64 warps, so rows are grid-strided
+  EmulatedKernel(std::string name, const cuda_impl::KernelOps& ops) : name_(std::move(name)), ops_(ops) {}
+  std::string_view name() const override { return name_; }
+  std::string_view description() const override { return "CUDA device code under host emulation"; }
+  Support supports(const Problem& p) const override {
+    const char* why = ops_.unsupported(cuda_impl::problem_args(p));
+    return *why ? Support::no(why) : Support::yes();
+  }
+  size_t workspace_bytes(const Problem& p, int) const override {
+    return static_cast<size_t>(ops_.scratch_floats(cuda_impl::problem_args(p), kSms)) * sizeof(float);
+  }
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    const cuda_impl::DeviceArgs a = cuda_impl::device_args(p, in, out);
+    ops_.launch(a, cuda_impl::LaunchEnv{nullptr, kSms, reinterpret_cast<float*>(ctx.workspace.data())});
+  }
+
+ private:
+  std::string name_;
+  const cuda_impl::KernelOps& ops_;
+};
+
+const EmulatedKernel& emulated(const std::string& which) {
+  static const EmulatedKernel naive("emu_cuda_naive", cuda_emu::naive_ops);
+  static const EmulatedKernel flash("emu_cuda_flash", cuda_emu::flash_ops);
+  return which == "naive" ? naive : flash;
+}
+
+struct EmuCase {
+  std::string kernel;
+  Problem p;
+  std::string name;
+};
+
+// Small shapes (the emulation runs every CUDA thread as a fiber): every head_dim bucket and
+// its edges, GQA 6/2, MQA decode, both causal alignments with q_len < and > kv_len (fully
+// masked rows), windows, kv_lens with a zero, BSHD, several query tiles and key tiles.
+std::vector<EmuCase> emu_cases() {
+  struct Shape {
+    int64_t b, hq, hkv, sq, sk, d;
+    CausalAlign causal;
+    int64_t wl, wr;
+    std::vector<int64_t> kv_lens;
+    Layout layout;
+    const char* tag;
+  };
+  const auto N = CausalAlign::None, BR = CausalAlign::BottomRight, TL = CausalAlign::TopLeft;
+  const auto H = Layout::BHSD, S = Layout::BSHD;
+  const std::vector<Shape> shapes = {
+      {1, 2, 2, 70, 63, 64, N, -1, -1, {}, H, "mha"},
+      {2, 6, 2, 17, 150, 64, BR, -1, -1, {}, H, "gqa6x2_causal"},
+      {1, 4, 1, 1, 300, 128, BR, -1, -1, {}, H, "mqa_decode"},
+      {1, 2, 1, 40, 9, 32, BR, -1, -1, {}, S, "causal_qlong_fully_masked_rows"},
+      {1, 2, 2, 9, 40, 80, TL, -1, -1, {}, H, "causal_topleft"},
+      {1, 3, 3, 100, 100, 96, BR, 16, 0, {}, S, "window16_0"},
+      {1, 2, 1, 33, 70, 17, N, 5, 3, {}, H, "window5_3_d17"},
+      {3, 4, 2, 13, 64, 24, N, -1, -1, {0, 64, 33}, S, "kvlens_zero"},
+      {3, 2, 2, 20, 50, 128, BR, -1, -1, {50, 0, 7}, H, "kvlens_causal"},
+      {1, 2, 2, 5, 3, 1, N, -1, -1, {}, H, "d1"},
+      {1, 1, 1, 19, 45, 200, BR, -1, -1, {}, H, "d200"},
+      {1, 2, 1, 35, 40, 256, N, 7, 7, {}, S, "d256_window"},
+      {1, 1, 1, 18, 37, 512, BR, -1, -1, {}, H, "d512"},
+      {1, 8, 8, 2, 5, 16, N, -1, -1, {}, H, "tiny"},
+  };
+  std::vector<EmuCase> out;
+  // Seeded random shapes on top: tile-boundary coincidences (a tile ending exactly at, one
+  // before or one after an interval end) that hand-picked shapes miss.
+  std::mt19937_64 rng(2024);
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  const int64_t heads[][2] = {{1, 1}, {2, 1}, {4, 2}, {3, 3}, {6, 2}};
+  std::vector<Shape> random_shapes;
+  for (int n = 0; n < 24; ++n) {
+    const auto& h = heads[pick(0, 4)];
+    Shape s{pick(1, 2), h[0], h[1], pick(1, 80), pick(1, 140), n % 8 == 7 ? pick(129, 512) : pick(1, 128),
+            N, -1, -1, {}, pick(0, 1) ? H : S, nullptr};
+    switch (pick(0, 5)) {
+      case 0: break;
+      case 1: s.causal = BR; break;
+      case 2: s.causal = TL; break;
+      case 3: s.causal = BR, s.wl = pick(0, 40); break;
+      case 4: s.wl = pick(0, 30), s.wr = pick(0, 30); break;
+      case 5:
+        for (int64_t b = 0; b < s.b; ++b) s.kv_lens.push_back(pick(0, s.sk));
+        s.causal = pick(0, 1) ? BR : N;
+        break;
+    }
+    random_shapes.push_back(s);
+  }
+  for (const char* k : {"naive", "flash"}) {
+    int r = 0;
+    for (const Shape& s : random_shapes) {
+      EmuCase c;
+      c.kernel = k;
+      c.p = test::shape(s.b, s.hq, s.hkv, s.sq, s.sk, s.d);
+      c.p.causal = s.causal;
+      c.p.window_left = s.wl, c.p.window_right = s.wr;
+      c.p.kv_lens = s.kv_lens;
+      c.p.layout = s.layout;
+      c.name = std::string(k) + "_random" + std::to_string(r++);
+      out.push_back(c);
+    }
+    for (const Shape& s : shapes) {
+      EmuCase c;
+      c.kernel = k;
+      c.p = test::shape(s.b, s.hq, s.hkv, s.sq, s.sk, s.d);
+      c.p.causal = s.causal;
+      c.p.window_left = s.wl, c.p.window_right = s.wr;
+      c.p.kv_lens = s.kv_lens;
+      c.p.layout = s.layout;
+      c.name = std::string(k) + "_" + s.tag;
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+void PrintTo(const EmuCase& c, std::ostream* os) { *os << c.name; }
+
+class EmulatedAgreement : public ::testing::TestWithParam<EmuCase> {};
+
+TEST_P(EmulatedAgreement, MatchesFloat64Reference) {
+  const EmuCase& c = GetParam();
+  const Kernel& k = emulated(c.kernel);
+  ASSERT_TRUE(k.supports(c.p)) << k.supports(c.p).reason;
+  Tensors t = random_tensors(c.p, 17);
+  const Agreement a = prepare_agreement(c.p, t.inputs, all_rows(c.p));
+  const KernelCheck r = check_kernel(k, c.p, t.inputs, a, 1);
+  EXPECT_EQ(r.verdict, Verdict::Pass) << c.p.describe() << ": " << r.reason;
+  EXPECT_TRUE(r.errors.lse_checked);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, EmulatedAgreement, ::testing::ValuesIn(emu_cases()),
+                         [](const ::testing::TestParamInfo<EmuCase>& info) { return info.param.name; });
+
+class EmulatedNan : public ::testing::TestWithParam<std::string> {};
+
+// A NaN in a key that some rows of the same tile see and others do not: exactly the rows that
+// see it become NaN, the others stay correct (cuda_flash masks inside the tile by replacing,
+// and skips p = 0 in P V, so 0 * NaN never happens).
+TEST_P(EmulatedNan, NanKeyPoisonsExactlyTheRowsThatSeeIt) {
+  Problem p = test::shape(1, 2, 1, 24, 24, 32);
+  p.window_left = 3, p.window_right = 0;  // row i sees keys i-3 .. i
+  Tensors t = random_tensors(p, 9);
+  const int64_t bad = 10;  // seen by rows 10..13 only
+  for (int64_t d = 0; d < p.head_dim; ++d) {
+    const_cast<float*>(t.inputs.k.row(0, 0, bad))[d] = std::nanf("");
+    const_cast<float*>(t.inputs.v.row(0, 0, bad))[d] = std::nanf("");
+  }
+  const Kernel& k = emulated(GetParam());
+  Session s(k, p, 1);
+  s.run(t.inputs, t.outputs);
+  const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
+  for (size_t r = 0; r < a.ref.rows.size(); ++r) {
+    const RowId& id = a.ref.rows[r];
+    const bool sees = p.visible(0, id.i).lo <= bad && bad < p.visible(0, id.i).hi;
+    const float* o = t.outputs.o.row(0, id.h, id.i);
+    for (int64_t d = 0; d < p.head_dim; ++d) {
+      if (sees) {
+        EXPECT_TRUE(std::isnan(o[d])) << "row " << id.i;
+      } else {
+        EXPECT_NEAR(o[d], a.ref.o[r * p.head_dim + d], 1e-5) << "row " << id.i << " d " << d;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, EmulatedNan, ::testing::Values("naive", "flash"));
+
+// ---- 3. the real device -----------------------------------------------------------------
+
+class CudaDevice : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (Support s = cuda::device_status(); !s) GTEST_SKIP() << "needs a CUDA device: " << s.reason;
+  }
+};
+
+TEST_F(CudaDevice, RunRecordsEventTimesOfEachPhase) {
+  Problem p = test::shape(2, 8, 2, 256, 256, 64);
+  p.causal = CausalAlign::BottomRight;
+  Tensors t = random_tensors(p, 4);
+  for (const Kernel* k : {&cuda::naive(), &cuda::flash()}) {
+    Session s(*k, p, 1);
+    s.run(t.inputs, t.outputs);
+    const auto timing = cuda::last_timing();
+    ASSERT_TRUE(timing);
+    EXPECT_GT(timing->kernel_ms, 0.0);
+    EXPECT_GT(timing->h2d_ms, 0.0);
+    EXPECT_GT(timing->d2h_ms, 0.0);
+    EXPECT_EQ(timing->h2d_bytes, 4.0 * static_cast<double>(p.q_elems() + 2 * p.kv_elems()));
+    EXPECT_EQ(timing->d2h_bytes, 4.0 * static_cast<double>(p.q_elems() + p.lse_elems()));
+  }
+}
+
+TEST_F(CudaDevice, StridedOutputViewWritesOnlyItsRows) {
+  Problem p = test::shape(2, 3, 1, 33, 50, 40);
+  Tensors t = random_tensors(p, 8);
+  // O rows padded to 47 floats; the padding holds a sentinel that must survive.
+  const int64_t pitch = 47;
+  std::vector<float> o(static_cast<size_t>(p.batch * p.q_heads * p.q_len * pitch), -7.f);
+  Outputs out{MutView{o.data(), p.batch, p.q_heads, p.q_len, p.head_dim, p.q_heads * p.q_len * pitch,
+                      p.q_len * pitch, pitch},
+              t.outputs.lse};
+  for (const Kernel* k : {&cuda::naive(), &cuda::flash()}) {
+    std::fill(o.begin(), o.end(), -7.f);
+    Session s(*k, p, 1);
+    s.run(t.inputs, out);
+    const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
+    const Errors e = measure(a.ref, as_const(out.o), out.lse, p);
+    EXPECT_TRUE(a.tol.passes(e)) << k->name() << ": " << a.tol.why_failed(e);
+    for (size_t n = 0; n < o.size(); ++n) {
+      if (static_cast<int64_t>(n) % pitch >= p.head_dim) {
+        ASSERT_EQ(o[n], -7.f) << k->name() << " at " << n;
+      }
+    }
+  }
+}
+
+TEST_F(CudaDevice, DeviceInfoIsPlausible) {
+  const auto info = cuda::device_info();
+  ASSERT_TRUE(info);
+  EXPECT_GE(info->cc_major, 8);
+  EXPECT_GT(info->sm_count, 0);
+  EXPECT_GT(info->fp32_peak_tflops, 1.0);
+  EXPECT_GE(info->smem_per_block_optin, 48 * 1024);
+  std::printf("%s\n", info->describe().c_str());
+}
+
+}  // namespace
+}  // namespace attnlab
