@@ -34,24 +34,43 @@
 //
 // Tile sizes. Bc = 64 = 4 zmm: the widest score row whose 6-row panel (24 accumulators)
 // still leaves registers for the K vectors (32 zmm). Br comes from the L2 (1 MiB per core
-// here): a task's working set is R rows of packed Q (d floats) and accumulators (padded d)
-// plus the packed K tile and the V tile (64 x padded d each); Br is the largest multiple of
-// 24 (so R is a multiple of 6 panels' rows) up to 120 with R * (2 * d_pad + 2) * 4 +
-// 2 * 64 * d_pad * 4 <= 512 KiB (half the L2, leaving room for K/V rows streaming in):
-// d = 64/128: Br = 120 (G = 1), 96 (G = 4 at d = 128); d = 512, G = 8: Br = 24. The 6 x 64
-// score panel and P (1.5 KiB) live in L1 (32 KiB); the packed K tile (d * 256 B, 32 KiB at
-// d = 128) and the V tile stream from L2 once per panel. Each K/V byte is read from memory
-// (L3 here: one kv head's K and V at 4096 x 128 are 4 MiB) once per query tile, i.e.
-// R / 2 FLOP per byte (60 at G = 1).
+// here): a task's working set is R rows of packed Q and accumulators (about 2 * d_pad floats
+// a row) plus the packed K tile and the V tile (64 x d_pad floats each); Br is the largest
+// multiple of 24 (so R fills whole 6-row panels) up to 120 with
+// R * (2 * d_pad + 2) * 4 + 2 * 64 * d_pad * 4 <= 512 KiB (half the L2, the rest for K/V
+// rows streaming in): d = 64/128, G = 1: Br = 120; d = 128, G = 4: Br = 96; d = 512, G = 8:
+// Br = 24. The 6 x 64 P panel (1.5 KiB) and the panel's Q and O rows live in L1 (32 KiB);
+// the packed K tile (d * 256 B: 32 KiB at d = 128) and the V tile are re-read from L2 by
+// every panel, and the next tile's K/V rows are prefetched into L2 a slice per panel. Each
+// K/V byte comes from memory (L3 here: one kv head's K and V at 4096 x 128 are 4 MiB) once
+// per query tile: R / 2 FLOP per byte (60 at d = 128, G = 1). Br between 48 and 192
+// measured the same within noise at d = 128.
 //
-// Memory: per thread R * (d + d_pad + 2) + d_pad * 64 + 6 * 64 floats + Br intervals
-// (121 KiB at d = 128, G = 1); independent of q_len and kv_len (Br <= q_len only shrinks it).
-// Cost: 4 * d FLOP per visible pair in the two GEMMs at up to 24 FMAs per 4 vector loads,
-// plus per score one exp2 (11 vector instructions / 16 scores, ~10% of the GEMM work at
-// d = 128, ~20% at d = 64), plus packing K (1/R of the GEMM 1 loads) and Q (once per task);
-// boundary tiles of causal/window masks pay the masking and the per-row ragged ends.
-// Measured (2 threads, float32, this shared 2-core Zen 4 VM, medians): see the table in
-// the closing comment at the end of this file's header block.
+// Memory: per thread R * (d + d_pad + 17) floats + R intervals + (d_pad + 6) * 64 floats
+// (163 KiB at d = 128, G = 1; 449 KiB at G = 4), independent of q_len and kv_len (Br <= q_len
+// only shrinks it): 327 KiB for 2 threads at q_len = kv_len = 32768, 8 heads, d = 128.
+// Cost: 4 * d FLOP per visible pair in the two GEMMs (24 FMAs per 4 vector loads + 6
+// broadcasts), plus per score one exp2 (11 vector instructions per 16 scores) and the row
+// max/sum; packing K costs 1/R of the GEMM 1 work and Q is packed once per task. Profile
+// (perf, 1 thread, 2048, d = 128): the two GEMM loops take ~83% of the time (they run at
+// ~92% of the FMA peak), the softmax epilogue ~10%, packing/prefetch/normalization ~5%;
+// at d = 64 the epilogue share doubles (~17%). Boundary tiles of causal/window masks add
+// the masking and the per-row ragged ends.
+// Measured (2 threads, float32, batch 1, medians of 5, % of the 2-thread FMA peak measured
+// right before and after each run, on this shared, busy 2-core Zen 4 VM):
+//   8 heads, d = 128, 4096 x 4096, no mask     ~77%   (target >= 60%)
+//   same, causal (visible pairs only)          ~76%   (target >= 50%)
+//   GQA 32 / 8 heads, d = 128, 4096            ~80%   (target >= 60%)
+//   8 heads, d = 64, 4096                      ~73%   (target >= 50%)
+//   8 heads, d = 128, 32768 x 32768            ~78%, workspace 327 KiB (target < 64 MiB);
+//                                              max RSS 517 MiB = Q, K, V, O (512 MiB) + 5
+//   ladder, 8 heads, d = 128, 2048 x 2048: flash ~76% vs threaded ~35%, i.e. ~2.1x
+//   faster than threaded, whose scores are 4-row x 4-key dot-product tiles (8 loads per 16
+//   FMAs, then a haddp reduction of ~3 shuffles per score) written to memory for a separate
+//   softmax pass, and whose P.V tiles are 4 x 4 vectors. Here K is packed once per tile so
+//   GEMM 1 is a broadcast kernel (24 FMAs per 4 loads, no horizontal sums), the softmax
+//   runs on the 24 accumulators, P.V uses 6 x 4-vector tiles, and 120-row query tiles read
+//   K/V from memory a quarter as often as threaded's 32-row blocks.
 // GCC 12 reports -Wmaybe-uninitialized inside the AVX-512 intrinsic headers wherever an
 // intrinsic that starts from _mm512_undefined_ps is inlined (GCC bug 105593, a false
 // positive); the diagnostic is issued against this file's functions, so it is silenced here.
