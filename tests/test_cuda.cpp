@@ -413,6 +413,22 @@ TEST_P(EmulatedNan, NanKeyPoisonsExactlyTheRowsThatSeeIt) {
   }
 }
 
+// Views whose rows are not 16-byte aligned take cuda_flash's scalar load path.
+TEST_P(EmulatedNan, UnalignedViewsAgreeToo) {
+  Problem p = test::shape(2, 4, 2, 37, 45, 64);
+  p.causal = CausalAlign::BottomRight;
+  Tensors t = random_tensors(p, 12);
+  std::vector<float> q(static_cast<size_t>(p.q_elems()) + 1), k(static_cast<size_t>(p.kv_elems()) + 1);
+  std::copy(t.q.get(), t.q.get() + p.q_elems(), q.begin() + 1);
+  std::copy(t.k.get(), t.k.get() + p.kv_elems(), k.begin() + 1);
+  Inputs in = t.inputs;
+  in.q.data = q.data() + 1;  // 4 bytes past a 16-byte boundary at best
+  in.k.data = k.data() + 1;
+  const Agreement a = prepare_agreement(p, in, all_rows(p));
+  const KernelCheck c = check_kernel(emulated(GetParam()), p, in, a, 1);
+  EXPECT_EQ(c.verdict, Verdict::Pass) << c.reason;
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, EmulatedNan, ::testing::Values("naive", "flash"));
 
 // ---- 3. the real device -----------------------------------------------------------------

@@ -21,7 +21,8 @@
 // beyond Q, K, V, O, LSE: O(N) extra memory. K and V are read q_len*G/kM times per kv head.
 // Cost: 4 * visible pairs * D FLOP; per 4-wide k step a thread issues kRM + kRN float4 shared
 // loads for 4 * kRM * kRN FMAs, so it is FMA-bound in principle, less in practice: no
-// cp.async double buffering (loads stall the block), scalar global loads, 8 warps per block.
+// cp.async double buffering (tile loads stall the block; 2 blocks per SM hide part of it),
+// float4 global loads only when rows are 16-byte aligned, 8 warps per block.
 // Head dims are padded to the next bucket (32, 64, 96, 128, 256, 512): d = 80 pays for 96.
 // Expected: well under FA-2's tensor-core numbers; a fraction of the FP32 peak (measured
 // numbers go in the results of scripts/gpu_check.sh, none exist yet).
@@ -150,17 +151,39 @@ ATTN_UNROLL
   }
 }
 
-// Copies rows [j0, j0 + kN) of K or V (zeros at and past `end`, and past head_dim) into a
-// shared tile with row stride `stride`.
-template <class C>
-__device__ __forceinline__ void load_kv_tile(float* dst, int stride, const float* src,
-                                             const cuda_impl::Strides& st, int64_t b, int64_t hk,
-                                             int64_t j0, int64_t end, int dim) {
-  for (int e = threadIdx.x; e < C::kN * C::kD; e += kThreads) {
-    const int n = e / C::kD, c = e % C::kD;
-    const int64_t j = j0 + n;
-    dst[n * stride + c] = (j < end && c < dim) ? src[st.at(b, hk, j) + c] : 0.f;
+// Copies kRows rows of head_dim floats, times `scale`, into a shared tile with row stride
+// `stride`, zero-filling absent rows (row(n) == nullptr) and the columns past head_dim. With
+// vec4 (every row 16-byte aligned, head_dim % 4 == 0) consecutive threads load consecutive
+// float4s: 16-byte coalesced loads and a quarter of the index arithmetic.
+template <int kRows, int kD, class RowFn>
+__device__ __forceinline__ void load_tile(float* dst, int stride, int dim, bool vec4, float scale,
+                                          RowFn row) {
+  if (vec4) {
+    constexpr int kD4 = kD / 4;
+    for (int e = threadIdx.x; e < kRows * kD4; e += kThreads) {
+      const int n = e / kD4, c = (e % kD4) * 4;
+      const float* src = row(n);
+      float4 x = {0.f, 0.f, 0.f, 0.f};
+      if (src && c < dim) {
+        x = *reinterpret_cast<const float4*>(src + c);
+        x.x *= scale, x.y *= scale, x.z *= scale, x.w *= scale;
+      }
+      *reinterpret_cast<float4*>(dst + n * stride + c) = x;
+    }
+  } else {
+    for (int e = threadIdx.x; e < kRows * kD; e += kThreads) {
+      const int n = e / kD, c = e % kD;
+      const float* src = row(n);
+      dst[n * stride + c] = (src && c < dim) ? src[c] * scale : 0.f;
+    }
   }
+}
+
+// Whether every row of a view starts 16-byte aligned and holds whole float4s.
+__device__ __forceinline__ bool rows_are_float4(const float* base, const cuda_impl::Strides& s,
+                                                int dim) {
+  return dim % 4 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0 && s.b % 4 == 0 &&
+         s.h % 4 == 0 && s.s % 4 == 0;
 }
 
 template <class C>
@@ -179,17 +202,13 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
   const MaskSpec mask = a.mask(b);
 
   // Q tile, pre-scaled; rows past the problem and columns past head_dim are zero.
-  const float q_scale = a.scale * kLog2e;
-  for (int e = threadIdx.x; e < C::kM * C::kD; e += kThreads) {
-    const int r = e / C::kD, c = e % C::kD;
-    const int64_t t = t0 + r;
-    float x = 0.f;
-    if (t < rows_total && c < dim) {
-      const int64_t i = t / group, h = hk * group + t % group;
-      x = a.q[a.qs.at(b, h, i) + c] * q_scale;
-    }
-    qs[r * C::kQK + c] = x;
-  }
+  load_tile<C::kM, C::kD>(qs, C::kQK, dim, rows_are_float4(a.q, a.qs, dim), a.scale * kLog2e,
+                          [&](int r) -> const float* {
+                            const int64_t t = t0 + r;
+                            if (t >= rows_total) return nullptr;
+                            return a.q + a.qs.at(b, hk * group + t % group, t / group);
+                          });
+  const bool k_vec4 = rows_are_float4(a.k, a.ks, dim), v_vec4 = rows_are_float4(a.v, a.vs, dim);
 
   // This thread's rows: running max (log2 domain) and sum, output accumulator.
   float m[C::kRM], l[C::kRM], acc[C::kRM][C::kCols];
@@ -207,8 +226,13 @@ ATTN_UNROLL
 
   for (int64_t j0 = span.lo; j0 < span.hi; j0 += C::kN) {
     __syncthreads();  // the previous tile's P V is done with ks, vs, ps (and Q is stored)
-    load_kv_tile<C>(ks, C::kQK, a.k, a.ks, b, hk, j0, span.hi, dim);
-    load_kv_tile<C>(vs, C::kD, a.v, a.vs, b, hk, j0, span.hi, dim);
+    // K and V rows [j0, j0 + kN); zeros past the span (never read, but never NaN either).
+    load_tile<C::kN, C::kD>(ks, C::kQK, dim, k_vec4, 1.f, [&](int n) -> const float* {
+      return j0 + n < span.hi ? a.k + a.ks.at(b, hk, j0 + n) : nullptr;
+    });
+    load_tile<C::kN, C::kD>(vs, C::kD, dim, v_vec4, 1.f, [&](int n) -> const float* {
+      return j0 + n < span.hi ? a.v + a.vs.at(b, hk, j0 + n) : nullptr;
+    });
     __syncthreads();
     const int64_t left = span.hi - j0;
     const int n_keys = left < C::kN ? static_cast<int>(left) : C::kN;
