@@ -25,7 +25,17 @@
 // (Problem::kv_bytes()); compute is 4 * head_dim FLOP per (query row, key), i.e.
 // 2 * group * q_len / 4 FLOP per byte: memory-bound for small group * q_len. Target: at
 // least 70% of the measured read bandwidth (`attnlab peak`) for the thread count.
-// Measured: see MEASURED below.
+// Measured (q_len 1, kv_len 32768, q_heads 32, kv_heads 8, head_dim 128: 268 MB of K/V;
+//   on this 2-core VM while 6-8 other jobs ran, so every figure is depressed and noisy):
+//   - with the K/V cache in cache (kv_len 1024, one kv head) a thread computes 35 GB/s
+//     worth of K/V: the compute is ~1/5 of the memory time at the 7 GB/s per thread that
+//     two threads share on this machine, so the kernel is memory-bound as intended;
+//   - 2 threads, runs interleaved with a bare streaming-read loop of the same size:
+//     decode 1.9-6.0 GB/s vs read 2.9-8.4 GB/s (ratio 0.55-0.75 pair by pair);
+//   - per CPU-second: decode streams 9-10.5 GB/s, the bare read loop 17-24 GB/s - under
+//     time-sharing the kernel that needs more CPU per byte loses, so the wall ratio on a
+//     loaded machine understates what it reaches on idle cores.
+//   Prefetching the next 64-key tile saved ~6% CPU time; chunk size 256 vs 1024 keys ~4%.
 #include <algorithm>
 #include <cmath>
 #include <limits>

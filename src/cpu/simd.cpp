@@ -4,8 +4,8 @@
 //   1. scores  S = Q K^T as register-blocked vector dot products: a 4-row x 4-key tile
 //      keeps 16 vector accumulators running down head_dim (each loaded K vector feeds 4
 //      rows, each Q vector 4 keys: 8 loads per 16 FMAs, and 16 independent FMA chains
-//      hide the FMA latency), then ONE xsimd::haddp turns the 16 accumulators into the 16
-//      scores. Q is copied once per block, pre-multiplied by scale * log2(e), so scores
+//      hide the FMA latency), then one transposed reduction (simd::transpose_sum, about
+//      45 shuffle/add instructions) turns the 16 accumulators into the 16 scores. Q is copied once per block, pre-multiplied by scale * log2(e), so scores
 //      come out in log2 units and the softmax uses exp2 (one multiply per score saved).
 //   2. online softmax per row, vectorized: masked-off keys set to -inf (a select, so a
 //      NaN in a key this row must not see cannot leak), vector max, vector exp2
@@ -21,15 +21,21 @@
 //   two small zero rows: 2*32*d + 2048 + ~3*d floats (about 42 KiB at d = 128),
 //   independent of the sequence lengths. K and V tiles (64 x d each) are re-read from
 //   L2 by the 8 row groups of a block and stream from memory q_len/32 times per head.
-// Expected cost: 4*d FLOP per visible (row, key) pair as naive, plus about 3 shuffle/add
-//   operations per score for the haddp reduction and about one vector instruction per
-//   score for the softmax; at d = 128 that is roughly 16 FMA + 5 other vector ops per pair
-//   at 16 lanes, so about 50-60% of the one-thread FMA peak at best.
-// Numerics: dot products are summed in 16 lane partial sums then a fixed tree (haddp),
-//   instead of naive's sequential sum; the row softmax is exact across tiles (online
-//   rescaling); LSE = m * ln2 + ln(l) in double.
-// Measured (q_len = kv_len = 2048, 8 heads, head_dim 128, 1 thread; see the final report
-//   in issue 3): see the factor vs `blocked` in MEASURED below.
+// Expected cost: 4*d FLOP per visible (row, key) pair as naive; per pair at d = 128 that
+//   is 16 vector FMAs (8 for S, 8 for P*V) plus about 3 shuffle/adds for the reduction and
+//   1-2 vector instructions of softmax, and 20 loads per 16 FMAs in the score loop (GCC
+//   folds the K loads into the FMAs): about 60-75% of the FMA peak at best.
+// Numerics: dot products are summed in 16 lane partial sums then a fixed tree, instead of
+//   naive's sequential sum; the row softmax is exact across tiles (online rescaling);
+//   LSE = m * ln2 + ln(l) in double.
+// The row engine (attend_rows) is also the work unit of `threaded` and `decode`
+//   (src/cpu/simd/rowblock.hpp); it prefetches the next K/V tile while computing one.
+// Measured (this 2-core VM, shared with other jobs, so rates are FLOP per CPU-second of
+//   the process - wall time was 2.5x longer from time-sharing; medians of 5):
+//   q_len = kv_len = 2048, 8 heads, head_dim 128, 1 thread: simd 71.5 GFLOP/s vs blocked
+//   6.8 GFLOP/s -> 10.5x blocked. At q_len = kv_len = 1024: 71.6 GFLOP/s = 61% of the
+//   1-thread FMA peak measured the same way (116 GFLOP/s, 12 independent vfmadd231ps
+//   chains); target >= 25%.
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -13,7 +13,13 @@
 // Expected cost: simd's time divided by the thread count, less the imbalance of the last
 // few tasks; K/V tiles are per-thread L2 traffic as in simd (each head's K/V is streamed
 // once per query block, by whichever thread runs it).
-// Measured factor vs simd at q_len = kv_len = 2048, 8 heads, head_dim 128: see MEASURED.
+// Measured (q_len = kv_len = 2048, 8 heads, head_dim 128; this 2-core VM was shared
+//   with 5-7 other runnable jobs, so wall times swing 1.5x run to run): per CPU-second
+//   threaded does 69-71 GFLOP/s against simd's 71.5, i.e. splitting into tasks costs
+//   1-3%, and both threads do work (ps: 2 busy threads). The wall-clock factor vs simd
+//   on 2 threads could not be measured on the loaded machine (interleaved pairs gave
+//   0.73x-1.0x, i.e. no idle second core); with the cores free it is bounded by
+//   2 x 0.98 minus the last-task imbalance (256 tasks of ~1/256 of the work each).
 #include <stdexcept>
 
 #include <tbb/blocked_range.h>
