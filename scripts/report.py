@@ -569,8 +569,9 @@ def agreement(rows_k):
 
 
 def summary_table(rows, ok, kernels, fits, fits_decode):
-    lines = ["| kernel | fitted exponent | best GFLOP/s | best % of peak | agreement | points ok / failed / skipped |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| kernel | fitted exponent | best GFLOP/s | best % of peak | best % of read bandwidth | agreement | "
+             "points ok / failed / skipped |",
+             "|---|---|---|---|---|---|---|"]
     for k in kernels:
         rk = [r for r in rows if r["kernel"] == k]
         ok_k = [r for r in ok if r["kernel"] == k]
@@ -582,9 +583,11 @@ def summary_table(rows, ok, kernels, fits, fits_decode):
             exp = "-"
         best_g = max((r["gflops"] for r in ok_k if r["gflops"]), default=None)
         best_p = max((r["peak_fraction"] for r in ok_k if r["peak_fraction"]), default=None)
+        best_bw = max((r["bw_fraction"] for r in ok_k if r["bw_fraction"]), default=None)
         counts = collections.Counter(r["status"] for r in rk)
         lines.append(f"| {k} | {exp} | {fmt(best_g, '.1f')} | "
-                     f"{fmt(None if best_p is None else 100 * best_p, '.1f')} | {agreement(rk)} | "
+                     f"{fmt(None if best_p is None else 100 * best_p, '.1f')} | "
+                     f"{fmt(None if best_bw is None else 100 * best_bw, '.0f')} | {agreement(rk)} | "
                      f"{counts['ok']} / {counts['failed']} / {counts['skipped']} |")
     return lines
 
@@ -672,7 +675,9 @@ def write_report(folder, out):
     md += ["", "Fitted exponent: slope of log(time) against log(sequence length) over the larger half of the "
            "sizes (at least 3) of the sequence-length slice (prefill, q_len = kv_len), or against the KV "
            "length for decode experiments. Best GFLOP/s and % of peak: the best point of the kernel in this "
-           "run. Agreement: each point is checked against the float64 reference on sampled rows before it "
+           "run. % of read bandwidth: compulsory bytes per second against the measured streaming read "
+           "bandwidth (the figure of merit for decode; above 100% means the data sat in cache). "
+           "Agreement: each point is checked against the float64 reference on sampled rows before it "
            "is timed.", ""]
 
     for title, fname, caption in plots.items:
