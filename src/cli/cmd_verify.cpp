@@ -54,6 +54,9 @@ void print_header(const Problem& p, const Errors& baseline, const Tolerance& tol
   std::printf("\n%s\n", p.describe().c_str());
   std::printf("  baseline (textbook float32 vs float64): O %.3g, LSE %.3g -> tolerance O %.3g, LSE %.3g\n",
               baseline.o_rel, baseline.lse, tol.o_rel, tol.lse);
+}
+
+void print_columns() {
   std::printf("  %-12s %12s %12s %12s  %s\n", "kernel", "O max abs", "O rel", "LSE rel", "status");
 }
 
@@ -75,6 +78,7 @@ int verify_random(const std::vector<Problem>& problems, const VerifyArgs& a) {
     Tensors t = random_tensors(p, a.shape.seed);
     const Agreement ag = prepare_agreement(p, t.inputs, all_rows(p));
     print_header(p, ag.baseline, ag.tol);
+    print_columns();
     for (const Kernel* k : selected(a.impl)) {
       ok &= print_check(check_kernel(*k, p, t.inputs, ag, a.mask.thread_count()));
     }
@@ -106,6 +110,7 @@ int verify_expect(const VerifyArgs& a) {
   print_header(p, ag.baseline, ag.tol);
   std::printf("  expected file vs float64 reference: O %.3g, LSE %.3g -> %s\n", external.o_rel,
               external.lse, ag.tol.passes(external) ? "agrees" : "DISAGREES (different semantics or precision?)");
+  print_columns();
   // Kernels are compared with the expected outputs, allowing the file's own error.
   Agreement vs_file = ag;
   for (size_t r = 0; r < vs_file.ref.rows.size(); ++r) {
