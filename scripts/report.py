@@ -634,6 +634,16 @@ def write_report(folder, out):
         note = f" (shard {shard[0]}/{shard[1]})" if shard and shard[1] > 1 else ""
         md += [f"Points decided: {len(rows)} of {planned} planned{note}.", ""]
 
+    md += ["## Summary", ""]
+    md += summary_table(rows, ok, kernels, fits, fits_decode)
+    md += ["", "Fitted exponent: slope of log(time) against log(sequence length) over the larger half of the "
+           "sizes (at least 3) of the sequence-length slice (prefill, q_len = kv_len), or against the KV "
+           "length for decode experiments. Best GFLOP/s and % of peak: the best point of the kernel in this "
+           "run. % of read bandwidth: compulsory bytes per second against the measured streaming read "
+           "bandwidth (the figure of merit for decode; above 100% means the data sat in cache). "
+           "Agreement: each point is checked against the float64 reference on sampled rows before it "
+           "is timed.", ""]
+
     if machine:
         git = machine.get("git", {})
         isa = machine.get("isa", {})
@@ -671,16 +681,6 @@ def write_report(folder, out):
                "sweep runs (see the load average above), so absolute times and even the measured peaks move "
                "by tens of percent between runs. Read ratios measured in the same run (speed-ups, exponents, "
                "% of the peak measured in this run), and use the min-max spread in the table below.", ""]
-
-    md += ["## Summary", ""]
-    md += summary_table(rows, ok, kernels, fits, fits_decode)
-    md += ["", "Fitted exponent: slope of log(time) against log(sequence length) over the larger half of the "
-           "sizes (at least 3) of the sequence-length slice (prefill, q_len = kv_len), or against the KV "
-           "length for decode experiments. Best GFLOP/s and % of peak: the best point of the kernel in this "
-           "run. % of read bandwidth: compulsory bytes per second against the measured streaming read "
-           "bandwidth (the figure of merit for decode; above 100% means the data sat in cache). "
-           "Agreement: each point is checked against the float64 reference on sampled rows before it "
-           "is timed.", ""]
 
     for title, fname, caption in plots.items:
         md += [f"## {title}", "", f"![{title}]({fname})", "", f"*{caption}*", ""]
