@@ -71,10 +71,6 @@
 //   GEMM 1 is a broadcast kernel (24 FMAs per 4 loads, no horizontal sums), the softmax
 //   runs on the 24 accumulators, P.V uses 6 x 4-vector tiles, and 120-row query tiles read
 //   K/V from memory a quarter as often as threaded's 32-row blocks.
-// GCC 12 reports -Wmaybe-uninitialized inside the AVX-512 intrinsic headers wherever an
-// intrinsic that starts from _mm512_undefined_ps is inlined (GCC bug 105593, a false
-// positive); the diagnostic is issued against this file's functions, so it is silenced here.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <algorithm>
 #include <cmath>
 #include <limits>

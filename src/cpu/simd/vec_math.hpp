@@ -37,15 +37,14 @@
 #include <cstdint>
 #include <limits>
 
-// GCC 12.2 reports -Wuninitialized inside the AVX-512 intrinsic headers
-// (_mm512_undefined_ps; GCC bug 105593) wherever an intrinsic is inlined. The diagnostic is
-// located in the header, so ignoring it while the headers are parsed silences only those.
-#pragma GCC diagnostic push
+// GCC 12.2 reports -W(maybe-)uninitialized inside the AVX-512 intrinsic headers
+// (_mm512_undefined_ps; GCC bug 105593, a false positive) wherever an intrinsic is inlined,
+// and attributes it to the including kernel's functions. So the kernels that include this
+// header (and only they) ignore those two diagnostics for the whole translation unit.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #include <xsimd/xsimd.hpp>
-#pragma GCC diagnostic pop
 
 namespace attnlab::simd {
 
