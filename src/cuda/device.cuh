@@ -34,13 +34,13 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // of the group gets the result.
 template <int kWidth>
 __device__ __forceinline__ float group_max(float v) {
-ATTN_UNROLL
+  ATTN_UNROLL
   for (int m = kWidth / 2; m > 0; m /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, m));
   return v;
 }
 template <int kWidth>
 __device__ __forceinline__ float group_sum(float v) {
-ATTN_UNROLL
+  ATTN_UNROLL
   for (int m = kWidth / 2; m > 0; m /= 2) v += __shfl_xor_sync(kFullMask, v, m);
   return v;
 }

@@ -71,22 +71,22 @@ __device__ __forceinline__ void tile_step(const float* qs, const float* ks, cons
                                           float (&l)[C::kRM], float (&acc)[C::kRM][C::kCols]) {
   // S = Q K^T for this thread's kRM x kRN scores (log2 domain: Q carries scale * log2 e).
   float s[C::kRM][C::kRN];
-ATTN_UNROLL
+  ATTN_UNROLL
   for (int r = 0; r < C::kRM; ++r) {
-ATTN_UNROLL
+    ATTN_UNROLL
     for (int c = 0; c < C::kRN; ++c) s[r][c] = 0.f;
   }
   for (int d = 0; d < dim4; d += 4) {
     float4 qv[C::kRM], kv[C::kRN];
-ATTN_UNROLL
+    ATTN_UNROLL
     for (int r = 0; r < C::kRM; ++r)
       qv[r] = *reinterpret_cast<const float4*>(qs + (ty * C::kRM + r) * C::kQK + d);
-ATTN_UNROLL
+    ATTN_UNROLL
     for (int c = 0; c < C::kRN; ++c)
       kv[c] = *reinterpret_cast<const float4*>(ks + (tx + kTX * c) * C::kQK + d);
-ATTN_UNROLL
+    ATTN_UNROLL
     for (int r = 0; r < C::kRM; ++r) {
-ATTN_UNROLL
+      ATTN_UNROLL
       for (int c = 0; c < C::kRN; ++c) {
         float t = s[r][c];
         t = fmaf(qv[r].x, kv[c].x, t);
@@ -98,27 +98,27 @@ ATTN_UNROLL
     }
   }
   // Online softmax, one row at a time; the 16 lanes of a row hold identical m and alpha.
-ATTN_UNROLL
+  ATTN_UNROLL
   for (int r = 0; r < C::kRM; ++r) {
     if (kMasked) {
       // Recomputed here rather than kept in registers for the whole kernel (fewer spills).
       const int64_t t = t0 + ty * C::kRM + r;
       const Interval iv = t < rows_total ? mask.row(t / group) : Interval{0, 0};
-ATTN_UNROLL
+      ATTN_UNROLL
       for (int c = 0; c < C::kRN; ++c) {
         const int64_t j = j0 + tx + kTX * c;
         if (j < iv.lo || j >= iv.hi) s[r][c] = -INFINITY;  // replaced, never multiplied
       }
     }
     float tile_max = -INFINITY;
-ATTN_UNROLL
+    ATTN_UNROLL
     for (int c = 0; c < C::kRN; ++c) tile_max = fmaxf(tile_max, s[r][c]);
     tile_max = group_max<kTX>(tile_max);
     const float m_new = fmaxf(m[r], tile_max);
     // m_new == -inf: nothing visible so far; keep alpha = 1 and p = 0 (no -inf - -inf).
     const float alpha = m_new == -INFINITY ? 1.f : exp2f(m[r] - m_new);
     float row_sum = 0.f;
-ATTN_UNROLL
+    ATTN_UNROLL
     for (int c = 0; c < C::kRN; ++c) {
       const float p = m_new == -INFINITY ? 0.f : exp2f(s[r][c] - m_new);
       row_sum += p;
@@ -126,20 +126,20 @@ ATTN_UNROLL
     }
     l[r] = l[r] * alpha + row_sum;  // this thread's share; summed over the row's lanes at the end
     m[r] = m_new;
-ATTN_UNROLL
+    ATTN_UNROLL
     for (int c = 0; c < C::kCols; ++c) acc[r][c] *= alpha;
   }
   __syncthreads();  // P complete
   // O += P V over the tile's keys that exist (n_keys <= kN).
   for (int n = 0; n < n_keys; ++n) {
     float pv[C::kRM], vv[C::kCols];
-ATTN_UNROLL
+    ATTN_UNROLL
     for (int r = 0; r < C::kRM; ++r) pv[r] = ps[(ty * C::kRM + r) * C::kPN + n];
-ATTN_UNROLL
+    ATTN_UNROLL
     for (int c = 0; c < C::kCols; ++c) vv[c] = vs[n * C::kD + tx + kTX * c];
-ATTN_UNROLL
+    ATTN_UNROLL
     for (int r = 0; r < C::kRM; ++r) {
-ATTN_UNROLL
+      ATTN_UNROLL
       for (int c = 0; c < C::kCols; ++c) {
         if (kMasked) {
           if (pv[r] != 0.f) acc[r][c] = fmaf(pv[r], vv[c], acc[r][c]);
@@ -212,11 +212,11 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
 
   // This thread's rows: running max (log2 domain) and sum, output accumulator.
   float m[C::kRM], l[C::kRM], acc[C::kRM][C::kCols];
-ATTN_UNROLL
+  ATTN_UNROLL
   for (int r = 0; r < C::kRM; ++r) {
     m[r] = -INFINITY;
     l[r] = 0.f;
-ATTN_UNROLL
+    ATTN_UNROLL
     for (int c = 0; c < C::kCols; ++c) acc[r][c] = 0.f;
   }
 
@@ -246,7 +246,7 @@ ATTN_UNROLL
   }
 
   // Normalize and store; the 16 lanes of a row each own head_dim/16 columns.
-ATTN_UNROLL
+  ATTN_UNROLL
   for (int r = 0; r < C::kRM; ++r) {
     const float l_row = group_sum<kTX>(l[r]);
     const int64_t t = t0 + ty * C::kRM + r;
@@ -254,7 +254,7 @@ ATTN_UNROLL
     const int64_t i = t / group, h = hk * group + t % group;
     const float inv = l_row > 0.f ? 1.f / l_row : 0.f;  // fully masked row -> O = 0
     float* o = a.o + a.os.at(b, h, i);
-ATTN_UNROLL
+    ATTN_UNROLL
     for (int c = 0; c < C::kCols; ++c) {
       const int col = tx + kTX * c;
       if (col < dim) o[col] = acc[r][c] * inv;
