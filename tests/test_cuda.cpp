@@ -17,6 +17,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <sys/wait.h>
 #include <vector>
 
 #include "attnlab/cuda.hpp"
@@ -123,6 +124,18 @@ TEST(Cuda, ListShowsTheCudaKernelsWithTheReason) {
   if (!s) {
     EXPECT_NE(out.find("[unavailable: " + s.reason + "]"), std::string::npos) << out;
   }
+}
+
+TEST(Cuda, CudaCommandSaysWhyThereIsNoDevice) {
+  const Support s = cuda::device_status();
+  if (s) GTEST_SKIP() << "a CUDA device is present";
+  int rc = -1;
+  std::string out = run_command(std::string(ATTNLAB_EXE) + " cuda", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("CUDA: unavailable: " + s.reason), std::string::npos) << out;
+  out = run_command(std::string(ATTNLAB_EXE) + " cuda --time --seq 64", &rc);
+  EXPECT_EQ(WEXITSTATUS(rc), 2) << out;  // bad input: no device to time
+  EXPECT_NE(out.find(s.reason), std::string::npos) << out;
 }
 
 TEST(Cuda, DeviceArgsCarryStridesMaskAndScale) {

@@ -11,6 +11,12 @@
 //   h2d_ms     host-to-device copies of Q, K, V, kv_lens (pageable host memory)
 //   kernel_ms  the kernel alone (events around the launch; what TFLOP/s should be computed from)
 //   d2h_ms     device-to-host copies of O and LSE
+// In a Google Benchmark loop (with ->UseManualTime()):
+//   session.run(in, out);
+//   if (auto t = cuda::last_timing(); t && cuda::is_cuda_kernel(session.kernel()))
+//     state.SetIterationTime(t->kernel_ms * 1e-3);
+// and FP32 fractions against device_info()->fp32_peak_tflops, not the CPU's peak.
+// `attnlab cuda --time` prints (and --csv writes) such kernel-only timings directly.
 #pragma once
 
 #include <optional>
