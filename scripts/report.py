@@ -402,9 +402,7 @@ def plot_gqa(plots, ok, kernels):
         twin = axes[1][col].twinx()
         twin.plot(groups, [mb[g] for g in groups], "k--", linewidth=1, label="compulsory bytes")
         twin.set_ylabel("compulsory bytes per call (MB, dashed)")
-        twin.set_yscale("log")
-        twin.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        twin.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        log_y_labels(twin)
         axes[0][col].set_title(f"{name}: time ({describe_fixed({k: fixed[k] for k in ('q_heads', 'q_len', 'kv_len')})})",
                                fontsize=9)
         axes[0][col].set_ylabel("time (ms, median)")
