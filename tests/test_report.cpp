@@ -9,6 +9,7 @@
 #include <fstream>
 #include <regex>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <cmath>
 
 #include "attnlab/kernel.hpp"
@@ -30,7 +31,10 @@ bool python_ready() {
 
 // Runs a command; returns its exit status and leaves stdout+stderr in *output.
 int run(const std::string& cmd, std::string* output) {
-  const std::string log = ::testing::TempDir() + "/attn_report_cmd.log";
+  // One log per process and call: ctest runs the tests of this file in parallel processes.
+  static int calls = 0;
+  const std::string log = ::testing::TempDir() + "/attn_report_cmd." + std::to_string(::getpid()) + "." +
+                          std::to_string(++calls) + ".log";
   const int rc = std::system((cmd + " > '" + log + "' 2>&1").c_str());
   *output = read_text_file(log);
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
