@@ -13,6 +13,10 @@
 #include "test_util.hpp"
 
 namespace attnlab {
+
+// Test names and messages show the kernel's name, not its address.
+void PrintTo(const Kernel* k, std::ostream* os) { *os << k->name(); }
+
 namespace {
 
 class Extreme : public ::testing::TestWithParam<const Kernel*> {
