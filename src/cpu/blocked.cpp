@@ -34,7 +34,7 @@ class Blocked final : public Kernel {
  public:
   std::string_view name() const override { return "blocked"; }
   std::string_view description() const override {
-    return "cache-tiled float32 (32 rows x 64 keys), online softmax across tiles; scalar";
+    return "cache-tiled float32 (32 rows x 64 keys, K tile packed transposed), online softmax across tiles; no explicit SIMD";
   }
   size_t workspace_bytes(const Problem& p, int) const override {
     return static_cast<size_t>(kBr * kBc + kBc * p.head_dim + kBr * p.head_dim + 2 * kBr) *
