@@ -36,6 +36,10 @@
 //     time-sharing the kernel that needs more CPU per byte loses, so the wall ratio on a
 //     loaded machine understates what it reaches on idle cores.
 //   Prefetching the next 64-key tile saved ~6% CPU time; chunk size 256 vs 1024 keys ~4%.
+//   Quiet machine (load < 1; attn_bench --attn_kernels=decode,flash --attn_groups=decode,
+//   median of 5, results/2026-11-29-attn_bench): 13.9 ms = 19.3 GB/s = 71.9% of the
+//   2-thread read bandwidth measured in the same run (an earlier run: 68.5%); flash on the
+//   same shape 55.5%.
 #include <algorithm>
 #include <cmath>
 #include <limits>
