@@ -64,7 +64,8 @@
 //   8 heads, d = 64, 4096                      ~73%   (target >= 50%)
 //   8 heads, d = 128, 32768 x 32768            ~78%, workspace 327 KiB (target < 64 MiB);
 //                                              max RSS 517 MiB = Q, K, V, O (512 MiB) + 5
-//   ladder, 8 heads, d = 128, 2048 x 2048: flash ~76% vs threaded ~35%, i.e. ~2.1x
+//   ladder, 8 heads, d = 128, 2048 x 2048: flash 77.5% vs threaded 56.0% of the peak on the
+//   quiet machine (attn_bench, results/2026-11-29-attn_bench; ~35% under load), i.e. 1.38x
 //   faster than threaded, whose scores are 4-row x 4-key dot-product tiles (8 loads per 16
 //   FMAs, then a haddp reduction of ~3 shuffles per score) written to memory for a separate
 //   softmax pass, and whose P.V tiles are 4 x 4 vectors. Here K is packed once per tile so
