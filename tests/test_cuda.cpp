@@ -348,30 +348,21 @@ std::vector<EmuCase> emu_cases() {
     }
     random_shapes.push_back(s);
   }
+  auto add = [&out](const char* k, const Shape& s, const std::string& tag) {
+    EmuCase c;
+    c.kernel = k;
+    c.p = test::shape(s.b, s.hq, s.hkv, s.sq, s.sk, s.d);
+    c.p.causal = s.causal;
+    c.p.window_left = s.wl, c.p.window_right = s.wr;
+    c.p.kv_lens = s.kv_lens;
+    c.p.layout = s.layout;
+    c.name = std::string(k) + "_" + tag;
+    out.push_back(c);
+  };
   for (const char* k : {"naive", "flash"}) {
     int r = 0;
-    for (const Shape& s : random_shapes) {
-      EmuCase c;
-      c.kernel = k;
-      c.p = test::shape(s.b, s.hq, s.hkv, s.sq, s.sk, s.d);
-      c.p.causal = s.causal;
-      c.p.window_left = s.wl, c.p.window_right = s.wr;
-      c.p.kv_lens = s.kv_lens;
-      c.p.layout = s.layout;
-      c.name = std::string(k) + "_random" + std::to_string(r++);
-      out.push_back(c);
-    }
-    for (const Shape& s : shapes) {
-      EmuCase c;
-      c.kernel = k;
-      c.p = test::shape(s.b, s.hq, s.hkv, s.sq, s.sk, s.d);
-      c.p.causal = s.causal;
-      c.p.window_left = s.wl, c.p.window_right = s.wr;
-      c.p.kv_lens = s.kv_lens;
-      c.p.layout = s.layout;
-      c.name = std::string(k) + "_" + s.tag;
-      out.push_back(c);
-    }
+    for (const Shape& s : random_shapes) add(k, s, "random" + std::to_string(r++));
+    for (const Shape& s : shapes) add(k, s, s.tag);
   }
   return out;
 }

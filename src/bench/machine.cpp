@@ -89,23 +89,20 @@ size_t physical_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
 }
 
-std::string today() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&t, &tm);
-  char buf[16];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
-  return buf;
-}
-
-std::string now_iso8601() {
+namespace {
+std::string local_time(const char* format) {
   const std::time_t t = std::time(nullptr);
   std::tm tm{};
   localtime_r(&t, &tm);
   char buf[40];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S%z", &tm);
+  std::strftime(buf, sizeof buf, format, &tm);
   return buf;
 }
+}  // namespace
+
+std::string today() { return local_time("%Y-%m-%d"); }
+
+std::string now_iso8601() { return local_time("%Y-%m-%dT%H:%M:%S%z"); }
 
 nlohmann::json describe_machine() {
   nlohmann::json m;
