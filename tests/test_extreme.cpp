@@ -68,6 +68,25 @@ TEST_P(Extreme, NanInVisibleKeyPoisonsExactlyTheRowsThatSeeIt) {
     }
 }
 
+TEST_P(Extreme, NanInPartlyVisibleValueRowReachesOnlyTheRowsThatSeeIt) {
+  // Causal, 100 x 100: key 70 sits inside a tile that is only partly visible to the rows
+  // around the diagonal (tiled kernels must clip per row, not per tile). A NaN in one V
+  // component poisons only that output component of the rows that see key 70.
+  Problem p = test::shape(1, 2, 1, 100, 100, 24);
+  p.causal = CausalAlign::BottomRight;
+  Tensors t = random_tensors(p, 9);
+  const int64_t bad_key = 70;
+  const_cast<float*>(t.inputs.v.row(0, 0, bad_key))[5] = std::nanf("");
+  if (!run(p, t)) GTEST_SKIP() << GetParam()->supports(p).reason;
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < p.q_len; ++i) {
+      const bool sees = p.visible(0, i).hi > bad_key;
+      EXPECT_EQ(std::isnan(t.outputs.o.row(0, h, i)[5]), sees) << "h " << h << " row " << i;
+      EXPECT_FALSE(std::isnan(t.outputs.o.row(0, h, i)[4])) << "h " << h << " row " << i;
+      EXPECT_FALSE(std::isnan(t.outputs.lse[h * p.q_len + i])) << "h " << h << " row " << i;
+    }
+}
+
 TEST_P(Extreme, NanInMaskedPositionsNeverLeaks) {
   Problem p = test::shape(2, 2, 2, 5, 40, 16);
   p.kv_lens = {17, 0};
