@@ -340,17 +340,20 @@ Experiment parse_experiment(const Json& doc, const std::string& name,
   return e;
 }
 
-Experiment load_experiment(const std::string& path, const std::vector<std::string>& known_kernels) {
-  const std::string text = read_text_file(path);
+Experiment parse_experiment_text(const std::string& text, const std::string& name,
+                                 const std::vector<std::string>& known_kernels) {
   Json doc;
   try {
     doc = Json::parse(text);
   } catch (const Json::parse_error& err) {
-    throw InvalidInput("experiment " + path + ": not valid JSON (" + err.what() + ")");
+    throw InvalidInput("experiment " + name + ": not valid JSON (" + err.what() + ")");
   }
-  const std::string stem = std::filesystem::path(path).stem().string();
-  Experiment e = parse_experiment(doc, path, known_kernels);
-  e.name = stem;
+  return parse_experiment(doc, name, known_kernels);
+}
+
+Experiment load_experiment(const std::string& path, const std::vector<std::string>& known_kernels) {
+  Experiment e = parse_experiment_text(read_text_file(path), path, known_kernels);
+  e.name = std::filesystem::path(path).stem().string();
   return e;
 }
 

@@ -81,6 +81,10 @@ struct Experiment {
 // `known_kernels`: the names "all" expands to and that implementations may list.
 Experiment parse_experiment(const nlohmann::json& doc, const std::string& name,
                             const std::vector<std::string>& known_kernels);
+// Parses JSON text (the file reader's core; `name` appears in messages); syntax errors name
+// the position.
+Experiment parse_experiment_text(const std::string& text, const std::string& name,
+                                 const std::vector<std::string>& known_kernels);
 // Reads and parses a file (name = file stem); JSON syntax errors name the file and position.
 Experiment load_experiment(const std::string& path, const std::vector<std::string>& known_kernels);
 // The registry's kernel names.
