@@ -1,10 +1,13 @@
 // Every registered kernel against the float64 reference over a grid of shapes: odd sizes,
 // q_len != kv_len both ways, head dims that are and are not multiples of the vector width,
 // MHA / GQA / MQA, batch 1-3, causal (both alignments), windows, kv_lens with zeros and
-// both layouts. Kernels are taken from the registry, so a new kernel is tested with no
-// change here. Unavailable kernels (e.g. CUDA without a device) are skipped with the reason.
+// both layouts; vector tails (head dims 1 to 512 that are not multiples of 16) and decode's
+// chunk merge (kv_len around its 512-key chunk, q_len 1..16, kv_lens cutting inside a chunk).
+// Kernels are taken from the registry, so a new kernel is tested with no change here.
+// Unavailable kernels (e.g. CUDA without a device) are skipped with the reason.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <sstream>
 #include <thread>
 
@@ -17,12 +20,28 @@ namespace {
 
 constexpr int64_t kLens[] = {1, 2, 3, 17, 64, 65, 127, 300};
 constexpr int64_t kDims[] = {16, 32, 64, 80, 96, 128, 256};
-constexpr int64_t kHeads[][2] = {{1, 1}, {4, 1}, {8, 2}, {8, 8}};
+// The first four cycle in the shape grid; 6x2 (a tiled h % kv_heads mapping fails) joins
+// them in the tail and decode grids.
+constexpr int64_t kHeads[][2] = {{1, 1}, {4, 1}, {8, 2}, {8, 8}, {6, 2}};
+// Head dims with a partial vector (AVX-512: 16 lanes), FlashAttention's odd 40/59/111,
+// and the largest supported one.
+constexpr int64_t kTailDims[] = {1, 3, 8, 24, 40, 59, 72, 111, 200, 257, 384, 512};
+// (q_len, kv_len): decode's q_len <= 16 and prefill tiles (flash's 120-row tile, 64-key tiles).
+constexpr int64_t kTailShapes[][2] = {{1, 300}, {7, 513}, {16, 64}, {33, 65}, {65, 127}, {130, 200}};
+// kv lengths around decode's 512-key chunk.
+constexpr int64_t kChunkLens[] = {511, 512, 513, 1500, 4097};
 
-enum class MaskKind { None, Causal, CausalTopLeft, WindowCausal, WindowBoth, KvLens, KvLensCausal };
+enum class MaskKind {
+  None, Causal, CausalTopLeft, WindowCausal, WindowBoth, KvLens, KvLensCausal,
+  WindowWide,                 // a window of 2/3 of kv_len: its left edge falls inside a chunk
+  KvLensCut, KvLensCutCausal  // kv_lens {kv_len - 1, 0, min(kv_len, 513)}: cut inside chunks
+};
 constexpr MaskKind kMasks[] = {MaskKind::None,       MaskKind::Causal,   MaskKind::CausalTopLeft,
                                MaskKind::WindowCausal, MaskKind::WindowBoth, MaskKind::KvLens,
                                MaskKind::KvLensCausal};
+constexpr MaskKind kChunkMasks[] = {MaskKind::None,       MaskKind::Causal,    MaskKind::CausalTopLeft,
+                                    MaskKind::WindowWide, MaskKind::WindowBoth, MaskKind::KvLensCut,
+                                    MaskKind::KvLensCutCausal};
 const char* mask_name(MaskKind m) {
   switch (m) {
     case MaskKind::None: return "none";
@@ -32,6 +51,9 @@ const char* mask_name(MaskKind m) {
     case MaskKind::WindowBoth: return "win5_3";
     case MaskKind::KvLens: return "kvlens";
     case MaskKind::KvLensCausal: return "kvlens_causal";
+    case MaskKind::WindowWide: return "win";  // named with its bounds by make_case
+    case MaskKind::KvLensCut: return "kvlens_cut";
+    case MaskKind::KvLensCutCausal: return "kvlens_cut_causal";
   }
   return "?";
 }
@@ -58,10 +80,24 @@ Case make_case(int64_t sq, int64_t sk, int64_t d, int hi, int64_t batch, MaskKin
       for (int64_t b = 0; b < batch; ++b) p.kv_lens.push_back(b == 0 ? 0 : (b == 1 ? sk : (sk + 1) / 2));
       if (mask == MaskKind::KvLensCausal) p.causal = CausalAlign::BottomRight;
       break;
+    case MaskKind::WindowWide: p.window_left = 2 * sk / 3, p.window_right = 1; break;
+    case MaskKind::KvLensCut:
+    case MaskKind::KvLensCutCausal: {
+      const int64_t lens[] = {sk - 1, 0, std::min<int64_t>(sk, 513)};
+      for (int64_t b = 0; b < batch; ++b) p.kv_lens.push_back(lens[b % 3]);
+      if (mask == MaskKind::KvLensCutCausal) p.causal = CausalAlign::BottomRight;
+      break;
+    }
   }
   std::ostringstream name;  // (a stream: GCC 12 warns falsely on chained string +)
   name << "q" << sq << "_k" << sk << "_d" << d << "_h" << p.q_heads << "x" << p.kv_heads << "_b"
-       << batch << "_" << mask_name(mask) << "_" << to_string(layout);
+       << batch << "_";
+  if (mask == MaskKind::WindowWide) {
+    name << "win" << p.window_left << "_" << p.window_right;
+  } else {
+    name << mask_name(mask);
+  }
+  name << "_" << to_string(layout);
   c.name = name.str();
   return c;
 }
@@ -88,9 +124,34 @@ std::vector<Case> grid() {
       cases.push_back(make_case(65, 127, d, 2, 2, m, d % 32 ? Layout::BSHD : Layout::BHSD));
     }
   // GQA with 6 query heads over 2 kv heads: a tiled mapping (h % kv_heads) cannot pass.
-  Case g = make_case(17, 300, 64, 0, 2, MaskKind::Causal, Layout::BHSD);
-  g.p.q_heads = 6, g.p.kv_heads = 2, g.name = "q17_k300_d64_h6x2_b2_causal_bhsd";
-  cases.push_back(g);
+  cases.push_back(make_case(17, 300, 64, 4, 2, MaskKind::Causal, Layout::BHSD));
+  // Vector tails: every tail head_dim with every mask; shapes, heads, batch and layout
+  // cycle at periods co-prime with the 7 masks.
+  int t = 0;
+  for (int64_t d : kTailDims)
+    for (MaskKind m : kMasks) {
+      const int64_t* sh = kTailShapes[t % 6];
+      const int hi = t % 5;
+      const int64_t batch = 1 + (t / 5) % 3;
+      const Layout layout = (t / 7 + t) % 2 ? Layout::BSHD : Layout::BHSD;
+      ++t;
+      if (test::small_mode() && (t % 4 != 0 || d > 257)) continue;
+      cases.push_back(make_case(sh[0], sh[1], d, hi, batch, m, layout));
+    }
+  // decode's chunk merge: q_len 1..16 at each kv length around the chunk size; the other
+  // axes cycle at periods 12, 7, 5 (co-prime), batch and layout change every 12 cases.
+  int c = 0;
+  for (int64_t sk : kChunkLens)
+    for (int64_t sq = 1; sq <= 16; ++sq) {
+      const int64_t d = kTailDims[c % 12];
+      const MaskKind m = kChunkMasks[c % 7];
+      const int hi = c % 5;
+      const int64_t batch = 1 + (c / 12) % 3;
+      const Layout layout = (c / 12 + c) % 2 ? Layout::BSHD : Layout::BHSD;
+      ++c;
+      if (test::small_mode() && (c % 3 != 0 || sk > 1500 || d > 257)) continue;  // head dims 8, 59, 200
+      cases.push_back(make_case(sq, sk, d, hi, batch, m, layout));
+    }
   return cases;
 }
 

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "attnlab/kernel.hpp"
 #include "attnlab/npy.hpp"
 #include "attnlab/verify.hpp"
 #include "test_util.hpp"
@@ -107,6 +108,48 @@ TEST_F(Cli, VerifyRandomShapeAndDefaults) {
   Result all = attnlab("verify --impl naive");
   EXPECT_EQ(all.code, 0) << all.out;
   EXPECT_NE(all.out.find("causal=top-left"), std::string::npos) << all.out;
+}
+
+// Verifying nothing is not agreement: a named kernel that runs on no shape exits 3 with
+// the reason; `all` skips it and counts what ran.
+TEST_F(Cli, VerifyNamedKernelThatCannotRunExits3) {
+  // Unavailable (built without CUDA, or no device); on a machine with a device this part
+  // has nothing unavailable to name.
+  if (Support a = kernel_or_throw("cuda_flash").available(); !a) {
+    Result cuda = attnlab("verify --impl cuda_flash");
+    EXPECT_EQ(cuda.code, 3) << cuda.out;
+    EXPECT_NE(cuda.out.find("verified 0 of 1 kernels; not run: cuda_flash (" + a.reason + ")"), std::string::npos)
+        << cuda.out;
+    EXPECT_EQ(cuda.out.find("agree"), std::string::npos) << cuda.out;
+    // One runnable and one not: still 3, and the one that ran is counted.
+    Result pair = attnlab("verify --impl naive,cuda_flash --q-len 3 --kv-len 5 --head-dim 8");
+    EXPECT_EQ(pair.code, 3) << pair.out;
+    EXPECT_NE(pair.out.find("verified 1 of 2 kernels; not run: cuda_flash"), std::string::npos) << pair.out;
+  }
+  // Supported by decode for no shape: q_len 100 > 16.
+  Result decode = attnlab("verify --impl decode --q-len 100 --kv-len 300 --head-dim 8");
+  EXPECT_EQ(decode.code, 3) << decode.out;
+  EXPECT_NE(decode.out.find("verified 0 of 1 kernels; not run: decode (q_len 100 > 16"), std::string::npos)
+      << decode.out;
+  EXPECT_NE(decode.out.find("error: not verified: decode"), std::string::npos) << decode.out;
+  // ...while the default shapes include decode ones (q_len 1): it runs.
+  EXPECT_EQ(attnlab("verify --impl decode").code, 0);
+}
+
+TEST_F(Cli, VerifyAllSkipsWithReasonsAndCounts) {
+  Result r = attnlab("verify --impl all --q-len 100 --kv-len 300 --head-dim 8");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("SKIP (q_len 100 > 16"), std::string::npos) << r.out;
+  size_t total = 0, runnable = 0;
+  Problem p = test::shape(1, 8, 2, 100, 300, 8);
+  for (const Kernel* k : registry()) {
+    ++total;
+    runnable += k->available() && k->supports(p);
+  }
+  ASSERT_LT(runnable, total);  // decode at least is skipped
+  const std::string line = "verified " + std::to_string(runnable) + " of " + std::to_string(total) + " kernels; not run: ";
+  EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  EXPECT_NE(r.out.find("all kernels that ran agree"), std::string::npos) << r.out;
 }
 
 TEST_F(Cli, BadInputGetsClearErrorsAndWritesNothing) {

@@ -1,5 +1,8 @@
 // attnlab verify: kernels against the float64 reference (random inputs over one shape or a
 // default set), or against outputs produced elsewhere (--expect, e.g. numpy / PyTorch).
+// Verifying nothing is not agreement: a kernel named in --impl that runs on no shape
+// (unavailable, or unsupported for every shape) makes the exit code 3, with the reason.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -21,7 +24,10 @@ struct VerifyArgs {
 std::vector<const Kernel*> selected(const std::string& impl) {
   if (impl == "all") return registry();
   std::vector<const Kernel*> out;
-  for (const auto& name : CLI::detail::split(impl, ',')) out.push_back(&kernel_or_throw(name));
+  for (const auto& name : CLI::detail::split(impl, ',')) {
+    const Kernel* k = &kernel_or_throw(name);
+    if (std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
+  }
   return out;
 }
 
@@ -60,32 +66,92 @@ void print_columns() {
   std::printf("  %-12s %12s %12s %12s  %s\n", "kernel", "O max abs", "O rel", "LSE rel", "status");
 }
 
-bool print_check(const KernelCheck& c) {
+void print_check(const KernelCheck& c) {
   if (c.verdict == Verdict::Skip) {
     std::printf("  %-12s %12s %12s %12s  SKIP (%s)\n", c.kernel.c_str(), "-", "-", "-", c.reason.c_str());
-    return true;
+    return;
   }
   std::printf("  %-12s %12.3g %12.3g %12.3g  %s%s%s\n", c.kernel.c_str(), c.errors.o_abs,
               c.errors.o_rel, c.errors.lse, to_string(c.verdict),
               c.reason.empty() ? "" : ": ", c.reason.c_str());
-  return c.verdict != Verdict::Fail;
 }
 
+// Per selected kernel over all shapes: whether it ran (passed or failed) on at least one,
+// whether it failed, and the distinct reasons it was skipped.
+class Tally {
+ public:
+  Tally(std::vector<const Kernel*> kernels, bool named) : kernels_(std::move(kernels)), named_(named) {
+    seen_.resize(kernels_.size());
+  }
+  const std::vector<const Kernel*>& kernels() const { return kernels_; }
+  // Prints the check and records it for kernels()[i].
+  void add(size_t i, const KernelCheck& c) {
+    print_check(c);
+    Seen& s = seen_[i];
+    if (c.verdict == Verdict::Skip) {
+      if (std::find(s.skips.begin(), s.skips.end(), c.reason) == s.skips.end()) s.skips.push_back(c.reason);
+    } else {
+      s.ran = true;
+      s.failed |= c.verdict == Verdict::Fail;
+    }
+  }
+  // `external_ok`: whether the expected file itself agrees (always true for random inputs).
+  // 1 when something disagrees, else 3 when a named kernel (or, for all, every kernel) ran
+  // on no shape, else 0.
+  int finish(bool external_ok, const char* agree, const char* disagree) const {
+    size_t ran = 0;
+    bool failed = !external_ok;
+    std::string not_run;
+    for (size_t i = 0; i < kernels_.size(); ++i) {
+      const Seen& s = seen_[i];
+      ran += s.ran;
+      failed |= s.failed;
+      if (s.ran) continue;
+      std::string why;
+      for (const std::string& r : s.skips) why += (why.empty() ? "" : "; ") + r;
+      not_run += (not_run.empty() ? "" : ", ") + std::string(kernels_[i]->name()) + " (" + why + ")";
+    }
+    std::printf("\nverified %zu of %zu kernels%s%s\n", ran, kernels_.size(), not_run.empty() ? "" : "; not run: ",
+                not_run.c_str());
+    if (failed) {
+      std::printf("%s\n", disagree);
+      return 1;
+    }
+    if (ran == 0 || (named_ && ran < kernels_.size())) {
+      std::printf("NOT VERIFIED: %s could not run on any shape\n", named_ ? "a named kernel" : "no kernel");
+      std::cerr << "error: not verified: " << not_run << "\n";
+      return 3;
+    }
+    std::printf("%s\n", agree);
+    return 0;
+  }
+
+ private:
+  struct Seen {
+    bool ran = false, failed = false;
+    std::vector<std::string> skips;
+  };
+  std::vector<const Kernel*> kernels_;
+  bool named_;
+  std::vector<Seen> seen_;
+};
+
+Tally make_tally(const std::string& impl) { return Tally(selected(impl), impl != "all"); }
+
 int verify_random(const std::vector<Problem>& problems, const VerifyArgs& a) {
-  bool ok = true;
+  Tally tally = make_tally(a.impl);
   for (const Problem& p : problems) {
     p.validate();
     Tensors t = random_tensors(p, a.shape.seed);
     const Agreement ag = prepare_agreement(p, t.inputs, all_rows(p));
     print_header(p, ag.baseline, ag.tol);
     print_columns();
-    for (const Kernel* k : selected(a.impl)) {
-      ok &= print_check(check_kernel(*k, p, t.inputs, ag, a.mask.thread_count()));
+    for (size_t i = 0; i < tally.kernels().size(); ++i) {
+      tally.add(i, check_kernel(*tally.kernels()[i], p, t.inputs, ag, a.mask.thread_count()));
     }
   }
-  std::printf("\n%s\n", ok ? "all selected kernels agree with the float64 reference"
-                            : "FAILED: some kernel disagrees with the float64 reference");
-  return ok ? 0 : 1;
+  return tally.finish(true, "all kernels that ran agree with the float64 reference",
+                      "FAILED: some kernel disagrees with the float64 reference");
 }
 
 int verify_expect(const VerifyArgs& a) {
@@ -120,15 +186,14 @@ int verify_expect(const VerifyArgs& a) {
     if (!expect_lse.data.empty()) vs_file.ref.lse[r] = expect_lse.data[(id.b * p.q_heads + id.h) * p.q_len + id.i];
   }
   vs_file.tol = ag.tol.widened_by(external);
-  bool ok = ag.tol.passes(external);
-  for (const Kernel* k : selected(a.impl)) {
-    KernelCheck c = check_kernel(*k, p, li.inputs, vs_file, a.mask.thread_count());
+  Tally tally = make_tally(a.impl);
+  for (size_t i = 0; i < tally.kernels().size(); ++i) {
+    KernelCheck c = check_kernel(*tally.kernels()[i], p, li.inputs, vs_file, a.mask.thread_count());
     if (expect_lse.data.empty()) c.errors.lse = 0;  // LSE is compared only when given
-    ok &= print_check(c);
+    tally.add(i, c);
   }
-  std::printf("\n%s\n", ok ? "all selected kernels agree with the expected outputs"
-                            : "FAILED: disagreement with the expected outputs");
-  return ok ? 0 : 1;
+  return tally.finish(ag.tol.passes(external), "all kernels that ran agree with the expected outputs",
+                      "FAILED: disagreement with the expected outputs");
 }
 
 }  // namespace
@@ -136,7 +201,11 @@ int verify_expect(const VerifyArgs& a) {
 Command add_verify(CLI::App& app) {
   auto args = std::make_shared<VerifyArgs>();
   CLI::App* sub = app.add_subcommand("verify", "check kernels against the float64 reference or expected .npy outputs");
-  sub->add_option("--impl", args->impl, "kernel name(s), comma separated, or all");
+  sub->footer("Exit codes: 0 every kernel that ran agrees, 1 a kernel (or the --expect file) disagrees, 2 bad "
+              "input, 3 not verified: a kernel named in --impl ran on no shape (unavailable, e.g. no CUDA device, "
+              "or unsupported for every shape; the reason is printed), with --impl all no kernel ran, or another "
+              "error. --impl all skips what cannot run, with the reason, and ends with \"verified N of M kernels\".");
+  sub->add_option("--impl", args->impl, "kernel name(s), comma separated, or all (default)");
   sub->add_option("--q", args->q, "Q .npy (with --k, --v, --expect)");
   sub->add_option("--k", args->k, "K .npy");
   sub->add_option("--v", args->v, "V .npy");
