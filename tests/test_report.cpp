@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmath>
+#include <limits>
 
 #include "attnlab/kernel.hpp"
 #include "attnlab/npy.hpp"
@@ -134,6 +135,41 @@ TEST_F(Report, FittedExponentIsExactOnPowerLaws) {
   const std::string md = read_text_file(out + "/report.md");
   EXPECT_NE(md.find("| naive | 2.00 (time vs n)"), std::string::npos) << md.substr(0, 2000);
   EXPECT_NE(md.find("| flash | 1.50 (time vs n)"), std::string::npos) << md.substr(0, 2000);
+}
+
+// A failed point whose errors are inf and NaN (written by the C++ CSV writer as inf, nan)
+// loads and is counted and listed as failed.
+TEST_F(Report, FailedPointWithNonFiniteErrorsIsCounted) {
+  const std::string dir = fresh_dir("nonfinite");
+  make_dirs(dir);
+  std::vector<PointRecord> records;
+  for (const std::string kernel : {"naive", "flash"}) {
+    PointRecord r;
+    r.kernel = kernel;
+    r.id = kernel + "64";
+    r.problem.q_len = r.problem.kv_len = 64;
+    r.problem.head_dim = 16;
+    r.verdict = kernel == "naive" ? "PASS" : "FAIL";
+    r.tol_o_rel = r.tol_lse = 4e-6;
+    if (kernel == "naive") {
+      r.status = PointStatus::Ok;
+      r.times = {1e-4, 1.1e-4};
+    } else {
+      r.status = PointStatus::Failed;
+      r.reason = "disagrees with the float64 reference: O error inf";
+      r.err_o_rel = std::numeric_limits<double>::infinity();
+      r.err_lse = std::numeric_limits<double>::quiet_NaN();
+    }
+    records.push_back(r);
+  }
+  const std::string csv = tidy_csv("nonfinite", records);
+  ASSERT_NE(csv.find(",FAIL,inf,"), std::string::npos) << csv;
+  write_file_atomic(dir + "/results.csv", csv);
+  const std::string out = fresh_dir("nonfinite_out");
+  report(dir, out);
+  const std::string md = read_text_file(out + "/report.md");
+  EXPECT_NE(md.find("FAIL (1 of 1 shapes) | 0 / 1 / 0 |"), std::string::npos) << md.substr(0, 3000);
+  EXPECT_NE(md.find("O error inf"), std::string::npos) << "listed with its reason";
 }
 
 TEST_F(Report, MissingResultsAreAnError) {

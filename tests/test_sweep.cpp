@@ -1,15 +1,32 @@
 // The sweep runner on tiny shapes: every point is decided and written, a stopped sweep
 // resumes without re-running or losing points, shards merge back into the whole plan,
 // disagreeing kernels are recorded as failed (never timed), and skips carry their reason.
+// Robustness: non-finite errors survive write -> load -> merge -> resume, --resume picks
+// the newest folder and refuses another build, a point the process died on is recorded as
+// failed (not retried), the memory estimate covers what verification allocates, and a
+// failed write is an I/O error (exit code 4), not bad input.
 #include <gtest/gtest.h>
+#include <malloc.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <array>
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "attnlab/npy.hpp"
+#include "attnlab/verify.hpp"
 #include "bench/files.hpp"
 #include "bench/bench_point.hpp"
+#include "bench/machine.hpp"
 #include "bench/results.hpp"
 #include "bench/sweep.hpp"
 
@@ -40,8 +57,56 @@ class Picky final : public Kernel {
   void run(const Problem&, const Inputs&, const Outputs&, RunContext&) const override {}
 };
 
+// naive with O[0,0,0,0] = NaN: a failed point whose O error is inf.
+class NanOut final : public Kernel {
+ public:
+  std::string_view name() const override { return "nanout"; }
+  std::string_view description() const override { return "test: naive with O[0,0,0,0] = NaN"; }
+  size_t workspace_bytes(const Problem& p, int t) const override { return find_kernel("naive")->workspace_bytes(p, t); }
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    find_kernel("naive")->run(p, in, out, ctx);
+    out.o.row(0, 0, 0)[0] = std::numeric_limits<float>::quiet_NaN();
+  }
+};
+
+// naive, except that it raises g_doomed_signal (when non-zero) while it runs: a process
+// killed in the middle of a point. Set only inside death-test statements, so the parent
+// process runs it as naive.
+int g_doomed_signal = 0;
+class Doomed final : public Kernel {
+ public:
+  std::string_view name() const override { return "doomed"; }
+  std::string_view description() const override { return "test: naive that may kill its process"; }
+  size_t workspace_bytes(const Problem& p, int t) const override { return find_kernel("naive")->workspace_bytes(p, t); }
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    if (g_doomed_signal != 0) std::raise(g_doomed_signal);
+    find_kernel("naive")->run(p, in, out, ctx);
+  }
+};
+
+// naive that records the most heap memory in use (mallinfo2) while it runs: the moments
+// the verification and the timing hold all their buffers.
+size_t heap_in_use() {
+  const struct mallinfo2 m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+size_t g_probe_peak = 0;
+class Probe final : public Kernel {
+ public:
+  std::string_view name() const override { return "probe"; }
+  std::string_view description() const override { return "test: naive that samples the heap"; }
+  size_t workspace_bytes(const Problem& p, int t) const override { return find_kernel("naive")->workspace_bytes(p, t); }
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    g_probe_peak = std::max(g_probe_peak, heap_in_use());
+    find_kernel("naive")->run(p, in, out, ctx);
+  }
+};
+
 const Broken kBroken;
 const Picky kPicky;
+const NanOut kNanOut;
+const Doomed kDoomed;
+const Probe kProbe;
 
 std::string fresh_dir(const std::string& name) {
   const std::string d = ::testing::TempDir() + "/attn_sweep_" + name;
@@ -63,8 +128,9 @@ std::string peak_file() {
 }
 
 struct SweepRun : ::testing::Test {
-  std::vector<const Kernel*> kernels = {find_kernel("naive"), find_kernel("blocked"), &kBroken, &kPicky};
-  std::vector<std::string> names = {"naive", "blocked", "broken", "picky"};
+  std::vector<const Kernel*> kernels = {find_kernel("naive"), find_kernel("blocked"), &kBroken, &kPicky,
+                                        &kNanOut, &kDoomed, &kProbe};
+  std::vector<std::string> names = {"naive", "blocked", "broken", "picky", "nanout", "doomed", "probe"};
   std::ostringstream log;
 
   Experiment experiment(const std::string& extra = "") {
@@ -78,6 +144,9 @@ struct SweepRun : ::testing::Test {
     o.out_dir = dir;
     o.kernels = kernels;
     o.peak_json = peak_file();
+    // A resumed sweep re-measures the peaks at its end: small and quick here.
+    o.peak_buffer_bytes = size_t{4} << 20;
+    o.peak_repeats = 1;
     o.all_threads = 2;
     o.progress = &log;
     return o;
@@ -86,6 +155,19 @@ struct SweepRun : ::testing::Test {
     std::map<std::string, std::string> out;
     for (const auto& f : list_files(points_dir(dir), ".json")) out[f] = read_text_file(points_dir(dir) + "/" + f);
     return out;
+  }
+  // naive and doomed on one shape: one point each.
+  Experiment died_experiment() {
+    return parse_experiment(
+        Json::parse(R"({"description": "d", "implementations": ["naive", "doomed"], "q_len": 8, "q_heads": 2,
+                        "head_dim": 16, "threads": 1, "repetitions": 1, "min_time_s": 0.001})"),
+        "died", names);
+  }
+  static std::string doomed_point_id(const Experiment& e) {
+    for (const auto& g : expand(e, 2)) {
+      if (g.kernel == "doomed") return g.id();
+    }
+    return "";
   }
   static std::vector<std::string> csv_lines(const std::string& dir) {
     std::istringstream in(read_text_file(dir + "/results.csv"));
@@ -272,6 +354,358 @@ TEST(SweepEstimate, RateBookUsesTheLargestPointAndFallsBack) {
   t.min_time_s = 0.5;
   EXPECT_DOUBLE_EQ(estimate_point_seconds(2.0, t, true), 2.0 + 3 * 2.0 + 0.5);
   EXPECT_DOUBLE_EQ(estimate_point_seconds(0.1, t, false), 3 * 0.5 + 0.1);
+}
+
+// ---------------------------------------------------------------- robustness of results
+
+// One CSV data row as column -> text (quoted fields hold commas; rows hold no newline).
+std::map<std::string, std::string> csv_row(const std::string& csv, size_t index) {
+  std::istringstream in(csv);
+  std::vector<std::vector<std::string>> rows;
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> fields(1);
+    bool quoted = false;
+    for (size_t i = 0; i < line.size(); ++i) {
+      const char c = line[i];
+      if (c == '"' && quoted && i + 1 < line.size() && line[i + 1] == '"') {
+        fields.back() += c;
+        ++i;
+      } else if (c == '"') {
+        quoted = !quoted;
+      } else if (c == ',' && !quoted) {
+        fields.emplace_back();
+      } else {
+        fields.back() += c;
+      }
+    }
+    rows.push_back(fields);
+  }
+  std::map<std::string, std::string> out;
+  EXPECT_EQ(rows.at(0).size(), rows.at(index + 1).size()) << csv;
+  for (size_t i = 0; i < rows.at(0).size(); ++i) out[rows[0][i]] = rows.at(index + 1).at(i);
+  return out;
+}
+
+TEST(SweepRecords, NonFiniteNumbersRoundTripExactly) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  PointRecord r;
+  r.id = r.name = "p";
+  r.kernel = "naive";
+  r.status = PointStatus::Failed;
+  r.reason = "disagrees";
+  r.verdict = "FAIL";
+  r.err_o_rel = inf;
+  r.err_lse = nan;
+  r.tol_o_rel = -inf;
+  r.tol_lse = 3.814697265625e-06;
+  r.peak_flops = 1.2345678901234567e11;
+  r.times = {0.5, inf, nan};
+  const std::string text = r.to_json().dump();
+  EXPECT_EQ(text.find("null"), std::string::npos) << "JSON null loses the value: " << text;
+  const PointRecord back = PointRecord::from_json(Json::parse(text));
+  EXPECT_TRUE(std::isinf(back.err_o_rel) && back.err_o_rel > 0);
+  EXPECT_TRUE(std::isnan(back.err_lse));
+  EXPECT_TRUE(std::isinf(back.tol_o_rel) && back.tol_o_rel < 0);
+  EXPECT_EQ(back.tol_lse, r.tol_lse);
+  EXPECT_EQ(back.peak_flops, r.peak_flops);
+  ASSERT_EQ(back.times.size(), 3u);
+  EXPECT_EQ(back.times[0], 0.5);
+  EXPECT_TRUE(std::isinf(back.times[1]));
+  EXPECT_TRUE(std::isnan(back.times[2]));
+  EXPECT_EQ(back.to_json(), r.to_json()) << "merge compares records as JSON: NaN must equal NaN";
+
+  // Files written before the rule hold null: read as NaN, not dropped.
+  Json old = r.to_json();
+  old["err_o_rel"] = nullptr;
+  EXPECT_TRUE(std::isnan(PointRecord::from_json(old).err_o_rel));
+  old["err_lse"] = "infinity";
+  try {
+    PointRecord::from_json(old);
+    ADD_FAILURE() << "\"infinity\" accepted";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("err_lse"), std::string::npos) << e.what();
+  }
+
+  // The CSV writes them as Python's float() reads them; empty only where a column does not
+  // apply (a failed point has no times).
+  const auto row = csv_row(tidy_csv("e", {r}), 0);
+  EXPECT_EQ(row.at("err_o_rel"), "inf");
+  EXPECT_EQ(row.at("err_lse"), "nan");
+  EXPECT_EQ(row.at("tol_o_rel"), "-inf");
+  EXPECT_EQ(row.at("time_median_s"), "");
+  EXPECT_EQ(row.at("gflops"), "");
+}
+
+TEST_F(SweepRun, FailedPointWithInfiniteErrorSurvivesLoadResumeAndMerge) {
+  const Experiment e = parse_experiment(
+      Json::parse(R"({"description": "d", "implementations": ["nanout", "naive"], "q_len": [8, 16], "q_heads": 2,
+                      "head_dim": 16, "threads": 1, "repetitions": 1, "min_time_s": 0.001})"),
+      "nonfinite", names);
+  std::vector<std::string> dirs;
+  for (int i = 0; i < 2; ++i) {
+    dirs.push_back(fresh_dir("nonfinite" + std::to_string(i)));
+    SweepOptions o = options(dirs.back());
+    o.shard_index = i;
+    o.shard_count = 2;
+    const SweepSummary s = run_sweep(e, o);
+    EXPECT_EQ(s.ok + s.failed, s.planned) << log.str();
+    EXPECT_EQ(read_points(dirs.back()).size(), s.planned) << "a failed point must load";
+    // Resuming keeps every point, failed ones included: nothing runs again.
+    const auto before = point_files(dirs.back());
+    o.resume = true;
+    const SweepSummary again = run_sweep(e, o);
+    EXPECT_EQ(again.already, again.planned);
+    EXPECT_EQ(again.ok + again.failed, 0u);
+    EXPECT_EQ(point_files(dirs.back()), before);
+  }
+  const std::string merged = fresh_dir("nonfinite_merged");
+  EXPECT_EQ(merge_results(merged, dirs), 4u);
+  size_t failed = 0;
+  for (const auto& pf : read_points(merged)) {
+    if (pf.record.kernel != "nanout") continue;
+    ++failed;
+    EXPECT_EQ(pf.record.status, PointStatus::Failed);
+    EXPECT_TRUE(std::isinf(pf.record.err_o_rel)) << pf.record.err_o_rel;
+  }
+  EXPECT_EQ(failed, 2u) << "merged results lost failures";
+  const std::string csv = read_text_file(merged + "/results.csv");
+  size_t inf_rows = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    const auto row = csv_row(csv, i);
+    if (row.at("kernel") == "nanout") inf_rows += row.at("err_o_rel") == "inf" && row.at("status") == "failed";
+  }
+  EXPECT_EQ(inf_rows, 2u) << csv;
+}
+
+TEST(SweepResume, NewestFolderIsChosenByRecordedCreationThenNumerically) {
+  const std::string root = fresh_dir("root");
+  auto folder = [&](const std::string& name, const std::string& experiment, int64_t created, int shards = 1) {
+    SweepPlan p;
+    p.experiment = experiment;
+    p.created_unix_ns = created;
+    p.shard_count = shards;
+    make_dirs(root + "/" + name);
+    write_file_atomic(root + "/" + name + "/sweep.json", p.to_json().dump());
+  };
+  SweepOptions o;
+  o.results_root = root;
+  o.resume = true;
+  // Folders without a recorded creation time: by date, then -N as a number (-10 after -2).
+  folder("2026-01-01-tiny", "tiny", 0);
+  folder("2026-01-01-tiny-2", "tiny", 0);
+  folder("2026-01-01-tiny-10", "tiny", 0);
+  folder("2025-12-31-tiny-11", "tiny", 0);
+  EXPECT_EQ(choose_out_dir("tiny", o), root + "/2026-01-01-tiny-10");
+  // A recorded creation time wins over the name.
+  folder("2026-01-01-tiny-3", "tiny", 5);
+  EXPECT_EQ(choose_out_dir("tiny", o), root + "/2026-01-01-tiny-3");
+  // Not candidates, however new: experiment "tiny-4" (its folder looks like tiny's 4th),
+  // another shard count, names that are not <date>-tiny[-N], a folder without sweep.json.
+  folder("2026-01-01-tiny-4", "tiny-4", 9);
+  folder("2026-01-01-tiny-shard0of2", "tiny", 10, 2);
+  folder("2026-01-01-tiny-x", "tiny", 11);
+  folder("2026-01-01-tiny-05", "tiny", 12);
+  folder("tiny", "tiny", 13);
+  folder("2026-01-01-mytiny", "tiny", 14);
+  make_dirs(root + "/2026-01-01-tiny-20");
+  EXPECT_EQ(choose_out_dir("tiny", o), root + "/2026-01-01-tiny-3");
+  o.shard_count = 2;
+  EXPECT_EQ(choose_out_dir("tiny", o), root + "/2026-01-01-tiny-shard0of2");
+  // Nothing to resume: a new folder of today.
+  o.shard_count = 1;
+  EXPECT_EQ(choose_out_dir("other", o), root + "/" + today() + "-other");
+}
+
+TEST_F(SweepRun, ResumeWithoutOutContinuesTheNewestFolder) {
+  const Experiment e = experiment();
+  SweepOptions o = options("");
+  o.results_root = fresh_dir("root_run");
+  o.stop_after = 1;
+  const std::string first = run_sweep(e, o).out_dir;
+  const std::string second = run_sweep(e, o).out_dir;
+  EXPECT_EQ(second, first + "-2") << "without --resume, a new folder";
+  o.resume = true;
+  o.stop_after = 0;
+  const SweepSummary s = run_sweep(e, o);
+  EXPECT_EQ(s.out_dir, second);
+  EXPECT_EQ(s.already, 1u);
+}
+
+TEST_F(SweepRun, ResumeRefusesAnotherBuildUnlessForced) {
+  const std::string dir = fresh_dir("build");
+  const Experiment e = experiment();
+  SweepOptions o = options(dir);
+  o.stop_after = 2;
+  run_sweep(e, o);
+  Json machine = Json::parse(read_text_file(dir + "/machine.json"));
+  const std::string commit = machine["git"]["commit"], flags = machine["flags"];
+  machine["git"]["commit"] = "0123456789abcdef";
+  machine["flags"] = "-O0 -g";
+  write_file_atomic(dir + "/machine.json", machine.dump(2));
+  const auto before = point_files(dir);
+
+  o.stop_after = 0;
+  o.resume = true;
+  try {
+    run_sweep(e, o);
+    ADD_FAILURE() << "resumed a folder of another build";
+  } catch (const InvalidInput& err) {
+    const std::string msg = err.what();
+    for (const std::string& want : {std::string("0123456789abcdef"), commit, std::string("-O0 -g"), flags,
+                                    std::string("--force")}) {
+      EXPECT_NE(msg.find(want), std::string::npos) << "'" << want << "' missing from: " << msg;
+    }
+  }
+  EXPECT_EQ(point_files(dir), before) << "a refused resume writes nothing";
+
+  o.force = true;
+  const SweepSummary s = run_sweep(e, o);
+  EXPECT_EQ(s.already, 2u);
+  EXPECT_EQ(s.ok, s.planned - 2);
+  const Json after = Json::parse(read_text_file(dir + "/machine.json"));
+  ASSERT_EQ(after["forced_resumes"].size(), 1u);
+  EXPECT_NE(after["forced_resumes"][0]["differences"].get<std::string>().find("0123456789abcdef"), std::string::npos);
+}
+
+// The death tests re-execute this binary up to their statement (TBB threads: no plain
+// fork), so each statement comes first in its test, before state it would disturb.
+TEST_F(SweepRun, PointTheProcessDiedOnIsRecordedAsFailedNotRetried) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const Experiment e = died_experiment();
+  const std::string doomed_id = doomed_point_id(e);
+  const std::string dir = fresh_dir("died");
+  const SweepOptions o = options(dir);
+  EXPECT_EXIT(
+      {
+        g_doomed_signal = SIGKILL;
+        run_sweep(e, o);
+      },
+      ::testing::KilledBySignal(SIGKILL), "");
+  ASSERT_TRUE(file_exists(attempt_path(dir, doomed_id))) << "the marker is written before the point runs";
+  EXPECT_FALSE(file_exists(point_path(dir, doomed_id)));
+
+  // Merging the dead shard as it is counts the point as failed.
+  const std::string merged = fresh_dir("died_merged");
+  merge_results(merged, {dir});
+  const auto merged_points = read_points(merged);
+  const auto dead = std::find_if(merged_points.begin(), merged_points.end(),
+                                 [&](const PointFile& pf) { return pf.record.id == doomed_id; });
+  ASSERT_NE(dead, merged_points.end());
+  EXPECT_EQ(dead->record.status, PointStatus::Failed);
+
+  // Resuming records it as failed with the reason, without running it (were it run, this
+  // process would not die: g_doomed_signal is 0 here, and the point would come out ok).
+  SweepOptions r = options(dir);
+  r.resume = true;
+  const SweepSummary s = run_sweep(e, r);
+  EXPECT_EQ(s.failed, 1u) << log.str();
+  const PointRecord rec = PointRecord::from_json(Json::parse(read_text_file(point_path(dir, doomed_id)))["record"]);
+  EXPECT_EQ(rec.status, PointStatus::Failed);
+  EXPECT_EQ(rec.reason.rfind("process died while measuring this point: ", 0), 0u) << rec.reason;
+  EXPECT_NE(rec.reason.find("pid"), std::string::npos) << rec.reason;
+  EXPECT_EQ(rec.kernel, "doomed");
+  EXPECT_FALSE(file_exists(attempt_path(dir, doomed_id)));
+  const SweepSummary again = run_sweep(e, r);
+  EXPECT_EQ(again.already, again.planned) << "the death is a result, not retried";
+}
+
+// Ctrl-C or SIGTERM is not a death of the point: the marker goes, a resume measures it.
+TEST_F(SweepRun, StoppedBySigtermThePointIsMeasuredAgainOnResume) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const Experiment e = died_experiment();
+  const std::string doomed_id = doomed_point_id(e);
+  const std::string stopped = fresh_dir("stopped");
+  const SweepOptions so = options(stopped);
+  EXPECT_EXIT(
+      {
+        g_doomed_signal = SIGTERM;
+        run_sweep(e, so);
+      },
+      ::testing::KilledBySignal(SIGTERM), "");
+  EXPECT_FALSE(file_exists(attempt_path(stopped, doomed_id)));
+  SweepOptions sr = options(stopped);
+  sr.resume = true;
+  const SweepSummary resumed = run_sweep(e, sr);
+  EXPECT_EQ(resumed.failed, 0u) << log.str();
+  EXPECT_EQ(resumed.already + resumed.ok, resumed.planned);
+}
+
+TEST_F(SweepRun, MemoryEstimateCoversWhatVerificationAndTimingAllocate) {
+  {
+    const size_t before = heap_in_use();
+    const auto block = alloc_floats(size_t{2} << 20);
+    if (heap_in_use() < before + (size_t{8} << 20)) {
+      GTEST_SKIP() << "mallinfo2 does not see this allocator's blocks (sanitizer build)";
+    }
+  }
+  for (const std::string shape :
+       {R"("q_len": 4, "kv_len": 16384, "q_heads": 4, "kv_heads": 2, "head_dim": 64)",
+        R"("q_len": 512, "q_heads": 2, "head_dim": 64, "causal": true)",
+        R"("q_len": 96, "kv_len": 2000, "q_heads": 6, "kv_heads": 2, "head_dim": 40, "layout": "bshd")"}) {
+    const Experiment e = parse_experiment(
+        Json::parse(R"({"description": "m", "implementations": ["probe"], "threads": 1, "repetitions": 1,
+                        "min_time_s": 0.001, "verify_rows": 64, )" + shape + "}"),
+        "memory", names);
+    const std::string dir = fresh_dir("memory");
+    g_probe_peak = 0;
+    const size_t base = heap_in_use();
+    run_sweep(e, options(dir));
+    const auto points = read_points(dir);
+    ASSERT_EQ(points.size(), 1u);
+    ASSERT_EQ(points[0].record.status, PointStatus::Ok) << points[0].record.reason;
+    const size_t estimate = points[0].record.memory_bytes;
+    ASSERT_GT(g_probe_peak, base);
+    const size_t actual = g_probe_peak - base;
+    EXPECT_GE(estimate, actual) << shape;
+    // And not far above it: the estimate decides which points are skipped.
+    EXPECT_LE(estimate, actual + (size_t{2} << 20)) << shape << ": estimate " << estimate << ", actual " << actual;
+  }
+}
+
+TEST(AtomicWrite, FullDiskIsAnIoErrorNamingTheFileAndTheReason) {
+  const std::string dir = fresh_dir("io");
+  make_dirs(dir);
+  const std::string path = dir + "/results.csv";
+  write_file_atomic(path, "old\n");
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  // The temp file write_file_atomic writes first, routed to /dev/full: writes fail ENOSPC.
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  fs::create_symlink("/dev/full", tmp);
+  try {
+    write_file_atomic(path, std::string(size_t{1} << 16, 'x'));
+    ADD_FAILURE() << "a write to a full disk succeeded";
+  } catch (const InvalidInput& e) {
+    ADD_FAILURE() << "a full disk reported as bad input: " << e.what();
+  } catch (const IoError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::strerror(ENOSPC)), std::string::npos) << msg;
+  }
+  EXPECT_EQ(read_text_file(path), "old\n") << "the previous file stays whole";
+  EXPECT_FALSE(fs::exists(fs::symlink_status(tmp))) << "the temp file is removed";
+
+  // A missing folder, and a file where a folder should be: I/O errors too.
+  EXPECT_THROW(write_file_atomic(dir + "/missing/point.json", "{}"), IoError);
+  EXPECT_THROW(make_dirs(path + "/points"), IoError);
+}
+
+TEST(SweepCli, UnwritableResultsFolderExitsWithTheIoErrorCode) {
+  const std::string dir = fresh_dir("cli_io");
+  make_dirs(dir);
+  write_file_atomic(dir + "/file", "x");
+  const std::string out = dir + "/file/run";
+  const std::string cmd = std::string(ATTNLAB_EXE) + " sweep --experiment " + ATTNLAB_SOURCE_DIR +
+                          "/experiments/quick.json --out " + out + " --peak-json " + peak_file() + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string text;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) text.append(buf.data(), n);
+  const int status = pclose(pipe);
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 4) << "4 = I/O error (2 would be bad input): " << text;
+  EXPECT_NE(text.find(out), std::string::npos) << text;
+  EXPECT_NE(text.find(std::strerror(ENOTDIR)), std::string::npos) << text;
 }
 
 }  // namespace

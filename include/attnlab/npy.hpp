@@ -1,13 +1,15 @@
 // .npy files (NumPy format 1.0 / 2.0 / 3.0), float32 or float64, C order.
 // Reading rejects, with InvalidInput naming the file and the problem: bad magic,
 // unsupported version, other dtypes, Fortran order, truncated data. float64 is
-// converted to float32. Writing goes to a temp file then rename, so a file is whole
-// or absent.
+// converted to float32. Writing goes through write_file_atomic (synced temp file, then
+// rename), so a file is whole or absent.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "attnlab/atomic_write.hpp"  // write_file_atomic (write_npy uses it)
 
 namespace attnlab {
 
@@ -22,8 +24,5 @@ void write_npy(const std::string& path, const float* data, const std::vector<int
 // Parse from memory (the reader's core; `name` appears in messages).
 NpyArray parse_npy(const std::string& bytes, const std::string& name);
 std::string encode_npy(const float* data, const std::vector<int64_t>& shape);
-
-// Write a whole file atomically: temp file in the same folder, then rename.
-void write_file_atomic(const std::string& path, const std::string& contents);
 
 }  // namespace attnlab

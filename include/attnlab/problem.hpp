@@ -25,6 +25,12 @@ struct InvalidInput : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Raised when the system refuses a write (full disk, read-only or missing folder, I/O
+// error): not the user's input. The message names the file and the errno text.
+struct IoError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // Memory order of Q, K, V and O. The last dimension (head_dim) is always contiguous.
 enum class Layout {
   BHSD,  // (batch, heads, seq, head_dim)

@@ -15,6 +15,7 @@
 // kFloor = 32 * FLT_EPSILON (~3.8e-6).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -100,7 +101,17 @@ struct KernelCheck {
 
 // Runs the kernel (through a Session with `threads`) on outputs pre-filled with NaN, so a
 // row the kernel forgets to write fails, and measures it against a.ref with a.tol.
+// Allocates O and LSE (check_output_bytes) and the session's workspace.
 KernelCheck check_kernel(const Kernel& k, const Problem& p, const Inputs& in,
                          const Agreement& a, int threads);
+
+// Memory a verification allocates on top of the inputs it is given, an upper bound summed
+// over its steps: sample_rows(p, rows, seed) (`rows` = the max_rows asked for),
+// prepare_agreement on those rows (the reference rows and its row scratch), check_kernel's
+// O and LSE and the session's workspace, plus kVerifyBookkeeping for small allocations
+// (task arena, strings). The sweep's memory estimate is built on it.
+constexpr size_t kVerifyBookkeeping = size_t{1} << 20;
+size_t check_output_bytes(const Problem& p);
+size_t verification_bytes(const Kernel& k, const Problem& p, size_t rows, int threads);
 
 }  // namespace attnlab

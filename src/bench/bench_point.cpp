@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "attnlab/verify.hpp"
+
 namespace attnlab::bench {
 
 namespace {
@@ -43,11 +45,17 @@ std::string point_id(std::string_view kernel, const Problem& p, int threads) {
 std::string BenchPoint::name() const { return point_name(kernel->name(), problem, threads); }
 std::string BenchPoint::id() const { return point_id(kernel->name(), problem, threads); }
 
-size_t point_memory_bytes(const BenchPoint& pt) {
+size_t fixture_bytes(const Problem& p) {
+  // random_tensors: Q, K, V, O, LSE, each rounded up to 64-byte lines like alloc_bytes.
+  auto lines = [](int64_t floats) { return (static_cast<size_t>(floats) * sizeof(float) + 63) / 64 * 64; };
+  return 2 * lines(p.q_elems()) + 2 * lines(p.kv_elems()) + lines(p.lse_elems());
+}
+
+size_t point_memory_bytes(const BenchPoint& pt, size_t verify_rows) {
   const Problem& p = pt.problem;
-  const auto elems = static_cast<size_t>(2 * p.q_elems() + 2 * p.kv_elems() + p.lse_elems());
-  const auto check_out = static_cast<size_t>(p.q_elems() + p.lse_elems());
-  return (elems + check_out) * sizeof(float) + pt.kernel->workspace_bytes(p, pt.threads);
+  // Timing reuses the verified inputs; its session's workspace replaces the verification's.
+  if (verify_rows == 0) return fixture_bytes(p) + pt.kernel->workspace_bytes(p, pt.threads);
+  return fixture_bytes(p) + verification_bytes(*pt.kernel, p, verify_rows, pt.threads);
 }
 
 std::unique_ptr<PointFixture> make_fixture(const BenchPoint& pt, uint64_t seed) {

@@ -51,9 +51,11 @@ std::string point_name(std::string_view kernel, const Problem& p, int threads);
 // "none", "causal", "causal_tl", "window_L_R", "causal_window_L_R" (L/R: -1 = unbounded).
 std::string mask_name(const Problem& p);
 
-// Memory a point needs while it is verified and timed: Q, K, V, O, LSE, a second O and
-// LSE for the verification run, and the workspace.
-size_t point_memory_bytes(const BenchPoint& pt);
+// Memory a point needs while it is verified (on up to `verify_rows` sampled rows) and
+// timed: its Q, K, V, O, LSE (fixture_bytes) plus verification_bytes (verify.hpp), which
+// holds the workspace; with verify_rows 0 (not verified), the fixture and the workspace.
+size_t fixture_bytes(const Problem& p);
+size_t point_memory_bytes(const BenchPoint& pt, size_t verify_rows);
 
 // The peaks a point's fractions are relative to (0 = not measured: fraction omitted).
 struct PeakRef {

@@ -28,7 +28,8 @@ void make_dirs(const std::string& path) {
   std::error_code ec;
   fs::create_directories(path, ec);
   if (ec || !fs::is_directory(path)) {
-    throw InvalidInput(path + ": cannot create the folder (" + ec.message() + ")");
+    throw IoError(path + ": creating the folder failed: " +
+                  (ec ? ec.message() : std::string("a file of that name is in the way")));
   }
 }
 

@@ -9,7 +9,8 @@ namespace attnlab::bench {
 // Whole file as text; throws InvalidInput naming the path when it cannot be read.
 std::string read_text_file(const std::string& path);
 bool file_exists(const std::string& path);
-// Creates the folder and its parents; throws InvalidInput when that fails.
+// Creates the folder and its parents; throws IoError (naming the folder and the errno
+// text) when that fails: a read-only or full filesystem, a file in the way.
 void make_dirs(const std::string& path);
 // Regular files in a folder (names only, sorted); empty when the folder is absent.
 std::vector<std::string> list_files(const std::string& dir, const std::string& suffix);

@@ -1,15 +1,23 @@
 #include "bench/results.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "attnlab/npy.hpp"
 #include "bench/bench_point.hpp"
 #include "bench/files.hpp"
+#include "bench/machine.hpp"
 #include "bench/stats.hpp"
 
 namespace attnlab::bench {
@@ -43,9 +51,40 @@ Problem problem_from_json(const Json& j) {
   return p;
 }
 
-// Numbers in the CSV: shortest text that round-trips well enough for plots.
+// JSON has no inf or NaN (nlohmann writes null, which then fails to load, so a failed
+// point's error vanished): non-finite numbers are the strings "inf", "-inf", "nan" and read
+// back exactly. null, written before this rule, reads as NaN.
+Json real_to_json(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+double real_from_json(const Json& j) {
+  if (j.is_number()) return j.get<double>();
+  if (j.is_null()) return std::numeric_limits<double>::quiet_NaN();
+  if (j.is_string()) {
+    const std::string& t = j.get_ref<const std::string&>();
+    if (t == "nan") return std::numeric_limits<double>::quiet_NaN();
+    if (t == "inf") return std::numeric_limits<double>::infinity();
+    if (t == "-inf") return -std::numeric_limits<double>::infinity();
+  }
+  throw InvalidInput("number: " + j.dump() + " is not allowed; allowed: a JSON number, \"inf\", \"-inf\", \"nan\"");
+}
+
+double real_at(const Json& j, const char* key) {
+  try {
+    return real_from_json(j.at(key));
+  } catch (const InvalidInput& e) {
+    throw InvalidInput(std::string(key) + ": " + e.what());
+  }
+}
+
+// Numbers in the CSV: shortest text that round-trips well enough for plots; non-finite
+// values as inf, -inf, nan (what Python's float() reads). Callers write "" for "does not apply".
 std::string num(double v) {
-  if (!std::isfinite(v)) return "";
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.6g", v);
   return buf;
@@ -79,6 +118,8 @@ PointStatus parse_point_status(const std::string& s) {
 double PointRecord::time_median() const { return median(times); }
 
 Json PointRecord::to_json() const {
+  Json times_json = Json::array();
+  for (double t : times) times_json.push_back(real_to_json(t));
   return {{"id", id},
           {"name", name},
           {"kernel", kernel},
@@ -88,17 +129,17 @@ Json PointRecord::to_json() const {
           {"threads", threads},
           {"extra_bytes", extra_bytes},
           {"memory_bytes", memory_bytes},
-          {"times_s", times},
+          {"times_s", times_json},
           {"iterations", iterations},
-          {"peak_flops", peak_flops},
-          {"peak_read_bytes", peak_read_bytes},
+          {"peak_flops", real_to_json(peak_flops)},
+          {"peak_read_bytes", real_to_json(peak_read_bytes)},
           {"verdict", verdict},
-          {"err_o_rel", err_o_rel},
-          {"err_lse", err_lse},
-          {"tol_o_rel", tol_o_rel},
-          {"tol_lse", tol_lse},
+          {"err_o_rel", real_to_json(err_o_rel)},
+          {"err_lse", real_to_json(err_lse)},
+          {"tol_o_rel", real_to_json(tol_o_rel)},
+          {"tol_lse", real_to_json(tol_lse)},
           {"verify_rows", verify_rows},
-          {"seconds_spent", seconds_spent},
+          {"seconds_spent", real_to_json(seconds_spent)},
           {"measured_at", measured_at}};
 }
 
@@ -114,17 +155,17 @@ PointRecord PointRecord::from_json(const Json& j) {
     r.threads = j.at("threads").get<int>();
     r.extra_bytes = j.at("extra_bytes").get<size_t>();
     r.memory_bytes = j.at("memory_bytes").get<size_t>();
-    r.times = j.at("times_s").get<std::vector<double>>();
+    for (const Json& t : j.at("times_s")) r.times.push_back(real_from_json(t));
     r.iterations = j.at("iterations").get<int64_t>();
-    r.peak_flops = j.at("peak_flops").get<double>();
-    r.peak_read_bytes = j.at("peak_read_bytes").get<double>();
+    r.peak_flops = real_at(j, "peak_flops");
+    r.peak_read_bytes = real_at(j, "peak_read_bytes");
     r.verdict = j.at("verdict").get<std::string>();
-    r.err_o_rel = j.at("err_o_rel").get<double>();
-    r.err_lse = j.at("err_lse").get<double>();
-    r.tol_o_rel = j.at("tol_o_rel").get<double>();
-    r.tol_lse = j.at("tol_lse").get<double>();
+    r.err_o_rel = real_at(j, "err_o_rel");
+    r.err_lse = real_at(j, "err_lse");
+    r.tol_o_rel = real_at(j, "tol_o_rel");
+    r.tol_lse = real_at(j, "tol_lse");
     r.verify_rows = j.at("verify_rows").get<int>();
-    r.seconds_spent = j.at("seconds_spent").get<double>();
+    r.seconds_spent = real_at(j, "seconds_spent");
     r.measured_at = j.at("measured_at").get<std::string>();
     return r;
   } catch (const Json::exception& e) {
@@ -132,11 +173,20 @@ PointRecord PointRecord::from_json(const Json& j) {
   }
 }
 
+void SweepPlan::set_created_now() {
+  created = now_iso8601();
+  created_unix_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
+}
+
 Json SweepPlan::to_json() const {
   return {{"schema", "attnlab-sweep-1"},
           {"experiment", experiment},
           {"shard", {shard_index, shard_count}},
           {"all_threads", all_threads},
+          {"created", created},
+          {"created_unix_ns", created_unix_ns},
           {"plan", ids}};
 }
 
@@ -148,6 +198,8 @@ SweepPlan SweepPlan::from_json(const Json& j) {
     p.shard_count = j.at("shard").at(1).get<int>();
     p.all_threads = j.at("all_threads").get<int>();
     p.ids = j.at("plan").get<std::vector<std::string>>();
+    p.created = j.value("created", "");
+    p.created_unix_ns = j.value("created_unix_ns", int64_t{0});
     return p;
   } catch (const Json::exception& e) {
     throw InvalidInput(std::string("sweep.json: ") + e.what());
@@ -183,6 +235,57 @@ std::vector<PointFile> read_points(const std::string& dir) {
   return out;
 }
 
+std::string attempt_path(const std::string& dir, const std::string& id) {
+  return points_dir(dir) + "/" + id + ".attempt";
+}
+
+void mark_attempt(const std::string& dir, const PointRecord& base) {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const Json j = {{"record", base.to_json()},
+                  {"started_at", now_iso8601()},
+                  {"pid", static_cast<int64_t>(::getpid())},
+                  {"host", std::string(host)}};
+  write_file_atomic(attempt_path(dir, base.id), j.dump() + "\n");
+}
+
+void clear_attempt(const std::string& dir, const std::string& id) {
+  const std::string path = attempt_path(dir, id);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    throw IoError(path + ": removing the attempt marker failed: " + std::strerror(errno));
+  }
+}
+
+std::map<std::string, Json> read_attempts(const std::string& dir) {
+  std::map<std::string, Json> out;
+  const std::string ext = ".attempt";
+  for (const std::string& name : list_files(points_dir(dir), ext)) {
+    const std::string path = points_dir(dir) + "/" + name;
+    try {
+      Json j = Json::parse(read_text_file(path));
+      PointRecord::from_json(j.at("record"));  // a marker must describe its point
+      out[name.substr(0, name.size() - ext.size())] = std::move(j);
+    } catch (const std::exception& e) {
+      std::cerr << "warning: " << path << " is unreadable (" << e.what() << "); ignored\n";
+    }
+  }
+  return out;
+}
+
+PointFile died_point(const Json& marker, const PointRecord* base) {
+  PointFile pf;
+  pf.record = base ? *base : PointRecord::from_json(marker.at("record"));
+  PointRecord& r = pf.record;
+  r.status = PointStatus::Failed;
+  r.reason = "process died while measuring this point: started " + marker.value("started_at", std::string("?")) +
+             " by pid " + std::to_string(marker.value("pid", int64_t{0})) + " on " +
+             marker.value("host", std::string("?")) +
+             ", no result written (an out-of-memory kill, SIGKILL, power loss or a crash in the kernel); delete points/" +
+             r.id + ".json to measure it again";
+  r.times.clear();
+  return pf;
+}
+
 std::vector<std::string> tidy_columns() {
   return {"experiment", "id", "kernel", "status", "reason", "batch", "q_heads", "kv_heads", "gqa_group",
           "q_len", "kv_len", "head_dim", "mask", "causal", "window_left", "window_right", "layout",
@@ -209,6 +312,9 @@ std::string tidy_csv(const std::string& experiment, const std::vector<PointRecor
     const double flops = p.flops(), bytes = p.bytes_moved();
     const double gflops = flops / t * 1e-9;
     const double gbs = bytes / t * 1e-9;
+    // Time columns apply to timed points only; verification columns to verified ones.
+    auto if_timed = [&](double v) { return timed ? num(v) : std::string(); };
+    auto if_verified = [&](double v) { return r.verdict.empty() ? std::string() : num(v); };
     const std::vector<std::string> row = {
         experiment, r.id, r.kernel, to_string(r.status), r.reason, std::to_string(p.batch),
         std::to_string(p.q_heads), std::to_string(p.kv_heads), std::to_string(p.group()),
@@ -217,13 +323,12 @@ std::string tidy_csv(const std::string& experiment, const std::vector<PointRecor
         std::to_string(p.window_right), to_string(p.layout), std::to_string(r.threads), num(flops),
         num(bytes), num(p.kv_bytes()), std::to_string(p.visible_pairs()), std::to_string(r.extra_bytes),
         std::to_string(r.memory_bytes), std::to_string(r.times.size()), std::to_string(r.iterations),
-        num(t), num(tmin), num(tmax), num(tmean), num(tsd), num(tsd / tmean), num(gflops), num(gbs),
-        r.peak_flops > 0 ? num(r.peak_flops * 1e-9) : "",
-        r.peak_flops > 0 ? num(flops / t / r.peak_flops) : "",
+        if_timed(t), if_timed(tmin), if_timed(tmax), if_timed(tmean), if_timed(tsd), if_timed(tsd / tmean),
+        if_timed(gflops), if_timed(gbs), r.peak_flops > 0 ? num(r.peak_flops * 1e-9) : "",
+        r.peak_flops > 0 ? if_timed(flops / t / r.peak_flops) : "",
         r.peak_read_bytes > 0 ? num(r.peak_read_bytes * 1e-9) : "",
-        r.peak_read_bytes > 0 ? num(bytes / t / r.peak_read_bytes) : "", r.verdict,
-        r.verdict.empty() ? "" : num(r.err_o_rel), r.verdict.empty() ? "" : num(r.tol_o_rel),
-        r.verdict.empty() ? "" : num(r.err_lse), r.verdict.empty() ? "" : num(r.tol_lse),
+        r.peak_read_bytes > 0 ? if_timed(bytes / t / r.peak_read_bytes) : "", r.verdict,
+        if_verified(r.err_o_rel), if_verified(r.tol_o_rel), if_verified(r.err_lse), if_verified(r.tol_lse),
         std::to_string(r.verify_rows), num(r.seconds_spent), r.measured_at};
     for (size_t i = 0; i < row.size(); ++i) out << (i ? "," : "") << csv_field(row[i]);
     out << "\n";
@@ -294,7 +399,13 @@ size_t merge_results(const std::string& out, const std::vector<std::string>& sha
                           {"date", mach.value("date", "")},
                           {"git", mach.value("git", Json())},
                           {"peaks", mach.value("peaks", Json())}});
-    for (PointFile& pf : read_points(dir)) {
+    std::vector<PointFile> points = read_points(dir);
+    std::set<std::string> measured;
+    for (const PointFile& pf : points) measured.insert(pf.record.id);
+    for (const auto& [id, marker] : read_attempts(dir)) {
+      if (!measured.count(id)) points.push_back(died_point(marker));
+    }
+    for (PointFile& pf : points) {
       const Json rec = pf.record.to_json();
       auto it = by_id.find(pf.record.id);
       if (it != by_id.end()) {
@@ -314,6 +425,7 @@ size_t merge_results(const std::string& out, const std::vector<std::string>& sha
   }
   plan.shard_index = 0;
   plan.shard_count = 1;
+  plan.set_created_now();
   machine["shards"] = shard_list;
   write_file_atomic(out + "/experiment.json", experiment.dump(2) + "\n");
   write_file_atomic(out + "/sweep.json", plan.to_json().dump(1) + "\n");

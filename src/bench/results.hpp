@@ -7,13 +7,20 @@
 //   <dir>/points/<id>.json  one file per decided point (record + its raw Google Benchmark
 //                           runs), written atomically the moment the point is done: an
 //                           interrupted sweep loses at most the point it was running
+//   <dir>/points/<id>.attempt  written just before the point runs, removed once its
+//                           .json is written: one left behind means the process died
+//                           while measuring the point (resume records it as failed)
 //   <dir>/bench.json        Google Benchmark JSON of all timed points (context + benchmarks),
 //                           so google/benchmark's tools/compare.py works on it
 //   <dir>/results.csv       tidy table, one row per decided point (ok, failed, skipped)
-// bench.json and results.csv are regenerated from points/ after every point.
+// bench.json and results.csv are regenerated from points/ after every point. Every file is
+// written whole and synced (write_file_atomic). Non-finite numbers in the JSON files are
+// the strings "inf", "-inf", "nan" (JSON has no such numbers); the CSV writes inf, -inf,
+// nan, and an empty field where a column does not apply (e.g. times of untimed points).
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -64,6 +71,11 @@ struct SweepPlan {
   std::vector<std::string> ids;  // every point of the experiment, in run order
   int shard_index = 0, shard_count = 1;
   int all_threads = 1;
+  // When the folder was started (kept on resume; 0 in folders written before it was
+  // recorded): --resume picks the newest folder by it.
+  std::string created;
+  int64_t created_unix_ns = 0;
+  void set_created_now();
   bool in_shard(size_t plan_index) const {
     return static_cast<int>(plan_index % static_cast<size_t>(shard_count)) == shard_index;
   }
@@ -78,6 +90,18 @@ void write_point(const std::string& dir, const PointFile& pf);
 // resume re-runs them).
 std::vector<PointFile> read_points(const std::string& dir);
 
+// The attempt marker of a point: {record (the point's description, before it runs),
+// started_at, pid, host}, written atomically.
+std::string attempt_path(const std::string& dir, const std::string& id);
+void mark_attempt(const std::string& dir, const PointRecord& base);
+void clear_attempt(const std::string& dir, const std::string& id);  // no error when absent
+// Markers left in a folder: point id -> marker (unreadable ones are reported on stderr and
+// left out).
+std::map<std::string, nlohmann::json> read_attempts(const std::string& dir);
+// The point a leftover marker stands for: `base` (the marker's record when null) as failed,
+// reason "process died while measuring this point: started <when> by pid <pid> on <host>...".
+PointFile died_point(const nlohmann::json& marker, const PointRecord* base = nullptr);
+
 // The tidy CSV (header + one row per record, in the order given).
 std::string tidy_csv(const std::string& experiment, const std::vector<PointRecord>& records);
 std::vector<std::string> tidy_columns();
@@ -86,7 +110,8 @@ std::vector<std::string> tidy_columns();
 void write_outputs(const std::string& dir, const SweepPlan& plan, const std::vector<PointFile>& points);
 
 // Joins shard folders of one experiment into `out`: same experiment.json required; a point
-// present in two shards must be identical. Returns the number of points in the result.
+// present in two shards must be identical; a point a shard died on (attempt marker, no
+// point file) is merged as failed. Returns the number of points in the result.
 size_t merge_results(const std::string& out, const std::vector<std::string>& shards);
 
 }  // namespace attnlab::bench

@@ -1,16 +1,22 @@
 #include "bench/sweep.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include <benchmark/benchmark.h>
 
@@ -119,6 +125,109 @@ std::string describe_point(const GridPoint& g) {
   return s.str();
 }
 
+// Ctrl-C or a batch system's SIGTERM stops a sweep, which is not the running point's fault:
+// the handler removes that point's attempt marker (unlink is async-signal-safe), then
+// re-raises the signal with the action installed before, so a resume measures the point
+// again. Only a process that dies otherwise (out-of-memory kill, SIGKILL, a crash) leaves
+// the marker behind.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM};
+struct sigaction g_previous_action[std::size(kStopSignals)];
+char g_running_marker[4096];
+volatile std::sig_atomic_t g_marker_armed = 0;
+
+void on_stop_signal(int sig) {
+  if (g_marker_armed) ::unlink(g_running_marker);
+  for (size_t i = 0; i < std::size(kStopSignals); ++i) {
+    if (kStopSignals[i] == sig) ::sigaction(sig, &g_previous_action[i], nullptr);
+  }
+  ::raise(sig);  // delivered when this handler returns, to the previous action
+}
+
+// Installs the handler for the sweep's loop (not over an ignored signal), restores after.
+class StopSignals {
+ public:
+  StopSignals() {
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) {
+      struct sigaction now {};
+      now.sa_handler = on_stop_signal;
+      sigemptyset(&now.sa_mask);
+      installed_[i] = ::sigaction(kStopSignals[i], nullptr, &g_previous_action[i]) == 0 &&
+                      g_previous_action[i].sa_handler != SIG_IGN &&
+                      ::sigaction(kStopSignals[i], &now, nullptr) == 0;
+    }
+  }
+  ~StopSignals() {
+    g_marker_armed = 0;
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) {
+      if (installed_[i]) ::sigaction(kStopSignals[i], &g_previous_action[i], nullptr);
+    }
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  bool installed_[std::size(kStopSignals)] = {};
+};
+
+// The attempt marker of the point being measured: written before it runs, removed by
+// finish() once its point file is written, and also when an exception stops the sweep
+// (an error, e.g. a full disk, is not a death: a resume measures the point again).
+class RunningPoint {
+ public:
+  RunningPoint(const std::string& dir, const PointRecord& base) : dir_(dir), id_(base.id) {
+    mark_attempt(dir, base);
+    const std::string path = attempt_path(dir, id_);
+    if (path.size() < sizeof g_running_marker) {
+      std::memcpy(g_running_marker, path.c_str(), path.size() + 1);
+      g_marker_armed = 1;
+    }
+  }
+  void finish() {
+    g_marker_armed = 0;
+    clear_attempt(dir_, id_);
+    finished_ = true;
+  }
+  ~RunningPoint() {
+    g_marker_armed = 0;
+    if (!finished_) ::unlink(attempt_path(dir_, id_).c_str());
+  }
+  RunningPoint(const RunningPoint&) = delete;
+  RunningPoint& operator=(const RunningPoint&) = delete;
+
+ private:
+  std::string dir_, id_;
+  bool finished_ = false;
+};
+
+// The build a folder's points were measured with must be this one: points of two commits
+// or two sets of compiler flags in one folder would be compared as if they were one run.
+// Returns the record of a forced resume (null when the builds match).
+Json check_same_build(const std::string& dir, const Json& old_machine, bool force, std::ostream& log) {
+  const Json now = describe_machine();
+  auto field = [](const Json& m, const char* what) -> std::string {
+    if (std::string(what) == "git commit") return m.value("git", Json::object()).value("commit", "unknown");
+    return m.value(what, std::string("unknown"));
+  };
+  std::string diffs;
+  for (const char* what : {"git commit", "build_type", "flags"}) {
+    const std::string was = field(old_machine, what), is = field(now, what);
+    if (was != is) diffs += std::string(diffs.empty() ? "" : "; ") + what + " '" + was + "' there, '" + is + "' here";
+  }
+  if (old_machine.value("git", Json::object()).value("dirty", false) || now["git"].value("dirty", false)) {
+    log << "note: " << dir << " or this build has uncommitted changes; the commit alone cannot tell whether "
+        << "the code is the same\n";
+  }
+  if (diffs.empty()) return Json();
+  if (!force) {
+    throw InvalidInput("resume: " + dir + " was measured by another build (" + diffs +
+                       "); its points and new ones would mix two builds. allowed: the same build, --force to "
+                       "resume anyway (recorded in machine.json as forced_resumes), or a new --out folder");
+  }
+  log << "note: --force: resuming " << dir << " measured by another build (" << diffs << ")\n";
+  return {{"date", now_iso8601()}, {"differences", diffs}, {"git", now["git"]},
+          {"build_type", now["build_type"]}, {"flags", now["flags"]}};
+}
+
 struct Runner {
   const Experiment& e;
   const SweepOptions& o;
@@ -137,10 +246,9 @@ struct Runner {
     return nullptr;
   }
 
-  PointFile decide(const GridPoint& g) {
-    const auto t0 = Clock::now();
-    PointFile pf;
-    PointRecord& r = pf.record;
+  // What a point is, before it runs (also the content of its attempt marker).
+  PointRecord base_record(const GridPoint& g) const {
+    PointRecord r;
     r.id = g.id();
     r.kernel = g.kernel;
     r.problem = g.problem;
@@ -151,6 +259,14 @@ struct Runner {
       r.peak_flops = row->fma_flops;
       r.peak_read_bytes = row->read_bytes;
     }
+    return r;
+  }
+
+  PointFile decide(const GridPoint& g, const PointRecord& base) {
+    const auto t0 = Clock::now();
+    PointFile pf;
+    pf.record = base;
+    PointRecord& r = pf.record;
     auto skip = [&](const std::string& why) -> PointFile& {
       r.status = PointStatus::Skipped;
       r.reason = why;
@@ -163,7 +279,7 @@ struct Runner {
     if (Support s = k->supports(g.problem); !s) return skip("unsupported: " + s.reason);
     const BenchPoint pt{k, g.problem, g.threads};
     r.extra_bytes = k->workspace_bytes(g.problem, g.threads);
-    r.memory_bytes = point_memory_bytes(pt);
+    r.memory_bytes = point_memory_bytes(pt, static_cast<size_t>(e.verify_rows));
     if (static_cast<double>(r.memory_bytes) > memory_budget) {
       return skip("memory: needs " + fmt_mib(static_cast<double>(r.memory_bytes)) + " > budget " +
                   fmt_mib(memory_budget));
@@ -284,28 +400,61 @@ std::pair<int, int> parse_shard(const std::string& text) {
   }
 }
 
+namespace {
+// The date and sequence number (1 without a suffix) of a default folder name
+// "<YYYY-MM-DD>-<body>" or "<YYYY-MM-DD>-<body>-<N>"; nullopt for any other name.
+std::optional<std::pair<std::string, long>> parse_folder_name(const std::string& name, const std::string& body) {
+  if (name.size() < 11 + body.size() || name[10] != '-') return std::nullopt;
+  for (int i = 0; i < 10; ++i) {
+    const bool ok = (i == 4 || i == 7) ? name[i] == '-' : std::isdigit(static_cast<unsigned char>(name[i])) != 0;
+    if (!ok) return std::nullopt;
+  }
+  const std::string date = name.substr(0, 10), rest = name.substr(11);
+  if (rest == body) return std::make_pair(date, 1L);
+  if (rest.size() <= body.size() + 1 || rest.compare(0, body.size(), body) != 0 || rest[body.size()] != '-') {
+    return std::nullopt;
+  }
+  const std::string n = rest.substr(body.size() + 1);
+  if (n.size() > 9 || n[0] == '0' || !std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  return std::make_pair(date, std::stol(n));
+}
+}  // namespace
+
 std::string choose_out_dir(const std::string& experiment, const SweepOptions& o) {
   if (!o.out_dir.empty()) return o.out_dir;
   namespace fs = std::filesystem;
-  const std::string suffix = "-" + experiment + (o.shard_count > 1 ? "-shard" + std::to_string(o.shard_index) + "of" +
-                                                                          std::to_string(o.shard_count)
-                                                                    : "");
+  const std::string body = experiment + (o.shard_count > 1 ? "-shard" + std::to_string(o.shard_index) + "of" +
+                                                                 std::to_string(o.shard_count)
+                                                           : "");
   if (o.resume) {
-    std::vector<std::string> candidates;
+    // Newest by the creation time sweep.json records, then by name date and sequence
+    // number (numerically: -10 is newer than -2); lexical order would put -10 first.
+    using Key = std::tuple<int64_t, std::string, long>;
+    std::optional<std::pair<Key, std::string>> newest;
     std::error_code ec;
     if (fs::is_directory(o.results_root, ec)) {
       for (const auto& d : fs::directory_iterator(o.results_root, ec)) {
-        const std::string name = d.path().filename().string();
-        if (d.is_directory() && name.size() > suffix.size() &&
-            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
-            file_exists(d.path().string() + "/sweep.json")) {
-          candidates.push_back(d.path().string());
+        const auto parsed = parse_folder_name(d.path().filename().string(), body);
+        const std::string path = d.path().string();
+        if (!parsed || !d.is_directory() || !file_exists(path + "/sweep.json")) continue;
+        try {
+          const SweepPlan plan = SweepPlan::from_json(Json::parse(read_text_file(path + "/sweep.json")));
+          // "quick-2" could be experiment quick's second folder or experiment quick-2's.
+          if (plan.experiment != experiment || plan.shard_index != o.shard_index || plan.shard_count != o.shard_count) {
+            continue;
+          }
+          const Key key{plan.created_unix_ns, parsed->first, parsed->second};
+          if (!newest || newest->first < key) newest = {key, path};
+        } catch (const std::exception&) {
+          continue;  // not a readable sweep folder: not a candidate
         }
       }
     }
-    if (!candidates.empty()) return *std::max_element(candidates.begin(), candidates.end());
+    if (newest) return newest->second;
   }
-  const std::string base = o.results_root + "/" + today() + suffix;
+  const std::string base = o.results_root + "/" + today() + "-" + body;
   std::string dir = base;
   for (int n = 2; std::filesystem::exists(dir); ++n) dir = base + "-" + std::to_string(n);
   return dir;
@@ -331,6 +480,8 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
   const std::string& dir = run.dir;
   const bool exists = file_exists(dir + "/sweep.json");
   std::map<std::string, PointFile> done;
+  std::map<std::string, Json> attempts;  // points a process died on (resume)
+  Json forced_resume;                    // set when --force resumed another build's folder
   if (exists) {
     const Json old_exp = Json::parse(read_text_file(dir + "/experiment.json"));
     const SweepPlan old = SweepPlan::from_json(Json::parse(read_text_file(dir + "/sweep.json")));
@@ -347,12 +498,29 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
                          std::to_string(old.shard_count) + "; allowed: --shard " + std::to_string(old.shard_index) +
                          "/" + std::to_string(old.shard_count));
     }
+    if (file_exists(dir + "/machine.json")) {
+      forced_resume = check_same_build(dir, Json::parse(read_text_file(dir + "/machine.json")), o.force, log);
+    }
     if (old.ids != plan.ids) {
       log << "note: the plan changed since the sweep started (kernels or core count); finished points are kept\n";
     }
+    plan.created = old.created;
+    plan.created_unix_ns = old.created_unix_ns;
     for (PointFile& pf : read_points(dir)) done[pf.record.id] = std::move(pf);
+    attempts = read_attempts(dir);
+  } else {
+    plan.set_created_now();
   }
   make_dirs(points_dir(dir));
+  // A marker beside its point file: the process died after writing the point.
+  for (auto it = attempts.begin(); it != attempts.end();) {
+    if (done.count(it->first)) {
+      clear_attempt(dir, it->first);
+      it = attempts.erase(it);
+    } else {
+      ++it;
+    }
+  }
   write_file_atomic(dir + "/experiment.json", e.source.dump(2) + "\n");
   write_file_atomic(dir + "/sweep.json", plan.to_json().dump(1) + "\n");
 
@@ -422,9 +590,15 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
     }
   }
 
+  if (!forced_resume.is_null()) {
+    machine["forced_resumes"].push_back(forced_resume);
+    write_file_atomic(dir + "/machine.json", machine.dump(2) + "\n");
+  }
+
   std::vector<PointFile> all;
   for (auto& [id, pf] : done) all.push_back(pf);
   write_outputs(dir, plan, all);
+  const StopSignals stop_signals;
 
   log << "sweep " << e.name << ": " << sum.planned << " points"
       << (o.shard_count > 1 ? " in shard " + std::to_string(o.shard_index) + "/" + std::to_string(o.shard_count) : "")
@@ -448,8 +622,19 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
     log << head << describe_point(g) << " | elapsed " << fmt_duration(seconds_since(start)) << ", ETA "
         << fmt_duration(eta) << std::flush;
 
-    PointFile pf = run.decide(g);
-    write_point(dir, pf);
+    const PointRecord base = run.base_record(g);
+    PointFile pf;
+    if (const auto died = attempts.find(base.id); died != attempts.end()) {
+      // Measuring it killed the process before: recorded as failed, not retried in a loop.
+      pf = died_point(died->second, &base);
+      write_point(dir, pf);
+      clear_attempt(dir, base.id);
+    } else {
+      RunningPoint running(dir, base);
+      pf = run.decide(g, base);
+      write_point(dir, pf);
+      running.finish();
+    }
     all.push_back(pf);
     write_outputs(dir, plan, all);
     ++decided;

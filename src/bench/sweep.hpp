@@ -12,9 +12,16 @@
 //   3. time with Google Benchmark (register_point, the attn_bench registration), repetitions
 //      x min_time, wall-clock; the raw runs are kept in the point file;
 //   4. write the point file atomically, then regenerate results.csv and bench.json.
+// Before step 1 the point's attempt marker is written (results.hpp); it is removed once the
+// point file is written, on an exception, and on SIGINT/SIGTERM.
 // A progress line per point goes to stderr (done/total, point, result, elapsed, ETA).
-// --resume skips points whose file exists; --shard i/n runs the plan's points with
-// index % n == i (0-based), so shards can run anywhere and `attnlab merge` joins them.
+// --resume continues a folder: points whose file exists are kept; a point whose marker was
+// left behind (the process died measuring it: out-of-memory kill, crash) is recorded as
+// failed with that reason, not run again; the rest run. The folder must hold the same
+// experiment.json and shard, and machine.json the same git commit, build type and compiler
+// flags (else InvalidInput naming both values; --force resumes anyway and records it).
+// --shard i/n runs the plan's points with index % n == i (0-based), so shards can run
+// anywhere and `attnlab merge` joins them.
 #pragma once
 
 #include <iosfwd>
@@ -31,6 +38,7 @@ struct SweepOptions {
   std::string results_root = "results";
   int shard_index = 0, shard_count = 1;
   bool resume = false;
+  bool force = false;                  // resume a folder measured by another build
   std::string peak_json;               // reuse a measured peak (attnlab peak --json)
   int peak_repeats = 3;
   size_t peak_buffer_bytes = size_t{512} << 20;
@@ -49,14 +57,18 @@ struct SweepSummary {
 };
 
 // Throws InvalidInput for a bad shard spec, an existing folder without --resume, or a
-// folder holding another experiment.
+// folder holding another experiment, shard or build (see --resume above); IoError when a
+// file cannot be written.
 SweepSummary run_sweep(const Experiment& e, const SweepOptions& o);
 
 // "i/n" -> (i, n), 0 <= i < n.
 std::pair<int, int> parse_shard(const std::string& text);
 
-// The folder a sweep writes to: --out, else (resume) the newest <root>/*-<experiment>
-// holding a sweep.json, else <root>/<date>-<experiment> (with -2, -3... when it exists).
+// The folder a sweep writes to: --out, else (resume) the newest
+// <root>/<YYYY-MM-DD>-<experiment>[-N] whose sweep.json is of this experiment and shard
+// (newest by the creation time sweep.json records, then by date and N numerically), else
+// <root>/<date>-<experiment> (with -2, -3... when it exists). Shards add -shard<i>of<n>
+// after the experiment's name.
 std::string choose_out_dir(const std::string& experiment, const SweepOptions& o);
 
 }  // namespace attnlab::bench

@@ -16,6 +16,7 @@ namespace {
 struct SweepArgs {
   std::string experiment, out, shard = "0/1", peak_json, results_root = "results";
   bool resume = false;
+  bool force = false;
   bool dry_run = false;
   int max_points = 0;
   int peak_repeats = 3;
@@ -37,10 +38,20 @@ std::string resolve_experiment(const std::string& arg) {
 Command add_sweep(CLI::App& app) {
   auto args = std::make_shared<SweepArgs>();
   CLI::App* sub = app.add_subcommand("sweep", "run an experiment grid (verify, then time with Google Benchmark) into a results folder");
+  sub->footer("Exit codes: 0 every point ok or skipped, 1 some point failed (disagreed with the reference, timing "
+              "failed, or the process died measuring it), 2 bad input (experiment, flags, a folder that cannot be "
+              "resumed), 3 other error, 4 I/O error (a file could not be written: full disk, read-only or missing "
+              "folder; the message names the file and the system's reason).");
   sub->add_option("--experiment", args->experiment, "experiment file, or a name in experiments/ (e.g. quick)")->required();
   sub->add_option("--out", args->out, "results folder (default: results/<date>-<experiment>)");
   sub->add_option("--shard", args->shard, "run only points with index % n == i (0-based), e.g. 2/8");
-  sub->add_flag("--resume", args->resume, "continue the sweep in --out (default: the newest results/*-<experiment>)");
+  sub->add_flag("--resume", args->resume,
+                "continue the sweep in --out (default: the newest results/<date>-<experiment>[-N], by the creation "
+                "time its sweep.json records): finished points are kept, a point the process died on is recorded "
+                "as failed (delete its points/<id>.json to measure it again), the rest run; refused when the "
+                "folder holds another experiment, shard, git commit, build type or compiler flags");
+  sub->add_flag("--force", args->force, "with --resume: resume a folder measured by another commit or build flags "
+                                        "(recorded in its machine.json)");
   sub->add_option("--peak-json", args->peak_json, "use peaks from attnlab peak --json instead of measuring");
   sub->add_option("--peak-repeats", args->peak_repeats, "runs per peak figure when measuring");
   sub->add_option("--results-root", args->results_root, "folder for default results folders");
@@ -60,6 +71,7 @@ Command add_sweep(CLI::App& app) {
             o.results_root = args->results_root;
             std::tie(o.shard_index, o.shard_count) = bench::parse_shard(args->shard);
             o.resume = args->resume;
+            o.force = args->force;
             o.peak_json = args->peak_json;
             o.peak_repeats = args->peak_repeats;
             if (args->max_points < 0) throw InvalidInput("max-points: must be >= 0; allowed: 0 (all) or a count");

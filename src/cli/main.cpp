@@ -33,6 +33,9 @@ int main(int argc, char** argv) {
   } catch (const InvalidInput& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;
+  } catch (const IoError& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 4;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 3;

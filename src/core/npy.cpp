@@ -152,22 +152,4 @@ void write_npy(const std::string& path, const float* data, const std::vector<int
   write_file_atomic(path, encode_npy(data, shape));
 }
 
-void write_file_atomic(const std::string& path, const std::string& contents) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw InvalidInput(path + ": cannot open for writing");
-    f.write(contents.data(), static_cast<std::streamsize>(contents.size()));
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      throw InvalidInput(path + ": write failed");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw InvalidInput(path + ": cannot rename temp file into place");
-  }
-}
-
 }  // namespace attnlab

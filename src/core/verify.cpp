@@ -205,6 +205,32 @@ const char* to_string(Verdict v) {
   return "?";
 }
 
+namespace {
+// alloc_bytes rounds every buffer up to whole 64-byte lines.
+size_t lines64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+}  // namespace
+
+// check_kernel's O and LSE.
+size_t check_output_bytes(const Problem& p) {
+  return lines64(static_cast<size_t>(p.q_elems()) * sizeof(float)) +
+         lines64(static_cast<size_t>(p.lse_elems()) * sizeof(float));
+}
+
+size_t verification_bytes(const Kernel& k, const Problem& p, size_t rows, int threads) {
+  const size_t total_rows = static_cast<size_t>(p.batch * p.q_heads * p.q_len);
+  const size_t n = std::min(rows, total_rows);
+  const size_t dim = static_cast<size_t>(p.head_dim), kv = static_cast<size_t>(p.kv_len);
+  // sample_rows: a std::set node per row (3 int64 + ~32 bytes of tree links) and a vector
+  // that may double while it grows.
+  const size_t sampling = n * (64 + 2 * sizeof(RowId));
+  // Reference: per row its id, head_dim doubles of O, LSE and row scale.
+  const size_t reference = n * (sizeof(RowId) + (dim + 2) * sizeof(double));
+  // reference_row's scores (doubles) and baseline_errors' scores and O row (floats).
+  const size_t row_scratch = kv * sizeof(double) + (kv + dim) * sizeof(float);
+  return sampling + reference + row_scratch + check_output_bytes(p) + lines64(k.workspace_bytes(p, threads)) +
+         kVerifyBookkeeping;
+}
+
 KernelCheck check_kernel(const Kernel& k, const Problem& p, const Inputs& in,
                          const Agreement& a, int threads) {
   KernelCheck c;
@@ -217,13 +243,16 @@ KernelCheck check_kernel(const Kernel& k, const Problem& p, const Inputs& in,
     c.reason = s.reason;
     return c;
   }
-  Tensors out = allocate_tensors(p);
+  // Outputs only, not a second Q, K, V: check_output_bytes is what this allocates.
+  const auto o = alloc_floats(static_cast<size_t>(p.q_elems()));
+  const auto lse = alloc_floats(static_cast<size_t>(p.lse_elems()));
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::fill(out.o.get(), out.o.get() + p.q_elems(), nan);
-  std::fill(out.lse.get(), out.lse.get() + p.lse_elems(), nan);
+  std::fill(o.get(), o.get() + p.q_elems(), nan);
+  std::fill(lse.get(), lse.get() + p.lse_elems(), nan);
+  const Outputs out{make_view<float>(o.get(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout), lse.get()};
   Session session(k, p, threads);
-  session.run(in, out.outputs);
-  c.errors = measure(a.ref, as_const(out.outputs.o), out.outputs.lse, p);
+  session.run(in, out);
+  c.errors = measure(a.ref, as_const(out.o), out.lse, p);
   c.reason = a.tol.why_failed(c.errors);
   c.verdict = c.reason.empty() ? Verdict::Pass : Verdict::Fail;
   return c;
