@@ -23,8 +23,9 @@ struct Result {
   std::string out;  // stdout and stderr together
 };
 
-Result attnlab(const std::string& args) {
-  const std::string cmd = std::string(ATTNLAB_EXE) + " " + args + " 2>&1";
+// `prefix` goes before the executable: environment settings, a `timeout` bound.
+Result attnlab(const std::string& args, const std::string& prefix = "") {
+  const std::string cmd = prefix + std::string(ATTNLAB_EXE) + " " + args + " 2>&1";
   Result r;
   FILE* pipe = popen(cmd.c_str(), "r");
   std::array<char, 4096> buf;
@@ -212,6 +213,87 @@ TEST_F(Cli, NanInputsAreReported) {
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("warning: K holds 1 NaN/Inf value(s), first at flat index 5"), std::string::npos) << r.out;
   EXPECT_TRUE(std::isnan(read_npy(path("o.npy")).data[0]));
+}
+
+// Issue 8's hostile inputs, each of which used to crash or hang: every one is a clear error
+// (exit 2) naming the field, the value and the limit. `timeout` turns a hang into exit 124
+// instead of a stuck suite (the bound is generous for a loaded machine, not a timing claim).
+TEST_F(Cli, HostileInputFailsFastWithClearErrors) {
+  const std::string bounded = "timeout -k 5 60 ";
+  Problem p = test::shape(1, 2, 2, 3, 3, 8);
+  write_inputs(p);
+  const std::string out = " --out " + path("o.npy");
+  std::ofstream(path("pow2.json")) << R"({"description": "d", "q_len": {"pow2": [1, 4611686018427387904]}})";
+  std::ofstream(path("range.json")) << R"({"description": "d", "q_len": {"range": [1, 9223372036854775807, 1]}})";
+  const std::string q = encode_npy(std::vector<float>(48, 1.f).data(), {1, 2, 3, 8});
+  std::ofstream(path("long.npy"), std::ios::binary) << q << "junk";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"verify --batch 4294967296 --q-heads 4294967296 --kv-heads 1 --q-len 2 --kv-len 2 --head-dim 8",
+       "Q: batch * q_heads * q_len * head_dim = 4294967296 * 4294967296 * 2 * 8 is more than 2^36 (68719476736) "
+       "elements per tensor; allowed: at most 2^36"},
+      {"verify --q-len 9223372036854775807 --kv-len 9223372036854775807 --head-dim 1 --q-heads 1 --kv-heads 1",
+       "allowed: at most 2^36"},
+      {"verify --window -2,3", "window_left: -2 is not allowed; allowed: -1 (unbounded) or an integer >= 0"},
+      {"run --impl flash --q /dev/zero --k /dev/zero --v /dev/zero" + out,
+       "/dev/zero: is not a regular file (a character device); allowed: a regular .npy file"},
+      {"run --impl flash --q " + path("long.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out,
+       "long.npy: 4 trailing bytes after the data"},
+      {"sweep --dry-run --experiment " + path("pow2.json") + " --out " + path("res"),
+       "is invalid: Q: batch * q_heads * q_len * head_dim"},
+      {"sweep --dry-run --experiment " + path("range.json") + " --out " + path("res"),
+       "at most 4096 values per key (this gives 9223372036854775807)"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Result r = attnlab(args, bounded);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find("error: "), std::string::npos) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << args << "\n" << r.out;
+  }
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+}
+
+// A window bound past the keys is unbounded: --window -1,INT64_MAX computes exactly what no
+// window does (it used to wrap, mask every row, and pass verify because the reference
+// shared the wrap).
+TEST_F(Cli, HugeWindowBoundsAreUnbounded) {
+  Problem p = test::shape(1, 2, 1, 5, 9, 8);
+  write_inputs(p);
+  ASSERT_EQ(attnlab("run --impl naive " + qkv() + " --out " + path("o.npy") + " --lse " + path("l.npy")).code, 0);
+  for (const char* w : {"-1,9223372036854775807", "9223372036854775807,-1", "9223372036854775807,9223372036854775807",
+                        "14,14"}) {
+    SCOPED_TRACE(w);
+    const Result r = attnlab("run --impl flash " + qkv() + " --out " + path("ow.npy") + " --lse " +
+                             path("lw.npy") + " --window " + w);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const NpyArray o = read_npy(path("o.npy")), ow = read_npy(path("ow.npy"));
+    const NpyArray l = read_npy(path("l.npy")), lw = read_npy(path("lw.npy"));
+    for (size_t i = 0; i < lw.data.size(); ++i) {
+      EXPECT_TRUE(std::isfinite(lw.data[i])) << "row " << i << " fully masked";
+      EXPECT_NEAR(lw.data[i], l.data[i], 1e-5) << i;
+    }
+    for (size_t i = 0; i < ow.data.size(); ++i) EXPECT_NEAR(ow.data[i], o.data[i], 1e-5) << i;
+  }
+}
+
+// A kernel whose workspace is over the memory budget says so before allocating (naive's
+// O(n^2) scores here, with a 128 KiB budget), while flash runs in the same budget.
+TEST_F(Cli, MemoryBudgetRefusesOversizedWorkspaces) {
+  Problem p = test::shape(1, 1, 1, 256, 256, 8);
+  write_inputs(p);
+  const std::string budget = "ATTN_MEMORY_BUDGET=128K ";
+  const Result naive = attnlab("run --impl naive --threads 1 " + qkv() + " --out " + path("o.npy"), budget);
+  EXPECT_EQ(naive.code, 2) << naive.out;
+  EXPECT_NE(naive.out.find("naive cannot run batch=1 q_heads=1 kv_heads=1 q_len=256 kv_len=256"), std::string::npos)
+      << naive.out;
+  EXPECT_NE(naive.out.find("memory: needs 289.0 KiB (295936 bytes: workspace 256.0 KiB + Q, K, V, O, LSE 33.0 KiB), "
+                           "above the memory budget of 128.0 KiB (131072 bytes, set by ATTN_MEMORY_BUDGET)"),
+            std::string::npos) << naive.out;
+  EXPECT_FALSE(fs::exists(path("o.npy")));
+  const Result flash = attnlab("run --impl flash --threads 1 " + qkv() + " --out " + path("o.npy"), budget);
+  EXPECT_EQ(flash.code, 0) << flash.out;
+  const Result bad = attnlab("run --impl flash " + qkv() + " --out " + path("o2.npy"), "ATTN_MEMORY_BUDGET=lots ");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("ATTN_MEMORY_BUDGET: 'lots' is not a memory size"), std::string::npos) << bad.out;
 }
 
 }  // namespace

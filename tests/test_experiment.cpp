@@ -226,7 +226,60 @@ TEST(Experiment, SyntaxErrorsAndMissingFilesNameTheFile) {
 TEST(Experiment, GridSizeIsBounded) {
   const std::string msg = error_of(R"({"description": "d", "q_len": {"range": [1, 4000, 1]},
                                        "kv_len": {"range": [1, 4000, 1]}})");
-  EXPECT_NE(msg.find("at most"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the grids have 4.8e+07 points (this grid: 3 x 1 x 1 x 1 x 4000 x 4000 x 1"),
+            std::string::npos) << msg;
+  EXPECT_NE(msg.find("allowed: at most 100000 points"), std::string::npos) << msg;
+  // Points of several grids add up; sizes whose product wraps size_t are still counted.
+  EXPECT_NE(error_of(R"({"description": "d", "implementations": ["naive"],
+                         "grids": [{"q_len": {"range": [1, 4000, 1]}, "kv_len": {"range": [1, 20, 1]}},
+                                   {"q_len": {"range": [1, 4000, 1]}, "kv_len": {"range": [21, 40, 1]}}]})")
+                .find("the grids have 160000 points"),
+            std::string::npos);
+  // 3 * 4096^6 points: more than int64 holds.
+  std::string lists = R"(, "window": [[0, 0])";
+  for (int i = 1; i < 4096; ++i) lists += ", [" + std::to_string(i) + ", 0]";
+  lists += "]";
+  for (const char* key : {"batch", "q_heads", "q_len", "kv_len", "head_dim"}) {
+    lists += std::string(", \"") + key + "\": {\"range\": [1, 4096, 1]}";
+  }
+  const std::string huge = error_of(R"({"description": "d")" + lists + "}");
+  EXPECT_NE(huge.find("the grids have 1.41671e+22 points"), std::string::npos) << huge;
+}
+
+// The reproductions of issue 8: generators ending near INT64_MAX used to loop forever
+// (x *= 2 and x += step wrapped). Every one is now an error naming the count and the limit.
+TEST(Experiment, GeneratorsAreBoundedAndNeverWrap) {
+  std::string causal_4097 = "false";
+  for (int i = 1; i < 4097; ++i) causal_4097 += ", false";
+  const std::vector<std::pair<std::string, std::vector<const char*>>> cases = {
+      {R"({"description": "d", "q_len": {"range": [1, 9223372036854775807, 1]}})",
+       {"'q_len'", "at most 4096 values per key (this gives 9223372036854775807)"}},
+      {R"({"description": "d", "q_len": {"range": [9223372036854775000, 9223372036854775807, 1]}})",
+       {"q_len=9223372036854775000 ", "allowed: at most 2^36"}},  // 808 values, the first one too large
+      {R"({"description": "d", "q_len": {"range": [1, 5000, 1]}})", {"'q_len'", "this gives 5000"}},
+      {R"({"description": "d", "q_len": {"range": [2, 9223372036854775807, 4611686018427387904]}})",
+       {"q_len=4611686018427387906", "Q: batch * q_heads * q_len * head_dim", "at most 2^36"}},
+      {R"({"description": "d", "q_len": {"pow2": [1, 4611686018427387904]}})",
+       {"grid point", "q_len=134217728", "at most 2^36 (68719476736) elements per tensor"}},
+      {R"({"description": "d", "q_len": {"range": [1, 18446744073709551615, 1]}})", {"'q_len'", "allowed:"}},
+      {R"({"description": "d", "q_len": 8, "window": [18446744073709551615, 0]})", {"'window'", "-1 = unbounded"}},
+      {R"({"description": "d", "q_len": 8, "causal": [)" + causal_4097 + "]}",
+       {"'causal'", "at most 4096 values per key (this gives 4097)"}},
+  };
+  for (const auto& [doc, expect] : cases) {
+    SCOPED_TRACE(doc.substr(0, 120));
+    const std::string msg = error_of(doc);
+    ASSERT_FALSE(msg.empty()) << "must be rejected";
+    for (const char* x : expect) EXPECT_NE(msg.find(x), std::string::npos) << "missing '" << x << "' in: " << msg;
+  }
+  // A pow2 list up to 2^62 stops at its bound (the next doubling would wrap).
+  const Experiment e = parse(R"({"description": "d", "implementations": ["naive"], "head_dim": 1,
+                                 "q_heads": 1, "q_len": 1, "kv_len": {"pow2": [1, 34359738368]}})");
+  EXPECT_EQ(expand(e, 1).size(), 36u);  // kv_len 2^0 .. 2^35
+  EXPECT_NE(error_of(R"({"description": "d", "implementations": ["naive"], "head_dim": 1, "q_heads": 1,
+                         "q_len": 1, "kv_len": {"pow2": [1, 4611686018427387904]}})")
+                .find("kv_len=137438953472"),
+            std::string::npos);
 }
 
 }  // namespace

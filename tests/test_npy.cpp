@@ -1,8 +1,13 @@
 // .npy reading and writing: round trips and every rejection with its message.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "attnlab/npy.hpp"
 #include "attnlab/problem.hpp"
@@ -49,7 +54,7 @@ TEST(Npy, Float64IsConverted) {
   bytes.append(reinterpret_cast<const char*>(d), sizeof d);
   const NpyArray a = parse_npy(bytes, "f8");
   EXPECT_EQ(a.source_dtype, "<f8");
-  EXPECT_EQ(a.data, (std::vector<float>{0.5f, -3.25f}));
+  EXPECT_EQ(std::vector<float>(a.data.begin(), a.data.end()), (std::vector<float>{0.5f, -3.25f}));
 }
 
 TEST(Npy, Version2HeaderIsRead) {
@@ -82,17 +87,141 @@ TEST(Npy, Rejections) {
   expect_reject(header_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (2, x), }"), "malformed shape");
 }
 
+TEST(Npy, HostileHeadersAreRefusedBeforeAnyDataIsRead) {
+  const std::string ok = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }";
+  const std::string good = header_v1(ok) + std::string(16, '\0');
+  expect_reject(good + "x", "1 trailing bytes after the data (shape needs 16 bytes of <f4); allowed: exactly");
+  // The byte order must be written out: '=' / none mean "whatever machine wrote it".
+  for (const char* dtype : {">f4", "=f4", "f4", "|f4", ">f8", "=f8", "<f2", "|u1", "<c8"}) {
+    expect_reject(header_v1("{'descr': '" + std::string(dtype) + "', 'fortran_order': False, 'shape': (2, 2), }") +
+                      std::string(16, '\0'),
+                  "dtype '" + std::string(dtype) + "' is not supported; allowed: float32 ('<f4') or float64 ('<f8'), little-endian");
+  }
+  // Shapes whose element count wraps or exceeds 2^36, and entries that are not integers.
+  expect_reject(header_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296), }"),
+                "has more than 2^36 (68719476736) elements");
+  expect_reject(header_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (68719476737,), }"),
+                "has more than 2^36");
+  expect_reject(header_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }"),
+                "malformed shape entry '99999999999999999999'");
+  expect_reject(header_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (-4,), }"), "malformed shape entry '-4'");
+  // A zero dimension makes an empty array, however large the others are.
+  EXPECT_EQ(parse_npy(header_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 68719476737), }"), "e").data.size(), 0u);
+  // A huge declared shape over a short file is "truncated", not a huge allocation.
+  expect_reject(header_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000,), }") + "abcd",
+                "truncated data: shape needs 4000000000 bytes of <f4 after the header, file has 4");
+  // Header lengths are bounded (version 2 allows 4 GiB headers).
+  std::string v2 = "\x93NUMPY";
+  v2 += '\x02';
+  v2 += '\x00';
+  v2 += std::string("\x00\x00\x00\x80", 4);  // 2^31
+  expect_reject(v2 + ok, "header length 2147483648 is too large; allowed: at most 65536 bytes");
+}
+
+class NpyFiles : public ::testing::Test {
+ protected:
+  std::filesystem::path dir;
+  void SetUp() override {
+    dir = std::filesystem::temp_directory_path() /
+          ("attn_npyf_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir); }
+  std::string file(const std::string& name, const std::string& bytes) const {
+    const std::string p = (dir / name).string();
+    std::ofstream(p, std::ios::binary) << bytes;
+    return p;
+  }
+  static void expect_read_fails(const std::string& path, const std::string& fragment) {
+    try {
+      read_npy(path);
+      ADD_FAILURE() << "read " << path << "; expected an error containing: " << fragment;
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find(path + ": " + fragment), std::string::npos) << e.what();
+    }
+  }
+};
+
+// `attnlab run --q /dev/zero` used to read forever: only regular files are read.
+TEST_F(NpyFiles, OnlyRegularFilesAreRead) {
+  expect_read_fails("/dev/zero", "is not a regular file (a character device); allowed: a regular .npy file");
+  expect_read_fails(dir.string(), "is not a regular file (a directory)");
+  const std::string fifo = (dir / "pipe.npy").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_read_fails(fifo, "is not a regular file (a pipe)");  // without waiting for a writer
+  expect_read_fails((dir / "missing.npy").string(), "cannot open for reading: No such file or directory");
+}
+
+TEST_F(NpyFiles, FilesAreCheckedLikeBytes) {
+  const std::string ok = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }";
+  expect_read_fails(file("long.npy", header_v1(ok) + std::string(20, '\0')), "4 trailing bytes after the data");
+  expect_read_fails(file("short.npy", header_v1(ok) + std::string(15, '\0')), "truncated data");
+  expect_read_fails(file("tiny.npy", "\x93NUM"), "not a .npy file (bad magic");
+  expect_read_fails(file("empty.npy", ""), "not a .npy file");
+  expect_read_fails(file("big.npy", header_v1("{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }") + "abcd"),
+                    "dtype '>f4' is not supported");
+}
+
+// Data lands 64-byte aligned; float64 is converted chunk by chunk (more than one chunk here).
+TEST_F(NpyFiles, ReadsIntoAlignedBuffersAndConvertsFloat64) {
+  std::vector<float> f(1000);
+  for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(i) * 0.25f - 7;
+  const NpyArray a = read_npy(file("f4.npy", encode_npy(f.data(), {10, 100})));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data.data()) % 64, 0u);
+  EXPECT_EQ(std::vector<float>(a.data.begin(), a.data.end()), f);
+  const size_t n = (size_t{1} << 17) + 5;
+  std::vector<double> d(n);
+  for (size_t i = 0; i < n; ++i) d[i] = static_cast<double>(i) + 0.5;
+  const std::string bytes = header_v1("{'descr': '<f8', 'fortran_order': False, 'shape': (" + std::to_string(n) + ",), }") +
+                            std::string(reinterpret_cast<const char*>(d.data()), n * 8);
+  const NpyArray b = read_npy(file("f8.npy", bytes));
+  EXPECT_EQ(b.source_dtype, "<f8");
+  ASSERT_EQ(b.data.size(), n);
+  for (size_t i : {size_t{0}, size_t{1} << 17, n - 1}) EXPECT_EQ(b.data[i], static_cast<float>(d[i])) << i;
+}
+
+// Large '<f4' files are mapped, not copied: same values, 64-byte aligned, writable without
+// changing the file; a file truncated by someone else while mapped ends the process with
+// the bad-input exit and the file's name, not a crash.
+TEST_F(NpyFiles, LargeFilesAreMappedSafely) {
+  std::vector<float> f(size_t{1} << 19);  // 2 MiB: above the mapping threshold
+  for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(i % 1000) - 500.5f;
+  const std::string path = file("big.npy", encode_npy(f.data(), {512, 1024}));
+  {
+    NpyArray a = read_npy(path);
+    ASSERT_EQ(a.data.size(), f.size());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data.data()) % 64, 0u);
+    EXPECT_EQ(std::memcmp(a.data.data(), f.data(), f.size() * 4), 0);
+    a.data[0] = 42.f;
+    NpyArray moved = std::move(a);
+    EXPECT_EQ(moved.data[0], 42.f);
+  }
+  EXPECT_EQ(read_npy(path).data[0], f[0]) << "a write to the data changed the file";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const NpyArray m = read_npy(path);
+        ::truncate(path.c_str(), 128);
+        volatile float last = m.data[m.data.size() - 1];
+        (void)last;
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(2), "big.npy: the file shrank while it was in use");
+}
+
 TEST(Npy, WriteIsAtomicAndLeavesNoTempFile) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("attn_npy_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const float x[3] = {1, 2, 3};
   write_npy((dir / "x.npy").string(), x, {3});
-  EXPECT_EQ(read_npy((dir / "x.npy").string()).data, (std::vector<float>{1, 2, 3}));
+  const NpyArray back = read_npy((dir / "x.npy").string());
+  EXPECT_EQ(std::vector<float>(back.data.begin(), back.data.end()), (std::vector<float>{1, 2, 3}));
   int files = 0;
   for ([[maybe_unused]] auto& e : fs::directory_iterator(dir)) ++files;
   EXPECT_EQ(files, 1);
-  EXPECT_THROW(write_npy((dir / "missing" / "y.npy").string(), x, {3}), InvalidInput);
+  EXPECT_THROW(write_npy((dir / "missing" / "y.npy").string(), x, {3}), IoError);
   EXPECT_THROW(read_npy((dir / "nope.npy").string()), InvalidInput);
   fs::remove_all(dir);
 }

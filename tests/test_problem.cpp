@@ -126,6 +126,91 @@ TEST(Problem, ValidateNamesFieldAndAllowedValues) {
   expect_invalid(p, "scale", "a finite number");
 }
 
+// Window bounds up to INT64_MAX: a bound past the first or last key is unbounded, for every
+// alignment and row (row() never forms i + off + bound, which used to wrap).
+TEST(Interval, HugeWindowBoundsMeanUnbounded) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (auto c : {CausalAlign::None, CausalAlign::BottomRight, CausalAlign::TopLeft}) {
+    for (auto [sq, sk] : {std::pair<int64_t, int64_t>{5, 9}, {9, 5}, {1, 1}}) {
+      for (int64_t big : {sk + sq, sk + sq + 1, kMax - 1, kMax}) {
+        const MaskSpec none{sq, sk, c, -1, -1};
+        EXPECT_EQ(keep({sq, sk, c, -1, big}), keep(none)) << "right " << big;
+        EXPECT_EQ(keep({sq, sk, c, big, -1}), keep(none)) << "left " << big;
+        EXPECT_EQ(keep({sq, sk, c, big, big}), keep(none)) << "both " << big;
+        // One side huge, the other still counts.
+        EXPECT_EQ(keep({sq, sk, c, 1, big}), keep({sq, sk, c, 1, -1})) << big;
+        EXPECT_EQ(keep({sq, sk, c, big, 0}), keep({sq, sk, c, -1, 0})) << big;
+      }
+    }
+  }
+  // The reproduction: --window -1,INT64_MAX is no window at all, not every row masked.
+  Problem p = shape(1, 1, 1, 2, 2, 8);
+  p.window_left = -1, p.window_right = kMax;
+  EXPECT_NO_THROW(p.validate());
+  EXPECT_EQ(p.visible_pairs(), 4);
+  p.window_left = kMax, p.window_right = -2;
+  expect_invalid(p, "window_right", "-1 (unbounded) or an integer >= 0");
+}
+
+// visible_pairs() and kv_bytes() are computed per linear piece of the mask, not per row:
+// they must equal the row-by-row sums for every mask kind.
+TEST(Problem, PairAndKeyCountsMatchRowByRowSums) {
+  uint64_t s = 12345;
+  auto next = [&s](int64_t n) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int64_t>((s >> 33) % static_cast<uint64_t>(n));
+  };
+  const CausalAlign aligns[] = {CausalAlign::None, CausalAlign::BottomRight, CausalAlign::TopLeft};
+  for (int trial = 0; trial < 3000; ++trial) {
+    Problem p = shape(1 + next(3), 2, 1, 1 + next(70), 1 + next(70), 8);
+    p.causal = aligns[next(3)];
+    p.window_left = next(4) == 0 ? -1 : next(80);
+    p.window_right = next(4) == 0 ? -1 : next(80);
+    if (next(2)) {
+      for (int64_t b = 0; b < p.batch; ++b) p.kv_lens.push_back(next(p.kv_len + 1));
+    }
+    int64_t pairs = 0;
+    double keys = 0;
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const MaskSpec m = p.mask_for_batch(b);
+      for (int64_t i = 0; i < p.q_len; ++i) pairs += m.row(i).size();
+      keys += static_cast<double>(m.rows(0, p.q_len).size());
+    }
+    ASSERT_EQ(p.visible_pairs(), pairs * p.q_heads) << p.describe();
+    ASSERT_DOUBLE_EQ(p.kv_bytes(), 2.0 * 4 * keys * p.kv_heads * p.head_dim) << p.describe();
+  }
+}
+
+TEST(Problem, CountsOfHugeProblemsAreClosedForm) {
+  // 2^36 query rows: a row loop would take minutes; the piecewise sum is immediate.
+  Problem p = shape(1, 1, 1, int64_t{1} << 36, 1000, 1);
+  p.causal = CausalAlign::TopLeft;
+  ASSERT_NO_THROW(p.validate());
+  const int64_t n = int64_t{1} << 36;
+  EXPECT_EQ(p.visible_pairs(), 1000 * 1001 / 2 + (n - 1000) * 1000);
+  EXPECT_DOUBLE_EQ(p.kv_bytes(), 2.0 * 4 * 1000);
+}
+
+// Sizes that used to wrap (the SIGFPE of `verify --batch 4294967296 --q-heads 4294967296`)
+// are rejected by name, with the limit.
+TEST(Problem, OversizedShapesNameTheLimit) {
+  expect_invalid(shape(int64_t{1} << 32, int64_t{1} << 32, 1, 2, 2, 8), "Q",
+                 "at most 2^36 (68719476736) elements per tensor");
+  expect_invalid(shape(1, 1, 1, int64_t{1} << 62, 1, 512), "Q", "at most 2^36");
+  expect_invalid(shape(1, 1, 1, 1, std::numeric_limits<int64_t>::max(), 1), "K and V", "at most 2^36");
+  expect_invalid(shape(1, 1, 1, int64_t{1} << 30, int64_t{1} << 30, 1), "attention pairs",
+                 "at most 2^56 (72057594037927936) query-key pairs");
+  try {
+    shape(3, 5, 1, int64_t{1} << 40, 2, 8).validate();
+    FAIL();
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("batch * q_heads * q_len * head_dim = 3 * 5 * 1099511627776 * 8"),
+              std::string::npos) << e.what();
+  }
+  // The largest allowed tensor is accepted.
+  EXPECT_NO_THROW(shape(1, 1, 1, int64_t{1} << 27, 1, 512).validate());
+}
+
 TEST(Problem, LayoutParsing) {
   EXPECT_EQ(parse_layout("bshd"), Layout::BSHD);
   EXPECT_THROW(parse_layout("bhds"), InvalidInput);

@@ -7,7 +7,8 @@
 //   causal      -> right = 0 (a window's right bound is clipped to 0)
 //   hi = right < 0 ? Lk : min(Lk, i + off + right + 1)
 //   lo = left  < 0 ? 0  : max(0,  i + off - left)
-// Window bounds are inclusive: left = w sees w keys before the diagonal plus the diagonal.
+// Window bounds are inclusive: left = w sees w keys before the diagonal plus the diagonal;
+// a bound reaching past the first or last key is the same as -1 (no overflow for any value).
 // Without causal the window is aligned bottom-right (FlashAttention's convention).
 // An interval with lo >= hi is empty: the row is fully masked (O = 0, LSE = -inf).
 #pragma once
@@ -47,9 +48,12 @@ struct MaskSpec {
     const int64_t off = causal == CausalAlign::TopLeft ? 0 : kv_len - q_len;
     int64_t r = right;
     if (causal != CausalAlign::None) r = 0;  // causal == window right bound 0
+    // Compared, never summed with the bounds: any bound up to INT64_MAX is safe (a bound
+    // past the last key means unbounded).
+    const int64_t diag = i + off;
     Interval iv;
-    iv.hi = r < 0 ? kv_len : (i + off + r + 1 < kv_len ? i + off + r + 1 : kv_len);
-    iv.lo = left < 0 ? 0 : (i + off - left > 0 ? i + off - left : 0);
+    iv.hi = r < 0 || r >= kv_len - diag - 1 ? kv_len : diag + r + 1;
+    iv.lo = left < 0 || left >= diag ? 0 : diag - left;
     if (iv.hi < 0) iv.hi = 0;
     if (iv.lo > iv.hi) iv.lo = iv.hi;  // canonical empty interval
     return iv;

@@ -60,11 +60,19 @@ const Kernel* find_kernel(std::string_view name);
 const Kernel& kernel_or_throw(std::string_view name);
 std::string kernel_names();  // "naive, blocked, ..."
 
+// Whether the memory a run of `kernel` on the (valid) problem needs -- its workspace for
+// `threads` threads plus the problem's Q, K, V, O and LSE -- fits the memory budget
+// (limits.hpp); the reason names the bytes and the budget when not.
+Support fits_memory_budget(const Kernel& kernel, const Problem& problem, int threads);
+// The one decision every path takes before allocating (Session, check_kernel, sweeps):
+// available(), then supports(), then fits_memory_budget(); "no" with the first reason.
+Support can_run(const Kernel& kernel, const Problem& problem, int threads);
+
 // A kernel bound to a problem and a thread count.
 class Session {
  public:
-  // Validates the problem, checks availability and support (throws InvalidInput with
-  // the reason), allocates the workspace and creates the arena.
+  // Validates the problem, checks availability, support and the memory budget (throws
+  // InvalidInput with the reason), allocates the workspace and creates the arena.
   Session(const Kernel& kernel, const Problem& problem, int threads);
   ~Session();
   Session(const Session&) = delete;

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -64,13 +65,44 @@ struct AlignedFree {
 std::unique_ptr<float[], AlignedFree> alloc_floats(size_t count);
 std::unique_ptr<std::byte[], AlignedFree> alloc_bytes(size_t count);
 
+// Owned 64-byte aligned floats (move-only): either allocated here and left uninitialised,
+// for data about to be overwritten whole, or adopted memory such as a file mapping, which
+// `release` gives back.
+class FloatBuffer {
+ public:
+  FloatBuffer() = default;
+  explicit FloatBuffer(size_t count);
+  FloatBuffer(float* data, size_t count, std::function<void()> release);
+  FloatBuffer(FloatBuffer&& other) noexcept { *this = std::move(other); }
+  FloatBuffer& operator=(FloatBuffer&& other) noexcept;
+  ~FloatBuffer();
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  float& operator[](size_t i) { return data_[i]; }
+  const float& operator[](size_t i) const { return data_[i]; }
+  const float* begin() const { return data_; }
+  const float* end() const { return data_ + n_; }
+
+ private:
+  float* data_ = nullptr;
+  size_t n_ = 0;
+  std::function<void()> release_;
+};
+
 // Owned Q, K, V, O, LSE for a problem, in the problem's layout.
 struct Tensors {
   std::unique_ptr<float[], AlignedFree> q, k, v, o, lse;
   Inputs inputs;
   Outputs outputs;
 };
+// Throws InvalidInput when tensor_bytes(p) exceed the memory budget (limits.hpp).
 Tensors allocate_tensors(const Problem& p);
+// Only O and LSE (zeroed), for inputs that live elsewhere (e.g. read from files).
+Tensors allocate_outputs(const Problem& p);
+// float32 bytes of Q, K, V, O and LSE of a valid problem.
+int64_t tensor_bytes(const Problem& p);
 // Uniform [-1, 1) inputs from a seed (deterministic across platforms), O and LSE zeroed.
 Tensors random_tensors(const Problem& p, uint64_t seed);
 

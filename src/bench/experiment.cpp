@@ -6,6 +6,7 @@
 #include <set>
 
 #include "attnlab/kernel.hpp"
+#include "attnlab/limits.hpp"
 #include "bench/bench_point.hpp"
 #include "bench/files.hpp"
 
@@ -15,8 +16,9 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr size_t kMaxGridPoints = 100000;
-constexpr int64_t kMaxListLength = 4096;
+// Bounds on what a file can ask for, so a hostile file is an error, not an endless loop.
+constexpr int64_t kMaxGridPoints = 100000;  // points of all grids together
+constexpr int64_t kMaxListLength = 4096;    // values of one key (after expanding pow2 / range)
 
 // Keys of one grid (allowed at the top level and inside "grids" entries).
 const std::vector<std::string> kGridKeys = {"implementations", "batch", "q_heads", "kv_heads", "gqa_groups",
@@ -51,7 +53,18 @@ struct Where {
   }
 };
 
-bool is_int(const Json& v) { return v.is_number_integer() || v.is_number_unsigned(); }
+// An integer that fits int64 (nlohmann keeps larger ones as uint64).
+bool is_int(const Json& v) {
+  return v.is_number_integer() && (!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t{INT64_MAX});
+}
+
+// A list `key` may not have more than kMaxListLength values; `count` is how many it has.
+void check_list_length(const Where& w, const std::string& key, const Json& v, uint64_t count) {
+  if (count > static_cast<uint64_t>(kMaxListLength)) {
+    w.bad(key, v, "at most " + std::to_string(kMaxListLength) + " values per key (this gives " +
+                      std::to_string(count) + ")");
+  }
+}
 
 bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
@@ -67,21 +80,27 @@ std::vector<int64_t> parse_ints(const Where& w, const std::string& key, const Js
     take(v);
   } else if (v.is_array()) {
     if (v.empty()) w.bad(key, v, allowed + " (not an empty list)");
+    check_list_length(w, key, v, v.size());
     for (const auto& x : v) take(x);
   } else if (v.is_object() && v.size() == 1 && v.contains("pow2")) {
     const Json& a = v["pow2"];
     if (!a.is_array() || a.size() != 2 || !is_int(a[0]) || !is_int(a[1])) w.bad(key, v, allowed);
     const int64_t lo = a[0].get<int64_t>(), hi = a[1].get<int64_t>();
     if (!is_pow2(lo) || !is_pow2(hi) || lo > hi || lo < min_value) w.bad(key, v, allowed);
-    for (int64_t x = lo; x <= hi; x *= 2) out.push_back(x);
+    // x <= hi / 2 before doubling: 2 * x never passes INT64_MAX.
+    for (int64_t x = lo;; x *= 2) {
+      out.push_back(x);
+      if (x > hi / 2) break;
+    }
   } else if (v.is_object() && v.size() == 1 && v.contains("range")) {
     const Json& a = v["range"];
     if (!a.is_array() || a.size() != 3 || !is_int(a[0]) || !is_int(a[1]) || !is_int(a[2])) w.bad(key, v, allowed);
     const int64_t start = a[0].get<int64_t>(), stop = a[1].get<int64_t>(), step = a[2].get<int64_t>();
-    if (step < 1 || start > stop || start < min_value || (stop - start) / step >= kMaxListLength) {
-      w.bad(key, v, allowed + " (at most " + std::to_string(kMaxListLength) + " values)");
-    }
-    for (int64_t x = start; x <= stop; x += step) out.push_back(x);
+    if (step < 1 || start > stop || start < min_value) w.bad(key, v, allowed);
+    // start >= 0 here, so stop - start cannot wrap; values are start + n * step, never summed past stop.
+    const uint64_t count = static_cast<uint64_t>((stop - start) / step) + 1;
+    check_list_length(w, key, v, count);
+    for (uint64_t n = 0; n < count; ++n) out.push_back(start + static_cast<int64_t>(n) * step);
   } else {
     w.bad(key, v, allowed);
   }
@@ -103,6 +122,7 @@ std::vector<CausalAlign> parse_causal(const Where& w, const Json& v) {
   std::vector<CausalAlign> out;
   if (v.is_array()) {
     if (v.empty()) w.bad("causal", v, "a non-empty list of false, true, \"top_left\"");
+    check_list_length(w, "causal", v, v.size());
     for (const auto& x : v) out.push_back(parse_one_causal(w, v, x));
   } else {
     out.push_back(parse_one_causal(w, v, v));
@@ -125,6 +145,7 @@ std::vector<Window> parse_window(const Where& w, const Json& v) {
   if (v.is_array() && v.size() == 2 && is_int(v[0]) && is_int(v[1])) return {one(v)};
   if (v.is_array()) {
     if (v.empty()) w.bad("window", v, allowed);
+    check_list_length(w, "window", v, v.size());
     std::vector<Window> out;
     for (const auto& x : v) out.push_back(one(x));
     return out;
@@ -141,6 +162,7 @@ std::vector<Layout> parse_layouts(const Where& w, const Json& v) {
   std::vector<Layout> out;
   if (v.is_array()) {
     if (v.empty()) w.bad("layout", v, "\"bhsd\", \"bshd\", or a non-empty list of these");
+    check_list_length(w, "layout", v, v.size());
     for (const auto& x : v) out.push_back(one(x));
   } else {
     out.push_back(one(v));
@@ -157,6 +179,7 @@ std::vector<int> parse_threads(const Where& w, const Json& v) {
   };
   if (v.is_array()) {
     if (v.empty()) w.bad("threads", v, allowed);
+    check_list_length(w, "threads", v, v.size());
     std::vector<int> out;
     for (const auto& x : v) out.push_back(one(x));
     return out;
@@ -364,18 +387,32 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
   std::vector<GridPoint> out;
   std::set<std::string> seen;
   const std::vector<int64_t> none = {0};
-  size_t combos = 0;
+  int64_t combos = 0;
   for (const Grid& gr : e.grids) {
     const auto& groups_or_kv = !gr.gqa_groups.empty() ? gr.gqa_groups : (gr.kv_heads_from_q_heads ? none : gr.kv_heads);
     const auto& dims = !gr.d_model.empty() ? gr.d_model : gr.head_dim;
     const auto& kv_lens = gr.kv_len_from_q_len ? none : gr.kv_len;
-    combos += gr.implementations.size() * gr.batch.size() * gr.q_heads.size() * groups_or_kv.size() *
-              gr.q_len.size() * kv_lens.size() * dims.size() * gr.causal.size() * gr.window.size() *
-              gr.layout.size() * gr.threads.size();
-    if (combos > kMaxGridPoints) {
-      w.fail("the grid has more than " + std::to_string(kMaxGridPoints) + " points; allowed: at most " +
-             std::to_string(kMaxGridPoints));
+    const std::initializer_list<size_t> sizes = {
+        gr.implementations.size(), gr.batch.size(), gr.q_heads.size(), groups_or_kv.size(),
+        gr.q_len.size(), kv_lens.size(), dims.size(), gr.causal.size(), gr.window.size(),
+        gr.layout.size(), gr.threads.size()};
+    std::optional<int64_t> points = 1;
+    double shown = 1;  // for the message only: never wraps
+    std::string product;
+    for (size_t n : sizes) {
+      if (points) points = checked_product({*points, static_cast<int64_t>(n)});
+      shown *= static_cast<double>(n);
+      product += (product.empty() ? "" : " x ") + std::to_string(n);
     }
+    if (!points || *points > kMaxGridPoints - combos) {
+      char count[32];
+      std::snprintf(count, sizeof count, "%.6g", shown + static_cast<double>(combos));
+      w.fail("the grids have " + std::string(count) + " points (this grid: " + product +
+             " values of implementations x batch x q_heads x kv_heads x q_len x kv_len x head_dim x "
+             "causal x window x layout x threads); allowed: at most " + std::to_string(kMaxGridPoints) +
+             " points");
+    }
+    combos += *points;
     for (const auto& kernel : gr.implementations)
       for (int64_t b : gr.batch)
         for (int64_t hq : gr.q_heads)

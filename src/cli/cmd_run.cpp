@@ -33,7 +33,7 @@ Command add_run(CLI::App& app) {
             warn_nonfinite("K", li.k.data);
             warn_nonfinite("V", li.v.data);
             Session session(kernel, p, args->mask.thread_count());
-            Tensors out = allocate_tensors(p);
+            Tensors out = allocate_outputs(p);
             const auto t0 = std::chrono::steady_clock::now();
             session.run(li.inputs, out.outputs);
             const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

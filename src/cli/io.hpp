@@ -22,6 +22,6 @@ LoadedInputs load_inputs(const std::string& q, const std::string& k, const std::
                          const MaskFlags& flags);
 
 // Counts NaN/Inf values and prints a warning naming the tensor and the first index.
-void warn_nonfinite(const std::string& name, const std::vector<float>& data);
+void warn_nonfinite(const std::string& name, const FloatBuffer& data);
 
 }  // namespace attnlab::cli

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <sstream>
 
+#include "attnlab/limits.hpp"
+
 namespace attnlab {
 
 const char* to_string(Layout layout) { return layout == Layout::BHSD ? "bhsd" : "bshd"; }
@@ -32,8 +34,76 @@ void require_positive(const char* field, int64_t value) {
 void require_window(const char* field, int64_t value) {
   if (value < -1) {
     throw InvalidInput(std::string(field) + ": " + std::to_string(value) +
-                       " is not allowed; allowed: -1 (unbounded) or an integer >= 0");
+                       " is not allowed; allowed: -1 (unbounded) or an integer >= 0 (a bound "
+                       "past the first or last key is unbounded)");
   }
+}
+// The product of named sizes, at most `limit` (checked: a product that would wrap is too large).
+void require_product(const std::string& what, std::initializer_list<std::pair<const char*, int64_t>> factors,
+                     int64_t limit, const std::string& unit) {
+  std::string names, values;
+  bool ok = true;
+  int64_t product = 1;
+  for (const auto& [name, value] : factors) {
+    names += (names.empty() ? "" : " * ") + std::string(name);
+    values += (values.empty() ? "" : " * ") + std::to_string(value);
+    const auto next = checked_product({product, value}, limit);
+    ok = ok && next.has_value();
+    if (ok) product = *next;
+  }
+  if (!ok) {
+    throw InvalidInput(what + ": " + names + " = " + values + " is more than " + pow2_text(limit) +
+                       " " + unit + "; allowed: at most " + pow2_text(limit) + " " + unit);
+  }
+}
+
+// Rows [i0, i1) of m (i0 < i1), split into pieces on which lo(i) and hi(i) are both linear;
+// f(i0, i1, first row, last row) for each, in order. Each endpoint is a clamp of i + const
+// (steps of 0 or 1, at most two bends), so a piece whose endpoints moved by 0 or by its
+// length is linear, and halving finds the bends in O(log q_len) row() calls.
+template <class F>
+void linear_pieces(const MaskSpec& m, int64_t i0, int64_t i1, const F& f) {
+  const Interval a = m.row(i0), z = m.row(i1 - 1);
+  const int64_t n = i1 - 1 - i0;
+  const auto linear = [n](int64_t from, int64_t to) { return to == from || to - from == n; };
+  if (n <= 1 || (linear(a.lo, z.lo) && linear(a.hi, z.hi))) {
+    f(i0, i1, a, z);
+    return;
+  }
+  const int64_t mid = i0 + (i1 - i0) / 2;
+  linear_pieces(m, i0, mid, f);
+  linear_pieces(m, mid, i1, f);
+}
+
+struct MaskSummary {
+  int64_t pairs = 0;  // sum over rows of visible keys
+  Interval keys;      // union of the rows' visible intervals (MaskSpec::rows(0, q_len))
+};
+
+// In closed form per linear piece, so a sweep can count a huge problem without looping
+// over its rows. Nonempty rows are contiguous (row size is concave in i).
+MaskSummary summarize(const MaskSpec& m) {
+  MaskSummary s;
+  if (m.q_len < 1) return s;
+  int64_t first = -1, last = -1;
+  linear_pieces(m, 0, m.q_len, [&](int64_t i0, int64_t i1, Interval a, Interval z) {
+    s.pairs += (i1 - i0) * (a.size() + z.size()) / 2;  // arithmetic series: exact
+    if (a.size() + z.size() == 0) return;
+    if (first < 0) first = a.size() > 0 ? i0 : i0 + 1;  // else sizes 0, 1, 2, ...
+    last = z.size() > 0 ? i1 - 1 : i1 - 2;              // else sizes ..., 2, 1, 0
+  });
+  if (first >= 0) s.keys = {m.row(first).lo, m.row(last).hi};
+  return s;
+}
+
+// f(summary, number of batch entries it stands for): one call when every entry has kv_len.
+template <class F>
+void for_each_batch_mask(const Problem& p, const F& f) {
+  if (p.kv_lens.empty()) {
+    f(summarize(p.mask_for_batch(0)), p.batch);
+    return;
+  }
+  for (int64_t b = 0; b < p.batch; ++b) f(summarize(p.mask_for_batch(b)), int64_t{1});
 }
 }  // namespace
 
@@ -72,13 +142,14 @@ void Problem::validate() const {
     throw InvalidInput("scale: " + std::to_string(*scale) +
                        " is not allowed; allowed: a finite number");
   }
-  // Keep every index comfortably inside int64 and every buffer addressable.
-  constexpr int64_t kMaxElems = int64_t{1} << 36;
-  if (q_len > kMaxElems / (batch * q_heads * head_dim) ||
-      kv_len > kMaxElems / (batch * kv_heads * head_dim)) {
-    throw InvalidInput("shape: " + describe() + " is too large; allowed: at most 2^36 elements "
-                       "per tensor");
-  }
+  // Every size below is checked once here; element, pair and byte counts of a valid
+  // problem then fit int64 with room (limits.hpp).
+  require_product("Q", {{"batch", batch}, {"q_heads", q_heads}, {"q_len", q_len}, {"head_dim", head_dim}},
+                  kMaxTensorElems, "elements per tensor");
+  require_product("K and V", {{"batch", batch}, {"kv_heads", kv_heads}, {"kv_len", kv_len}, {"head_dim", head_dim}},
+                  kMaxTensorElems, "elements per tensor");
+  require_product("attention pairs", {{"batch", batch}, {"q_heads", q_heads}, {"q_len", q_len}, {"kv_len", kv_len}},
+                  kMaxPairs, "query-key pairs");
 }
 
 float Problem::effective_scale() const {
@@ -91,10 +162,7 @@ MaskSpec Problem::mask_for_batch(int64_t b) const {
 
 int64_t Problem::visible_pairs() const {
   int64_t pairs = 0;
-  for (int64_t b = 0; b < batch; ++b) {
-    const MaskSpec m = mask_for_batch(b);
-    for (int64_t i = 0; i < q_len; ++i) pairs += m.row(i).size();
-  }
+  for_each_batch_mask(*this, [&](const MaskSummary& s, int64_t entries) { pairs += s.pairs * entries; });
   return pairs * q_heads;
 }
 
@@ -106,7 +174,9 @@ double Problem::flops() const {
 double Problem::kv_bytes() const {
   // K and V rows that any query row sees, read once per kv head (GQA's saving shows here).
   double keys = 0;
-  for (int64_t b = 0; b < batch; ++b) keys += static_cast<double>(mask_for_batch(b).rows(0, q_len).size());
+  for_each_batch_mask(*this, [&](const MaskSummary& s, int64_t entries) {
+    keys += static_cast<double>(s.keys.size()) * static_cast<double>(entries);
+  });
   return 2.0 * sizeof(float) * keys * static_cast<double>(kv_heads * head_dim);
 }
 

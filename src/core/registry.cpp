@@ -2,6 +2,7 @@
 #include <tbb/task_arena.h>
 
 #include "attnlab/kernel.hpp"
+#include "attnlab/limits.hpp"
 
 namespace attnlab {
 
@@ -55,6 +56,21 @@ const Kernel& kernel_or_throw(std::string_view name) {
                      kernel_names());
 }
 
+Support fits_memory_budget(const Kernel& kernel, const Problem& problem, int threads) {
+  const auto workspace = static_cast<int64_t>(kernel.workspace_bytes(problem, threads));
+  const int64_t tensors = tensor_bytes(problem);
+  const std::string why = over_memory_budget(
+      workspace + tensors, "workspace " + bytes_text(static_cast<double>(workspace)) +
+                               " + Q, K, V, O, LSE " + bytes_text(static_cast<double>(tensors)));
+  return why.empty() ? Support::yes() : Support::no("memory: " + why);
+}
+
+Support can_run(const Kernel& kernel, const Problem& problem, int threads) {
+  if (Support a = kernel.available(); !a) return a;
+  if (Support s = kernel.supports(problem); !s) return s;
+  return fits_memory_budget(kernel, problem, threads);
+}
+
 Session::Session(const Kernel& kernel, const Problem& problem, int threads)
     : kernel_(kernel), problem_(problem), threads_(threads) {
   problem_.validate();
@@ -68,6 +84,10 @@ Session::Session(const Kernel& kernel, const Problem& problem, int threads)
   if (Support s = kernel.supports(problem_); !s) {
     throw InvalidInput(std::string(kernel.name()) + " does not support " + problem_.describe() +
                        ": " + s.reason);
+  }
+  if (Support m = fits_memory_budget(kernel, problem_, threads); !m) {
+    throw InvalidInput(std::string(kernel.name()) + " cannot run " + problem_.describe() + ": " +
+                       m.reason);
   }
   workspace_size_ = kernel.workspace_bytes(problem_, threads);
   workspace_ = alloc_bytes(workspace_size_);

@@ -3,17 +3,58 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <utility>
+
+#include "attnlab/limits.hpp"
 
 namespace attnlab {
 
 void AlignedFree::operator()(void* p) const { std::free(p); }
 
-std::unique_ptr<std::byte[], AlignedFree> alloc_bytes(size_t count) {
-  const size_t rounded = ((count + 63) / 64) * 64;
-  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+namespace {
+// 64-byte aligned, whole lines (at least one), contents undefined.
+std::byte* alloc_lines(size_t count, size_t* rounded) {
+  *rounded = count == 0 ? 64 : (count + 63) / 64 * 64;
+  if (*rounded < count) throw std::bad_alloc();
+  void* p = std::aligned_alloc(64, *rounded);
   if (!p) throw std::bad_alloc();
-  std::memset(p, 0, rounded == 0 ? 64 : rounded);
-  return std::unique_ptr<std::byte[], AlignedFree>(static_cast<std::byte*>(p));
+  return static_cast<std::byte*>(p);
+}
+}  // namespace
+
+std::unique_ptr<std::byte[], AlignedFree> alloc_bytes(size_t count) {
+  size_t rounded = 0;
+  std::byte* p = alloc_lines(count, &rounded);
+  std::memset(p, 0, rounded);
+  return std::unique_ptr<std::byte[], AlignedFree>(p);
+}
+
+FloatBuffer::FloatBuffer(size_t count) : n_(count) {
+  if (count > SIZE_MAX / sizeof(float)) throw std::bad_alloc();
+  size_t rounded = 0;
+  data_ = reinterpret_cast<float*>(alloc_lines(count * sizeof(float), &rounded));
+  release_ = [p = data_] { std::free(p); };
+}
+
+FloatBuffer::FloatBuffer(float* data, size_t count, std::function<void()> release)
+    : data_(data), n_(count), release_(std::move(release)) {}
+
+FloatBuffer& FloatBuffer::operator=(FloatBuffer&& other) noexcept {
+  if (this != &other) {
+    if (release_) release_();
+    data_ = std::exchange(other.data_, nullptr);
+    n_ = std::exchange(other.n_, 0);
+    release_ = std::exchange(other.release_, nullptr);
+  }
+  return *this;
+}
+
+FloatBuffer::~FloatBuffer() {
+  if (release_) release_();
+}
+
+int64_t tensor_bytes(const Problem& p) {
+  return (2 * p.q_elems() + 2 * p.kv_elems() + p.lse_elems()) * int64_t{sizeof(float)};
 }
 
 std::unique_ptr<float[], AlignedFree> alloc_floats(size_t count) {
@@ -21,18 +62,26 @@ std::unique_ptr<float[], AlignedFree> alloc_floats(size_t count) {
   return std::unique_ptr<float[], AlignedFree>(reinterpret_cast<float*>(bytes.release()));
 }
 
-Tensors allocate_tensors(const Problem& p) {
+Tensors allocate_outputs(const Problem& p) {
   Tensors t;
+  t.o = alloc_floats(p.q_elems());
+  t.lse = alloc_floats(p.lse_elems());
+  t.outputs.o = make_view<float>(t.o.get(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
+  t.outputs.lse = t.lse.get();
+  return t;
+}
+
+Tensors allocate_tensors(const Problem& p) {
+  if (const std::string why = over_memory_budget(tensor_bytes(p), "Q, K, V, O, LSE"); !why.empty()) {
+    throw InvalidInput("tensors of " + p.describe() + ": " + why);
+  }
+  Tensors t = allocate_outputs(p);
   t.q = alloc_floats(p.q_elems());
   t.k = alloc_floats(p.kv_elems());
   t.v = alloc_floats(p.kv_elems());
-  t.o = alloc_floats(p.q_elems());
-  t.lse = alloc_floats(p.lse_elems());
   t.inputs.q = make_view<const float>(t.q.get(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
   t.inputs.k = make_view<const float>(t.k.get(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
   t.inputs.v = make_view<const float>(t.v.get(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
-  t.outputs.o = make_view<float>(t.o.get(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
-  t.outputs.lse = t.lse.get();
   return t;
 }
 

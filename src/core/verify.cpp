@@ -235,11 +235,7 @@ KernelCheck check_kernel(const Kernel& k, const Problem& p, const Inputs& in,
                          const Agreement& a, int threads) {
   KernelCheck c;
   c.kernel = std::string(k.name());
-  if (Support s = k.available(); !s) {
-    c.reason = s.reason;
-    return c;
-  }
-  if (Support s = k.supports(p); !s) {
+  if (Support s = can_run(k, p, threads); !s) {
     c.reason = s.reason;
     return c;
   }
