@@ -38,7 +38,8 @@ std::vector<int64_t> parse_int_list(const std::string& field, const std::string&
 
 // Subcommands. Each adds itself to the app and runs when selected; the runner returns
 // the process exit code (0 ok, 1 verification failed or a sweep point failed, 2 bad input,
-// 3 another error, 4 I/O error: a file could not be written; main.cpp maps the exceptions).
+// 3 not verified (verify: a kernel named in --impl ran on no shape) or another error, 4 I/O
+// error: a file could not be written; main.cpp maps the exceptions).
 struct Command {
   CLI::App* app = nullptr;
   std::function<int()> run;
