@@ -210,7 +210,7 @@ namespace {
 size_t lines64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 }  // namespace
 
-// check_kernel's O and LSE.
+// allocate_outputs: O and LSE.
 size_t check_output_bytes(const Problem& p) {
   return lines64(static_cast<size_t>(p.q_elems()) * sizeof(float)) +
          lines64(static_cast<size_t>(p.lse_elems()) * sizeof(float));
@@ -240,15 +240,13 @@ KernelCheck check_kernel(const Kernel& k, const Problem& p, const Inputs& in,
     return c;
   }
   // Outputs only, not a second Q, K, V: check_output_bytes is what this allocates.
-  const auto o = alloc_floats(static_cast<size_t>(p.q_elems()));
-  const auto lse = alloc_floats(static_cast<size_t>(p.lse_elems()));
+  Tensors out = allocate_outputs(p);
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::fill(o.get(), o.get() + p.q_elems(), nan);
-  std::fill(lse.get(), lse.get() + p.lse_elems(), nan);
-  const Outputs out{make_view<float>(o.get(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout), lse.get()};
+  std::fill(out.o.get(), out.o.get() + p.q_elems(), nan);
+  std::fill(out.lse.get(), out.lse.get() + p.lse_elems(), nan);
   Session session(k, p, threads);
-  session.run(in, out);
-  c.errors = measure(a.ref, as_const(out.o), out.lse, p);
+  session.run(in, out.outputs);
+  c.errors = measure(a.ref, as_const(out.outputs.o), out.outputs.lse, p);
   c.reason = a.tol.why_failed(c.errors);
   c.verdict = c.reason.empty() ? Verdict::Pass : Verdict::Fail;
   return c;
