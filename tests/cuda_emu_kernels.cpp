@@ -1,9 +1,49 @@
 // The CUDA kernels' device code, compiled as C++ against the host emulation
-// (src/cuda/emu.hpp), so tests/test_cuda.cpp can run them on machines without a GPU.
-// Defines attnlab::cuda_emu::naive_ops and flash_ops (declared in src/cuda/args.hpp).
+// (src/cuda/emu.hpp), so tests can run them on machines without a GPU.
+// Defines attnlab::cuda_emu::naive_ops and flash_ops (declared in src/cuda/args.hpp) and the
+// test-only kernels of tests/cuda_emu.hpp.
 #define ATTN_CUDA_EMU 1
 #include "cuda/naive.cu"
 #include "cuda/flash.cu"
+
+#include "cuda/host_args.hpp"
+#include "cuda_emu.hpp"
+
+namespace attnlab::test {
+namespace {
+
+class EmulatedKernel final : public Kernel {
+ public:
+  static constexpr int kSms = 1;  // sizes naive's grid: 64 warps, so rows are grid-strided
+  EmulatedKernel(std::string name, const cuda_impl::KernelOps& ops) : name_(std::move(name)), ops_(ops) {}
+  std::string_view name() const override { return name_; }
+  std::string_view description() const override { return "CUDA device code under host emulation"; }
+  Support supports(const Problem& p) const override {
+    const char* why = ops_.unsupported(cuda_impl::problem_args(p));
+    return *why ? Support::no(why) : Support::yes();
+  }
+  size_t workspace_bytes(const Problem& p, int) const override {
+    return static_cast<size_t>(ops_.scratch_floats(cuda_impl::problem_args(p), kSms)) * sizeof(float);
+  }
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    const cuda_impl::DeviceArgs a = cuda_impl::device_args(p, in, out);
+    ops_.launch(a, cuda_impl::LaunchEnv{nullptr, kSms, reinterpret_cast<float*>(ctx.workspace.data())});
+  }
+
+ private:
+  std::string name_;
+  const cuda_impl::KernelOps& ops_;
+};
+
+}  // namespace
+
+const Kernel& emulated_cuda(const std::string& which) {
+  static const EmulatedKernel naive("emu_cuda_naive", cuda_emu::naive_ops);
+  static const EmulatedKernel flash("emu_cuda_flash", cuda_emu::flash_ops);
+  return which == "naive" ? naive : flash;
+}
+
+}  // namespace attnlab::test
 
 // Two tiny kernels that break the barrier rules on purpose, to show the emulation notices.
 namespace attnlab::cuda_emu::selftest {

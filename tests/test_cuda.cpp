@@ -25,6 +25,7 @@
 #include "attnlab/verify.hpp"
 #include "cuda/host_args.hpp"
 #include "cuda/tile_plan.hpp"
+#include "cuda_emu.hpp"
 #include "test_util.hpp"
 
 namespace attnlab::cuda_emu::selftest {
@@ -258,35 +259,7 @@ TEST(CudaEmulation, GroupReductionsStayInTheirGroup) {
   }
 }
 
-// A CUDA kernel's device code run by the emulation on host memory (test-only, not registered).
-class EmulatedKernel final : public Kernel {
- public:
-  static constexpr int kSms = 1;  // sizes naive's grid: 64 warps, so rows are grid-strided
-  EmulatedKernel(std::string name, const cuda_impl::KernelOps& ops) : name_(std::move(name)), ops_(ops) {}
-  std::string_view name() const override { return name_; }
-  std::string_view description() const override { return "CUDA device code under host emulation"; }
-  Support supports(const Problem& p) const override {
-    const char* why = ops_.unsupported(cuda_impl::problem_args(p));
-    return *why ? Support::no(why) : Support::yes();
-  }
-  size_t workspace_bytes(const Problem& p, int) const override {
-    return static_cast<size_t>(ops_.scratch_floats(cuda_impl::problem_args(p), kSms)) * sizeof(float);
-  }
-  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
-    const cuda_impl::DeviceArgs a = cuda_impl::device_args(p, in, out);
-    ops_.launch(a, cuda_impl::LaunchEnv{nullptr, kSms, reinterpret_cast<float*>(ctx.workspace.data())});
-  }
-
- private:
-  std::string name_;
-  const cuda_impl::KernelOps& ops_;
-};
-
-const EmulatedKernel& emulated(const std::string& which) {
-  static const EmulatedKernel naive("emu_cuda_naive", cuda_emu::naive_ops);
-  static const EmulatedKernel flash("emu_cuda_flash", cuda_emu::flash_ops);
-  return which == "naive" ? naive : flash;
-}
+const Kernel& emulated(const std::string& which) { return test::emulated_cuda(which); }
 
 struct EmuCase {
   std::string kernel;
@@ -389,7 +362,7 @@ class EmulatedNan : public ::testing::TestWithParam<std::string> {};
 
 // A NaN in a key that some rows of the same tile see and others do not: exactly the rows that
 // see it become NaN, the others stay correct (cuda_flash masks inside the tile by replacing,
-// and skips p = 0 in P V, so 0 * NaN never happens).
+// and a row's P V takes only its own visible keys, so 0 * NaN never happens).
 TEST_P(EmulatedNan, NanKeyPoisonsExactlyTheRowsThatSeeIt) {
   Problem p = test::shape(1, 2, 1, 24, 24, 32);
   p.window_left = 3, p.window_right = 0;  // row i sees keys i-3 .. i

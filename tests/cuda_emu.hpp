@@ -1,0 +1,15 @@
+// The CUDA kernels' device code run by the host emulation (src/cuda/emu.hpp) on host memory,
+// as test-only kernels (not in the registry): tests on machines without a GPU use them like
+// any other Kernel. Defined in tests/cuda_emu_kernels.cpp.
+#pragma once
+
+#include <string>
+
+#include "attnlab/kernel.hpp"
+
+namespace attnlab::test {
+
+// which: "naive" or "flash"; the kernel is named "emu_cuda_naive" / "emu_cuda_flash".
+const Kernel& emulated_cuda(const std::string& which);
+
+}  // namespace attnlab::test
