@@ -9,7 +9,7 @@
 // raises the max, the accumulator and l are multiplied by exp(m_old - m_new). In exact
 // arithmetic this equals the full-row softmax; in float it adds a few roundings only.
 // Tiles outside every row's visible interval are never touched; inside a tile each row
-// only computes its own visible keys.
+// only computes its own visible keys. NaN/Inf follow include/attnlab/online_softmax.hpp.
 // Cache targets (this machine: 32 KiB L1d and 1 MiB L2 per core):
 //   S row 64 floats, Kt tile d x 64 floats -> L1 (32 KiB at d = 128), streamed once per row
 //   V tile 64 x d floats, Q block and O accumulator 32 x d each -> L2 (16-32 KiB each at
@@ -23,12 +23,14 @@
 #include <limits>
 
 #include "attnlab/kernel.hpp"
+#include "attnlab/online_softmax.hpp"
 
 namespace attnlab::cpu {
 namespace {
 
 constexpr int64_t kBr = 32;  // query rows per block
 constexpr int64_t kBc = 64;  // keys per tile
+constexpr auto kNatural = online_softmax::Units::Natural;
 
 class Blocked final : public Kernel {
  public:
@@ -88,17 +90,19 @@ class Blocked final : public Kernel {
                 srow[j - j0] *= scale;
                 tile_max = std::max(tile_max, srow[j - j0]);
               }
-              // Online softmax: rescale what was accumulated under the old max.
+              // Online softmax: rescale what was accumulated under the old max, with the
+              // special-value rules of include/attnlab/online_softmax.hpp.
               const float m_new = std::max(m[r], tile_max);
               float* a = acc + r * dim;
-              if (m_new > m[r] && m[r] != kNegInf) {
-                const float alpha = std::exp(m[r] - m_new);
+              const float alpha = online_softmax::rescale<kNatural>(m[r], m_new);
+              if (alpha != 1.f) {
                 l[r] *= alpha;
                 for (int64_t d = 0; d < dim; ++d) a[d] *= alpha;
               }
               m[r] = m_new;
+              const float sub = online_softmax::subtrahend(m_new);
               for (int64_t j = lo; j < hi; ++j) {
-                const float pj = std::exp(srow[j - j0] - m_new);
+                const float pj = std::exp(srow[j - j0] - sub);
                 l[r] += pj;
                 const float* v = in.v.row(b, hk, j);
                 for (int64_t d = 0; d < dim; ++d) a[d] += pj * v[d];
@@ -107,12 +111,13 @@ class Blocked final : public Kernel {
           }
           for (int64_t r = 0; r < rows; ++r) {
             float* o = out.o.row(b, h, i0 + r);
-            // Fully masked row (l == 0) -> O = 0, LSE = -inf; a NaN l propagates.
-            const float inv = l[r] == 0.f ? 0.f : 1.f / l[r];
+            // Fully masked (empty interval) -> O = 0, LSE = -inf; else acc / l, m + log l.
+            const bool empty = mask.row(i0 + r).empty();
+            const float inv = online_softmax::out_scale(empty, l[r]);
             for (int64_t d = 0; d < dim; ++d) o[d] = acc[r * dim + d] * inv;
             if (out.lse) {
               out.lse[(b * p.q_heads + h) * p.q_len + i0 + r] =
-                  l[r] == 0.f ? kNegInf : m[r] + std::log(l[r]);
+                  online_softmax::out_lse<kNatural>(empty, m[r], l[r]);
             }
           }
         }

@@ -10,11 +10,15 @@
 // every K/V byte is read from memory once; (3) each task leaves per row an unnormalized
 // partial state (acc, running max m, sum l); a second parallel pass merges the chunks of
 // each row exactly, in chunk order:
-//   M = max_c m_c,  L = sum_c 2^(m_c - M) l_c,  O = sum_c 2^(m_c - M) acc_c / L,
-//   LSE = (M + log2 L) ln 2.
-// Chunks a row cannot see (past kv_lens[b], outside its causal/window interval) have
-// l_c = 0 and are skipped - never weighted by 0, so their scratch cannot leak NaN; a row
-// with no visible chunk gets O = 0, LSE = -inf.
+//   M = max_c m_c,  w_c = 2^(m_c - M),  L = sum_c w_c l_c,  O = sum_c w_c acc_c / L,
+//   LSE = (M + log2 L) ln 2,
+// with w_c = online_softmax::rescale(m_c, M) (include/attnlab/online_softmax.hpp), so NaN
+// and Inf reach O and LSE as in the reference. Which chunks take part is decided by the
+// row's interval alone: chunks it cannot see (past kv_lens[b], outside its causal/window
+// interval) are skipped - never weighted by 0, so their scratch cannot leak NaN - while a
+// chunk whose visible scores are all -inf (l_c = 0) takes part, so a NaN/Inf in V there
+// reaches O as 0 * V does in the reference; a row with an empty interval gets O = 0,
+// LSE = -inf.
 // Thread-count independence: the chunking depends only on the problem and the merge
 // order is fixed, so the output is bitwise identical for any thread count (tested in
 // tests/test_threads.cpp).
@@ -51,6 +55,7 @@
 #include <tbb/task_arena.h>
 
 #include "attnlab/kernel.hpp"
+#include "attnlab/online_softmax.hpp"
 #include "cpu/simd/rowblock.hpp"
 #include "cpu/simd/vec_math.hpp"
 
@@ -65,6 +70,12 @@ constexpr int64_t kMaxQLen = 16;
 // prefetcher restarts).
 constexpr int64_t kChunkKeys = 512;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr auto kLog2 = online_softmax::Units::Log2;
+
+// Whether a row with interval iv sees some key of `chunk`.
+bool sees_chunk(const Interval& iv, int64_t chunk, int64_t kv_len) {
+  return std::max(iv.lo, chunk * kChunkKeys) < std::min({iv.hi, (chunk + 1) * kChunkKeys, kv_len});
+}
 
 struct Plan {
   int64_t group, rows, chunks, dp, row_stride;
@@ -87,7 +98,7 @@ class Decode final : public Kernel {
  public:
   std::string_view name() const override { return "decode"; }
   std::string_view description() const override {
-    return "flash-decoding for q_len <= 16: 256-key chunks as oneTBB tasks, all query rows of a "
+    return "flash-decoding for q_len <= 16: 512-key chunks as oneTBB tasks, all query rows of a "
            "GQA group per task (K/V read once), partial (O, m, l) merged exactly";
   }
   Support supports(const Problem& p) const override {
@@ -151,7 +162,9 @@ class Decode final : public Kernel {
         float* dst = partial + (r0 + t) * plan.row_stride;
         dst[plan.dp] = st.m[t];
         dst[plan.dp + 1] = st.l[t];
-        if (st.l[t] != 0.f) std::copy(st.acc + t * st.acc_stride, st.acc + t * st.acc_stride + plan.dp, dst);
+        if (sees_chunk(visible[t], chunk, mask.kv_len)) {
+          std::copy(st.acc + t * st.acc_stride, st.acc + t * st.acc_stride + plan.dp, dst);
+        }
       }
     }
   }
@@ -163,21 +176,19 @@ class Decode final : public Kernel {
     const int64_t d = p.head_dim;
     const float* first = plan.partial(partials, b, hk, 0, p.kv_heads);
     const int64_t chunk_stride = plan.rows * plan.row_stride;
+    const MaskSpec mask = p.mask_for_batch(b);
     for (int64_t r = 0; r < plan.rows; ++r) {
       const int64_t h = hk * plan.group + r / p.q_len, i = r % p.q_len;
       const float* row = first + r * plan.row_stride;
-      // Chunks with l == 0 saw no key of this row: skipped, never weighted by 0.
+      const Interval iv = mask.row(i);
+      // Chunks outside the row's interval are skipped, never weighted by 0.
       float big_m = kNegInf;
-      bool any = false;
       for (int64_t c = 0; c < plan.chunks; ++c) {
-        const float* pc = row + c * chunk_stride;
-        if (pc[plan.dp + 1] == 0.f) continue;
-        big_m = any ? std::max(big_m, pc[plan.dp]) : pc[plan.dp];
-        any = true;
+        if (sees_chunk(iv, c, mask.kv_len)) big_m = std::max(big_m, row[c * chunk_stride + plan.dp]);
       }
       float* o = out.o.row(b, h, i);
       float* lse = out.lse ? out.lse + (b * p.q_heads + h) * p.q_len + i : nullptr;
-      if (!any) {
+      if (iv.empty()) {
         std::fill(o, o + d, 0.f);
         if (lse) *lse = kNegInf;
         continue;
@@ -189,18 +200,18 @@ class Decode final : public Kernel {
       for (int64_t v = 0; v < nv; ++v) acc[v] = Batch(0.f);
       double big_l = 0.0;
       for (int64_t c = 0; c < plan.chunks; ++c) {
+        if (!sees_chunk(iv, c, mask.kv_len)) continue;
         const float* pc = row + c * chunk_stride;
-        if (pc[plan.dp + 1] == 0.f) continue;
-        const float w = std::exp2(pc[plan.dp] - big_m);
+        const float w = online_softmax::rescale<kLog2>(pc[plan.dp], big_m);
         big_l += static_cast<double>(w) * pc[plan.dp + 1];
         const Batch wv(w);
         for (int64_t v = 0; v < nv; ++v) acc[v] = xsimd::fma(wv, Batch::load_aligned(pc + v * kLanes), acc[v]);
       }
-      const Batch inv(static_cast<float>(1.0 / big_l));
+      const Batch inv(static_cast<float>(online_softmax::out_scale(false, big_l)));
       int64_t v = 0;
       for (; (v + 1) * kLanes <= d; ++v) (acc[v] * inv).store_unaligned(o + v * kLanes);
       if (v * kLanes < d) simd::store_partial(o + v * kLanes, acc[v] * inv, static_cast<int>(d - v * kLanes));
-      if (lse) *lse = static_cast<float>((static_cast<double>(big_m) + std::log2(big_l)) * 0.6931471805599453);
+      if (lse) *lse = online_softmax::out_lse<kLog2>(false, big_m, big_l);
     }
   }
 };

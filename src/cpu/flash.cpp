@@ -17,13 +17,15 @@
 //        cover the tile: select -inf, never arithmetic, so NaN/Inf in masked K never
 //        leaks), tile max, m_new = max(m, tile max), alpha = 2^(m - m_new) only when the
 //        max grew (otherwise no rescale at all), P = exp2(S - m_new) stored (6 x 64 floats,
-//        stays in L1), l = alpha * l + rowsum(P);
+//        stays in L1), l = alpha * l + rowsum(P); special values as in
+//        include/attnlab/online_softmax.hpp (no row is skipped because of its max, so a NaN
+//        or Inf score reaches O and LSE as in the reference);
 //        O += P.V with 6 rows x 64 columns of accumulators per block, V rows read in place,
 //        the alpha rescale fused into the accumulator load. On a partially visible tile
 //        each row only accumulates its own visible keys (the common key range runs through
 //        the 6-row kernel, the ragged ends through the 1-row kernel), so a NaN in a V row
 //        that a row does not see never reaches it (0 * NaN would).
-//   3. O = acc / l (0 for a fully masked row), LSE = m * ln2 + ln(l) (-inf when l = 0).
+//   3. O = acc / l, LSE = m * ln2 + ln(l); O = 0, LSE = -inf for a row whose interval is empty.
 // Parallel: tbb::parallel_for over all (b, hk, query tile) tasks, grain 1, inside the
 // caller's arena; scratch is the workspace slice of tbb::this_task_arena::
 // current_thread_index(). Tiles and summation order depend only on the problem, never on
@@ -82,6 +84,7 @@
 #include <tbb/task_arena.h>
 
 #include "attnlab/kernel.hpp"
+#include "attnlab/online_softmax.hpp"
 #include "cpu/simd/microkernel.hpp"
 #include "cpu/simd/vec_math.hpp"
 
@@ -94,6 +97,7 @@ using simd::kPanelRows;
 using simd::kTileKeys;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr auto kLog2 = online_softmax::Units::Log2;
 constexpr int64_t kL2Bytes = int64_t{1} << 20;  // per core on this machine
 constexpr int64_t kL2Budget = kL2Bytes / 2;
 constexpr int64_t kRowStep = 24;   // Br granularity: R = G * Br is a multiple of 6 rows
@@ -209,20 +213,14 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
     }
     Batch vmax = sv[0];
     for (int v = 1; v < simd::kKeyVecs; ++v) vmax = xsimd::max(vmax, sv[v]);
+    // include/attnlab/online_softmax.hpp: never skipped by its max; a NaN the max drops
+    // still makes l NaN. alpha is 1 (no rescale) unless the max grew past a finite one.
     const float m_old = s.m[rr0 + m];
     const float m_new = std::max(m_old, simd::reduce_max(vmax));
     float* prow = s.p + m * kTileKeys;
-    alpha[m] = 1.f;
-    if (m_new == kNegInf) {  // nothing visible yet: exp2(-inf - -inf) would be NaN
-      for (int v = 0; v < simd::kKeyVecs; ++v) Batch(0.f).store_aligned(prow + v * kLanes);
-      continue;
-    }
-    // The accumulators are still 0 while m_old = -inf: no rescale needed then.
-    if (m_new > m_old && m_old != kNegInf) {
-      alpha[m] = std::exp2(m_old - m_new);
-      rescale = true;
-    }
-    const Batch mb(m_new);
+    alpha[m] = online_softmax::rescale<kLog2>(m_old, m_new);
+    rescale = rescale || alpha[m] != 1.f;
+    const Batch mb(online_softmax::subtrahend(m_new));
     Batch sum(0.f);
     for (int v = 0; v < simd::kKeyVecs; ++v) {
       const Batch pv = simd::exp2(sv[v] - mb);
@@ -314,14 +312,15 @@ void run_task(const Problem& p, const Inputs& in, const Outputs& out, const Tili
     }
   }
 
-  // 3. Normalize; a row that saw nothing has l = 0: O = 0, LSE = -inf. (A NaN l - the
-  // row saw a NaN - fails l == 0 and propagates, as the reference does.)
+  // 3. Normalize: a row whose interval is empty gets O = 0, LSE = -inf; the others acc / l
+  // and m + log l (NaN when l is 0 or NaN, as in the reference).
   const int64_t nvec = dp / kLanes;
   const int tail = static_cast<int>(d - (nvec - 1) * kLanes);
   for (int64_t rr = 0; rr < R; ++rr) {
     const int64_t h = hk * G + rr % G, i = i0 + rr / G;
     const float l = simd::reduce_sum(Batch::load_aligned(s.l + rr * kLanes));
-    const Batch inv(l == 0.f ? 0.f : 1.f / l);
+    const bool empty = s.iv[rr].empty();
+    const Batch inv(online_softmax::out_scale(empty, l));
     float* o = out.o.row(b, h, i);
     const float* acc = s.o + rr * dp;
     for (int64_t c = 0; c < nvec; ++c) {
@@ -333,8 +332,7 @@ void run_task(const Problem& p, const Inputs& in, const Outputs& out, const Tili
       }
     }
     if (out.lse) {
-      out.lse[(b * p.q_heads + h) * p.q_len + i] =
-          l == 0.f ? kNegInf : s.m[rr] * simd::kLn2 + std::log(l);
+      out.lse[(b * p.q_heads + h) * p.q_len + i] = online_softmax::out_lse<kLog2>(empty, s.m[rr], l);
     }
   }
 }

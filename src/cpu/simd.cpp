@@ -10,6 +10,9 @@
 //   2. online softmax per row, vectorized: masked-off keys set to -inf (a select, so a
 //      NaN in a key this row must not see cannot leak), vector max, vector exp2
 //      (vec_math.hpp: 1 ulp), vector sum, accumulator rescaled by 2^(m_old - m_new).
+//      Special values follow include/attnlab/online_softmax.hpp: a row is never skipped
+//      because of its running max (only its interval says it saw nothing), so NaN/Inf in
+//      a visible score reach O and LSE as in the reference.
 //   3. O += P V as register-blocked broadcast FMAs: 4 rows x 4 head_dim vectors
 //      (16 accumulators; each loaded V vector feeds 4 rows). Each row only touches the
 //      keys it sees: the keys all rows of a 4-row group see go through the 4-row tile,
@@ -41,6 +44,7 @@
 #include <limits>
 
 #include "attnlab/kernel.hpp"
+#include "attnlab/online_softmax.hpp"
 #include "cpu/simd/rowblock.hpp"
 #include "cpu/simd/vec_math.hpp"
 
@@ -48,6 +52,7 @@ namespace attnlab::simd {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr auto kLog2 = online_softmax::Units::Log2;
 constexpr int kMr = 4;      // query rows per register tile (scores and P*V)
 constexpr int kNr = 4;      // keys per score tile: kMr * kNr = 16 accumulators = one haddp
 constexpr int kPvVecs = 4;  // head_dim vectors per P*V tile (64 floats)
@@ -274,13 +279,10 @@ RowState attend_rows(const Problem& p, int64_t rows, const float* const* q_rows,
       float* sr = s + r * kKeyTile;
       std::fill(sr, sr + ta[r], kNegInf);
       std::fill(sr + te[r], sr + n, kNegInf);
+      // include/attnlab/online_softmax.hpp: a NaN the max drops still makes l NaN.
       const float m_new = std::max(m[r], row_max(sr, n));
-      if (m_new == kNegInf) {  // every visible score is -inf: contributes nothing
-        active[r] = false;
-        continue;
-      }
-      const float alpha = std::exp2(m[r] - m_new);  // 0 on the first visible tile
-      l[r] = l[r] * alpha + exp2_row(sr, n, m_new);
+      const float alpha = online_softmax::rescale<kLog2>(m[r], m_new);
+      l[r] = l[r] * alpha + exp2_row(sr, n, online_softmax::subtrahend(m_new));
       m[r] = m_new;
       if (alpha != 1.f) {
         const Batch av(alpha);
@@ -344,21 +346,18 @@ void attend_row_block(const Problem& p, const Inputs& in, const Outputs& out, in
   const KvHead kv{in.k.row(b, hk, 0), in.k.stride_s, in.v.row(b, hk, 0), in.v.stride_s};
   const RowState st = attend_rows(p, rows, q, visible, kv, Interval{0, mask.kv_len}, scratch);
 
-  // Normalize. l == 0 only for a row without visible keys: O = 0, LSE = -inf. A NaN l
-  // (the row saw a NaN) takes the division path so the NaN propagates.
+  // Normalize: O = 0, LSE = -inf for a row without visible keys, decided by its interval;
+  // otherwise acc / l and m + log l (NaN when l is 0 or NaN, as in the reference).
   for (int64_t r = 0; r < rows; ++r) {
     float* o = out.o.row(b, h, i0 + r);
     const float* ar = st.acc + r * st.acc_stride;
-    const bool empty = st.l[r] == 0.f;
-    const Batch inv(empty ? 0.f : 1.f / st.l[r]);
+    const bool empty = visible[r].empty();
+    const Batch inv(online_softmax::out_scale(empty, st.l[r]));
     int64_t c = 0;
     for (; c + kLanes <= d; c += kLanes) (Batch::load_aligned(ar + c) * inv).store_unaligned(o + c);
     if (c < d) store_partial(o + c, Batch::load_aligned(ar + c) * inv, static_cast<int>(d - c));
     if (out.lse) {
-      out.lse[(b * p.q_heads + h) * p.q_len + i0 + r] =
-          empty ? kNegInf
-                : static_cast<float>(static_cast<double>(st.m[r]) * kLn2 +
-                                     std::log(static_cast<double>(st.l[r])));
+      out.lse[(b * p.q_heads + h) * p.q_len + i0 + r] = online_softmax::out_lse<kLog2>(empty, st.m[r], st.l[r]);
     }
   }
 }

@@ -12,10 +12,12 @@
 //   3. online softmax in registers: per-row max over the 16 lanes of a row (shuffles), rescale
 //      of the running sum and output by exp2(m_old - m_new); only tiles that cut some row's
 //      interval apply the mask, and there a masked score is replaced (never multiplied) so
-//      NaN/Inf in masked K/V cannot leak;
-//   4. P goes to shared memory and O += P V, each thread owning kRM rows x head_dim/16 columns.
+//      NaN/Inf in masked K cannot leak; special values follow include/attnlab/online_softmax.hpp
+//      (no row is skipped because of its max);
+//   4. P goes to shared memory and O += P V, each thread owning kRM rows x head_dim/16 columns;
+//      on a masked tile a row multiplies only the V rows of its own visible keys.
 // Q is pre-scaled by scale * log2(e) once, so the softmax runs on exp2 (FA's softmax.h trick);
-// LSE = m * ln 2 + log(l). Fully masked rows: O = 0, LSE = -inf.
+// LSE = m * ln 2 + log(l). Fully masked rows (empty interval): O = 0, LSE = -inf.
 // Memory: shared (kM + kN) * (D + 4) + kN * D + kM * (kN + pad) floats, <= 98 KiB for every
 // head-dim bucket (so it also runs on sm_86/89 parts with 99 KiB), nothing in global memory
 // beyond Q, K, V, O, LSE: O(N) extra memory. K and V are read q_len*G/kM times per kv head.
@@ -26,6 +28,7 @@
 // Head dims are padded to the next bucket (32, 64, 96, 128, 256, 512): d = 80 pays for 96.
 // Expected: well under FA-2's tensor-core numbers; a fraction of the FP32 peak (measured
 // numbers go in the results of scripts/gpu_check.sh, none exist yet).
+#include "attnlab/online_softmax.hpp"
 #include "cuda/device.cuh"
 #include "cuda/tile_plan.hpp"
 
@@ -36,7 +39,6 @@ constexpr int kThreads = 256;
 constexpr int kTX = 16;  // threads across the keys of a score tile (and across head_dim)
 constexpr int kTY = 16;  // threads across the rows
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // Row length of the P tile such that the two row groups of a warp (rows ty*kRM and
 // (ty+1)*kRM) land 16 banks apart: P stores are conflict-free.
@@ -98,16 +100,24 @@ __device__ __forceinline__ void tile_step(const float* qs, const float* ks, cons
     }
   }
   // Online softmax, one row at a time; the 16 lanes of a row hold identical m and alpha.
+  // Special values: include/attnlab/online_softmax.hpp (fmaxf may drop a NaN score; its p
+  // is NaN all the same). Masked tiles keep each row's visible keys, relative to j0, for P V.
+  int vis_lo[C::kRM], vis_hi[C::kRM];
   ATTN_UNROLL
   for (int r = 0; r < C::kRM; ++r) {
+    vis_lo[r] = 0, vis_hi[r] = C::kN;
     if (kMasked) {
       // Recomputed here rather than kept in registers for the whole kernel (fewer spills).
       const int64_t t = t0 + ty * C::kRM + r;
       const Interval iv = t < rows_total ? mask.row(t / group) : Interval{0, 0};
+      const auto rel = [j0](int64_t j) {  // key j as a tile index, clamped to [0, kN]
+        return static_cast<int>(j < j0 ? 0 : (j - j0 > C::kN ? C::kN : j - j0));
+      };
+      vis_lo[r] = rel(iv.lo), vis_hi[r] = rel(iv.hi);
       ATTN_UNROLL
       for (int c = 0; c < C::kRN; ++c) {
-        const int64_t j = j0 + tx + kTX * c;
-        if (j < iv.lo || j >= iv.hi) s[r][c] = -INFINITY;  // replaced, never multiplied
+        const int n = tx + kTX * c;
+        if (n < vis_lo[r] || n >= vis_hi[r]) s[r][c] = -INFINITY;  // replaced, never multiplied
       }
     }
     float tile_max = -INFINITY;
@@ -115,12 +125,12 @@ __device__ __forceinline__ void tile_step(const float* qs, const float* ks, cons
     for (int c = 0; c < C::kRN; ++c) tile_max = fmaxf(tile_max, s[r][c]);
     tile_max = group_max<kTX>(tile_max);
     const float m_new = fmaxf(m[r], tile_max);
-    // m_new == -inf: nothing visible so far; keep alpha = 1 and p = 0 (no -inf - -inf).
-    const float alpha = m_new == -INFINITY ? 1.f : exp2f(m[r] - m_new);
+    const float alpha = online_softmax::rescale<online_softmax::Units::Log2>(m[r], m_new);
+    const float sub = online_softmax::subtrahend(m_new);
     float row_sum = 0.f;
     ATTN_UNROLL
     for (int c = 0; c < C::kRN; ++c) {
-      const float p = m_new == -INFINITY ? 0.f : exp2f(s[r][c] - m_new);
+      const float p = exp2f(s[r][c] - sub);
       row_sum += p;
       ps[(ty * C::kRM + r) * C::kPN + tx + kTX * c] = p;
     }
@@ -142,7 +152,9 @@ __device__ __forceinline__ void tile_step(const float* qs, const float* ks, cons
       ATTN_UNROLL
       for (int c = 0; c < C::kCols; ++c) {
         if (kMasked) {
-          if (pv[r] != 0.f) acc[r][c] = fmaf(pv[r], vv[c], acc[r][c]);
+          // Only the row's own visible keys: 0 * NaN/Inf in a V row it does not see would
+          // leak, while a visible key with p = 0 multiplies as in the reference.
+          if (n >= vis_lo[r] && n < vis_hi[r]) acc[r][c] = fmaf(pv[r], vv[c], acc[r][c]);
         } else {
           acc[r][c] = fmaf(pv[r], vv[c], acc[r][c]);
         }
@@ -252,7 +264,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
     const int64_t t = t0 + ty * C::kRM + r;
     if (t >= rows_total) continue;
     const int64_t i = t / group, h = hk * group + t % group;
-    const float inv = l_row > 0.f ? 1.f / l_row : 0.f;  // fully masked row -> O = 0
+    const bool empty = mask.row(i).empty();  // fully masked row -> O = 0, LSE = -inf
+    const float inv = online_softmax::out_scale(empty, l_row);
     float* o = a.o + a.os.at(b, h, i);
     ATTN_UNROLL
     for (int c = 0; c < C::kCols; ++c) {
@@ -260,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
       if (col < dim) o[col] = acc[r][c] * inv;
     }
     if (tx == 0 && a.lse) {
-      a.lse[a.lse_index(b, h, i)] = l_row > 0.f ? m[r] * kLn2 + logf(l_row) : -INFINITY;
+      a.lse[a.lse_index(b, h, i)] = online_softmax::out_lse<online_softmax::Units::Log2>(empty, m[r], l_row);
     }
   }
 }

@@ -5,12 +5,14 @@
 // For its row it walks the visible keys [lo, hi) of the shared interval rule with the 32 lanes
 // taking every 32nd key: pass 1 writes s_j = scale * q.k_j to a global scratch row and finds
 // the max; pass 2 turns the scratch row into exp(s_j - max) and sums it; pass 3 has the lanes
-// split head_dim and accumulate sum_j p_j * v_j. Masked keys are never read (no NaN leaks).
+// split head_dim and accumulate sum_j p_j * v_j. Masked keys are never read (no NaN leaks);
+// NaN/Inf in visible keys follow include/attnlab/online_softmax.hpp, as in the reference.
 // Memory: the scratch is (resident warps) x kv_len floats, not batch*heads*q_len*kv_len: the
 // grid is sized to the warps the GPU can hold (sm_count * 64), so it stays O(kv_len) per SM.
 // Cost: every row rereads all its keys' K and V from L2/HBM (no reuse across rows), each lane
 // reads a different K row (uncoalesced), and the scores make a round trip through memory:
 // expect a few percent of the FP32 peak. It is the yardstick cuda_flash is measured against.
+#include "attnlab/online_softmax.hpp"
 #include "cuda/device.cuh"
 
 namespace attnlab::ATTN_CUDA_NS {
@@ -42,23 +44,26 @@ __global__ void __launch_bounds__(kThreads) naive_kernel(DeviceArgs a, float* sc
       s[j] = a.scale * dot;
       m = fmaxf(m, s[j]);
     }
-    m = group_max<32>(m);
+    m = group_max<32>(m);  // fmaxf drops NaN: their p is NaN all the same (online_softmax.hpp)
+    const float sub = online_softmax::subtrahend(m);
     float l = 0.f;
     for (int64_t j = iv.lo + lane; j < iv.hi; j += 32) {  // empty when the row is masked
-      const float p = expf(s[j] - m);
+      const float p = expf(s[j] - sub);
       s[j] = p;
       l += p;
     }
     l = group_sum<32>(l);
     __syncwarp();  // every lane's p_j visible to every lane
-    const float inv = l > 0.f ? 1.f / l : 0.f;  // fully masked row -> O = 0
+    const float inv = online_softmax::out_scale(iv.empty(), l);  // fully masked row -> O = 0
     float* o = a.o + a.os.at(b, h, i);
     for (int64_t d = lane; d < a.head_dim; d += 32) {
       float acc = 0.f;
       for (int64_t j = iv.lo; j < iv.hi; ++j) acc += s[j] * a.v[a.vs.at(b, hk, j) + d];
       o[d] = acc * inv;
     }
-    if (lane == 0 && a.lse) a.lse[a.lse_index(b, h, i)] = l > 0.f ? m + logf(l) : -INFINITY;
+    if (lane == 0 && a.lse) {
+      a.lse[a.lse_index(b, h, i)] = online_softmax::out_lse<online_softmax::Units::Natural>(iv.empty(), m, l);
+    }
     __syncwarp();  // the scratch row is rewritten by the next row
   }
 }

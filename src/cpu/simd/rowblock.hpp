@@ -28,11 +28,14 @@ struct KvHead {
   int64_t v_stride;
 };
 
-// Per-row state after attend_rows, for rows r < rows:
+// Per-row state after attend_rows, for rows r < rows (include/attnlab/online_softmax.hpp):
 //   O_unnormalized(r) = acc + r * acc_stride   (head_dim floats, then zero padding)
-//   m[r] = max visible score * log2(e)  (-inf if the row saw no key of the range)
-//   l[r] = sum over visible keys of 2^(score * log2(e) - m[r])    (0 if none)
-// so O = acc / l and LSE = (m + log2(l)) * ln 2 over that key range.
+//   m[r] = max visible score * log2(e)  (-inf if the row saw no key of the range, or only
+//          scores of -inf; NaN scores may or may not show in m)
+//   l[r] = sum over visible keys of 2^(score * log2(e) - subtrahend(m[r]))  (0 if none;
+//          NaN if a visible score was NaN or +inf)
+// so O = acc / l and LSE = (m + log2(l)) * ln 2 over that key range. Whether the row saw a
+// key of the range is its interval's business (visible[r] ∩ keys), never m's or l's.
 struct RowState {
   const float* acc;
   int64_t acc_stride;
