@@ -10,9 +10,9 @@
 //   tensor  Q, K, V
 //   place   for K/V: the first key of a 64-key tile, lane 3 of its last 16-key vector, lane
 //           15 of its second, lane 0 of its last, its last key (whether a vector max keeps
-//           or drops a NaN depends on its lane: on AVX-512 here only lane 0 of the last
-//           vector survives the tile max; the tile is one where a row's running max is still
-//           -inf: the first one row 0 sees, or 512..575 for q_len 1: decode's second chunk),
+//           or drops a NaN depends on its lane and on the instruction order the compiler
+//           picks; the tile is one where a row's running max is still -inf: the first one
+//           row 0 sees, or 512..575 for q_len 1: decode's second chunk),
 //           the last key of the batch entry's kv length, a key outside some rows' intervals
 //           inside a tile they partly see, a key seen by only some rows of a register panel,
 //           the only key some row sees; for Q: query rows at similar places (a fully masked
