@@ -294,6 +294,11 @@ TEST_F(Cli, MemoryBudgetRefusesOversizedWorkspaces) {
   const Result bad = attnlab("run --impl flash " + qkv() + " --out " + path("o2.npy"), "ATTN_MEMORY_BUDGET=lots ");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("ATTN_MEMORY_BUDGET: 'lots' is not a memory size"), std::string::npos) << bad.out;
+  // verify refuses before building inputs and a float64 reference over 2^34 rows x keys.
+  const Result huge = attnlab("verify --impl naive --q-len 131072 --kv-len 131072 --head-dim 8",
+                              "ATTN_MEMORY_BUDGET=1G timeout 30 ");
+  EXPECT_EQ(huge.code, 3) << huge.out;
+  EXPECT_NE(huge.out.find("SKIP (memory: needs 64.1 GiB"), std::string::npos) << huge.out;
 }
 
 }  // namespace

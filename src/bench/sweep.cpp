@@ -22,6 +22,7 @@
 
 #include "attnlab/npy.hpp"
 #include "attnlab/verify.hpp"
+#include "attnlab/limits.hpp"
 #include "bench/bench_point.hpp"
 #include "bench/files.hpp"
 #include "bench/machine.hpp"
@@ -581,7 +582,7 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
   run.timing.min_time_s = e.min_time_s;
   run.timing.seed = e.seed;
   run.memory_budget = e.memory_budget_mib > 0 ? e.memory_budget_mib * (1 << 20)
-                                              : static_cast<double>(physical_memory_bytes()) / 2;
+                                              : static_cast<double>(memory_budget_bytes());
   // Rates of points finished earlier (resume) inform the time estimates.
   for (const auto& [id, pf] : done) {
     const PointRecord& r = pf.record;

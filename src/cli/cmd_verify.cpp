@@ -142,6 +142,20 @@ int verify_random(const std::vector<Problem>& problems, const VerifyArgs& a) {
   Tally tally = make_tally(a.impl);
   for (const Problem& p : problems) {
     p.validate();
+    // When no selected kernel can run here (e.g. over the memory budget), say so before
+    // paying for inputs and a float64 reference over every row.
+    std::vector<KernelCheck> refused;
+    for (const Kernel* k : tally.kernels()) {
+      if (Support s = can_run(*k, p, a.mask.thread_count()); !s) {
+        refused.push_back({std::string(k->name()), Verdict::Skip, {}, s.reason});
+      }
+    }
+    if (refused.size() == tally.kernels().size()) {
+      std::printf("\n%s\n", p.describe().c_str());
+      print_columns();
+      for (size_t i = 0; i < refused.size(); ++i) tally.add(i, refused[i]);
+      continue;
+    }
     Tensors t = random_tensors(p, a.shape.seed);
     const Agreement ag = prepare_agreement(p, t.inputs, all_rows(p));
     print_header(p, ag.baseline, ag.tol);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "attnlab/kernel.hpp"
+#include "attnlab/limits.hpp"
 #include "bench/bench_point.hpp"
 #include "bench/machine.hpp"
 #include "bench/peak.hpp"
@@ -140,7 +141,7 @@ int run(int argc, char** argv) {
   add_benchmark_context(describe_machine(peaks));
 
   const double budget = flags.memory_budget_mib > 0 ? flags.memory_budget_mib * (1 << 20)
-                                                    : static_cast<double>(physical_memory_bytes()) / 2;
+                                                    : static_cast<double>(memory_budget_bytes());
   auto rates = std::make_shared<RateBook>();
   RegisterHooks hooks;
   hooks.slot = std::make_shared<FixtureSlot>();
