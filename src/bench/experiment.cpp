@@ -368,7 +368,7 @@ Experiment parse_experiment_text(const std::string& text, const std::string& nam
   Json doc;
   try {
     doc = Json::parse(text);
-  } catch (const Json::parse_error& err) {
+  } catch (const Json::exception& err) {  // parse_error, or out_of_range for a number like 1e999
     throw InvalidInput("experiment " + name + ": not valid JSON (" + err.what() + ")");
   }
   return parse_experiment(doc, name, known_kernels);
