@@ -56,6 +56,7 @@
 
 #include "attnlab/kernel.hpp"
 #include "attnlab/online_softmax.hpp"
+#include "cpu/parallel.hpp"
 #include "cpu/simd/rowblock.hpp"
 #include "cpu/simd/vec_math.hpp"
 
@@ -119,7 +120,7 @@ class Decode final : public Kernel {
 
     // 1. Partial states, one task per (batch, kv head, key chunk).
     const int64_t tasks = p.batch * p.kv_heads * plan.chunks;
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, tasks, 1), [&](const tbb::blocked_range<int64_t>& range) {
+    cpu::parallel_for(tbb::blocked_range<int64_t>(0, tasks, 1), [&](const tbb::blocked_range<int64_t>& range) {
       const int slot = tbb::this_task_arena::current_thread_index();
       if (slot < 0 || slot >= ctx.threads) {
         throw std::logic_error("decode: run outside an arena of ctx.threads threads");
@@ -134,7 +135,7 @@ class Decode final : public Kernel {
     });
 
     // 2. Exact merge of the chunks of every query row, in chunk order.
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, p.batch * p.kv_heads, 1),
+    cpu::parallel_for(tbb::blocked_range<int64_t>(0, p.batch * p.kv_heads, 1),
                       [&](const tbb::blocked_range<int64_t>& range) {
                         for (int64_t bh = range.begin(); bh != range.end(); ++bh) {
                           merge(p, out, plan, bh / p.kv_heads, bh % p.kv_heads, partials);

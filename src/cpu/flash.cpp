@@ -85,6 +85,7 @@
 
 #include "attnlab/kernel.hpp"
 #include "attnlab/online_softmax.hpp"
+#include "cpu/parallel.hpp"
 #include "cpu/simd/microkernel.hpp"
 #include "cpu/simd/vec_math.hpp"
 
@@ -351,7 +352,7 @@ class Flash final : public Kernel {
     const Tiling t = make_tiling(p);
     const int64_t nq = (p.q_len + t.br - 1) / t.br;
     const int64_t tasks = p.batch * p.kv_heads * nq;
-    tbb::parallel_for(
+    cpu::parallel_for(
         tbb::blocked_range<int64_t>(0, tasks, 1),
         [&](const tbb::blocked_range<int64_t>& range) {
           const int slot = tbb::this_task_arena::current_thread_index();

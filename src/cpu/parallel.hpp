@@ -1,0 +1,46 @@
+// attnlab::cpu::parallel_for: tbb::parallel_for, plus, in ThreadSanitizer builds only, the
+// happens-before edges TSan cannot see. libtbb is not instrumented, so its task hand-off and
+// its join look unsynchronised to TSan, which would then report every task's read of the
+// caller's data (inputs, workspace, the previous phase's results) as a race. Here the
+// caller's writes happen before every task (it releases `start`, each task acquires it) and
+// every task's writes before the return (each task releases `done`, the caller acquires it).
+// Tasks get no edge between each other: two tasks touching the same memory are still reported.
+#pragma once
+
+#include <utility>
+
+#include <tbb/parallel_for.h>
+
+#if defined(__SANITIZE_THREAD__)
+#define ATTN_TSAN_ANNOTATE 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define ATTN_TSAN_ANNOTATE 1
+#endif
+#endif
+#ifdef ATTN_TSAN_ANNOTATE
+#include <sanitizer/tsan_interface.h>
+#endif
+
+namespace attnlab::cpu {
+
+template <class Range, class Body, class... Partitioner>
+void parallel_for(const Range& range, const Body& body, Partitioner&&... partitioner) {
+#ifdef ATTN_TSAN_ANNOTATE
+  char start = 0, done = 0;
+  __tsan_release(&start);
+  tbb::parallel_for(
+      range,
+      [&](const Range& r) {
+        __tsan_acquire(&start);
+        body(r);
+        __tsan_release(&done);
+      },
+      std::forward<Partitioner>(partitioner)...);
+  __tsan_acquire(&done);
+#else
+  tbb::parallel_for(range, body, std::forward<Partitioner>(partitioner)...);
+#endif
+}
+
+}  // namespace attnlab::cpu
