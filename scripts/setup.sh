@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages attnlab builds and runs with, when any is missing.
 # Idempotent and quiet when everything is present. No downloads at build time.
+# Usage: scripts/setup.sh [clang]   (clang: also clang 14 with libFuzzer and the sanitizer
+# runtimes, for scripts/lab fuzz and tsan-test)
 set -euo pipefail
 
 PKGS=(
@@ -9,6 +11,11 @@ PKGS=(
   libcli11-dev nlohmann-json3-dev
   python3-matplotlib python3-numpy
 )
+# libclang-rt-14-dev holds libFuzzer and clang's sanitizer runtimes; llvm-14 the symbolizer
+# that turns sanitizer stack traces into file:line.
+if [[ "${1:-}" == clang ]]; then
+  PKGS+=(clang-14 libclang-rt-14-dev llvm-14)
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do
