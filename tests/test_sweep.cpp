@@ -569,18 +569,22 @@ TEST_F(SweepRun, ResumeRefusesAnotherBuildUnlessForced) {
 
 // The death tests re-execute this binary up to their statement (TBB threads: no plain
 // fork), so each statement comes first in its test, before state it would disturb.
-TEST_F(SweepRun, PointTheProcessDiedOnIsRecordedAsFailedNotRetried) {
+// Runs the sweep in a child process whose doomed point raises `sig`; expects that death.
+void sweep_killed_by(const Experiment& e, const SweepOptions& o, int sig) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        g_doomed_signal = sig;
+        run_sweep(e, o);
+      },
+      ::testing::KilledBySignal(sig), "");
+}
+
+TEST_F(SweepRun, PointTheProcessDiedOnIsRecordedAsFailedNotRetried) {
   const Experiment e = died_experiment();
   const std::string doomed_id = doomed_point_id(e);
   const std::string dir = fresh_dir("died");
-  const SweepOptions o = options(dir);
-  EXPECT_EXIT(
-      {
-        g_doomed_signal = SIGKILL;
-        run_sweep(e, o);
-      },
-      ::testing::KilledBySignal(SIGKILL), "");
+  sweep_killed_by(e, options(dir), SIGKILL);
   ASSERT_TRUE(file_exists(attempt_path(dir, doomed_id))) << "the marker is written before the point runs";
   EXPECT_FALSE(file_exists(point_path(dir, doomed_id)));
 
@@ -611,17 +615,10 @@ TEST_F(SweepRun, PointTheProcessDiedOnIsRecordedAsFailedNotRetried) {
 
 // Ctrl-C or SIGTERM is not a death of the point: the marker goes, a resume measures it.
 TEST_F(SweepRun, StoppedBySigtermThePointIsMeasuredAgainOnResume) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
   const Experiment e = died_experiment();
   const std::string doomed_id = doomed_point_id(e);
   const std::string stopped = fresh_dir("stopped");
-  const SweepOptions so = options(stopped);
-  EXPECT_EXIT(
-      {
-        g_doomed_signal = SIGTERM;
-        run_sweep(e, so);
-      },
-      ::testing::KilledBySignal(SIGTERM), "");
+  sweep_killed_by(e, options(stopped), SIGTERM);
   EXPECT_FALSE(file_exists(attempt_path(stopped, doomed_id)));
   SweepOptions sr = options(stopped);
   sr.resume = true;
