@@ -12,7 +12,8 @@
 
 #include "attnlab/kernel.hpp"
 #include "attnlab/verify.hpp"
-#include "cpu/simd/microkernel.hpp"
+#include "attnlab/isa.hpp"
+#include "cpu/isa_internal.hpp"
 #include "test_util.hpp"
 
 namespace attnlab {
@@ -20,21 +21,27 @@ namespace {
 
 const Kernel& flash() { return kernel_or_throw("flash"); }
 
+// Every built target this CPU runs (its pack_k_transposed, through src/cpu/target.hpp).
 TEST(Flash, PackKTransposedMatchesPlainTranspose) {
-  for (int64_t d : {1, 7, 16, 17, 64, 80, 129}) {
-    for (int nk : {1, 5, 16, 33, simd::kTileKeys}) {
-      const int64_t ldk = d + 3;  // a row stride that is not the row length (BSHD-like)
-      std::vector<float> k(static_cast<size_t>(nk * ldk), std::nanf(""));
-      for (int j = 0; j < nk; ++j)
-        for (int64_t c = 0; c < d; ++c) k[j * ldk + c] = static_cast<float>(1000 * j + c);
-      const int64_t dp = simd::padded_dim(d);
-      auto kt = alloc_floats(static_cast<size_t>(dp * simd::kTileKeys));
-      simd::pack_k_transposed(k.data(), ldk, nk, d, kt.get());
-      for (int64_t c = 0; c < d; ++c)
-        for (int j = 0; j < simd::kTileKeys; ++j) {
-          const float want = j < nk ? static_cast<float>(1000 * j + c) : 0.f;
-          ASSERT_EQ(kt[c * simd::kTileKeys + j], want) << "d " << d << " nk " << nk << " k " << c << " key " << j;
-        }
+  for (const std::string& isa : runnable_isas()) {
+    const TargetTable& t = *target_table_for(isa);
+    const int tile = t.tile_keys;
+    for (int64_t d : {1, 7, 16, 17, 64, 80, 129}) {
+      for (int nk : {1, 5, 16, 33, tile}) {
+        if (nk > tile) continue;
+        const int64_t ldk = d + 3;  // a row stride that is not the row length (BSHD-like)
+        std::vector<float> k(static_cast<size_t>(nk * ldk), std::nanf(""));
+        for (int j = 0; j < nk; ++j)
+          for (int64_t c = 0; c < d; ++c) k[j * ldk + c] = static_cast<float>(1000 * j + c);
+        const int64_t dp = (d + t.lanes - 1) / t.lanes * t.lanes;
+        auto kt = alloc_floats(static_cast<size_t>(dp * tile));
+        t.pack_k_transposed(k.data(), ldk, nk, d, kt.get());
+        for (int64_t c = 0; c < d; ++c)
+          for (int j = 0; j < tile; ++j) {
+            const float want = j < nk ? static_cast<float>(1000 * j + c) : 0.f;
+            ASSERT_EQ(kt[c * tile + j], want) << isa << " d " << d << " nk " << nk << " k " << c << " key " << j;
+          }
+      }
     }
   }
 }

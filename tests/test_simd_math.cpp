@@ -1,17 +1,20 @@
-// Tests for src/cpu/simd/vec_math.hpp: exp/exp2 accuracy over a dense sweep of the
-// softmax range (bounds documented in the header), special values, reductions (including
-// the transposed sum) and the tail-safe partial loads/stores.
+// Tests for src/cpu/simd/vec_math.hpp, for every built target the CPU runs (through the
+// target's probes, src/cpu/target.hpp): exp/exp2 accuracy over a dense sweep of the softmax
+// range (bounds documented in the header), special values, reductions (including the
+// transposed sum) and the tail-safe partial loads/stores.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
-#include "cpu/simd/vec_math.hpp"
+#include "attnlab/isa.hpp"
+#include "cpu/isa_internal.hpp"
 
-namespace attnlab::simd {
+namespace attnlab {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -36,11 +39,28 @@ float next_by(float x, int steps) {  // `steps` representable floats towards +in
   return from_order(float_order(x) + steps);
 }
 
-float lane0(Batch v) {
-  alignas(64) float lanes[kLanes];
-  v.store_aligned(lanes);
-  return lanes[0];
-}
+// One target's probes; skips the test when this CPU cannot run the target.
+class SimdMath : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!cpu_runs_isa(GetParam())) GTEST_SKIP() << "this CPU cannot run " << GetParam();
+    t_ = target_table_for(GetParam());
+    ASSERT_NE(t_, nullptr);
+    lanes_ = t_->lanes;
+  }
+  float exp2_1(float x) const {
+    float y;
+    t_->exp2_n(&x, &y, 1);
+    return y;
+  }
+  float exp_1(float x) const {
+    float y;
+    t_->exp_n(&x, &y, 1);
+    return y;
+  }
+  const TargetTable* t_ = nullptr;
+  int lanes_ = 1;
+};
 
 struct Accuracy {
   int64_t max_ulp = 0;
@@ -49,22 +69,24 @@ struct Accuracy {
   int64_t points = 0;
 };
 
-// Evaluates f on every `stride`-th float of [lo, hi] (16 at a time) against the double
-// reference; results the reference puts below FLT_MIN are flushed by design and skipped.
-template <class F, class R>
-Accuracy sweep(float lo, float hi, int stride, F f, R ref) {
+// Evaluates f (element-wise over n floats) on every `stride`-th float of [lo, hi] (4096
+// at a time) against the double reference; results the reference puts below FLT_MIN are
+// flushed by design and skipped.
+template <class R>
+Accuracy sweep(float lo, float hi, int stride, void (*f)(const float*, float*, size_t), R ref) {
   Accuracy acc;
-  alignas(64) float in[kLanes], out[kLanes];
+  constexpr int kBlock = 4096;
+  std::vector<float> in(kBlock), out(kBlock);
   float x = lo;
   bool done = false;
   while (!done) {
     int n = 0;
-    for (; n < kLanes && !done; ++n) {
+    for (; n < kBlock && !done; ++n) {
       in[n] = x;
       x = next_by(x, stride);
       done = x > hi;
     }
-    store_partial(out, f(load_partial(in, n)), n);
+    f(in.data(), out.data(), static_cast<size_t>(n));
     for (int j = 0; j < n; ++j) {
       const double e = ref(static_cast<double>(in[j]));
       const float ef = static_cast<float>(e);
@@ -85,67 +107,69 @@ Accuracy sweep(float lo, float hi, int stride, F f, R ref) {
 // Every 61st float: about 1.8e7 points per range below 0 (a second or so in all).
 constexpr int kStride = 61;
 
-TEST(SimdMath, Exp2AccuracyOnSoftmaxRange) {
-  const Accuracy a = sweep(-126.f, 0.f, kStride, [](Batch v) { return exp2(v); },
+TEST_P(SimdMath, Exp2AccuracyOnSoftmaxRange) {
+  const Accuracy a = sweep(-126.f, 0.f, kStride, t_->exp2_n,
                            [](double x) { return std::exp2(x); });
   EXPECT_GT(a.points, 1000000);
   EXPECT_LE(a.max_ulp, 1) << "at x = " << a.worst;
   EXPECT_LE(a.max_rel, 0x1p-23);  // 1 ulp; ~8e-8 measured at -O3, ~1.03e-7 at -O2
 }
 
-TEST(SimdMath, Exp2AccuracyAboveZero) {
-  const Accuracy a = sweep(0.f, 127.9f, kStride, [](Batch v) { return exp2(v); },
+TEST_P(SimdMath, Exp2AccuracyAboveZero) {
+  const Accuracy a = sweep(0.f, 127.9f, kStride, t_->exp2_n,
                            [](double x) { return std::exp2(x); });
   EXPECT_LE(a.max_ulp, 1) << "at x = " << a.worst;
 }
 
-TEST(SimdMath, ExpAccuracyOnSoftmaxRange) {
-  const Accuracy a = sweep(-87.336f, 0.f, kStride, [](Batch v) { return exp(v); },
+TEST_P(SimdMath, ExpAccuracyOnSoftmaxRange) {
+  const Accuracy a = sweep(-87.336f, 0.f, kStride, t_->exp_n,
                            [](double x) { return std::exp(x); });
   EXPECT_GT(a.points, 1000000);
   EXPECT_LE(a.max_ulp, 1) << "at x = " << a.worst;
   EXPECT_LE(a.max_rel, 0x1p-23);
 }
 
-TEST(SimdMath, ExpAccuracyAboveZero) {
-  const Accuracy a = sweep(0.f, 88.72f, kStride, [](Batch v) { return exp(v); },
+TEST_P(SimdMath, ExpAccuracyAboveZero) {
+  const Accuracy a = sweep(0.f, 88.72f, kStride, t_->exp_n,
                            [](double x) { return std::exp(x); });
   EXPECT_LE(a.max_ulp, 1) << "at x = " << a.worst;
   EXPECT_LE(a.max_rel, 0x1p-23);
 }
 
-TEST(SimdMath, SpecialValues) {
+TEST_P(SimdMath, SpecialValues) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   // Exactly +0 for -inf and for everything whose result would be below FLT_MIN.
   for (float x : {-kInf, -1e30f, -1000.f, -150.f, -127.f, -126.01f}) {
-    EXPECT_EQ(lane0(exp2(Batch(x))), 0.f) << x;
-    EXPECT_FALSE(std::signbit(lane0(exp2(Batch(x))))) << x;
+    EXPECT_EQ(exp2_1(x), 0.f) << x;
+    EXPECT_FALSE(std::signbit(exp2_1(x))) << x;
   }
   for (float x : {-kInf, -1e30f, -1000.f, -104.f, -88.f, -87.34f}) {
-    EXPECT_EQ(lane0(exp(Batch(x))), 0.f) << x;
+    EXPECT_EQ(exp_1(x), 0.f) << x;
   }
-  EXPECT_EQ(lane0(exp2(Batch(-126.f))), kFltMin);
-  EXPECT_EQ(lane0(exp2(Batch(0.f))), 1.f);
-  EXPECT_EQ(lane0(exp2(Batch(-0.f))), 1.f);
-  EXPECT_EQ(lane0(exp(Batch(0.f))), 1.f);
-  EXPECT_EQ(lane0(exp2(Batch(-1.f))), 0.5f);
-  EXPECT_EQ(lane0(exp2(Batch(10.f))), 1024.f);
-  for (float x : {kInf, 128.f, 200.f, 1e30f}) EXPECT_EQ(lane0(exp2(Batch(x))), kInf) << x;
-  for (float x : {kInf, 88.8f, 200.f}) EXPECT_EQ(lane0(exp(Batch(x))), kInf) << x;
-  EXPECT_TRUE(std::isnan(lane0(exp2(Batch(nan)))));
-  EXPECT_TRUE(std::isnan(lane0(exp(Batch(nan)))));
-  EXPECT_TRUE(std::isnan(lane0(exp2(Batch(-nan)))));
-  EXPECT_TRUE(std::isnan(lane0(exp(Batch(-nan)))));
+  EXPECT_EQ(exp2_1(-126.f), kFltMin);
+  EXPECT_EQ(exp2_1(0.f), 1.f);
+  EXPECT_EQ(exp2_1(-0.f), 1.f);
+  EXPECT_EQ(exp_1(0.f), 1.f);
+  EXPECT_EQ(exp2_1(-1.f), 0.5f);
+  EXPECT_EQ(exp2_1(10.f), 1024.f);
+  for (float x : {kInf, 128.f, 200.f, 1e30f}) EXPECT_EQ(exp2_1(x), kInf) << x;
+  for (float x : {kInf, 88.8f, 200.f}) EXPECT_EQ(exp_1(x), kInf) << x;
+  EXPECT_TRUE(std::isnan(exp2_1(nan)));
+  EXPECT_TRUE(std::isnan(exp_1(nan)));
+  EXPECT_TRUE(std::isnan(exp2_1(-nan)));
+  EXPECT_TRUE(std::isnan(exp_1(-nan)));
 }
 
-TEST(SimdMath, SpecialValuesDoNotLeakAcrossLanes) {
-  alignas(64) float in[kLanes], out[kLanes];
-  for (int i = 0; i < kLanes; ++i) in[i] = -static_cast<float>(i) * 0.25f;
+TEST_P(SimdMath, SpecialValuesDoNotLeakAcrossLanes) {
+  // Three vectors of the widest target (one lane per element with scalar).
+  constexpr int kN = 48;
+  float in[kN], out[kN];
+  for (int i = 0; i < kN; ++i) in[i] = -static_cast<float>(i) * 0.25f;
   in[3] = -kInf;
   in[5] = std::numeric_limits<float>::quiet_NaN();
   in[7] = kInf;
-  exp(Batch::load_aligned(in)).store_aligned(out);
-  for (int i = 0; i < kLanes; ++i) {
+  t_->exp_n(in, out, kN);
+  for (int i = 0; i < kN; ++i) {
     if (i == 3) {
       EXPECT_EQ(out[i], 0.f);
     } else if (i == 5) {
@@ -158,56 +182,60 @@ TEST(SimdMath, SpecialValuesDoNotLeakAcrossLanes) {
   }
 }
 
-TEST(SimdMath, Reductions) {
-  alignas(64) float in[kLanes];
+TEST_P(SimdMath, Reductions) {
+  const int kLanes = lanes_;
+  std::vector<float> in(kLanes);
   float expect_sum = 0.f;
   for (int i = 0; i < kLanes; ++i) {
     in[i] = static_cast<float>((i * 7) % kLanes) - 5.5f;  // exact in float, max not at 0
     expect_sum += in[i];
   }
-  const Batch v = Batch::load_aligned(in);
-  EXPECT_EQ(reduce_sum(v), expect_sum);
-  EXPECT_EQ(reduce_max(v), static_cast<float>(kLanes - 1) - 5.5f);
-  EXPECT_EQ(reduce_max(Batch(-kInf)), -kInf);
+  EXPECT_EQ(t_->reduce_sum(in.data()), expect_sum);
+  EXPECT_EQ(t_->reduce_max(in.data()), static_cast<float>(kLanes - 1) - 5.5f);
+  std::vector<float> minus_inf(kLanes, -kInf);
+  EXPECT_EQ(t_->reduce_max(minus_inf.data()), -kInf);
   in[kLanes - 1] = 1000.f;
-  EXPECT_EQ(reduce_max(Batch::load_aligned(in)), 1000.f);
+  EXPECT_EQ(t_->reduce_max(in.data()), 1000.f);
 }
 
-TEST(SimdMath, TransposeSumPutsEachRowSumInItsLane) {
+TEST_P(SimdMath, TransposeSumPutsEachRowSumInItsLane) {
   // Distinct integer-valued entries: every sum is exact, every lane distinguishable.
-  Batch rows[kLanes];
-  alignas(64) float lanes[kLanes], expect[kLanes];
+  const int kLanes = lanes_;
+  std::vector<float> rows(kLanes * kLanes), lanes(kLanes), expect(kLanes);
   for (int i = 0; i < kLanes; ++i) {
     expect[i] = 0.f;
     for (int j = 0; j < kLanes; ++j) {
-      lanes[j] = static_cast<float>(i * 100 + j * j);
-      expect[i] += lanes[j];
+      rows[i * kLanes + j] = static_cast<float>(i * 100 + j * j);
+      expect[i] += rows[i * kLanes + j];
     }
-    rows[i] = Batch::load_aligned(lanes);
   }
-  transpose_sum(rows).store_aligned(lanes);
+  t_->transpose_sum(rows.data(), lanes.data());
   for (int i = 0; i < kLanes; ++i) EXPECT_EQ(lanes[i], expect[i]) << "lane " << i;
 }
 
-TEST(SimdMath, PartialLoadsAndStoresStayInBounds) {
+TEST_P(SimdMath, PartialLoadsAndStoresStayInBounds) {
   // Every n, at the very end of an allocation padded by guard values: the load must not
   // pick up the guards (it would show up in the lanes >= n) and the store must not
   // overwrite them.
   constexpr float kGuard = 12345.f;
+  const int kLanes = lanes_;
   for (int n = 0; n <= kLanes; ++n) {
     std::vector<float> buf(n + kLanes, kGuard);
     for (int i = 0; i < n; ++i) buf[i] = static_cast<float>(i + 1);
-    alignas(64) float lanes[kLanes];
-    load_partial(buf.data(), n).store_aligned(lanes);
+    std::vector<float> lanes(kLanes);
+    t_->load_partial(buf.data(), n, 0.f, lanes.data());
     for (int i = 0; i < kLanes; ++i) EXPECT_EQ(lanes[i], i < n ? i + 1.f : 0.f) << n << " " << i;
-    load_partial(buf.data(), n, -kInf).store_aligned(lanes);
+    t_->load_partial(buf.data(), n, -kInf, lanes.data());
     for (int i = 0; i < kLanes; ++i) EXPECT_EQ(lanes[i], i < n ? i + 1.f : -kInf) << n << " " << i;
 
     std::vector<float> dst(n + kLanes, kGuard);
-    store_partial(dst.data(), Batch(-1.f), n);
+    t_->store_partial(dst.data(), -1.f, n);
     for (int i = 0; i < n + kLanes; ++i) EXPECT_EQ(dst[i], i < n ? -1.f : kGuard) << n << " " << i;
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(Targets, SimdMath, ::testing::ValuesIn(built_isas()),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
 }  // namespace
-}  // namespace attnlab::simd
+}  // namespace attnlab

@@ -3,8 +3,12 @@
 // A kernel says whether it supports a problem (and why not), how much workspace it needs
 // (allocated once, outside any timed region) and runs. `Session` binds a kernel to a
 // problem and a thread count: it validates, allocates the workspace and owns the
-// tbb::task_arena the kernel runs in, so `Session::run` is the only thing a benchmark
+// oneTBB task arena the kernel runs in, so `Session::run` is the only thing a benchmark
 // times.
+//
+// The SIMD kernels exist once per instruction-set target (include/attnlab/isa.hpp): each
+// variant is a Kernel of the same name whose isa() says its target; registry() lists the
+// default variant of each kernel, variants() all of them.
 #pragma once
 
 #include <cstddef>
@@ -16,8 +20,6 @@
 
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
-
-#include <tbb/task_arena.h>
 
 
 namespace attnlab {
@@ -41,24 +43,36 @@ class Kernel {
   virtual ~Kernel() = default;
   virtual std::string_view name() const = 0;
   virtual std::string_view description() const = 0;
+  // The instruction-set target its code was compiled for: a built target (isa.hpp) for
+  // the SIMD kernels, "baseline" for code built for the architecture's baseline, "cuda".
+  // (Defaults are defined out of line, in baseline code: an inline body would be emitted
+  // in every per-target object too, and the linker could keep an AVX-512 copy.)
+  virtual std::string_view isa() const;
   // Whether the kernel can run on this machine at all (e.g. "no CUDA device").
-  virtual Support available() const { return Support::yes(); }
+  virtual Support available() const;
   // Whether it computes this (valid) problem; the reason when not.
-  virtual Support supports(const Problem&) const { return Support::yes(); }
+  virtual Support supports(const Problem&) const;
   // Scratch memory for run(), for `threads` threads: the kernel's extra memory.
-  virtual size_t workspace_bytes(const Problem&, int /*threads*/) const { return 0; }
+  virtual size_t workspace_bytes(const Problem&, int threads) const;
   // Computes O (and LSE when outputs.lse is set). Called inside the run's task_arena.
   virtual void run(const Problem& p, const Inputs& in, const Outputs& out,
                    RunContext& ctx) const = 0;
 };
 
-// All kernels, in ladder order. Test-only kernels are not listed here.
-const std::vector<const Kernel*>& registry();
-// nullptr when no kernel has that name.
-const Kernel* find_kernel(std::string_view name);
-// Throws InvalidInput listing the known names.
-const Kernel& kernel_or_throw(std::string_view name);
+// All kernels, in ladder order, each once: a SIMD kernel as its variant for default_isa()
+// (or, if it has none, its widest variant this CPU runs). Test-only kernels are not listed.
+std::vector<const Kernel*> registry();
+// Every variant: registry()'s kernels, the SIMD ones once per built target (narrowest
+// first). A variant whose target this CPU cannot run is listed, and unavailable (why).
+std::vector<const Kernel*> variants();
+// The variant of kernel `name` for target `isa` ("" = as registry() picks); nullptr when
+// there is no kernel of that name, or it has no variant for `isa`.
+const Kernel* find_kernel(std::string_view name, std::string_view isa = {});
+// Throws InvalidInput listing the known names (or the kernel's targets).
+const Kernel& kernel_or_throw(std::string_view name, std::string_view isa = {});
 std::string kernel_names();  // "naive, blocked, ..."
+// The targets kernel `name` is built for (one entry, its isa(), for single-build kernels).
+std::vector<std::string> kernel_isas(std::string_view name);
 
 // Whether the memory a run of `kernel` on the (valid) problem needs -- its workspace for
 // `threads` threads plus the problem's Q, K, V, O and LSE -- fits the memory budget
@@ -90,7 +104,8 @@ class Session {
   int threads_;
   size_t workspace_size_ = 0;
   std::unique_ptr<std::byte[], AlignedFree> workspace_;
-  std::unique_ptr<tbb::task_arena> arena_;
+  struct Arena;  // a tbb::task_arena (kept out of this header)
+  std::unique_ptr<Arena> arena_;
 };
 
 }  // namespace attnlab

@@ -16,6 +16,8 @@
 #include <tbb/version.h>
 #include <xsimd/xsimd.hpp>
 
+#include "attnlab/isa.hpp"
+
 #include "attnlab/kernel.hpp"
 
 #ifndef ATTN_BUILD_TYPE
@@ -123,9 +125,23 @@ nlohmann::json describe_machine() {
     if (la >> l1 >> l5 >> l15) m["load_avg"] = {l1, l5, l15};
   }
   m["virtual_machine"] = cpuinfo_field("flags").find("hypervisor") != std::string::npos;
-  m["isa"] = {{"simd_arch", xsimd::default_arch::name()},
-              {"float_lanes", xsimd::batch<float>::size},
-              {"cpu_simd_flags", simd_flags()}};
+  {
+    // Instruction-set targets (include/attnlab/isa.hpp): what the SIMD kernels ran with.
+    const std::string isa = default_isa();
+    nlohmann::json flags = nlohmann::json::object();
+    for (const auto& t : built_isas()) flags[t] = isa_flags(t);
+    m["isa"] = {{"simd_arch", isa},
+                {"float_lanes", isa_lanes(isa)},
+                {"default", isa},
+                {"targets_built", built_isas()},
+                {"targets_cpu_runs", runnable_isas()},
+                {"target_flags", flags},
+                {"cpu_features", cpu_isa_features()},
+                {"cpu_simd_flags", simd_flags()}};
+    const CacheSizes& c = cache();
+    m["caches"] = {{"l1d_bytes", c.l1d}, {"l2_bytes", c.l2}, {"l3_bytes", c.l3}, {"source", c.source},
+                   {"planning_l2_bytes", planning_l2_bytes()}};
+  }
   m["compiler"] = compiler();
   m["build_type"] = ATTN_BUILD_TYPE;
   m["flags"] = ATTN_BUILD_FLAGS;
@@ -145,7 +161,7 @@ nlohmann::json describe_machine() {
   for (const Kernel* k : registry()) {
     const Support a = k->available();
     m["kernels"].push_back({{"name", k->name()}, {"description", k->description()}, {"available", a.ok},
-                            {"why_not", a.reason}});
+                            {"why_not", a.reason}, {"isa", k->isa()}, {"targets", kernel_isas(k->name())}});
   }
   return m;
 }

@@ -7,35 +7,24 @@
 #include <cstdio>
 #include <thread>
 
-#include <xsimd/xsimd.hpp>
-
+#include "attnlab/isa.hpp"
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
 #include "bench/stats.hpp"
-
-// The exp the kernels use. Its header is owned by the SIMD kernels; fall back to xsimd's
-// exp (and say so in the results) when it is absent.
-#if __has_include("cpu/simd/vec_math.hpp")
-#include "cpu/simd/vec_math.hpp"
-#define ATTN_PEAK_EXP(x) ::attnlab::simd::exp2(x)
-#define ATTN_PEAK_EXP_NAME "attnlab::simd::exp2 (src/cpu/simd/vec_math.hpp)"
-#else
-#define ATTN_PEAK_EXP(x) ::xsimd::exp(x)
-#define ATTN_PEAK_EXP_NAME "xsimd::exp (src/cpu/simd/vec_math.hpp not found)"
-#endif
+#include "cpu/isa_internal.hpp"
 
 namespace attnlab::bench {
 
 namespace {
 
-using Batch = xsimd::batch<float>;
 using Clock = std::chrono::steady_clock;
-constexpr int kLanes = static_cast<int>(Batch::size);
-// Independent FMA chains per thread: latency 4 x 2 pipes needs 8; 16 leaves slack and
-// still fits the 32 vector registers (plus the two constants).
-constexpr int kFmaChains = 16;
-// exp buffer: 2 x 8 KiB in and out, L1-resident, so the loop measures the exp itself.
-constexpr size_t kExpElems = 2048;
+
+// The target whose loops are timed: `isa`, or default_isa() when empty (checked).
+const TargetTable& table_for(const std::string& isa) {
+  const std::string name = isa.empty() ? default_isa() : isa;
+  require_isa(name);
+  return *target_table_for(name);
+}
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -62,45 +51,6 @@ double timed_parallel(int threads, Body&& body) {
   return std::chrono::duration<double>(last - first).count();
 }
 
-// kFmaChains independent chains acc = acc * a + c, `iters` rounds. The result is returned
-// so the compiler must compute it; a just below 1 keeps the values finite and normal.
-__attribute__((noinline)) float fma_chains(int64_t iters) {
-  Batch acc[kFmaChains];
-  for (int j = 0; j < kFmaChains; ++j) acc[j] = Batch(1.0f + 0.001f * static_cast<float>(j));
-  const Batch a(0.999999f), c(1e-6f);
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 16
-    for (int j = 0; j < kFmaChains; ++j) acc[j] = xsimd::fma(acc[j], a, c);
-  }
-  Batch s = acc[0];
-  for (int j = 1; j < kFmaChains; ++j) s += acc[j];
-  return xsimd::hadd(s);
-}
-
-// Sum of data[0, count), count a multiple of 4 * kLanes, data 64-byte aligned.
-__attribute__((noinline)) float stream_sum(const float* data, size_t count) {
-  Batch s0(0.f), s1(0.f), s2(0.f), s3(0.f);
-  for (size_t i = 0; i < count; i += 4 * kLanes) {
-    s0 += Batch::load_aligned(data + i);
-    s1 += Batch::load_aligned(data + i + kLanes);
-    s2 += Batch::load_aligned(data + i + 2 * kLanes);
-    s3 += Batch::load_aligned(data + i + 3 * kLanes);
-  }
-  return xsimd::hadd((s0 + s1) + (s2 + s3));
-}
-
-// `rounds` passes of out = exp(in) over kExpElems elements.
-__attribute__((noinline)) float exp_rounds(const float* in, float* out, int64_t rounds) {
-  for (int64_t r = 0; r < rounds; ++r) {
-    for (size_t i = 0; i < kExpElems; i += kLanes) {
-      ATTN_PEAK_EXP(Batch::load_aligned(in + i)).store_aligned(out + i);
-    }
-  }
-  float s = 0;
-  for (size_t i = 0; i < kExpElems; i += 97) s += out[i];
-  return s;
-}
-
 volatile float g_sink = 0;
 
 // Smallest iteration count whose single-thread run takes `seconds` (doubling, then scaled).
@@ -120,30 +70,32 @@ int64_t calibrate(Fn&& run_iters, double seconds) {
 
 int hardware_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
-std::string simd_arch_name() { return xsimd::default_arch::name(); }
-
 }  // namespace
 
-const char* exp_function_name() { return ATTN_PEAK_EXP_NAME; }
+const char* exp_function_name() { return "attnlab::<target>::simd::exp2 (src/cpu/simd/vec_math.hpp)"; }
 
-double measure_fma_flops(int threads, double seconds) {
-  const int64_t iters = calibrate([](int64_t n) { g_sink = fma_chains(n); }, seconds);
-  const double t = timed_parallel(threads, [&](int) { g_sink = fma_chains(iters); });
-  return static_cast<double>(threads) * static_cast<double>(iters) * kFmaChains * kLanes * 2.0 / t;
+double measure_fma_flops(int threads, double seconds, const std::string& isa) {
+  const TargetTable& tt = table_for(isa);
+  const int64_t iters = calibrate([&](int64_t n) { g_sink = tt.fma_chains(n); }, seconds);
+  const double t = timed_parallel(threads, [&](int) { g_sink = tt.fma_chains(iters); });
+  return static_cast<double>(threads) * static_cast<double>(iters) * tt.fma_chain_count * tt.lanes * 2.0 / t;
 }
 
-double measure_read_bytes(int threads, const float* buffer, size_t count) {
+double measure_read_bytes(int threads, const float* buffer, size_t count, const std::string& isa) {
+  const TargetTable& tt = table_for(isa);
   // Slices are multiples of the unroll (4 vectors) so every load stays aligned.
-  const size_t unit = 4 * kLanes;
+  const size_t unit = 4 * static_cast<size_t>(tt.lanes);
   const size_t per_thread = count / unit / static_cast<size_t>(threads) * unit;
   const double t = timed_parallel(threads, [&](int th) {
-    g_sink = stream_sum(buffer + static_cast<size_t>(th) * per_thread, per_thread);
+    g_sink = tt.stream_sum(buffer + static_cast<size_t>(th) * per_thread, per_thread);
   });
   return static_cast<double>(per_thread) * static_cast<double>(threads) * sizeof(float) / t;
 }
 
-double measure_exp_per_s(int threads, double seconds) {
-  auto make_input = [] {
+double measure_exp_per_s(int threads, double seconds, const std::string& isa) {
+  const TargetTable& tt = table_for(isa);
+  const size_t kExpElems = tt.exp_elems;
+  auto make_input = [&] {
     auto in = alloc_floats(kExpElems);
     // Softmax arguments after max subtraction (in log2 units): [-24, 0].
     for (size_t i = 0; i < kExpElems; ++i) in[i] = -24.0f * static_cast<float>(i) / kExpElems;
@@ -152,14 +104,14 @@ double measure_exp_per_s(int threads, double seconds) {
   auto in0 = make_input();
   auto out0 = alloc_floats(kExpElems);
   const int64_t rounds =
-      calibrate([&](int64_t n) { g_sink = exp_rounds(in0.get(), out0.get(), n); }, seconds);
+      calibrate([&](int64_t n) { g_sink = tt.exp_rounds(in0.get(), out0.get(), n); }, seconds);
   std::vector<std::unique_ptr<float[], AlignedFree>> ins, outs;
   for (int t = 0; t < threads; ++t) {
     ins.push_back(make_input());
     outs.push_back(alloc_floats(kExpElems));
   }
   const double t = timed_parallel(threads, [&](int th) {
-    g_sink = exp_rounds(ins[th].get(), outs[th].get(), rounds);
+    g_sink = tt.exp_rounds(ins[th].get(), outs[th].get(), rounds);
   });
   return static_cast<double>(threads) * static_cast<double>(rounds) * kExpElems / t;
 }
@@ -178,13 +130,14 @@ Peaks measure_peaks(const PeakOptions& options) {
   std::sort(counts.begin(), counts.end());
   counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
 
+  const TargetTable& tt = table_for(options.isa);
   Peaks peaks;
-  peaks.simd_arch = simd_arch_name();
-  peaks.lanes = kLanes;
+  peaks.simd_arch = tt.isa;
+  peaks.lanes = tt.lanes;
   peaks.exp_function = exp_function_name();
   peaks.repeats = options.repeats;
-  peaks.fma_chains = kFmaChains;
-  const size_t unit = 4 * kLanes * 64;
+  peaks.fma_chains = tt.fma_chain_count;
+  const size_t unit = 4 * static_cast<size_t>(tt.lanes) * 64;
   const size_t count = std::max(unit, options.buffer_bytes / sizeof(float) / unit * unit);
   peaks.buffer_bytes = count * sizeof(float);
   auto buffer = alloc_floats(count);
@@ -196,9 +149,9 @@ Peaks measure_peaks(const PeakOptions& options) {
     // Interleave the three probes so a burst of load from other users of the machine
     // hits all of them alike rather than one figure.
     for (int r = 0; r < options.repeats; ++r) {
-      row.fma_runs.push_back(measure_fma_flops(t, options.seconds_per_run));
-      row.read_runs.push_back(measure_read_bytes(t, buffer.get(), count));
-      row.exp_runs.push_back(measure_exp_per_s(t, options.seconds_per_run));
+      row.fma_runs.push_back(measure_fma_flops(t, options.seconds_per_run, tt.isa));
+      row.read_runs.push_back(measure_read_bytes(t, buffer.get(), count, tt.isa));
+      row.exp_runs.push_back(measure_exp_per_s(t, options.seconds_per_run, tt.isa));
     }
     row.fma_flops = median(row.fma_runs);
     row.read_bytes = median(row.read_runs);

@@ -2,7 +2,7 @@
 //
 // Idea: with one query row per head there is nothing to parallelize over in the rows and
 // each K/V byte feeds only 2 FLOP per query head, so the kernel is bound by reading the
-// cache. So: (1) split the keys into fixed chunks of kChunkKeys and make every
+// cache. So: (1) split the keys into fixed chunks (decode_chunk_keys) and make every
 // (batch, kv head, chunk) a oneTBB task - enough tasks for any core count even at
 // batch 1; (2) a task runs ALL query rows that read this kv head - the group's query
 // heads times q_len - through the simd kernel's row engine (simd::attend_rows, the
@@ -22,7 +22,7 @@
 // Thread-count independence: the chunking depends only on the problem and the merge
 // order is fixed, so the output is bitwise identical for any thread count (tested in
 // tests/test_threads.cpp).
-// Memory: partial states batch * q_heads * q_len * ceil(kv_len / kChunkKeys) rows of
+// Memory: partial states batch * q_heads * q_len * ceil(kv_len / chunk keys) rows of
 // (head_dim + 16) floats (1.2 MiB at q_heads 32, kv_len 32768, head_dim 128), plus one
 // simd row-engine scratch per thread.
 // Expected cost: 2 * batch * kv_heads * kv_len * head_dim * 4 bytes of K/V streamed once
@@ -54,37 +54,46 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include "attnlab/isa.hpp"
 #include "attnlab/kernel.hpp"
 #include "attnlab/online_softmax.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/simd/rowblock.hpp"
 #include "cpu/simd/vec_math.hpp"
 
-namespace attnlab::cpu {
+namespace attnlab::ATTN_TARGET_NS::cpu {
 namespace {
 
 constexpr int64_t kMaxQLen = 16;
-// Keys per task: 512 keys of K and V are 512 KiB at head_dim 128 - half the 1 MiB L2, so
-// the rows' second and later passes over a chunk (more than kRowBlock rows) hit L2 - and
-// kv_len 32768 gives 64 tasks per (batch, kv head). Measured at q_heads 32 / kv_heads 8 /
-// kv_len 32768: 1024-key chunks take ~4% less CPU time than 256-key ones (task overhead,
-// prefetcher restarts).
-constexpr int64_t kChunkKeys = 512;
+// Keys per task: the largest power of two whose K and V rows fill at most half the L2 of
+// the running machine (planning_l2_bytes(), include/attnlab/isa.hpp), in [128, 2048] - so
+// the rows' second and later passes over a chunk (more than kRowBlock rows) hit L2: 512
+// keys at head_dim 128 with a 1 MiB L2 (512 KiB of K and V), and kv_len 32768 gives 64
+// tasks per (batch, kv head). Measured at q_heads 32 / kv_heads 8 / kv_len 32768 on a 1 MiB
+// L2: 1024-key chunks take ~4% less CPU time than 256-key ones (task overhead, prefetcher
+// restarts).
+int64_t decode_chunk_keys(const Problem& p) {
+  const int64_t row_bytes = 2 * ((p.head_dim + 15) / 16 * 16) * int64_t{sizeof(float)};  // K + V
+  int64_t keys = 128;
+  while (keys < 2048 && 2 * keys * row_bytes <= planning_l2_bytes() / 2) keys *= 2;
+  return keys;
+}
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr auto kLog2 = online_softmax::Units::Log2;
 
 // Whether a row with interval iv sees some key of `chunk`.
-bool sees_chunk(const Interval& iv, int64_t chunk, int64_t kv_len) {
-  return std::max(iv.lo, chunk * kChunkKeys) < std::min({iv.hi, (chunk + 1) * kChunkKeys, kv_len});
+bool sees_chunk(const Interval& iv, int64_t chunk, int64_t chunk_keys, int64_t kv_len) {
+  return std::max(iv.lo, chunk * chunk_keys) < std::min({iv.hi, (chunk + 1) * chunk_keys, kv_len});
 }
 
 struct Plan {
-  int64_t group, rows, chunks, dp, row_stride;
+  int64_t group, rows, chunk_keys, chunks, dp, row_stride;
   size_t partial_bytes, scratch_bytes;
   explicit Plan(const Problem& p) {
     group = p.group();
     rows = group * p.q_len;  // query rows per kv head: (g, i) -> g * q_len + i
-    chunks = std::max<int64_t>(1, (p.kv_len + kChunkKeys - 1) / kChunkKeys);
+    chunk_keys = decode_chunk_keys(p);
+    chunks = std::max<int64_t>(1, (p.kv_len + chunk_keys - 1) / chunk_keys);
     dp = (p.head_dim + 15) / 16 * 16;
     row_stride = dp + 16;  // acc (dp floats), then m at [dp], l at [dp + 1]; 64-byte rows
     partial_bytes = static_cast<size_t>(p.batch * p.kv_heads * chunks * rows * row_stride) * sizeof(float);
@@ -120,7 +129,7 @@ class Decode final : public Kernel {
 
     // 1. Partial states, one task per (batch, kv head, key chunk).
     const int64_t tasks = p.batch * p.kv_heads * plan.chunks;
-    cpu::parallel_for(tbb::blocked_range<int64_t>(0, tasks, 1), [&](const tbb::blocked_range<int64_t>& range) {
+    parallel_for(tbb::blocked_range<int64_t>(0, tasks, 1), [&](const tbb::blocked_range<int64_t>& range) {
       const int slot = tbb::this_task_arena::current_thread_index();
       if (slot < 0 || slot >= ctx.threads) {
         throw std::logic_error("decode: run outside an arena of ctx.threads threads");
@@ -135,7 +144,7 @@ class Decode final : public Kernel {
     });
 
     // 2. Exact merge of the chunks of every query row, in chunk order.
-    cpu::parallel_for(tbb::blocked_range<int64_t>(0, p.batch * p.kv_heads, 1),
+    parallel_for(tbb::blocked_range<int64_t>(0, p.batch * p.kv_heads, 1),
                       [&](const tbb::blocked_range<int64_t>& range) {
                         for (int64_t bh = range.begin(); bh != range.end(); ++bh) {
                           merge(p, out, plan, bh / p.kv_heads, bh % p.kv_heads, partials);
@@ -147,7 +156,7 @@ class Decode final : public Kernel {
   static void run_chunk(const Problem& p, const Inputs& in, const Plan& plan, int64_t b,
                         int64_t hk, int64_t chunk, float* partial, std::byte* scratch) {
     const MaskSpec mask = p.mask_for_batch(b);
-    const Interval keys{chunk * kChunkKeys, std::min((chunk + 1) * kChunkKeys, mask.kv_len)};
+    const Interval keys{chunk * plan.chunk_keys, std::min((chunk + 1) * plan.chunk_keys, mask.kv_len)};
     const simd::KvHead kv{in.k.row(b, hk, 0), in.k.stride_s, in.v.row(b, hk, 0), in.v.stride_s};
     const float* q[simd::kRowBlock];
     Interval visible[simd::kRowBlock];
@@ -163,7 +172,7 @@ class Decode final : public Kernel {
         float* dst = partial + (r0 + t) * plan.row_stride;
         dst[plan.dp] = st.m[t];
         dst[plan.dp + 1] = st.l[t];
-        if (sees_chunk(visible[t], chunk, mask.kv_len)) {
+        if (sees_chunk(visible[t], chunk, plan.chunk_keys, mask.kv_len)) {
           std::copy(st.acc + t * st.acc_stride, st.acc + t * st.acc_stride + plan.dp, dst);
         }
       }
@@ -185,7 +194,7 @@ class Decode final : public Kernel {
       // Chunks outside the row's interval are skipped, never weighted by 0.
       float big_m = kNegInf;
       for (int64_t c = 0; c < plan.chunks; ++c) {
-        if (sees_chunk(iv, c, mask.kv_len)) big_m = std::max(big_m, row[c * chunk_stride + plan.dp]);
+        if (sees_chunk(iv, c, plan.chunk_keys, mask.kv_len)) big_m = std::max(big_m, row[c * chunk_stride + plan.dp]);
       }
       float* o = out.o.row(b, h, i);
       float* lse = out.lse ? out.lse + (b * p.q_heads + h) * p.q_len + i : nullptr;
@@ -201,12 +210,12 @@ class Decode final : public Kernel {
       for (int64_t v = 0; v < nv; ++v) acc[v] = Batch(0.f);
       double big_l = 0.0;
       for (int64_t c = 0; c < plan.chunks; ++c) {
-        if (!sees_chunk(iv, c, mask.kv_len)) continue;
+        if (!sees_chunk(iv, c, plan.chunk_keys, mask.kv_len)) continue;
         const float* pc = row + c * chunk_stride;
         const float w = online_softmax::rescale<kLog2>(pc[plan.dp], big_m);
         big_l += static_cast<double>(w) * pc[plan.dp + 1];
         const Batch wv(w);
-        for (int64_t v = 0; v < nv; ++v) acc[v] = xsimd::fma(wv, Batch::load_aligned(pc + v * kLanes), acc[v]);
+        for (int64_t v = 0; v < nv; ++v) acc[v] = simd::fma(wv, Batch::load_aligned(pc + v * kLanes), acc[v]);
       }
       const Batch inv(static_cast<float>(online_softmax::out_scale(false, big_l)));
       int64_t v = 0;
@@ -224,4 +233,4 @@ const Kernel& decode() {
   return k;
 }
 
-}  // namespace attnlab::cpu
+}  // namespace attnlab::ATTN_TARGET_NS::cpu

@@ -34,7 +34,8 @@
 // masks the last tiles see the most keys, so the expensive tasks start first and the cheap
 // ones fill the gaps at the end (work stealing does the rest).
 //
-// Tile sizes. Bc = 64 = 4 zmm: the widest score row whose 6-row panel (24 accumulators)
+// Tile sizes (AVX-512 figures; Bc = 4 vectors of the target, MR = kPanelRows, and the L2
+// is the running machine's: planning_l2_bytes()). Bc = 64 = 4 zmm: the widest score row whose 6-row panel (24 accumulators)
 // still leaves registers for the K vectors (32 zmm). Br comes from the L2 (1 MiB per core
 // here): a task's working set is R rows of packed Q and accumulators (about 2 * d_pad floats
 // a row) plus the packed K tile and the V tile (64 x d_pad floats each); Br is the largest
@@ -83,13 +84,14 @@
 #include <tbb/partitioner.h>
 #include <tbb/task_arena.h>
 
+#include "attnlab/isa.hpp"
 #include "attnlab/kernel.hpp"
 #include "attnlab/online_softmax.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/simd/microkernel.hpp"
 #include "cpu/simd/vec_math.hpp"
 
-namespace attnlab::cpu {
+namespace attnlab::ATTN_TARGET_NS::cpu {
 namespace {
 
 using simd::Batch;
@@ -99,8 +101,6 @@ using simd::kTileKeys;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr auto kLog2 = online_softmax::Units::Log2;
-constexpr int64_t kL2Bytes = int64_t{1} << 20;  // per core on this machine
-constexpr int64_t kL2Budget = kL2Bytes / 2;
 constexpr int64_t kRowStep = 24;   // Br granularity: R = G * Br is a multiple of 6 rows
 constexpr int64_t kMaxRows = 120;  // Br cap: causal waste ~ Br/2 keys per row, task count
 
@@ -124,7 +124,8 @@ Tiling make_tiling(const Problem& p) {
   t.dim_pad = simd::padded_dim(p.head_dim);
   const int64_t fixed = 2 * kTileKeys * t.dim_pad * int64_t{sizeof(float)};
   const int64_t per_row = (2 * t.dim_pad + 2) * int64_t{sizeof(float)};
-  const int64_t fit = kL2Budget > fixed ? (kL2Budget - fixed) / per_row / t.group : 0;
+  const int64_t budget = planning_l2_bytes() / 2;  // the running machine's L2 (isa.hpp)
+  const int64_t fit = budget > fixed ? (budget - fixed) / per_row / t.group : 0;
   t.br = std::clamp(fit / kRowStep * kRowStep, kRowStep, kMaxRows);
   t.br = std::min(t.br, p.q_len);
   t.rows = t.group * t.br;
@@ -209,11 +210,11 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
       const Batch lo_b(static_cast<float>(lo[m])), hi_b(static_cast<float>(hi[m]));
       for (int v = 0; v < simd::kKeyVecs; ++v) {
         const Batch idx = lane_index(v);
-        sv[v] = xsimd::select((idx >= lo_b) & (idx < hi_b), sv[v], Batch(kNegInf));
+        sv[v] = simd::select((idx >= lo_b) & (idx < hi_b), sv[v], Batch(kNegInf));
       }
     }
     Batch vmax = sv[0];
-    for (int v = 1; v < simd::kKeyVecs; ++v) vmax = xsimd::max(vmax, sv[v]);
+    for (int v = 1; v < simd::kKeyVecs; ++v) vmax = simd::max(vmax, sv[v]);
     // include/attnlab/online_softmax.hpp: never skipped by its max; a NaN the max drops
     // still makes l NaN. alpha is 1 (no rescale) unless the max grew past a finite one.
     const float m_old = s.m[rr0 + m];
@@ -352,7 +353,7 @@ class Flash final : public Kernel {
     const Tiling t = make_tiling(p);
     const int64_t nq = (p.q_len + t.br - 1) / t.br;
     const int64_t tasks = p.batch * p.kv_heads * nq;
-    cpu::parallel_for(
+    parallel_for(
         tbb::blocked_range<int64_t>(0, tasks, 1),
         [&](const tbb::blocked_range<int64_t>& range) {
           const int slot = tbb::this_task_arena::current_thread_index();
@@ -377,4 +378,4 @@ const Kernel& flash() {
   return k;
 }
 
-}  // namespace attnlab::cpu
+}  // namespace attnlab::ATTN_TARGET_NS::cpu

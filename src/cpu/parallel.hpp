@@ -1,4 +1,4 @@
-// attnlab::cpu::parallel_for: tbb::parallel_for, plus, in ThreadSanitizer builds only, the
+// attnlab::parallel_for: tbb::parallel_for, plus, in ThreadSanitizer builds only, the
 // happens-before edges TSan cannot see. libtbb is not instrumented, so its task hand-off and
 // its join look unsynchronised to TSan, which would then report every task's read of the
 // caller's data (inputs, workspace, the previous phase's results) as a race. Here the
@@ -22,7 +22,7 @@
 #include <sanitizer/tsan_interface.h>
 #endif
 
-namespace attnlab::cpu {
+namespace attnlab {
 
 template <class Range, class Body, class... Partitioner>
 void parallel_for(const Range& range, const Body& body, Partitioner&&... partitioner) {
@@ -43,4 +43,4 @@ void parallel_for(const Range& range, const Body& body, Partitioner&&... partiti
 #endif
 }
 
-}  // namespace attnlab::cpu
+}  // namespace attnlab

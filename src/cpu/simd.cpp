@@ -48,7 +48,7 @@
 #include "cpu/simd/rowblock.hpp"
 #include "cpu/simd/vec_math.hpp"
 
-namespace attnlab::simd {
+namespace attnlab::ATTN_TARGET_NS::simd {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -95,7 +95,7 @@ inline void score_tile(const float* const* q, const float* const* k, int64_t d, 
     for (int i = 0; i < kNr; ++i) kv[i] = Batch::load_unaligned(k[i] + c);
     for (int r = 0; r < kMr; ++r) qv[r] = Batch::load_aligned(q[r] + c);
     for (int r = 0; r < kMr; ++r)
-      for (int i = 0; i < kNr; ++i) acc[r * kNr + i] = xsimd::fma(qv[r], kv[i], acc[r * kNr + i]);
+      for (int i = 0; i < kNr; ++i) acc[r * kNr + i] = simd::fma(qv[r], kv[i], acc[r * kNr + i]);
   }
   if (full < d) {
     const int tail = static_cast<int>(d - full);
@@ -103,7 +103,7 @@ inline void score_tile(const float* const* q, const float* const* k, int64_t d, 
     for (int i = 0; i < kNr; ++i) kv[i] = load_partial(k[i] + full, tail);
     for (int r = 0; r < kMr; ++r) qv[r] = Batch::load_aligned(q[r] + full);
     for (int r = 0; r < kMr; ++r)
-      for (int i = 0; i < kNr; ++i) acc[r * kNr + i] = xsimd::fma(qv[r], kv[i], acc[r * kNr + i]);
+      for (int i = 0; i < kNr; ++i) acc[r * kNr + i] = simd::fma(qv[r], kv[i], acc[r * kNr + i]);
   }
   for (int g = 0; g < kMr * kNr; g += kLanes) transpose_sum(acc + g).store_aligned(out + g);
 }
@@ -125,7 +125,7 @@ __attribute__((always_inline)) inline void pv_tile(const float* const* p, float*
     vv[NV - 1] = load_partial(vr + (NV - 1) * kLanes, last_lanes);  // all lanes when last_lanes == kLanes
     for (int r = 0; r < kMr; ++r) {
       const Batch pr(p[r][j]);
-      for (int x = 0; x < NV; ++x) a[r * NV + x] = xsimd::fma(pr, vv[x], a[r * NV + x]);
+      for (int x = 0; x < NV; ++x) a[r * NV + x] = simd::fma(pr, vv[x], a[r * NV + x]);
     }
   }
   for (int r = 0; r < kMr; ++r)
@@ -157,8 +157,8 @@ void pv_rows(const float* const* p, float* const* acc, const float* v_tile, int6
 float row_max(const float* s, int64_t n) {
   Batch mx(kNegInf);
   int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes) mx = xsimd::max(mx, Batch::load_unaligned(s + c));
-  if (c < n) mx = xsimd::max(mx, load_partial(s + c, static_cast<int>(n - c), kNegInf));
+  for (; c + kLanes <= n; c += kLanes) mx = simd::max(mx, Batch::load_unaligned(s + c));
+  if (c < n) mx = simd::max(mx, load_partial(s + c, static_cast<int>(n - c), kNegInf));
   return reduce_max(mx);
 }
 
@@ -382,11 +382,11 @@ class SimdKernel final : public Kernel {
 };
 
 }  // namespace
-}  // namespace attnlab::simd
+}  // namespace attnlab::ATTN_TARGET_NS::simd
 
-namespace attnlab::cpu {
+namespace attnlab::ATTN_TARGET_NS::cpu {
 const Kernel& simd() {
-  static const ::attnlab::simd::SimdKernel k;
+  static const simd::SimdKernel k;
   return k;
 }
-}  // namespace attnlab::cpu
+}  // namespace attnlab::ATTN_TARGET_NS::cpu

@@ -32,7 +32,7 @@
 #include "cpu/parallel.hpp"
 #include "cpu/simd/rowblock.hpp"
 
-namespace attnlab::cpu {
+namespace attnlab::ATTN_TARGET_NS::cpu {
 namespace {
 
 size_t per_thread_bytes(const Problem& p) {
@@ -53,7 +53,7 @@ class Threaded final : public Kernel {
     const int64_t blocks = (p.q_len + simd::kRowBlock - 1) / simd::kRowBlock;
     const int64_t tasks = p.batch * p.q_heads * blocks;
     const size_t stride = per_thread_bytes(p);
-    cpu::parallel_for(tbb::blocked_range<int64_t>(0, tasks, 1), [&](const tbb::blocked_range<int64_t>& range) {
+    parallel_for(tbb::blocked_range<int64_t>(0, tasks, 1), [&](const tbb::blocked_range<int64_t>& range) {
       const int slot = tbb::this_task_arena::current_thread_index();
       if (slot < 0 || slot >= ctx.threads) {
         throw std::logic_error("threaded: run outside an arena of ctx.threads threads");
@@ -75,4 +75,4 @@ const Kernel& threaded() {
   return k;
 }
 
-}  // namespace attnlab::cpu
+}  // namespace attnlab::ATTN_TARGET_NS::cpu

@@ -82,6 +82,7 @@ class CudaKernel final : public Kernel {
       : name_(name), description_(description), ops_(ops) {}
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return description_; }
+  std::string_view isa() const override { return "cuda"; }
   Support available() const override { return device_status(); }
   Support supports(const Problem& p) const override {
     if (!ops_) return Support::yes();  // unreachable: available() is no without CUDA

@@ -18,7 +18,8 @@
 //           the input (contiguous along d, any row stride): no packing. The accumulators
 //           are loaded once per call (times the softmax rescale factor alpha when a row's
 //           max grew - the rescale is fused into the load) and stored once.
-// Without AVX-512 (16 vector registers) kPanelRows drops to 2 so nothing spills.
+// With 16 vector registers (AVX2, scalar on x86) kPanelRows drops to 2 so nothing spills;
+// NEON has 32.
 #pragma once
 
 #include <cstdint>
@@ -26,9 +27,9 @@
 
 #include "cpu/simd/vec_math.hpp"
 
-namespace attnlab::simd {
+namespace attnlab::ATTN_TARGET_NS::simd {
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__aarch64__)
 inline constexpr int kVectorRegisters = 32;
 #else
 inline constexpr int kVectorRegisters = 16;
@@ -129,7 +130,7 @@ inline void score_panel(const float* qp, const float* kt, int64_t d, Batch (&acc
     for (int v = 0; v < kKeyVecs; ++v) kv[v] = Batch::load_aligned(kr + v * kLanes);
     for (int m = 0; m < MR; ++m) {
       const Batch q(qp[k * MR + m]);
-      for (int v = 0; v < kKeyVecs; ++v) acc[m][v] = xsimd::fma(q, kv[v], acc[m][v]);
+      for (int v = 0; v < kKeyVecs; ++v) acc[m][v] = simd::fma(q, kv[v], acc[m][v]);
     }
   }
 }
@@ -160,7 +161,7 @@ inline void pv_panel(const float* p, int64_t ldp, const float* v, int64_t ldv, f
     }
     for (int m = 0; m < MR; ++m) {
       const Batch pb(p[m * ldp + j]);
-      for (int c = 0; c < NV; ++c) acc[m][c] = xsimd::fma(pb, vv[c], acc[m][c]);
+      for (int c = 0; c < NV; ++c) acc[m][c] = simd::fma(pb, vv[c], acc[m][c]);
     }
   }
   for (int m = 0; m < MR; ++m)
@@ -197,4 +198,4 @@ inline void pv_rows(const float* p, int64_t ldp, const float* v, int64_t ldv, fl
   }
 }
 
-}  // namespace attnlab::simd
+}  // namespace attnlab::ATTN_TARGET_NS::simd

@@ -15,7 +15,7 @@
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
 
-namespace attnlab::simd {
+namespace attnlab::ATTN_TARGET_NS::simd {
 
 inline constexpr int64_t kRowBlock = 32;  // query rows per call (Br)
 inline constexpr int64_t kKeyTile = 64;   // keys per score tile (Bc)
@@ -56,4 +56,4 @@ RowState attend_rows(const Problem& p, int64_t rows, const float* const* q,
 void attend_row_block(const Problem& p, const Inputs& in, const Outputs& out, int64_t b,
                       int64_t h, int64_t i0, std::byte* scratch);
 
-}  // namespace attnlab::simd
+}  // namespace attnlab::ATTN_TARGET_NS::simd

@@ -33,22 +33,44 @@
 // exp is 15 (a multiply and two FMA for the reduction, r*r and the final add).
 #pragma once
 
+#ifndef ATTN_TARGET_NS
+#error "src/cpu/simd/ is per-target code: include it only from ATTN_TARGET_SOURCES (src/cpu/target.hpp)"
+#endif
+
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
+#if defined(ATTN_TARGET_SCALAR)
+#include "cpu/simd/scalar_batch.hpp"
+#else
 // GCC 12.2 reports -W(maybe-)uninitialized inside the AVX-512 intrinsic headers
 // (_mm512_undefined_ps; GCC bug 105593, a false positive) wherever an intrinsic is inlined,
 // and attributes it to the including kernel's functions. So the kernels that include this
 // header (and only they) ignore those two diagnostics for the whole translation unit.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 #include <xsimd/xsimd.hpp>
+#endif
 
-namespace attnlab::simd {
+namespace attnlab::ATTN_TARGET_NS::simd {
 
+#if defined(ATTN_TARGET_SCALAR)
+using Batch = ScalarBatch;
+#else
 using Batch = xsimd::batch<float>;
+// The element-wise operations the kernels use, spelled once for both Batch types.
+inline Batch fma(Batch a, Batch b, Batch c) { return xsimd::fma(a, b, c); }
+inline Batch fnma(Batch a, Batch b, Batch c) { return xsimd::fnma(a, b, c); }
+inline Batch max(Batch a, Batch b) { return xsimd::max(a, b); }
+inline Batch min(Batch a, Batch b) { return xsimd::min(a, b); }
+inline Batch select(Batch::batch_bool_type m, Batch a, Batch b) { return xsimd::select(m, a, b); }
+inline Batch nearbyint(Batch x) { return xsimd::nearbyint(x); }
+#endif
 inline constexpr int kLanes = static_cast<int>(Batch::size);
 
 inline constexpr float kLog2e = 1.44269504088896341f;
@@ -59,24 +81,24 @@ namespace detail {
 // 2^f for f in [-0.5, 0.5] (Cephes exp2f, relative error 1.7e-7 over the interval).
 inline Batch exp2_poly(Batch f) {
   Batch p(1.535336188319500e-4f);
-  p = xsimd::fma(p, f, Batch(1.339887440266574e-3f));
-  p = xsimd::fma(p, f, Batch(9.618437357674640e-3f));
-  p = xsimd::fma(p, f, Batch(5.550332471162809e-2f));
-  p = xsimd::fma(p, f, Batch(2.402264791363012e-1f));
-  p = xsimd::fma(p, f, Batch(6.931472028550421e-1f));
-  return xsimd::fma(p, f, Batch(1.0f));
+  p = simd::fma(p, f, Batch(1.339887440266574e-3f));
+  p = simd::fma(p, f, Batch(9.618437357674640e-3f));
+  p = simd::fma(p, f, Batch(5.550332471162809e-2f));
+  p = simd::fma(p, f, Batch(2.402264791363012e-1f));
+  p = simd::fma(p, f, Batch(6.931472028550421e-1f));
+  return simd::fma(p, f, Batch(1.0f));
 }
 
 // e^r for r in [-ln2/2, ln2/2] (Cephes expf: 1 + r + r^2 * P(r)).
 inline Batch exp_poly(Batch r) {
   Batch p(1.9875691500e-4f);
-  p = xsimd::fma(p, r, Batch(1.3981999507e-3f));
-  p = xsimd::fma(p, r, Batch(8.3334519073e-3f));
-  p = xsimd::fma(p, r, Batch(4.1665795894e-2f));
-  p = xsimd::fma(p, r, Batch(1.6666665459e-1f));
-  p = xsimd::fma(p, r, Batch(5.0000001201e-1f));
+  p = simd::fma(p, r, Batch(1.3981999507e-3f));
+  p = simd::fma(p, r, Batch(8.3334519073e-3f));
+  p = simd::fma(p, r, Batch(4.1665795894e-2f));
+  p = simd::fma(p, r, Batch(1.6666665459e-1f));
+  p = simd::fma(p, r, Batch(5.0000001201e-1f));
   const Batch r2 = r * r;
-  return xsimd::fma(p, r2, r) + Batch(1.0f);
+  return simd::fma(p, r2, r) + Batch(1.0f);
 }
 
 #if defined(__AVX512F__)
@@ -88,6 +110,22 @@ inline Batch scale_or_zero(Batch p, Batch n, Batch x, float lo) {
 }
 // min(x, hi) that keeps NaN (vminps returns its second operand when one is NaN).
 inline Batch clamp_hi(Batch x, float hi) { return _mm512_min_ps(_mm512_set1_ps(hi), x); }
+#elif defined(ATTN_TARGET_SCALAR)
+// One float: the same rule in plain arithmetic. n is integral and, once x >= lo, in
+// [-126, 129]: 2^n is applied as two factors 2^(n/2), so p * 2^128 with p < 1 stays finite.
+inline float pow2i(int e) {  // 2^e for e in [-126, 127]
+  const uint32_t bits = static_cast<uint32_t>(e + 127) << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline Batch scale_or_zero(Batch p, Batch n, Batch x, float lo) {
+  if (x.v != x.v) return x;
+  if (x.v < lo) return Batch(0.f);
+  const int ni = static_cast<int>(n.v), half = ni >> 1;
+  return Batch((p.v * pow2i(half)) * pow2i(ni - half));
+}
+inline Batch clamp_hi(Batch x, float hi) { return x.v > hi ? Batch(hi) : x; }
 #else
 // Portable fallback (non-AVX-512 builds): apply 2^n as two factors 2^(n/2) so the
 // exponent field never overflows for |n| up to 254 and p * 2^128 with p < 1 stays finite;
@@ -111,7 +149,7 @@ inline Batch clamp_hi(Batch x, float hi) {
 // 2^x. See the header comment for accuracy and special values.
 inline Batch exp2(Batch x) {
   const Batch xc = detail::clamp_hi(x, 129.f);  // +inf -> 129 -> 2^129 = +inf
-  const Batch n = xsimd::nearbyint(xc);
+  const Batch n = simd::nearbyint(xc);
   const Batch p = detail::exp2_poly(xc - n);
   return detail::scale_or_zero(p, n, x, -126.f);
 }
@@ -122,14 +160,18 @@ inline Batch exp(Batch x) {
   constexpr float kLn2Lo = -2.12194440e-4f;  // ln2 - kLn2Hi
   constexpr float kMinLog = -87.3365447f;    // ln(FLT_MIN)
   const Batch xc = detail::clamp_hi(x, 89.5f);
-  const Batch n = xsimd::nearbyint(xc * Batch(kLog2e));
-  Batch r = xsimd::fnma(n, Batch(kLn2Hi), xc);
-  r = xsimd::fnma(n, Batch(kLn2Lo), r);
+  const Batch n = simd::nearbyint(xc * Batch(kLog2e));
+  Batch r = simd::fnma(n, Batch(kLn2Hi), xc);
+  r = simd::fnma(n, Batch(kLn2Lo), r);
   return detail::scale_or_zero(detail::exp_poly(r), n, x, kMinLog);
 }
 
 // Sum of all lanes (xsimd 8.1 spells it hadd; 9.0+ renamed it reduce_add).
+#if defined(ATTN_TARGET_SCALAR)
+inline float reduce_sum(Batch v) { return v.v; }
+#else
 inline float reduce_sum(Batch v) { return xsimd::hadd(v); }
+#endif
 
 // Lane i of the result = reduce_sum(rows[i]), for kLanes rows: the transposed reduction
 // that turns kLanes dot-product accumulators into kLanes scores (about 3 shuffle/add
@@ -157,6 +199,8 @@ inline Batch transpose_sum(const Batch* rows) {
                          _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
   };
   return fold(fold(s4[0], s4[1]), fold(s4[2], s4[3]));
+#elif defined(ATTN_TARGET_SCALAR)
+  return rows[0];
 #else
   return xsimd::haddp(rows);
 #endif
@@ -198,4 +242,4 @@ inline void store_partial(float* p, Batch v, int n) {
 #endif
 }
 
-}  // namespace attnlab::simd
+}  // namespace attnlab::ATTN_TARGET_NS::simd

@@ -1,4 +1,4 @@
-// The registry: one line per implementation, in ladder order.
+// The Kernel interface's shared parts: defaults, the run decision (can_run) and Session.
 #include <tbb/task_arena.h>
 
 #include "attnlab/kernel.hpp"
@@ -6,55 +6,10 @@
 
 namespace attnlab {
 
-namespace cpu {
-const Kernel& naive();
-const Kernel& blocked();
-const Kernel& simd();
-const Kernel& threaded();
-const Kernel& flash();
-const Kernel& decode();
-}  // namespace cpu
-
-namespace cuda {  // src/cuda/kernels.cpp: present in every build, available only with a GPU
-const Kernel& naive();
-const Kernel& flash();
-}  // namespace cuda
-
-const std::vector<const Kernel*>& registry() {
-  static const std::vector<const Kernel*> kernels = {
-      &cpu::naive(),
-      &cpu::blocked(),
-      &cpu::simd(),
-      &cpu::threaded(),
-      &cpu::flash(),
-      &cpu::decode(),
-      &cuda::naive(),
-      &cuda::flash(),
-  };
-  return kernels;
-}
-
-const Kernel* find_kernel(std::string_view name) {
-  for (const Kernel* k : registry()) {
-    if (k->name() == name) return k;
-  }
-  return nullptr;
-}
-
-std::string kernel_names() {
-  std::string names;
-  for (const Kernel* k : registry()) {
-    if (!names.empty()) names += ", ";
-    names += k->name();
-  }
-  return names;
-}
-
-const Kernel& kernel_or_throw(std::string_view name) {
-  if (const Kernel* k = find_kernel(name)) return *k;
-  throw InvalidInput("impl: '" + std::string(name) + "' is not a kernel; allowed: " +
-                     kernel_names());
-}
+std::string_view Kernel::isa() const { return "baseline"; }
+Support Kernel::available() const { return Support::yes(); }
+Support Kernel::supports(const Problem&) const { return Support::yes(); }
+size_t Kernel::workspace_bytes(const Problem&, int) const { return 0; }
 
 Support fits_memory_budget(const Kernel& kernel, const Problem& problem, int threads) {
   const auto workspace = static_cast<int64_t>(kernel.workspace_bytes(problem, threads));
@@ -70,6 +25,11 @@ Support can_run(const Kernel& kernel, const Problem& problem, int threads) {
   if (Support s = kernel.supports(problem); !s) return s;
   return fits_memory_budget(kernel, problem, threads);
 }
+
+struct Session::Arena {
+  tbb::task_arena arena;
+  explicit Arena(int threads) : arena(threads) {}
+};
 
 Session::Session(const Kernel& kernel, const Problem& problem, int threads)
     : kernel_(kernel), problem_(problem), threads_(threads) {
@@ -91,14 +51,14 @@ Session::Session(const Kernel& kernel, const Problem& problem, int threads)
   }
   workspace_size_ = kernel.workspace_bytes(problem_, threads);
   workspace_ = alloc_bytes(workspace_size_);
-  arena_ = std::make_unique<tbb::task_arena>(threads);
+  arena_ = std::make_unique<Arena>(threads);
 }
 
 Session::~Session() = default;
 
 void Session::run(const Inputs& in, const Outputs& out) {
   RunContext ctx{threads_, std::span<std::byte>(workspace_.get(), workspace_size_)};
-  arena_->execute([&] { kernel_.run(problem_, in, out, ctx); });
+  arena_->arena.execute([&] { kernel_.run(problem_, in, out, ctx); });
 }
 
 }  // namespace attnlab

@@ -1,0 +1,16 @@
+// The built targets' tables (src/cpu/target.hpp), for the registry and `attnlab peak`.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "cpu/target.hpp"
+
+namespace attnlab {
+
+// Every built target's table, narrowest first.
+const std::vector<const TargetTable*>& target_tables();
+// The table of a built target, nullptr when the build has none of that name.
+const TargetTable* target_table_for(std::string_view isa);
+
+}  // namespace attnlab

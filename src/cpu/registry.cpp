@@ -1,0 +1,152 @@
+// The registry: one line per implementation, in ladder order; the SIMD kernels once per
+// built target (include/attnlab/isa.hpp), each variant wrapped so it names its target and
+// is unavailable on a CPU that cannot run it.
+#include <algorithm>
+#include <memory>
+
+#include "attnlab/isa.hpp"
+#include "attnlab/kernel.hpp"
+#include "cpu/isa_internal.hpp"
+
+namespace attnlab {
+
+namespace cpu {
+const Kernel& naive();
+const Kernel& blocked();
+}  // namespace cpu
+
+namespace cuda {  // src/cuda/kernels.cpp: present in every build, available only with a GPU
+const Kernel& naive();
+const Kernel& flash();
+}  // namespace cuda
+
+namespace {
+
+// A SIMD kernel compiled for one target.
+class TargetKernel final : public Kernel {
+ public:
+  TargetKernel(const Kernel& inner, std::string isa) : inner_(inner), isa_(std::move(isa)) {}
+  std::string_view name() const override { return inner_.name(); }
+  std::string_view description() const override { return inner_.description(); }
+  std::string_view isa() const override { return isa_; }
+  Support available() const override {
+    if (!cpu_runs_isa(isa_)) {
+      std::string runs;
+      for (const auto& r : runnable_isas()) runs += (runs.empty() ? "" : ", ") + r;
+      return Support::no("this CPU cannot run " + isa_ + " (it runs " + runs + "; CPU features: " +
+                         cpu_isa_features() + ")");
+    }
+    return inner_.available();
+  }
+  Support supports(const Problem& p) const override { return inner_.supports(p); }
+  size_t workspace_bytes(const Problem& p, int threads) const override { return inner_.workspace_bytes(p, threads); }
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    inner_.run(p, in, out, ctx);
+  }
+
+ private:
+  const Kernel& inner_;
+  std::string isa_;
+};
+
+// One ladder entry: a single-build kernel, or the variants of a SIMD kernel (narrowest first).
+struct Entry {
+  std::vector<const Kernel*> variants;
+};
+
+const std::vector<Entry>& entries() {
+  static const std::vector<Entry> e = [] {
+    static std::vector<std::unique_ptr<TargetKernel>> owned;
+    std::vector<Entry> list;
+    list.push_back({{&cpu::naive()}});
+    list.push_back({{&cpu::blocked()}});
+    const Kernel* TargetTable::*const simd_kernels[] = {&TargetTable::simd, &TargetTable::threaded,
+                                                         &TargetTable::flash, &TargetTable::decode};
+    for (auto member : simd_kernels) {
+      Entry entry;
+      for (const TargetTable* t : target_tables()) {
+        owned.push_back(std::make_unique<TargetKernel>(*(t->*member), t->isa));
+        entry.variants.push_back(owned.back().get());
+      }
+      list.push_back(std::move(entry));
+    }
+    list.push_back({{&cuda::naive()}});
+    list.push_back({{&cuda::flash()}});
+    return list;
+  }();
+  return e;
+}
+
+const Kernel* pick(const Entry& e, std::string_view isa) {
+  if (e.variants.size() == 1) return e.variants.front();
+  for (const Kernel* k : e.variants) {
+    if (k->isa() == isa) return k;
+  }
+  // No variant for that target: the widest this CPU runs.
+  for (auto it = e.variants.rbegin(); it != e.variants.rend(); ++it) {
+    if (cpu_runs_isa((*it)->isa())) return *it;
+  }
+  return e.variants.front();
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+}  // namespace
+
+std::vector<const Kernel*> registry() {
+  const std::string isa = default_isa();
+  std::vector<const Kernel*> r;
+  for (const Entry& e : entries()) r.push_back(pick(e, isa));
+  return r;
+}
+
+std::vector<const Kernel*> variants() {
+  std::vector<const Kernel*> r;
+  for (const Entry& e : entries()) r.insert(r.end(), e.variants.begin(), e.variants.end());
+  return r;
+}
+
+std::vector<std::string> kernel_isas(std::string_view name) {
+  std::vector<std::string> r;
+  for (const Entry& e : entries()) {
+    if (e.variants.front()->name() != name) continue;
+    for (const Kernel* k : e.variants) r.emplace_back(k->isa());
+  }
+  return r;
+}
+
+const Kernel* find_kernel(std::string_view name, std::string_view isa) {
+  for (const Entry& e : entries()) {
+    if (e.variants.front()->name() != name) continue;
+    if (isa.empty()) return pick(e, default_isa());
+    for (const Kernel* k : e.variants) {
+      if (k->isa() == isa) return k;
+    }
+    return nullptr;
+  }
+  return nullptr;
+}
+
+std::string kernel_names() {
+  std::string names;
+  for (const Entry& e : entries()) {
+    if (!names.empty()) names += ", ";
+    names += e.variants.front()->name();
+  }
+  return names;
+}
+
+const Kernel& kernel_or_throw(std::string_view name, std::string_view isa) {
+  if (const Kernel* k = find_kernel(name, isa)) return *k;
+  if (find_kernel(name) == nullptr) {
+    throw InvalidInput("impl: '" + std::string(name) + "' is not a kernel; allowed: " + kernel_names());
+  }
+  throw InvalidInput("isa: " + std::string(name) + " has no '" + std::string(isa) + "' variant; allowed: " +
+                     join(kernel_isas(name)));
+}
+
+}  // namespace attnlab

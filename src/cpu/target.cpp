@@ -1,0 +1,125 @@
+// One target's table (src/cpu/target.hpp): its SIMD kernels, the loops `attnlab peak` times
+// at its vector width, and its vector math for the tests. Compiled once per target.
+#include "cpu/target.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cpu/simd/microkernel.hpp"
+#include "cpu/simd/vec_math.hpp"
+
+namespace attnlab::ATTN_TARGET_NS {
+
+namespace cpu {
+const Kernel& simd();
+const Kernel& threaded();
+const Kernel& flash();
+const Kernel& decode();
+}  // namespace cpu
+
+namespace {
+
+using simd::Batch;
+using simd::kLanes;
+
+// Independent chains acc = acc * a + c: FMA latency (4-5 cycles) x 2 pipes needs 8-10 in
+// flight; 16 with 32 vector registers, 12 with 16 (plus the two constants, no spills).
+constexpr int kFmaChains = simd::kVectorRegisters >= 32 ? 16 : 12;
+// exp buffer: 2 x 8 KiB in and out, L1-resident, so the loop measures the exp itself.
+constexpr size_t kExpElems = 2048;
+
+// kFmaChains chains, `iters` rounds; the result is returned so the compiler must compute
+// it; a just below 1 keeps the values finite and normal.
+__attribute__((noinline)) float fma_chains(int64_t iters) {
+  Batch acc[kFmaChains];
+  for (int j = 0; j < kFmaChains; ++j) acc[j] = Batch(1.0f + 0.001f * static_cast<float>(j));
+  const Batch a(0.999999f), c(1e-6f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 16
+    for (int j = 0; j < kFmaChains; ++j) acc[j] = simd::fma(acc[j], a, c);
+  }
+  Batch s = acc[0];
+  for (int j = 1; j < kFmaChains; ++j) s += acc[j];
+  return simd::reduce_sum(s);
+}
+
+// Sum of data[0, count) with 4 vector accumulators.
+__attribute__((noinline)) float stream_sum(const float* data, size_t count) {
+  Batch s0(0.f), s1(0.f), s2(0.f), s3(0.f);
+  for (size_t i = 0; i < count; i += 4 * kLanes) {
+    s0 += Batch::load_aligned(data + i);
+    s1 += Batch::load_aligned(data + i + kLanes);
+    s2 += Batch::load_aligned(data + i + 2 * kLanes);
+    s3 += Batch::load_aligned(data + i + 3 * kLanes);
+  }
+  return simd::reduce_sum((s0 + s1) + (s2 + s3));
+}
+
+// `rounds` passes of out = exp2(in) over kExpElems elements (the kernels' exp).
+__attribute__((noinline)) float exp_rounds(const float* in, float* out, int64_t rounds) {
+  for (int64_t r = 0; r < rounds; ++r) {
+    for (size_t i = 0; i < kExpElems; i += kLanes) simd::exp2(Batch::load_aligned(in + i)).store_aligned(out + i);
+  }
+  float s = 0;
+  for (size_t i = 0; i < kExpElems; i += 97) s += out[i];
+  return s;
+}
+
+template <Batch (*F)(Batch)>
+void map_n(const float* in, float* out, size_t n) {
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) F(Batch::load_unaligned(in + i)).store_unaligned(out + i);
+  if (i < n) simd::store_partial(out + i, F(simd::load_partial(in + i, static_cast<int>(n - i))), static_cast<int>(n - i));
+}
+
+}  // namespace
+
+// The name of what this object was compiled for (ATTN_NATIVE builds: what -march=native enabled).
+#if defined(ATTN_TARGET_SCALAR)
+constexpr const char* kIsa = "scalar";
+#elif defined(__AVX512F__)
+constexpr const char* kIsa = "avx512";
+#elif defined(__AVX2__)
+constexpr const char* kIsa = "avx2";
+#elif defined(__aarch64__) || defined(__ARM_NEON)
+constexpr const char* kIsa = "neon";
+#elif defined(__SSE2__)
+constexpr const char* kIsa = "sse2";
+#else
+constexpr const char* kIsa = "scalar";
+#endif
+
+const TargetTable& target_table() {
+  static const TargetTable t{
+      .isa = kIsa,
+      .lanes = kLanes,
+      .simd = &cpu::simd(),
+      .threaded = &cpu::threaded(),
+      .flash = &cpu::flash(),
+      .decode = &cpu::decode(),
+      .fma_chain_count = kFmaChains,
+      .fma_chains = fma_chains,
+      .stream_sum = stream_sum,
+      .exp_elems = kExpElems,
+      .exp_rounds = exp_rounds,
+      .exp2_n = map_n<simd::exp2>,
+      .exp_n = map_n<simd::exp>,
+      .reduce_sum = [](const float* v) { return simd::reduce_sum(Batch::load_unaligned(v)); },
+      .reduce_max = [](const float* v) { return simd::reduce_max(Batch::load_unaligned(v)); },
+      .transpose_sum =
+          [](const float* rows, float* out) {
+            Batch r[kLanes];
+            for (int i = 0; i < kLanes; ++i) r[i] = Batch::load_unaligned(rows + i * kLanes);
+            simd::transpose_sum(r).store_unaligned(out);
+          },
+      .load_partial = [](const float* p, int n, float fill, float* vec) {
+        simd::load_partial(p, n, fill).store_unaligned(vec);
+      },
+      .store_partial = [](float* p, float value, int n) { simd::store_partial(p, Batch(value), n); },
+      .tile_keys = simd::kTileKeys,
+      .pack_k_transposed = simd::pack_k_transposed,
+  };
+  return t;
+}
+
+}  // namespace attnlab::ATTN_TARGET_NS
