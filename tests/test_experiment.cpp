@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "attnlab/isa.hpp"
 #include "bench/bench_point.hpp"
 #include "bench/experiment.hpp"
 #include "bench/files.hpp"
@@ -49,6 +50,14 @@ TEST(Experiment, ShippedExperimentsParseAndExpand) {
     }
     EXPECT_FALSE(expand(e, 2).empty());
   }
+  // isa.json: the ladder on every target this CPU runs; naive and the like are not in it.
+  const Experiment isa = load_experiment(dir + "/isa.json", registry_kernel_names());
+  EXPECT_EQ(isa.implementations, (std::vector<std::string>{"simd", "threaded", "flash"}));
+  for (const Grid& g : isa.grids) EXPECT_EQ(g.isa, runnable_isas());
+  std::set<std::string> planned;
+  for (const auto& p : expand(isa, 2)) planned.insert(p.isa);
+  const std::vector<std::string> runs = runnable_isas();
+  EXPECT_EQ(planned, std::set<std::string>(runs.begin(), runs.end()));
 }
 
 TEST(Experiment, ListsRangesAndPowersOfTwo) {
@@ -156,6 +165,97 @@ TEST(Experiment, RunSettings) {
   EXPECT_DOUBLE_EQ(e.memory_budget_mib, 100);
   EXPECT_EQ(e.verify_rows, 5);
   EXPECT_EQ(e.seed, 42u);
+}
+
+struct BadCaseIsa {
+  const char* doc;
+  std::vector<std::string> expect;  // substrings the message must contain
+};
+
+// What "isa" may name in these tests: a build of three targets on a CPU that runs two, with
+// flash built per target (the shape of this lab on an AVX2 machine, fixed whatever runs the test).
+const IsaChoices kIsas = {{"scalar", "avx2", "avx512"}, {"scalar", "avx2"}, {"flash"}};
+
+Experiment parse_isa(const std::string& text) { return parse_experiment(Json::parse(text), "t.json", kKernels, kIsas); }
+
+std::string isa_error_of(const std::string& text) {
+  try {
+    parse_isa(text);
+  } catch (const InvalidInput& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Experiment, IsaAxisRunsEachPerTargetKernelOncePerTarget) {
+  // "all": every target the CPU runs, narrowest first; naive (built once) runs once.
+  auto e = parse_isa(R"({"description": "d", "implementations": ["naive", "flash"], "q_len": 16, "isa": "all"})");
+  EXPECT_EQ(e.grids[0].isa, (std::vector<std::string>{"scalar", "avx2"}));
+  auto g = expand(e, 2);
+  ASSERT_EQ(g.size(), 3u);
+  EXPECT_EQ(g[0].kernel, "naive");
+  EXPECT_EQ(g[0].isa, "");
+  EXPECT_EQ(g[0].id(), "naive-b1-hq8-hkv8-sq16-sk16-d128-none-t2") << "a kernel built once keeps its id";
+  EXPECT_EQ(g[1].kernel, "flash");
+  EXPECT_EQ(g[1].isa, "scalar");
+  EXPECT_EQ(g[1].id(), "flash-b1-hq8-hkv8-sq16-sk16-d128-none-t2-scalar");
+  EXPECT_EQ(g[2].isa, "avx2");
+  EXPECT_EQ(g[2].id(), "flash-b1-hq8-hkv8-sq16-sk16-d128-none-t2-avx2");
+
+  // A list: build order, duplicates dropped; a target this CPU cannot run is planned (the
+  // sweep skips it with the reason). One name alone is a list of one.
+  e = parse_isa(R"({"description": "d", "implementations": ["flash"], "q_len": 16, "isa": ["avx512", "scalar", "avx512"]})");
+  EXPECT_EQ(e.grids[0].isa, (std::vector<std::string>{"scalar", "avx512"}));
+  EXPECT_EQ(expand(e, 2).size(), 2u);
+  e = parse_isa(R"({"description": "d", "implementations": ["flash"], "q_len": 16, "isa": "avx2"})");
+  g = expand(e, 2);
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0].id(), "flash-b1-hq8-hkv8-sq16-sk16-d128-none-t2-avx2") << "a named target is in the id";
+
+  // Without the key: the default target, ids as before the axis (old folders resume).
+  e = parse_isa(R"({"description": "d", "implementations": ["flash"], "q_len": 16})");
+  EXPECT_TRUE(e.grids[0].isa.empty());
+  g = expand(e, 2);
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0].isa, "");
+  EXPECT_EQ(g[0].id(), "flash-b1-hq8-hkv8-sq16-sk16-d128-none-t2");
+
+  // An axis like any other: per grid, multiplied with threads, in the size bound.
+  e = parse_isa(R"({"description": "d", "implementations": ["flash"], "q_len": 16, "threads": [1, 2],
+                    "grids": [{"isa": "all"}, {"q_len": 32}]})");
+  g = expand(e, 2);
+  EXPECT_EQ(g.size(), 2u * 2 + 2);
+  std::set<std::string> ids;
+  for (const auto& p : g) ids.insert(p.id());
+  EXPECT_EQ(ids.size(), g.size());
+  EXPECT_NE(isa_error_of(R"({"description": "d", "q_len": {"range": [1, 4000, 1]}, "kv_len": {"range": [1, 20, 1]},
+                              "isa": ["scalar", "avx2"]})")
+                .find("x 2 values of implementations x batch x q_heads x kv_heads x q_len x kv_len x head_dim x causal "
+                      "x window x layout x threads x isa"),
+            std::string::npos);
+}
+
+TEST(Experiment, IsaErrorsNameTheAllowedTargets) {
+  const std::string allowed =
+      "allowed: \"all\" (every target this CPU runs: scalar, avx2), a target of this build (scalar, avx2, avx512) "
+      "or a list of them";
+  const std::vector<BadCaseIsa> cases = {
+      {R"({"description": "d", "q_len": 8, "isa": "avx1024"})", {"key 'isa': bad value \"avx1024\"", allowed.c_str()}},
+      {R"({"description": "d", "q_len": 8, "isa": ["scalar", "neon"]})", {"key 'isa'", "[\"scalar\",\"neon\"]", allowed.c_str()}},
+      {R"({"description": "d", "q_len": 8, "isa": ["all"]})", {"key 'isa'", allowed.c_str()}},
+      {R"({"description": "d", "q_len": 8, "isa": []})", {"key 'isa'", "not an empty list"}},
+      {R"({"description": "d", "q_len": 8, "isa": 2})", {"key 'isa': bad value 2", allowed.c_str()}},
+      {R"({"description": "d", "q_len": 8, "isa": null})", {"key 'isa': bad value null"}},
+      {R"({"description": "d", "q_len": 8, "grids": [{"isa": "sse9"}]})", {"grids[0]", "key 'isa'", "\"sse9\""}},
+      {R"({"description": "d", "q_len": 8, "isas": "all"})", {"unknown key 'isas'", "isa"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.doc);
+    const std::string msg = isa_error_of(c.doc);
+    ASSERT_FALSE(msg.empty()) << "must be rejected";
+    EXPECT_NE(msg.find("t.json"), std::string::npos) << msg;
+    for (const std::string& x : c.expect) EXPECT_NE(msg.find(x), std::string::npos) << "missing '" << x << "' in: " << msg;
+  }
 }
 
 struct BadCase {

@@ -22,6 +22,7 @@
 #include <limits>
 #include <sstream>
 
+#include "attnlab/isa.hpp"
 #include "attnlab/npy.hpp"
 #include "attnlab/verify.hpp"
 #include "bench/files.hpp"
@@ -188,7 +189,7 @@ TEST_F(SweepRun, SweepWritesEveryPointAndTheTidyOutputs) {
   EXPECT_EQ(point_files(dir).size(), planned);
   const auto lines = csv_lines(dir);
   ASSERT_EQ(lines.size(), planned + 1);
-  EXPECT_EQ(lines[0].rfind("experiment,id,kernel,status,reason,", 0), 0u);
+  EXPECT_EQ(lines[0].rfind("experiment,id,kernel,isa,status,reason,", 0), 0u);
   for (size_t i = 1; i < lines.size(); ++i) EXPECT_NE(lines[i].find(",ok,"), std::string::npos) << lines[i];
 
   const Json bench = Json::parse(read_text_file(dir + "/bench.json"));
@@ -208,6 +209,7 @@ TEST_F(SweepRun, SweepWritesEveryPointAndTheTidyOutputs) {
     EXPECT_TRUE(machine.contains(k)) << k;
   }
   for (const auto& pf : read_points(dir)) {
+    EXPECT_EQ(pf.record.isa, "baseline") << "naive and blocked are built once";
     EXPECT_EQ(pf.record.verdict, "PASS");
     EXPECT_EQ(pf.record.times.size(), 2u);
     EXPECT_GT(pf.record.peak_flops, 0);
@@ -331,12 +333,129 @@ TEST_F(SweepRun, MemoryBudgetAndTimeCapSkipWithReasons) {
   }
 }
 
+// Peaks of every built target: FMA 1, 2, 3... GFLOP/s per thread in build order, read
+// bandwidth 10, 11, 12... GB/s; the default target is default_isa().
+std::string per_target_peak_file() {
+  const std::string path = ::testing::TempDir() + "/attn_sweep_peak_targets.json";
+  Json targets = Json::array();
+  for (size_t i = 0; i < built_isas().size(); ++i) {
+    Json rows = Json::array();
+    for (int t : {1, 2}) {
+      rows.push_back({{"threads", t}, {"fma_flops", 1e9 * static_cast<double>(i + 1) * t},
+                      {"read_bytes", 1e10 + 1e9 * static_cast<double>(i)}, {"exp_per_s", 1e9}});
+    }
+    targets.push_back({{"isa", built_isas()[i]}, {"lanes", 1}, {"fma_chains", 1}, {"rows", rows}});
+  }
+  const Json j = {{"schema", "attnlab-peak-2"}, {"simd_arch", default_isa()}, {"exp_function", "test"},
+                  {"buffer_bytes", 0}, {"repeats", 1}, {"targets", targets}};
+  write_file_atomic(path, j.dump());
+  return path;
+}
+
+// The isa axis through the registry, as `attnlab sweep` runs it: flash once per built
+// target, naive once; each row records its target and its own target's peak; a target this
+// CPU cannot run is skipped with that reason, not failed; a stopped sweep resumes.
+TEST(SweepIsa, EveryTargetRunsOrIsSkippedWithTheReason) {
+  const std::string dir = fresh_dir("isa");
+  Json doc = Json::parse(R"({"description": "d", "implementations": ["naive", "flash"], "q_heads": 2,
+                             "q_len": 8, "head_dim": 16, "threads": 1, "repetitions": 1, "min_time_s": 0.001})");
+  doc["isa"] = built_isas();
+  const Experiment e = parse_experiment(doc, "isa", registry_kernel_names());
+  std::ostringstream log;
+  SweepOptions o;
+  o.out_dir = dir;
+  o.peak_json = per_target_peak_file();
+  o.all_threads = 2;
+  o.progress = &log;
+  o.stop_after = 2;
+  const SweepSummary first = run_sweep(e, o);
+  EXPECT_EQ(first.planned, 1 + built_isas().size());
+  EXPECT_EQ(first.remaining, first.planned - 2);
+  o.stop_after = 0;
+  o.resume = true;
+  const SweepSummary second = run_sweep(e, o);
+  EXPECT_EQ(second.already, 2u);
+  EXPECT_EQ(second.failed, 0u) << log.str();
+
+  const Peaks peaks = Peaks::from_json(Json::parse(read_text_file(o.peak_json)));
+  const double default_read = peaks.at(default_isa(), 1)->read_bytes;
+  size_t skipped = 0, seen = 0;
+  for (const PointFile& pf : read_points(dir)) {
+    const PointRecord& r = pf.record;
+    SCOPED_TRACE(r.id);
+    ++seen;
+    EXPECT_DOUBLE_EQ(r.peak_read_bytes, default_read) << "read bandwidth: the default target's";
+    if (r.kernel == "naive") {
+      EXPECT_EQ(r.isa, "baseline");
+      EXPECT_EQ(r.id, "naive-b1-hq2-hkv2-sq8-sk8-d16-none-t1");
+      EXPECT_DOUBLE_EQ(r.peak_flops, peaks.at(default_isa(), 1)->fma_flops) << "built once: the default target's";
+      EXPECT_EQ(r.status, PointStatus::Ok);
+      continue;
+    }
+    EXPECT_EQ(r.id, "flash-b1-hq2-hkv2-sq8-sk8-d16-none-t1-" + r.isa);
+    EXPECT_EQ(r.name, "attn/flash/b:1/hq:2/hkv:2/sq:8/sk:8/d:16/mask:none/t:1/isa:" + r.isa);
+    EXPECT_DOUBLE_EQ(r.peak_flops, peaks.at(r.isa, 1)->fma_flops) << "% of peak: the row's own target";
+    if (cpu_runs_isa(r.isa)) {
+      EXPECT_EQ(r.status, PointStatus::Ok) << r.reason;
+      EXPECT_EQ(r.verdict, "PASS");
+    } else {
+      ++skipped;
+      EXPECT_EQ(r.status, PointStatus::Skipped);
+      EXPECT_NE(r.reason.find("unavailable: this CPU cannot run " + r.isa + " (it runs "), std::string::npos) << r.reason;
+    }
+  }
+  EXPECT_EQ(seen, first.planned);
+  EXPECT_EQ(skipped, built_isas().size() - runnable_isas().size());
+  EXPECT_EQ(first.skipped + second.skipped, skipped);
+  // The CSV names the target of every row.
+  const std::string csv = read_text_file(dir + "/results.csv");
+  for (const auto& t : built_isas()) EXPECT_NE(csv.find(",flash," + t + ","), std::string::npos) << t;
+  EXPECT_NE(csv.find(",naive,baseline,ok,"), std::string::npos) << csv;
+  EXPECT_NE(log.str().find("flash[" + runnable_isas().front() + "] b1"), std::string::npos) << log.str();
+}
+
+// Peaks per target: schema 2 round-trips; schema 1 (machine.json before the isa axis) reads
+// as one target, the one its simd_arch names; Peaks::ref is the one rule for % of peak.
+TEST(SweepPeaks, PerTargetPeaksRoundTripAndOldFilesRead) {
+  const Peaks p2 = Peaks::from_json(Json::parse(read_text_file(per_target_peak_file())));
+  ASSERT_EQ(p2.targets.size(), built_isas().size());
+  const Json again = p2.to_json();
+  EXPECT_EQ(again["schema"], "attnlab-peak-2");
+  EXPECT_EQ(Peaks::from_json(again).to_json(), again);
+  // The default target's figures also where schema 1 kept them.
+  EXPECT_EQ(again["simd_arch"], default_isa());
+  EXPECT_EQ(again["rows"], again["targets"][std::distance(
+                               built_isas().begin(), std::find(built_isas().begin(), built_isas().end(), default_isa()))]["rows"]);
+  const std::string narrow = built_isas().front();
+  EXPECT_DOUBLE_EQ(p2.ref(narrow, 2).flops, 2e9) << "the narrowest target: 1 GFLOP/s per thread";
+  EXPECT_DOUBLE_EQ(p2.ref("baseline", 2).flops, p2.at(default_isa(), 2)->fma_flops);
+  EXPECT_DOUBLE_EQ(p2.ref("cuda", 1).flops, p2.at(default_isa(), 1)->fma_flops);
+  EXPECT_DOUBLE_EQ(p2.ref(narrow, 1).read_bytes, p2.at(default_isa(), 1)->read_bytes);
+  EXPECT_DOUBLE_EQ(p2.ref(narrow, 3).flops, 0) << "no row for 3 threads";
+
+  const Json old = Json::parse(read_text_file(peak_file()));  // schema 1, simd_arch "test"
+  const Peaks p1 = Peaks::from_json(old);
+  ASSERT_EQ(p1.targets.size(), 1u);
+  EXPECT_EQ(p1.targets[0].isa, "test");
+  EXPECT_DOUBLE_EQ(p1.ref("baseline", 2).flops, 2e11);
+  EXPECT_DOUBLE_EQ(p1.ref(narrow, 2).flops, 0) << "a target that was not measured has no peak";
+  EXPECT_DOUBLE_EQ(p1.ref(narrow, 2).read_bytes, 1e10);
+  EXPECT_TRUE(p1.covers({}, {1, 2}));
+  EXPECT_FALSE(p1.covers({narrow}, {1}));
+  Json bad = again;
+  bad["simd_arch"] = "other";  // the default target must be one of the targets
+  EXPECT_THROW(Peaks::from_json(bad), InvalidInput);
+  bad = old;
+  bad["schema"] = "attnlab-peak-9";
+  EXPECT_THROW(Peaks::from_json(bad), InvalidInput);
+}
+
 TEST(SweepEstimate, RateBookUsesTheLargestPointAndFallsBack) {
   RateBook rates;
   Problem p;
   p.q_len = p.kv_len = 64;
   p.head_dim = 16;
-  const BenchPoint pt{find_kernel("naive"), p, 1};
+  const BenchPoint pt{find_kernel("naive"), p, 1, {}};
   std::string basis;
   EXPECT_DOUBLE_EQ(rates.estimate_seconds(pt, &basis), p.flops() / RateBook::kDefaultRate);
   EXPECT_NE(basis.find("nothing measured"), std::string::npos);
@@ -348,6 +467,19 @@ TEST(SweepEstimate, RateBookUsesTheLargestPointAndFallsBack) {
   EXPECT_DOUBLE_EQ(rates.estimate_seconds(pt), p.flops() / 1e8);
   rates.record("naive", 1, 1e6, 1e-4);
   EXPECT_DOUBLE_EQ(rates.estimate_seconds(pt), p.flops() / 1e10);
+  // Each target of a SIMD kernel has its own rate (kernel_label: flash[scalar], flash[avx2]);
+  // an ATTN_NATIVE build has one target.
+  const BenchPoint narrow{find_kernel("flash", built_isas().front()), p, 1, {}};
+  const BenchPoint wide{find_kernel("flash", built_isas().back()), p, 1, {}};
+  EXPECT_EQ(kernel_label(*narrow.kernel), "flash[" + built_isas().front() + "]");
+  rates.record(kernel_label(*narrow.kernel), 1, 1e6, 1e-2);  // 0.1 GFLOP/s
+  EXPECT_DOUBLE_EQ(rates.estimate_seconds(narrow), p.flops() / 1e8);
+  if (built_isas().size() > 1) {
+    EXPECT_DOUBLE_EQ(rates.estimate_seconds(wide), p.flops() / 1e8) << "no rate of this target yet: the slowest";
+    rates.record(kernel_label(*wide.kernel), 1, 1e6, 1e-4);  // 10 GFLOP/s
+    EXPECT_DOUBLE_EQ(rates.estimate_seconds(wide), p.flops() / 1e10);
+    EXPECT_DOUBLE_EQ(rates.estimate_seconds(narrow), p.flops() / 1e8);
+  }
 
   TimingOptions t;
   t.repetitions = 3;

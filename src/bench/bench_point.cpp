@@ -24,26 +24,37 @@ std::string mask_name(const Problem& p) {
   return m.empty() ? "none" : m;
 }
 
-std::string point_name(std::string_view kernel, const Problem& p, int threads) {
+std::string point_name(std::string_view kernel, const Problem& p, int threads, std::string_view named_isa) {
   std::string n = "attn/" + std::string(kernel) + "/b:" + std::to_string(p.batch) +
                   "/hq:" + std::to_string(p.q_heads) + "/hkv:" + std::to_string(p.kv_heads) +
                   "/sq:" + std::to_string(p.q_len) + "/sk:" + std::to_string(p.kv_len) +
                   "/d:" + std::to_string(p.head_dim) + "/mask:" + mask_name(p);
   if (p.layout == Layout::BSHD) n += "/layout:bshd";
-  return n + "/t:" + std::to_string(threads);
+  n += "/t:" + std::to_string(threads);
+  if (!named_isa.empty()) n += "/isa:" + std::string(named_isa);
+  return n;
 }
 
-std::string point_id(std::string_view kernel, const Problem& p, int threads) {
+std::string point_id(std::string_view kernel, const Problem& p, int threads, std::string_view named_isa) {
   std::string n = std::string(kernel) + "-b" + std::to_string(p.batch) + "-hq" +
                   std::to_string(p.q_heads) + "-hkv" + std::to_string(p.kv_heads) + "-sq" +
                   std::to_string(p.q_len) + "-sk" + std::to_string(p.kv_len) + "-d" +
                   std::to_string(p.head_dim) + "-" + mask_name(p);
   if (p.layout == Layout::BSHD) n += "-bshd";
-  return n + "-t" + std::to_string(threads);
+  n += "-t" + std::to_string(threads);
+  if (!named_isa.empty()) n += "-" + std::string(named_isa);
+  return n;
 }
 
-std::string BenchPoint::name() const { return point_name(kernel->name(), problem, threads); }
-std::string BenchPoint::id() const { return point_id(kernel->name(), problem, threads); }
+std::string BenchPoint::name() const { return point_name(kernel->name(), problem, threads, named_isa); }
+std::string BenchPoint::id() const { return point_id(kernel->name(), problem, threads, named_isa); }
+
+std::string kernel_label(std::string_view name, std::string_view isa) {
+  if (!is_per_target_isa(isa)) return std::string(name);
+  return std::string(name) + "[" + std::string(isa) + "]";
+}
+
+std::string kernel_label(const Kernel& k) { return kernel_label(k.name(), k.isa()); }
 
 size_t fixture_bytes(const Problem& p) {
   // random_tensors: Q, K, V, O, LSE, each rounded up to 64-byte lines like alloc_bytes.
@@ -82,7 +93,7 @@ void RateBook::record(const std::string& kernel, int threads, double flops_per_r
 }
 
 double RateBook::estimate_seconds(const BenchPoint& pt, std::string* basis) const {
-  const std::string kname(pt.kernel->name());
+  const std::string kname = kernel_label(*pt.kernel);
   const double flops = pt.problem.flops();
   auto say = [&](const std::string& s) {
     if (basis) *basis = s;
@@ -176,11 +187,11 @@ benchmark::internal::Benchmark* register_point(const BenchPoint& pt, const PeakR
       }
       const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
       if (hooks.rates) {
-        hooks.rates->record(std::string(pt.kernel->name()), pt.threads, pt.problem.flops(),
+        hooks.rates->record(kernel_label(*pt.kernel), pt.threads, pt.problem.flops(),
                             secs / static_cast<double>(std::max<int64_t>(1, state.iterations())));
       }
       set_point_counters(state, pt, peak, session.workspace_bytes());
-      state.SetLabel(pt.problem.describe());
+      state.SetLabel(pt.problem.describe() + ", isa " + std::string(pt.kernel->isa()));
     } catch (const std::exception& e) {
       state.SkipWithError(e.what());
     }

@@ -30,6 +30,7 @@
 #include "attnlab/kernel.hpp"
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
+#include "bench/peak.hpp"  // PeakRef: what a point's fractions are relative to
 
 namespace attnlab::bench {
 
@@ -37,16 +38,27 @@ struct BenchPoint {
   const Kernel* kernel = nullptr;
   Problem problem;
   int threads = 1;
+  // The target named in the id and name: set when an experiment lists targets (its `isa`
+  // key) for a kernel with per-target variants; empty otherwise, so a point of the default
+  // target keeps the id it had before the isa axis (old results folders still resume).
+  std::string named_isa;
 
   // Google Benchmark name: attn/flash/b:1/hq:8/hkv:8/sq:4096/sk:4096/d:128/mask:none/t:2
+  // (plus /isa:avx2 when named_isa is set)
   std::string name() const;
   // File-system safe id, unique within an experiment: flash-b1-hq8-hkv8-sq4096-sk4096-d128-none-t2
+  // (plus -avx2 when named_isa is set)
   std::string id() const;
 };
 
 // The id and name of a point given the kernel's name (BenchPoint::id/name call these).
-std::string point_id(std::string_view kernel, const Problem& p, int threads);
-std::string point_name(std::string_view kernel, const Problem& p, int threads);
+std::string point_id(std::string_view kernel, const Problem& p, int threads, std::string_view named_isa = {});
+std::string point_name(std::string_view kernel, const Problem& p, int threads, std::string_view named_isa = {});
+
+// How output names a kernel variant: "flash[avx2]" for a kernel built per target (its
+// isa() is one of built_isas()), the plain name ("naive", "cuda_flash") otherwise.
+std::string kernel_label(std::string_view name, std::string_view isa);
+std::string kernel_label(const Kernel& k);
 
 // "none", "causal", "causal_tl", "window_L_R", "causal_window_L_R" (L/R: -1 = unbounded).
 std::string mask_name(const Problem& p);
@@ -56,12 +68,6 @@ std::string mask_name(const Problem& p);
 // holds the workspace; with verify_rows 0 (not verified), the fixture and the workspace.
 size_t fixture_bytes(const Problem& p);
 size_t point_memory_bytes(const BenchPoint& pt, size_t verify_rows);
-
-// The peaks a point's fractions are relative to (0 = not measured: fraction omitted).
-struct PeakRef {
-  double flops = 0;       // FLOP/s
-  double read_bytes = 0;  // bytes/s
-};
 
 struct TimingOptions {
   int repetitions = 1;     // <= 1: Google Benchmark's --benchmark_repetitions applies
@@ -90,13 +96,14 @@ class FixtureSlot {
 std::unique_ptr<PointFixture> make_fixture(const BenchPoint& pt, uint64_t seed);
 
 // Observed FLOP rates, to estimate how long a point will take before running it (the time
-// cap). The estimate for a kernel uses the rate it reached on its largest point so far at
-// the same thread count, else at any thread count, else the slowest rate of any kernel,
-// else kDefaultRate.
+// cap). Kernels are told apart by kernel_label (each target of a SIMD kernel has its own
+// rate: scalar is many times slower than avx512). The estimate for a kernel uses the rate
+// it reached on its largest point so far at the same thread count, else at any thread
+// count, else the slowest rate of any kernel, else kDefaultRate.
 class RateBook {
  public:
   static constexpr double kDefaultRate = 1e9;  // FLOP/s, the naive kernel's order
-  // One run of a point: its FLOP count and how long the run took.
+  // One run of a point: its FLOP count and how long the run took. `kernel`: kernel_label.
   void record(const std::string& kernel, int threads, double flops_per_run, double seconds_per_run);
   // Seconds one run of the point should take, and what the estimate rests on.
   double estimate_seconds(const BenchPoint& pt, std::string* basis = nullptr) const;

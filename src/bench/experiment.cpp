@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "attnlab/isa.hpp"
 #include "attnlab/kernel.hpp"
 #include "attnlab/limits.hpp"
 #include "bench/bench_point.hpp"
@@ -23,7 +24,7 @@ constexpr int64_t kMaxListLength = 4096;    // values of one key (after expandin
 // Keys of one grid (allowed at the top level and inside "grids" entries).
 const std::vector<std::string> kGridKeys = {"implementations", "batch", "q_heads", "kv_heads", "gqa_groups",
                                             "q_len", "kv_len", "head_dim", "d_model", "causal", "window",
-                                            "layout", "threads"};
+                                            "layout", "threads", "isa"};
 // Keys allowed only at the top level.
 const std::vector<std::string> kRunKeys = {"description", "repetitions", "min_time_s", "time_cap_s",
                                            "memory_budget_mib", "verify_rows", "seed", "grids"};
@@ -195,6 +196,33 @@ std::vector<int> parse_threads(const Where& w, const Json& v) {
   return {one(v)};
 }
 
+// "all" | NAME | [NAME, ...]: the targets, in build order (narrowest first).
+std::vector<std::string> parse_isa(const Where& w, const Json& v, const IsaChoices& isas) {
+  const std::string allowed = "\"all\" (every target this CPU runs: " + join(isas.runnable) +
+                              "), a target of this build (" + join(isas.built) + ") or a list of them";
+  if (v.is_string() && v.get<std::string>() == "all") return isas.runnable;
+  std::vector<std::string> named;
+  auto one = [&](const Json& x) {
+    if (!x.is_string() ||
+        std::find(isas.built.begin(), isas.built.end(), x.get<std::string>()) == isas.built.end()) {
+      w.bad("isa", v, allowed);
+    }
+    named.push_back(x.get<std::string>());
+  };
+  if (v.is_array()) {
+    if (v.empty()) w.bad("isa", v, allowed + " (not an empty list)");
+    check_list_length(w, "isa", v, v.size());
+    for (const auto& x : v) one(x);
+  } else {
+    one(v);
+  }
+  std::vector<std::string> out;
+  for (const std::string& b : isas.built) {
+    if (std::find(named.begin(), named.end(), b) != named.end()) out.push_back(b);
+  }
+  return out;
+}
+
 double parse_positive(const Where& w, const std::string& key, const Json& v) {
   if (!v.is_number() || !(v.get<double>() > 0) || v.get<double>() > 1e9) w.bad(key, v, "a number > 0");
   return v.get<double>();
@@ -208,7 +236,8 @@ int64_t parse_int_at_least(const Where& w, const std::string& key, const Json& v
 }
 
 // The grid keys of `doc` (a top-level document, or one merged with a "grids" entry).
-Grid parse_grid(const Where& w, const Json& doc, const std::vector<std::string>& known_kernels) {
+Grid parse_grid(const Where& w, const Json& doc, const std::vector<std::string>& known_kernels,
+                const IsaChoices& isas) {
   Grid g;
   // implementations
   const Json impl = doc.value("implementations", Json("all"));
@@ -279,11 +308,22 @@ Grid parse_grid(const Where& w, const Json& doc, const std::vector<std::string>&
   g.window = parse_window(w, doc.value("window", Json(nullptr)));
   g.layout = parse_layouts(w, doc.value("layout", Json("bhsd")));
   g.threads = parse_threads(w, doc.value("threads", Json("all")));
+  if (doc.contains("isa")) g.isa = parse_isa(w, doc["isa"], isas);
 
   return g;
 }
 
 }  // namespace
+
+IsaChoices IsaChoices::here() {
+  IsaChoices c;
+  c.built = built_isas();
+  c.runnable = runnable_isas();
+  for (const Kernel* k : registry()) {
+    if (std::find(c.built.begin(), c.built.end(), k->isa()) != c.built.end()) c.per_target_kernels.emplace_back(k->name());
+  }
+  return c;
+}
 
 std::vector<std::string> registry_kernel_names() {
   std::vector<std::string> names;
@@ -292,7 +332,7 @@ std::vector<std::string> registry_kernel_names() {
 }
 
 Experiment parse_experiment(const Json& doc, const std::string& name,
-                            const std::vector<std::string>& known_kernels) {
+                            const std::vector<std::string>& known_kernels, const IsaChoices& isas) {
   const Where w{name};
   if (!doc.is_object()) w.fail("the document must be a JSON object with the keys: " + join(kGridKeys) + ", " + join(kRunKeys));
   for (const auto& [key, value] : doc.items()) {
@@ -306,6 +346,7 @@ Experiment parse_experiment(const Json& doc, const std::string& name,
   Experiment e;
   e.name = name;
   e.source = doc;
+  e.isa_choices = isas;
 
   if (!doc.contains("description")) w.fail("missing key 'description'; allowed: a string saying what the experiment asks");
   if (!doc["description"].is_string() || doc["description"].get<std::string>().empty()) {
@@ -337,10 +378,10 @@ Experiment parse_experiment(const Json& doc, const std::string& name,
         }
         merged[key] = value;
       }
-      e.grids.push_back(parse_grid(wi, merged, known_kernels));
+      e.grids.push_back(parse_grid(wi, merged, known_kernels, isas));
     }
   } else {
-    e.grids.push_back(parse_grid(w, doc, known_kernels));
+    e.grids.push_back(parse_grid(w, doc, known_kernels, isas));
   }
   for (const std::string& k : known_kernels) {
     for (const Grid& g : e.grids) {
@@ -364,29 +405,32 @@ Experiment parse_experiment(const Json& doc, const std::string& name,
 }
 
 Experiment parse_experiment_text(const std::string& text, const std::string& name,
-                                 const std::vector<std::string>& known_kernels) {
+                                 const std::vector<std::string>& known_kernels, const IsaChoices& isas) {
   Json doc;
   try {
     doc = Json::parse(text);
   } catch (const Json::exception& err) {  // parse_error, or out_of_range for a number like 1e999
     throw InvalidInput("experiment " + name + ": not valid JSON (" + err.what() + ")");
   }
-  return parse_experiment(doc, name, known_kernels);
+  return parse_experiment(doc, name, known_kernels, isas);
 }
 
-Experiment load_experiment(const std::string& path, const std::vector<std::string>& known_kernels) {
-  Experiment e = parse_experiment_text(read_text_file(path), path, known_kernels);
+Experiment load_experiment(const std::string& path, const std::vector<std::string>& known_kernels,
+                           const IsaChoices& isas) {
+  Experiment e = parse_experiment_text(read_text_file(path), path, known_kernels, isas);
   e.name = std::filesystem::path(path).stem().string();
   return e;
 }
 
-std::string GridPoint::id() const { return point_id(kernel, problem, threads); }
+std::string GridPoint::id() const { return point_id(kernel, problem, threads, isa); }
 
 std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
   const Where w{e.name};
   std::vector<GridPoint> out;
   std::set<std::string> seen;
   const std::vector<int64_t> none = {0};
+  const std::vector<std::string> default_isa = {""};
+  const auto& per_target = e.isa_choices.per_target_kernels;
   int64_t combos = 0;
   for (const Grid& gr : e.grids) {
     const auto& groups_or_kv = !gr.gqa_groups.empty() ? gr.gqa_groups : (gr.kv_heads_from_q_heads ? none : gr.kv_heads);
@@ -395,7 +439,7 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
     const std::initializer_list<size_t> sizes = {
         gr.implementations.size(), gr.batch.size(), gr.q_heads.size(), groups_or_kv.size(),
         gr.q_len.size(), kv_lens.size(), dims.size(), gr.causal.size(), gr.window.size(),
-        gr.layout.size(), gr.threads.size()};
+        gr.layout.size(), gr.threads.size(), std::max<size_t>(1, gr.isa.size())};
     std::optional<int64_t> points = 1;
     double shown = 1;  // for the message only: never wraps
     std::string product;
@@ -409,11 +453,15 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
       std::snprintf(count, sizeof count, "%.6g", shown + static_cast<double>(combos));
       w.fail("the grids have " + std::string(count) + " points (this grid: " + product +
              " values of implementations x batch x q_heads x kv_heads x q_len x kv_len x head_dim x "
-             "causal x window x layout x threads); allowed: at most " + std::to_string(kMaxGridPoints) +
+             "causal x window x layout x threads x isa); allowed: at most " + std::to_string(kMaxGridPoints) +
              " points");
     }
     combos += *points;
-    for (const auto& kernel : gr.implementations)
+    for (const auto& kernel : gr.implementations) {
+      // The isa axis applies to kernels built per target; the others run once.
+      const bool per = std::find(per_target.begin(), per_target.end(), kernel) != per_target.end();
+      const auto& isas = per && !gr.isa.empty() ? gr.isa : default_isa;
+      for (const std::string& isa : isas)
       for (int64_t b : gr.batch)
         for (int64_t hq : gr.q_heads)
           for (int64_t g : groups_or_kv)
@@ -426,6 +474,7 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
                         for (int t : gr.threads) {
                           GridPoint gp;
                           gp.kernel = kernel;
+                          gp.isa = isa;
                           gp.threads = t == 0 ? all_threads : t;
                           Problem& p = gp.problem;
                           p.batch = b;
@@ -446,13 +495,18 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
                           gp.flops = p.flops();
                           if (seen.insert(gp.id()).second) out.push_back(std::move(gp));
                         }
+    }
   }
   std::map<std::string, size_t> kernel_order;
   for (size_t i = 0; i < e.implementations.size(); ++i) kernel_order[e.implementations[i]] = i;
+  std::map<std::string, size_t> isa_order;  // "" (default, built once) first, then narrowest first
+  for (size_t i = 0; i < e.isa_choices.built.size(); ++i) isa_order[e.isa_choices.built[i]] = i + 1;
   std::stable_sort(out.begin(), out.end(), [&](const GridPoint& a, const GridPoint& b) {
     if (a.flops != b.flops) return a.flops < b.flops;
     const size_t ka = kernel_order[a.kernel], kb = kernel_order[b.kernel];
     if (ka != kb) return ka < kb;
+    const size_t ia = isa_order[a.isa], ib = isa_order[b.isa];
+    if (ia != ib) return ia < ib;
     return a.id() < b.id();
   });
   return out;

@@ -15,6 +15,7 @@
 //     "window":     null | [L, R] | [null | [L, R], ...]  (-1 = unbounded)   default null
 //     "layout":     "bhsd" | "bshd" | [...]                       default "bhsd"
 //     "threads":    INTS | "all" | [int or "all", ...]            default "all"
+//     "isa":        "all" | NAME | [NAME, ...]                    default: not an axis
 //     "repetitions": int >= 1          timed repetitions per point (median, spread)  default 3
 //     "min_time_s":  number > 0        minimum time of one repetition                default 0.05
 //     "time_cap_s":  number > 0        skip a point estimated to take longer         default 60
@@ -32,6 +33,16 @@
 // (a grid setting kv_heads drops a top-level gqa_groups, and d_model drops head_dim, and
 // vice versa). Unknown keys are errors; every error names the file, the key, the bad value
 // and what is allowed (InvalidInput).
+//
+// "isa" is an axis like threads, over the instruction-set targets (include/attnlab/isa.hpp):
+// each point of a kernel built per target (simd, threaded, flash, decode) runs once per
+// listed target; kernels built once (naive, blocked, cuda_*) run once, whatever it says.
+// "all" is every target of this build that this CPU runs; a NAME must be a target of this
+// build (else an error naming them), and a point whose target this CPU cannot run is
+// skipped with that reason, not failed. Without the key the SIMD kernels run the default
+// target (--isa, ATTN_ISA, else the widest) and point ids are as they were before the
+// axis existed; with it, their ids and names end in the target (flash-...-t2-avx2,
+// attn/flash/.../t:2/isa:avx2), so the variants of one shape never share an id.
 #pragma once
 
 #include <cstdint>
@@ -60,6 +71,17 @@ struct Grid {
   std::vector<Window> window;          // {-1, -1} = none
   std::vector<Layout> layout;
   std::vector<int> threads;            // 0 = all cores
+  std::vector<std::string> isa;        // targets named by "isa", narrowest first; empty = key absent
+};
+
+// What the "isa" key may name: this build's targets, the ones this CPU runs ("all"), and
+// which kernels have a variant per target (the others ignore the axis).
+struct IsaChoices {
+  std::vector<std::string> built;               // narrowest first
+  std::vector<std::string> runnable;            // subset of built
+  std::vector<std::string> per_target_kernels;  // kernel names
+  // built_isas(), runnable_isas(), and the registry's kernels whose isa() is a built target.
+  static IsaChoices here();
 };
 
 struct Experiment {
@@ -69,6 +91,7 @@ struct Experiment {
 
   std::vector<std::string> implementations;  // every kernel of any grid, in known order
   std::vector<Grid> grids;                   // one, or one per "grids" entry
+  IsaChoices isa_choices;                    // as parsed against
 
   int repetitions = 3;
   double min_time_s = 0.05;
@@ -78,20 +101,25 @@ struct Experiment {
   uint64_t seed = 1;
 };
 
-// `known_kernels`: the names "all" expands to and that implementations may list.
+// `known_kernels`: the names "all" expands to and that implementations may list; `isas`:
+// what "isa" may name (tests pass their own).
 Experiment parse_experiment(const nlohmann::json& doc, const std::string& name,
-                            const std::vector<std::string>& known_kernels);
+                            const std::vector<std::string>& known_kernels,
+                            const IsaChoices& isas = IsaChoices::here());
 // Parses JSON text (the file reader's core; `name` appears in messages); syntax errors name
 // the position.
 Experiment parse_experiment_text(const std::string& text, const std::string& name,
-                                 const std::vector<std::string>& known_kernels);
+                                 const std::vector<std::string>& known_kernels,
+                                 const IsaChoices& isas = IsaChoices::here());
 // Reads and parses a file (name = file stem); JSON syntax errors name the file and position.
-Experiment load_experiment(const std::string& path, const std::vector<std::string>& known_kernels);
+Experiment load_experiment(const std::string& path, const std::vector<std::string>& known_kernels,
+                           const IsaChoices& isas = IsaChoices::here());
 // The registry's kernel names.
 std::vector<std::string> registry_kernel_names();
 
 struct GridPoint {
   std::string kernel;
+  std::string isa;   // the target named by "isa" (BenchPoint::named_isa); "" = the default / built once
   Problem problem;
   int threads = 1;
   double flops = 0;  // problem.flops(), the sort key
@@ -100,7 +128,8 @@ struct GridPoint {
 
 // Every grid point, deduplicated, each problem validated (an invalid combination is an
 // error naming it), in a fixed order: ascending FLOP count, then kernel order, then
-// shape. `all_threads` is what "all" means. Throws InvalidInput.
+// target (narrowest first), then shape. `all_threads` is what "all" means. Throws
+// InvalidInput.
 std::vector<GridPoint> expand(const Experiment& e, int all_threads);
 
 }  // namespace attnlab::bench

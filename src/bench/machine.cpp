@@ -181,10 +181,18 @@ void add_benchmark_context(const nlohmann::json& m) {
   benchmark::AddCustomContext("attnlab_build_type", str(m["build_type"]));
   benchmark::AddCustomContext("attnlab_git_commit", str(m["git"]["commit"]) + (m["git"]["dirty"].get<bool>() ? "+dirty" : ""));
   if (m.contains("peaks")) {
+    // The default target's peaks (as before per-target peaks), then every target's FMA peak.
     for (const auto& r : m["peaks"]["rows"]) {
       const std::string t = std::to_string(r["threads"].get<int>());
       benchmark::AddCustomContext("attnlab_peak_gflops_t" + t, std::to_string(r["fma_flops"].get<double>() * 1e-9));
       benchmark::AddCustomContext("attnlab_peak_read_gbs_t" + t, std::to_string(r["read_bytes"].get<double>() * 1e-9));
+    }
+    for (const auto& target : m["peaks"].value("targets", nlohmann::json::array())) {
+      for (const auto& r : target["rows"]) {
+        benchmark::AddCustomContext("attnlab_peak_gflops_" + target["isa"].get<std::string>() + "_t" +
+                                        std::to_string(r["threads"].get<int>()),
+                                    std::to_string(r["fma_flops"].get<double>() * 1e-9));
+      }
     }
   }
 }

@@ -116,6 +116,11 @@ double measure_exp_per_s(int threads, double seconds, const std::string& isa) {
   return static_cast<double>(threads) * static_cast<double>(rounds) * kExpElems / t;
 }
 
+bool is_per_target_isa(std::string_view kernel_isa) {
+  const auto& built = built_isas();
+  return std::find(built.begin(), built.end(), kernel_isa) != built.end();
+}
+
 Peaks measure_peaks(const PeakOptions& options) {
   if (options.repeats < 1) {
     throw InvalidInput("repeats: " + std::to_string(options.repeats) + " is not allowed; allowed: >= 1");
@@ -130,89 +135,182 @@ Peaks measure_peaks(const PeakOptions& options) {
   std::sort(counts.begin(), counts.end());
   counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
 
-  const TargetTable& tt = table_for(options.isa);
+  // The targets, checked, in build order (narrowest first), the default one always.
   Peaks peaks;
-  peaks.simd_arch = tt.isa;
-  peaks.lanes = tt.lanes;
+  peaks.simd_arch = default_isa();
+  std::vector<std::string> wanted = options.isas;
+  wanted.push_back(peaks.simd_arch);
+  for (const std::string& isa : wanted) require_isa(isa);
+  std::vector<const TargetTable*> tables;
+  for (const std::string& isa : built_isas()) {
+    if (std::find(wanted.begin(), wanted.end(), isa) == wanted.end()) continue;
+    const TargetTable& tt = table_for(isa);
+    tables.push_back(&tt);
+    TargetPeaks tp;
+    tp.isa = tt.isa;
+    tp.lanes = tt.lanes;
+    tp.fma_chains = tt.fma_chain_count;
+    peaks.targets.push_back(std::move(tp));
+  }
   peaks.exp_function = exp_function_name();
   peaks.repeats = options.repeats;
-  peaks.fma_chains = tt.fma_chain_count;
-  const size_t unit = 4 * static_cast<size_t>(tt.lanes) * 64;
+  // One buffer for every target: a multiple of the widest unroll.
+  int max_lanes = 1;
+  for (const TargetTable* tt : tables) max_lanes = std::max(max_lanes, tt->lanes);
+  const size_t unit = 4 * static_cast<size_t>(max_lanes) * 64;
   const size_t count = std::max(unit, options.buffer_bytes / sizeof(float) / unit * unit);
   peaks.buffer_bytes = count * sizeof(float);
   auto buffer = alloc_floats(count);
   for (size_t i = 0; i < count; ++i) buffer[i] = static_cast<float>(i & 1023) * 1e-3f;
 
   for (int t : counts) {
-    PeakAtThreads row;
-    row.threads = t;
-    // Interleave the three probes so a burst of load from other users of the machine
-    // hits all of them alike rather than one figure.
+    std::vector<PeakAtThreads> rows(tables.size());
+    // Interleave the probes and the targets so a burst of load from other users of the
+    // machine hits all of them alike rather than one figure or one target.
     for (int r = 0; r < options.repeats; ++r) {
-      row.fma_runs.push_back(measure_fma_flops(t, options.seconds_per_run, tt.isa));
-      row.read_runs.push_back(measure_read_bytes(t, buffer.get(), count, tt.isa));
-      row.exp_runs.push_back(measure_exp_per_s(t, options.seconds_per_run, tt.isa));
+      for (size_t i = 0; i < tables.size(); ++i) {
+        const std::string isa = tables[i]->isa;
+        rows[i].fma_runs.push_back(measure_fma_flops(t, options.seconds_per_run, isa));
+        rows[i].read_runs.push_back(measure_read_bytes(t, buffer.get(), count, isa));
+        rows[i].exp_runs.push_back(measure_exp_per_s(t, options.seconds_per_run, isa));
+      }
     }
-    row.fma_flops = median(row.fma_runs);
-    row.read_bytes = median(row.read_runs);
-    row.exp_per_s = median(row.exp_runs);
-    peaks.rows.push_back(std::move(row));
+    for (size_t i = 0; i < tables.size(); ++i) {
+      PeakAtThreads& row = rows[i];
+      row.threads = t;
+      row.fma_flops = median(row.fma_runs);
+      row.read_bytes = median(row.read_runs);
+      row.exp_per_s = median(row.exp_runs);
+      peaks.targets[i].rows.push_back(std::move(row));
+    }
   }
   return peaks;
 }
 
-const PeakAtThreads* Peaks::at(int threads) const {
+const PeakAtThreads* TargetPeaks::at(int threads) const {
   for (const auto& r : rows) {
     if (r.threads == threads) return &r;
   }
   return nullptr;
 }
 
+const TargetPeaks* Peaks::target(std::string_view isa) const {
+  for (const auto& t : targets) {
+    if (t.isa == isa) return &t;
+  }
+  return nullptr;
+}
+
+const PeakAtThreads* Peaks::at(int threads) const { return at(simd_arch, threads); }
+
+const PeakAtThreads* Peaks::at(std::string_view isa, int threads) const {
+  const TargetPeaks* t = target(isa);
+  return t ? t->at(threads) : nullptr;
+}
+
+PeakRef Peaks::ref(std::string_view kernel_isa, int threads) const {
+  PeakRef ref;
+  if (const PeakAtThreads* d = at(threads)) ref.read_bytes = d->read_bytes;
+  const PeakAtThreads* fma = is_per_target_isa(kernel_isa) ? at(kernel_isa, threads) : at(threads);
+  if (fma) ref.flops = fma->fma_flops;
+  return ref;
+}
+
+bool Peaks::covers(const std::vector<std::string>& isas, const std::vector<int>& threads) const {
+  for (int t : threads) {
+    if (!at(t)) return false;
+    for (const std::string& isa : isas) {
+      if (!at(isa, t)) return false;
+    }
+  }
+  return true;
+}
+
+namespace {
+
+nlohmann::json rows_to_json(const std::vector<PeakAtThreads>& rows) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& r : rows) {
+    a.push_back({{"threads", r.threads},
+                 {"fma_flops", r.fma_flops},
+                 {"read_bytes", r.read_bytes},
+                 {"exp_per_s", r.exp_per_s},
+                 {"fma_runs", r.fma_runs},
+                 {"read_runs", r.read_runs},
+                 {"exp_runs", r.exp_runs}});
+  }
+  return a;
+}
+
+std::vector<PeakAtThreads> rows_from_json(const nlohmann::json& a) {
+  std::vector<PeakAtThreads> rows;
+  for (const auto& r : a) {
+    PeakAtThreads row;
+    row.threads = r.at("threads").get<int>();
+    row.fma_flops = r.at("fma_flops").get<double>();
+    row.read_bytes = r.at("read_bytes").get<double>();
+    row.exp_per_s = r.at("exp_per_s").get<double>();
+    row.fma_runs = r.value("fma_runs", std::vector<double>{});
+    row.read_runs = r.value("read_runs", std::vector<double>{});
+    row.exp_runs = r.value("exp_runs", std::vector<double>{});
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+}  // namespace
+
 nlohmann::json Peaks::to_json() const {
   nlohmann::json j;
-  j["schema"] = "attnlab-peak-1";
+  j["schema"] = "attnlab-peak-2";
+  // The default target's figures where schema attnlab-peak-1 had them (its readers keep working).
+  const TargetPeaks* d = target(simd_arch);
   j["simd_arch"] = simd_arch;
-  j["lanes"] = lanes;
+  j["lanes"] = d ? d->lanes : 0;
+  j["fma_chains"] = d ? d->fma_chains : 0;
   j["exp_function"] = exp_function;
   j["buffer_bytes"] = buffer_bytes;
   j["repeats"] = repeats;
-  j["fma_chains"] = fma_chains;
   j["units"] = {{"fma_flops", "FLOP/s"}, {"read_bytes", "bytes/s"}, {"exp_per_s", "exp/s"}};
-  j["rows"] = nlohmann::json::array();
-  for (const auto& r : rows) {
-    j["rows"].push_back({{"threads", r.threads},
-                         {"fma_flops", r.fma_flops},
-                         {"read_bytes", r.read_bytes},
-                         {"exp_per_s", r.exp_per_s},
-                         {"fma_runs", r.fma_runs},
-                         {"read_runs", r.read_runs},
-                         {"exp_runs", r.exp_runs}});
+  j["rows"] = rows_to_json(d ? d->rows : std::vector<PeakAtThreads>{});
+  j["targets"] = nlohmann::json::array();
+  for (const auto& t : targets) {
+    j["targets"].push_back({{"isa", t.isa}, {"lanes", t.lanes}, {"fma_chains", t.fma_chains}, {"rows", rows_to_json(t.rows)}});
   }
   return j;
 }
 
 Peaks Peaks::from_json(const nlohmann::json& j) {
   try {
-    if (j.value("schema", "") != "attnlab-peak-1") {
-      throw InvalidInput("peak JSON: schema is not 'attnlab-peak-1'; allowed: the output of attnlab peak --json");
+    const std::string schema = j.value("schema", "");
+    if (schema != "attnlab-peak-1" && schema != "attnlab-peak-2") {
+      throw InvalidInput("peak JSON: schema '" + schema +
+                         "' is not allowed; allowed: attnlab-peak-1 or attnlab-peak-2 (the output of attnlab peak --json)");
     }
     Peaks p;
     p.simd_arch = j.at("simd_arch").get<std::string>();
-    p.lanes = j.at("lanes").get<int>();
     p.exp_function = j.at("exp_function").get<std::string>();
     p.buffer_bytes = j.at("buffer_bytes").get<size_t>();
     p.repeats = j.at("repeats").get<int>();
-    p.fma_chains = j.value("fma_chains", 0);
-    for (const auto& r : j.at("rows")) {
-      PeakAtThreads row;
-      row.threads = r.at("threads").get<int>();
-      row.fma_flops = r.at("fma_flops").get<double>();
-      row.read_bytes = r.at("read_bytes").get<double>();
-      row.exp_per_s = r.at("exp_per_s").get<double>();
-      row.fma_runs = r.value("fma_runs", std::vector<double>{});
-      row.read_runs = r.value("read_runs", std::vector<double>{});
-      row.exp_runs = r.value("exp_runs", std::vector<double>{});
-      p.rows.push_back(std::move(row));
+    if (j.contains("targets")) {
+      for (const auto& t : j.at("targets")) {
+        TargetPeaks tp;
+        tp.isa = t.at("isa").get<std::string>();
+        tp.lanes = t.at("lanes").get<int>();
+        tp.fma_chains = t.value("fma_chains", 0);
+        tp.rows = rows_from_json(t.at("rows"));
+        p.targets.push_back(std::move(tp));
+      }
+    } else {  // attnlab-peak-1: one target, the one simd_arch names
+      TargetPeaks tp;
+      tp.isa = p.simd_arch;
+      tp.lanes = j.at("lanes").get<int>();
+      tp.fma_chains = j.value("fma_chains", 0);
+      tp.rows = rows_from_json(j.at("rows"));
+      p.targets.push_back(std::move(tp));
+    }
+    if (!p.target(p.simd_arch)) {
+      throw InvalidInput("peak JSON: simd_arch '" + p.simd_arch + "' names none of its targets");
     }
     return p;
   } catch (const nlohmann::json::exception& e) {
@@ -225,11 +323,8 @@ std::string format_peaks(const Peaks& peaks) {
   char line[256];
   std::snprintf(line, sizeof line, "machine peaks (median of %d runs; min-max in brackets)\n", peaks.repeats);
   out += line;
-  std::snprintf(line, sizeof line, "  SIMD: %s, %d float lanes; exp: %s; read buffer %.0f MiB\n",
-                peaks.simd_arch.c_str(), peaks.lanes, peaks.exp_function.c_str(),
-                static_cast<double>(peaks.buffer_bytes) / (1 << 20));
-  out += line;
-  std::snprintf(line, sizeof line, "  %7s  %-26s  %-24s  %-24s\n", "threads", "FMA GFLOP/s", "read GB/s", "exp Gexp/s");
+  std::snprintf(line, sizeof line, "  exp: %s; read buffer %.0f MiB; default target %s\n", peaks.exp_function.c_str(),
+                static_cast<double>(peaks.buffer_bytes) / (1 << 20), peaks.simd_arch.c_str());
   out += line;
   auto cell = [](double med, const std::vector<double>& runs, double unit) {
     char c[64];
@@ -241,11 +336,30 @@ std::string format_peaks(const Peaks& peaks) {
     }
     return std::string(c);
   };
-  for (const auto& r : peaks.rows) {
-    std::snprintf(line, sizeof line, "  %7d  %-26s  %-24s  %-24s\n", r.threads,
-                  cell(r.fma_flops, r.fma_runs, 1e9).c_str(), cell(r.read_bytes, r.read_runs, 1e9).c_str(),
-                  cell(r.exp_per_s, r.exp_runs, 1e9).c_str());
+  const TargetPeaks* narrowest = peaks.targets.empty() ? nullptr : &peaks.targets.front();
+  for (const TargetPeaks& t : peaks.targets) {
+    std::snprintf(line, sizeof line, "  %s: %d float lanes, %d FMA chains%s\n", t.isa.c_str(), t.lanes, t.fma_chains,
+                  t.isa == peaks.simd_arch ? " (default)" : "");
     out += line;
+    std::snprintf(line, sizeof line, "  %7s  %-26s  %-24s  %-24s%s\n", "threads", "FMA GFLOP/s", "read GB/s",
+                  "exp Gexp/s", peaks.targets.size() > 1 ? "  FMA vs " : "");
+    out += line;
+    if (peaks.targets.size() > 1) {
+      out.pop_back();
+      out += narrowest->isa + "\n";
+    }
+    for (const auto& r : t.rows) {
+      std::snprintf(line, sizeof line, "  %7d  %-26s  %-24s  %-24s", r.threads,
+                    cell(r.fma_flops, r.fma_runs, 1e9).c_str(), cell(r.read_bytes, r.read_runs, 1e9).c_str(),
+                    cell(r.exp_per_s, r.exp_runs, 1e9).c_str());
+      out += line;
+      const PeakAtThreads* base = narrowest->at(r.threads);
+      if (peaks.targets.size() > 1 && base && base->fma_flops > 0) {
+        std::snprintf(line, sizeof line, "  %.1fx", r.fma_flops / base->fma_flops);
+        out += line;
+      }
+      out += "\n";
+    }
   }
   return out;
 }

@@ -1,9 +1,10 @@
 // The machine's limits, measured: what "% of peak" in every benchmark and report means.
 //
-// For each requested thread count (1 and all cores by default):
-//   fma   float32 FMA throughput (FLOP/s) at the vector width of one instruction-set
-//         target (PeakOptions::isa, default: default_isa(), include/attnlab/isa.hpp):
-//         16 lanes with avx512, 8 with avx2, 1 with scalar (a multiply and an add).
+// For each requested instruction-set target (PeakOptions::isas, include/attnlab/isa.hpp;
+// `attnlab peak` measures every target this CPU runs, a sweep the targets its points use)
+// and each requested thread count (1 and all cores by default):
+//   fma   float32 FMA throughput (FLOP/s) at the target's vector width: 16 lanes with
+//         avx512, 8 with avx2, 1 with scalar (a multiply and an add).
 //         Each thread runs kFmaChains independent register-resident `acc = acc * a + b`
 //         chains (16 with 32 vector registers, 12 with 16), more than 4-cycle FMA latency x
 //         2 FMA pipes, so the loop is throughput bound, not latency bound. 2 FLOP per lane
@@ -16,11 +17,19 @@
 //         src/cpu/simd/vec_math.hpp, log2(e) folded into the score scale) on an
 //         L1-resident buffer: load, exp, store.
 // Every figure is the median of `repeats` runs; the runs themselves are kept. All threads
-// of a run start together (barrier) and the run's time is first start to last finish.
+// of a run start together (barrier) and the run's time is first start to last finish. The
+// targets are measured in turn inside each repetition, so a burst of load from other users
+// of the machine hits every target alike and their ratios stay meaningful.
+//
+// What a point's "% of peak" is relative to (Peaks::ref, the one rule): the FMA peak of the
+// point's own target (a SIMD kernel's isa()); for kernels built once ("baseline", "cuda")
+// the default target's. Read bandwidth does not depend on the vector width: always the
+// default target's figure.
 #pragma once
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -32,7 +41,9 @@ struct PeakOptions {
   int repeats = 5;                // runs per figure (median reported)
   size_t buffer_bytes = size_t{512} << 20;  // read-bandwidth buffer
   double seconds_per_run = 0.1;   // target length of one run
-  std::string isa;                // target whose loops run; "" = default_isa()
+  // Targets whose loops run (each checked: built and run by this CPU); empty = the
+  // default target only. The default target (default_isa()) is always measured too.
+  std::vector<std::string> isas;
 };
 
 struct PeakAtThreads {
@@ -43,20 +54,53 @@ struct PeakAtThreads {
   std::vector<double> fma_runs, read_runs, exp_runs;
 };
 
-struct Peaks {
-  std::vector<PeakAtThreads> rows;  // ascending thread count
-  std::string simd_arch;            // the target measured, e.g. "avx512" (isa.hpp)
+// The peaks of one target.
+struct TargetPeaks {
+  std::string isa;                  // e.g. "avx2"
   int lanes = 0;                    // floats per vector
-  std::string exp_function;         // which exp was measured
-  size_t buffer_bytes = 0;
-  int repeats = 0;
   int fma_chains = 0;
-
+  std::vector<PeakAtThreads> rows;  // ascending thread count
   // The row for exactly this thread count, or nullptr.
   const PeakAtThreads* at(int threads) const;
+};
+
+// What a point's fractions are relative to (0 = not measured: fraction omitted).
+struct PeakRef {
+  double flops = 0;       // FLOP/s
+  double read_bytes = 0;  // bytes/s
+};
+
+// JSON (schema attnlab-peak-2): "targets": [{isa, lanes, fma_chains, rows}, ...] narrowest
+// first, and, as in schema attnlab-peak-1 (which from_json still reads: one target, named
+// by simd_arch), "simd_arch", "lanes", "fma_chains" and "rows" of the default target.
+struct Peaks {
+  std::vector<TargetPeaks> targets;  // narrowest first
+  std::string simd_arch;             // the default target when measured (isa.hpp)
+  std::string exp_function;          // which exp was measured
+  size_t buffer_bytes = 0;
+  int repeats = 0;
+
+  // The target's peaks, or nullptr when it was not measured.
+  const TargetPeaks* target(std::string_view isa) const;
+  // The default target's row for exactly this thread count, or nullptr.
+  const PeakAtThreads* at(int threads) const;
+  // The row of `isa` for exactly this thread count, or nullptr.
+  const PeakAtThreads* at(std::string_view isa, int threads) const;
+  // The peaks a point of a kernel built for `kernel_isa` (Kernel::isa()) at `threads`
+  // threads is measured against: the FMA peak of that target when it is a per-target
+  // build (0 when that target was not measured), the default target's for kernels built
+  // once ("baseline", "cuda"); the default target's read bandwidth for all.
+  PeakRef ref(std::string_view kernel_isa, int threads) const;
+  // Whether every target in `isas` (and the default target) has a row for every thread
+  // count in `threads`.
+  bool covers(const std::vector<std::string>& isas, const std::vector<int>& threads) const;
   nlohmann::json to_json() const;
   static Peaks from_json(const nlohmann::json& j);  // throws InvalidInput on bad JSON
 };
+
+// Whether a kernel's isa() names a target it was compiled for (one of built_isas()), as
+// opposed to "baseline" or "cuda": such kernels have one variant per target.
+bool is_per_target_isa(std::string_view kernel_isa);
 
 Peaks measure_peaks(const PeakOptions& options);
 
@@ -66,7 +110,8 @@ double measure_fma_flops(int threads, double seconds, const std::string& isa = {
 double measure_read_bytes(int threads, const float* buffer, size_t count, const std::string& isa = {});
 double measure_exp_per_s(int threads, double seconds, const std::string& isa = {});
 
-// A table of the medians (GFLOP/s, GB/s, Gexp/s, with min-max spread over the runs).
+// A table of the medians per target (GFLOP/s, GB/s, Gexp/s, with min-max spread over the
+// runs), and the ratio of each target's FMA peak to the narrowest one's.
 std::string format_peaks(const Peaks& peaks);
 
 // Name of the exp measured (and used by the kernels).

@@ -123,6 +123,7 @@ Json PointRecord::to_json() const {
   return {{"id", id},
           {"name", name},
           {"kernel", kernel},
+          {"isa", isa},
           {"status", to_string(status)},
           {"reason", reason},
           {"problem", problem_to_json(problem)},
@@ -149,6 +150,7 @@ PointRecord PointRecord::from_json(const Json& j) {
     r.id = j.at("id").get<std::string>();
     r.name = j.at("name").get<std::string>();
     r.kernel = j.at("kernel").get<std::string>();
+    r.isa = j.value("isa", "");
     r.status = parse_point_status(j.at("status").get<std::string>());
     r.reason = j.at("reason").get<std::string>();
     r.problem = problem_from_json(j.at("problem"));
@@ -287,7 +289,7 @@ PointFile died_point(const Json& marker, const PointRecord* base) {
 }
 
 std::vector<std::string> tidy_columns() {
-  return {"experiment", "id", "kernel", "status", "reason", "batch", "q_heads", "kv_heads", "gqa_group",
+  return {"experiment", "id", "kernel", "isa", "status", "reason", "batch", "q_heads", "kv_heads", "gqa_group",
           "q_len", "kv_len", "head_dim", "mask", "causal", "window_left", "window_right", "layout",
           "threads", "flops", "bytes", "kv_bytes", "visible_pairs", "extra_bytes", "memory_bytes",
           "repetitions", "iterations", "time_median_s", "time_min_s", "time_max_s", "time_mean_s",
@@ -316,7 +318,7 @@ std::string tidy_csv(const std::string& experiment, const std::vector<PointRecor
     auto if_timed = [&](double v) { return timed ? num(v) : std::string(); };
     auto if_verified = [&](double v) { return r.verdict.empty() ? std::string() : num(v); };
     const std::vector<std::string> row = {
-        experiment, r.id, r.kernel, to_string(r.status), r.reason, std::to_string(p.batch),
+        experiment, r.id, r.kernel, r.isa, to_string(r.status), r.reason, std::to_string(p.batch),
         std::to_string(p.q_heads), std::to_string(p.kv_heads), std::to_string(p.group()),
         std::to_string(p.q_len), std::to_string(p.kv_len), std::to_string(p.head_dim), mask_name(p),
         std::to_string(static_cast<int>(p.causal)), std::to_string(p.window_left),

@@ -36,6 +36,10 @@ PointStatus parse_point_status(const std::string& s);
 
 struct PointRecord {
   std::string id, name, kernel;
+  // The target the kernel ran (Kernel::isa(): "avx2", ..., or "baseline" / "cuda" for
+  // kernels built once); "" in points written before it was recorded (readers take the
+  // machine's default target, machine.json isa.default).
+  std::string isa;
   PointStatus status = PointStatus::Skipped;
   std::string reason;  // why failed or skipped
   Problem problem;
@@ -45,7 +49,8 @@ struct PointRecord {
   // timing (status ok): seconds per run, one entry per repetition
   std::vector<double> times;
   int64_t iterations = 0;  // per repetition
-  // machine peaks for this thread count (0 = not measured)
+  // machine peaks for this thread count (0 = not measured): the FMA peak of the point's
+  // target, the default target's read bandwidth (Peaks::ref)
   double peak_flops = 0, peak_read_bytes = 0;
   // verification against the float64 reference on sampled rows
   std::string verdict;  // PASS, FAIL, SKIP or "" (not verified)

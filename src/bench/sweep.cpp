@@ -20,6 +20,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "attnlab/isa.hpp"
 #include "attnlab/npy.hpp"
 #include "attnlab/verify.hpp"
 #include "attnlab/limits.hpp"
@@ -118,11 +119,12 @@ std::string sanitize_gbench_json(const std::string& text) {
   return out;
 }
 
-std::string describe_point(const GridPoint& g) {
+// `k`: the kernel variant the point runs (nullptr: not in this build).
+std::string describe_point(const GridPoint& g, const Kernel* k) {
   const Problem& p = g.problem;
   std::ostringstream s;
-  s << g.kernel << " b" << p.batch << " h" << p.q_heads << "/" << p.kv_heads << " q" << p.q_len << " kv" << p.kv_len
-    << " d" << p.head_dim << " " << mask_name(p) << (p.layout == Layout::BSHD ? " bshd" : "") << " t" << g.threads;
+  s << (k ? kernel_label(*k) : g.kernel) << " b" << p.batch << " h" << p.q_heads << "/" << p.kv_heads << " q"
+    << p.q_len << " kv" << p.kv_len << " d" << p.head_dim << " " << mask_name(p) << (p.layout == Layout::BSHD ? " bshd" : "") << " t" << g.threads;
   return s.str();
 }
 
@@ -207,10 +209,15 @@ Json check_same_build(const std::string& dir, const Json& old_machine, bool forc
   const Json now = describe_machine();
   auto field = [](const Json& m, const char* what) -> std::string {
     if (std::string(what) == "git commit") return m.value("git", Json::object()).value("commit", "unknown");
+    if (std::string(what) == "default isa") {
+      // Points without an "isa" key in the experiment ran the default target (--isa, ATTN_ISA).
+      const Json isa = m.value("isa", Json::object());
+      return isa.value("default", isa.value("simd_arch", std::string("unknown")));
+    }
     return m.value(what, std::string("unknown"));
   };
   std::string diffs;
-  for (const char* what : {"git commit", "build_type", "flags"}) {
+  for (const char* what : {"git commit", "build_type", "flags", "default isa"}) {
     const std::string was = field(old_machine, what), is = field(now, what);
     if (was != is) diffs += std::string(diffs.empty() ? "" : "; ") + what + " '" + was + "' there, '" + is + "' here";
   }
@@ -240,11 +247,18 @@ struct Runner {
   RateBook rates;
   Json context_extra;
 
-  const Kernel* find(const std::string& name) const {
-    for (const Kernel* k : o.kernels.empty() ? registry() : o.kernels) {
-      if (k->name() == name) return k;
+  // The variant a point runs: its named target, or (none named) the default target's;
+  // nullptr when the kernel (or that variant) is not in this build.
+  const Kernel* find(const GridPoint& g) const {
+    if (o.kernels.empty()) return find_kernel(g.kernel, g.isa);
+    const std::string isa = g.isa.empty() ? default_isa() : g.isa;
+    const Kernel* any = nullptr;
+    for (const Kernel* k : o.kernels) {
+      if (k->name() != g.kernel) continue;
+      if (k->isa() == isa) return k;
+      if (!any) any = k;
     }
-    return nullptr;
+    return g.isa.empty() ? any : nullptr;
   }
 
   // What a point is, before it runs (also the content of its attempt marker).
@@ -252,14 +266,15 @@ struct Runner {
     PointRecord r;
     r.id = g.id();
     r.kernel = g.kernel;
+    const Kernel* k = find(g);
+    r.isa = k ? std::string(k->isa()) : g.isa;
     r.problem = g.problem;
     r.threads = g.threads;
-    r.name = point_name(g.kernel, g.problem, g.threads);
+    r.name = point_name(g.kernel, g.problem, g.threads, g.isa);
     r.measured_at = now_iso8601();
-    if (const PeakAtThreads* row = peaks.at(g.threads)) {
-      r.peak_flops = row->fma_flops;
-      r.peak_read_bytes = row->read_bytes;
-    }
+    const PeakRef ref = peaks.ref(r.isa, g.threads);
+    r.peak_flops = ref.flops;
+    r.peak_read_bytes = ref.read_bytes;
     return r;
   }
 
@@ -274,11 +289,14 @@ struct Runner {
       r.seconds_spent = seconds_since(t0);
       return pf;
     };
-    const Kernel* k = find(g.kernel);
-    if (!k) return skip("kernel not in this build's registry");
+    const Kernel* k = find(g);
+    if (!k) {
+      return skip(g.isa.empty() ? "kernel not in this build's registry"
+                                : "kernel has no " + g.isa + " variant in this build");
+    }
     if (Support a = k->available(); !a) return skip("unavailable: " + a.reason);
     if (Support s = k->supports(g.problem); !s) return skip("unsupported: " + s.reason);
-    const BenchPoint pt{k, g.problem, g.threads};
+    const BenchPoint pt{k, g.problem, g.threads, g.isa};
     r.extra_bytes = k->workspace_bytes(g.problem, g.threads);
     r.memory_bytes = point_memory_bytes(pt, static_cast<size_t>(e.verify_rows));
     if (static_cast<double>(r.memory_bytes) > memory_budget) {
@@ -317,7 +335,7 @@ struct Runner {
         r.seconds_spent = seconds_since(t0);
         return pf;
       }
-      rates.record(g.kernel, g.threads, g.flops, verify_run);
+      rates.record(kernel_label(*k), g.threads, g.flops, verify_run);
       // The verification run is a measurement too: a first point of a slow kernel that
       // turns out to exceed the cap stops here.
       const double timing_est = estimate_point_seconds(verify_run, timing, false);
@@ -370,7 +388,7 @@ struct Runner {
       r.times.clear();
     } else {
       r.status = PointStatus::Ok;
-      rates.record(r.kernel, r.threads, r.problem.flops(), r.time_median());
+      rates.record(kernel_label(r.kernel, r.isa), r.threads, r.problem.flops(), r.time_median());
     }
     try {
       Json doc = Json::parse(sanitize_gbench_json(capture.text()));
@@ -541,12 +559,20 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
     thread_counts.insert(grid[i].threads);
   }
 
-  // Peaks: kept from an earlier start of this sweep, read from --peak-json, or measured now.
+  // Peaks: kept from an earlier start of this sweep, read from --peak-json, or measured now;
+  // for the default target and every target of a SIMD point still to run (that this CPU
+  // runs: the others are skipped), at every thread count still to run.
+  std::vector<std::string> peak_isas;
+  for (const GridPoint* g : todo) {
+    const Kernel* k = run.find(*g);
+    if (!k || !is_per_target_isa(k->isa()) || !cpu_runs_isa(k->isa())) continue;
+    if (std::find(peak_isas.begin(), peak_isas.end(), k->isa()) == peak_isas.end()) peak_isas.emplace_back(k->isa());
+  }
   Json machine;
   if (file_exists(dir + "/machine.json")) machine = Json::parse(read_text_file(dir + "/machine.json"));
   bool have_peaks = false;
   auto covers = [&](const Peaks& p) {
-    return std::all_of(thread_counts.begin(), thread_counts.end(), [&](int t) { return p.at(t) != nullptr; });
+    return p.covers(peak_isas, std::vector<int>(thread_counts.begin(), thread_counts.end()));
   };
   if (machine.contains("peaks")) {
     run.peaks = Peaks::from_json(machine["peaks"]);
@@ -556,12 +582,13 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
   if (!have_peaks && !o.peak_json.empty()) {
     run.peaks = Peaks::from_json(Json::parse(read_text_file(o.peak_json)));
     have_peaks = peaks_from_file = covers(run.peaks);
-    if (!have_peaks) log << "note: " << o.peak_json << " lacks some thread counts; measuring\n";
+    if (!have_peaks) log << "note: " << o.peak_json << " lacks some thread counts or targets; measuring\n";
   }
   if (!have_peaks) {
     PeakOptions po;
     po.threads.assign(thread_counts.begin(), thread_counts.end());
     if (po.threads.empty()) po.threads = {all_threads};
+    po.isas = peak_isas;
     po.repeats = o.peak_repeats;
     po.buffer_bytes = o.peak_buffer_bytes;
     log << "measuring machine peaks (" << po.repeats << " runs each)...\n";
@@ -587,7 +614,10 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
   for (const auto& [id, pf] : done) {
     const PointRecord& r = pf.record;
     if (r.status == PointStatus::Ok && !r.times.empty()) {
-      run.rates.record(r.kernel, r.threads, r.problem.flops(), r.time_median());
+      // Points written before the isa column ran the default variant.
+      const Kernel* old = r.isa.empty() ? find_kernel(r.kernel) : nullptr;
+      run.rates.record(old ? kernel_label(*old) : kernel_label(r.kernel, r.isa), r.threads, r.problem.flops(),
+                       r.time_median());
     }
   }
 
@@ -612,15 +642,15 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
     // ETA: estimated remaining time of the points still to run (capped ones count zero).
     double eta = 0;
     for (size_t j = i; j < todo.size(); ++j) {
-      const Kernel* k = run.find(todo[j]->kernel);
+      const Kernel* k = run.find(*todo[j]);
       if (!k) continue;
-      const double est = estimate_point_seconds(run.rates.estimate_seconds({k, todo[j]->problem, todo[j]->threads}),
-                                                run.timing, true);
+      const BenchPoint pt{k, todo[j]->problem, todo[j]->threads, todo[j]->isa};
+      const double est = estimate_point_seconds(run.rates.estimate_seconds(pt), run.timing, true);
       if (est <= e.time_cap_s) eta += est;
     }
     char head[64];
     std::snprintf(head, sizeof head, "[%zu/%zu] ", sum.already + i + 1, sum.planned);
-    log << head << describe_point(g) << " | elapsed " << fmt_duration(seconds_since(start)) << ", ETA "
+    log << head << describe_point(g, run.find(g)) << " | elapsed " << fmt_duration(seconds_since(start)) << ", ETA "
         << fmt_duration(eta) << std::flush;
 
     const PointRecord base = run.base_record(g);
@@ -647,7 +677,8 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
       std::snprintf(buf, sizeof buf, " -> ok %.3g ms, %.1f GFLOP/s", t * 1e3, r.problem.flops() / t * 1e-9);
       log << buf;
       if (r.peak_flops > 0) {
-        std::snprintf(buf, sizeof buf, " (%.0f%% of peak)", 100.0 * r.problem.flops() / t / r.peak_flops);
+        std::snprintf(buf, sizeof buf, " (%.0f%% of the %s peak)", 100.0 * r.problem.flops() / t / r.peak_flops,
+                      is_per_target_isa(r.isa) ? r.isa.c_str() : run.peaks.simd_arch.c_str());
         log << buf;
       }
       log << "\n";
@@ -660,9 +691,16 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
   // The machine is shared: measure the peaks again at the end, so the report can show how
   // much they drifted while the points ran (fractions stay relative to the first
   // measurement). Not when the peaks were given (--peak-json).
-  if (decided > 0 && !run.peaks.rows.empty() && !peaks_from_file) {
+  if (decided > 0 && !run.peaks.targets.empty() && !peaks_from_file) {
     PeakOptions po;
-    for (const auto& row : run.peaks.rows) po.threads.push_back(row.threads);
+    for (const TargetPeaks& t : run.peaks.targets) {
+      for (const auto& row : t.rows) {
+        if (std::find(po.threads.begin(), po.threads.end(), row.threads) == po.threads.end()) {
+          po.threads.push_back(row.threads);
+        }
+      }
+      if (is_per_target_isa(t.isa) && cpu_runs_isa(t.isa)) po.isas.push_back(t.isa);
+    }
     po.repeats = o.peak_repeats;
     po.buffer_bytes = o.peak_buffer_bytes;
     const Peaks after = measure_peaks(po);

@@ -3,9 +3,11 @@
 //
 // Per point, in the experiment's order (ascending FLOP count, so cheap points give rate
 // estimates before expensive ones):
-//   1. skip, with the reason recorded, when the kernel is unavailable or does not support
-//      the problem, when the point needs more memory than the budget, or when its estimated
-//      time (RateBook: rates measured on earlier points) exceeds the time cap;
+//   1. skip, with the reason recorded, when the kernel is unavailable (e.g. its target is
+//      one this CPU cannot run: "unavailable: this CPU cannot run avx512 (it runs ...)") or
+//      does not support the problem, when the point needs more memory than the budget, or
+//      when its estimated time (RateBook: rates measured on earlier points) exceeds the
+//      time cap;
 //   2. verify: random inputs (the experiment's seed), the float64 reference on sampled rows
 //      (sample_rows, verify_rows of them), check_kernel with the point's thread count; a
 //      disagreeing kernel is recorded as failed and not timed;
@@ -19,7 +21,11 @@
 // left behind (the process died measuring it: out-of-memory kill, crash) is recorded as
 // failed with that reason, not run again; the rest run. The folder must hold the same
 // experiment.json and shard, and machine.json the same git commit, build type and compiler
-// flags (else InvalidInput naming both values; --force resumes anyway and records it).
+// flags and default target (machine.json isa.default: the points of an experiment without
+// an "isa" key ran it) (else InvalidInput naming both values; --force resumes anyway and
+// records it).
+// Peaks (machine.json) are measured for the default target and every target a SIMD point
+// runs; each point's % of peak is against its own target's FMA peak (Peaks::ref).
 // --shard i/n runs the plan's points with index % n == i (0-based), so shards can run
 // anywhere and `attnlab merge` joins them.
 #pragma once

@@ -194,8 +194,7 @@ int run(int argc, char** argv) {
   timing.min_time_s = 0;   // --benchmark_min_time applies (default 0.5 s)
   timing.repetitions = 1;  // --benchmark_repetitions applies
   for (const BenchPoint& pt : points) {
-    const PeakAtThreads* row = peaks.at(pt.threads);
-    register_point(pt, PeakRef{row ? row->fma_flops : 0, row ? row->read_bytes : 0}, timing, hooks);
+    register_point(pt, peaks.ref(pt.kernel->isa(), pt.threads), timing, hooks);
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
