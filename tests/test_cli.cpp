@@ -7,10 +7,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
+#include <nlohmann/json.hpp>
+
+#include "attnlab/isa.hpp"
 #include "attnlab/kernel.hpp"
 #include "attnlab/npy.hpp"
 #include "attnlab/verify.hpp"
+#include "bench/bench_point.hpp"
 #include "test_util.hpp"
 
 namespace attnlab {
@@ -65,6 +70,97 @@ TEST_F(Cli, ListShowsEveryKernel) {
   const Result r = attnlab("list");
   EXPECT_EQ(r.code, 0) << r.out;
   for (const char* name : {"naive", "blocked"}) EXPECT_NE(r.out.find(name), std::string::npos);
+  // The CPU and caches above the table; per kernel the targets built, run here, default.
+  EXPECT_NE(r.out.find("CPU features: " + cpu_isa_features()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("caches: L1d "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("targets"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("runs here"), std::string::npos) << r.out;
+  std::string built, runs;
+  for (const auto& t : built_isas()) built += (built.empty() ? "" : ",") + t;
+  for (const auto& t : runnable_isas()) runs += (runs.empty() ? "" : ",") + t;
+  const std::regex flash_row("\\nflash +yes +" + built + " +" + runs + " +" + default_isa() + " ");
+  EXPECT_TRUE(std::regex_search(r.out, flash_row)) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("\\nnaive +yes +baseline +baseline +baseline "))) << r.out;
+}
+
+// --isa on run, verify, peak and sweep: a target is used and named in the output; one this
+// build lacks or this CPU cannot run is exit 2 with a message naming what the CPU runs.
+TEST_F(Cli, IsaFlagSelectsTargetsAndRefusesOthers) {
+  const std::string shape = " --q-len 9 --kv-len 17 --head-dim 16 --q-heads 2 --kv-heads 1";
+  const Result all = attnlab("verify --impl naive,flash --isa all" + shape);
+  ASSERT_EQ(all.code, 0) << all.out;
+  for (const auto& t : runnable_isas()) EXPECT_NE(all.out.find("  flash[" + t + "] "), std::string::npos) << t << all.out;
+  EXPECT_NE(all.out.find("  naive "), std::string::npos) << all.out;
+  const size_t n = runnable_isas().size() + 1;
+  EXPECT_NE(all.out.find("verified " + std::to_string(n) + " of " + std::to_string(n) + " kernels"),
+            std::string::npos) << all.out;
+
+  const Result scalar = attnlab("verify --impl flash,decode --isa scalar" + shape);
+  EXPECT_EQ(scalar.code, 0) << scalar.out;
+  EXPECT_NE(scalar.out.find("  flash[scalar] "), std::string::npos) << scalar.out;
+  if (best_isa() != "scalar") {
+    EXPECT_EQ(scalar.out.find("flash[" + best_isa() + "]"), std::string::npos) << scalar.out;
+  }
+  // ATTN_ISA does the same without the flag; --isa wins over it.
+  EXPECT_NE(attnlab("verify --impl flash" + shape, "ATTN_ISA=scalar ").out.find("  flash[scalar] "), std::string::npos);
+  EXPECT_NE(attnlab("verify --impl flash --isa " + best_isa() + shape, "ATTN_ISA=scalar ")
+                .out.find("  flash[" + best_isa() + "] "),
+            std::string::npos);
+
+  Problem p = test::shape(1, 2, 1, 5, 9, 16);
+  write_inputs(p);
+  const Result run = attnlab("run --impl flash --isa scalar " + qkv() + " --out " + path("o.npy"));
+  EXPECT_EQ(run.code, 0) << run.out;
+  EXPECT_NE(run.out.find("flash[scalar]: "), std::string::npos) << run.out;
+
+  const Result bogus = attnlab("verify --impl flash --isa avx1024" + shape);
+  EXPECT_EQ(bogus.code, 2) << bogus.out;
+  EXPECT_NE(bogus.out.find("isa: 'avx1024' is not a target of this build; allowed: "), std::string::npos) << bogus.out;
+  const Result several = attnlab("run --impl flash --isa all " + qkv() + " --out " + path("o2.npy"));
+  EXPECT_EQ(several.code, 2) << several.out;
+  EXPECT_NE(several.out.find("names several targets"), std::string::npos) << several.out;
+  EXPECT_FALSE(fs::exists(path("o2.npy")));
+
+  // A target of this build that this CPU cannot run (avx512 on an AVX2 machine).
+  std::string missing;
+  for (const auto& t : built_isas()) {
+    if (!cpu_runs_isa(t)) missing = t;
+  }
+  if (missing.empty()) GTEST_SKIP() << "this CPU runs every built target";
+  for (const std::string& cmd : std::vector<std::string>{"verify --impl flash" + shape,
+                                                          "run --impl flash " + qkv() + " --out " + path("o3.npy"),
+                                                          "peak --threads 1 --repeats 1", "sweep --experiment quick --dry-run"}) {
+    const Result r = attnlab(cmd + " --isa " + missing);
+    EXPECT_EQ(r.code, 2) << cmd << "\n" << r.out;
+    EXPECT_NE(r.out.find("isa: this CPU cannot run " + missing + "; it runs "), std::string::npos) << cmd << "\n" << r.out;
+    EXPECT_NE(r.out.find("CPU features: "), std::string::npos) << r.out;
+  }
+  EXPECT_FALSE(fs::exists(path("o3.npy")));
+}
+
+// attnlab peak measures every target this CPU runs (or the one --isa names), and --json
+// records each target's peaks.
+TEST_F(Cli, PeakMeasuresEveryTarget) {
+  const std::string quick = "peak --threads 1 --repeats 1 --seconds 0.01 --buffer-mib 8 --json ";
+  const Result all = attnlab(quick + path("all.json"));
+  ASSERT_EQ(all.code, 0) << all.out;
+  const auto j = nlohmann::json::parse(std::ifstream(path("all.json")));
+  EXPECT_EQ(j["schema"], "attnlab-peak-2");
+  std::vector<std::string> measured;
+  for (const auto& t : j["targets"]) {
+    measured.push_back(t["isa"]);
+    EXPECT_GT(t["rows"][0]["fma_flops"].get<double>(), 0) << t.dump();
+    EXPECT_NE(all.out.find(t["isa"].get<std::string>() + ": " + std::to_string(t["lanes"].get<int>()) + " float lanes"),
+              std::string::npos) << all.out;
+  }
+  EXPECT_EQ(measured, runnable_isas());
+  EXPECT_EQ(j["simd_arch"], default_isa());
+  const Result one = attnlab(quick + path("scalar.json") + " --isa scalar");
+  ASSERT_EQ(one.code, 0) << one.out;
+  const auto s = nlohmann::json::parse(std::ifstream(path("scalar.json")));
+  ASSERT_EQ(s["targets"].size(), 1u) << s.dump();
+  EXPECT_EQ(s["targets"][0]["isa"], "scalar");
+  EXPECT_EQ(s["simd_arch"], "scalar");
 }
 
 TEST_F(Cli, RunRoundTripMatchesReference) {
@@ -127,12 +223,13 @@ TEST_F(Cli, VerifyNamedKernelThatCannotRunExits3) {
     EXPECT_EQ(pair.code, 3) << pair.out;
     EXPECT_NE(pair.out.find("verified 1 of 2 kernels; not run: cuda_flash"), std::string::npos) << pair.out;
   }
-  // Supported by decode for no shape: q_len 100 > 16.
+  // Supported by decode for no shape: q_len 100 > 16. Named with its target: decode[avx2].
+  const std::string label = bench::kernel_label(kernel_or_throw("decode"));
   Result decode = attnlab("verify --impl decode --q-len 100 --kv-len 300 --head-dim 8");
   EXPECT_EQ(decode.code, 3) << decode.out;
-  EXPECT_NE(decode.out.find("verified 0 of 1 kernels; not run: decode (q_len 100 > 16"), std::string::npos)
+  EXPECT_NE(decode.out.find("verified 0 of 1 kernels; not run: " + label + " (q_len 100 > 16"), std::string::npos)
       << decode.out;
-  EXPECT_NE(decode.out.find("error: not verified: decode"), std::string::npos) << decode.out;
+  EXPECT_NE(decode.out.find("error: not verified: " + label), std::string::npos) << decode.out;
   // ...while the default shapes include decode ones (q_len 1): it runs.
   EXPECT_EQ(attnlab("verify --impl decode").code, 0);
 }

@@ -1,21 +1,61 @@
-// attnlab list: every kernel, what it is, whether it can run here.
+// attnlab list: every kernel, what it is, whether it can run here, and per kernel the
+// instruction-set targets it is built for, the ones this CPU runs and the one it uses by
+// default (include/attnlab/isa.hpp); above the table, the CPU's features and cache sizes.
 #include <iomanip>
 #include <iostream>
+#include <sstream>
 
+#include "attnlab/isa.hpp"
 #include "attnlab/kernel.hpp"
 #include "common.hpp"
 
 namespace attnlab::cli {
 
+namespace {
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+std::string kib(int64_t bytes) {
+  if (bytes <= 0) return "?";
+  std::ostringstream s;
+  if (bytes >= (int64_t{1} << 20) && bytes % (int64_t{1} << 20) == 0) {
+    s << (bytes >> 20) << " MiB";
+  } else {
+    s << (bytes >> 10) << " KiB";
+  }
+  return s.str();
+}
+
+}  // namespace
+
 Command add_list(CLI::App& app) {
-  CLI::App* sub = app.add_subcommand("list", "list the kernels and whether each is available here");
+  CLI::App* sub = app.add_subcommand("list", "list the kernels, whether each is available here, and their targets");
   return {sub, [] {
-            std::cout << std::left << std::setw(12) << "kernel" << std::setw(16) << "available"
+            const CacheSizes& c = cache();
+            std::cout << "CPU features: " << cpu_isa_features() << "\n"
+                      << "caches: L1d " << kib(c.l1d) << ", L2 " << kib(c.l2) << ", L3 " << kib(c.l3) << " ("
+                      << c.source << "); tiles planned for L2 " << kib(planning_l2_bytes()) << "\n"
+                      << "targets built: " << join(built_isas(), ", ") << "; this CPU runs: "
+                      << join(runnable_isas(), ", ") << "; default: " << default_isa()
+                      << " (--isa NAME or ATTN_ISA=NAME to force one)\n\n";
+            std::cout << std::left << std::setw(12) << "kernel" << std::setw(11) << "available" << std::setw(22)
+                      << "targets" << std::setw(22) << "runs here" << std::setw(10) << "default"
                       << "description\n";
             for (const Kernel* k : registry()) {
               const Support a = k->available();
-              std::cout << std::left << std::setw(12) << k->name()
-                        << std::setw(16) << (a ? "yes" : "no") << k->description();
+              std::vector<std::string> runs;
+              const std::vector<std::string> targets = kernel_isas(k->name());
+              for (const auto& t : targets) {
+                const Kernel* v = find_kernel(k->name(), t);
+                if (v && v->available()) runs.push_back(t);
+              }
+              std::cout << std::left << std::setw(12) << k->name() << std::setw(11) << (a ? "yes" : "no")
+                        << std::setw(22) << join(targets, ",") << std::setw(22)
+                        << (runs.empty() ? "-" : join(runs, ",")) << std::setw(10) << k->isa() << k->description();
               if (!a) std::cout << "  [unavailable: " << a.reason << "]";
               std::cout << "\n";
             }

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "attnlab/kernel.hpp"
+#include "bench/bench_point.hpp"
 #include "io.hpp"
 
 namespace attnlab::cli {
@@ -12,6 +13,7 @@ namespace {
 struct RunArgs {
   std::string impl, q, k, v, out, lse;
   MaskFlags mask;
+  IsaFlag isa;
 };
 }  // namespace
 
@@ -25,7 +27,9 @@ Command add_run(CLI::App& app) {
   sub->add_option("--out", args->out, "O .npy to write (float32, Q's shape)")->required();
   sub->add_option("--lse", args->lse, "LSE .npy to write (float32, (batch, q_heads, q_len))");
   args->mask.add_to(*sub);
+  args->isa.add_to(*sub, false);
   return {sub, [args] {
+            args->isa.apply();
             const Kernel& kernel = kernel_or_throw(args->impl);
             LoadedInputs li = load_inputs(args->q, args->k, args->v, args->mask);
             const Problem& p = li.problem;
@@ -42,7 +46,7 @@ Command add_run(CLI::App& app) {
                       bhsd ? std::vector<int64_t>{p.batch, p.q_heads, p.q_len, p.head_dim}
                            : std::vector<int64_t>{p.batch, p.q_len, p.q_heads, p.head_dim});
             if (!args->lse.empty()) write_npy(args->lse, out.lse.get(), {p.batch, p.q_heads, p.q_len});
-            std::printf("%s: %s\n", std::string(kernel.name()).c_str(), p.describe().c_str());
+            std::printf("%s: %s\n", bench::kernel_label(kernel).c_str(), p.describe().c_str());
             std::printf("time %.3f ms, %.2f GFLOP/s, %d thread(s), workspace %.1f KiB\n", secs * 1e3,
                         p.flops() / secs * 1e-9, session.threads(), session.workspace_bytes() / 1024.0);
             return 0;

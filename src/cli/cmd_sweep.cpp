@@ -20,6 +20,7 @@ struct SweepArgs {
   bool dry_run = false;
   int max_points = 0;
   int peak_repeats = 3;
+  IsaFlag isa;
 };
 
 // A path, or a bare name looked up as experiments/<name>.json.
@@ -57,13 +58,16 @@ Command add_sweep(CLI::App& app) {
   sub->add_option("--results-root", args->results_root, "folder for default results folders");
   sub->add_flag("--dry-run", args->dry_run, "print the planned points (FLOP count order) and exit");
   sub->add_option("--max-points", args->max_points, "stop after deciding this many points (a resumable partial run)");
+  args->isa.add_to(*sub, false);
   return {sub, [args] {
+            // The default target: what the SIMD kernels of an experiment without an "isa" key run.
+            args->isa.apply();
             const bench::Experiment e = bench::load_experiment(resolve_experiment(args->experiment),
                                                                bench::registry_kernel_names());
             if (args->dry_run) {
               const auto grid = bench::expand(e, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
               std::printf("%s: %zu points\n", e.name.c_str(), grid.size());
-              for (const auto& g : grid) std::printf("  %-60s %10.3g GFLOP\n", g.id().c_str(), g.flops * 1e-9);
+              for (const auto& g : grid) std::printf("  %-66s %10.3g GFLOP\n", g.id().c_str(), g.flops * 1e-9);
               return 0;
             }
             bench::SweepOptions o;

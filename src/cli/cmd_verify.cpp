@@ -2,12 +2,16 @@
 // default set), or against outputs produced elsewhere (--expect, e.g. numpy / PyTorch).
 // Verifying nothing is not agreement: a kernel named in --impl that runs on no shape
 // (unavailable, or unsupported for every shape) makes the exit code 3, with the reason.
+// Rows name the variant that ran: flash[avx2] for a kernel built per target, naive for one
+// built once. --isa NAME runs the SIMD kernels' NAME variant; --isa all (or a list, e.g.
+// scalar,avx2) runs every SIMD kernel once per listed target.
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
 
 #include "attnlab/kernel.hpp"
 #include "attnlab/verify.hpp"
+#include "bench/bench_point.hpp"
 #include "io.hpp"
 
 namespace attnlab::cli {
@@ -19,14 +23,28 @@ struct VerifyArgs {
   std::string q, k, v, expect, expect_lse;
   MaskFlags mask;
   ShapeFlags shape;
+  IsaFlag isa;
+  std::vector<std::string> isas;  // isa.apply(), before anything runs
 };
 
-std::vector<const Kernel*> selected(const std::string& impl) {
-  if (impl == "all") return registry();
+// The kernels of --impl, each SIMD one once per target in `isas` (none: its default variant).
+std::vector<const Kernel*> selected(const std::string& impl, const std::vector<std::string>& isas) {
+  std::vector<const Kernel*> named;
+  if (impl == "all") {
+    named = registry();
+  } else {
+    for (const auto& name : CLI::detail::split(impl, ',')) named.push_back(&kernel_or_throw(name));
+  }
   std::vector<const Kernel*> out;
-  for (const auto& name : CLI::detail::split(impl, ',')) {
-    const Kernel* k = &kernel_or_throw(name);
+  auto add = [&](const Kernel* k) {
     if (std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
+  };
+  for (const Kernel* k : named) {
+    if (isas.empty() || !bench::is_per_target_isa(k->isa())) {
+      add(k);
+      continue;
+    }
+    for (const std::string& isa : isas) add(&kernel_or_throw(k->name(), isa));
   }
   return out;
 }
@@ -63,15 +81,15 @@ void print_header(const Problem& p, const Errors& baseline, const Tolerance& tol
 }
 
 void print_columns() {
-  std::printf("  %-12s %12s %12s %12s  %s\n", "kernel", "O max abs", "O rel", "LSE rel", "status");
+  std::printf("  %-18s %12s %12s %12s  %s\n", "kernel", "O max abs", "O rel", "LSE rel", "status");
 }
 
 void print_check(const KernelCheck& c) {
   if (c.verdict == Verdict::Skip) {
-    std::printf("  %-12s %12s %12s %12s  SKIP (%s)\n", c.kernel.c_str(), "-", "-", "-", c.reason.c_str());
+    std::printf("  %-18s %12s %12s %12s  SKIP (%s)\n", c.kernel.c_str(), "-", "-", "-", c.reason.c_str());
     return;
   }
-  std::printf("  %-12s %12.3g %12.3g %12.3g  %s%s%s\n", c.kernel.c_str(), c.errors.o_abs,
+  std::printf("  %-18s %12.3g %12.3g %12.3g  %s%s%s\n", c.kernel.c_str(), c.errors.o_abs,
               c.errors.o_rel, c.errors.lse, to_string(c.verdict),
               c.reason.empty() ? "" : ": ", c.reason.c_str());
 }
@@ -84,8 +102,10 @@ class Tally {
     seen_.resize(kernels_.size());
   }
   const std::vector<const Kernel*>& kernels() const { return kernels_; }
-  // Prints the check and records it for kernels()[i].
-  void add(size_t i, const KernelCheck& c) {
+  // Prints the check (labelled with the variant) and records it for kernels()[i].
+  void add(size_t i, const KernelCheck& check) {
+    KernelCheck c = check;
+    c.kernel = bench::kernel_label(*kernels_[i]);
     print_check(c);
     Seen& s = seen_[i];
     if (c.verdict == Verdict::Skip) {
@@ -109,7 +129,7 @@ class Tally {
       if (s.ran) continue;
       std::string why;
       for (const std::string& r : s.skips) why += (why.empty() ? "" : "; ") + r;
-      not_run += (not_run.empty() ? "" : ", ") + std::string(kernels_[i]->name()) + " (" + why + ")";
+      not_run += (not_run.empty() ? "" : ", ") + bench::kernel_label(*kernels_[i]) + " (" + why + ")";
     }
     std::printf("\nverified %zu of %zu kernels%s%s\n", ran, kernels_.size(), not_run.empty() ? "" : "; not run: ",
                 not_run.c_str());
@@ -136,10 +156,10 @@ class Tally {
   std::vector<Seen> seen_;
 };
 
-Tally make_tally(const std::string& impl) { return Tally(selected(impl), impl != "all"); }
+Tally make_tally(const VerifyArgs& a) { return Tally(selected(a.impl, a.isas), a.impl != "all"); }
 
 int verify_random(const std::vector<Problem>& problems, const VerifyArgs& a) {
-  Tally tally = make_tally(a.impl);
+  Tally tally = make_tally(a);
   for (const Problem& p : problems) {
     p.validate();
     // When no selected kernel can run here (e.g. over the memory budget), say so before
@@ -200,7 +220,7 @@ int verify_expect(const VerifyArgs& a) {
     if (!expect_lse.data.empty()) vs_file.ref.lse[r] = expect_lse.data[(id.b * p.q_heads + id.h) * p.q_len + id.i];
   }
   vs_file.tol = ag.tol.widened_by(external);
-  Tally tally = make_tally(a.impl);
+  Tally tally = make_tally(a);
   for (size_t i = 0; i < tally.kernels().size(); ++i) {
     KernelCheck c = check_kernel(*tally.kernels()[i], p, li.inputs, vs_file, a.mask.thread_count());
     if (expect_lse.data.empty()) c.errors.lse = 0;  // LSE is compared only when given
@@ -218,7 +238,9 @@ Command add_verify(CLI::App& app) {
   sub->footer("Exit codes: 0 every kernel that ran agrees, 1 a kernel (or the --expect file) disagrees, 2 bad "
               "input, 3 not verified: a kernel named in --impl ran on no shape (unavailable, e.g. no CUDA device, "
               "or unsupported for every shape; the reason is printed), with --impl all no kernel ran, or another "
-              "error. --impl all skips what cannot run, with the reason, and ends with \"verified N of M kernels\".");
+              "error. --impl all skips what cannot run, with the reason, and ends with \"verified N of M kernels\". "
+              "Rows name the target a SIMD kernel ran (flash[avx2]); --isa all (or a list) verifies each SIMD kernel "
+              "once per target, as separate kernels in that count.");
   sub->add_option("--impl", args->impl, "kernel name(s), comma separated, or all (default)");
   sub->add_option("--q", args->q, "Q .npy (with --k, --v, --expect)");
   sub->add_option("--k", args->k, "K .npy");
@@ -227,7 +249,9 @@ Command add_verify(CLI::App& app) {
   sub->add_option("--expect-lse", args->expect_lse, "expected LSE .npy (batch, q_heads, q_len)");
   args->mask.add_to(*sub);
   args->shape.add_to(*sub);
+  args->isa.add_to(*sub, true);
   return {sub, [args, sub] {
+            args->isas = args->isa.apply();
             const VerifyArgs& a = *args;
             const bool files = !a.q.empty() || !a.k.empty() || !a.v.empty() || !a.expect.empty();
             if (files) {

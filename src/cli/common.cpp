@@ -1,7 +1,10 @@
 #include "common.hpp"
 
+#include <algorithm>
 #include <sstream>
 #include <thread>
+
+#include "attnlab/isa.hpp"
 
 namespace attnlab::cli {
 
@@ -21,6 +24,48 @@ std::vector<int64_t> parse_int_list(const std::string& field, const std::string&
   }
   if (out.empty()) throw InvalidInput(field + ": empty list; allowed: integers separated by commas");
   return out;
+}
+
+void IsaFlag::add_to(CLI::App& app, bool accept_lists) {
+  lists = accept_lists;
+  std::string runs;
+  for (const auto& t : runnable_isas()) runs += (runs.empty() ? "" : ", ") + t;
+  const std::string help = std::string("instruction-set target of the SIMD kernels (this CPU runs: ") + runs +
+                           "; default: ATTN_ISA, else " + best_isa() + ")" +
+                           (lists ? "; or several, comma separated, or all" : "");
+  app.add_option("--isa", value, help);
+}
+
+std::vector<std::string> IsaFlag::targets() const {
+  if (value.empty()) return {};
+  std::vector<std::string> out;
+  if (value == "all") {
+    out = runnable_isas();
+  } else {
+    std::stringstream ss(value);
+    std::string tok;
+    while (std::getline(ss, tok, ',')) {
+      require_isa(tok);
+      if (std::find(out.begin(), out.end(), tok) == out.end()) out.push_back(tok);
+    }
+    if (out.empty()) require_isa("");
+  }
+  if (!lists && (value == "all" || out.size() > 1)) {
+    throw InvalidInput("isa: '" + value + "' names several targets; allowed: one target this CPU runs (" +
+                       [] {
+                         std::string r;
+                         for (const auto& t : runnable_isas()) r += (r.empty() ? "" : ", ") + t;
+                         return r;
+                       }() +
+                       ")");
+  }
+  return out;
+}
+
+std::vector<std::string> IsaFlag::apply() const {
+  const std::vector<std::string> t = targets();
+  if (t.size() == 1 && value != "all") set_default_isa(t.front());
+  return t;
 }
 
 void MaskFlags::add_to(CLI::App& app) {

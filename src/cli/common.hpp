@@ -36,6 +36,20 @@ struct ShapeFlags {
 
 std::vector<int64_t> parse_int_list(const std::string& field, const std::string& text);
 
+// --isa (include/attnlab/isa.hpp): which instruction-set target the SIMD kernels run.
+struct IsaFlag {
+  std::string value;  // "" = not given
+  bool lists = false;  // whether "all" and comma-separated lists are accepted (verify, peak)
+  void add_to(CLI::App& app, bool accept_lists);
+  // The targets named, each checked (InvalidInput, exit 2: not a target of this build, or
+  // one this CPU cannot run; the message names what the CPU runs); "all" = every target of
+  // this build that the CPU runs. Empty when not given.
+  std::vector<std::string> targets() const;
+  // When one target is named: makes it the default for this process (set_default_isa), so
+  // registry() and the measured peaks use it. Returns targets().
+  std::vector<std::string> apply() const;
+};
+
 // Subcommands. Each adds itself to the app and runs when selected; the runner returns
 // the process exit code (0 ok, 1 verification failed or a sweep point failed, 2 bad input,
 // 3 not verified (verify: a kernel named in --impl ran on no shape) or another error, 4 I/O
