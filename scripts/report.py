@@ -11,6 +11,14 @@ folder can be re-reported anywhere without re-running the sweep.
 Each plot is drawn when the data vary along its axis (a seq_len plot needs >= 3 sequence
 lengths, a GQA plot >= 2 group sizes, ...). Parameters that are not on a plot's axis are
 held at their most common value, and the caption says which values those are.
+
+Instruction-set targets: every row names the target its kernel ran (`isa`: scalar, avx2,
+avx512, neon for the SIMD kernels, "baseline" or "cuda" for kernels built once; rows of
+folders written before the column existed take the machine's default target). Every % of
+peak is against the FMA peak of the row's own target (peak_for, the rule of the C++
+Peaks::ref). When a kernel ran on several targets, it appears as kernel[isa] throughout,
+and the section "What vector width buys" sets each target's speed-up over scalar beside
+the ratio of the targets' measured FMA peaks.
 """
 
 import argparse
@@ -70,12 +78,90 @@ def load_results(folder):
 
 
 def kernel_order(rows, machine):
-    seen = [k["name"] for k in machine.get("kernels", [])]
-    for r in rows:
+    """The kernels (labels) present in rows, in the registry's order, each one's targets
+    narrowest first."""
+    names = [k["name"] for k in machine.get("kernels", [])]
+    targets = built_targets(machine)
+
+    def key(r):
+        name = r.get("kernel_name", r["kernel"])
+        n = names.index(name) if name in names else len(names)
+        t = targets.index(r.get("isa")) if r.get("isa") in targets else -1
+        return (n, name, t)
+
+    seen = []
+    for r in sorted(rows, key=key):
         if r["kernel"] not in seen:
             seen.append(r["kernel"])
-    present = {r["kernel"] for r in rows}
-    return [k for k in seen if k in present]
+    return seen
+
+
+# ----------------------------------------------------------------------------- targets and peaks
+
+def built_targets(machine):
+    """The targets the build compiled its SIMD kernels for, narrowest first ([] when the
+    machine.json predates them)."""
+    return list(machine.get("isa", {}).get("targets_built", []))
+
+
+def default_target(machine):
+    """The target the SIMD kernels ran when none was named, and whose read bandwidth and
+    FMA peak the kernels built once are measured against."""
+    isa = machine.get("isa", {})
+    return (machine.get("peaks", {}).get("simd_arch") or isa.get("default") or isa.get("simd_arch") or "?")
+
+
+def peak_targets(block):
+    """isa -> rows of one peaks block of machine.json: attnlab-peak-2 lists "targets";
+    attnlab-peak-1 is one target, the one its "simd_arch" names."""
+    if not block:
+        return {}
+    if "targets" in block:
+        return {t["isa"]: t.get("rows", []) for t in block["targets"]}
+    return {block.get("simd_arch", "?"): block.get("rows", [])}
+
+
+def best_peaks(machine):
+    """(isa, threads) -> (FLOP/s, read bytes/s): the larger of the medians measured before and
+    after the points. Other jobs on the machine only ever lower a peak measurement, so the
+    larger one is the better estimate of what the hardware can do."""
+    best = {}
+    for key in ("peaks", "peaks_after"):
+        for isa, rows in peak_targets(machine.get(key, {})).items():
+            for r in rows:
+                f, b = best.get((isa, r["threads"]), (0.0, 0.0))
+                best[(isa, r["threads"])] = (max(f, r["fma_flops"]), max(b, r["read_bytes"]))
+    return best
+
+
+def peak_for(row, best, machine):
+    """The one rule for % of peak (src/bench/peak.hpp, Peaks::ref): (FMA FLOP/s, read bytes/s)
+    a row is measured against at its thread count. FMA: the peak of the row's own target for
+    a kernel built per target, the default target's for kernels built once (baseline, cuda);
+    read bandwidth: the default target's. None where not measured."""
+    default = default_target(machine)
+    isa = row.get("isa") or default
+    fma_isa = isa if isa in built_targets(machine) else default
+    f = best.get((fma_isa, row["threads"]), (None, None))[0]
+    b = best.get((default, row["threads"]), (None, None))[1]
+    return f or None, b or None
+
+
+def label_targets(rows, machine):
+    """Fills a missing isa with the machine's default target; when some kernel ran on more
+    than one target, names its rows kernel[isa] (the raw name stays in kernel_name)."""
+    default = default_target(machine)
+    for r in rows:
+        if not r.get("isa"):
+            r["isa"] = default
+        r["kernel_name"] = r["kernel"]
+    per_kernel = collections.defaultdict(set)
+    for r in rows:
+        per_kernel[r["kernel"]].add(r["isa"])
+    built = built_targets(machine)
+    for r in rows:
+        if len(per_kernel[r["kernel_name"]]) > 1 and r["isa"] in built:
+            r["kernel"] = f"{r['kernel_name']}[{r['isa']}]"
 
 
 def ok_rows(rows):
@@ -176,11 +262,12 @@ class Plots:
         self.color = {k: cmap(i % 10) for i, k in enumerate(kernels)}
         self.marker = {k: "osD^v<>ph*"[i % 10] for i, k in enumerate(kernels)}
 
-    def save(self, fig, name, title, caption):
+    def save(self, fig, name, title, caption, extra=None):
+        """`extra`: markdown lines placed after the caption (a table belonging to the plot)."""
         fig.tight_layout()
         fig.savefig(os.path.join(self.out, name), dpi=110)
         plt.close(fig)
-        self.items.append((title, name, caption))
+        self.items.append((title, name, caption, extra or []))
 
 
 def series_by_kernel(rows, kernels, x, y):
@@ -258,13 +345,13 @@ def plot_throughput(plots, ok, kernels):
     log_y_labels(a1)
     a1.set_ylabel("GFLOP/s (visible pairs only)")
     a1.set_title("Throughput")
-    a2.set_ylabel("% of measured FMA peak (same thread count)")
+    a2.set_ylabel("% of measured FMA peak (same threads and target)")
     a2.set_title("Fraction of peak")
     a1.legend(fontsize=8)
     plots.save(fig, "scaling_gflops.png", "Throughput and fraction of peak",
                "Left: GFLOP/s (4 * head_dim FLOP per visible query-key pair, from the Problem), log scale. "
                "Right: the same as a percentage of the FMA peak measured by `attnlab peak` for the thread "
-               "count of the point. Curves that rise with n are amortizing per-call or per-row overheads. "
+               "count and instruction-set target of the point. Curves that rise with n are amortizing per-call or per-row overheads. "
                f"Held fixed: {describe_fixed(fixed)}.")
 
 
@@ -516,6 +603,81 @@ def plot_head_dim(plots, ok, kernels):
                f"vector width (16 floats) need tails. Held fixed: {describe_fixed(fixed)}.")
 
 
+SHAPE_KEYS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "mask", "layout", "threads")
+
+
+def plot_vector_width(plots, ok, machine):
+    """What vector width buys: per kernel built per target, the speed-up of each target over
+    scalar at each shape (same threads), beside the ratio of the two targets' measured FMA
+    peaks at that thread count (what the wider vectors could buy at most)."""
+    built = built_targets(machine)
+    best = best_peaks(machine)
+    by_kernel = collections.defaultdict(dict)  # name -> {(shape, isa): row}
+    for r in ok:
+        if r["isa"] in built:
+            by_kernel[r["kernel_name"]][(tuple(r[k] for k in SHAPE_KEYS), r["isa"])] = r
+    names = [k["name"] for k in machine.get("kernels", [])]
+    kernels = sorted((k for k, v in by_kernel.items()
+                      if any(isa == "scalar" for _, isa in v) and len({isa for _, isa in v}) > 1),
+                     key=lambda k: names.index(k) if k in names else len(names))
+    if not kernels:
+        return
+    wider = [t for t in built if t != "scalar" and any(isa == t for k in kernels for _, isa in by_kernel[k])]
+    cmap = plt.get_cmap("tab10")
+    color = {t: cmap((i + 1) % 10) for i, t in enumerate(wider)}
+    most = max(len({sh for sh, isa in by_kernel[k] if isa == "scalar"}) for k in kernels)
+    fig, axes = plt.subplots(len(kernels), 1, figsize=(max(7.5, 1.4 * most + 2), 3.6 * len(kernels)), squeeze=False)
+    table = ["| kernel | shape | threads | target | GFLOP/s | % of the target's peak | speed-up over scalar | "
+             "FMA peak ratio over scalar | speed-up / peak ratio |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for ax, k in zip(axes[:, 0], kernels):
+        rows = by_kernel[k]
+        shapes = sorted({sh for sh, isa in rows if isa == "scalar"},
+                        key=lambda sh: (sh[SHAPE_KEYS.index("head_dim")], sh[SHAPE_KEYS.index("q_len")], sh))
+        width = 0.8 / max(1, 2 * len(wider))
+        for j, sh in enumerate(shapes):
+            base = rows[(sh, "scalar")]
+            base_peak = peak_for(base, best, machine)[0]
+            for t in ["scalar"] + wider:
+                r = rows.get((sh, t))
+                if r is None:
+                    continue
+                speed = base["time_median_s"] / r["time_median_s"]
+                peak = peak_for(r, best, machine)[0]
+                ratio = peak / base_peak if peak and base_peak else None
+                table.append(f"| {k} | {shape_text(r)} {r['mask']} | {r['threads']} | {t} | {fmt(r['gflops'], '.1f')} | "
+                             f"{fmt(None if r['peak_fraction'] is None else 100 * r['peak_fraction'], '.1f')} | "
+                             f"{speed:.2f}x | {fmt(ratio, '.2f')}{'x' if ratio else ''} | "
+                             f"{fmt(None if not ratio else 100 * speed / ratio, '.0f')}{'%' if ratio else ''} |")
+                if t == "scalar":
+                    continue
+                i = wider.index(t)
+                x = j + (2 * i - (2 * len(wider) - 1) / 2) * width
+                b = ax.bar(x, speed, width=width, color=color[t], label=f"{t}: measured" if j == 0 else None)
+                ax.annotate(f"{speed:.1f}x", (b[0].get_x() + width / 2, speed), ha="center", va="bottom", fontsize=6)
+                if ratio:
+                    b = ax.bar(x + width, ratio, width=width, color=color[t], alpha=0.35, hatch="//",
+                               edgecolor=color[t], label=f"{t}: FMA peak ratio" if j == 0 else None)
+                    ax.annotate(f"{ratio:.1f}x", (b[0].get_x() + width / 2, ratio), ha="center", va="bottom",
+                                fontsize=6)
+        ax.axhline(1, color="gray", linewidth=1)
+        ax.set_xticks(range(len(shapes)))
+        ax.set_xticklabels([f"n {sh[SHAPE_KEYS.index('q_len')]}\nd {sh[SHAPE_KEYS.index('head_dim')]}"
+                            f"\nt {sh[SHAPE_KEYS.index('threads')]}" for sh in shapes], fontsize=7)
+        ax.set_ylabel("speed-up over scalar (x)")
+        ax.set_title(f"{k}: speed-up of each target over scalar, beside the ratio of their FMA peaks", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    plots.save(fig, "vector_width.png", "What vector width buys",
+               "Per kernel compiled once per instruction-set target, the time of its scalar build divided by the "
+               "time of each wider build at the same shape and thread count (solid bars), beside the ratio of "
+               "the two targets' FMA peaks measured by `attnlab peak` at that thread count (hatched bars): what "
+               "the wider vectors could buy if the kernel were bound by FMA throughput alone. A speed-up below "
+               "the peak ratio means something other than the FMAs (the exp, loads, reductions, tails, memory) "
+               "takes a larger share at the wider width. The table gives the numbers; % of the target's peak is "
+               "against the FMA peak of the row's own target.", table + [""])
+
+
 def plot_masks(plots, ok, kernels):
     if len({r["mask"] for r in ok}) < 2:
         return
@@ -599,31 +761,25 @@ def shape_text(r):
     return s
 
 
-def best_peaks(machine):
-    """threads -> (FLOP/s, read bytes/s): the larger of the medians measured before and after the points.
-    Other jobs on the machine only ever lower a peak measurement, so the larger one is the better
-    estimate of what the hardware can do."""
-    best = {}
-    for key in ("peaks", "peaks_after"):
-        for r in machine.get(key, {}).get("rows", []):
-            f, b = best.get(r["threads"], (0.0, 0.0))
-            best[r["threads"]] = (max(f, r["fma_flops"]), max(b, r["read_bytes"]))
-    return best
-
-
 def apply_best_peaks(rows, machine):
-    """Recomputes peak_fraction / bw_fraction (and the peak columns) against best_peaks()."""
+    """Recomputes peak_fraction / bw_fraction (and the peak columns) against best_peaks(), by
+    peak_for (the row's own target)."""
     best = best_peaks(machine)
     for r in rows:
-        if r["threads"] in best and r.get("time_median_s"):
-            f, b = best[r["threads"]]
-            r["peak_gflops"], r["read_bw_gbs"] = f / 1e9, b / 1e9
+        if not r.get("time_median_s"):
+            continue
+        f, b = peak_for(r, best, machine)
+        if f:
+            r["peak_gflops"] = f / 1e9
             r["peak_fraction"] = r["flops"] / r["time_median_s"] / f
+        if b:
+            r["read_bw_gbs"] = b / 1e9
             r["bw_fraction"] = r["bytes"] / r["time_median_s"] / b
 
 
 def write_report(folder, out):
     rows, machine, experiment, plan = load_results(folder)
+    label_targets(rows, machine)
     apply_best_peaks(rows, machine)
     os.makedirs(out, exist_ok=True)
     kernels = kernel_order(rows, machine)
@@ -640,6 +796,7 @@ def write_report(folder, out):
         plot_threads(plots, ok, kernels)
         plot_head_dim(plots, ok, kernels)
         plot_masks(plots, ok, kernels)
+        plot_vector_width(plots, ok, machine)
     plot_memory(plots, rows, kernels)
 
     name = plan.get("experiment") or (rows[0]["experiment"] if rows else os.path.basename(folder.rstrip("/")))
@@ -673,8 +830,11 @@ def write_report(folder, out):
                f"- CPU: {machine.get('cpu_model', '?')}, {machine.get('cores', '?')} cores, "
                f"{fmt_bytes(machine.get('memory_bytes'))} RAM"
                + (", virtual machine" if machine.get("virtual_machine") else ""),
-               f"- SIMD: {isa.get('simd_arch', '?')} ({isa.get('float_lanes', '?')} float lanes); CPU flags: "
-               f"{isa.get('cpu_simd_flags', '?')}",
+               f"- SIMD: default target {isa.get('default', isa.get('simd_arch', '?'))} "
+               f"({isa.get('float_lanes', '?')} float lanes)"
+               + (f"; targets built: {', '.join(isa['targets_built'])}; this CPU runs: "
+                  f"{', '.join(isa.get('targets_cpu_runs', []))}" if isa.get("targets_built") else "")
+               + f"; CPU flags: {isa.get('cpu_simd_flags', '?')}",
                f"- Compiler: {machine.get('compiler', '?')}; build {machine.get('build_type', '?')}; "
                f"flags `{machine.get('flags', '?').strip()}`",
                f"- Libraries: " + ", ".join(f"{k} {v}" for k, v in machine.get("libraries", {}).items()),
@@ -682,32 +842,39 @@ def write_report(folder, out):
                f"- Measured: {machine.get('date', '?')}; load average at start "
                f"{', '.join(str(x) for x in machine.get('load_avg', [])) or '?'}", ""]
         peaks = machine.get("peaks", {})
-        after = {r["threads"]: r for r in machine.get("peaks_after", {}).get("rows", [])}
-        if peaks.get("rows"):
+        before = peak_targets(peaks)
+        after = {(isa, r["threads"]): r for isa, target_rows in peak_targets(machine.get("peaks_after", {})).items()
+                 for r in target_rows}
+        if any(before.values()):
             md += [f"Machine peaks (`attnlab peak`, median of {peaks.get('repeats')} runs; exp = "
-                   f"{peaks.get('exp_function')}), measured before the points"
+                   f"{peaks.get('exp_function')}), per instruction-set target, measured before the points"
                    + (" and again after them (in brackets), to show the drift on this shared machine. "
                       "Every % of peak and % of read bandwidth in this report is relative to the larger of "
                       "the two (other jobs only ever lower a peak measurement; results.csv and bench.json "
-                      "keep the fraction of the first)" if after else "") + ":", "",
-                   "| threads | FMA GFLOP/s | read GB/s | exp Gexp/s |", "|---|---|---|---|"]
+                      "keep the fraction of the first)" if after else "")
+                   + f". % of peak is against the FMA peak of the row's own target (the default target "
+                   f"{default_target(machine)}'s for kernels built once); % of read bandwidth against the default "
+                   "target's read bandwidth:", "",
+                   "| target | threads | FMA GFLOP/s | read GB/s | exp Gexp/s |", "|---|---|---|---|---|"]
 
-            def cell(r, key, scale, spec):
-                a = after.get(r["threads"])
+            def cell(isa, r, key, scale, spec):
+                a = after.get((isa, r["threads"]))
                 text = format(r[key] / scale, spec)
                 return text + (f" ({format(a[key] / scale, spec)})" if a else "")
 
-            for r in peaks["rows"]:
-                md.append(f"| {r['threads']} | {cell(r, 'fma_flops', 1e9, '.1f')} | "
-                          f"{cell(r, 'read_bytes', 1e9, '.1f')} | {cell(r, 'exp_per_s', 1e9, '.2f')} |")
+            for isa, target_rows in before.items():
+                for r in target_rows:
+                    md.append(f"| {isa}{' (default)' if isa == default_target(machine) else ''} | {r['threads']} | "
+                              f"{cell(isa, r, 'fma_flops', 1e9, '.1f')} | {cell(isa, r, 'read_bytes', 1e9, '.1f')} | "
+                              f"{cell(isa, r, 'exp_per_s', 1e9, '.2f')} |")
             md.append("")
         md += ["**Noise.** This machine is shared: other jobs build and benchmark on the same cores while a "
                "sweep runs (see the load average above), so absolute times and even the measured peaks move "
                "by tens of percent between runs. Read ratios measured in the same run (speed-ups, exponents, "
                "% of the peak measured in this run), and use the min-max spread in the table below.", ""]
 
-    for title, fname, caption in plots.items:
-        md += [f"## {title}", "", f"![{title}]({fname})", "", f"*{caption}*", ""]
+    for title, fname, caption, extra in plots.items:
+        md += [f"## {title}", "", f"![{title}]({fname})", "", f"*{caption}*", ""] + extra
 
     if ok:
         md += ["## All measured points", "",

@@ -12,6 +12,9 @@
 #include <unistd.h>
 #include <cmath>
 #include <limits>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
 
 #include "attnlab/kernel.hpp"
 #include "attnlab/npy.hpp"
@@ -22,6 +25,7 @@ namespace attnlab::bench {
 namespace {
 
 namespace fs = std::filesystem;
+using Json = nlohmann::json;
 
 const std::string kSource = ATTNLAB_SOURCE_DIR;
 const std::string kPython = "/usr/bin/python3";
@@ -170,6 +174,72 @@ TEST_F(Report, FailedPointWithNonFiniteErrorsIsCounted) {
   const std::string md = read_text_file(out + "/report.md");
   EXPECT_NE(md.find("FAIL (1 of 1 shapes) | 0 / 1 / 0 |"), std::string::npos) << md.substr(0, 3000);
   EXPECT_NE(md.find("O error inf"), std::string::npos) << "listed with its reason";
+}
+
+// Two targets with exact numbers: flash at 5 GFLOP/s on scalar (peak 10) and 40 GFLOP/s on
+// avx2 (peak 80), naive (built once) at 8 GFLOP/s. % of peak must use the row's own target
+// (50% for both flash rows; naive against the default target avx2: 10%), the speed-up over
+// scalar is 8x and the peak ratio 8x; a kernel on several targets is named kernel[isa].
+TEST_F(Report, TwoTargetsGetVectorWidthSectionAndPerTargetPeaks) {
+  const std::string dir = fresh_dir("isa");
+  make_dirs(dir);
+  std::vector<PointRecord> records;
+  for (const auto& [kernel, isa, rate] : {std::tuple<std::string, std::string, double>{"naive", "baseline", 8e9},
+                                          {"flash", "scalar", 5e9}, {"flash", "avx2", 40e9}}) {
+    for (int64_t n : {64, 128}) {
+      PointRecord r;
+      r.kernel = kernel;
+      r.isa = isa;
+      r.id = kernel + std::to_string(n) + isa;
+      r.status = PointStatus::Ok;
+      r.problem.q_len = r.problem.kv_len = n;
+      r.problem.head_dim = 16;
+      r.threads = 1;
+      const double t = r.problem.flops() / rate;
+      r.times = {t, t, t};
+      r.verdict = "PASS";
+      records.push_back(r);
+    }
+  }
+  write_file_atomic(dir + "/results.csv", tidy_csv("isa", records));
+  auto target = [](const std::string& isa, double fma) {
+    return Json{{"isa", isa}, {"lanes", 1}, {"fma_chains", 1},
+                {"rows", Json::array({{{"threads", 1}, {"fma_flops", fma}, {"read_bytes", 2e10}, {"exp_per_s", 1e9}}})}};
+  };
+  const Json machine = {
+      {"isa", {{"default", "avx2"}, {"simd_arch", "avx2"}, {"targets_built", {"scalar", "avx2", "avx512"}},
+               {"targets_cpu_runs", {"scalar", "avx2"}}}},
+      {"kernels", Json::array({{{"name", "naive"}}, {{"name", "flash"}}})},
+      {"peaks", {{"schema", "attnlab-peak-2"}, {"simd_arch", "avx2"}, {"repeats", 1}, {"exp_function", "test"},
+                 {"targets", Json::array({target("scalar", 1e10), target("avx2", 8e10)})}}}};
+  write_file_atomic(dir + "/machine.json", machine.dump());
+  const std::string out = fresh_dir("isa_out");
+  report(dir, out);
+  const std::string md = read_text_file(out + "/report.md");
+  expect_png(out + "/vector_width.png");
+  EXPECT_NE(md.find("## What vector width buys"), std::string::npos) << md;
+  for (const char* n : {"64", "128"}) {
+    SCOPED_TRACE(n);
+    const std::string shape = std::string("b1 h1/1 q") + n + " kv" + n + " d16 none | 1 | ";
+    EXPECT_NE(md.find("| flash | " + shape + "scalar | 5.0 | 50.0 | 1.00x | 1.00x | 100% |"), std::string::npos) << md;
+    EXPECT_NE(md.find("| flash | " + shape + "avx2 | 40.0 | 50.0 | 8.00x | 8.00x | 100% |"), std::string::npos) << md;
+  }
+  // The summary names each variant; best % of peak per the row's own target.
+  EXPECT_NE(md.find("| flash[scalar] | "), std::string::npos) << md;
+  EXPECT_TRUE(std::regex_search(md, std::regex("\\| flash\\[avx2\\] \\| [^|]+ \\| 40\\.0 \\| 50\\.0 \\|"))) << md;
+  EXPECT_TRUE(std::regex_search(md, std::regex("\\| naive \\| [^|]+ \\| 8\\.0 \\| 10\\.0 \\|"))) << md;
+  EXPECT_NE(md.find("| scalar | 1 | 10.0 | 20.0 |"), std::string::npos) << "peaks per target in the machine section";
+  EXPECT_NE(md.find("| avx2 (default) | 1 | 80.0 | 20.0 |"), std::string::npos) << md;
+
+  // The fixture written by a real sweep on two targets (tests/fixtures/results_isa).
+  const std::string fx = fresh_dir("isa_fixture");
+  report(kSource + "/tests/fixtures/results_isa", fx);
+  const std::string fmd = read_text_file(fx + "/report.md");
+  expect_png(fx + "/vector_width.png");
+  for (const char* k : {"simd[scalar]", "simd[avx2]", "flash[scalar]", "flash[avx2]"}) {
+    EXPECT_NE(fmd.find(std::string("| ") + k + " | "), std::string::npos) << k;
+  }
+  EXPECT_NE(fmd.find("| naive | "), std::string::npos) << "naive is built once: no target in its name";
 }
 
 TEST_F(Report, MissingResultsAreAnError) {
