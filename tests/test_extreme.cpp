@@ -42,22 +42,23 @@
 namespace attnlab {
 
 // Test names and messages show the kernel's name, not its address.
-void PrintTo(const Kernel* k, std::ostream* os) { *os << k->name(); }
+void PrintTo(const Kernel* k, std::ostream* os) { *os << test::variant_name(*k); }
 
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 const float kNan = std::numeric_limits<float>::quiet_NaN();
 
-// Registry kernels, then the emulated CUDA device code.
+// Every registry variant (the SIMD kernels once per built target), then the emulated CUDA
+// device code.
 std::vector<const Kernel*> kernels_under_test() {
-  std::vector<const Kernel*> ks = registry();
+  std::vector<const Kernel*> ks = variants();
   ks.push_back(&test::emulated_cuda("naive"));
   ks.push_back(&test::emulated_cuda("flash"));
   return ks;
 }
 
-std::string kernel_name(const Kernel* k) { return std::string(k->name()); }
+std::string kernel_name(const Kernel* k) { return test::variant_name(*k); }
 
 // ---- running a kernel and comparing element classes ------------------------------------
 
@@ -324,7 +325,7 @@ TEST_P(SpecialValues, MatchTheReferenceElementByElement) {
       ADD_FAILURE() << k.name() << ", " << c.name() << ":" << why;
     }
   }
-  std::printf("%s, %s: %d cases ran, %d failed\n", std::string(k.name()).c_str(), kValueName[value], ran, failed);
+  std::printf("%s, %s: %d cases ran, %d failed\n", test::variant_name(k).c_str(), kValueName[value], ran, failed);
   if (ran == 0) GTEST_SKIP() << skip;
 }
 

@@ -21,6 +21,15 @@ namespace {
 
 const Kernel& flash() { return kernel_or_throw("flash"); }
 
+// flash's variants this CPU runs (one per built target: tiles of 4 vectors of its width).
+std::vector<const Kernel*> runnable_flash() {
+  std::vector<const Kernel*> ks;
+  for (const std::string& isa : kernel_isas("flash")) {
+    if (const Kernel& k = kernel_or_throw("flash", isa); k.available()) ks.push_back(&k);
+  }
+  return ks;
+}
+
 // Every built target this CPU runs (its pack_k_transposed, through src/cpu/target.hpp).
 TEST(Flash, PackKTransposedMatchesPlainTranspose) {
   for (const std::string& isa : runnable_isas()) {
@@ -47,20 +56,20 @@ TEST(Flash, PackKTransposedMatchesPlainTranspose) {
 }
 
 TEST(Flash, LengthsAroundTileBoundariesAgree) {
-  const Kernel& k = flash();
+  for (const Kernel* kp : runnable_flash())
   for (int64_t sq : {23, 24, 25, 119, 120, 121, 241})
     for (int64_t sk : {63, 64, 65, 129, 200}) {
       Problem p = test::shape(1, 4, 2, sq, sk, 48);
       p.causal = CausalAlign::BottomRight;
       Tensors t = random_tensors(p, 17);
-      const KernelCheck c = check_kernel(k, p, t.inputs, prepare_agreement(p, t.inputs, all_rows(p)), 2);
-      EXPECT_EQ(c.verdict, Verdict::Pass) << p.describe() << ": " << c.reason;
+      const KernelCheck c = check_kernel(*kp, p, t.inputs, prepare_agreement(p, t.inputs, all_rows(p)), 2);
+      EXPECT_EQ(c.verdict, Verdict::Pass) << kp->isa() << " " << p.describe() << ": " << c.reason;
     }
 }
 
-std::vector<float> run_flash(const Problem& p, int threads, std::vector<float>* lse) {
+std::vector<float> run_flash(const Kernel& k, const Problem& p, int threads, std::vector<float>* lse) {
   Tensors t = random_tensors(p, 123);
-  Session s(flash(), p, threads);
+  Session s(k, p, threads);
   s.run(t.inputs, t.outputs);
   lse->assign(t.lse.get(), t.lse.get() + p.lse_elems());
   return {t.o.get(), t.o.get() + p.q_elems()};
@@ -70,12 +79,14 @@ TEST(Flash, BitwiseIdenticalForAnyThreadCount) {
   Problem p = test::shape(2, 6, 2, 250, 300, 80);  // GQA 3:1, several query tiles per head
   p.causal = CausalAlign::BottomRight;
   p.kv_lens = {300, 130};
-  std::vector<float> lse1, lse_n;
-  const std::vector<float> one = run_flash(p, 1, &lse1);
-  for (int threads : {2, 3}) {
-    const std::vector<float> many = run_flash(p, threads, &lse_n);
-    EXPECT_EQ(std::memcmp(one.data(), many.data(), one.size() * sizeof(float)), 0) << threads << " threads";
-    EXPECT_EQ(std::memcmp(lse1.data(), lse_n.data(), lse1.size() * sizeof(float)), 0) << threads << " threads";
+  for (const Kernel* k : runnable_flash()) {
+    std::vector<float> lse1, lse_n;
+    const std::vector<float> one = run_flash(*k, p, 1, &lse1);
+    for (int threads : {2, 3}) {
+      const std::vector<float> many = run_flash(*k, p, threads, &lse_n);
+      EXPECT_EQ(std::memcmp(one.data(), many.data(), one.size() * sizeof(float)), 0) << k->isa() << " " << threads << " threads";
+      EXPECT_EQ(std::memcmp(lse1.data(), lse_n.data(), lse1.size() * sizeof(float)), 0) << k->isa() << " " << threads << " threads";
+    }
   }
 }
 

@@ -25,8 +25,8 @@ Output run_with(const Kernel& k, const Problem& p, int threads) {
           std::vector<float>(t.lse.get(), t.lse.get() + p.lse_elems())};
 }
 
-void expect_thread_count_invariant(const char* name, const Problem& p) {
-  const Kernel& k = kernel_or_throw(name);
+void expect_variant_invariant(const Kernel& k, const Problem& p) {
+  const std::string name = test::variant_name(k);
   ASSERT_TRUE(k.supports(p)) << k.supports(p).reason;
   // The shape must be big enough for several tasks per thread, and correct at all.
   Tensors t = random_tensors(p, 123);
@@ -40,6 +40,19 @@ void expect_thread_count_invariant(const char* name, const Problem& p) {
     EXPECT_EQ(std::memcmp(one.lse.data(), many.lse.data(), one.lse.size() * sizeof(float)), 0)
         << name << ": LSE differs between 1 and " << threads << " threads";
   }
+}
+
+// For every variant of the kernel this CPU runs (one per built target).
+void expect_thread_count_invariant(const char* name, const Problem& p) {
+  int ran = 0;
+  for (const std::string& isa : kernel_isas(name)) {
+    const Kernel& k = kernel_or_throw(name, isa);
+    if (!k.available()) continue;
+    SCOPED_TRACE(test::variant_name(k));
+    expect_variant_invariant(k, p);
+    ++ran;
+  }
+  EXPECT_GT(ran, 0) << name << ": no variant runs on this CPU";
 }
 
 TEST(ThreadCount, ThreadedIsBitwiseIdenticalForAnyThreadCount) {

@@ -4,9 +4,17 @@
 #include <cstdlib>
 #include <string>
 
+#include "attnlab/kernel.hpp"
 #include "attnlab/problem.hpp"
 
 namespace attnlab::test {
+
+// A variant's name in test names: "flash_avx2" for the SIMD kernels (one variant per
+// built target, include/attnlab/isa.hpp), the plain name for single-build kernels.
+inline std::string variant_name(const Kernel& k) {
+  if (k.isa() == "baseline" || k.isa() == "cuda") return std::string(k.name());
+  return std::string(k.name()) + "_" + std::string(k.isa());
+}
 
 inline Problem shape(int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d) {
   Problem p;

@@ -18,8 +18,12 @@
 //           the input (contiguous along d, any row stride): no packing. The accumulators
 //           are loaded once per call (times the softmax rescale factor alpha when a row's
 //           max grew - the rescale is fused into the load) and stored once.
-// With 16 vector registers (AVX2, scalar on x86) kPanelRows drops to 2 so nothing spills;
-// NEON has 32.
+// With 16 vector registers (AVX2) the panel keeps its 6 rows and narrows instead: GEMM 1
+// is 6 rows x 2 vectors (16 keys) = 12 accumulators + 2 Kt vectors + 1 broadcast, GEMM 2
+// 6 rows x 2 output vectors - 8 loads (2 vector + 6 broadcast) per 12 FMAs, so the two load
+// ports keep up with the two FMA pipes and 12 chains hide the FMA latency. (4 vectors x 2
+// rows, the 32-register shape cut down, needs 6 loads per 8 FMAs and only 8 chains.)
+// scalar (one float per "vector", 16 registers): 2 rows x 4 keys. NEON has 32 registers.
 #pragma once
 
 #include <cstdint>
@@ -35,11 +39,12 @@ inline constexpr int kVectorRegisters = 32;
 inline constexpr int kVectorRegisters = 16;
 #endif
 
-inline constexpr int kKeyVecs = 4;                        // vectors per score row of a tile
-inline constexpr int kTileKeys = kKeyVecs * kLanes;        // Bc: 64 keys with AVX-512
+inline constexpr bool kNarrowPanels = kVectorRegisters == 16 && kLanes > 1;  // AVX2
+inline constexpr int kKeyVecs = kNarrowPanels ? 2 : 4;     // vectors per score row of a tile
+inline constexpr int kTileKeys = kKeyVecs * kLanes;        // Bc: 64 keys with AVX-512, 16 AVX2
 inline constexpr int kPanelRows =                          // MR: query rows per register panel
-    (kVectorRegisters - kKeyVecs - 2) / kKeyVecs;          // 6 with AVX-512, 2 with AVX2
-inline constexpr int kOutVecs = 4;                         // GEMM 2 column block, in vectors
+    kNarrowPanels ? 6 : (kVectorRegisters - kKeyVecs - 2) / kKeyVecs;  // 6; scalar 2
+inline constexpr int kOutVecs = kNarrowPanels ? 2 : 4;     // GEMM 2 column block, in vectors
 
 // Number of floats of a row of d floats padded to whole vectors.
 inline int64_t padded_dim(int64_t d) { return (d + kLanes - 1) / kLanes * kLanes; }
@@ -180,7 +185,7 @@ inline void pv_rows(const float* p, int64_t ldp, const float* v, int64_t ldv, fl
     const bool partial = c0 + nv == nvec && tail < kLanes;
     const float* vc = v + c0 * kLanes;
     float* oc = o + c0 * kLanes;
-    static_assert(kOutVecs == 4, "dispatch below covers NV = 1..4");
+    static_assert(kOutVecs <= 4, "dispatch below covers NV = 1..4");
 #define ATTN_PV_CASE(NV)                                                              \
   case NV:                                                                            \
     if (partial)                                                                      \
