@@ -124,7 +124,8 @@ std::string describe_point(const GridPoint& g, const Kernel* k) {
   const Problem& p = g.problem;
   std::ostringstream s;
   s << (k ? kernel_label(*k) : g.kernel) << " b" << p.batch << " h" << p.q_heads << "/" << p.kv_heads << " q"
-    << p.q_len << " kv" << p.kv_len << " d" << p.head_dim << " " << mask_name(p) << (p.layout == Layout::BSHD ? " bshd" : "") << " t" << g.threads;
+    << p.q_len << " kv" << p.kv_len << " d" << p.head_dim << " " << mask_name(p)
+    << (p.layout == Layout::BSHD ? " bshd" : "") << " t" << g.threads;
   return s.str();
 }
 
