@@ -28,7 +28,7 @@ constexpr int64_t kHeads[][2] = {{1, 1}, {4, 1}, {8, 2}, {8, 8}, {6, 2}};
 constexpr int64_t kTailDims[] = {1, 3, 8, 24, 40, 59, 72, 111, 200, 257, 384, 512};
 // (q_len, kv_len): decode's q_len <= 16 and prefill tiles (flash's 120-row tile, 64-key tiles).
 constexpr int64_t kTailShapes[][2] = {{1, 300}, {7, 513}, {16, 64}, {33, 65}, {65, 127}, {130, 200}};
-// kv lengths around decode's 512-key chunk.
+// kv lengths around decode's 512-key chunk (head_dim 128 with the tests' 1 MiB L2, CMakeLists.txt).
 constexpr int64_t kChunkLens[] = {511, 512, 513, 1500, 4097};
 
 enum class MaskKind {

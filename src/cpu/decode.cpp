@@ -108,7 +108,7 @@ class Decode final : public Kernel {
  public:
   std::string_view name() const override { return "decode"; }
   std::string_view description() const override {
-    return "flash-decoding for q_len <= 16: 512-key chunks as oneTBB tasks, all query rows of a "
+    return "flash-decoding for q_len <= 16: L2-sized key chunks as oneTBB tasks, all query rows of a "
            "GQA group per task (K/V read once), partial (O, m, l) merged exactly";
   }
   Support supports(const Problem& p) const override {

@@ -343,8 +343,9 @@ class Flash final : public Kernel {
  public:
   std::string_view name() const override { return "flash"; }
   std::string_view description() const override {
-    return "FlashAttention-2 forward: Br x 64 tiles, online softmax (exp2), 6x64 register-blocked "
-           "AVX-512 micro-kernels, packed K^T, GQA groups share tiles, oneTBB over tiles";
+    return "FlashAttention-2 forward: Br x Bc tiles, online softmax (exp2), register-blocked "
+           "micro-kernels (6 rows x 64 keys avx512, 6 x 16 avx2), packed K^T, GQA groups share tiles, "
+           "oneTBB over tiles";
   }
   size_t workspace_bytes(const Problem& p, int threads) const override {
     return make_tiling(p).bytes * static_cast<size_t>(threads);
