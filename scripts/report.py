@@ -635,6 +635,7 @@ def plot_vector_width(plots, ok, machine):
         shapes = sorted({sh for sh, isa in rows if isa == "scalar"},
                         key=lambda sh: (sh[SHAPE_KEYS.index("head_dim")], sh[SHAPE_KEYS.index("q_len")], sh))
         width = 0.8 / max(1, 2 * len(wider))
+        top = 1.0
         for j, sh in enumerate(shapes):
             base = rows[(sh, "scalar")]
             base_peak = peak_for(base, best, machine)[0]
@@ -653,6 +654,7 @@ def plot_vector_width(plots, ok, machine):
                     continue
                 i = wider.index(t)
                 x = j + (2 * i - (2 * len(wider) - 1) / 2) * width
+                top = max(top, speed, ratio or 0)
                 b = ax.bar(x, speed, width=width, color=color[t], label=f"{t}: measured" if j == 0 else None)
                 ax.annotate(f"{speed:.1f}x", (b[0].get_x() + width / 2, speed), ha="center", va="bottom", fontsize=6)
                 if ratio:
@@ -661,13 +663,14 @@ def plot_vector_width(plots, ok, machine):
                     ax.annotate(f"{ratio:.1f}x", (b[0].get_x() + width / 2, ratio), ha="center", va="bottom",
                                 fontsize=6)
         ax.axhline(1, color="gray", linewidth=1)
+        ax.set_ylim(0, top * 1.3)  # room for the legend above the bars
         ax.set_xticks(range(len(shapes)))
         ax.set_xticklabels([f"n {sh[SHAPE_KEYS.index('q_len')]}\nd {sh[SHAPE_KEYS.index('head_dim')]}"
                             f"\nt {sh[SHAPE_KEYS.index('threads')]}" for sh in shapes], fontsize=7)
         ax.set_ylabel("speed-up over scalar (x)")
         ax.set_title(f"{k}: speed-up of each target over scalar, beside the ratio of their FMA peaks", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", ncol=2 * len(wider))
     plots.save(fig, "vector_width.png", "What vector width buys",
                "Per kernel compiled once per instruction-set target, the time of its scalar build divided by the "
                "time of each wider build at the same shape and thread count (solid bars), beside the ratio of "
