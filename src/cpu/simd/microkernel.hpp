@@ -33,12 +33,6 @@
 
 namespace attnlab::ATTN_TARGET_NS::simd {
 
-#if defined(__AVX512F__) || defined(__aarch64__)
-inline constexpr int kVectorRegisters = 32;
-#else
-inline constexpr int kVectorRegisters = 16;
-#endif
-
 inline constexpr bool kNarrowPanels = kVectorRegisters == 16 && kLanes > 1;  // AVX2
 inline constexpr int kKeyVecs = kNarrowPanels ? 2 : 4;     // vectors per score row of a tile
 inline constexpr int kTileKeys = kKeyVecs * kLanes;        // Bc: 64 keys with AVX-512, 16 AVX2

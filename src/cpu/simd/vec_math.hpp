@@ -72,6 +72,12 @@ inline Batch select(Batch::batch_bool_type m, Batch a, Batch b) { return xsimd::
 inline Batch nearbyint(Batch x) { return xsimd::nearbyint(x); }
 #endif
 inline constexpr int kLanes = static_cast<int>(Batch::size);
+// Architectural vector registers: what register-blocked tiles are sized for.
+#if defined(__AVX512F__) || defined(__aarch64__)
+inline constexpr int kVectorRegisters = 32;
+#else
+inline constexpr int kVectorRegisters = 16;
+#endif
 
 inline constexpr float kLog2e = 1.44269504088896341f;
 inline constexpr float kLn2 = 0.693147180559945309f;
