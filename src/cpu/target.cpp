@@ -28,12 +28,18 @@ constexpr int kFmaChains = simd::kVectorRegisters >= 32 ? 16 : 12;
 // exp buffer: 2 x 8 KiB in and out, L1-resident, so the loop measures the exp itself.
 constexpr size_t kExpElems = 2048;
 
+// Start values and coefficients the compiler cannot see: with constants it proves a chain
+// that starts at its fixed point (1 * 0.999999 + 1e-6 rounds to 1) constant and drops it,
+// so one chain of 16 (AVX-512) was never computed and the peak came out 1/15 too high.
+volatile float g_fma_start = 1.0f, g_fma_a = 0.999999f, g_fma_c = 1e-6f;
+
 // kFmaChains chains, `iters` rounds; the result is returned so the compiler must compute
 // it; a just below 1 keeps the values finite and normal.
 __attribute__((noinline)) float fma_chains(int64_t iters) {
   Batch acc[kFmaChains];
-  for (int j = 0; j < kFmaChains; ++j) acc[j] = Batch(1.0f + 0.001f * static_cast<float>(j));
-  const Batch a(0.999999f), c(1e-6f);
+  const float start = g_fma_start;
+  for (int j = 0; j < kFmaChains; ++j) acc[j] = Batch(start + 0.001f * static_cast<float>(j));
+  const Batch a(g_fma_a), c(g_fma_c);
   for (int64_t it = 0; it < iters; ++it) {
 #pragma GCC unroll 16
     for (int j = 0; j < kFmaChains; ++j) acc[j] = simd::fma(acc[j], a, c);
