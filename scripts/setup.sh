@@ -3,7 +3,15 @@
 # Idempotent and quiet when everything is present. No downloads at build time.
 # Usage: scripts/setup.sh [clang]   (clang: also clang 14 with libFuzzer and the sanitizer
 # runtimes, for scripts/lab fuzz and tsan-test)
+#        scripts/setup.sh cross-aarch64 [SYSROOT]   (also the aarch64 cross compiler, qemu-user and
+# Debian's arm64 builds of the libraries, unpacked into SYSROOT, default build-aarch64-sysroot/:
+# scripts/lab cross-test aarch64, cmake/aarch64-linux-gnu.cmake)
 set -euo pipefail
+
+case "${1:-}" in
+  ""|clang|qemu|cross-aarch64) ;;
+  *) echo "setup: unknown mode '$1'; allowed: (none), clang, qemu, cross-aarch64" >&2; exit 2 ;;
+esac
 
 PKGS=(
   build-essential cmake
@@ -16,6 +24,9 @@ PKGS=(
 if [[ "${1:-}" == clang ]]; then
   PKGS+=(clang-14 libclang-rt-14-dev llvm-14)
 fi
+if [[ "${1:-}" == cross-aarch64 ]]; then
+  PKGS+=(g++-aarch64-linux-gnu qemu-user)
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -24,14 +35,63 @@ for p in "${PKGS[@]}"; do
   fi
 done
 
-if ((${#missing[@]} == 0)); then
-  exit 0
-fi
-
-echo "setup: installing ${missing[*]}" >&2
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq >/dev/null
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+updated=0
+apt_update() {  # at most once a run
+  if ((updated == 0)); then
+    $SUDO apt-get update -qq >/dev/null
+    updated=1
+  fi
+}
+# cross-aarch64 downloads arm64 packages: apt needs the architecture (and its package lists).
+if [[ "${1:-}" == cross-aarch64 ]] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  echo "setup: dpkg --add-architecture arm64" >&2
+  $SUDO dpkg --add-architecture arm64
+  apt_update
+fi
+
+if ((${#missing[@]} > 0)); then
+  echo "setup: installing ${missing[*]}" >&2
+  apt_update
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  echo "setup: done" >&2
+fi
+[[ "${1:-}" == cross-aarch64 ]] || exit 0
+
+# The arm64 libraries for the cross build. Installing them as :arm64 packages would tie the
+# installed amd64 packages to their versions (Multi-Arch: same; libtbb12:arm64 pulls
+# libudev1:arm64, which must match the amd64 libudev1 and so upgrades systemd), so they are
+# downloaded and unpacked (no maintainer scripts) into a folder of their own instead; the
+# compiler's own runtime (libc, libstdc++) is the cross packages' /usr/aarch64-linux-gnu.
+ARM64_PKGS=(libtbb-dev libtbb12 libtbbmalloc2 libtbbbind-2-5 libgtest-dev libbenchmark-dev
+            libbenchmark1debian libxsimd-dev)
+ALL_PKGS=(libcli11-dev nlohmann-json3-dev)  # Architecture: all (header-only)
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+sysroot="${2:-$ROOT/build-aarch64-sysroot}"
+want="${ARM64_PKGS[*]} ${ALL_PKGS[*]}"
+stamp="$sysroot/.attnlab-packages"  # first line: the package list it was made from
+if [[ -f "$stamp" && "$(head -n1 "$stamp")" == "$want" ]]; then
+  exit 0
+fi
+echo "setup: unpacking Debian's arm64 ${ARM64_PKGS[*]} and ${ALL_PKGS[*]} into $sysroot" >&2
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+download() {  # as root, apt would hand the download to its _apt user, who cannot write $tmp
+  (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root "${ARM64_PKGS[@]/%/:arm64}" "${ALL_PKGS[@]}")
+}
+if ! download >/dev/null 2>"$tmp/err"; then
+  if ((updated)); then cat "$tmp/err" >&2; exit 1; fi
+  apt_update  # stale package lists: the versions they name are gone from the archive
+  download >/dev/null
+fi
+rm -rf "$sysroot.new"
+mkdir -p "$sysroot.new"
+for deb in "$tmp"/*.deb; do
+  dpkg-deb -x "$deb" "$sysroot.new"
+done
+{ echo "$want"; (cd "$tmp" && ls -1 ./*.deb | sed 's|^\./||'); } >"$sysroot.new/.attnlab-packages"
+rm -rf "$sysroot"
+mv "$sysroot.new" "$sysroot"
 echo "setup: done" >&2

@@ -63,10 +63,15 @@ std::string cpuinfo_field(const std::string& key) {
 
 // The SIMD-related CPU flags (the whole list is long and mostly irrelevant).
 std::string simd_flags() {
+#if defined(__aarch64__)
+  std::istringstream all(cpuinfo_field("Features"));  // AArch64: asimd (NEON), asimdhp, sve, bf16, ...
+#else
   std::istringstream all(cpuinfo_field("flags"));
+#endif
   std::string f, out;
   while (all >> f) {
-    if (f.rfind("avx", 0) == 0 || f == "fma" || f == "f16c" || f.rfind("amx", 0) == 0 || f.rfind("sse", 0) == 0) {
+    if (f.rfind("avx", 0) == 0 || f == "fma" || f == "f16c" || f.rfind("amx", 0) == 0 || f.rfind("sse", 0) == 0 ||
+        f.rfind("asimd", 0) == 0 || f.rfind("sve", 0) == 0 || f == "fphp" || f == "bf16" || f == "i8mm") {
       out += (out.empty() ? "" : " ") + f;
     }
   }
