@@ -24,6 +24,10 @@ PKGS=(
 if [[ "${1:-}" == clang ]]; then
   PKGS+=(clang-14 libclang-rt-14-dev llvm-14)
 fi
+# scripts/setup.sh qemu: also Debian's qemu-user (qemu-x86_64 -cpu Haswell: scripts/qemu_check.sh).
+if [[ "${1:-}" == qemu ]]; then
+  PKGS+=(qemu-user)
+fi
 if [[ "${1:-}" == cross-aarch64 ]]; then
   PKGS+=(g++-aarch64-linux-gnu qemu-user)
 fi
