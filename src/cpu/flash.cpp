@@ -34,9 +34,10 @@
 // masks the last tiles see the most keys, so the expensive tasks start first and the cheap
 // ones fill the gaps at the end (work stealing does the rest).
 //
-// Tile sizes (AVX-512 figures; Bc = 4 vectors of the target, MR = kPanelRows, and the L2
-// is the running machine's: planning_l2_bytes()). Bc = 64 = 4 zmm: the widest score row whose 6-row panel (24 accumulators)
-// still leaves registers for the K vectors (32 zmm). Br comes from the L2 (1 MiB per core
+// Tile sizes (AVX-512 figures; the L2 is the running machine's, planning_l2_bytes(); with
+// 16 vector registers, AVX2, Bc = 2 vectors = 16 keys and P.V blocks of 2 vectors, see
+// src/cpu/simd/microkernel.hpp). Bc = 64 = 4 zmm: the widest score row whose 6-row panel
+// (24 accumulators) still leaves registers for the K vectors (32 zmm). Br comes from the L2 (1 MiB per core
 // here): a task's working set is R rows of packed Q and accumulators (about 2 * d_pad floats
 // a row) plus the packed K tile and the V tile (64 x d_pad floats each); Br is the largest
 // multiple of 24 (so R fills whole 6-row panels) up to 120 with
@@ -344,7 +345,7 @@ class Flash final : public Kernel {
   std::string_view name() const override { return "flash"; }
   std::string_view description() const override {
     return "FlashAttention-2 forward: Br x Bc tiles, online softmax (exp2), register-blocked "
-           "micro-kernels (6 rows x 64 keys avx512, 6 x 16 avx2), packed K^T, GQA groups share tiles, "
+           "micro-kernels (6 rows x 64 keys avx512, 6 x 16 avx2 and neon), packed K^T, GQA groups share tiles, "
            "oneTBB over tiles";
   }
   size_t workspace_bytes(const Problem& p, int threads) const override {
