@@ -627,9 +627,11 @@ def plot_vector_width(plots, ok, machine):
     color = {t: cmap((i + 1) % 10) for i, t in enumerate(wider)}
     most = max(len({sh for sh, isa in by_kernel[k] if isa == "scalar"}) for k in kernels)
     fig, axes = plt.subplots(len(kernels), 1, figsize=(max(7.5, 1.4 * most + 2), 3.6 * len(kernels)), squeeze=False)
-    table = ["| kernel | shape | threads | target | GFLOP/s | % of the target's peak | speed-up over scalar | "
-             "FMA peak ratio over scalar | speed-up / peak ratio |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    # GB/s and % of the read bandwidth too: for a memory-bound kernel (decode) they, not the
+    # FMA peak, say how close a target gets.
+    table = ["| kernel | shape | threads | target | GFLOP/s | % of the target's peak | GB/s | % of read BW | "
+             "speed-up over scalar | FMA peak ratio over scalar | speed-up / peak ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for ax, k in zip(axes[:, 0], kernels):
         rows = by_kernel[k]
         shapes = sorted({sh for sh, isa in rows if isa == "scalar"},
@@ -648,6 +650,8 @@ def plot_vector_width(plots, ok, machine):
                 ratio = peak / base_peak if peak and base_peak else None
                 table.append(f"| {k} | {shape_text(r)} {r['mask']} | {r['threads']} | {t} | {fmt(r['gflops'], '.1f')} | "
                              f"{fmt(None if r['peak_fraction'] is None else 100 * r['peak_fraction'], '.1f')} | "
+                             f"{fmt(r.get('gbytes_per_s'), '.2f')} | "
+                             f"{fmt(None if r.get('bw_fraction') is None else 100 * r['bw_fraction'], '.1f')} | "
                              f"{speed:.2f}x | {fmt(ratio, '.2f')}{'x' if ratio else ''} | "
                              f"{fmt(None if not ratio else 100 * speed / ratio, '.0f')}{'%' if ratio else ''} |")
                 if t == "scalar":
