@@ -35,8 +35,10 @@ if grep -q '^ATTN_NATIVE:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null; then
        "default dispatched build; configure one with -DATTN_NATIVE=OFF" >&2
   exit 2
 fi
-if ! file -bL "$EXE" | grep -q 'x86-64'; then
-  echo "qemu_check: $EXE is not an x86-64 binary ($(file -bL "$EXE" | cut -d, -f1-2))" >&2
+# ELF e_machine (bytes 18-19, little endian) 0x3e = x86-64; od is coreutils (file may be absent).
+machine="$(od -An -t x1 -j 18 -N 2 "$EXE" | tr -d ' \n')"
+if [[ "$machine" != 3e00 ]]; then
+  echo "qemu_check: $EXE is not an x86-64 binary (ELF e_machine bytes: ${machine:-none})" >&2
   exit 2
 fi
 "$ROOT/scripts/setup.sh" qemu
