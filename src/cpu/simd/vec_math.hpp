@@ -1,8 +1,11 @@
 // Vector building blocks shared by the SIMD kernels (simd, threaded, flash, decode).
 //
-// Exports (namespace attnlab::simd) - keep this list small and stable:
-//   Batch, kLanes                   xsimd::batch<float> on the build's default arch
-//                                   (avx512bw with -march=native here: 16 lanes)
+// Per-target code (src/cpu/target.hpp): compiled once per instruction-set target.
+// Exports (namespace attnlab::<target>::simd) - keep this list small and stable:
+//   Batch, kLanes                   xsimd::batch<float> on the target's arch (16 lanes avx512,
+//                                   8 avx2, 4 neon), or the 1-lane ScalarBatch (scalar)
+//   kVectorRegisters                32 (AVX-512, AArch64) or 16: what register tiles are sized for
+//   fma, fnma, max, min, select, nearbyint   element-wise, for either Batch type
 //   kLog2e, kLn2                    float constants for folding log2(e) into a scale
 //   exp2(Batch)                     2^x           (what the kernels use, log2(e) folded
 //                                                  into the score scale)
