@@ -1,5 +1,5 @@
 // flash: FlashAttention-2 forward on the CPU - query tiles x key/value tiles with an online
-// softmax, register-blocked AVX-512 micro-kernels (src/cpu/simd/microkernel.hpp), oneTBB.
+// softmax, register-blocked micro-kernels per target (src/cpu/simd/microkernel.hpp), oneTBB.
 //
 // Idea. One task = (batch b, kv head hk, query tile of Br rows). The task handles the
 // G = q_heads / kv_heads query heads of the group together: its R = G * Br "rows" are the
