@@ -6,13 +6,14 @@
 
 #include "attnlab/kernel.hpp"
 #include "attnlab/problem.hpp"
+#include "bench/peak.hpp"  // is_per_target_isa
 
 namespace attnlab::test {
 
 // A variant's name in test names: "flash_avx2" for the SIMD kernels (one variant per
 // built target, include/attnlab/isa.hpp), the plain name for single-build kernels.
 inline std::string variant_name(const Kernel& k) {
-  if (k.isa() == "baseline" || k.isa() == "cuda") return std::string(k.name());
+  if (!bench::is_per_target_isa(k.isa())) return std::string(k.name());
   return std::string(k.name()) + "_" + std::string(k.isa());
 }
 

@@ -37,6 +37,11 @@ std::string default_isa();
 // Checks `isa` (throws InvalidInput: not built / not run by this CPU), then makes it the
 // default for this process, over ATTN_ISA. "" resets to ATTN_ISA / best.
 void set_default_isa(std::string_view isa);
+// Names joined for messages: "scalar, avx2".
+std::string isa_names(const std::vector<std::string>& names);
+// Why this CPU cannot run `isa`: "this CPU cannot run avx512; it runs scalar, avx2 (CPU
+// features: ...)" - the one wording of require_isa and of unavailable variants.
+std::string cannot_run_reason(std::string_view isa);
 // Throws InvalidInput when `isa` is not built or not run here; `field` names the flag.
 void require_isa(std::string_view isa, std::string_view field = "isa");
 // Float lanes per vector of a built target (0 when not built).

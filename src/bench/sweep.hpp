@@ -4,7 +4,7 @@
 // Per point, in the experiment's order (ascending FLOP count, so cheap points give rate
 // estimates before expensive ones):
 //   1. skip, with the reason recorded, when the kernel is unavailable (e.g. its target is
-//      one this CPU cannot run: "unavailable: this CPU cannot run avx512 (it runs ...)") or
+//      one this CPU cannot run: "unavailable: this CPU cannot run avx512; it runs ...") or
 //      does not support the problem, when the point needs more memory than the budget, or
 //      when its estimated time (RateBook: rates measured on earlier points) exceeds the
 //      time cap;

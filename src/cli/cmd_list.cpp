@@ -36,11 +36,12 @@ Command add_list(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("list", "list the kernels, whether each is available here, and their targets");
   return {sub, [] {
             const CacheSizes& c = cache();
+            const std::string def = default_isa();  // a bad ATTN_ISA fails before anything is printed
             std::cout << "CPU features: " << cpu_isa_features() << "\n"
                       << "caches: L1d " << kib(c.l1d) << ", L2 " << kib(c.l2) << ", L3 " << kib(c.l3) << " ("
                       << c.source << "); tiles planned for L2 " << kib(planning_l2_bytes()) << "\n"
                       << "targets built: " << join(built_isas(), ", ") << "; this CPU runs: "
-                      << join(runnable_isas(), ", ") << "; default: " << default_isa()
+                      << join(runnable_isas(), ", ") << "; default: " << def
                       << " (--isa NAME or ATTN_ISA=NAME to force one)\n\n";
             std::cout << std::left << std::setw(12) << "kernel" << std::setw(11) << "available" << std::setw(22)
                       << "targets" << std::setw(22) << "runs here" << std::setw(10) << "default"

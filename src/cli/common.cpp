@@ -28,9 +28,8 @@ std::vector<int64_t> parse_int_list(const std::string& field, const std::string&
 
 void IsaFlag::add_to(CLI::App& app, bool accept_lists) {
   lists = accept_lists;
-  std::string runs;
-  for (const auto& t : runnable_isas()) runs += (runs.empty() ? "" : ", ") + t;
-  const std::string help = std::string("instruction-set target of the SIMD kernels (this CPU runs: ") + runs +
+  const std::string help = std::string("instruction-set target of the SIMD kernels (this CPU runs: ") +
+                           isa_names(runnable_isas()) +
                            "; default: ATTN_ISA, else " + best_isa() + ")" +
                            (lists ? "; or several, comma separated, or all" : "");
   app.add_option("--isa", value, help);

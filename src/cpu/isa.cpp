@@ -142,13 +142,18 @@ bool runs(std::string_view isa, const Features& f) {
 std::mutex g_mutex;
 std::optional<std::string> g_forced;  // set_default_isa
 
-std::string join(const std::vector<std::string>& v) {
+}  // namespace
+
+std::string isa_names(const std::vector<std::string>& names) {
   std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  for (const auto& x : names) s += (s.empty() ? "" : ", ") + x;
   return s;
 }
 
-}  // namespace
+std::string cannot_run_reason(std::string_view isa) {
+  return "this CPU cannot run " + std::string(isa) + "; it runs " + isa_names(runnable_isas()) +
+         " (CPU features: " + features().text() + ")";
+}
 
 const std::vector<std::string>& built_isas() {
   static const std::vector<std::string> names = [] {
@@ -181,11 +186,10 @@ void require_isa(std::string_view isa, std::string_view field) {
   const auto& b = built_isas();
   if (std::find(b.begin(), b.end(), isa) == b.end()) {
     throw InvalidInput(std::string(field) + ": '" + std::string(isa) + "' is not a target of this build; allowed: " +
-                       join(b));
+                       isa_names(b));
   }
   if (!cpu_runs_isa(isa)) {
-    throw InvalidInput(std::string(field) + ": this CPU cannot run " + std::string(isa) + "; it runs " +
-                       join(runnable_isas()) + " (CPU features: " + features().text() + ")");
+    throw InvalidInput(std::string(field) + ": " + cannot_run_reason(isa));
   }
 }
 

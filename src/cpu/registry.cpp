@@ -30,12 +30,7 @@ class TargetKernel final : public Kernel {
   std::string_view description() const override { return inner_.description(); }
   std::string_view isa() const override { return isa_; }
   Support available() const override {
-    if (!cpu_runs_isa(isa_)) {
-      std::string runs;
-      for (const auto& r : runnable_isas()) runs += (runs.empty() ? "" : ", ") + r;
-      return Support::no("this CPU cannot run " + isa_ + " (it runs " + runs + "; CPU features: " +
-                         cpu_isa_features() + ")");
-    }
+    if (!cpu_runs_isa(isa_)) return Support::no(cannot_run_reason(isa_));
     return inner_.available();
   }
   Support supports(const Problem& p) const override { return inner_.supports(p); }
@@ -89,12 +84,6 @@ const Kernel* pick(const Entry& e, std::string_view isa) {
   return e.variants.front();
 }
 
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
-  return s;
-}
-
 }  // namespace
 
 std::vector<const Kernel*> registry() {
@@ -146,7 +135,7 @@ const Kernel& kernel_or_throw(std::string_view name, std::string_view isa) {
     throw InvalidInput("impl: '" + std::string(name) + "' is not a kernel; allowed: " + kernel_names());
   }
   throw InvalidInput("isa: " + std::string(name) + " has no '" + std::string(isa) + "' variant; allowed: " +
-                     join(kernel_isas(name)));
+                     isa_names(kernel_isas(name)));
 }
 
 }  // namespace attnlab
