@@ -121,6 +121,19 @@ TEST_F(Cli, IsaFlagSelectsTargetsAndRefusesOthers) {
   EXPECT_NE(several.out.find("names several targets"), std::string::npos) << several.out;
   EXPECT_FALSE(fs::exists(path("o2.npy")));
 
+  // The environment's spellings are checked as strictly, and named in the error.
+  const Result env_isa = attnlab("verify --impl flash" + shape, "ATTN_ISA=avx1024 ");
+  EXPECT_EQ(env_isa.code, 2) << env_isa.out;
+  EXPECT_NE(env_isa.out.find("ATTN_ISA: 'avx1024' is not a target of this build; allowed: "), std::string::npos)
+      << env_isa.out;
+  for (const char* l2 : {"12", "1M", "-1", "99999999999999"}) {
+    const Result env_l2 = attnlab("list", std::string("ATTN_L2_BYTES=") + l2 + " ");
+    EXPECT_EQ(env_l2.code, 2) << l2 << "\n" << env_l2.out;
+    EXPECT_NE(env_l2.out.find(std::string("ATTN_L2_BYTES: '") + l2 + "' is not allowed; allowed: 65536 to "),
+              std::string::npos) << env_l2.out;
+  }
+  EXPECT_EQ(attnlab("list", "ATTN_L2_BYTES=2097152 ").code, 0);
+
   // A target of this build that this CPU cannot run (avx512 on an AVX2 machine).
   std::string missing;
   for (const auto& t : built_isas()) {
