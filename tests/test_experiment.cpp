@@ -21,10 +21,10 @@ Experiment parse(const std::string& text) { return parse_experiment(Json::parse(
 
 std::vector<GridPoint> grid(const std::string& text, int all_threads = 2) { return expand(parse(text), all_threads); }
 
-// The InvalidInput message of parsing `text`, or "" when it parses.
-std::string error_of(const std::string& text) {
+// The InvalidInput message of parsing `text` (with `parser`), or "" when it parses.
+std::string error_of(const std::string& text, Experiment (*parser)(const std::string&) = parse) {
   try {
-    parse(text);
+    parser(text);
   } catch (const InvalidInput& e) {
     return e.what();
   }
@@ -178,14 +178,7 @@ const IsaChoices kIsas = {{"scalar", "avx2", "avx512"}, {"scalar", "avx2"}, {"fl
 
 Experiment parse_isa(const std::string& text) { return parse_experiment(Json::parse(text), "t.json", kKernels, kIsas); }
 
-std::string isa_error_of(const std::string& text) {
-  try {
-    parse_isa(text);
-  } catch (const InvalidInput& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string isa_error_of(const std::string& text) { return error_of(text, parse_isa); }
 
 TEST(Experiment, IsaAxisRunsEachPerTargetKernelOncePerTarget) {
   // "all": every target the CPU runs, narrowest first; naive (built once) runs once.
