@@ -129,7 +129,7 @@ class Decode final : public Kernel {
 
     // 1. Partial states, one task per (batch, kv head, key chunk).
     const int64_t tasks = p.batch * p.kv_heads * plan.chunks;
-    parallel_for(tbb::blocked_range<int64_t>(0, tasks, 1), [&](const tbb::blocked_range<int64_t>& range) {
+    attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, tasks, 1), [&](const tbb::blocked_range<int64_t>& range) {
       const int slot = tbb::this_task_arena::current_thread_index();
       if (slot < 0 || slot >= ctx.threads) {
         throw std::logic_error("decode: run outside an arena of ctx.threads threads");
@@ -144,7 +144,7 @@ class Decode final : public Kernel {
     });
 
     // 2. Exact merge of the chunks of every query row, in chunk order.
-    parallel_for(tbb::blocked_range<int64_t>(0, p.batch * p.kv_heads, 1),
+    attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, p.batch * p.kv_heads, 1),
                       [&](const tbb::blocked_range<int64_t>& range) {
                         for (int64_t bh = range.begin(); bh != range.end(); ++bh) {
                           merge(p, out, plan, bh / p.kv_heads, bh % p.kv_heads, partials);

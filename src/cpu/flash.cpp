@@ -355,7 +355,7 @@ class Flash final : public Kernel {
     const Tiling t = make_tiling(p);
     const int64_t nq = (p.q_len + t.br - 1) / t.br;
     const int64_t tasks = p.batch * p.kv_heads * nq;
-    parallel_for(
+    attnlab::parallel_tasks(
         tbb::blocked_range<int64_t>(0, tasks, 1),
         [&](const tbb::blocked_range<int64_t>& range) {
           const int slot = tbb::this_task_arena::current_thread_index();

@@ -1,10 +1,14 @@
-// attnlab::parallel_for: tbb::parallel_for, plus, in ThreadSanitizer builds only, the
+// attnlab::parallel_tasks: tbb::parallel_for, plus, in ThreadSanitizer builds only, the
 // happens-before edges TSan cannot see. libtbb is not instrumented, so its task hand-off and
 // its join look unsynchronised to TSan, which would then report every task's read of the
 // caller's data (inputs, workspace, the previous phase's results) as a race. Here the
 // caller's writes happen before every task (it releases `start`, each task acquires it) and
 // every task's writes before the return (each task releases `done`, the caller acquires it).
 // Tasks get no edge between each other: two tasks touching the same memory are still reported.
+// A name of its own: a call spelled `parallel_for(tbb::blocked_range...)` from a kernel's
+// namespace finds tbb::parallel_for by argument-dependent lookup, which wins the overload
+// and silently drops the annotations (it did, once the kernels moved into per-target
+// namespaces).
 #pragma once
 
 #include <utility>
@@ -25,7 +29,7 @@
 namespace attnlab {
 
 template <class Range, class Body, class... Partitioner>
-void parallel_for(const Range& range, const Body& body, Partitioner&&... partitioner) {
+void parallel_tasks(const Range& range, const Body& body, Partitioner&&... partitioner) {
 #ifdef ATTN_TSAN_ANNOTATE
   char start = 0, done = 0;
   __tsan_release(&start);

@@ -53,7 +53,7 @@ class Threaded final : public Kernel {
     const int64_t blocks = (p.q_len + simd::kRowBlock - 1) / simd::kRowBlock;
     const int64_t tasks = p.batch * p.q_heads * blocks;
     const size_t stride = per_thread_bytes(p);
-    parallel_for(tbb::blocked_range<int64_t>(0, tasks, 1), [&](const tbb::blocked_range<int64_t>& range) {
+    attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, tasks, 1), [&](const tbb::blocked_range<int64_t>& range) {
       const int slot = tbb::this_task_arena::current_thread_index();
       if (slot < 0 || slot >= ctx.threads) {
         throw std::logic_error("threaded: run outside an arena of ctx.threads threads");
