@@ -186,7 +186,8 @@ template <int MR>
 void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile& kt) {
   // Visible keys of each row inside the tile, relative to j0; full = no row needs a mask.
   int lo[MR], hi[MR];
-  bool full = true, any = false;
+  int ja = kt.nk, jb = 0;  // union of the rows' visible keys: the score blocks to compute
+  bool full = true;
   for (int m = 0; m < MR; ++m) {
     const Interval& iv = s.iv[rr0 + m];
     lo[m] = static_cast<int>(std::clamp<int64_t>(iv.lo - kt.j0, 0, kt.nk));
@@ -194,45 +195,56 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
     if (hi[m] <= lo[m]) {
       lo[m] = hi[m] = 0;
     } else {
-      any = true;
+      ja = std::min(ja, lo[m]), jb = std::max(jb, hi[m]);
     }
     full = full && iv.lo <= kt.j0 && iv.hi >= kt.j0 + kTileKeys;
   }
-  if (!any) return;
+  if (ja >= jb) return;
 
-  Batch acc[MR][simd::kKeyVecs];
-  simd::score_panel<MR>(s.q + rr0 * t.dim, s.kt, t.dim, acc);
-
-  float alpha[MR];
-  bool rescale = false;
+  // S through L1; masked keys become -inf by a select (never arithmetic, so NaN/Inf in a
+  // masked K row never leaks), the blocks outside [ja, jb) are never read unmasked.
+  simd::score_panel<MR>(s.q + rr0 * t.dim, s.kt, t.dim, ja, jb, s.p);
+  constexpr int kTileVecs = kTileKeys / kLanes;
+  float m_old[MR], m_new[MR], alpha[MR];
   for (int m = 0; m < MR; ++m) {
-    Batch* sv = acc[m];
-    if (!full) {
+    float* prow = s.p + m * kTileKeys;
+    Batch vmax(kNegInf);
+    if (full) {
+      for (int v = 0; v < kTileVecs; ++v) vmax = simd::max(vmax, Batch::load_aligned(prow + v * kLanes));
+    } else {
       const Batch lo_b(static_cast<float>(lo[m])), hi_b(static_cast<float>(hi[m]));
-      for (int v = 0; v < simd::kKeyVecs; ++v) {
+      for (int v = 0; v < kTileVecs; ++v) {
         const Batch idx = lane_index(v);
-        sv[v] = simd::select((idx >= lo_b) & (idx < hi_b), sv[v], Batch(kNegInf));
+        const Batch x = simd::select((idx >= lo_b) & (idx < hi_b), Batch::load_aligned(prow + v * kLanes), Batch(kNegInf));
+        x.store_aligned(prow + v * kLanes);
+        vmax = simd::max(vmax, x);
       }
     }
-    Batch vmax = sv[0];
-    for (int v = 1; v < simd::kKeyVecs; ++v) vmax = simd::max(vmax, sv[v]);
-    // include/attnlab/online_softmax.hpp: never skipped by its max; a NaN the max drops
-    // still makes l NaN. alpha is 1 (no rescale) unless the max grew past a finite one.
-    const float m_old = s.m[rr0 + m];
-    const float m_new = std::max(m_old, simd::reduce_max(vmax));
-    float* prow = s.p + m * kTileKeys;
-    alpha[m] = online_softmax::rescale<kLog2>(m_old, m_new);
+    m_old[m] = s.m[rr0 + m];
+    m_new[m] = std::max(m_old[m], simd::reduce_max(vmax));
+  }
+  // include/attnlab/online_softmax.hpp: never skipped by its max; a NaN the max drops still
+  // makes l NaN. alpha is 1 (no rescale) unless the max grew past a finite one; the factors
+  // of all MR rows come from one vector exp2.
+  bool rescale = false;
+  for (int m0 = 0; m0 < MR; m0 += kLanes) {
+    const int n = std::min(kLanes, MR - m0);
+    const Batch a = simd::rescale_log2(simd::load_partial(m_old + m0, n), simd::load_partial(m_new + m0, n));
+    simd::store_partial(alpha + m0, a, n);
+  }
+  for (int m = 0; m < MR; ++m) {
     rescale = rescale || alpha[m] != 1.f;
-    const Batch mb(online_softmax::subtrahend(m_new));
+    float* prow = s.p + m * kTileKeys;
+    const Batch mb(online_softmax::subtrahend(m_new[m]));
     Batch sum(0.f);
-    for (int v = 0; v < simd::kKeyVecs; ++v) {
-      const Batch pv = simd::exp2(sv[v] - mb);
+    for (int v = 0; v < kTileVecs; ++v) {
+      const Batch pv = simd::exp2(Batch::load_aligned(prow + v * kLanes) - mb);
       pv.store_aligned(prow + v * kLanes);
       sum += pv;
     }
     float* lrow = s.l + (rr0 + m) * kLanes;
     (Batch::load_aligned(lrow) * Batch(alpha[m]) + sum).store_aligned(lrow);
-    s.m[rr0 + m] = m_new;
+    s.m[rr0 + m] = m_new[m];
   }
 
   float* o = s.o + rr0 * t.dim_pad;

@@ -34,8 +34,10 @@
 namespace attnlab::ATTN_TARGET_NS::simd {
 
 inline constexpr bool kNarrowPanels = kVectorRegisters == 16 && kLanes > 1;  // AVX2
-inline constexpr int kKeyVecs = kNarrowPanels ? 2 : 4;     // vectors per score row of a tile
-inline constexpr int kTileKeys = kKeyVecs * kLanes;        // Bc: 64 keys with AVX-512, 16 AVX2
+inline constexpr int kKeyVecs = kNarrowPanels ? 2 : 4;     // vectors per score row of a register block
+inline constexpr int kBlockKeys = kKeyVecs * kLanes;       // keys per register block: 64 AVX-512, 16 AVX2 and NEON, 4 scalar
+inline constexpr int kTileKeys = 64;                       // Bc, every target: whole register blocks
+static_assert(kTileKeys % kBlockKeys == 0, "a key tile is whole register blocks");
 inline constexpr int kPanelRows =                          // MR: query rows per register panel
     kNarrowPanels ? 6 : (kVectorRegisters - kKeyVecs - 2) / kKeyVecs;  // 6; scalar 2
 inline constexpr int kOutVecs = kNarrowPanels ? 2 : 4;     // GEMM 2 column block, in vectors
@@ -74,6 +76,25 @@ inline void transpose16(__m512 r[16]) {
     r[12 + c] = _mm512_shuffle_f32x4(v1, w1, 0xDD);  // lane 3
   }
 }
+#elif defined(__AVX2__)
+// In-register transpose of an 8 x 8 float block: r[i] lane j <- r[j] lane i.
+inline void transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);      // a0 b0 a1 b1 | a4 b4 a5 b5
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);  // a2 b2 a3 b3 | a6 b6 a7 b7
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));  // col 0 | 4
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));  // col 1 | 5
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));  // 2 | 6
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));  // 3 | 7
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+    r[c + 4] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+  }
+}
 #endif
 
 // Kt[k * kTileKeys + j] = k_rows[j * ldk + k] for keys j < nk and k < d; keys j in
@@ -97,6 +118,20 @@ inline void pack_k_transposed(const float* k_rows, int64_t ldk, int nk, int64_t 
       for (int c = 0; c < 16; ++c) _mm512_store_ps(kt + (k0 + c) * kTileKeys + j0, r[c]);
     }
   }
+#elif defined(__AVX2__)
+  // 8 x 8 blocks: 8 key rows (partial loads for the d tail, zero past nk), transposed in
+  // registers (unpack ps, shuffle, 128-bit permute), stored as 8 aligned Kt rows.
+  for (int j0 = 0; j0 < kTileKeys; j0 += 8) {
+    for (int64_t k0 = 0; k0 < dp; k0 += 8) {
+      const int n = static_cast<int>(d - k0 < 8 ? d - k0 : 8);
+      __m256 r[8];
+      for (int j = 0; j < 8; ++j) {
+        r[j] = j0 + j < nk ? __m256(load_partial(k_rows + (j0 + j) * ldk + k0, n)) : _mm256_setzero_ps();
+      }
+      transpose8(r);
+      for (int c = 0; c < 8; ++c) _mm256_store_ps(kt + (k0 + c) * kTileKeys + j0, r[c]);
+    }
+  }
 #else
   for (int64_t k = 0; k < dp; ++k) {
     float* dst = kt + k * kTileKeys;
@@ -116,21 +151,29 @@ inline void prefetch_rows(const float* base, int64_t ld, int64_t r0, int64_t r1,
   }
 }
 
-// GEMM 1 for one register panel: acc[m][v] = sum_k qp[k * MR + m] * Kt[k][v*kLanes ...].
+// GEMM 1 for one register panel: s[m * kTileKeys + j] = sum_k qp[k * MR + m] * Kt[k][j] for
+// the register blocks of kBlockKeys keys that overlap [ja, jb) (the others are not written).
 // qp is the panel of MR query rows packed k-major (the MR elements broadcast at step k are
-// adjacent). kt as written by pack_k_transposed.
+// adjacent). kt as written by pack_k_transposed; s 64-byte aligned. The scores go through
+// L1 (MR x 64 floats): the epilogue then works on a whole tile row, whatever the register
+// block of the target.
 template <int MR>
-inline void score_panel(const float* qp, const float* kt, int64_t d, Batch (&acc)[MR][kKeyVecs]) {
-  for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < kKeyVecs; ++v) acc[m][v] = Batch(0.f);
-  for (int64_t k = 0; k < d; ++k) {
-    const float* kr = kt + k * kTileKeys;
-    Batch kv[kKeyVecs];
-    for (int v = 0; v < kKeyVecs; ++v) kv[v] = Batch::load_aligned(kr + v * kLanes);
-    for (int m = 0; m < MR; ++m) {
-      const Batch q(qp[k * MR + m]);
-      for (int v = 0; v < kKeyVecs; ++v) acc[m][v] = simd::fma(q, kv[v], acc[m][v]);
+inline void score_panel(const float* qp, const float* kt, int64_t d, int ja, int jb, float* s) {
+  for (int j0 = ja / kBlockKeys * kBlockKeys; j0 < jb; j0 += kBlockKeys) {
+    Batch acc[MR][kKeyVecs];
+    for (int m = 0; m < MR; ++m)
+      for (int v = 0; v < kKeyVecs; ++v) acc[m][v] = Batch(0.f);
+    for (int64_t k = 0; k < d; ++k) {
+      const float* kr = kt + k * kTileKeys + j0;
+      Batch kv[kKeyVecs];
+      for (int v = 0; v < kKeyVecs; ++v) kv[v] = Batch::load_aligned(kr + v * kLanes);
+      for (int m = 0; m < MR; ++m) {
+        const Batch q(qp[k * MR + m]);
+        for (int v = 0; v < kKeyVecs; ++v) acc[m][v] = simd::fma(q, kv[v], acc[m][v]);
+      }
     }
+    for (int m = 0; m < MR; ++m)
+      for (int v = 0; v < kKeyVecs; ++v) acc[m][v].store_aligned(s + m * kTileKeys + j0 + v * kLanes);
   }
 }
 

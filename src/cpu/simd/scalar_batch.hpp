@@ -34,6 +34,7 @@ struct ScalarBatch {
   friend bool operator<=(ScalarBatch a, ScalarBatch b) { return a.v <= b.v; }
   friend bool operator>=(ScalarBatch a, ScalarBatch b) { return a.v >= b.v; }
   friend bool operator!=(ScalarBatch a, ScalarBatch b) { return a.v != b.v; }
+  friend bool operator==(ScalarBatch a, ScalarBatch b) { return a.v == b.v; }
 };
 
 inline ScalarBatch fma(ScalarBatch a, ScalarBatch b, ScalarBatch c) { return {a.v * b.v + c.v}; }
