@@ -48,7 +48,8 @@ TEST(Flash, PackKTransposedMatchesPlainTranspose) {
         for (int64_t c = 0; c < d; ++c)
           for (int j = 0; j < tile; ++j) {
             const float want = j < nk ? static_cast<float>(1000 * j + c) : 0.f;
-            ASSERT_EQ(kt[c * tile + j], want) << isa << " d " << d << " nk " << nk << " k " << c << " key " << j;
+            const int64_t at = (j / t.block_keys) * dp * t.block_keys + c * t.block_keys + j % t.block_keys;
+            ASSERT_EQ(kt[at], want) << isa << " d " << d << " nk " << nk << " k " << c << " key " << j;
           }
       }
     }

@@ -58,7 +58,7 @@
 #include "attnlab/kernel.hpp"
 #include "attnlab/online_softmax.hpp"
 #include "cpu/parallel.hpp"
-#include "cpu/simd/rowblock.hpp"
+#include "cpu/simd/tiles.hpp"
 #include "cpu/simd/vec_math.hpp"
 
 namespace attnlab::ATTN_TARGET_NS::cpu {
@@ -87,17 +87,16 @@ bool sees_chunk(const Interval& iv, int64_t chunk, int64_t chunk_keys, int64_t k
 }
 
 struct Plan {
-  int64_t group, rows, chunk_keys, chunks, dp, row_stride;
-  size_t partial_bytes, scratch_bytes;
-  explicit Plan(const Problem& p) {
-    group = p.group();
-    rows = group * p.q_len;  // query rows per kv head: (g, i) -> g * q_len + i
+  simd::Tiling tiling;  // the tile engine's: Br = q_len, so one task holds every row
+  int64_t rows, chunk_keys, chunks, dp, row_stride;
+  size_t partial_bytes;
+  explicit Plan(const Problem& p) : tiling(simd::make_tiling(p, p.q_len)) {
+    rows = p.group() * p.q_len;  // the engine's row order: (i, g) -> i * group + g
     chunk_keys = decode_chunk_keys(p);
     chunks = std::max<int64_t>(1, (p.kv_len + chunk_keys - 1) / chunk_keys);
     dp = (p.head_dim + 15) / 16 * 16;
     row_stride = dp + 16;  // acc (dp floats), then m at [dp], l at [dp + 1]; 64-byte rows
     partial_bytes = static_cast<size_t>(p.batch * p.kv_heads * chunks * rows * row_stride) * sizeof(float);
-    scratch_bytes = (simd::row_block_scratch_bytes(p) + 63) / 64 * 64;
   }
   float* partial(float* base, int64_t b, int64_t hk, int64_t chunk, int64_t kv_heads) const {
     return base + ((b * kv_heads + hk) * chunks + chunk) * rows * row_stride;
@@ -109,7 +108,7 @@ class Decode final : public Kernel {
   std::string_view name() const override { return "decode"; }
   std::string_view description() const override {
     return "flash-decoding for q_len <= 16: L2-sized key chunks as oneTBB tasks, all query rows of a "
-           "GQA group per task (K/V read once), partial (O, m, l) merged exactly";
+           "GQA group per task through flash's tile engine (K/V read once), partial (O, m, l) merged exactly";
   }
   Support supports(const Problem& p) const override {
     if (p.q_len > kMaxQLen) {
@@ -120,26 +119,21 @@ class Decode final : public Kernel {
   }
   size_t workspace_bytes(const Problem& p, int threads) const override {
     const Plan plan(p);
-    return plan.partial_bytes + static_cast<size_t>(threads) * plan.scratch_bytes;
+    return plan.partial_bytes + static_cast<size_t>(threads) * plan.tiling.bytes;
   }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     const Plan plan(p);
     float* partials = reinterpret_cast<float*>(ctx.workspace.data());
-    std::byte* scratch_base = ctx.workspace.data() + plan.partial_bytes;
 
     // 1. Partial states, one task per (batch, kv head, key chunk).
     const int64_t tasks = p.batch * p.kv_heads * plan.chunks;
     attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, tasks, 1), [&](const tbb::blocked_range<int64_t>& range) {
-      const int slot = tbb::this_task_arena::current_thread_index();
-      if (slot < 0 || slot >= ctx.threads) {
-        throw std::logic_error("decode: run outside an arena of ctx.threads threads");
-      }
-      std::byte* scratch = scratch_base + static_cast<size_t>(slot) * plan.scratch_bytes;
+      const simd::Scratch s(thread_scratch(ctx, plan.tiling.bytes, "decode", plan.partial_bytes), plan.tiling);
       for (int64_t t = range.begin(); t != range.end(); ++t) {
         const int64_t chunk = t % plan.chunks;
         const int64_t bh = t / plan.chunks;
         const int64_t b = bh / p.kv_heads, hk = bh % p.kv_heads;
-        run_chunk(p, in, plan, b, hk, chunk, plan.partial(partials, b, hk, chunk, p.kv_heads), scratch);
+        run_chunk(p, in, plan, s, b, hk, chunk, plan.partial(partials, b, hk, chunk, p.kv_heads));
       }
     });
 
@@ -153,29 +147,18 @@ class Decode final : public Kernel {
   }
 
  private:
-  static void run_chunk(const Problem& p, const Inputs& in, const Plan& plan, int64_t b,
-                        int64_t hk, int64_t chunk, float* partial, std::byte* scratch) {
-    const MaskSpec mask = p.mask_for_batch(b);
-    const Interval keys{chunk * plan.chunk_keys, std::min((chunk + 1) * plan.chunk_keys, mask.kv_len)};
-    const simd::KvHead kv{in.k.row(b, hk, 0), in.k.stride_s, in.v.row(b, hk, 0), in.v.stride_s};
-    const float* q[simd::kRowBlock];
-    Interval visible[simd::kRowBlock];
-    for (int64_t r0 = 0; r0 < plan.rows; r0 += simd::kRowBlock) {
-      const int64_t n = std::min(simd::kRowBlock, plan.rows - r0);
-      for (int64_t t = 0; t < n; ++t) {
-        const int64_t g = (r0 + t) / p.q_len, i = (r0 + t) % p.q_len;
-        q[t] = in.q.row(b, hk * plan.group + g, i);
-        visible[t] = mask.row(i);
-      }
-      const simd::RowState st = simd::attend_rows(p, n, q, visible, kv, keys, scratch);
-      for (int64_t t = 0; t < n; ++t) {
-        float* dst = partial + (r0 + t) * plan.row_stride;
-        dst[plan.dp] = st.m[t];
-        dst[plan.dp + 1] = st.l[t];
-        if (sees_chunk(visible[t], chunk, plan.chunk_keys, mask.kv_len)) {
-          std::copy(st.acc + t * st.acc_stride, st.acc + t * st.acc_stride + plan.dp, dst);
-        }
-      }
+  static void run_chunk(const Problem& p, const Inputs& in, const Plan& plan, const simd::Scratch& s,
+                        int64_t b, int64_t hk, int64_t chunk, float* partial) {
+    const simd::Tiling& t = plan.tiling;
+    const int64_t rows = simd::begin_rows(p, in, t, s, b, hk, 0, p.q_len);
+    const Interval keys{chunk * plan.chunk_keys, std::min((chunk + 1) * plan.chunk_keys, p.mask_for_batch(b).kv_len)};
+    simd::attend_keys(p, in, t, s, b, hk, rows, keys);
+    for (int64_t rr = 0; rr < rows; ++rr) {
+      float* dst = partial + rr * plan.row_stride;
+      std::copy(s.o + rr * t.dim_pad, s.o + (rr + 1) * t.dim_pad, dst);
+      std::fill(dst + t.dim_pad, dst + plan.dp, 0.f);
+      dst[plan.dp] = s.m[rr];
+      dst[plan.dp + 1] = simd::row_sum(s, rr);
     }
   }
 
@@ -183,12 +166,12 @@ class Decode final : public Kernel {
                     float* partials) {
     using simd::Batch;
     using simd::kLanes;
-    const int64_t d = p.head_dim;
+    const int64_t d = p.head_dim, group = p.group();
     const float* first = plan.partial(partials, b, hk, 0, p.kv_heads);
     const int64_t chunk_stride = plan.rows * plan.row_stride;
     const MaskSpec mask = p.mask_for_batch(b);
     for (int64_t r = 0; r < plan.rows; ++r) {
-      const int64_t h = hk * plan.group + r / p.q_len, i = r % p.q_len;
+      const int64_t h = hk * group + r % group, i = r / group;
       const float* row = first + r * plan.row_stride;
       const Interval iv = mask.row(i);
       // Chunks outside the row's interval are skipped, never weighted by 0.
@@ -203,11 +186,11 @@ class Decode final : public Kernel {
         if (lse) *lse = kNegInf;
         continue;
       }
-      // Accumulate in chunk order, then one division per element.
-      constexpr int64_t kMaxVecs = (Problem::kMaxHeadDim + kLanes - 1) / kLanes;
-      Batch acc[kMaxVecs];
+      // Accumulate in chunk order, then one scaling per element.
+      constexpr int64_t kMaxVecs = (Problem::kMaxHeadDim + 15) / 16 * 16 / kLanes;
+      alignas(64) float acc[kMaxVecs * kLanes];
       const int64_t nv = plan.dp / kLanes;
-      for (int64_t v = 0; v < nv; ++v) acc[v] = Batch(0.f);
+      std::fill(acc, acc + plan.dp, 0.f);
       double big_l = 0.0;
       for (int64_t c = 0; c < plan.chunks; ++c) {
         if (!sees_chunk(iv, c, plan.chunk_keys, mask.kv_len)) continue;
@@ -215,12 +198,11 @@ class Decode final : public Kernel {
         const float w = online_softmax::rescale<kLog2>(pc[plan.dp], big_m);
         big_l += static_cast<double>(w) * pc[plan.dp + 1];
         const Batch wv(w);
-        for (int64_t v = 0; v < nv; ++v) acc[v] = simd::fma(wv, Batch::load_aligned(pc + v * kLanes), acc[v]);
+        for (int64_t v = 0; v < nv; ++v) {
+          simd::fma(wv, Batch::load_aligned(pc + v * kLanes), Batch::load_aligned(acc + v * kLanes)).store_aligned(acc + v * kLanes);
+        }
       }
-      const Batch inv(static_cast<float>(online_softmax::out_scale(false, big_l)));
-      int64_t v = 0;
-      for (; (v + 1) * kLanes <= d; ++v) (acc[v] * inv).store_unaligned(o + v * kLanes);
-      if (v * kLanes < d) simd::store_partial(o + v * kLanes, acc[v] * inv, static_cast<int>(d - v * kLanes));
+      simd::scale_row(acc, static_cast<float>(online_softmax::out_scale(false, big_l)), d, o);
       if (lse) *lse = online_softmax::out_lse<kLog2>(false, big_m, big_l);
     }
   }

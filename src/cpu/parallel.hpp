@@ -11,9 +11,15 @@
 // namespaces).
 #pragma once
 
+#include <cstddef>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include "attnlab/kernel.hpp"
 
 #if defined(__SANITIZE_THREAD__)
 #define ATTN_TSAN_ANNOTATE 1
@@ -45,6 +51,18 @@ void parallel_tasks(const Range& range, const Body& body, Partitioner&&... parti
 #else
   tbb::parallel_for(range, body, std::forward<Partitioner>(partitioner)...);
 #endif
+}
+
+// The calling thread's slice of the run's workspace (bytes_per_thread each, after `offset`
+// bytes shared by all threads): tasks index scratch by their arena slot, so a kernel run
+// outside an arena of ctx.threads threads would share a slice - an error, not a race.
+inline std::byte* thread_scratch(RunContext& ctx, size_t bytes_per_thread, const char* kernel,
+                                 size_t offset = 0) {
+  const int slot = tbb::this_task_arena::current_thread_index();
+  if (slot < 0 || slot >= ctx.threads) {
+    throw std::logic_error(std::string(kernel) + ": run outside an arena of ctx.threads threads");
+  }
+  return ctx.workspace.data() + offset + static_cast<size_t>(slot) * bytes_per_thread;
 }
 
 }  // namespace attnlab

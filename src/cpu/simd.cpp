@@ -352,10 +352,7 @@ void attend_row_block(const Problem& p, const Inputs& in, const Outputs& out, in
     float* o = out.o.row(b, h, i0 + r);
     const float* ar = st.acc + r * st.acc_stride;
     const bool empty = visible[r].empty();
-    const Batch inv(online_softmax::out_scale(empty, st.l[r]));
-    int64_t c = 0;
-    for (; c + kLanes <= d; c += kLanes) (Batch::load_aligned(ar + c) * inv).store_unaligned(o + c);
-    if (c < d) store_partial(o + c, Batch::load_aligned(ar + c) * inv, static_cast<int>(d - c));
+    scale_row(ar, online_softmax::out_scale(empty, st.l[r]), d, o);
     if (out.lse) {
       out.lse[(b * p.q_heads + h) * p.q_len + i0 + r] = online_softmax::out_lse<kLog2>(empty, st.m[r], st.l[r]);
     }

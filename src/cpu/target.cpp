@@ -123,6 +123,7 @@ const TargetTable& target_table() {
       },
       .store_partial = [](float* p, float value, int n) { simd::store_partial(p, Batch(value), n); },
       .tile_keys = simd::kTileKeys,
+      .block_keys = simd::kBlockKeys,
       .pack_k_transposed = simd::pack_k_transposed,
   };
   return t;

@@ -54,11 +54,7 @@ class Threaded final : public Kernel {
     const int64_t tasks = p.batch * p.q_heads * blocks;
     const size_t stride = per_thread_bytes(p);
     attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, tasks, 1), [&](const tbb::blocked_range<int64_t>& range) {
-      const int slot = tbb::this_task_arena::current_thread_index();
-      if (slot < 0 || slot >= ctx.threads) {
-        throw std::logic_error("threaded: run outside an arena of ctx.threads threads");
-      }
-      std::byte* scratch = ctx.workspace.data() + static_cast<size_t>(slot) * stride;
+      std::byte* scratch = thread_scratch(ctx, stride, "threaded");
       for (int64_t t = range.begin(); t != range.end(); ++t) {
         const int64_t bh = t / blocks;
         simd::attend_row_block(p, in, out, bh / p.q_heads, bh % p.q_heads,

@@ -3,7 +3,8 @@
 //
 //   score_panel:  S[MR x kTileKeys] = Qpanel[MR x d] * Kt[d x kTileKeys]   (GEMM 1)
 //   pv_panel:     O[MR x NV*kLanes] (+)= P[MR x keys] * V[keys x NV*kLanes] (GEMM 2)
-//   pack_k_transposed: K tile (kTileKeys rows of d floats, any row stride) -> Kt [d][kTileKeys]
+//   pack_k_transposed: K tile (kTileKeys rows of d floats, any row stride) -> Kt, [d][kBlockKeys]
+//                      per register block of keys (kt_offset)
 //
 // Register budget (AVX-512: 32 zmm, FMA latency 4 cycles, one zmm FMA per cycle on this
 // Zen 4 - two 256-bit pipes - so >= 4 independent accumulators hide the latency):
@@ -97,8 +98,15 @@ inline void transpose8(__m256 r[8]) {
 }
 #endif
 
-// Kt[k * kTileKeys + j] = k_rows[j * ldk + k] for keys j < nk and k < d; keys j in
-// [nk, kTileKeys) are zero. kt holds padded_dim(d) rows of kTileKeys floats, 64-byte
+// Where Kt element (k, key j) lives: block-major, one [dp][kBlockKeys] panel per register
+// block of keys, so GEMM 1 streams each block's panel front to back (contiguous, one
+// cache line per k step on AVX2) instead of striding through the whole tile.
+inline int64_t kt_offset(int64_t dp, int64_t k, int j) {
+  return (j / kBlockKeys) * dp * kBlockKeys + k * kBlockKeys + j % kBlockKeys;
+}
+
+// Kt(k, j) = k_rows[j * ldk + k] for keys j < nk and k < d (at kt_offset); keys j in
+// [nk, kTileKeys) are zero. kt holds padded_dim(d) x kTileKeys floats, 64-byte
 // aligned; rows [d, padded_dim(d)) are written (zero) but never read. Reads only the nk
 // rows of d floats it is given.
 inline void pack_k_transposed(const float* k_rows, int64_t ldk, int nk, int64_t d, float* kt) {
@@ -115,7 +123,7 @@ inline void pack_k_transposed(const float* k_rows, int64_t ldk, int nk, int64_t 
                            : _mm512_setzero_ps();
       }
       transpose16(r);
-      for (int c = 0; c < 16; ++c) _mm512_store_ps(kt + (k0 + c) * kTileKeys + j0, r[c]);
+      for (int c = 0; c < 16; ++c) _mm512_store_ps(kt + kt_offset(dp, k0 + c, j0), r[c]);
     }
   }
 #elif defined(__AVX2__)
@@ -126,16 +134,18 @@ inline void pack_k_transposed(const float* k_rows, int64_t ldk, int nk, int64_t 
       const int n = static_cast<int>(d - k0 < 8 ? d - k0 : 8);
       __m256 r[8];
       for (int j = 0; j < 8; ++j) {
-        r[j] = j0 + j < nk ? __m256(load_partial(k_rows + (j0 + j) * ldk + k0, n)) : _mm256_setzero_ps();
+        const float* row = k_rows + (j0 + j) * ldk + k0;
+        // Plain loads for whole vectors: a masked load (vmaskmovps) stalls the stream of
+        // K rows from memory (measured: 3.4 vs ~10 GB/s packing from DRAM on Zen 3).
+        r[j] = j0 + j >= nk ? _mm256_setzero_ps() : n == 8 ? _mm256_loadu_ps(row) : __m256(load_partial(row, n));
       }
       transpose8(r);
-      for (int c = 0; c < 8; ++c) _mm256_store_ps(kt + (k0 + c) * kTileKeys + j0, r[c]);
+      for (int c = 0; c < 8; ++c) _mm256_store_ps(kt + kt_offset(dp, k0 + c, j0), r[c]);
     }
   }
 #else
   for (int64_t k = 0; k < dp; ++k) {
-    float* dst = kt + k * kTileKeys;
-    for (int j = 0; j < kTileKeys; ++j) dst[j] = (j < nk && k < d) ? k_rows[j * ldk + k] : 0.f;
+    for (int j = 0; j < kTileKeys; ++j) kt[kt_offset(dp, k, j)] = (j < nk && k < d) ? k_rows[j * ldk + k] : 0.f;
   }
 #endif
 }
@@ -151,7 +161,26 @@ inline void prefetch_rows(const float* base, int64_t ld, int64_t r0, int64_t r1,
   }
 }
 
-// GEMM 1 for one register panel: s[m * kTileKeys + j] = sum_k qp[k * MR + m] * Kt[k][j] for
+// Plain loads of one float per cache line of rows [0, n) (d floats each, ld apart), in
+// address order (folded into a volatile, so they stay). For callers with too little arithmetic per key to hide
+// a software prefetch (decode: a few query rows per K/V byte): independent loads in
+// address order keep many misses in flight, as a streaming read does, and the packing and
+// P.V that follow find the tile in cache. (Measured on Zen 3, q_len 1, 32/8 heads, d 128:
+// 0.28-0.35 -> 0.47-0.55 of the read bandwidth, 1 thread; prefetcht1 one tile ahead gained
+// nothing there.)
+inline void touch_rows(const float* base, int64_t ld, int n, int64_t d) {
+  constexpr int64_t kLine = 64 / sizeof(float);
+  Batch acc(0.f);
+  for (int j = 0; j < n; ++j) {
+    const float* row = base + j * ld;
+    for (int64_t c = 0; c < d; c += kLine) acc = simd::max(acc, Batch(row[c]));
+    acc = simd::max(acc, Batch(row[d - 1]));  // the last line of an unaligned row
+  }
+  volatile float sink = reduce_max(acc);
+  (void)sink;
+}
+
+// GEMM 1 for one register panel: s[m * kTileKeys + j] = sum_k qp[k * MR + m] * Kt(k, j) for
 // the register blocks of kBlockKeys keys that overlap [ja, jb) (the others are not written).
 // qp is the panel of MR query rows packed k-major (the MR elements broadcast at step k are
 // adjacent). kt as written by pack_k_transposed; s 64-byte aligned. The scores go through
@@ -159,12 +188,14 @@ inline void prefetch_rows(const float* base, int64_t ld, int64_t r0, int64_t r1,
 // block of the target.
 template <int MR>
 inline void score_panel(const float* qp, const float* kt, int64_t d, int ja, int jb, float* s) {
+  const int64_t dp = padded_dim(d);
   for (int j0 = ja / kBlockKeys * kBlockKeys; j0 < jb; j0 += kBlockKeys) {
+    const float* kb = kt + kt_offset(dp, 0, j0);
     Batch acc[MR][kKeyVecs];
     for (int m = 0; m < MR; ++m)
       for (int v = 0; v < kKeyVecs; ++v) acc[m][v] = Batch(0.f);
     for (int64_t k = 0; k < d; ++k) {
-      const float* kr = kt + k * kTileKeys + j0;
+      const float* kr = kb + k * kBlockKeys;
       Batch kv[kKeyVecs];
       for (int v = 0; v < kKeyVecs; ++v) kv[v] = Batch::load_aligned(kr + v * kLanes);
       for (int m = 0; m < MR; ++m) {

@@ -13,6 +13,7 @@
 //   reduce_sum(Batch), reduce_max(Batch)          horizontal reductions
 //   transpose_sum(const Batch rows[kLanes])       lane i = reduce_sum(rows[i])
 //   rescale_log2(m_old, m_new)      online_softmax's rescale rule, kLanes rows at once
+//   scale_row(acc, scale, d, o)     o = acc * scale, d floats: a finished output row
 //   load_partial(p, n[, fill]), store_partial(p, v, n)
 //                                   lanes [0, n) only, n in [0, kLanes]; never touch
 //                                   memory past p + n (masked loads/stores on AVX-512)
@@ -264,6 +265,15 @@ inline void store_partial(float* p, Batch v, int n) {
   v.store_aligned(lanes);
   for (int i = 0; i < n; ++i) p[i] = lanes[i];
 #endif
+}
+
+// o[0, d) = acc[0, d) * scale: a finished row's output (acc 64-byte aligned and padded to
+// whole vectors; o any alignment, nothing past o + d written). Every kernel's last step.
+inline void scale_row(const float* acc, float scale, int64_t d, float* o) {
+  const Batch s(scale);
+  int64_t c = 0;
+  for (; c + kLanes <= d; c += kLanes) (Batch::load_aligned(acc + c) * s).store_unaligned(o + c);
+  if (c < d) store_partial(o + c, Batch::load_aligned(acc + c) * s, static_cast<int>(d - c));
 }
 
 // Rule 3 of include/attnlab/online_softmax.hpp (rescale<Log2>) for kLanes rows at once,

@@ -1,0 +1,60 @@
+// The FlashAttention-2 tile engine shared by `flash` (prefill: query tiles, all keys) and
+// `decode` (a few query rows, one key chunk per task). Defined in src/cpu/tiles.cpp; the
+// algorithm, its tile sizes and its cost are described in src/cpu/flash.cpp's header.
+//
+// A caller owns one Scratch per thread and, per task:
+//   begin_rows   packs the query rows [i0, i0 + nr) of all G query heads of one kv head
+//                (R = G * nr rows, interleaved rr = r * G + g) and resets their state;
+//   attend_keys  runs the online softmax over the keys of a range that some row sees, in
+//                tiles of kTileKeys keys (any number of calls, in key order or not: the
+//                state is exact for any split);
+//   then either finish_rows (O = acc / l and LSE into the outputs) or reads the
+//   unnormalized state (Scratch::o, m, and row_sum) to merge it with other key ranges.
+// Results depend only on the arguments, never on the thread or on what ran before.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "attnlab/problem.hpp"
+#include "attnlab/tensor.hpp"
+
+namespace attnlab::ATTN_TARGET_NS::simd {
+
+// Tile sizes and the per-thread scratch layout, a function of the problem (and of the
+// running machine's L2 when the caller lets the engine choose Br).
+struct Tiling {
+  int64_t group = 1;     // G
+  int64_t br = 1;        // query rows per task
+  int64_t rows = 1;      // R = G * br (at most)
+  int64_t dim = 1;       // d
+  int64_t dim_pad = 16;  // d rounded up to whole vectors
+  size_t q_off = 0, o_off = 0, kt_off = 0, p_off = 0, m_off = 0, l_off = 0, iv_off = 0;
+  size_t bytes = 0;      // per thread, a 64-byte multiple
+};
+
+// br = 0: the largest Br whose working set fits half the L2 (flash); else exactly br rows.
+Tiling make_tiling(const Problem& p, int64_t br = 0);
+
+struct Scratch {
+  float* q;      // R x d, panels of kPanelRows rows, k-major in a panel, times scale*log2e
+  float* o;      // R x dim_pad unnormalized output accumulators
+  float* kt;     // dim_pad x kTileKeys packed K tile
+  float* p;      // kPanelRows x kTileKeys scores, then probabilities, of the current panel
+  float* m;      // R running max (log2 units)
+  float* l;      // R x kLanes running sums, one partial sum per lane (row_sum adds them)
+  Interval* iv;  // R visible intervals, one per row (the G rows of a query row share it)
+  Scratch(std::byte* base, const Tiling& t);
+};
+
+// Returns R, the number of rows packed.
+int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
+                   int64_t hk, int64_t i0, int64_t nr);
+void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
+                 int64_t hk, int64_t rows, Interval keys);
+// l of row rr (the sum of its lane partial sums).
+float row_sum(const Scratch& s, int64_t rr);
+void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Scratch& s, int64_t b,
+                 int64_t hk, int64_t i0, int64_t rows);
+
+}  // namespace attnlab::ATTN_TARGET_NS::simd

@@ -1,0 +1,259 @@
+// The FlashAttention-2 tile engine (src/cpu/simd/tiles.hpp): packing, the per-panel
+// online softmax and the two register-blocked GEMMs of src/cpu/simd/microkernel.hpp.
+// What it does and why is in src/cpu/flash.cpp's header comment.
+#include "cpu/simd/tiles.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "attnlab/isa.hpp"
+#include "attnlab/online_softmax.hpp"
+#include "cpu/simd/microkernel.hpp"
+#include "cpu/simd/vec_math.hpp"
+
+namespace attnlab::ATTN_TARGET_NS::simd {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr auto kLog2 = online_softmax::Units::Log2;
+constexpr int64_t kRowStep = 24;   // Br granularity: R = G * Br is a multiple of 6 rows
+constexpr int64_t kMaxRows = 120;  // Br cap: causal waste ~ Br/2 keys per row, task count
+constexpr int64_t kStreamRows = 16;  // up to this many rows a task streams its K/V tiles
+
+inline size_t align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// One key tile as a task sees it.
+struct KeyTile {
+  int64_t j0;       // first key
+  int nk;           // keys in the tile (<= kTileKeys)
+  const float* v;   // V row j0
+  int64_t ldv;      // V row stride
+};
+
+// Lane index of each score in vector v of a tile row, as floats (exact: < 64).
+inline Batch lane_index(int v) {
+  alignas(64) static const float kIota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  static_assert(kLanes <= 16, "kIota covers 16 lanes");
+  return Batch::load_aligned(kIota) + Batch(static_cast<float>(v * kLanes));
+}
+
+// Steps 2a-2c of the header for the panel of MR rows starting at rr0 and one key tile.
+template <int MR>
+void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile& kt) {
+  // Visible keys of each row inside the tile, relative to j0; full = no row needs a mask.
+  int lo[MR], hi[MR];
+  int ja = kt.nk, jb = 0;  // union of the rows' visible keys: the score blocks to compute
+  bool full = true;
+  for (int m = 0; m < MR; ++m) {
+    const Interval& iv = s.iv[rr0 + m];
+    lo[m] = static_cast<int>(std::clamp<int64_t>(iv.lo - kt.j0, 0, kt.nk));
+    hi[m] = static_cast<int>(std::clamp<int64_t>(iv.hi - kt.j0, 0, kt.nk));
+    if (hi[m] <= lo[m]) {
+      lo[m] = hi[m] = 0;
+    } else {
+      ja = std::min(ja, lo[m]), jb = std::max(jb, hi[m]);
+    }
+    full = full && lo[m] == 0 && hi[m] == kTileKeys;  // a short tile (nk < kTileKeys) is never full
+  }
+  if (ja >= jb) return;
+
+  // S through L1; masked keys become -inf by a select (never arithmetic, so NaN/Inf in a
+  // masked K row never leaks), the blocks outside [ja, jb) are never read unmasked.
+  score_panel<MR>(s.q + rr0 * t.dim, s.kt, t.dim, ja, jb, s.p);
+  constexpr int kTileVecs = kTileKeys / kLanes;
+  float m_old[MR], m_new[MR], alpha[MR];
+  for (int m = 0; m < MR; ++m) {
+    float* prow = s.p + m * kTileKeys;
+    Batch vmax(kNegInf);
+    if (full) {
+      for (int v = 0; v < kTileVecs; ++v) vmax = max(vmax, Batch::load_aligned(prow + v * kLanes));
+    } else {
+      const Batch lo_b(static_cast<float>(lo[m])), hi_b(static_cast<float>(hi[m]));
+      for (int v = 0; v < kTileVecs; ++v) {
+        const Batch idx = lane_index(v);
+        const Batch x = select((idx >= lo_b) & (idx < hi_b), Batch::load_aligned(prow + v * kLanes), Batch(kNegInf));
+        x.store_aligned(prow + v * kLanes);
+        vmax = max(vmax, x);
+      }
+    }
+    m_old[m] = s.m[rr0 + m];
+    m_new[m] = std::max(m_old[m], reduce_max(vmax));
+  }
+  // include/attnlab/online_softmax.hpp: never skipped by its max; a NaN the max drops still
+  // makes l NaN. alpha is 1 (no rescale) unless the max grew past a finite one; the factors
+  // of all MR rows come from one vector exp2.
+  bool rescale = false;
+  for (int m0 = 0; m0 < MR; m0 += kLanes) {
+    const int n = std::min(kLanes, MR - m0);
+    const Batch a = rescale_log2(load_partial(m_old + m0, n), load_partial(m_new + m0, n));
+    store_partial(alpha + m0, a, n);
+  }
+  for (int m = 0; m < MR; ++m) {
+    rescale = rescale || alpha[m] != 1.f;
+    float* prow = s.p + m * kTileKeys;
+    const Batch mb(online_softmax::subtrahend(m_new[m]));
+    Batch sum(0.f);
+    for (int v = 0; v < kTileVecs; ++v) {
+      const Batch pv = exp2(Batch::load_aligned(prow + v * kLanes) - mb);
+      pv.store_aligned(prow + v * kLanes);
+      sum += pv;
+    }
+    float* lrow = s.l + (rr0 + m) * kLanes;
+    (Batch::load_aligned(lrow) * Batch(alpha[m]) + sum).store_aligned(lrow);
+    s.m[rr0 + m] = m_new[m];
+  }
+
+  float* o = s.o + rr0 * t.dim_pad;
+  const float* a = rescale ? alpha : nullptr;
+  if (full) {
+    pv_rows<MR>(s.p, kTileKeys, kt.v, kt.ldv, o, t.dim_pad, a, 0, kt.nk, t.dim);
+    return;
+  }
+  // Common visible range through the MR-row kernel, each row's ragged ends one row at a time.
+  int ca = 0, cb = kt.nk;
+  for (int m = 0; m < MR; ++m) ca = std::max(ca, lo[m]), cb = std::min(cb, hi[m]);
+  if (ca >= cb) ca = cb = 0;
+  if (ca < cb || a) pv_rows<MR>(s.p, kTileKeys, kt.v, kt.ldv, o, t.dim_pad, a, ca, cb, t.dim);
+  for (int m = 0; m < MR; ++m) {
+    const float* prow = s.p + m * kTileKeys;
+    float* orow = o + m * t.dim_pad;
+    if (ca < cb) {
+      if (lo[m] < ca) pv_rows<1>(prow, kTileKeys, kt.v, kt.ldv, orow, t.dim_pad, nullptr, lo[m], ca, t.dim);
+      if (cb < hi[m]) pv_rows<1>(prow, kTileKeys, kt.v, kt.ldv, orow, t.dim_pad, nullptr, cb, hi[m], t.dim);
+    } else if (lo[m] < hi[m]) {
+      pv_rows<1>(prow, kTileKeys, kt.v, kt.ldv, orow, t.dim_pad, nullptr, lo[m], hi[m], t.dim);
+    }
+  }
+}
+
+void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile& kt) {
+  static_assert(kPanelRows <= 6, "dispatch below covers panels of 1..6 rows");
+  switch (mr) {
+    case 1: process_panel<1>(t, s, rr0, kt); break;
+    case 2: process_panel<2>(t, s, rr0, kt); break;
+    case 3: process_panel<3>(t, s, rr0, kt); break;
+    case 4: process_panel<4>(t, s, rr0, kt); break;
+    case 5: process_panel<5>(t, s, rr0, kt); break;
+    case 6: process_panel<6>(t, s, rr0, kt); break;
+  }
+}
+
+}  // namespace
+
+Tiling make_tiling(const Problem& p, int64_t br) {
+  Tiling t;
+  t.group = p.group();
+  t.dim = p.head_dim;
+  t.dim_pad = padded_dim(p.head_dim);
+  const int64_t fixed = 2 * kTileKeys * t.dim_pad * int64_t{sizeof(float)};
+  const int64_t per_row = (2 * t.dim_pad + 2) * int64_t{sizeof(float)};
+  const int64_t budget = planning_l2_bytes() / 2;  // the running machine's L2 (isa.hpp)
+  const int64_t fit = budget > fixed ? (budget - fixed) / per_row / t.group : 0;
+  t.br = br > 0 ? br : std::clamp(fit / kRowStep * kRowStep, kRowStep, kMaxRows);
+  t.br = std::min(t.br, p.q_len);
+  t.rows = t.group * t.br;
+  size_t off = 0;
+  auto take = [&off](size_t bytes) {
+    const size_t at = off;
+    off += align64(bytes);
+    return at;
+  };
+  t.q_off = take(sizeof(float) * t.rows * t.dim);
+  t.o_off = take(sizeof(float) * t.rows * t.dim_pad);
+  t.kt_off = take(sizeof(float) * t.dim_pad * kTileKeys);
+  t.p_off = take(sizeof(float) * kPanelRows * kTileKeys);
+  t.m_off = take(sizeof(float) * t.rows);
+  t.l_off = take(sizeof(float) * t.rows * kLanes);
+  t.iv_off = take(sizeof(Interval) * t.rows);
+  t.bytes = off;
+  return t;
+}
+
+Scratch::Scratch(std::byte* base, const Tiling& t)
+    : q(reinterpret_cast<float*>(base + t.q_off)),
+      o(reinterpret_cast<float*>(base + t.o_off)),
+      kt(reinterpret_cast<float*>(base + t.kt_off)),
+      p(reinterpret_cast<float*>(base + t.p_off)),
+      m(reinterpret_cast<float*>(base + t.m_off)),
+      l(reinterpret_cast<float*>(base + t.l_off)),
+      iv(reinterpret_cast<Interval*>(base + t.iv_off)) {}
+
+int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
+                   int64_t hk, int64_t i0, int64_t nr) {
+  const int64_t G = t.group, d = t.dim, dp = t.dim_pad;
+  const int64_t R = nr * G;
+  const MaskSpec mask = p.mask_for_batch(b);
+  for (int64_t r = 0; r < nr; ++r) std::fill_n(s.iv + r * G, G, mask.row(i0 + r));
+
+  // Q panels, scaled so that scores come out in log2 units.
+  const float q_scale = p.effective_scale() * kLog2e;
+  for (int64_t rr = 0; rr < R; ++rr) {
+    const float* q = in.q.row(b, hk * G + rr % G, i0 + rr / G);
+    const int64_t panel0 = rr / kPanelRows * kPanelRows;
+    const int64_t mr = std::min<int64_t>(kPanelRows, R - panel0);
+    float* dst = s.q + panel0 * d + (rr - panel0);
+    for (int64_t k = 0; k < d; ++k) dst[k * mr] = q[k] * q_scale;
+  }
+  std::fill(s.o, s.o + R * dp, 0.f);
+  std::fill(s.m, s.m + R, kNegInf);
+  std::fill(s.l, s.l + R * kLanes, 0.f);
+  return R;
+}
+
+void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
+                 int64_t hk, int64_t rows, Interval keys) {
+  // Key tiles inside keys and the union of the rows' visible intervals.
+  Interval span{keys.hi, keys.lo};
+  for (int64_t rr = 0; rr < rows; rr += t.group) {
+    if (s.iv[rr].empty()) continue;
+    span.lo = std::min(span.lo, s.iv[rr].lo), span.hi = std::max(span.hi, s.iv[rr].hi);
+  }
+  span.lo = std::max(span.lo, keys.lo), span.hi = std::min(span.hi, keys.hi);
+  const int64_t d = t.dim;
+  const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
+  // Few rows (decode): R / 2 FLOP per K/V byte, too little compute per tile to hide a
+  // prefetch, so each tile is first read in address order (touch_rows); more rows: the next
+  // tile is prefetched a slice per panel while this one computes.
+  const bool stream = rows <= kStreamRows;
+  for (int64_t j0 = span.lo; j0 < span.hi; j0 += kTileKeys) {
+    const KeyTile kt{j0, static_cast<int>(std::min<int64_t>(kTileKeys, span.hi - j0)),
+                     in.v.row(b, hk, j0), in.v.stride_s};
+    if (stream) {
+      touch_rows(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d);
+      touch_rows(in.v.row(b, hk, j0), in.v.stride_s, kt.nk, d);
+    }
+    pack_k_transposed(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d, s.kt);
+    // The next tile's K and V rows are prefetched a slice per panel, so they arrive in L2
+    // while this tile computes instead of stalling the packing and the first panel.
+    const int64_t jn = j0 + kTileKeys;
+    const int64_t nn = std::min<int64_t>(kTileKeys, span.hi - jn);
+    for (int64_t pi = 0; pi < panels; ++pi) {
+      if (!stream && nn > 0) {
+        const int64_t r0 = pi * nn / panels, r1 = (pi + 1) * nn / panels;
+        prefetch_rows(in.k.row(b, hk, jn), in.k.stride_s, r0, r1, d);
+        prefetch_rows(in.v.row(b, hk, jn), in.v.stride_s, r0, r1, d);
+      }
+      const int64_t rr0 = pi * kPanelRows;
+      process_panel_any(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, s, rr0, kt);
+    }
+  }
+}
+
+float row_sum(const Scratch& s, int64_t rr) { return reduce_sum(Batch::load_aligned(s.l + rr * kLanes)); }
+
+void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Scratch& s, int64_t b,
+                 int64_t hk, int64_t i0, int64_t rows) {
+  // A row whose interval is empty gets O = 0, LSE = -inf; the others acc / l and m + log l
+  // (NaN when l is 0 or NaN, as in the reference).
+  for (int64_t rr = 0; rr < rows; ++rr) {
+    const int64_t h = hk * t.group + rr % t.group, i = i0 + rr / t.group;
+    const float l = row_sum(s, rr);
+    const bool empty = s.iv[rr].empty();
+    scale_row(s.o + rr * t.dim_pad, online_softmax::out_scale(empty, l), t.dim, out.o.row(b, h, i));
+    if (out.lse) {
+      out.lse[(b * p.q_heads + h) * p.q_len + i] = online_softmax::out_lse<kLog2>(empty, s.m[rr], l);
+    }
+  }
+}
+
+}  // namespace attnlab::ATTN_TARGET_NS::simd
