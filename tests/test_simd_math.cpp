@@ -121,6 +121,32 @@ TEST_P(SimdMath, Exp2AccuracyAboveZero) {
   EXPECT_LE(a.max_ulp, 1) << "at x = " << a.worst;
 }
 
+// The softmax's exp2 (x <= 0 or NaN) gives exp2's bits on that whole domain: every 997th
+// float of [-200, 0], and the special values.
+TEST_P(SimdMath, Exp2NonpositiveIsExp2BitForBit) {
+  std::vector<float> xs = {-kInf, -0.f, 0.f, std::numeric_limits<float>::quiet_NaN(), -126.f, -126.5f,
+                           -127.f, -149.f, -1e30f, -std::numeric_limits<float>::denorm_min()};
+  uint32_t bits;
+  const float lo = -200.f;
+  std::memcpy(&bits, &lo, sizeof bits);
+  for (uint32_t b = bits; b > 0x80000000u; b = b >= 997 ? b - 997 : 0) {
+    float x;
+    std::memcpy(&x, &b, sizeof x);
+    xs.push_back(x);
+  }
+  std::vector<float> want(xs.size()), got(xs.size());
+  t_->exp2_n(xs.data(), want.data(), xs.size());
+  t_->exp2_nonpositive_n(xs.data(), got.data(), xs.size());
+  EXPECT_GT(xs.size(), 100000u);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (std::isnan(want[i])) {
+      ASSERT_TRUE(std::isnan(got[i])) << "x = " << xs[i];
+    } else {
+      ASSERT_EQ(std::memcmp(&want[i], &got[i], sizeof(float)), 0) << "x = " << xs[i] << ": " << got[i] << " vs " << want[i];
+    }
+  }
+}
+
 TEST_P(SimdMath, ExpAccuracyOnSoftmaxRange) {
   const Accuracy a = sweep(-87.336f, 0.f, kStride, t_->exp_n,
                            [](double x) { return std::exp(x); });

@@ -110,6 +110,7 @@ const TargetTable& target_table() {
       .exp_rounds = exp_rounds,
       .exp2_n = map_n<simd::exp2>,
       .exp_n = map_n<simd::exp>,
+      .exp2_nonpositive_n = map_n<simd::exp2_nonpositive>,
       .reduce_sum = [](const float* v) { return simd::reduce_sum(Batch::load_unaligned(v)); },
       .reduce_max = [](const float* v) { return simd::reduce_max(Batch::load_unaligned(v)); },
       .transpose_sum =

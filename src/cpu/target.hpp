@@ -35,6 +35,7 @@ struct TargetTable {
   // src/cpu/simd/ on plain arrays; a "vector" is `lanes` floats.
   void (*exp2_n)(const float* in, float* out, size_t n);  // element-wise, any n
   void (*exp_n)(const float* in, float* out, size_t n);
+  void (*exp2_nonpositive_n)(const float* in, float* out, size_t n);
   float (*reduce_sum)(const float* vec);
   float (*reduce_max)(const float* vec);
   void (*transpose_sum)(const float* rows, float* out);  // rows: lanes vectors

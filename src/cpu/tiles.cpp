@@ -94,7 +94,7 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
     const Batch mb(online_softmax::subtrahend(m_new[m]));
     Batch sum(0.f);
     for (int v = 0; v < kTileVecs; ++v) {
-      const Batch pv = exp2(Batch::load_aligned(prow + v * kLanes) - mb);
+      const Batch pv = exp2_nonpositive(Batch::load_aligned(prow + v * kLanes) - mb);  // s <= m_new
       pv.store_aligned(prow + v * kLanes);
       sum += pv;
     }
