@@ -45,8 +45,9 @@ TEST(Flash, PackKTransposedMatchesPlainTranspose) {
         const int64_t dp = (d + t.lanes - 1) / t.lanes * t.lanes;
         auto kt = alloc_floats(static_cast<size_t>(dp * tile));
         t.pack_k_transposed(k.data(), ldk, nk, d, kt.get());
+        const int packed = (nk + t.block_keys - 1) / t.block_keys * t.block_keys;  // whole blocks
         for (int64_t c = 0; c < d; ++c)
-          for (int j = 0; j < tile; ++j) {
+          for (int j = 0; j < packed; ++j) {
             const float want = j < nk ? static_cast<float>(1000 * j + c) : 0.f;
             const int64_t at = (j / t.block_keys) * dp * t.block_keys + c * t.block_keys + j % t.block_keys;
             ASSERT_EQ(kt[at], want) << isa << " d " << d << " nk " << nk << " k " << c << " key " << j;

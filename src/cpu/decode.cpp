@@ -3,13 +3,15 @@
 // Idea: with one query row per head there is nothing to parallelize over in the rows and
 // each K/V byte feeds only 2 FLOP per query head, so the kernel is bound by reading the
 // cache. So: (1) split the keys into fixed chunks (decode_chunk_keys) and make every
-// (batch, kv head, chunk) a oneTBB task - enough tasks for any core count even at
-// batch 1; (2) a task runs ALL query rows that read this kv head - the group's query
-// heads times q_len - through the simd kernel's row engine (simd::attend_rows, the
-// register-tiled dot products / exp2 / P*V of src/cpu/simd.cpp) against its chunk, so
-// every K/V byte is read from memory once; (3) each task leaves per row an unnormalized
-// partial state (acc, running max m, sum l); a second parallel pass merges the chunks of
-// each row exactly, in chunk order:
+// (batch, kv head, chunk) a oneTBB task - enough tasks for any core count even at batch 1;
+// (2) a task runs ALL query rows that read this kv head - the group's query heads times
+// q_len - through flash's tile engine (src/cpu/simd/tiles.hpp: packed K, 6-row broadcast
+// micro-kernels, vector softmax) against its chunk, so every K/V byte is read from memory
+// once; with so few rows the engine reads each 64-key tile in address order before
+// packing it (touch_rows: many misses in flight, as a streaming read), instead of
+// prefetching; (3) each task leaves per row an unnormalized partial state (acc, running
+// max m, sum l); a second parallel pass merges the chunks of each row exactly, in chunk
+// order:
 //   M = max_c m_c,  w_c = 2^(m_c - M),  L = sum_c w_c l_c,  O = sum_c w_c acc_c / L,
 //   LSE = (M + log2 L) ln 2,
 // with w_c = online_softmax::rescale(m_c, M) (include/attnlab/online_softmax.hpp), so NaN
@@ -24,26 +26,11 @@
 // tests/test_threads.cpp).
 // Memory: partial states batch * q_heads * q_len * ceil(kv_len / chunk keys) rows of
 // (head_dim + 16) floats (1.2 MiB at q_heads 32, kv_len 32768, head_dim 128), plus one
-// simd row-engine scratch per thread.
+// tile-engine scratch per thread.
 // Expected cost: 2 * batch * kv_heads * kv_len * head_dim * 4 bytes of K/V streamed once
 // (Problem::kv_bytes()); compute is 4 * head_dim FLOP per (query row, key), i.e.
-// 2 * group * q_len / 4 FLOP per byte: memory-bound for small group * q_len. Target: at
-// least 70% of the measured read bandwidth (`attnlab peak`) for the thread count.
-// Measured (q_len 1, kv_len 32768, q_heads 32, kv_heads 8, head_dim 128: 268 MB of K/V;
-//   on this 2-core VM while 6-8 other jobs ran, so every figure is depressed and noisy):
-//   - with the K/V cache in cache (kv_len 1024, one kv head) a thread computes 35 GB/s
-//     worth of K/V: the compute is ~1/5 of the memory time at the 7 GB/s per thread that
-//     two threads share on this machine, so the kernel is memory-bound as intended;
-//   - 2 threads, runs interleaved with a bare streaming-read loop of the same size:
-//     decode 1.9-6.0 GB/s vs read 2.9-8.4 GB/s (ratio 0.55-0.75 pair by pair);
-//   - per CPU-second: decode streams 9-10.5 GB/s, the bare read loop 17-24 GB/s - under
-//     time-sharing the kernel that needs more CPU per byte loses, so the wall ratio on a
-//     loaded machine understates what it reaches on idle cores.
-//   Prefetching the next 64-key tile saved ~6% CPU time; chunk size 256 vs 1024 keys ~4%.
-//   Quiet machine (load < 1; attn_bench --attn_kernels=decode,flash --attn_groups=decode,
-//   median of 5, results/2026-11-29-attn_bench): 13.9 ms = 19.3 GB/s = 71.9% of the
-//   2-thread read bandwidth measured in the same run (an earlier run: 68.5%); flash on the
-//   same shape 55.5%.
+// 2 * group * q_len / 4 FLOP per byte: memory-bound for small group * q_len.
+// Measured: results/2026-11-30-flash32 (% of the read bandwidth measured in the same run).
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -1,81 +1,43 @@
 // flash: FlashAttention-2 forward on the CPU - query tiles x key/value tiles with an online
 // softmax, register-blocked micro-kernels per target (src/cpu/simd/microkernel.hpp), oneTBB.
+// The tile engine itself (packing, softmax epilogue, the two GEMMs) is src/cpu/tiles.cpp,
+// shared with `decode`; this file is its prefill driver.
 //
 // Idea. One task = (batch b, kv head hk, query tile of Br rows). The task handles the
 // G = q_heads / kv_heads query heads of the group together: its R = G * Br "rows" are the
-// (query row, head) pairs, interleaved row-major (rr = r * G + g) so that rows with the
-// same mask sit in the same register panel. Each K/V tile is therefore loaded (and K
-// packed) once for all G heads. Per task:
-//   1. pack Q: rows into panels of MR = 6, k-major inside a panel, multiplied by
-//      scale * log2(e) once (scores come out in log2 units, the softmax uses exp2);
-//   2. for each key tile of Bc = 64 keys inside the union of the rows' visible intervals
-//      (MaskSpec::rows: tiles outside it are never touched - causal does about half the
-//      work): pack K transposed to [d][64] (64-byte aligned, 16x16 in-register transposes),
-//      then for each panel of 6 rows:
-//        S = Q.K^T in 24 zmm accumulators (6 rows x 64 keys, the whole tile width), so the
-//        softmax epilogue works on registers: mask (only when a row's interval does not
-//        cover the tile: select -inf, never arithmetic, so NaN/Inf in masked K never
-//        leaks), tile max, m_new = max(m, tile max), alpha = 2^(m - m_new) only when the
-//        max grew (otherwise no rescale at all), P = exp2(S - m_new) stored (6 x 64 floats,
-//        stays in L1), l = alpha * l + rowsum(P); special values as in
-//        include/attnlab/online_softmax.hpp (no row is skipped because of its max, so a NaN
-//        or Inf score reaches O and LSE as in the reference);
-//        O += P.V with 6 rows x 64 columns of accumulators per block, V rows read in place,
-//        the alpha rescale fused into the accumulator load. On a partially visible tile
-//        each row only accumulates its own visible keys (the common key range runs through
-//        the 6-row kernel, the ragged ends through the 1-row kernel), so a NaN in a V row
-//        that a row does not see never reaches it (0 * NaN would).
-//   3. O = acc / l, LSE = m * ln2 + ln(l); O = 0, LSE = -inf for a row whose interval is empty.
-// Parallel: tbb::parallel_for over all (b, hk, query tile) tasks, grain 1, inside the
-// caller's arena; scratch is the workspace slice of tbb::this_task_arena::
-// current_thread_index(). Tiles and summation order depend only on the problem, never on
-// the thread count or on which thread runs a task, so results are bitwise identical for
-// any thread count. Within each (b, hk) the query tiles are issued last-first: with causal
-// masks the last tiles see the most keys, so the expensive tasks start first and the cheap
-// ones fill the gaps at the end (work stealing does the rest).
-//
-// Tile sizes (AVX-512 figures; the L2 is the running machine's, planning_l2_bytes(); with
-// 16 vector registers, AVX2, Bc = 2 vectors = 16 keys and P.V blocks of 2 vectors, see
-// src/cpu/simd/microkernel.hpp). Bc = 64 = 4 zmm: the widest score row whose 6-row panel
-// (24 accumulators) still leaves registers for the K vectors (32 zmm). Br comes from the L2 (1 MiB per core
-// here): a task's working set is R rows of packed Q and accumulators (about 2 * d_pad floats
-// a row) plus the packed K tile and the V tile (64 x d_pad floats each); Br is the largest
-// multiple of 24 (so R fills whole 6-row panels) up to 120 with
-// R * (2 * d_pad + 2) * 4 + 2 * 64 * d_pad * 4 <= 512 KiB (half the L2, the rest for K/V
-// rows streaming in): d = 64/128, G = 1: Br = 120; d = 128, G = 4: Br = 96; d = 512, G = 8:
-// Br = 24. The 6 x 64 P panel (1.5 KiB) and the panel's Q and O rows live in L1 (32 KiB);
-// the packed K tile (d * 256 B: 32 KiB at d = 128) and the V tile are re-read from L2 by
-// every panel, and the next tile's K/V rows are prefetched into L2 a slice per panel. Each
-// K/V byte comes from memory (L3 here: one kv head's K and V at 4096 x 128 are 4 MiB) once
-// per query tile: R / 2 FLOP per byte (60 at d = 128, G = 1). Br between 48 and 192
-// measured the same within noise at d = 128.
-//
+// (query row, head) pairs, interleaved (rr = r * G + g) so that rows with the same mask sit
+// in the same register panel, and each K/V tile is loaded and packed once for all G heads.
+//   1. pack Q into panels of MR = 6 rows, k-major, times scale * log2(e) (scores come out in
+//      log2 units, the softmax uses exp2);
+//   2. for each tile of Bc = 64 keys inside the union of the rows' visible intervals
+//      (causal does about half the work): pack K transposed, block-major (one [d][16] panel
+//      per AVX2 register block, [d][64] with AVX-512), then per panel of 6 rows:
+//        S = Q.K^T by register blocks (6 x 16 keys = 12 ymm accumulators on AVX2, 6 x 64 =
+//        24 zmm on AVX-512), stored to a 6 x 64 L1 buffer, so the epilogue works on whole
+//        64-key rows on every target: mask by a select (only on boundary tiles), row max,
+//        one vector exp2 for the 6 rescale factors, P = exp2(S - m) in place, l update;
+//        O += P.V with 6 rows x 2 (AVX2) or 4 (AVX-512) output vectors per block, V rows
+//        read in place, the rescale fused into the accumulator load. On a boundary tile the
+//        keys all 6 rows see go through the 6-row kernel and each row's ragged ends through
+//        a 1-row kernel, so no row multiplies a V row it does not see (0 * NaN).
+//      The next tile's K/V rows are prefetched a slice per panel.
+//   3. O = acc / l, LSE = m ln 2 + ln l; O = 0, LSE = -inf for a row whose interval is empty.
+//   Special values follow include/attnlab/online_softmax.hpp.
+// Parallel: oneTBB over all (b, hk, query tile) tasks, grain 1, last query tiles first (the
+// most keys under causal); scratch is the running thread's slice of the workspace. Tiles and
+// summation order depend only on the problem, so results are bitwise identical for any
+// thread count.
+// Tile sizes: Bc = 64 keys (whole register blocks on every target); Br from the running
+// machine's L2 (planning_l2_bytes()): the largest multiple of 24 up to 120 whose rows
+// (packed Q + accumulators, ~2 d floats each) plus the packed K and V tiles fit half the L2.
 // Memory: per thread R * (d + d_pad + 17) floats + R intervals + (d_pad + 6) * 64 floats
-// (163 KiB at d = 128, G = 1; 449 KiB at G = 4), independent of q_len and kv_len (Br <= q_len
-// only shrinks it): 327 KiB for 2 threads at q_len = kv_len = 32768, 8 heads, d = 128.
-// Cost: 4 * d FLOP per visible pair in the two GEMMs (24 FMAs per 4 vector loads + 6
-// broadcasts), plus per score one exp2 (11 vector instructions per 16 scores) and the row
-// max/sum; packing K costs 1/R of the GEMM 1 work and Q is packed once per task. Profile
-// (perf, 1 thread, 2048, d = 128): the two GEMM loops take ~83% of the time (they run at
-// ~92% of the FMA peak), the softmax epilogue ~10%, packing/prefetch/normalization ~5%;
-// at d = 64 the epilogue share doubles (~17%). Boundary tiles of causal/window masks add
-// the masking and the per-row ragged ends.
-// Measured (2 threads, float32, batch 1, medians of 5, % of the 2-thread FMA peak measured
-// right before and after each run, on this shared, busy 2-core Zen 4 VM):
-//   8 heads, d = 128, 4096 x 4096, no mask     ~77%   (target >= 60%)
-//   same, causal (visible pairs only)          ~76%   (target >= 50%)
-//   GQA 32 / 8 heads, d = 128, 4096            ~80%   (target >= 60%)
-//   8 heads, d = 64, 4096                      ~73%   (target >= 50%)
-//   8 heads, d = 128, 32768 x 32768            ~78%, workspace 327 KiB (target < 64 MiB);
-//                                              max RSS 517 MiB = Q, K, V, O (512 MiB) + 5
-//   ladder, 8 heads, d = 128, 2048 x 2048: flash 77.5% vs threaded 56.0% of the peak on the
-//   quiet machine (attn_bench, results/2026-11-29-attn_bench; ~35% under load), i.e. 1.38x
-//   faster than threaded, whose scores are 4-row x 4-key dot-product tiles (8 loads per 16
-//   FMAs, then a haddp reduction of ~3 shuffles per score) written to memory for a separate
-//   softmax pass, and whose P.V tiles are 4 x 4 vectors. Here K is packed once per tile so
-//   GEMM 1 is a broadcast kernel (24 FMAs per 4 loads, no horizontal sums), the softmax
-//   runs on the 24 accumulators, P.V uses 6 x 4-vector tiles, and 120-row query tiles read
-//   K/V from memory a quarter as often as threaded's 32-row blocks.
+// (~163 KiB at d = 128, G = 1), independent of q_len and kv_len.
+// Cost: 4 d FLOP per visible pair in the two GEMMs (AVX2: 12 FMAs per 2 vector loads + 6
+// broadcasts; ~95% of the FMA peak in L1, measured in isolation), plus one exp2 per score
+// and the per-row max/sum; K packing is 1/R of GEMM 1's loads; each K/V byte comes from
+// memory once per query tile: R / 2 FLOP per byte (60 at d = 128, G = 1).
+// Measured: results/2026-11-30-flash32 (profile, % of peak per shape, the AVX2 numbers of
+// issue 10) and results/2026-11-29-attn_bench (AVX-512, Zen 4).
 #include <algorithm>
 
 #include <tbb/blocked_range.h>

@@ -31,7 +31,7 @@
 // Numerics: dot products are summed in 16 lane partial sums then a fixed tree, instead of
 //   naive's sequential sum; the row softmax is exact across tiles (online rescaling);
 //   LSE = m * ln2 + ln(l) in double.
-// The row engine (attend_rows) is also the work unit of `threaded` and `decode`
+// The row engine (attend_rows) is also the work unit of `threaded`
 //   (src/cpu/simd/rowblock.hpp); it prefetches the next K/V tile while computing one.
 // Measured (this 2-core VM, shared with other jobs, so rates are FLOP per CPU-second of
 //   the process - wall time was 2.5x longer from time-sharing; medians of 5):
@@ -134,7 +134,7 @@ __attribute__((always_inline)) inline void pv_tile(const float* const* p, float*
 
 // P*V for up to kMr rows over keys [ja, jb) of the tile (relative to the tile start),
 // all of head_dim. Missing rows point at a zero P row and a sink accumulator.
-void pv_rows(const float* const* p, float* const* acc, const float* v_tile, int64_t v_stride,
+void pv_dot_rows(const float* const* p, float* const* acc, const float* v_tile, int64_t v_stride,
              int64_t ja, int64_t jb, int64_t d, int64_t dp) {
   const float* pj[kMr];
   for (int r = 0; r < kMr; ++r) pj[r] = p[r] + ja;
@@ -227,11 +227,8 @@ RowState attend_rows(const Problem& p, int64_t rows, const float* const* q_rows,
   for (int64_t j0 = span.lo; j0 < span.hi; j0 += kKeyTile) {
     const int64_t j1 = std::min(j0 + kKeyTile, span.hi);
     const int64_t n = j1 - j0;
-    // Prefetch the next tile's K and V rows while this one is computed: with few query
-    // rows (decode) the hardware prefetcher alone leaves the loads waiting on memory.
-    // Prefetch the next tile's K and V rows while this one is computed. With few query
-    // rows (decode: 4 rows per K/V byte) the loads otherwise wait on memory; measured
-    // about 6% less CPU time per byte there, and nothing measurable with 32 rows.
+    // Prefetch the next tile's K and V rows while this one is computed (measured ~6% less
+    // CPU time per byte with 4 rows, nothing measurable with 32).
     for (int64_t j = j1; j < std::min(j1 + kKeyTile, span.hi); ++j) {
       const char* kr = reinterpret_cast<const char*>(kv.k + j * kv.k_stride);
       const char* vr = reinterpret_cast<const char*>(kv.v + j * kv.v_stride);
@@ -316,15 +313,15 @@ RowState attend_rows(const Problem& p, int64_t rows, const float* const* q_rows,
           ar[t++] = acc + r * dp;
         }
         for (; t < kMr; ++t) pr[t] = zero_p, ar[t] = sink;
-        pv_rows(pr, ar, v_tile, kv.v_stride, ca, ce, d, dp);
+        pv_dot_rows(pr, ar, v_tile, kv.v_stride, ca, ce, d, dp);
       }
       for (int64_t r = r0; r < r0 + rn; ++r) {
         if (!active[r]) continue;
         const float* pr[kMr] = {s + r * kKeyTile, zero_p, zero_p, zero_p};
         float* ar[kMr] = {acc + r * dp, sink, sink, sink};
-        if (ta[r] < ca) pv_rows(pr, ar, v_tile, kv.v_stride, ta[r], ca, d, dp);
+        if (ta[r] < ca) pv_dot_rows(pr, ar, v_tile, kv.v_stride, ta[r], ca, d, dp);
         const int64_t from = std::max(ce, ta[r]);
-        if (from < te[r]) pv_rows(pr, ar, v_tile, kv.v_stride, from, te[r], d, dp);
+        if (from < te[r]) pv_dot_rows(pr, ar, v_tile, kv.v_stride, from, te[r], d, dp);
       }
     }
   }

@@ -53,7 +53,7 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
     } else {
       ja = std::min(ja, lo[m]), jb = std::max(jb, hi[m]);
     }
-    full = full && lo[m] == 0 && hi[m] == kTileKeys;  // a short tile (nk < kTileKeys) is never full
+    full = full && lo[m] == 0 && hi[m] == kTileKeys;  // a short tile is never full
   }
   if (ja >= jb) return;
 
@@ -149,8 +149,16 @@ Tiling make_tiling(const Problem& p, int64_t br) {
   const int64_t per_row = (2 * t.dim_pad + 2) * int64_t{sizeof(float)};
   const int64_t budget = planning_l2_bytes() / 2;  // the running machine's L2 (isa.hpp)
   const int64_t fit = budget > fixed ? (budget - fixed) / per_row / t.group : 0;
-  t.br = br > 0 ? br : std::clamp(fit / kRowStep * kRowStep, kRowStep, kMaxRows);
-  t.br = std::min(t.br, p.q_len);
+  if (br > 0) {
+    t.br = std::min(br, p.q_len);
+  } else {
+    // The L2 bound, then equal tiles: q_len 512 under a 120-row bound is 5 tiles of 108
+    // rows (the last 80), not 4 x 120 + 32 - the short last tile idles a core at the end.
+    const int64_t cap = std::clamp(fit / kRowStep * kRowStep, kRowStep, kMaxRows);
+    const int64_t tiles = (p.q_len + cap - 1) / cap;
+    const int64_t even = (p.q_len + tiles - 1) / tiles;
+    t.br = std::min({cap, (even + kPanelRows - 1) / kPanelRows * kPanelRows, p.q_len});
+  }
   t.rows = t.group * t.br;
   size_t off = 0;
   auto take = [&off](size_t bytes) {
@@ -215,8 +223,9 @@ void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scra
   // prefetch, so each tile is first read in address order (touch_rows); more rows: the next
   // tile is prefetched a slice per panel while this one computes.
   const bool stream = rows <= kStreamRows;
-  for (int64_t j0 = span.lo; j0 < span.hi; j0 += kTileKeys) {
-    const KeyTile kt{j0, static_cast<int>(std::min<int64_t>(kTileKeys, span.hi - j0)),
+  const int64_t tk = kTileKeys;
+  for (int64_t j0 = span.lo; j0 < span.hi; j0 += tk) {
+    const KeyTile kt{j0, static_cast<int>(std::min<int64_t>(tk, span.hi - j0)),
                      in.v.row(b, hk, j0), in.v.stride_s};
     if (stream) {
       touch_rows(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d);
@@ -225,8 +234,8 @@ void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scra
     pack_k_transposed(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d, s.kt);
     // The next tile's K and V rows are prefetched a slice per panel, so they arrive in L2
     // while this tile computes instead of stalling the packing and the first panel.
-    const int64_t jn = j0 + kTileKeys;
-    const int64_t nn = std::min<int64_t>(kTileKeys, span.hi - jn);
+    const int64_t jn = j0 + tk;
+    const int64_t nn = std::min<int64_t>(tk, span.hi - jn);
     for (int64_t pi = 0; pi < panels; ++pi) {
       if (!stream && nn > 0) {
         const int64_t r0 = pi * nn / panels, r1 = (pi + 1) * nn / panels;

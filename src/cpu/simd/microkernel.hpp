@@ -1,7 +1,7 @@
 // Register-blocked micro-kernels for the two small GEMMs of a FlashAttention tile, and the
-// K-tile packing they need. Used by src/cpu/flash.cpp.
+// K-tile packing they need. Used by the tile engine, src/cpu/tiles.cpp.
 //
-//   score_panel:  S[MR x kTileKeys] = Qpanel[MR x d] * Kt[d x kTileKeys]   (GEMM 1)
+//   score_panel:  S[MR x kTileKeys] = Qpanel[MR x d] * Kt[d x kTileKeys]   (GEMM 1, to L1)
 //   pv_panel:     O[MR x NV*kLanes] (+)= P[MR x keys] * V[keys x NV*kLanes] (GEMM 2)
 //   pack_k_transposed: K tile (kTileKeys rows of d floats, any row stride) -> Kt, [d][kBlockKeys]
 //                      per register block of keys (kt_offset)
@@ -11,16 +11,16 @@
 //   GEMM 1: MR = kPanelRows = 6 rows x kKeyVecs = 4 vectors (64 keys) = 24 accumulators,
 //           + 4 Kt vectors loaded per k step + 1 broadcast Q element = 29 registers.
 //           Per k step: 4 vector loads (Kt streams, contiguous, 64-byte aligned) and 6
-//           broadcasts for 24 FMAs. A whole 64-key score row of 6 query rows is in
-//           registers at the end, so the caller's softmax epilogue (max, exp, sum) runs on
-//           registers without a pass over memory.
+//           broadcasts for 24 FMAs. The 6 x 64 scores are stored to an L1 buffer (24
+//           stores per 3072 FMAs at d = 128) where the epilogue reads whole tile rows.
 //   GEMM 2: MR = 6 rows x NV <= 4 output vectors (64 columns of d) = 24 accumulators,
 //           + NV V vectors per key + 1 broadcast P element. V rows are used as they lie in
 //           the input (contiguous along d, any row stride): no packing. The accumulators
 //           are loaded once per call (times the softmax rescale factor alpha when a row's
 //           max grew - the rescale is fused into the load) and stored once.
 // With 16 vector registers (AVX2) the panel keeps its 6 rows and narrows instead: GEMM 1
-// is 6 rows x 2 vectors (16 keys) = 12 accumulators + 2 Kt vectors + 1 broadcast, GEMM 2
+// is 6 rows x 2 vectors (16 keys) = 12 accumulators + 2 Kt vectors + 1 broadcast, run for
+// the 4 register blocks of a 64-key tile (one contiguous Kt panel each), GEMM 2
 // 6 rows x 2 output vectors - 8 loads (2 vector + 6 broadcast) per 12 FMAs, so the two load
 // ports keep up with the two FMA pipes and 12 chains hide the FMA latency. (4 vectors x 2
 // rows, the 32-register shape cut down, needs 6 loads per 8 FMAs and only 8 chains.)
@@ -106,7 +106,8 @@ inline int64_t kt_offset(int64_t dp, int64_t k, int j) {
 }
 
 // Kt(k, j) = k_rows[j * ldk + k] for keys j < nk and k < d (at kt_offset); keys j in
-// [nk, kTileKeys) are zero. kt holds padded_dim(d) x kTileKeys floats, 64-byte
+// [nk, round_up(nk, kBlockKeys)) are zero (later blocks are not written: score_panel never
+// reads a block past the keys). kt holds padded_dim(d) x kTileKeys floats, 64-byte
 // aligned; rows [d, padded_dim(d)) are written (zero) but never read. Reads only the nk
 // rows of d floats it is given.
 inline void pack_k_transposed(const float* k_rows, int64_t ldk, int nk, int64_t d, float* kt) {
@@ -114,7 +115,8 @@ inline void pack_k_transposed(const float* k_rows, int64_t ldk, int nk, int64_t 
 #if defined(__AVX512F__)
   // Key blocks outer: the 16 rows of a block are read front to back (sequential memory in
   // BHSD), which the hardware prefetcher follows better than a 512-byte stride.
-  for (int j0 = 0; j0 < kTileKeys; j0 += 16) {
+  const int nb = (nk + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
+  for (int j0 = 0; j0 < nb; j0 += 16) {
     for (int64_t k0 = 0; k0 < dp; k0 += 16) {
       const int n = static_cast<int>(d - k0 < 16 ? d - k0 : 16);
       __m512 r[16];
@@ -129,15 +131,13 @@ inline void pack_k_transposed(const float* k_rows, int64_t ldk, int nk, int64_t 
 #elif defined(__AVX2__)
   // 8 x 8 blocks: 8 key rows (partial loads for the d tail, zero past nk), transposed in
   // registers (unpack ps, shuffle, 128-bit permute), stored as 8 aligned Kt rows.
-  for (int j0 = 0; j0 < kTileKeys; j0 += 8) {
+  const int nb = (nk + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
+  for (int j0 = 0; j0 < nb; j0 += 8) {
     for (int64_t k0 = 0; k0 < dp; k0 += 8) {
       const int n = static_cast<int>(d - k0 < 8 ? d - k0 : 8);
       __m256 r[8];
       for (int j = 0; j < 8; ++j) {
-        const float* row = k_rows + (j0 + j) * ldk + k0;
-        // Plain loads for whole vectors: a masked load (vmaskmovps) stalls the stream of
-        // K rows from memory (measured: 3.4 vs ~10 GB/s packing from DRAM on Zen 3).
-        r[j] = j0 + j >= nk ? _mm256_setzero_ps() : n == 8 ? _mm256_loadu_ps(row) : __m256(load_partial(row, n));
+        r[j] = j0 + j < nk ? __m256(load_partial(k_rows + (j0 + j) * ldk + k0, n)) : _mm256_setzero_ps();
       }
       transpose8(r);
       for (int c = 0; c < 8; ++c) _mm256_store_ps(kt + kt_offset(dp, k0 + c, j0), r[c]);
@@ -145,7 +145,8 @@ inline void pack_k_transposed(const float* k_rows, int64_t ldk, int nk, int64_t 
   }
 #else
   for (int64_t k = 0; k < dp; ++k) {
-    for (int j = 0; j < kTileKeys; ++j) kt[kt_offset(dp, k, j)] = (j < nk && k < d) ? k_rows[j * ldk + k] : 0.f;
+    const int nb = (nk + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
+    for (int j = 0; j < nb; ++j) kt[kt_offset(dp, k, j)] = (j < nk && k < d) ? k_rows[j * ldk + k] : 0.f;
   }
 #endif
 }

@@ -1,10 +1,10 @@
-// The `simd` kernel's unit of work, shared with `threaded` and `decode` (defined in
-// src/cpu/simd.cpp).
+// The `simd` kernel's unit of work, shared with `threaded` (defined in src/cpu/simd.cpp).
+// (flash and decode use the packed tile engine instead: src/cpu/simd/tiles.hpp.)
 //
 // attend_rows: up to kRowBlock query rows that share one K/V head, against the keys of a
 // key range, with the online softmax; it leaves the UNNORMALIZED state per row in scratch
 // (accumulator, running max in log2 units, running sum), so a caller can either normalize
-// it (attend_row_block) or merge it exactly with the states of other key ranges (decode).
+// it (attend_row_block) or merge it exactly with the states of other key ranges.
 // Its result depends only on its arguments - never on the thread that runs it or on what
 // ran before - so any schedule of calls gives bitwise identical outputs.
 #pragma once
