@@ -54,7 +54,7 @@ namespace {
 constexpr int64_t kMaxQLen = 16;
 // Keys per task: the largest power of two whose K and V rows fill at most half the L2 of
 // the running machine (planning_l2_bytes(), include/attnlab/isa.hpp), in [128, 2048] - so
-// the rows' second and later passes over a chunk (more than kRowBlock rows) hit L2: 512
+// the rows' second and later passes over a chunk (more than 16 rows: several panels) hit L2: 512
 // keys at head_dim 128 with a 1 MiB L2 (512 KiB of K and V), and kv_len 32768 gives 64
 // tasks per (batch, kv head). Measured at q_heads 32 / kv_heads 8 / kv_len 32768 on a 1 MiB
 // L2: 1024-key chunks take ~4% less CPU time than 256-key ones (task overhead, prefetcher

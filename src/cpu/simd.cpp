@@ -33,12 +33,7 @@
 //   LSE = m * ln2 + ln(l) in double.
 // The row engine (attend_rows) is also the work unit of `threaded`
 //   (src/cpu/simd/rowblock.hpp); it prefetches the next K/V tile while computing one.
-// Measured (this 2-core VM, shared with other jobs, so rates are FLOP per CPU-second of
-//   the process - wall time was 2.5x longer from time-sharing; medians of 5):
-//   q_len = kv_len = 2048, 8 heads, head_dim 128, 1 thread: simd 71.5 GFLOP/s vs blocked
-//   6.8 GFLOP/s -> 10.5x blocked. At q_len = kv_len = 1024: 71.6 GFLOP/s = 61% of the
-//   1-thread FMA peak measured the same way (116 GFLOP/s, 12 independent vfmadd231ps
-//   chains); target >= 25%.
+// Measured: results/2026-11-29-attn_bench (ladder) and results/2026-11-30-isa (per target).
 #include <algorithm>
 #include <cmath>
 #include <limits>

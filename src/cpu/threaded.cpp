@@ -8,20 +8,13 @@
 // only on its inputs, so the output is bitwise identical for any thread count (tested in
 // tests/test_threads.cpp). Causal blocks late in the sequence cost more than early ones;
 // grain 1 lets TBB's work stealing even that out (every (b, h) has a mix of both).
-// Memory: one simd scratch per thread (about 42 KiB at head_dim 128), indexed by
-// tbb::this_task_arena::current_thread_index(); nothing proportional to sequence length.
+// Memory: one simd scratch per thread (about 42 KiB at head_dim 128), the running thread's
+// slice (thread_scratch); nothing proportional to sequence length.
 // Expected cost: simd's time divided by the thread count, less the imbalance of the last
 // few tasks; K/V tiles are per-thread L2 traffic as in simd (each head's K/V is streamed
 // once per query block, by whichever thread runs it).
-// Measured (q_len = kv_len = 2048, 8 heads, head_dim 128; this 2-core VM was shared
-//   with 5-7 other runnable jobs, so wall times swing 1.5x run to run): per CPU-second
-//   threaded does 69-71 GFLOP/s against simd's 71.5, i.e. splitting into tasks costs
-//   1-3%, and both threads do work (ps: 2 busy threads). The wall-clock factor vs simd
-//   on 2 threads could not be measured on the loaded machine (interleaved pairs gave
-//   0.73x-1.0x, i.e. no idle second core); with the cores free it is bounded by
-//   2 x 0.98 minus the last-task imbalance (256 tasks of ~1/256 of the work each).
-//   Quiet machine (attn_bench, median of 3, results/2026-11-29-attn_bench): 122.8 ms vs
-//   simd's 248.6 ms at 2048 (2.02x), 29.5 vs 58.7 ms at 1024 (1.99x).
+// Measured: results/2026-11-29-attn_bench (2.0x simd on 2 threads, Zen 4) and the ladder in
+// every report.
 #include <stdexcept>
 
 #include <tbb/blocked_range.h>
