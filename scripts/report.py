@@ -183,13 +183,16 @@ def modal(rows, key):
 
 
 def hold_fixed(rows, free):
-    """Rows whose parameters outside `free` equal their most common value, and those values."""
+    """Rows whose parameters outside `free` equal their most common value, and those values.
+    The dimensions are fixed one after the other among the rows still kept, so the result is
+    never empty (an experiment of several grids need not hold every combination)."""
     fixed = {}
+    kept = rows
     for d in DIMS:
         if d in free:
             continue
-        fixed[d] = modal(rows, d)
-    kept = [r for r in rows if all(r[d] == v for d, v in fixed.items())]
+        fixed[d] = modal(kept, d)
+        kept = [r for r in kept if r[d] == fixed[d]]
     return kept, fixed
 
 
@@ -550,6 +553,8 @@ def plot_threads(plots, ok, kernels):
     if len({r["threads"] for r in ok}) < 2:
         return
     rows, fixed = hold_fixed(ok, {"threads", "mask"})
+    if len({r["threads"] for r in rows}) < 2:  # thread counts vary only across other axes
+        return
     masks = sorted({r["mask"] for r in rows})
     styles = ["-", "--", ":", "-."]
     fig, ax = plt.subplots(figsize=(7.5, 4.8))

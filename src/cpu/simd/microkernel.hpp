@@ -49,7 +49,7 @@ inline int64_t padded_dim(int64_t d) { return (d + kLanes - 1) / kLanes * kLanes
 #if defined(__AVX512F__)
 // In-register transpose of a 16 x 16 float block: r[i] lane j <- r[j] lane i.
 // Four stages of 16 shuffles (unpack ps, unpack pd, two 128-bit lane shuffles).
-inline void transpose16(__m512 r[16]) {
+inline void transpose_block(__m512 r[16]) {
   __m512 t[16];
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
@@ -79,7 +79,7 @@ inline void transpose16(__m512 r[16]) {
 }
 #elif defined(__AVX2__)
 // In-register transpose of an 8 x 8 float block: r[i] lane j <- r[j] lane i.
-inline void transpose8(__m256 r[8]) {
+inline void transpose_block(__m256 r[8]) {
   __m256 t[8], u[8];
   for (int i = 0; i < 4; ++i) {
     t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);      // a0 b0 a1 b1 | a4 b4 a5 b5
@@ -112,40 +112,25 @@ inline int64_t kt_offset(int64_t dp, int64_t k, int j) {
 // rows of d floats it is given.
 inline void pack_k_transposed(const float* k_rows, int64_t ldk, int nk, int64_t d, float* kt) {
   const int64_t dp = padded_dim(d);
-#if defined(__AVX512F__)
-  // Key blocks outer: the 16 rows of a block are read front to back (sequential memory in
-  // BHSD), which the hardware prefetcher follows better than a 512-byte stride.
   const int nb = (nk + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
-  for (int j0 = 0; j0 < nb; j0 += 16) {
-    for (int64_t k0 = 0; k0 < dp; k0 += 16) {
-      const int n = static_cast<int>(d - k0 < 16 ? d - k0 : 16);
-      __m512 r[16];
-      for (int j = 0; j < 16; ++j) {
-        r[j] = j0 + j < nk ? __m512(load_partial(k_rows + (j0 + j) * ldk + k0, n))
-                           : _mm512_setzero_ps();
+#if defined(__AVX512F__) || defined(__AVX2__)
+  // kLanes x kLanes blocks, key blocks outer: the rows of a block are read front to back
+  // (sequential memory in BHSD), partial loads for the d tail, zero rows past nk; transposed
+  // in registers (transpose_block) and stored as kLanes aligned Kt rows.
+  using Reg = Batch::register_type;
+  for (int j0 = 0; j0 < nb; j0 += kLanes) {
+    for (int64_t k0 = 0; k0 < dp; k0 += kLanes) {
+      const int n = static_cast<int>(d - k0 < kLanes ? d - k0 : kLanes);
+      Reg r[kLanes];
+      for (int j = 0; j < kLanes; ++j) {
+        r[j] = j0 + j < nk ? Reg(load_partial(k_rows + (j0 + j) * ldk + k0, n)) : Reg(Batch(0.f));
       }
-      transpose16(r);
-      for (int c = 0; c < 16; ++c) _mm512_store_ps(kt + kt_offset(dp, k0 + c, j0), r[c]);
-    }
-  }
-#elif defined(__AVX2__)
-  // 8 x 8 blocks: 8 key rows (partial loads for the d tail, zero past nk), transposed in
-  // registers (unpack ps, shuffle, 128-bit permute), stored as 8 aligned Kt rows.
-  const int nb = (nk + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
-  for (int j0 = 0; j0 < nb; j0 += 8) {
-    for (int64_t k0 = 0; k0 < dp; k0 += 8) {
-      const int n = static_cast<int>(d - k0 < 8 ? d - k0 : 8);
-      __m256 r[8];
-      for (int j = 0; j < 8; ++j) {
-        r[j] = j0 + j < nk ? __m256(load_partial(k_rows + (j0 + j) * ldk + k0, n)) : _mm256_setzero_ps();
-      }
-      transpose8(r);
-      for (int c = 0; c < 8; ++c) _mm256_store_ps(kt + kt_offset(dp, k0 + c, j0), r[c]);
+      transpose_block(r);
+      for (int c = 0; c < kLanes; ++c) Batch(r[c]).store_aligned(kt + kt_offset(dp, k0 + c, j0));
     }
   }
 #else
   for (int64_t k = 0; k < dp; ++k) {
-    const int nb = (nk + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
     for (int j = 0; j < nb; ++j) kt[kt_offset(dp, k, j)] = (j < nk && k < d) ? k_rows[j * ldk + k] : 0.f;
   }
 #endif
