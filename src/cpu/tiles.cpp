@@ -37,7 +37,7 @@ inline Batch lane_index(int v) {
   return Batch::load_aligned(kIota) + Batch(static_cast<float>(v * kLanes));
 }
 
-// Steps 2a-2c of the header for the panel of MR rows starting at rr0 and one key tile.
+// Step 2 of src/cpu/flash.cpp's header for the panel of MR rows starting at rr0 and one key tile.
 template <int MR>
 void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile& kt) {
   // Visible keys of each row inside the tile, relative to j0; full = no row needs a mask.
@@ -71,7 +71,7 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
       const Batch lo_b(static_cast<float>(lo[m])), hi_b(static_cast<float>(hi[m]));
       for (int v = 0; v < kTileVecs; ++v) {
         const Batch idx = lane_index(v);
-        const Batch x = select((idx >= lo_b) & (idx < hi_b), Batch::load_aligned(prow + v * kLanes), Batch(kNegInf));
+        const Batch x = select(mask_and(idx >= lo_b, idx < hi_b), Batch::load_aligned(prow + v * kLanes), Batch(kNegInf));
         x.store_aligned(prow + v * kLanes);
         vmax = max(vmax, x);
       }

@@ -43,6 +43,8 @@ inline ScalarBatch fnma(ScalarBatch a, ScalarBatch b, ScalarBatch c) { return {c
 inline ScalarBatch max(ScalarBatch a, ScalarBatch b) { return {a.v > b.v ? a.v : b.v}; }
 inline ScalarBatch min(ScalarBatch a, ScalarBatch b) { return {a.v < b.v ? a.v : b.v}; }
 inline ScalarBatch select(bool m, ScalarBatch a, ScalarBatch b) { return m ? a : b; }
+inline bool mask_and(bool a, bool b) { return a && b; }
+inline bool mask_or(bool a, bool b) { return a || b; }
 // Round to nearest even for |x| < 2^22 (adding 1.5 * 2^23 drops the fraction in the default
 // rounding mode); callers clamp x <= 129 and discard results below -126, so larger |x| only
 // reach lanes whose result is thrown away. NaN stays NaN.

@@ -6,6 +6,7 @@
 //                                   8 avx2, 4 neon), or the 1-lane ScalarBatch (scalar)
 //   kVectorRegisters                32 (AVX-512, AArch64) or 16: what register tiles are sized for
 //   fma, fnma, max, min, select, nearbyint   element-wise, for either Batch type
+//   mask_and, mask_or               combine comparison results (lane masks, or bool for scalar)
 //   kLog2e, kLn2                    float constants for folding log2(e) into a scale
 //   exp2(Batch)                     2^x           (what the kernels use, log2(e) folded
 //                                                  into the score scale)
@@ -75,6 +76,8 @@ inline Batch fnma(Batch a, Batch b, Batch c) { return xsimd::fnma(a, b, c); }
 inline Batch max(Batch a, Batch b) { return xsimd::max(a, b); }
 inline Batch min(Batch a, Batch b) { return xsimd::min(a, b); }
 inline Batch select(Batch::batch_bool_type m, Batch a, Batch b) { return xsimd::select(m, a, b); }
+inline Batch::batch_bool_type mask_and(Batch::batch_bool_type a, Batch::batch_bool_type b) { return a & b; }
+inline Batch::batch_bool_type mask_or(Batch::batch_bool_type a, Batch::batch_bool_type b) { return a | b; }
 inline Batch nearbyint(Batch x) { return xsimd::nearbyint(x); }
 #endif
 inline constexpr int kLanes = static_cast<int>(Batch::size);
@@ -306,7 +309,7 @@ inline Batch rescale_log2(Batch m_old, Batch m_new) {
   const Batch neg_inf(-std::numeric_limits<float>::infinity());
   const Batch sub = simd::select(m_new == neg_inf, Batch(0.f), m_new);
   const Batch e = simd::exp2_nonpositive(m_old - sub);  // m_old <= m_new, or NaN
-  return simd::select((m_old == m_new) | (m_old == neg_inf), Batch(1.f), e);
+  return simd::select(simd::mask_or(m_old == m_new, m_old == neg_inf), Batch(1.f), e);
 }
 
 }  // namespace attnlab::ATTN_TARGET_NS::simd
