@@ -29,7 +29,8 @@
 // thread count.
 // Tile sizes: Bc = 64 keys (whole register blocks on every target); Br from the running
 // machine's L2 (planning_l2_bytes()): the largest multiple of 24 up to 120 whose rows
-// (packed Q + accumulators, ~2 d floats each) plus the packed K and V tiles fit half the L2.
+// (packed Q + accumulators, ~2 d floats each) plus the packed K and V tiles fit half the L2,
+// then evened out over q_len in multiples of 6 (512 rows: 5 tiles of 108, not 4 x 120 + 32).
 // Memory: per thread R * (d + d_pad + 17) floats + R intervals + (d_pad + 6) * 64 floats
 // (~163 KiB at d = 128, G = 1), independent of q_len and kv_len.
 // Cost: 4 d FLOP per visible pair in the two GEMMs (AVX2: 12 FMAs per 2 vector loads + 6

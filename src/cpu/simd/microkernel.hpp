@@ -148,12 +148,12 @@ inline void prefetch_rows(const float* base, int64_t ld, int64_t r0, int64_t r1,
 }
 
 // Plain loads of one float per cache line of rows [0, n) (d floats each, ld apart), in
-// address order (folded into a volatile, so they stay). For callers with too little arithmetic per key to hide
-// a software prefetch (decode: a few query rows per K/V byte): independent loads in
-// address order keep many misses in flight, as a streaming read does, and the packing and
-// P.V that follow find the tile in cache. (Measured on Zen 3, q_len 1, 32/8 heads, d 128:
-// 0.28-0.35 -> 0.47-0.55 of the read bandwidth, 1 thread; prefetcht1 one tile ahead gained
-// nothing there.)
+// address order (folded into a volatile, so they stay). For callers with too little
+// arithmetic per key to hide a software prefetch (decode: a few query rows per K/V byte):
+// independent loads in address order keep many misses in flight, as a streaming read
+// does, and the packing and P.V that follow find the tile in cache. (Measured on Zen 3,
+// q_len 1, 32/8 heads, d 128, 1 thread: 0.28-0.35 -> 0.45-0.55 of the read bandwidth;
+// prefetcht1 one to eight tiles ahead gained nothing there.)
 inline void touch_rows(const float* base, int64_t ld, int n, int64_t d) {
   constexpr int64_t kLine = 64 / sizeof(float);
   Batch acc(0.f);
