@@ -7,9 +7,8 @@
 // (2) a task runs ALL query rows that read this kv head - the group's query heads times
 // q_len - through flash's tile engine (src/cpu/simd/tiles.hpp: packed K, 6-row broadcast
 // micro-kernels, vector softmax) against its chunk, so every K/V byte is read from memory
-// once; with so few rows the engine reads each 64-key tile in address order before
-// packing it (touch_rows: many misses in flight, as a streaming read), instead of
-// prefetching; (3) each task leaves per row an unnormalized partial state (acc, running
+// once; with so few rows the engine spreads the next tile's prefetches through the
+// current tile's GEMM loops (LineStream) instead of issuing them as one burst; (3) each task leaves per row an unnormalized partial state (acc, running
 // max m, sum l); a second parallel pass merges the chunks of each row exactly, in chunk
 // order:
 //   M = max_c m_c,  w_c = 2^(m_c - M),  L = sum_c w_c l_c,  O = sum_c w_c acc_c / L,

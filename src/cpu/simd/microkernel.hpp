@@ -148,12 +148,9 @@ inline void prefetch_rows(const float* base, int64_t ld, int64_t r0, int64_t r1,
 }
 
 // Plain loads of one float per cache line of rows [0, n) (d floats each, ld apart), in
-// address order (folded into a volatile, so they stay). For callers with too little
-// arithmetic per key to hide a software prefetch (decode: a few query rows per K/V byte):
-// independent loads in address order keep many misses in flight, as a streaming read
-// does, and the packing and P.V that follow find the tile in cache. (Measured on Zen 3,
-// q_len 1, 32/8 heads, d 128, 1 thread: 0.28-0.35 -> 0.45-0.55 of the read bandwidth;
-// prefetcht1 one to eight tiles ahead gained nothing there.)
+// address order (folded into a volatile, so they stay): independent loads in address order
+// keep many misses in flight, as a streaming read does. For the first tile of a decode
+// task, which nothing prefetched.
 inline void touch_rows(const float* base, int64_t ld, int n, int64_t d) {
   constexpr int64_t kLine = 64 / sizeof(float);
   Batch acc(0.f);
@@ -166,14 +163,44 @@ inline void touch_rows(const float* base, int64_t ld, int n, int64_t d) {
   (void)sink;
 }
 
+// A GEMM inner loop calls step() once per iteration: NoStep does nothing (compiled away);
+// LineStream issues one software prefetch per call for the cache lines of two row ranges
+// (the next tile's K rows, then its V rows), so a decode task's prefetches are spread
+// through the compute of the current tile instead of arriving as one burst.
+struct NoStep {
+  void operator()() const {}
+};
+struct LineStream {
+  const char* base[2];
+  int64_t ld_bytes[2];
+  int rows[2];
+  int lines_per_row;
+  int which = 0, r = 0, c = 0;
+  LineStream(const float* a, int64_t lda, const float* b, int64_t ldb, int n, int64_t d)
+      : base{reinterpret_cast<const char*>(a), reinterpret_cast<const char*>(b)},
+        ld_bytes{lda * int64_t{sizeof(float)}, ldb * int64_t{sizeof(float)}},
+        rows{n, n},
+        lines_per_row(static_cast<int>((d * int64_t{sizeof(float)} + 63) / 64 + 1)) {  // + a straddled line
+    if (n <= 0) which = 2;
+  }
+  void operator()() {
+    if (which == 2) return;
+    __builtin_prefetch(base[which] + r * ld_bytes[which] + c * 64, 0, 3);
+    if (++c == lines_per_row) {
+      c = 0;
+      if (++r == rows[which]) r = 0, ++which;
+    }
+  }
+};
+
 // GEMM 1 for one register panel: s[m * kTileKeys + j] = sum_k qp[k * MR + m] * Kt(k, j) for
 // the register blocks of kBlockKeys keys that overlap [ja, jb) (the others are not written).
 // qp is the panel of MR query rows packed k-major (the MR elements broadcast at step k are
 // adjacent). kt as written by pack_k_transposed; s 64-byte aligned. The scores go through
 // L1 (MR x 64 floats): the epilogue then works on a whole tile row, whatever the register
 // block of the target.
-template <int MR>
-inline void score_panel(const float* qp, const float* kt, int64_t d, int ja, int jb, float* s) {
+template <int MR, class Step = NoStep>
+inline void score_panel(const float* qp, const float* kt, int64_t d, int ja, int jb, float* s, Step&& step = {}) {
   const int64_t dp = padded_dim(d);
   for (int j0 = ja / kBlockKeys * kBlockKeys; j0 < jb; j0 += kBlockKeys) {
     const float* kb = kt + kt_offset(dp, 0, j0);
@@ -181,6 +208,7 @@ inline void score_panel(const float* qp, const float* kt, int64_t d, int ja, int
     for (int m = 0; m < MR; ++m)
       for (int v = 0; v < kKeyVecs; ++v) acc[m][v] = Batch(0.f);
     for (int64_t k = 0; k < d; ++k) {
+      step();
       const float* kr = kb + k * kBlockKeys;
       Batch kv[kKeyVecs];
       for (int v = 0; v < kKeyVecs; ++v) kv[v] = Batch::load_aligned(kr + v * kLanes);
@@ -200,9 +228,9 @@ inline void score_panel(const float* qp, const float* kt, int64_t d, int ja, int
 // column 0 of the block in key row 0 of the tile. With Tail, the block's last vector holds
 // only tail_lanes columns of V: it is loaded with a masked load (never reads past the row)
 // and its other lanes stay 0.
-template <int MR, int NV, bool Tail>
+template <int MR, int NV, bool Tail, class Step>
 inline void pv_panel(const float* p, int64_t ldp, const float* v, int64_t ldv, float* o,
-                     int64_t ldo, const float* alpha, int ja, int jb, int tail_lanes) {
+                     int64_t ldo, const float* alpha, int ja, int jb, int tail_lanes, Step& step) {
   Batch acc[MR][NV];
   for (int m = 0; m < MR; ++m) {
     for (int c = 0; c < NV; ++c) acc[m][c] = Batch::load_aligned(o + m * ldo + c * kLanes);
@@ -212,6 +240,7 @@ inline void pv_panel(const float* p, int64_t ldp, const float* v, int64_t ldv, f
     }
   }
   for (int j = ja; j < jb; ++j) {
+    step();
     const float* vr = v + j * ldv;
     Batch vv[NV];
     for (int c = 0; c < NV; ++c) {
@@ -229,9 +258,9 @@ inline void pv_panel(const float* p, int64_t ldp, const float* v, int64_t ldv, f
 
 // GEMM 2 over all of d (column blocks of kOutVecs vectors, the last one possibly narrower
 // and with a partial vector). Same arguments as pv_panel, v and o at column 0.
-template <int MR>
+template <int MR, class Step = NoStep>
 inline void pv_rows(const float* p, int64_t ldp, const float* v, int64_t ldv, float* o,
-                    int64_t ldo, const float* alpha, int ja, int jb, int64_t d) {
+                    int64_t ldo, const float* alpha, int ja, int jb, int64_t d, Step&& step = {}) {
   const int64_t nvec = (d + kLanes - 1) / kLanes;
   const int tail = static_cast<int>(d - (nvec - 1) * kLanes);  // lanes of the last vector
   for (int64_t c0 = 0; c0 < nvec; c0 += kOutVecs) {
@@ -243,9 +272,9 @@ inline void pv_rows(const float* p, int64_t ldp, const float* v, int64_t ldv, fl
 #define ATTN_PV_CASE(NV)                                                              \
   case NV:                                                                            \
     if (partial)                                                                      \
-      pv_panel<MR, NV, true>(p, ldp, vc, ldv, oc, ldo, alpha, ja, jb, tail);          \
+      pv_panel<MR, NV, true>(p, ldp, vc, ldv, oc, ldo, alpha, ja, jb, tail, step);    \
     else                                                                              \
-      pv_panel<MR, NV, false>(p, ldp, vc, ldv, oc, ldo, alpha, ja, jb, kLanes);       \
+      pv_panel<MR, NV, false>(p, ldp, vc, ldv, oc, ldo, alpha, ja, jb, kLanes, step); \
     break;
     switch (nv) {
       ATTN_PV_CASE(1)
