@@ -80,8 +80,8 @@ struct Plan {
     rows = p.group() * p.q_len;  // the engine's row order: (i, g) -> i * group + g
     chunk_keys = decode_chunk_keys(p);
     chunks = std::max<int64_t>(1, (p.kv_len + chunk_keys - 1) / chunk_keys);
-    dp = (p.head_dim + 15) / 16 * 16;
-    row_stride = dp + 16;  // acc (dp floats), then m at [dp], l at [dp + 1]; 64-byte rows
+    dp = tiling.dim_pad;   // the engine's accumulator rows, whole vectors
+    row_stride = dp + 16;  // acc (dp floats), then m at [dp], l at [dp + 1]; vector-aligned rows
     partial_bytes = static_cast<size_t>(p.batch * p.kv_heads * chunks * rows * row_stride) * sizeof(float);
   }
   float* partial(float* base, int64_t b, int64_t hk, int64_t chunk, int64_t kv_heads) const {
@@ -141,8 +141,7 @@ class Decode final : public Kernel {
     simd::attend_keys(p, in, t, s, b, hk, rows, keys);
     for (int64_t rr = 0; rr < rows; ++rr) {
       float* dst = partial + rr * plan.row_stride;
-      std::copy(s.o + rr * t.dim_pad, s.o + (rr + 1) * t.dim_pad, dst);
-      std::fill(dst + t.dim_pad, dst + plan.dp, 0.f);
+      std::copy(s.o + rr * plan.dp, s.o + (rr + 1) * plan.dp, dst);
       dst[plan.dp] = s.m[rr];
       dst[plan.dp + 1] = simd::row_sum(s, rr);
     }
@@ -173,8 +172,7 @@ class Decode final : public Kernel {
         continue;
       }
       // Accumulate in chunk order, then one scaling per element.
-      constexpr int64_t kMaxVecs = (Problem::kMaxHeadDim + 15) / 16 * 16 / kLanes;
-      alignas(64) float acc[kMaxVecs * kLanes];
+      alignas(64) float acc[(Problem::kMaxHeadDim + kLanes - 1) / kLanes * kLanes];
       const int64_t nv = plan.dp / kLanes;
       std::fill(acc, acc + plan.dp, 0.f);
       double big_l = 0.0;
