@@ -1,7 +1,9 @@
-// .npy files (NumPy format 1.0 / 2.0 / 3.0), float32 or float64, C order.
+// .npy files (NumPy format 1.0 / 2.0 / 3.0), C order: float32 or float64 (read as float32),
+// float16 ('<f2') and raw bfloat16 bit patterns ('<u2': numpy has no bfloat16), both kept
+// as their 16 bits (which dtype a '<u2' file means is the reader's call: --dtype bf16).
 // Reading rejects, with InvalidInput naming the file and the problem: anything but a
 // regular file (a device, pipe or folder), bad magic, unsupported version, a header over
-// 64 KiB, dtypes other than '<f4' / '<f8' (the byte order must be written out), Fortran
+// 64 KiB, dtypes other than '<f4' / '<f8' / '<f2' / '<u2' (the byte order must be written out), Fortran
 // order, a shape over 2^36 elements, data shorter or longer than the shape says, more than
 // the memory budget. Sizes are checked before any data is read. '<f4' data of 1 MiB or
 // more is mapped in place (no copy; a file truncated while in use ends the process with
@@ -22,14 +24,21 @@ namespace attnlab {
 
 struct NpyArray {
   std::vector<int64_t> shape;
-  FloatBuffer data;          // 64-byte aligned; writable (a mapping copies on write)
-  std::string source_dtype;  // "<f4" or "<f8"
+  FloatBuffer data;          // '<f4' / '<f8': 64-byte aligned; writable (a mapping copies on write)
+  std::vector<uint16_t> bits16;  // '<f2' / '<u2': the 16-bit patterns (data is then empty)
+  std::string source_dtype;  // "<f4", "<f8", "<f2" or "<u2"
+  bool is16() const { return source_dtype == "<f2" || source_dtype == "<u2"; }
 };
 
 NpyArray read_npy(const std::string& path);
+// 16-bit data widened exactly into `data` ('<u2' as bf16 bits), for arrays read as float32
+// whatever they hold (expected outputs); float data is left as it is.
+void widen_to_float(NpyArray& a);
 void write_npy(const std::string& path, const float* data, const std::vector<int64_t>& shape);
 // Parse from memory (the reader's core; `name` appears in messages).
 NpyArray parse_npy(const std::string& bytes, const std::string& name);
 std::string encode_npy(const float* data, const std::vector<int64_t>& shape);
+// 16-bit data: '<f2' for f16, '<u2' (bit patterns) for bf16.
+void write_npy16(const std::string& path, const uint16_t* bits, const std::vector<int64_t>& shape, DType dtype);
 
 }  // namespace attnlab

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "attnlab/dtype.hpp"
 #include "attnlab/interval.hpp"
 
 namespace attnlab {
@@ -55,6 +56,7 @@ struct Problem {
   std::vector<int64_t> kv_lens;  // empty, or one entry per batch in [0, kv_len]
   std::optional<float> scale;    // default 1/sqrt(head_dim)
   Layout layout = Layout::BHSD;
+  DType dtype = DType::F32;      // storage of Q, K and V (O and LSE are float32)
 
   static constexpr int64_t kMinHeadDim = 1;
   static constexpr int64_t kMaxHeadDim = 512;
@@ -73,7 +75,8 @@ struct Problem {
   // Counted once, here; every report and benchmark uses these.
   int64_t visible_pairs() const;  // sum over (b, h, i) of visible keys
   double flops() const;           // 4 * head_dim * visible_pairs
-  double bytes_moved() const;     // compulsory Q, K, V (once per kv head), O, LSE bytes
+  double bytes_moved() const;     // compulsory Q, K, V (once per kv head), O, LSE bytes,
+                                  // at their storage sizes (dtype for Q, K, V; float32 O, LSE)
   double kv_bytes() const;        // the K and V part of bytes_moved()
 
   int64_t q_elems() const { return batch * q_heads * q_len * head_dim; }

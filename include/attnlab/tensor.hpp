@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "attnlab/problem.hpp"
@@ -49,9 +50,48 @@ View4<const T> as_const(const View4<T>& v) {
   return {v.data, v.batch, v.heads, v.seq, v.dim, v.stride_b, v.stride_h, v.stride_s};
 }
 
+// Q, K and V in their storage dtype: float32 in q, k, v (dtype F32), or the 16-bit
+// patterns in q16, k16, v16 (dtype BF16 or F16; the float views are then empty).
 struct Inputs {
   ConstView q, k, v;
+  DType dtype = DType::F32;
+  View4<const uint16_t> q16, k16, v16;
 };
+
+template <class E>
+struct TypedInputs {
+  View4<const E> q, k, v;
+};
+
+// (Always inlined, like dtype.hpp's conversions: per-target code calls them.)
+template <class E, class S>
+inline __attribute__((always_inline)) View4<const E> retype(const View4<const S>& s) {
+  static_assert(sizeof(E) == sizeof(S));
+  return {reinterpret_cast<const E*>(s.data), s.batch, s.heads, s.seq, s.dim, s.stride_b, s.stride_h, s.stride_s};
+}
+
+// The inputs as views of their storage type E (float, bf16 or f16); E must be in.dtype's.
+template <class E>
+inline __attribute__((always_inline)) TypedInputs<E> typed(const Inputs& in) {
+  if constexpr (std::is_same_v<E, float>) {
+    return {in.q, in.k, in.v};
+  } else {
+    return {retype<E>(in.q16), retype<E>(in.k16), retype<E>(in.v16)};
+  }
+}
+
+// f(TypedInputs<E>) with E the storage type of in.dtype: how a kernel reaches its
+// element-type template.
+template <class F>
+decltype(auto) visit_inputs(const Inputs& in, F&& f) {
+  return visit_dtype(in.dtype, [&](auto e) -> decltype(auto) { return f(typed<decltype(e)>(in)); });
+}
+
+// Element b, h, s, d of a view, widened to float (tests and slow paths).
+template <class E>
+float element(const View4<const E>& v, int64_t b, int64_t h, int64_t s, int64_t d) {
+  return to_float(v.row(b, h, s)[d]);
+}
 
 struct Outputs {
   MutView o;                 // same shape and layout as q
@@ -91,9 +131,11 @@ class FloatBuffer {
   std::function<void()> release_;
 };
 
-// Owned Q, K, V, O, LSE for a problem, in the problem's layout.
+// Owned Q, K, V, O, LSE for a problem, in the problem's layout; Q, K, V in the problem's
+// dtype (float32 in q, k, v; 16-bit patterns in q16, k16, v16).
 struct Tensors {
   std::unique_ptr<float[], AlignedFree> q, k, v, o, lse;
+  std::unique_ptr<std::byte[], AlignedFree> q16, k16, v16;
   Inputs inputs;
   Outputs outputs;
 };
@@ -101,9 +143,13 @@ struct Tensors {
 Tensors allocate_tensors(const Problem& p);
 // Only O and LSE (zeroed), for inputs that live elsewhere (e.g. read from files).
 Tensors allocate_outputs(const Problem& p);
-// float32 bytes of Q, K, V, O and LSE of a valid problem.
+// Bytes of Q, K, V (at p.dtype), O and LSE of a valid problem.
 int64_t tensor_bytes(const Problem& p);
-// Uniform [-1, 1) inputs from a seed (deterministic across platforms), O and LSE zeroed.
+// Uniform [-1, 1) inputs from a seed (deterministic across platforms), rounded to p.dtype
+// (the same float32 values for every dtype before rounding), O and LSE zeroed.
 Tensors random_tensors(const Problem& p, uint64_t seed);
+// Float32 inputs (p's shapes and layout, any strides) stored as p.dtype: rounded to nearest
+// even, densely packed; with O and LSE zeroed. For f32, a dense copy.
+Tensors convert_inputs(const Problem& p, const Inputs& f32);
 
 }  // namespace attnlab

@@ -33,9 +33,7 @@ Command add_run(CLI::App& app) {
             const Kernel& kernel = kernel_or_throw(args->impl);
             LoadedInputs li = load_inputs(args->q, args->k, args->v, args->mask);
             const Problem& p = li.problem;
-            warn_nonfinite("Q", li.q.data);
-            warn_nonfinite("K", li.k.data);
-            warn_nonfinite("V", li.v.data);
+            warn_nonfinite(li);
             Session session(kernel, p, args->mask.thread_count());
             Tensors out = allocate_outputs(p);
             const auto t0 = std::chrono::steady_clock::now();

@@ -192,12 +192,14 @@ int verify_expect(const VerifyArgs& a) {
   LoadedInputs li = load_inputs(a.q, a.k, a.v, a.mask);
   const Problem& p = li.problem;
   NpyArray expect = read_npy(a.expect);
+  widen_to_float(expect);  // e.g. PyTorch's float16 output
   if (expect.shape != li.q.shape) {
     throw InvalidInput(a.expect + ": shape differs from Q's shape; allowed: O has Q's shape");
   }
   NpyArray expect_lse;
   if (!a.expect_lse.empty()) {
     expect_lse = read_npy(a.expect_lse);
+    widen_to_float(expect_lse);
     if (expect_lse.shape != std::vector<int64_t>{p.batch, p.q_heads, p.q_len}) {
       throw InvalidInput(a.expect_lse + ": shape must be (batch, q_heads, q_len) = (" +
                          std::to_string(p.batch) + ", " + std::to_string(p.q_heads) + ", " +
@@ -263,7 +265,11 @@ Command add_verify(CLI::App& app) {
             const bool mask_given = sub->count("--causal") + sub->count("--causal-top-left") +
                                         sub->count("--window") + sub->count("--kv-lens") +
                                         sub->count("--scale") + sub->count("--layout") > 0;
-            if (!a.shape.any_given(*sub) && !mask_given) return verify_random(default_shapes(), a);
+            if (!a.shape.any_given(*sub) && !mask_given) {
+              std::vector<Problem> shapes = default_shapes();
+              for (Problem& p : shapes) p.dtype = a.mask.dtype.empty() ? DType::F32 : parse_dtype(a.mask.dtype);
+              return verify_random(shapes, a);
+            }
             Problem p;
             a.shape.apply(p);
             a.mask.apply(p);

@@ -75,6 +75,10 @@ void MaskFlags::add_to(CLI::App& app) {
   app.add_option("--scale", scale, "softmax scale (default 1/sqrt(head_dim))");
   app.add_option("--layout", layout, "memory layout: bhsd (batch, heads, seq, dim) or bshd")
       ->check(CLI::IsMember({"bhsd", "bshd"}));
+  app.add_option("--dtype", dtype,
+                 "storage of Q, K, V: f32, bf16 or f16 (O and LSE stay float32); float inputs are "
+                 "rounded to it (nearest even), '<u2' .npy files are read as raw bf16 bits")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   app.add_option("--threads", threads, "threads (default: all cores)");
 }
 
@@ -93,6 +97,7 @@ void MaskFlags::apply(Problem& p) const {
   if (!kv_lens.empty()) p.kv_lens = parse_int_list("kv-lens", kv_lens);
   p.scale = scale;
   p.layout = parse_layout(layout);
+  if (!dtype.empty()) p.dtype = parse_dtype(dtype);
 }
 
 int MaskFlags::thread_count() const {

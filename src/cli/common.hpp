@@ -18,6 +18,7 @@ struct MaskFlags {
   std::string kv_lens;  // "a,b,..."
   std::optional<float> scale;
   std::string layout = "bhsd";
+  std::string dtype;  // "" = f32, or inferred from .npy inputs ('<f2' files: f16)
   int threads = 0;  // 0 = all cores
   void add_to(CLI::App& app);
   // Fills the mask/scale/layout fields of p (throws InvalidInput on malformed text).

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <iostream>
+#include <tuple>
 
 namespace attnlab::cli {
 
@@ -12,6 +13,45 @@ std::string shape_text(const std::vector<int64_t>& s) {
   std::string t = "(";
   for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
   return t + ")";
+}
+
+// The dtype Q, K and V are stored in: --dtype, else what the files hold ('<f2': f16).
+DType storage_dtype(const MaskFlags& flags, std::initializer_list<std::pair<const std::string*, const NpyArray*>> files) {
+  const auto& [p0, a0] = *files.begin();
+  for (const auto& [path, arr] : files) {
+    if (flags.dtype.empty() && (arr->source_dtype == "<f2") != (a0->source_dtype == "<f2")) {
+      throw InvalidInput(*path + ": '" + arr->source_dtype + "' data beside " + *p0 + "'s '" + a0->source_dtype +
+                         "'; allowed: the same kind of data in Q, K and V, or --dtype to convert them all");
+    }
+    if (arr->source_dtype == "<u2" && flags.dtype != "bf16") {
+      throw InvalidInput(*path + ": '<u2' data is read as raw bfloat16 bits, which needs --dtype bf16 (given: " +
+                         (flags.dtype.empty() ? std::string("none") : flags.dtype) + "); allowed: --dtype bf16, or float data");
+    }
+  }
+  if (!flags.dtype.empty()) return parse_dtype(flags.dtype);
+  return a0->source_dtype == "<f2" ? DType::F16 : DType::F32;
+}
+
+// dst (dense, E) = the array's values: its own bits when they are already E, else widened
+// to float32 and rounded to E (nearest even).
+template <class E>
+void store(const NpyArray& a, const View4<const E>& dst) {
+  E* out = const_cast<E*>(dst.data);
+  const auto n = static_cast<size_t>(dst.elems());
+  const bool same = (a.source_dtype == "<f2" && std::is_same_v<E, f16>) ||
+                    (a.source_dtype == "<u2" && std::is_same_v<E, bf16>);
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (!std::is_same_v<E, float>) {
+      if (same) {
+        out[i] = E{a.bits16[i]};
+        continue;
+      }
+    }
+    const float x = a.is16() ? to_float(f16{a.bits16[i]}) : a.data[i];  // '<u2' only reaches bf16
+    if constexpr (std::is_same_v<E, bf16>) out[i] = to_bf16(x);
+    else if constexpr (std::is_same_v<E, f16>) out[i] = to_f16(x);
+    else out[i] = x;
+  }
 }
 }  // namespace
 
@@ -51,24 +91,71 @@ LoadedInputs load_inputs(const std::string& qp, const std::string& kp, const std
   p.kv_heads = ks[hi];
   p.kv_len = ks[si];
   p.validate();
-  li.inputs.q = make_view<const float>(li.q.data.data(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
-  li.inputs.k = make_view<const float>(li.k.data.data(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
-  li.inputs.v = make_view<const float>(li.v.data.data(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
+  p.dtype = storage_dtype(flags, {{&qp, &li.q}, {&kp, &li.k}, {&vp, &li.v}});
+  if (p.dtype == DType::F32 && !li.q.is16()) {  // the files' own float32 data, uncopied
+    li.inputs.q = make_view<const float>(li.q.data.data(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
+    li.inputs.k = make_view<const float>(li.k.data.data(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
+    li.inputs.v = make_view<const float>(li.v.data.data(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
+    return li;
+  }
+  li.stored = allocate_tensors(p);
+  li.inputs = li.stored.inputs;
+  visit_inputs(li.inputs, [&](const auto& dst) {
+    store(li.q, dst.q);
+    store(li.k, dst.k);
+    store(li.v, dst.v);
+  });
   return li;
 }
 
-void warn_nonfinite(const std::string& name, const FloatBuffer& data) {
-  // Exponent bits all ones = NaN or Inf. Branch-free, so the scan vectorizes: it reads
-  // every input once, at memory speed.
-  size_t count = 0;
-  for (float x : data) count += (std::bit_cast<uint32_t>(x) & 0x7f800000u) == 0x7f800000u;
-  if (count > 0) {
-    size_t first = 0;
-    while (std::isfinite(data[first])) ++first;
-    std::cerr << "warning: " << name << " holds " << count
-              << " NaN/Inf value(s), first at flat index " << first
-              << "; every row that sees one gets NaN output (masked positions never leak)\n";
+namespace {
+// Non-finite values of a dense typed view: {count, first flat index}.
+template <class E>
+std::pair<size_t, size_t> nonfinite(const View4<const E>& v) {
+  size_t count = 0, first = 0;
+  const int64_t n = v.elems();
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(to_float(v.data[i]))) {
+      if (count++ == 0) first = static_cast<size_t>(i);
+    }
   }
+  return {count, first};
+}
+size_t source_nonfinite(const NpyArray& a) {
+  size_t n = 0;
+  for (float x : a.data) n += !std::isfinite(x);
+  for (uint16_t b : a.bits16) n += a.source_dtype == "<f2" ? (b & 0x7c00u) == 0x7c00u : (b & 0x7f80u) == 0x7f80u;
+  return n;
+}
+void warn_one(const std::string& name, size_t count, size_t first, size_t made, DType dtype) {
+  if (count == 0) return;
+  std::cerr << "warning: " << name << " holds " << count << " NaN/Inf value(s), first at flat index " << first;
+  if (made > 0) std::cerr << " (" << made << " of them overflowed to inf when rounded to " << to_string(dtype) << ")";
+  std::cerr << "; every row that sees one gets NaN output (masked positions never leak)\n";
+}
+}  // namespace
+
+void warn_nonfinite(const LoadedInputs& li) {
+  const Problem& p = li.problem;
+  if (p.dtype == DType::F32 && !li.q.is16()) {
+    // Exponent bits all ones = NaN or Inf. Branch-free, so the scan vectorizes: it reads
+    // every input once, at memory speed.
+    for (auto [name, arr] : {std::pair{"Q", &li.q}, {"K", &li.k}, {"V", &li.v}}) {
+      size_t count = 0;
+      for (float x : arr->data) count += (std::bit_cast<uint32_t>(x) & 0x7f800000u) == 0x7f800000u;
+      if (count == 0) continue;
+      size_t first = 0;
+      while (std::isfinite(arr->data[first])) ++first;
+      warn_one(name, count, first, 0, p.dtype);
+    }
+    return;
+  }
+  visit_inputs(li.inputs, [&](const auto& t) {
+    for (auto [name, view, arr] : {std::tuple{"Q", t.q, &li.q}, {"K", t.k, &li.k}, {"V", t.v, &li.v}}) {
+      const auto [count, first] = nonfinite(view);
+      warn_one(name, count, first, count - std::min(count, source_nonfinite(*arr)), p.dtype);
+    }
+  });
 }
 
 }  // namespace attnlab::cli

@@ -59,7 +59,7 @@ static_assert(std::endian::native == std::endian::little,
 // What the header says about the data that follows it.
 struct NpyHeader {
   std::vector<int64_t> shape;
-  std::string dtype;      // "<f4" or "<f8"
+  std::string dtype;      // "<f4", "<f8", "<f2" or "<u2"
   size_t elem = 0;        // bytes per element
   size_t count = 0;       // elements
   size_t data_start = 0;  // offset of the data in the file
@@ -96,12 +96,13 @@ NpyHeader parse_header(const std::string& header, size_t data_start, const std::
   if (descr.size() >= 2 && (descr.front() == '\'' || descr.front() == '"')) descr = descr.substr(1, descr.size() - 2);
   // The byte order must be written out: '=' (native) or none would make the file's meaning
   // depend on the machine that wrote it.
-  if (descr == "<f4" || descr == "<f8") {
+  if (descr == "<f4" || descr == "<f8" || descr == "<f2" || descr == "<u2") {
     h.dtype = descr;
-    h.elem = descr == "<f4" ? 4 : 8;
+    h.elem = descr == "<f4" ? 4 : descr == "<f8" ? 8 : 2;
   } else {
-    fail(name, "dtype '" + descr + "' is not supported; allowed: float32 ('<f4') or float64 ('<f8'), "
-                   "little-endian with the byte order written out (np.save(f, a.astype('<f4')))");
+    fail(name, "dtype '" + descr + "' is not supported; allowed: float32 ('<f4'), float64 ('<f8'), "
+                   "float16 ('<f2') or raw bfloat16 bits ('<u2'), little-endian with the byte order "
+                   "written out (np.save(f, a.astype('<f4')))");
   }
   const std::string fortran = dict_value(header, "fortran_order", name);
   if (fortran == "True") fail(name, "Fortran order is not supported; allowed: C order (np.ascontiguousarray)");
@@ -153,7 +154,8 @@ void check_data_size(const NpyHeader& h, uint64_t file_size, const std::string& 
 
 // The array without its data, once the memory budget allows the data.
 NpyArray empty_array(const NpyHeader& h, const std::string& name) {
-  const std::string why = over_memory_budget(static_cast<int64_t>(h.count * sizeof(float)), "the array as float32");
+  const size_t kept = h.elem == 2 ? 2 : sizeof(float);  // 16-bit data stays 16-bit
+  const std::string why = over_memory_budget(static_cast<int64_t>(h.count * kept), h.elem == 2 ? "the array" : "the array as float32");
   if (!why.empty()) fail(name, why);
   NpyArray arr;
   arr.shape = h.shape;
@@ -277,8 +279,8 @@ void pread_all(int fd, char* dst, size_t bytes, uint64_t offset, const std::stri
 }
 
 // The header bytes of an array of `shape`, padded so the data starts on a 64-byte boundary.
-std::string npy_header(const std::vector<int64_t>& shape, size_t* count) {
-  std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (";
+std::string npy_header(const std::vector<int64_t>& shape, size_t* count, const char* descr = "<f4") {
+  std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (";
   int64_t n = std::count(shape.begin(), shape.end(), 0) > 0 ? 0 : 1;  // as the reader: empty is empty
   for (size_t i = 0; i < shape.size(); ++i) {
     dict += (i ? ", " : "") + std::to_string(shape[i]);
@@ -306,8 +308,13 @@ NpyArray parse_npy(const std::string& bytes, const std::string& name) {
   const NpyHeader h = parse_header(bytes.substr(start, len), start + len, name);
   check_data_size(h, bytes.size(), name);
   NpyArray arr = empty_array(h, name);
-  arr.data = FloatBuffer(h.count);
   const char* src = bytes.data() + h.data_start;
+  if (h.elem == 2) {
+    arr.bits16.resize(h.count);
+    std::memcpy(arr.bits16.data(), src, h.count * 2);
+    return arr;
+  }
+  arr.data = FloatBuffer(h.count);
   if (h.elem == 4) {
     std::memcpy(arr.data.data(), src, h.count * 4);
   } else {
@@ -337,6 +344,11 @@ NpyArray read_npy(const std::string& path) {
   const NpyHeader h = parse_header(header, start + len, path);
   check_data_size(h, size, path);
   NpyArray arr = empty_array(h, path);
+  if (h.elem == 2) {
+    arr.bits16.resize(h.count);
+    pread_all(f.fd, reinterpret_cast<char*>(arr.bits16.data()), h.count * 2, h.data_start, path);
+    return arr;
+  }
   arr.data = mapped::map_data(f.fd, size, h, path);
   if (!arr.data.empty()) return arr;
   arr.data = FloatBuffer(h.count);
@@ -355,6 +367,16 @@ NpyArray read_npy(const std::string& path) {
   return arr;
 }
 
+void widen_to_float(NpyArray& a) {
+  if (!a.is16()) return;
+  a.data = FloatBuffer(a.bits16.size());
+  const bool half = a.source_dtype == "<f2";
+  for (size_t i = 0; i < a.bits16.size(); ++i) {
+    a.data[i] = half ? to_float(f16{a.bits16[i]}) : to_float(bf16{a.bits16[i]});
+  }
+  a.bits16 = {};
+}
+
 std::string encode_npy(const float* data, const std::vector<int64_t>& shape) {
   size_t count = 0;
   std::string out = npy_header(shape, &count);
@@ -366,6 +388,13 @@ void write_npy(const std::string& path, const float* data, const std::vector<int
   size_t count = 0;
   const std::string header = npy_header(shape, &count);
   write_file_atomic(path, {header, std::string_view(reinterpret_cast<const char*>(data), count * sizeof(float))});
+}
+
+void write_npy16(const std::string& path, const uint16_t* bits, const std::vector<int64_t>& shape, DType dtype) {
+  if (dtype == DType::F32) throw InvalidInput("write_npy16: dtype f32; allowed: bf16 or f16");
+  size_t count = 0;
+  const std::string header = npy_header(shape, &count, dtype == DType::F16 ? "<f2" : "<u2");
+  write_file_atomic(path, {header, std::string_view(reinterpret_cast<const char*>(bits), count * 2)});
 }
 
 }  // namespace attnlab

@@ -15,6 +15,26 @@ Layout parse_layout(const std::string& text) {
   throw InvalidInput("layout: '" + text + "' is not a layout; allowed: bhsd, bshd");
 }
 
+const char* to_string(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "f32";
+    case DType::BF16: return "bf16";
+    case DType::F16: return "f16";
+  }
+  return "?";
+}
+
+DType parse_dtype(const std::string& text, const char* field) {
+  for (DType d : {DType::F32, DType::BF16, DType::F16}) {
+    if (text == to_string(d)) return d;
+  }
+  throw InvalidInput(std::string(field) + ": '" + text + "' is not a dtype; allowed: f32, bf16, f16");
+}
+
+double dtype_unit_roundoff(DType d) {
+  return d == DType::BF16 ? 0x1p-8 : d == DType::F16 ? 0x1p-11 : 0x1p-24;
+}
+
 const char* to_string(CausalAlign causal) {
   switch (causal) {
     case CausalAlign::None: return "none";
@@ -177,11 +197,11 @@ double Problem::kv_bytes() const {
   for_each_batch_mask(*this, [&](const MaskSummary& s, int64_t entries) {
     keys += static_cast<double>(s.keys.size()) * static_cast<double>(entries);
   });
-  return 2.0 * sizeof(float) * keys * static_cast<double>(kv_heads * head_dim);
+  return 2.0 * dtype_bytes(dtype) * keys * static_cast<double>(kv_heads * head_dim);
 }
 
 double Problem::bytes_moved() const {
-  const double qo = 2.0 * sizeof(float) * static_cast<double>(q_elems());
+  const double qo = (dtype_bytes(dtype) + sizeof(float)) * static_cast<double>(q_elems());
   return qo + kv_bytes() + sizeof(float) * static_cast<double>(lse_elems());
 }
 
@@ -197,6 +217,7 @@ std::string Problem::describe() const {
   }
   if (scale) s << " scale=" << *scale;
   s << " layout=" << to_string(layout);
+  if (dtype != DType::F32) s << " dtype=" << to_string(dtype);
   return s.str();
 }
 

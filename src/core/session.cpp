@@ -57,6 +57,10 @@ Session::Session(const Kernel& kernel, const Problem& problem, int threads)
 Session::~Session() = default;
 
 void Session::run(const Inputs& in, const Outputs& out) {
+  if (in.dtype != problem_.dtype) {  // a kernel would read views the inputs do not have
+    throw InvalidInput(std::string("inputs: dtype ") + to_string(in.dtype) + " given to a " +
+                       to_string(problem_.dtype) + " problem; allowed: the problem's dtype");
+  }
   RunContext ctx{threads_, std::span<std::byte>(workspace_.get(), workspace_size_)};
   arena_->arena.execute([&] { kernel_.run(problem_, in, out, ctx); });
 }

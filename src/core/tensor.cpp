@@ -54,7 +54,8 @@ FloatBuffer::~FloatBuffer() {
 }
 
 int64_t tensor_bytes(const Problem& p) {
-  return (2 * p.q_elems() + 2 * p.kv_elems() + p.lse_elems()) * int64_t{sizeof(float)};
+  const int64_t in = (p.q_elems() + 2 * p.kv_elems()) * dtype_bytes(p.dtype);
+  return in + (p.q_elems() + p.lse_elems()) * int64_t{sizeof(float)};
 }
 
 std::unique_ptr<float[], AlignedFree> alloc_floats(size_t count) {
@@ -76,12 +77,53 @@ Tensors allocate_tensors(const Problem& p) {
     throw InvalidInput("tensors of " + p.describe() + ": " + why);
   }
   Tensors t = allocate_outputs(p);
-  t.q = alloc_floats(p.q_elems());
-  t.k = alloc_floats(p.kv_elems());
-  t.v = alloc_floats(p.kv_elems());
-  t.inputs.q = make_view<const float>(t.q.get(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
-  t.inputs.k = make_view<const float>(t.k.get(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
-  t.inputs.v = make_view<const float>(t.v.get(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
+  t.inputs.dtype = p.dtype;
+  if (p.dtype == DType::F32) {
+    t.q = alloc_floats(p.q_elems());
+    t.k = alloc_floats(p.kv_elems());
+    t.v = alloc_floats(p.kv_elems());
+    t.inputs.q = make_view<const float>(t.q.get(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
+    t.inputs.k = make_view<const float>(t.k.get(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
+    t.inputs.v = make_view<const float>(t.v.get(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
+    return t;
+  }
+  const auto u16 = [](const std::unique_ptr<std::byte[], AlignedFree>& b) {
+    return reinterpret_cast<const uint16_t*>(b.get());
+  };
+  t.q16 = alloc_bytes(2 * static_cast<size_t>(p.q_elems()));
+  t.k16 = alloc_bytes(2 * static_cast<size_t>(p.kv_elems()));
+  t.v16 = alloc_bytes(2 * static_cast<size_t>(p.kv_elems()));
+  t.inputs.q16 = make_view<const uint16_t>(u16(t.q16), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
+  t.inputs.k16 = make_view<const uint16_t>(u16(t.k16), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
+  t.inputs.v16 = make_view<const uint16_t>(u16(t.v16), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
+  return t;
+}
+
+namespace {
+// dst (dense, E) = src (float32, any strides), element by element.
+template <class E>
+void store_as(const ConstView& src, const View4<const E>& dst) {
+  for (int64_t b = 0; b < src.batch; ++b)
+    for (int64_t h = 0; h < src.heads; ++h)
+      for (int64_t s = 0; s < src.seq; ++s) {
+        const float* x = src.row(b, h, s);
+        E* y = const_cast<E*>(dst.row(b, h, s));
+        for (int64_t d = 0; d < src.dim; ++d) {
+          if constexpr (std::is_same_v<E, bf16>) y[d] = to_bf16(x[d]);
+          else if constexpr (std::is_same_v<E, f16>) y[d] = to_f16(x[d]);
+          else y[d] = x[d];
+        }
+      }
+}
+}  // namespace
+
+Tensors convert_inputs(const Problem& p, const Inputs& f32) {
+  Tensors t = allocate_tensors(p);
+  visit_inputs(t.inputs, [&](const auto& dst) {
+    store_as(f32.q, dst.q);
+    store_as(f32.k, dst.k);
+    store_as(f32.v, dst.v);
+  });
   return t;
 }
 
@@ -102,11 +144,13 @@ void fill(float* x, int64_t n, uint64_t seed) {
 }  // namespace
 
 Tensors random_tensors(const Problem& p, uint64_t seed) {
-  Tensors t = allocate_tensors(p);
+  Problem f = p;
+  f.dtype = DType::F32;
+  Tensors t = allocate_tensors(f);
   fill(t.q.get(), p.q_elems(), seed * 3 + 1);
   fill(t.k.get(), p.kv_elems(), seed * 3 + 2);
   fill(t.v.get(), p.kv_elems(), seed * 3 + 3);
-  return t;
+  return p.dtype == DType::F32 ? std::move(t) : convert_inputs(p, t.inputs);
 }
 
 }  // namespace attnlab

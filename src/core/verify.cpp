@@ -76,8 +76,10 @@ std::vector<RowId> sample_rows(const Problem& p, size_t max_rows, uint64_t seed)
   return rows;
 }
 
-double reference_row(const Problem& p, const Inputs& in, const RowId& r, double* o_row,
-                     double* row_scale) {
+namespace {
+template <class E>
+double reference_row_typed(const Problem& p, const TypedInputs<E>& in, const RowId& r, double* o_row,
+                           double* row_scale) {
   const int64_t d_n = p.head_dim;
   const int64_t hk = p.kv_head_of(r.h);
   const Interval iv = p.visible(r.b, r.i);
@@ -85,13 +87,13 @@ double reference_row(const Problem& p, const Inputs& in, const RowId& r, double*
   *row_scale = 0.0;
   if (iv.empty()) return -kInf;
   const double scale = p.effective_scale();
-  const float* q = in.q.row(r.b, r.h, r.i);
+  const E* q = in.q.row(r.b, r.h, r.i);
   std::vector<double> s(static_cast<size_t>(iv.size()));
   double m = -kInf;
   for (int64_t j = iv.lo; j < iv.hi; ++j) {
-    const float* k = in.k.row(r.b, hk, j);
+    const E* k = in.k.row(r.b, hk, j);
     double dot = 0;
-    for (int64_t d = 0; d < d_n; ++d) dot += static_cast<double>(q[d]) * k[d];
+    for (int64_t d = 0; d < d_n; ++d) dot += static_cast<double>(to_float(q[d])) * to_float(k[d]);
     const double sj = scale * dot;
     s[j - iv.lo] = sj;
     if (!(sj <= m)) m = sj;  // a NaN score makes m NaN, and the whole row NaN
@@ -100,17 +102,25 @@ double reference_row(const Problem& p, const Inputs& in, const RowId& r, double*
   for (int64_t j = iv.lo; j < iv.hi; ++j) {
     const double pj = std::exp(s[j - iv.lo] - m);
     l += pj;
-    const float* v = in.v.row(r.b, hk, j);
+    const E* v = in.v.row(r.b, hk, j);
     double vmax = 0;
     for (int64_t d = 0; d < d_n; ++d) {
-      o_row[d] += pj * v[d];
-      vmax = std::max(vmax, std::fabs(static_cast<double>(v[d])));
+      const double vd = to_float(v[d]);
+      o_row[d] += pj * vd;
+      vmax = std::max(vmax, std::fabs(vd));
     }
     scale_sum += pj * vmax;
   }
   for (int64_t d = 0; d < d_n; ++d) o_row[d] /= l;
   *row_scale = scale_sum / l;
   return m + std::log(l);
+}
+}  // namespace
+
+// On the values the kernel receives: 16-bit storage widened exactly, then float64.
+double reference_row(const Problem& p, const Inputs& in, const RowId& r, double* o_row,
+                     double* row_scale) {
+  return visit_inputs(in, [&](const auto& typed) { return reference_row_typed(p, typed, r, o_row, row_scale); });
 }
 
 Reference reference(const Problem& p, const Inputs& in, std::vector<RowId> rows) {
@@ -139,15 +149,13 @@ Errors measure(const Reference& ref, const ConstView& o, const float* lse, const
 Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref) {
   Errors e;
   std::vector<float> s(static_cast<size_t>(p.kv_len)), o(static_cast<size_t>(p.head_dim));
-  const float scale = p.effective_scale();
-  for (size_t r = 0; r < ref.rows.size(); ++r) {
-    const RowId& id = ref.rows[r];
-    const int64_t hk = p.kv_head_of(id.h);
-    const Interval iv = p.visible(id.b, id.i);
-    textbook::scores(in.q.row(id.b, id.h, id.i), in.k, id.b, hk, iv, scale, s.data());
-    const float lse = textbook::softmax_pv(s.data(), in.v, id.b, hk, iv, o.data());
-    accumulate(e, ref, r, o.data(), &lse);
-  }
+  visit_inputs(in, [&](const auto& typed) {
+    for (size_t r = 0; r < ref.rows.size(); ++r) {
+      const RowId& id = ref.rows[r];
+      const float lse = textbook::row(p, typed, id.b, id.h, id.i, p.visible(id.b, id.i), s.data(), o.data());
+      accumulate(e, ref, r, o.data(), &lse);
+    }
+  });
   return e;
 }
 

@@ -7,6 +7,7 @@
 // Memory: q_len * kv_len floats of workspace (the O(n^2) the tiled kernels avoid).
 // Cost: 4 * d FLOP per visible pair plus one exp; no reuse of K/V across rows, so at
 // large n it streams K and V from memory once per query row (memory bound, ~1-3% of peak).
+// Precision: f16/bf16 storage is widened exactly to float32 where read; float32 compute.
 #include "attnlab/kernel.hpp"
 #include "attnlab/textbook.hpp"
 
@@ -23,6 +24,12 @@ class Naive final : public Kernel {
     return static_cast<size_t>(p.q_len * p.kv_len) * sizeof(float);
   }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    visit_inputs(in, [&](const auto& typed) { run_typed(p, typed, out, ctx); });
+  }
+
+ private:
+  template <class E>
+  static void run_typed(const Problem& p, const TypedInputs<E>& in, const Outputs& out, RunContext& ctx) {
     float* scores = reinterpret_cast<float*>(ctx.workspace.data());
     const float scale = p.effective_scale();
     for (int64_t b = 0; b < p.batch; ++b) {

@@ -33,6 +33,8 @@
 //   LSE = m * ln2 + ln(l) in double.
 // The row engine (attend_rows) is also the work unit of `threaded`
 //   (src/cpu/simd/rowblock.hpp); it prefetches the next K/V tile while computing one.
+// Precision: f16/bf16 storage is widened exactly to float32 where loaded (Q in the block
+//   copy, K in the score loads, V in the P*V loads); float32 compute.
 // Measured: results/2026-11-29-attn_bench (ladder) and results/2026-11-30-isa (per target).
 #include <algorithm>
 #include <cmath>
@@ -81,13 +83,14 @@ struct Layout {
 
 // out[r * kNr + c] = <q[r], k[c]> over d floats. q rows are zero padded to a multiple of
 // kLanes and 64-byte aligned; k rows are read only up to d (masked tail load).
-inline void score_tile(const float* const* q, const float* const* k, int64_t d, float* out) {
+template <class E>
+inline void score_tile(const float* const* q, const E* const* k, int64_t d, float* out) {
   Batch acc[kMr * kNr];
   for (Batch& a : acc) a = Batch(0.f);
   const int64_t full = d / kLanes * kLanes;
   for (int64_t c = 0; c < full; c += kLanes) {
     Batch kv[kNr], qv[kMr];
-    for (int i = 0; i < kNr; ++i) kv[i] = Batch::load_unaligned(k[i] + c);
+    for (int i = 0; i < kNr; ++i) kv[i] = load_unaligned(k[i] + c);
     for (int r = 0; r < kMr; ++r) qv[r] = Batch::load_aligned(q[r] + c);
     for (int r = 0; r < kMr; ++r)
       for (int i = 0; i < kNr; ++i) acc[r * kNr + i] = simd::fma(qv[r], kv[i], acc[r * kNr + i]);
@@ -107,16 +110,16 @@ inline void score_tile(const float* const* q, const float* const* k, int64_t d, 
 // last vector reads only last_lanes floats of each V row. Forced inline: compiled on its
 // own, GCC 12 keeps a stack copy of the accumulator array and stores all 16 of them every
 // iteration (measured: 1.5x slower kernel).
-template <int NV>
-__attribute__((always_inline)) inline void pv_tile(const float* const* p, float* const* acc, const float* v, int64_t v_stride,
+template <int NV, class E>
+__attribute__((always_inline)) inline void pv_tile(const float* const* p, float* const* acc, const E* v, int64_t v_stride,
                     int64_t n, int last_lanes) {
   Batch a[kMr * NV];
   for (int r = 0; r < kMr; ++r)
     for (int x = 0; x < NV; ++x) a[r * NV + x] = Batch::load_aligned(acc[r] + x * kLanes);
   for (int64_t j = 0; j < n; ++j) {
-    const float* vr = v + j * v_stride;
+    const E* vr = v + j * v_stride;
     Batch vv[NV];
-    for (int x = 0; x < NV - 1; ++x) vv[x] = Batch::load_unaligned(vr + x * kLanes);
+    for (int x = 0; x < NV - 1; ++x) vv[x] = load_unaligned(vr + x * kLanes);
     vv[NV - 1] = load_partial(vr + (NV - 1) * kLanes, last_lanes);  // all lanes when last_lanes == kLanes
     for (int r = 0; r < kMr; ++r) {
       const Batch pr(p[r][j]);
@@ -129,7 +132,8 @@ __attribute__((always_inline)) inline void pv_tile(const float* const* p, float*
 
 // P*V for up to kMr rows over keys [ja, jb) of the tile (relative to the tile start),
 // all of head_dim. Missing rows point at a zero P row and a sink accumulator.
-void pv_dot_rows(const float* const* p, float* const* acc, const float* v_tile, int64_t v_stride,
+template <class E>
+void pv_dot_rows(const float* const* p, float* const* acc, const E* v_tile, int64_t v_stride,
              int64_t ja, int64_t jb, int64_t d, int64_t dp) {
   const float* pj[kMr];
   for (int r = 0; r < kMr; ++r) pj[r] = p[r] + ja;
@@ -138,7 +142,7 @@ void pv_dot_rows(const float* const* p, float* const* acc, const float* v_tile, 
     const int last = static_cast<int>(std::min<int64_t>(kLanes, d - (c0 + (nv - 1) * kLanes)));
     float* ac[kMr];
     for (int r = 0; r < kMr; ++r) ac[r] = acc[r] + c0;
-    const float* vt = v_tile + ja * v_stride + c0;
+    const E* vt = v_tile + ja * v_stride + c0;
     switch (nv) {
       case 1: pv_tile<1>(pj, ac, vt, v_stride, jb - ja, last); break;
       case 2: pv_tile<2>(pj, ac, vt, v_stride, jb - ja, last); break;
@@ -182,9 +186,9 @@ size_t row_block_scratch_bytes(const Problem& p) {
   return static_cast<size_t>(Layout(p.head_dim).total) * sizeof(float);
 }
 
-RowState attend_rows(const Problem& p, int64_t rows, const float* const* q_rows,
-                     const Interval* visible, const KvHead& kv, Interval keys,
-                     std::byte* scratch) {
+template <class E>
+RowState attend_rows(const Problem& p, int64_t rows, const E* const* q_rows, const Interval* visible,
+                     const KvHead<E>& kv, Interval keys, std::byte* scratch) {
   const int64_t d = p.head_dim;
   const Layout lay(d);
   const int64_t dp = lay.dp;
@@ -211,14 +215,14 @@ RowState attend_rows(const Problem& p, int64_t rows, const float* const* q_rows,
                           : Interval{std::min(span.lo, lo[r]), std::max(span.hi, hi[r])};
     }
     float* qs = q + r * dp;
-    for (int64_t c = 0; c < d; ++c) qs[c] = q_rows[r][c] * q_scale;
+    for (int64_t c = 0; c < d; ++c) qs[c] = to_float(q_rows[r][c]) * q_scale;
     std::fill(qs + d, qs + dp, 0.f);
     std::fill(acc + r * dp, acc + (r + 1) * dp, 0.f);
     m[r] = kNegInf;
     l[r] = 0.f;
   }
 
-  const int64_t row_bytes = d * static_cast<int64_t>(sizeof(float));
+  const int64_t row_bytes = d * static_cast<int64_t>(sizeof(E));
   for (int64_t j0 = span.lo; j0 < span.hi; j0 += kKeyTile) {
     const int64_t j1 = std::min(j0 + kKeyTile, span.hi);
     const int64_t n = j1 - j0;
@@ -253,7 +257,7 @@ RowState attend_rows(const Problem& p, int64_t rows, const float* const* q_rows,
       for (int t = 0; t < kMr; ++t) qr[t] = t < rn ? q + (r0 + t) * dp : zero_q;
       for (int64_t jj = ga; jj < ge; jj += kNr) {
         const int64_t kn = std::min<int64_t>(kNr, ge - jj);
-        const float* kr[kNr];  // keys past the group's range repeat its last key
+        const E* kr[kNr];  // keys past the group's range repeat its last key
         for (int c = 0; c < kNr; ++c) kr[c] = kv.k + (j0 + std::min<int64_t>(jj + c, ge - 1)) * kv.k_stride;
         alignas(64) float tile[kMr * kNr];
         score_tile(qr, kr, d, tile);
@@ -285,7 +289,7 @@ RowState attend_rows(const Problem& p, int64_t rows, const float* const* q_rows,
 
     // 3. O += P V. Keys every active row of a group sees go through the 4-row tile; each
     //    row's remaining keys go through the tile with that row alone.
-    const float* v_tile = kv.v + j0 * kv.v_stride;
+    const E* v_tile = kv.v + j0 * kv.v_stride;
     for (int64_t r0 = 0; r0 < rows; r0 += kMr) {
       const int64_t rn = std::min<int64_t>(kMr, rows - r0);
       int64_t ca = 0, ce = n;
@@ -323,20 +327,27 @@ RowState attend_rows(const Problem& p, int64_t rows, const float* const* q_rows,
   return RowState{acc, dp, m, l};
 }
 
+template RowState attend_rows(const Problem&, int64_t, const float* const*, const Interval*,
+                              const KvHead<float>&, Interval, std::byte*);
+template RowState attend_rows(const Problem&, int64_t, const bf16* const*, const Interval*,
+                              const KvHead<bf16>&, Interval, std::byte*);
+template RowState attend_rows(const Problem&, int64_t, const f16* const*, const Interval*,
+                              const KvHead<f16>&, Interval, std::byte*);
+
 void attend_row_block(const Problem& p, const Inputs& in, const Outputs& out, int64_t b,
                       int64_t h, int64_t i0, std::byte* scratch) {
   const int64_t d = p.head_dim;
   const int64_t rows = std::min(kRowBlock, p.q_len - i0);
   const int64_t hk = p.kv_head_of(h);
   const MaskSpec mask = p.mask_for_batch(b);
-  const float* q[kRowBlock];
   Interval visible[kRowBlock];
-  for (int64_t r = 0; r < rows; ++r) {
-    q[r] = in.q.row(b, h, i0 + r);
-    visible[r] = mask.row(i0 + r);
-  }
-  const KvHead kv{in.k.row(b, hk, 0), in.k.stride_s, in.v.row(b, hk, 0), in.v.stride_s};
-  const RowState st = attend_rows(p, rows, q, visible, kv, Interval{0, mask.kv_len}, scratch);
+  for (int64_t r = 0; r < rows; ++r) visible[r] = mask.row(i0 + r);
+  const RowState st = visit_inputs(in, [&]<class E>(const TypedInputs<E>& typed) {
+    const E* q[kRowBlock];
+    for (int64_t r = 0; r < rows; ++r) q[r] = typed.q.row(b, h, i0 + r);
+    const KvHead<E> kv{typed.k.row(b, hk, 0), typed.k.stride_s, typed.v.row(b, hk, 0), typed.v.stride_s};
+    return attend_rows(p, rows, q, visible, kv, Interval{0, mask.kv_len}, scratch);
+  });
 
   // Normalize: O = 0, LSE = -inf for a row without visible keys, decided by its interval;
   // otherwise acc / l and m + log l (NaN when l is 0 or NaN, as in the reference).

@@ -22,11 +22,12 @@ constexpr int64_t kStreamRows = 16;  // up to this many rows a task streams its 
 
 inline size_t align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
-// One key tile as a task sees it.
+// One key tile as a task sees it; E is the storage type of V (float, bf16, f16).
+template <class E>
 struct KeyTile {
   int64_t j0;       // first key
   int nk;           // keys in the tile (<= kTileKeys)
-  const float* v;   // V row j0
+  const E* v;       // V row j0
   int64_t ldv;      // V row stride
 };
 
@@ -38,8 +39,8 @@ inline Batch lane_index(int v) {
 }
 
 // Step 2 of src/cpu/flash.cpp's header for the panel of MR rows starting at rr0 and one key tile.
-template <int MR, class Step>
-void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile& kt, Step& step) {
+template <int MR, class Step, class E>
+void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile<E>& kt, Step& step) {
   // Visible keys of each row inside the tile, relative to j0; full = no row needs a mask.
   int lo[MR], hi[MR];
   int ja = kt.nk, jb = 0;  // union of the rows' visible keys: the score blocks to compute
@@ -126,8 +127,8 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
   }
 }
 
-template <class Step>
-void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile& kt, Step& step) {
+template <class Step, class E>
+void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile<E>& kt, Step& step) {
   static_assert(kPanelRows <= 6, "dispatch below covers panels of 1..6 rows");
   switch (mr) {
     case 1: process_panel<1>(t, s, rr0, kt, step); break;
@@ -136,6 +137,65 @@ void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, c
     case 4: process_panel<4>(t, s, rr0, kt, step); break;
     case 5: process_panel<5>(t, s, rr0, kt, step); break;
     case 6: process_panel<6>(t, s, rr0, kt, step); break;
+  }
+}
+
+template <class E>
+void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, const Scratch& s, int64_t b,
+               int64_t hk, int64_t i0, int64_t R) {
+  // Q panels, scaled so that scores come out in log2 units.
+  const int64_t G = t.group, d = t.dim;
+  const float q_scale = p.effective_scale() * kLog2e;
+  for (int64_t rr = 0; rr < R; ++rr) {
+    const E* q = in.q.row(b, hk * G + rr % G, i0 + rr / G);
+    const int64_t panel0 = rr / kPanelRows * kPanelRows;
+    const int64_t mr = std::min<int64_t>(kPanelRows, R - panel0);
+    float* dst = s.q + panel0 * d + (rr - panel0);
+    for (int64_t k = 0; k < d; ++k) dst[k * mr] = to_float(q[k]) * q_scale;
+  }
+}
+
+template <class E>
+void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
+                  int64_t rows, Interval span) {
+  const int64_t d = t.dim;
+  const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
+  // Next-tile prefetching. Many rows (prefill): the next tile's K and V rows a slice per
+  // panel, so they arrive in L2 while this tile computes. Few rows (decode: R / 2 FLOP per
+  // K/V element): too little compute per panel to hide a burst, so the first tile is read
+  // in address order (touch_rows) and the next tile's lines are prefetched one per
+  // inner-loop step of the GEMMs (LineStream), spread over the whole tile's compute
+  // (measured on Zen 3, q_len 1, 32/8, d 128: 0.45-0.55 -> 0.52-0.72 of the read bandwidth).
+  const bool stream = rows <= kStreamRows;
+  for (int64_t j0 = span.lo; j0 < span.hi; j0 += kTileKeys) {
+    const KeyTile<E> kt{j0, static_cast<int>(std::min<int64_t>(kTileKeys, span.hi - j0)),
+                        in.v.row(b, hk, j0), in.v.stride_s};
+    if (stream && j0 == span.lo) {
+      touch_rows(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d);
+      touch_rows(in.v.row(b, hk, j0), in.v.stride_s, kt.nk, d);
+    }
+    pack_k_transposed(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d, s.kt);
+    const int64_t jn = j0 + kTileKeys;
+    const int64_t nn = std::min<int64_t>(kTileKeys, span.hi - jn);
+    if (stream) {
+      LineStream next(nn > 0 ? in.k.row(b, hk, jn) : nullptr, in.k.stride_s,
+                      nn > 0 ? in.v.row(b, hk, jn) : nullptr, in.v.stride_s,
+                      static_cast<int>(std::max<int64_t>(nn, 0)), d);
+      for (int64_t rr0 = 0; rr0 < rows; rr0 += kPanelRows) {
+        process_panel_any(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, s, rr0, kt, next);
+      }
+      continue;
+    }
+    NoStep none;
+    for (int64_t pi = 0; pi < panels; ++pi) {
+      if (nn > 0) {
+        const int64_t r0 = pi * nn / panels, r1 = (pi + 1) * nn / panels;
+        prefetch_rows(in.k.row(b, hk, jn), in.k.stride_s, r0, r1, d);
+        prefetch_rows(in.v.row(b, hk, jn), in.v.stride_s, r0, r1, d);
+      }
+      const int64_t rr0 = pi * kPanelRows;
+      process_panel_any(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, s, rr0, kt, none);
+    }
   }
 }
 
@@ -189,20 +249,12 @@ Scratch::Scratch(std::byte* base, const Tiling& t)
 
 int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
                    int64_t hk, int64_t i0, int64_t nr) {
-  const int64_t G = t.group, d = t.dim, dp = t.dim_pad;
+  const int64_t G = t.group, dp = t.dim_pad;
   const int64_t R = nr * G;
   const MaskSpec mask = p.mask_for_batch(b);
   for (int64_t r = 0; r < nr; ++r) std::fill_n(s.iv + r * G, G, mask.row(i0 + r));
 
-  // Q panels, scaled so that scores come out in log2 units.
-  const float q_scale = p.effective_scale() * kLog2e;
-  for (int64_t rr = 0; rr < R; ++rr) {
-    const float* q = in.q.row(b, hk * G + rr % G, i0 + rr / G);
-    const int64_t panel0 = rr / kPanelRows * kPanelRows;
-    const int64_t mr = std::min<int64_t>(kPanelRows, R - panel0);
-    float* dst = s.q + panel0 * d + (rr - panel0);
-    for (int64_t k = 0; k < d; ++k) dst[k * mr] = q[k] * q_scale;
-  }
+  visit_inputs(in, [&](const auto& typed) { pack_rows(p, typed, t, s, b, hk, i0, R); });
   std::fill(s.o, s.o + R * dp, 0.f);
   std::fill(s.m, s.m + R, kNegInf);
   std::fill(s.l, s.l + R * kLanes, 0.f);
@@ -218,45 +270,7 @@ void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scra
     span.lo = std::min(span.lo, s.iv[rr].lo), span.hi = std::max(span.hi, s.iv[rr].hi);
   }
   span.lo = std::max(span.lo, keys.lo), span.hi = std::min(span.hi, keys.hi);
-  const int64_t d = t.dim;
-  const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
-  // Next-tile prefetching. Many rows (prefill): the next tile's K and V rows a slice per
-  // panel, so they arrive in L2 while this tile computes. Few rows (decode: R / 2 FLOP per
-  // K/V byte): too little compute per panel to hide a burst, so the first tile is read in
-  // address order (touch_rows) and the next tile's lines are prefetched one per inner-loop
-  // step of the GEMMs (LineStream), spread over the whole tile's compute (measured on Zen 3,
-  // q_len 1, 32/8, d 128: 0.45-0.55 -> 0.52-0.72 of the read bandwidth).
-  const bool stream = rows <= kStreamRows;
-  for (int64_t j0 = span.lo; j0 < span.hi; j0 += kTileKeys) {
-    const KeyTile kt{j0, static_cast<int>(std::min<int64_t>(kTileKeys, span.hi - j0)),
-                     in.v.row(b, hk, j0), in.v.stride_s};
-    if (stream && j0 == span.lo) {
-      touch_rows(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d);
-      touch_rows(in.v.row(b, hk, j0), in.v.stride_s, kt.nk, d);
-    }
-    pack_k_transposed(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d, s.kt);
-    const int64_t jn = j0 + kTileKeys;
-    const int64_t nn = std::min<int64_t>(kTileKeys, span.hi - jn);
-    if (stream) {
-      LineStream next(nn > 0 ? in.k.row(b, hk, jn) : nullptr, in.k.stride_s,
-                      nn > 0 ? in.v.row(b, hk, jn) : nullptr, in.v.stride_s,
-                      static_cast<int>(std::max<int64_t>(nn, 0)), d);
-      for (int64_t rr0 = 0; rr0 < rows; rr0 += kPanelRows) {
-        process_panel_any(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, s, rr0, kt, next);
-      }
-      continue;
-    }
-    NoStep none;
-    for (int64_t pi = 0; pi < panels; ++pi) {
-      if (nn > 0) {
-        const int64_t r0 = pi * nn / panels, r1 = (pi + 1) * nn / panels;
-        prefetch_rows(in.k.row(b, hk, jn), in.k.stride_s, r0, r1, d);
-        prefetch_rows(in.v.row(b, hk, jn), in.v.stride_s, r0, r1, d);
-      }
-      const int64_t rr0 = pi * kPanelRows;
-      process_panel_any(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, s, rr0, kt, none);
-    }
-  }
+  visit_inputs(in, [&](const auto& typed) { attend_tiles(typed, t, s, b, hk, rows, span); });
 }
 
 float row_sum(const Scratch& s, int64_t rr) { return reduce_sum(Batch::load_aligned(s.l + rr * kLanes)); }

@@ -85,6 +85,10 @@ class CudaKernel final : public Kernel {
   std::string_view isa() const override { return "cuda"; }
   Support available() const override { return device_status(); }
   Support supports(const Problem& p) const override {
+    if (p.dtype != DType::F32) {
+      return Support::no(std::string("dtype ") + to_string(p.dtype) +
+                         ": the CUDA kernels read float32 Q, K, V only (16-bit storage is CPU-only so far)");
+    }
     if (!ops_) return Support::yes();  // unreachable: available() is no without CUDA
     const cuda_impl::DeviceArgs a = cuda_impl::problem_args(p);
     if (const char* why = ops_->unsupported(a); why && *why) return Support::no(why);

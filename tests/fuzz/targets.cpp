@@ -24,6 +24,10 @@ std::string check_npy(std::string_view bytes) {
     if (d < 0) return "negative dimension accepted";
     count *= static_cast<size_t>(d);
   }
+  if (a.is16()) {
+    if (a.bits16.size() != count || !a.data.empty()) return "16-bit element count differs from the shape";
+    return "";
+  }
   if (a.data.size() != count) return "element count differs from the shape";
   if (a.source_dtype != "<f4" && a.source_dtype != "<f8") return "unknown source dtype " + a.source_dtype;
   const NpyArray b = parse_npy(encode_npy(a.data.data(), a.shape), "fuzz-roundtrip.npy");

@@ -3,8 +3,11 @@
 //
 //   score_panel:  S[MR x kTileKeys] = Qpanel[MR x d] * Kt[d x kTileKeys]   (GEMM 1, to L1)
 //   pv_panel:     O[MR x NV*kLanes] (+)= P[MR x keys] * V[keys x NV*kLanes] (GEMM 2)
-//   pack_k_transposed: K tile (kTileKeys rows of d floats, any row stride) -> Kt, [d][kBlockKeys]
+//   pack_k_transposed: K tile (kTileKeys rows of d values, any row stride) -> Kt, [d][kBlockKeys]
 //                      per register block of keys (kt_offset)
+// K and V may be stored as float32, bf16 or f16 (E): they are widened exactly to float32
+// where they are loaded (K in the packing, V rows in GEMM 2), so the arithmetic is the
+// float32 path's on the rounded values, and a 16-bit K/V tile is half the bytes to read.
 //
 // Register budget (AVX-512: 32 zmm, FMA latency 4 cycles, one zmm FMA per cycle on this
 // Zen 4 - two 256-bit pipes - so >= 4 independent accumulators hide the latency):
@@ -110,7 +113,8 @@ inline int64_t kt_offset(int64_t dp, int64_t k, int j) {
 // reads a block past the keys). kt holds padded_dim(d) x kTileKeys floats, 64-byte
 // aligned; rows [d, padded_dim(d)) are written (zero) but never read. Reads only the nk
 // rows of d floats it is given.
-inline void pack_k_transposed(const float* k_rows, int64_t ldk, int nk, int64_t d, float* kt) {
+template <class E>
+inline void pack_k_transposed(const E* k_rows, int64_t ldk, int nk, int64_t d, float* kt) {
   const int64_t dp = padded_dim(d);
   const int nb = (nk + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -131,14 +135,15 @@ inline void pack_k_transposed(const float* k_rows, int64_t ldk, int nk, int64_t 
   }
 #else
   for (int64_t k = 0; k < dp; ++k) {
-    for (int j = 0; j < nb; ++j) kt[kt_offset(dp, k, j)] = (j < nk && k < d) ? k_rows[j * ldk + k] : 0.f;
+    for (int j = 0; j < nb; ++j) kt[kt_offset(dp, k, j)] = (j < nk && k < d) ? to_float(k_rows[j * ldk + k]) : 0.f;
   }
 #endif
 }
 
-// Software prefetch (into L2) of rows [r0, r1) of d floats each, ld floats apart: used to
-// bring the next K/V tile in while the current one is computed.
-inline void prefetch_rows(const float* base, int64_t ld, int64_t r0, int64_t r1, int64_t d) {
+// Software prefetch (into L2) of rows [r0, r1) of d elements each, ld elements apart: used
+// to bring the next K/V tile in while the current one is computed.
+template <class E>
+inline void prefetch_rows(const E* base, int64_t ld, int64_t r0, int64_t r1, int64_t d) {
   for (int64_t r = r0; r < r1; ++r) {
     const char* row = reinterpret_cast<const char*>(base + r * ld);
     const char* end = reinterpret_cast<const char*>(base + r * ld + d);
@@ -147,17 +152,18 @@ inline void prefetch_rows(const float* base, int64_t ld, int64_t r0, int64_t r1,
   }
 }
 
-// Plain loads of one float per cache line of rows [0, n) (d floats each, ld apart), in
+// Plain loads of one element per cache line of rows [0, n) (d elements each, ld apart), in
 // address order (folded into a volatile, so they stay): independent loads in address order
 // keep many misses in flight, as a streaming read does. For the first tile of a decode
 // task, which nothing prefetched.
-inline void touch_rows(const float* base, int64_t ld, int n, int64_t d) {
-  constexpr int64_t kLine = 64 / sizeof(float);
+template <class E>
+inline void touch_rows(const E* base, int64_t ld, int n, int64_t d) {
+  constexpr int64_t kLine = 64 / sizeof(E);
   Batch acc(0.f);
   for (int j = 0; j < n; ++j) {
-    const float* row = base + j * ld;
-    for (int64_t c = 0; c < d; c += kLine) acc = simd::max(acc, Batch(row[c]));
-    acc = simd::max(acc, Batch(row[d - 1]));  // the last line of an unaligned row
+    const E* row = base + j * ld;
+    for (int64_t c = 0; c < d; c += kLine) acc = simd::max(acc, Batch(to_float(row[c])));
+    acc = simd::max(acc, Batch(to_float(row[d - 1])));  // the last line of an unaligned row
   }
   volatile float sink = reduce_max(acc);
   (void)sink;
@@ -176,11 +182,12 @@ struct LineStream {
   int rows[2];
   int lines_per_row;
   int which = 0, r = 0, c = 0;
-  LineStream(const float* a, int64_t lda, const float* b, int64_t ldb, int n, int64_t d)
+  template <class E>
+  LineStream(const E* a, int64_t lda, const E* b, int64_t ldb, int n, int64_t d)
       : base{reinterpret_cast<const char*>(a), reinterpret_cast<const char*>(b)},
-        ld_bytes{lda * int64_t{sizeof(float)}, ldb * int64_t{sizeof(float)}},
+        ld_bytes{lda * int64_t{sizeof(E)}, ldb * int64_t{sizeof(E)}},
         rows{n, n},
-        lines_per_row(static_cast<int>((d * int64_t{sizeof(float)} + 63) / 64 + 1)) {  // + a straddled line
+        lines_per_row(static_cast<int>((d * int64_t{sizeof(E)} + 63) / 64 + 1)) {  // + a straddled line
     if (n <= 0) which = 2;
   }
   void operator()() {
@@ -228,8 +235,8 @@ inline void score_panel(const float* qp, const float* kt, int64_t d, int ja, int
 // column 0 of the block in key row 0 of the tile. With Tail, the block's last vector holds
 // only tail_lanes columns of V: it is loaded with a masked load (never reads past the row)
 // and its other lanes stay 0.
-template <int MR, int NV, bool Tail, class Step>
-inline void pv_panel(const float* p, int64_t ldp, const float* v, int64_t ldv, float* o,
+template <int MR, int NV, bool Tail, class Step, class E>
+inline void pv_panel(const float* p, int64_t ldp, const E* v, int64_t ldv, float* o,
                      int64_t ldo, const float* alpha, int ja, int jb, int tail_lanes, Step& step) {
   Batch acc[MR][NV];
   for (int m = 0; m < MR; ++m) {
@@ -241,11 +248,11 @@ inline void pv_panel(const float* p, int64_t ldp, const float* v, int64_t ldv, f
   }
   for (int j = ja; j < jb; ++j) {
     step();
-    const float* vr = v + j * ldv;
+    const E* vr = v + j * ldv;
     Batch vv[NV];
     for (int c = 0; c < NV; ++c) {
       vv[c] = (Tail && c == NV - 1) ? load_partial(vr + c * kLanes, tail_lanes)
-                                    : Batch::load_unaligned(vr + c * kLanes);
+                                    : load_unaligned(vr + c * kLanes);
     }
     for (int m = 0; m < MR; ++m) {
       const Batch pb(p[m * ldp + j]);
@@ -258,15 +265,15 @@ inline void pv_panel(const float* p, int64_t ldp, const float* v, int64_t ldv, f
 
 // GEMM 2 over all of d (column blocks of kOutVecs vectors, the last one possibly narrower
 // and with a partial vector). Same arguments as pv_panel, v and o at column 0.
-template <int MR, class Step = NoStep>
-inline void pv_rows(const float* p, int64_t ldp, const float* v, int64_t ldv, float* o,
+template <int MR, class E, class Step = NoStep>
+inline void pv_rows(const float* p, int64_t ldp, const E* v, int64_t ldv, float* o,
                     int64_t ldo, const float* alpha, int ja, int jb, int64_t d, Step&& step = {}) {
   const int64_t nvec = (d + kLanes - 1) / kLanes;
   const int tail = static_cast<int>(d - (nvec - 1) * kLanes);  // lanes of the last vector
   for (int64_t c0 = 0; c0 < nvec; c0 += kOutVecs) {
     const int nv = static_cast<int>(nvec - c0 < kOutVecs ? nvec - c0 : kOutVecs);
     const bool partial = c0 + nv == nvec && tail < kLanes;
-    const float* vc = v + c0 * kLanes;
+    const E* vc = v + c0 * kLanes;
     float* oc = o + c0 * kLanes;
     static_assert(kOutVecs <= 4, "dispatch below covers NV = 1..4");
 #define ATTN_PV_CASE(NV)                                                              \

@@ -20,11 +20,13 @@ namespace attnlab::ATTN_TARGET_NS::simd {
 inline constexpr int64_t kRowBlock = 32;  // query rows per call (Br)
 inline constexpr int64_t kKeyTile = 64;   // keys per score tile (Bc)
 
-// One K/V head: row j of K at k + j * k_stride (head_dim contiguous floats), same for V.
+// One K/V head: row j of K at k + j * k_stride (head_dim contiguous elements of E: float,
+// bf16 or f16, widened exactly where loaded), same for V.
+template <class E>
 struct KvHead {
-  const float* k;
+  const E* k;
   int64_t k_stride;
-  const float* v;
+  const E* v;
   int64_t v_stride;
 };
 
@@ -46,11 +48,12 @@ struct RowState {
 // Scratch one call needs (a 64-byte multiple; pass it 64-byte aligned).
 size_t row_block_scratch_bytes(const Problem& p);
 
-// q[r]: query row r (head_dim floats); visible[r]: its visible key interval. Only keys in
-// keys ∩ visible[r] are used; rows <= kRowBlock. Returns views into scratch.
-RowState attend_rows(const Problem& p, int64_t rows, const float* const* q,
-                     const Interval* visible, const KvHead& kv, Interval keys,
-                     std::byte* scratch);
+// q[r]: query row r (head_dim elements); visible[r]: its visible key interval. Only keys
+// in keys ∩ visible[r] are used; rows <= kRowBlock. Returns views into scratch.
+// (Instantiated in src/cpu/simd.cpp for float, bf16 and f16.)
+template <class E>
+RowState attend_rows(const Problem& p, int64_t rows, const E* const* q, const Interval* visible,
+                     const KvHead<E>& kv, Interval keys, std::byte* scratch);
 
 // O rows [i0, min(i0 + kRowBlock, q_len)) of (b, h), and their LSE when out.lse is set.
 void attend_row_block(const Problem& p, const Inputs& in, const Outputs& out, int64_t b,

@@ -19,6 +19,10 @@
 //   load_partial(p, n[, fill]), store_partial(p, v, n)
 //                                   lanes [0, n) only, n in [0, kLanes]; never touch
 //                                   memory past p + n (masked loads/stores on AVX-512)
+//   load_unaligned(p), load_partial(p, n) for p of float, bf16 or f16 (include/attnlab/
+//                                   dtype.hpp): kLanes values widened exactly to float32
+//                                   (bf16: a 16-bit shift; f16: vcvtph2ps (F16C) on x86,
+//                                   fcvtl on AArch64, dtype.hpp's conversion for scalar)
 //
 // exp2 / exp: range reduction x = n + f (exp2: f = x - round(x), exact; exp: n =
 // round(x*log2e), r = x - n*ln2 in two FMA steps with a hi/lo split of ln2), a
@@ -48,6 +52,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+
+#include "attnlab/dtype.hpp"
 
 #if defined(ATTN_TARGET_SCALAR)
 #include "cpu/simd/scalar_batch.hpp"
@@ -310,6 +317,43 @@ inline Batch rescale_log2(Batch m_old, Batch m_new) {
   const Batch sub = simd::select(m_new == neg_inf, Batch(0.f), m_new);
   const Batch e = simd::exp2_nonpositive(m_old - sub);  // m_old <= m_new, or NaN
   return simd::select(simd::mask_or(m_old == m_new, m_old == neg_inf), Batch(1.f), e);
+}
+
+// kLanes consecutive values of a float32, bf16 or f16 array as float32 (exact widening).
+inline Batch load_unaligned(const float* p) { return Batch::load_unaligned(p); }
+inline Batch load_unaligned(const bf16* p) {
+#if defined(ATTN_TARGET_SCALAR)
+  return Batch(to_float(*p));
+#elif defined(__AVX512F__)
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+#elif defined(__AVX2__)
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+#else  // NEON
+  return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p)), 16));
+#endif
+}
+inline Batch load_unaligned(const f16* p) {
+#if defined(ATTN_TARGET_SCALAR)
+  return Batch(to_float(*p));
+#elif defined(__AVX512F__)
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(__AVX2__)
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else  // NEON
+  return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p))));
+#endif
+}
+
+// Lanes [0, n) widened from a bf16 or f16 array, `fill` in the others; reads only p[0..n).
+// (Partial loads are the head_dim tails and short packing rows, never the inner loops.)
+template <class E, class = std::enable_if_t<!std::is_same_v<E, float>>>
+inline Batch load_partial(const E* p, int n, float fill = 0.f) {
+  if (n == kLanes) return load_unaligned(p);
+  alignas(64) float lanes[kLanes];
+  for (int i = 0; i < kLanes; ++i) lanes[i] = i < n ? to_float(p[i]) : fill;
+  return Batch::load_aligned(lanes);
 }
 
 }  // namespace attnlab::ATTN_TARGET_NS::simd
