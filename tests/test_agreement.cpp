@@ -3,6 +3,7 @@
 // MHA / GQA / MQA, batch 1-3, causal (both alignments), windows, kv_lens with zeros and
 // both layouts; vector tails (head dims 1 to 512 that are not multiples of 16) and decode's
 // chunk merge (kv_len around its 512-key chunk, q_len 1..16, kv_lens cutting inside a chunk).
+// A quarter of the cases also run with bf16 and another quarter with f16 storage.
 // Kernels are taken from the registry, so a new kernel is tested with no change here.
 // Unavailable kernels (e.g. CUDA without a device) are skipped with the reason.
 #include <gtest/gtest.h>
@@ -166,8 +167,18 @@ void PrintTo(const Param& p, std::ostream* os) { *os << test::variant_name(*p.ke
 std::vector<Param> params() {
   std::vector<Param> out;
   // Every variant: the SIMD kernels once per built target (those this CPU cannot run skip).
+  // A quarter of the cases again with bf16 storage, another quarter with f16.
+  std::vector<Case> cases = grid();
+  const size_t n = cases.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (i % 4 != 1 && i % 4 != 3) continue;
+    Case c = cases[i];
+    c.p.dtype = i % 4 == 1 ? DType::BF16 : DType::F16;
+    c.name += std::string("_") + to_string(c.p.dtype);
+    cases.push_back(std::move(c));
+  }
   for (const Kernel* k : variants())
-    for (const Case& c : grid()) out.push_back({k, c});
+    for (const Case& c : cases) out.push_back({k, c});
   return out;
 }
 

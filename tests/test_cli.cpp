@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -310,6 +311,68 @@ TEST_F(Cli, BadInputGetsClearErrorsAndWritesNothing) {
   // Unknown flags and subcommands are parse errors, not crashes.
   EXPECT_EQ(attnlab("run --impl naive --bogus").code, 2);
   EXPECT_EQ(attnlab("frobnicate").code, 2);
+}
+
+// 16-bit inputs: '<f2' files run as f16 (inferred), '<u2' files as raw bf16 bits with
+// --dtype bf16, float files are rounded by --dtype; the result agrees with the reference on
+// the stored values, and the misuses are clear errors.
+TEST_F(Cli, SixteenBitInputs) {
+  Problem p = test::shape(1, 4, 2, 6, 21, 24);
+  const std::vector<int64_t> qs = {1, 4, 6, 24}, ks = {1, 2, 21, 24};
+  const Tensors f = write_inputs(p);  // float32 q.npy, k.npy, v.npy
+  for (DType d : {DType::BF16, DType::F16}) {
+    Problem pd = p;
+    pd.dtype = d;
+    const Tensors t = convert_inputs(pd, f.inputs);
+    const std::string ext = d == DType::F16 ? "f2" : "u2";
+    write_npy16(path("q" + ext + ".npy"), t.inputs.q16.data, qs, d);
+    write_npy16(path("k" + ext + ".npy"), t.inputs.k16.data, ks, d);
+    write_npy16(path("v" + ext + ".npy"), t.inputs.v16.data, ks, d);
+    const std::string files = "--q " + path("q" + ext + ".npy") + " --k " + path("k" + ext + ".npy") + " --v " +
+                              path("v" + ext + ".npy");
+    const std::string flag = d == DType::BF16 ? " --dtype bf16" : "";  // f16 is inferred from '<f2'
+    const Result r = attnlab("run --impl flash " + files + flag + " --out " + path("o.npy") + " --lse " + path("l.npy"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    NpyArray o = read_npy(path("o.npy")), l = read_npy(path("l.npy"));
+    const Agreement a = prepare_agreement(pd, t.inputs, all_rows(pd));
+    const Errors e = measure(a.ref, as_const(make_view<float>(o.data.data(), 1, 4, 6, 24, Layout::BHSD)), l.data.data(), pd);
+    EXPECT_TRUE(a.tol.passes(e)) << to_string(d) << ": " << a.tol.why_failed(e);
+    // The float32 files rounded on load give the same output, bit for bit.
+    const Result r2 = attnlab("run --impl flash " + qkv() + " --dtype " + to_string(d) + " --out " + path("o2.npy"));
+    ASSERT_EQ(r2.code, 0) << r2.out;
+    NpyArray o2 = read_npy(path("o2.npy"));
+    EXPECT_EQ(0, std::memcmp(o.data.data(), o2.data.data(), o.data.size() * 4)) << to_string(d);
+    // verify runs every kernel on the stored values.
+    const Result v = attnlab("verify --impl all --dtype " + std::string(to_string(d)) + " --q-len 9 --kv-len 40 --head-dim 20");
+    EXPECT_EQ(v.code, 0) << v.out;
+    EXPECT_NE(v.out.find(std::string("dtype=") + to_string(d)), std::string::npos) << v.out;
+  }
+  // '<u2' without --dtype bf16, and '<f2' beside float32 files, are refused.
+  Result bad = attnlab("run --impl naive --q " + path("qu2.npy") + " --k " + path("ku2.npy") + " --v " +
+                       path("vu2.npy") + " --out " + path("x.npy"));
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("needs --dtype bf16"), std::string::npos) << bad.out;
+  bad = attnlab("run --impl naive --q " + path("qf2.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") +
+                " --out " + path("x.npy"));
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("allowed: the same kind of data"), std::string::npos) << bad.out;
+  bad = attnlab("run --impl naive " + qkv() + " --dtype fp8 --out " + path("x.npy"));
+  EXPECT_NE(bad.code, 0) << bad.out;
+  EXPECT_FALSE(fs::exists(path("x.npy")));
+}
+
+// Rounding to f16 can overflow: the warning says how many values became inf.
+TEST_F(Cli, F16OverflowIsReported) {
+  Problem p = test::shape(1, 1, 1, 2, 2, 4);
+  Tensors t = random_tensors(p, 1);
+  t.k[2] = 1e6f;
+  write_npy(path("q.npy"), t.q.get(), {1, 1, 2, 4});
+  write_npy(path("k.npy"), t.k.get(), {1, 1, 2, 4});
+  write_npy(path("v.npy"), t.v.get(), {1, 1, 2, 4});
+  const Result r = attnlab("run --impl naive " + qkv() + " --dtype f16 --out " + path("o.npy"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: K holds 1 NaN/Inf value(s), first at flat index 2 (1 of them overflowed to inf "
+                       "when rounded to f16)"), std::string::npos) << r.out;
 }
 
 TEST_F(Cli, NanInputsAreReported) {

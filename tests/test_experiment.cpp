@@ -2,6 +2,8 @@
 // malformed file gets an error naming the key, the bad value and the allowed values.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <filesystem>
 #include <fstream>
 
@@ -128,6 +130,20 @@ TEST(Experiment, MasksWindowsAndLayouts) {
   EXPECT_EQ(g.size(), kKernels.size() * 3 * 2);
 }
 
+TEST(Experiment, DtypeAxis) {
+  auto e = parse(R"({"description": "d", "q_len": 8})");
+  EXPECT_EQ(e.grids[0].dtype, (std::vector<DType>{DType::F32}));
+  e = parse(R"({"description": "d", "q_len": 8, "dtype": ["f32", "bf16", "f16"]})");
+  const auto g = expand(e, 1);
+  ASSERT_EQ(g.size(), kKernels.size() * 3);
+  std::set<std::string> ids;
+  for (const auto& pt : g) ids.insert(pt.id());
+  EXPECT_EQ(ids.size(), g.size()) << "the dtype is part of a point's id";
+  EXPECT_EQ(g.front().problem.flops(), g.back().problem.flops());
+  EXPECT_NE(error_of(R"({"description": "d", "q_len": 8, "dtype": "fp8"})").find("key 'dtype'"), std::string::npos);
+  EXPECT_NE(error_of(R"({"description": "d", "q_len": 8, "dtype": []})").find("\"f32\", \"bf16\", \"f16\""), std::string::npos);
+}
+
 TEST(Experiment, SeveralGridsOverrideTheTopLevelKeys) {
   const auto e = parse(R"({"description": "d", "q_heads": 8, "gqa_groups": [1, 8], "head_dim": 32,
                            "implementations": ["naive", "flash"],
@@ -224,7 +240,7 @@ TEST(Experiment, IsaAxisRunsEachPerTargetKernelOncePerTarget) {
   EXPECT_NE(isa_error_of(R"({"description": "d", "q_len": {"range": [1, 4000, 1]}, "kv_len": {"range": [1, 20, 1]},
                               "isa": ["scalar", "avx2"]})")
                 .find("x 2 values of implementations x batch x q_heads x kv_heads x q_len x kv_len x head_dim x causal "
-                      "x window x layout x threads x isa"),
+                      "x window x layout x dtype x threads x isa"),
             std::string::npos);
 }
 

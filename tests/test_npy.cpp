@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -57,6 +58,34 @@ TEST(Npy, Float64IsConverted) {
   EXPECT_EQ(std::vector<float>(a.data.begin(), a.data.end()), (std::vector<float>{0.5f, -3.25f}));
 }
 
+TEST(Npy, SixteenBitDataIsKeptAsBits) {
+  for (const char* descr : {"<f2", "<u2"}) {
+    std::string bytes = header_v1(std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (3,), }");
+    const uint16_t h[3] = {0x3c00, 0xc000, 0x7c00};  // f16: 1, -2, inf
+    bytes.append(reinterpret_cast<const char*>(h), sizeof h);
+    NpyArray a = parse_npy(bytes, "h");
+    EXPECT_EQ(a.source_dtype, descr);
+    EXPECT_TRUE(a.data.empty());
+    EXPECT_EQ(a.bits16, (std::vector<uint16_t>{0x3c00, 0xc000, 0x7c00}));
+    widen_to_float(a);
+    if (std::string(descr) == "<f2") {
+      EXPECT_EQ(std::vector<float>(a.data.begin(), a.data.end()), (std::vector<float>{1.f, -2.f, INFINITY}));
+    } else {  // the same bits as bf16
+      EXPECT_EQ(a.data[0], 0.0078125f);
+    }
+    expect_reject(bytes.substr(0, bytes.size() - 1), "truncated data");
+  }
+  const auto dir = std::filesystem::temp_directory_path() / ("attn_npy16_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const uint16_t bits[4] = {1, 2, 3, 0xffff};
+  write_npy16((dir / "b.npy").string(), bits, {2, 2}, DType::BF16);
+  const NpyArray b = read_npy((dir / "b.npy").string());
+  EXPECT_EQ(b.source_dtype, "<u2");
+  EXPECT_EQ(b.bits16, (std::vector<uint16_t>{1, 2, 3, 0xffff}));
+  EXPECT_THROW(write_npy16((dir / "c.npy").string(), bits, {4}, DType::F32), InvalidInput);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Npy, Version2HeaderIsRead) {
   std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1), }";
   std::string bytes = "\x93NUMPY";
@@ -92,10 +121,11 @@ TEST(Npy, HostileHeadersAreRefusedBeforeAnyDataIsRead) {
   const std::string good = header_v1(ok) + std::string(16, '\0');
   expect_reject(good + "x", "1 trailing bytes after the data (shape needs 16 bytes of <f4); allowed: exactly");
   // The byte order must be written out: '=' / none mean "whatever machine wrote it".
-  for (const char* dtype : {">f4", "=f4", "f4", "|f4", ">f8", "=f8", "<f2", "|u1", "<c8"}) {
+  for (const char* dtype : {">f4", "=f4", "f4", "|f4", ">f8", "=f8", ">f2", "f2", "<i2", "|u1", "<c8"}) {
     expect_reject(header_v1("{'descr': '" + std::string(dtype) + "', 'fortran_order': False, 'shape': (2, 2), }") +
                       std::string(16, '\0'),
-                  "dtype '" + std::string(dtype) + "' is not supported; allowed: float32 ('<f4') or float64 ('<f8'), little-endian");
+                  "dtype '" + std::string(dtype) + "' is not supported; allowed: float32 ('<f4'), float64 ('<f8'), "
+                  "float16 ('<f2') or raw bfloat16 bits ('<u2'), little-endian");
   }
   // Shapes whose element count wraps or exceeds 2^36, and entries that are not integers.
   expect_reject(header_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296), }"),

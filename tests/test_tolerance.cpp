@@ -1,7 +1,14 @@
-// The tolerance policy rejects planted bugs. One test-only kernel with a switchable bug
-// (not in the registry): wrong scale, causal interval off by one, kv_lens ignored, GQA
-// mapping dropped. The bug-free variant must pass, so the test can fail both ways.
+// The tolerance policy rejects planted bugs, at every storage dtype. One test-only kernel
+// with a switchable bug (not in the registry): wrong scale, causal interval off by one,
+// kv_lens ignored, GQA mapping dropped, and two that only 16-bit storage allows: P rounded
+// to bf16 before P*V (a lower precision regime than the documented float32 compute) and
+// 16-bit storage read as the other 16-bit format. The bug-free variant must pass at every
+// dtype, so the test can fail both ways.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "attnlab/kernel.hpp"
 #include "attnlab/textbook.hpp"
@@ -11,7 +18,11 @@
 namespace attnlab {
 namespace {
 
-enum class Bug { None, WrongScale, CausalOffByOne, IgnoresKvLens, DropsGqaMapping };
+enum class Bug { None, WrongScale, CausalOffByOne, IgnoresKvLens, DropsGqaMapping, RoundsPToBf16, MisreadsStorage };
+
+// The other 16-bit format's reading of the same bits (the MisreadsStorage bug).
+View4<const f16> swapped(const View4<const bf16>& v) { return retype<f16>(v); }
+View4<const bf16> swapped(const View4<const f16>& v) { return retype<bf16>(v); }
 
 class Planted final : public Kernel {
  public:
@@ -19,6 +30,17 @@ class Planted final : public Kernel {
   std::string_view name() const override { return "planted"; }
   std::string_view description() const override { return "test-only kernel with one planted bug"; }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext&) const override {
+    visit_inputs(in, [&]<class E>(const TypedInputs<E>& t) {
+      if constexpr (!std::is_same_v<E, float>) {
+        if (bug_ == Bug::MisreadsStorage) return run_typed(p, TypedInputs{swapped(t.q), swapped(t.k), swapped(t.v)}, out);
+      }
+      run_typed(p, t, out);
+    });
+  }
+
+ private:
+  template <class E>
+  void run_typed(const Problem& p, const TypedInputs<E>& in, const Outputs& out) const {
     std::vector<float> s(static_cast<size_t>(p.kv_len) + 1);
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t h = 0; h < p.q_heads; ++h)
@@ -31,12 +53,27 @@ class Planted final : public Kernel {
                                                       : p.effective_scale();
           const int64_t hk = bug_ == Bug::DropsGqaMapping ? h % p.kv_heads : p.kv_head_of(h);
           textbook::scores(in.q.row(b, h, i), in.k, b, hk, iv, scale, s.data());
-          const float lse = textbook::softmax_pv(s.data(), in.v, b, hk, iv, out.o.row(b, h, i));
+          float* o = out.o.row(b, h, i);
+          float lse;
+          if (bug_ == Bug::RoundsPToBf16) {  // softmax weights stored as bf16 before P*V
+            float m = -std::numeric_limits<float>::infinity(), l = 0;
+            for (int64_t j = 0; j < iv.size(); ++j) m = std::max(m, s[j]);
+            std::fill(o, o + p.head_dim, 0.f);
+            for (int64_t j = 0; j < iv.size(); ++j) {
+              const float e = std::exp(s[j] - m);
+              l += e;
+              const float pj = to_float(to_bf16(e));
+              for (int64_t d = 0; d < p.head_dim; ++d) o[d] += pj * to_float(in.v.row(b, hk, iv.lo + j)[d]);
+            }
+            for (int64_t d = 0; d < p.head_dim; ++d) o[d] /= l;
+            lse = m + std::log(l);
+          } else {
+            lse = textbook::softmax_pv(s.data(), in.v, b, hk, iv, o);
+          }
           out.lse[(b * p.q_heads + h) * p.q_len + i] = lse;
         }
   }
 
- private:
   Bug bug_;
 };
 
@@ -47,20 +84,23 @@ Problem bug_revealing_shape() {
   return p;
 }
 
-std::string bug_name(const ::testing::TestParamInfo<Bug>& info) {
-  static const char* const kNames[] = {"none", "wrong_scale", "causal_off_by_one",
-                                       "ignores_kv_lens", "drops_gqa_mapping"};
-  return kNames[static_cast<int>(info.param)];
+std::string bug_name(const ::testing::TestParamInfo<std::tuple<Bug, DType>>& info) {
+  static const char* const kNames[] = {"none", "wrong_scale", "causal_off_by_one", "ignores_kv_lens",
+                                       "drops_gqa_mapping", "rounds_p_to_bf16", "misreads_storage"};
+  return std::string(kNames[static_cast<int>(std::get<0>(info.param))]) + "_" + to_string(std::get<1>(info.param));
 }
 
-class PlantedBug : public ::testing::TestWithParam<Bug> {};
+class PlantedBug : public ::testing::TestWithParam<std::tuple<Bug, DType>> {};
 
 TEST_P(PlantedBug, IsRejectedAndTheCorrectKernelPasses) {
-  const Problem p = bug_revealing_shape();
+  const auto [bug, dtype] = GetParam();
+  if (bug == Bug::MisreadsStorage && dtype == DType::F32) GTEST_SKIP() << "float32 has no other 16-bit reading";
+  Problem p = bug_revealing_shape();
+  p.dtype = dtype;
   Tensors t = random_tensors(p, 3);
   const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
-  const KernelCheck c = check_kernel(Planted(GetParam()), p, t.inputs, a, 1);
-  if (GetParam() == Bug::None) {
+  const KernelCheck c = check_kernel(Planted(bug), p, t.inputs, a, 1);
+  if (bug == Bug::None) {
     EXPECT_EQ(c.verdict, Verdict::Pass) << c.reason;
   } else {
     EXPECT_EQ(c.verdict, Verdict::Fail);
@@ -70,8 +110,10 @@ TEST_P(PlantedBug, IsRejectedAndTheCorrectKernelPasses) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Bugs, PlantedBug,
-                         ::testing::Values(Bug::None, Bug::WrongScale, Bug::CausalOffByOne,
-                                           Bug::IgnoresKvLens, Bug::DropsGqaMapping),
+                         ::testing::Combine(::testing::Values(Bug::None, Bug::WrongScale, Bug::CausalOffByOne,
+                                                              Bug::IgnoresKvLens, Bug::DropsGqaMapping,
+                                                              Bug::RoundsPToBf16, Bug::MisreadsStorage),
+                                            ::testing::Values(DType::F32, DType::BF16, DType::F16)),
                          bug_name);
 
 TEST(ToleranceRule, FactorOfBaselinePlusFloor) {

@@ -30,6 +30,7 @@ std::string point_name(std::string_view kernel, const Problem& p, int threads, s
                   "/sq:" + std::to_string(p.q_len) + "/sk:" + std::to_string(p.kv_len) +
                   "/d:" + std::to_string(p.head_dim) + "/mask:" + mask_name(p);
   if (p.layout == Layout::BSHD) n += "/layout:bshd";
+  if (p.dtype != DType::F32) (n += "/dtype:") += to_string(p.dtype);
   n += "/t:" + std::to_string(threads);
   if (!named_isa.empty()) n += "/isa:" + std::string(named_isa);
   return n;
@@ -41,6 +42,7 @@ std::string point_id(std::string_view kernel, const Problem& p, int threads, std
                   std::to_string(p.q_len) + "-sk" + std::to_string(p.kv_len) + "-d" +
                   std::to_string(p.head_dim) + "-" + mask_name(p);
   if (p.layout == Layout::BSHD) n += "-bshd";
+  if (p.dtype != DType::F32) (n += '-') += to_string(p.dtype);
   n += "-t" + std::to_string(threads);
   if (!named_isa.empty()) n += "-" + std::string(named_isa);
   return n;
@@ -57,9 +59,16 @@ std::string kernel_label(std::string_view name, std::string_view isa) {
 std::string kernel_label(const Kernel& k) { return kernel_label(k.name(), k.isa()); }
 
 size_t fixture_bytes(const Problem& p) {
-  // random_tensors: Q, K, V, O, LSE, each rounded up to 64-byte lines like alloc_bytes.
-  auto lines = [](int64_t floats) { return (static_cast<size_t>(floats) * sizeof(float) + 63) / 64 * 64; };
-  return 2 * lines(p.q_elems()) + 2 * lines(p.kv_elems()) + lines(p.lse_elems());
+  // random_tensors: Q, K, V (at p.dtype), O, LSE, each rounded up to 64-byte lines like
+  // alloc_bytes; a 16-bit problem also holds the float32 tensors its inputs are rounded
+  // from (while converting, and for the sweep's error on the unrounded inputs).
+  auto lines = [](int64_t elems, size_t size) { return (static_cast<size_t>(elems) * size + 63) / 64 * 64; };
+  const size_t in = static_cast<size_t>(dtype_bytes(p.dtype));
+  const size_t own = lines(p.q_elems(), in) + 2 * lines(p.kv_elems(), in) + lines(p.q_elems(), 4) + lines(p.lse_elems(), 4);
+  if (p.dtype == DType::F32) return own;
+  Problem f32 = p;
+  f32.dtype = DType::F32;
+  return own + fixture_bytes(f32);
 }
 
 size_t point_memory_bytes(const BenchPoint& pt, size_t verify_rows) {
@@ -161,6 +170,7 @@ void set_point_counters(benchmark::State& state, const BenchPoint& pt, const Pea
   c["window_left"] = C(static_cast<double>(p.window_left));
   c["window_right"] = C(static_cast<double>(p.window_right));
   c["bshd"] = C(p.layout == Layout::BSHD ? 1.0 : 0.0);
+  c["dtype_bytes"] = C(dtype_bytes(p.dtype));
   c["threads"] = C(static_cast<double>(pt.threads));
 }
 

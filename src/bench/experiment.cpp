@@ -24,7 +24,7 @@ constexpr int64_t kMaxListLength = 4096;    // values of one key (after expandin
 // Keys of one grid (allowed at the top level and inside "grids" entries).
 const std::vector<std::string> kGridKeys = {"implementations", "batch", "q_heads", "kv_heads", "gqa_groups",
                                             "q_len", "kv_len", "head_dim", "d_model", "causal", "window",
-                                            "layout", "threads", "isa"};
+                                            "layout", "dtype", "threads", "isa"};
 // Keys allowed only at the top level.
 const std::vector<std::string> kRunKeys = {"description", "repetitions", "min_time_s", "time_cap_s",
                                            "memory_budget_mib", "verify_rows", "seed", "grids"};
@@ -171,6 +171,25 @@ std::vector<Layout> parse_layouts(const Where& w, const Json& v) {
   return out;
 }
 
+std::vector<DType> parse_dtypes(const Where& w, const Json& v) {
+  const char* allowed = "\"f32\", \"bf16\", \"f16\", or a non-empty list of these";
+  auto one = [&](const Json& x) {
+    for (DType d : {DType::F32, DType::BF16, DType::F16}) {
+      if (x.is_string() && x.get<std::string>() == to_string(d)) return d;
+    }
+    w.bad("dtype", v, allowed);
+  };
+  std::vector<DType> out;
+  if (v.is_array()) {
+    if (v.empty()) w.bad("dtype", v, allowed);
+    check_list_length(w, "dtype", v, v.size());
+    for (const auto& x : v) out.push_back(one(x));
+  } else {
+    out.push_back(one(v));
+  }
+  return out;
+}
+
 std::vector<int> parse_threads(const Where& w, const Json& v) {
   const std::string allowed = "\"all\" (every core), an integer 1..1024, a list of these, or INTS";
   auto one = [&](const Json& x) -> int {
@@ -307,6 +326,7 @@ Grid parse_grid(const Where& w, const Json& doc, const std::vector<std::string>&
   g.causal = parse_causal(w, doc.value("causal", Json(false)));
   g.window = parse_window(w, doc.value("window", Json(nullptr)));
   g.layout = parse_layouts(w, doc.value("layout", Json("bhsd")));
+  g.dtype = parse_dtypes(w, doc.value("dtype", Json("f32")));
   g.threads = parse_threads(w, doc.value("threads", Json("all")));
   if (doc.contains("isa")) g.isa = parse_isa(w, doc["isa"], isas);
 
@@ -439,7 +459,7 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
     const std::initializer_list<size_t> sizes = {
         gr.implementations.size(), gr.batch.size(), gr.q_heads.size(), groups_or_kv.size(),
         gr.q_len.size(), kv_lens.size(), dims.size(), gr.causal.size(), gr.window.size(),
-        gr.layout.size(), gr.threads.size(), std::max<size_t>(1, gr.isa.size())};
+        gr.layout.size(), gr.dtype.size(), gr.threads.size(), std::max<size_t>(1, gr.isa.size())};
     std::optional<int64_t> points = 1;
     double shown = 1;  // for the message only: never wraps
     std::string product;
@@ -453,7 +473,7 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
       std::snprintf(count, sizeof count, "%.6g", shown + static_cast<double>(combos));
       w.fail("the grids have " + std::string(count) + " points (this grid: " + product +
              " values of implementations x batch x q_heads x kv_heads x q_len x kv_len x head_dim x "
-             "causal x window x layout x threads x isa); allowed: at most " + std::to_string(kMaxGridPoints) +
+             "causal x window x layout x dtype x threads x isa); allowed: at most " + std::to_string(kMaxGridPoints) +
              " points");
     }
     combos += *points;
@@ -471,6 +491,7 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
                   for (CausalAlign c : gr.causal)
                     for (const Window& win : gr.window)
                       for (Layout lay : gr.layout)
+                        for (DType dt : gr.dtype)
                         for (int t : gr.threads) {
                           GridPoint gp;
                           gp.kernel = kernel;
@@ -487,6 +508,7 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
                           p.window_left = win.left;
                           p.window_right = win.right;
                           p.layout = lay;
+                          p.dtype = dt;
                           try {
                             p.validate();
                           } catch (const InvalidInput& err) {

@@ -70,6 +70,7 @@ struct Grid {
   std::vector<CausalAlign> causal;
   std::vector<Window> window;          // {-1, -1} = none
   std::vector<Layout> layout;
+  std::vector<DType> dtype;            // storage of Q, K, V
   std::vector<int> threads;            // 0 = all cores
   std::vector<std::string> isa;        // targets named by "isa", narrowest first; empty = key absent
 };

@@ -31,7 +31,7 @@ Json problem_to_json(const Problem& p) {
           {"kv_len", p.kv_len},     {"head_dim", p.head_dim},
           {"causal", static_cast<int>(p.causal)},
           {"window_left", p.window_left}, {"window_right", p.window_right},
-          {"layout", to_string(p.layout)}};
+          {"layout", to_string(p.layout)}, {"dtype", to_string(p.dtype)}};
 }
 
 Problem problem_from_json(const Json& j) {
@@ -48,6 +48,7 @@ Problem problem_from_json(const Json& j) {
   p.window_left = j.at("window_left").get<int64_t>();
   p.window_right = j.at("window_right").get<int64_t>();
   p.layout = parse_layout(j.at("layout").get<std::string>());
+  if (j.contains("dtype")) p.dtype = parse_dtype(j.at("dtype").get<std::string>());  // absent before 16-bit
   return p;
 }
 
@@ -139,6 +140,7 @@ Json PointRecord::to_json() const {
           {"err_lse", real_to_json(err_lse)},
           {"tol_o_rel", real_to_json(tol_o_rel)},
           {"tol_lse", real_to_json(tol_lse)},
+          {"err_o_rel_f32_inputs", real_to_json(err_o_rel_f32_inputs)},
           {"verify_rows", verify_rows},
           {"seconds_spent", real_to_json(seconds_spent)},
           {"measured_at", measured_at}};
@@ -166,6 +168,8 @@ PointRecord PointRecord::from_json(const Json& j) {
     r.err_lse = real_at(j, "err_lse");
     r.tol_o_rel = real_at(j, "tol_o_rel");
     r.tol_lse = real_at(j, "tol_lse");
+    // Absent before 16-bit storage: the inputs were the float32 ones.
+    r.err_o_rel_f32_inputs = j.contains("err_o_rel_f32_inputs") ? real_at(j, "err_o_rel_f32_inputs") : r.err_o_rel;
     r.verify_rows = j.at("verify_rows").get<int>();
     r.seconds_spent = real_at(j, "seconds_spent");
     r.measured_at = j.at("measured_at").get<std::string>();
@@ -291,11 +295,11 @@ PointFile died_point(const Json& marker, const PointRecord* base) {
 std::vector<std::string> tidy_columns() {
   return {"experiment", "id", "kernel", "isa", "status", "reason", "batch", "q_heads", "kv_heads", "gqa_group",
           "q_len", "kv_len", "head_dim", "mask", "causal", "window_left", "window_right", "layout",
-          "threads", "flops", "bytes", "kv_bytes", "visible_pairs", "extra_bytes", "memory_bytes",
+          "dtype", "threads", "flops", "bytes", "kv_bytes", "visible_pairs", "extra_bytes", "memory_bytes",
           "repetitions", "iterations", "time_median_s", "time_min_s", "time_max_s", "time_mean_s",
           "time_stddev_s", "time_cv", "gflops", "gbytes_per_s", "peak_gflops", "peak_fraction",
           "read_bw_gbs", "bw_fraction", "verdict", "err_o_rel", "tol_o_rel", "err_lse", "tol_lse",
-          "verify_rows", "seconds_spent", "measured_at"};
+          "err_o_rel_f32_inputs", "verify_rows", "seconds_spent", "measured_at"};
 }
 
 std::string tidy_csv(const std::string& experiment, const std::vector<PointRecord>& records) {
@@ -322,7 +326,7 @@ std::string tidy_csv(const std::string& experiment, const std::vector<PointRecor
         std::to_string(p.q_heads), std::to_string(p.kv_heads), std::to_string(p.group()),
         std::to_string(p.q_len), std::to_string(p.kv_len), std::to_string(p.head_dim), mask_name(p),
         std::to_string(static_cast<int>(p.causal)), std::to_string(p.window_left),
-        std::to_string(p.window_right), to_string(p.layout), std::to_string(r.threads), num(flops),
+        std::to_string(p.window_right), to_string(p.layout), to_string(p.dtype), std::to_string(r.threads), num(flops),
         num(bytes), num(p.kv_bytes()), std::to_string(p.visible_pairs()), std::to_string(r.extra_bytes),
         std::to_string(r.memory_bytes), std::to_string(r.times.size()), std::to_string(r.iterations),
         if_timed(t), if_timed(tmin), if_timed(tmax), if_timed(tmean), if_timed(tsd), if_timed(tsd / tmean),
@@ -331,7 +335,7 @@ std::string tidy_csv(const std::string& experiment, const std::vector<PointRecor
         r.peak_read_bytes > 0 ? num(r.peak_read_bytes * 1e-9) : "",
         r.peak_read_bytes > 0 ? if_timed(bytes / t / r.peak_read_bytes) : "", r.verdict,
         if_verified(r.err_o_rel), if_verified(r.tol_o_rel), if_verified(r.err_lse), if_verified(r.tol_lse),
-        std::to_string(r.verify_rows), num(r.seconds_spent), r.measured_at};
+        if_verified(r.err_o_rel_f32_inputs), std::to_string(r.verify_rows), num(r.seconds_spent), r.measured_at};
     for (size_t i = 0; i < row.size(); ++i) out << (i ? "," : "") << csv_field(row[i]);
     out << "\n";
   }

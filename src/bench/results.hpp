@@ -55,6 +55,10 @@ struct PointRecord {
   // verification against the float64 reference on sampled rows
   std::string verdict;  // PASS, FAIL, SKIP or "" (not verified)
   double err_o_rel = 0, err_lse = 0, tol_o_rel = 0, tol_lse = 0;
+  // The same output's O error against the float64 reference on the float32 inputs before
+  // they were rounded to the storage dtype: what 16-bit storage costs end to end (equal to
+  // err_o_rel for f32).
+  double err_o_rel_f32_inputs = 0;
   int verify_rows = 0;
   double seconds_spent = 0;  // wall time the point took (verify + timing)
   std::string measured_at;

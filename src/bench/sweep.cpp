@@ -125,7 +125,8 @@ std::string describe_point(const GridPoint& g, const Kernel* k) {
   std::ostringstream s;
   s << (k ? kernel_label(*k) : g.kernel) << " b" << p.batch << " h" << p.q_heads << "/" << p.kv_heads << " q"
     << p.q_len << " kv" << p.kv_len << " d" << p.head_dim << " " << mask_name(p)
-    << (p.layout == Layout::BSHD ? " bshd" : "") << " t" << g.threads;
+    << (p.layout == Layout::BSHD ? " bshd" : "") << (p.dtype != DType::F32 ? std::string(" ") + to_string(p.dtype) : "")
+    << " t" << g.threads;
   return s.str();
 }
 
@@ -329,6 +330,16 @@ struct Runner {
       r.tol_o_rel = ag.tol.o_rel;
       r.tol_lse = ag.tol.lse;
       r.verify_rows = static_cast<int>(rows.size());
+      r.err_o_rel_f32_inputs = r.err_o_rel;
+      if (g.problem.dtype != DType::F32 && check.verdict == Verdict::Pass) {
+        // The same kernel on the same stored inputs, against float64 on the float32 values
+        // they were rounded from: the storage dtype's end-to-end cost.
+        Problem f32 = g.problem;
+        f32.dtype = DType::F32;
+        const Tensors source = random_tensors(f32, e.seed);
+        const Agreement unrounded = prepare_agreement(f32, source.inputs, rows);
+        r.err_o_rel_f32_inputs = check_kernel(*k, g.problem, in, unrounded, g.threads).errors.o_rel;
+      }
       if (check.verdict == Verdict::Skip) return skip("verification skipped: " + check.reason);
       if (check.verdict == Verdict::Fail) {
         r.status = PointStatus::Failed;
