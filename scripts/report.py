@@ -37,13 +37,14 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 # Shape parameters of a point (the tidy CSV columns plots slice on).
-DIMS = ["batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "mask", "layout", "threads"]
+DIMS = ["batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "mask", "layout", "dtype", "threads"]
 INT_COLS = {"batch", "q_heads", "kv_heads", "gqa_group", "q_len", "kv_len", "head_dim", "causal",
             "window_left", "window_right", "threads", "visible_pairs", "extra_bytes", "memory_bytes",
             "repetitions", "iterations", "verify_rows"}
 FLOAT_COLS = {"flops", "bytes", "kv_bytes", "time_median_s", "time_min_s", "time_max_s", "time_mean_s",
               "time_stddev_s", "time_cv", "gflops", "gbytes_per_s", "peak_gflops", "peak_fraction",
-              "read_bw_gbs", "bw_fraction", "err_o_rel", "tol_o_rel", "err_lse", "tol_lse", "seconds_spent"}
+              "read_bw_gbs", "bw_fraction", "err_o_rel", "tol_o_rel", "err_lse", "tol_lse", "seconds_spent",
+              "err_o_rel_f32_inputs"}
 DECODE_MAX_Q = 16  # q_len at most this (and below kv_len) counts as decode
 
 
@@ -65,6 +66,11 @@ def load_results(folder):
                     row[key] = float(value) if value not in ("", None) else None
                 else:
                     row[key] = value
+            # Folders written before 16-bit storage: float32 inputs, no separate error.
+            if not row.get("dtype"):
+                row["dtype"] = "f32"
+            if row.get("err_o_rel_f32_inputs") is None:
+                row["err_o_rel_f32_inputs"] = row.get("err_o_rel")
             rows.append(row)
 
     def read_json(name):
@@ -608,7 +614,7 @@ def plot_head_dim(plots, ok, kernels):
                f"vector width (16 floats) need tails. Held fixed: {describe_fixed(fixed)}.")
 
 
-SHAPE_KEYS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "mask", "layout", "threads")
+SHAPE_KEYS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "mask", "layout", "dtype", "threads")
 
 
 def plot_vector_width(plots, ok, machine):
@@ -688,6 +694,77 @@ def plot_vector_width(plots, ok, machine):
                "the peak ratio means something other than the FMAs (the exp, loads, reductions, tails, memory) "
                "takes a larger share at the wider width. The table gives the numbers; % of the target's peak is "
                "against the FMA peak of the row's own target.", table + [""])
+
+
+DTYPE_ORDER = ["f32", "bf16", "f16"]
+
+
+def plot_precision(plots, ok):
+    """The precision/speed frontier: per kernel and shape measured at several storage dtypes,
+    the speed-up over its float32 point against the output's error relative to float64 on the
+    float32 inputs before rounding (what the storage dtype costs end to end)."""
+    if len({r["dtype"] for r in ok}) < 2:
+        return
+    groups = collections.defaultdict(dict)  # (kernel, shape without dtype) -> dtype -> row
+    for r in ok:
+        shape = tuple(r[k] for k in SHAPE_KEYS if k != "dtype")
+        groups[(r["kernel"], shape)][r["dtype"]] = r
+    groups = {g: v for g, v in groups.items() if "f32" in v and len(v) > 1}
+    if not groups:
+        return
+    table = ["| kernel | shape | mask | threads | dtype | time ms (median) | speed-up over f32 | GB/s | "
+             "% of read BW | GFLOP/s | % of peak | O error vs float64 (stored inputs) | "
+             "O error vs float64 (float32 inputs) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    fig, axes = plt.subplots(1, 2, figsize=(16, 4.8))
+    markers = {"f32": "o", "bf16": "s", "f16": "^"}
+    cmap = plt.get_cmap("tab10")
+    keys = sorted(groups, key=lambda g: (g[0], g[1]))
+    labels = []
+    for gi, g in enumerate(keys):
+        by = groups[g]
+        base = by["f32"]
+        f32_row = base
+        label = f"{g[0]} {shape_text(f32_row)} {f32_row['mask']} t{f32_row['threads']}"
+        labels.append(label)
+        for d in [d for d in DTYPE_ORDER if d in by]:
+            r = by[d]
+            speed = base["time_median_s"] / r["time_median_s"]
+            table.append(f"| {g[0]} | {shape_text(base)} | {r['mask']} | {r['threads']} | {d} | "
+                         f"{r['time_median_s'] * 1e3:.4g} | {speed:.2f}x | {fmt(r['gbytes_per_s'], '.1f')} | "
+                         f"{fmt(None if r.get('bw_fraction') is None else 100 * r['bw_fraction'], '.0f')} | "
+                         f"{fmt(r['gflops'], '.1f')} | "
+                         f"{fmt(None if r['peak_fraction'] is None else 100 * r['peak_fraction'], '.1f')} | "
+                         f"{fmt(r['err_o_rel'], '.2g')} | {fmt(r['err_o_rel_f32_inputs'], '.2g')} |")
+            x = gi + (DTYPE_ORDER.index(d) - 1) * 0.27
+            axes[0].bar(x, speed, width=0.25, color=cmap(DTYPE_ORDER.index(d)),
+                        label=d if gi == 0 else None)
+            axes[0].annotate(f"{speed:.2f}x", (x, speed), ha="center", va="bottom", fontsize=6)
+            err = max(r["err_o_rel_f32_inputs"] or 0, 1e-9)
+            axes[1].scatter(r["time_median_s"] / base["time_median_s"], err, marker=markers[d],
+                            color=cmap(gi % 10), s=40, label=f"{label}: {d}")
+    axes[0].axhline(1, color="gray", linewidth=1)
+    axes[0].set_xticks(range(len(keys)))
+    axes[0].set_xticklabels([lb.replace(" ", "\n", 2) for lb in labels], fontsize=6)
+    axes[0].set_ylabel("speed-up over float32 storage (x)")
+    axes[0].set_title("speed-up of 16-bit storage over f32, same kernel and shape", fontsize=9)
+    axes[0].legend(fontsize=7)
+    axes[0].grid(True, axis="y", alpha=0.3)
+    axes[1].set_yscale("log")
+    axes[1].set_xlabel("time relative to the same kernel and shape with f32 storage")
+    axes[1].set_ylabel("O error vs float64 on the float32 inputs")
+    axes[1].set_title("precision/speed frontier (lower left is better)", fontsize=9)
+    axes[1].grid(True, alpha=0.3)
+    axes[1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    plots.save(fig, "precision.png", "Precision and speed: storage dtypes",
+               "Each kernel and shape measured with Q, K and V stored as float32, bf16 and f16 (O and LSE are "
+               "float32 always; every kernel widens the stored values exactly to float32 where it loads them and "
+               "computes in float32). Left: speed-up over the same kernel and shape with float32 storage. Right: "
+               "time (relative to float32) against the output's error relative to float64 computed on the "
+               "float32 inputs BEFORE they were rounded to the storage dtype: the end-to-end price of the "
+               "dtype (bf16 keeps 8 significant bits, f16 11). The table also gives the error against float64 "
+               "on the stored values, which is what each point's verdict checks (the kernel's own arithmetic). "
+               "% of read BW counts the bytes actually stored (2 per element for 16-bit).", table + [""])
 
 
 def plot_masks(plots, ok, kernels):
@@ -770,6 +847,8 @@ def shape_text(r):
     s = f"b{r['batch']} h{r['q_heads']}/{r['kv_heads']} q{r['q_len']} kv{r['kv_len']} d{r['head_dim']}"
     if r["layout"] != "bhsd":
         s += f" {r['layout']}"
+    if r.get("dtype", "f32") != "f32":
+        s += f" {r['dtype']}"
     return s
 
 
@@ -809,6 +888,7 @@ def write_report(folder, out):
         plot_head_dim(plots, ok, kernels)
         plot_masks(plots, ok, kernels)
         plot_vector_width(plots, ok, machine)
+        plot_precision(plots, ok)
     plot_memory(plots, rows, kernels)
 
     name = plan.get("experiment") or (rows[0]["experiment"] if rows else os.path.basename(folder.rstrip("/")))

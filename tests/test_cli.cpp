@@ -82,6 +82,8 @@ TEST_F(Cli, ListShowsEveryKernel) {
   const std::regex flash_row("\\nflash +yes +" + built + " +" + runs + " +" + default_isa() + " ");
   EXPECT_TRUE(std::regex_search(r.out, flash_row)) << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex("\\nnaive +yes +baseline +baseline +baseline "))) << r.out;
+  // Each kernel's precision: the storage dtypes it reads and what it computes in.
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("\\nflash .* f32/bf16/f16 in, widened exactly; f32 compute"))) << r.out;
 }
 
 // --isa on run, verify, peak and sweep: a target is used and named in the output; one this

@@ -50,6 +50,10 @@ class Kernel {
   virtual std::string_view isa() const;
   // Whether the kernel can run on this machine at all (e.g. "no CUDA device").
   virtual Support available() const;
+  // Its arithmetic, for `attnlab list` and the reports: which storage dtypes it reads and the
+  // precision it computes in (default: f32, bf16 and f16 inputs widened exactly to float32
+  // where loaded; float32 compute and accumulation).
+  virtual std::string_view precision() const;
   // Whether it computes this (valid) problem; the reason when not.
   virtual Support supports(const Problem&) const;
   // Scratch memory for run(), for `threads` threads: the kernel's extra memory.

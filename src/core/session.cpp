@@ -8,6 +8,7 @@ namespace attnlab {
 
 std::string_view Kernel::isa() const { return "baseline"; }
 Support Kernel::available() const { return Support::yes(); }
+std::string_view Kernel::precision() const { return "f32/bf16/f16 in, widened exactly; f32 compute"; }
 Support Kernel::supports(const Problem&) const { return Support::yes(); }
 size_t Kernel::workspace_bytes(const Problem&, int) const { return 0; }
 

@@ -5,10 +5,13 @@
 // cache. So: (1) split the keys into fixed chunks (decode_chunk_keys) and make every
 // (batch, kv head, chunk) a oneTBB task - enough tasks for any core count even at batch 1;
 // (2) a task runs ALL query rows that read this kv head - the group's query heads times
-// q_len - through flash's tile engine (src/cpu/simd/tiles.hpp: packed K, 6-row broadcast
-// micro-kernels, vector softmax) against its chunk, so every K/V byte is read from memory
-// once; with so few rows the engine spreads the next tile's prefetches through the
-// current tile's GEMM loops (LineStream) instead of issuing them as one burst; (3) each task leaves per row an unnormalized partial state (acc, running
+// q_len - through flash's tile engine (src/cpu/simd/tiles.hpp: vector softmax, 6-row
+// broadcast P.V micro-kernel) against its chunk, so every K/V byte is read from memory
+// once; with so few rows (at most 16) the engine scores straight from the K rows (4 rows x
+// kLanes/4 keys of dot products, no K^T packing, which costs as much as the GEMM when ~4
+// rows use a tile) and spreads the next tile's prefetches through the current tile's loops
+// (LineStream) instead of issuing them as one burst; (3) each task leaves per row an
+// unnormalized partial state (acc, running
 // max m, sum l); a second parallel pass merges the chunks of each row exactly, in chunk
 // order:
 //   M = max_c m_c,  w_c = 2^(m_c - M),  L = sum_c w_c l_c,  O = sum_c w_c acc_c / L,
@@ -29,7 +32,10 @@
 // Expected cost: 2 * batch * kv_heads * kv_len * head_dim * 4 bytes of K/V streamed once
 // (Problem::kv_bytes()); compute is 4 * head_dim FLOP per (query row, key), i.e.
 // 2 * group * q_len / 4 FLOP per byte: memory-bound for small group * q_len.
-// Measured: results/2026-11-30-flash32 (% of the read bandwidth measured in the same run).
+// Precision: K and V (and Q) stored as f32, bf16 or f16 are widened exactly to float32 where
+// loaded; float32 compute. A 16-bit cache is half the bytes to stream.
+// Measured: results/2026-11-30-flash32 (% of the read bandwidth measured in the same run),
+// results/2026-11-30-precision (16-bit caches).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -59,7 +65,7 @@ constexpr int64_t kMaxQLen = 16;
 // L2: 1024-key chunks take ~4% less CPU time than 256-key ones (task overhead, prefetcher
 // restarts).
 int64_t decode_chunk_keys(const Problem& p) {
-  const int64_t row_bytes = 2 * ((p.head_dim + 15) / 16 * 16) * int64_t{sizeof(float)};  // K + V
+  const int64_t row_bytes = 2 * ((p.head_dim + 15) / 16 * 16) * dtype_bytes(p.dtype);  // K + V, as stored
   int64_t keys = 128;
   while (keys < 2048 && 2 * keys * row_bytes <= planning_l2_bytes() / 2) keys *= 2;
   return keys;

@@ -37,6 +37,9 @@
 // broadcasts; ~95% of the FMA peak in L1, measured in isolation), plus one exp2 per score
 // and the per-row max/sum; K packing is 1/R of GEMM 1's loads; each K/V byte comes from
 // memory once per query tile: R / 2 FLOP per byte (60 at d = 128, G = 1).
+// Precision: Q, K, V stored as f32, bf16 or f16 are widened exactly to float32 where they
+// are loaded (Q in its packing, K in pack_k_transposed, V rows in the P.V loads), so 16-bit
+// storage changes what is read, not the arithmetic; float32 compute and accumulation.
 // Measured: results/2026-11-30-flash32 (profile, % of peak per shape, the AVX2 numbers of
 // issue 10) and results/2026-11-29-attn_bench (AVX-512, Zen 4).
 #include <algorithm>

@@ -27,6 +27,8 @@ template <class E>
 struct KeyTile {
   int64_t j0;       // first key
   int nk;           // keys in the tile (<= kTileKeys)
+  const E* k;       // K row j0 (read by the unpacked scores of a direct task)
+  int64_t ldk;      // K row stride
   const E* v;       // V row j0
   int64_t ldv;      // V row stride
 };
@@ -39,7 +41,7 @@ inline Batch lane_index(int v) {
 }
 
 // Step 2 of src/cpu/flash.cpp's header for the panel of MR rows starting at rr0 and one key tile.
-template <int MR, class Step, class E>
+template <int MR, bool Direct, class Step, class E>
 void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile<E>& kt, Step& step) {
   // Visible keys of each row inside the tile, relative to j0; full = no row needs a mask.
   int lo[MR], hi[MR];
@@ -60,7 +62,11 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
 
   // S through L1; masked keys become -inf by a select (never arithmetic, so NaN/Inf in a
   // masked K row never leaks), the blocks outside [ja, jb) are never read unmasked.
-  score_panel<MR>(s.q + rr0 * t.dim, s.kt, t.dim, ja, jb, s.p, step);
+  if constexpr (Direct) {
+    score_rows<MR>(s.qr + rr0 * t.dim_pad, t.dim_pad, s.qr + t.rows * t.dim_pad, kt.k, kt.ldk, t.dim, ja, jb, s.p, step);
+  } else {
+    score_panel<MR>(s.q + rr0 * t.dim, s.kt, t.dim, ja, jb, s.p, step);
+  }
   constexpr int kTileVecs = kTileKeys / kLanes;
   float m_old[MR], m_new[MR], alpha[MR];
   for (int m = 0; m < MR; ++m) {
@@ -127,16 +133,16 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
   }
 }
 
-template <class Step, class E>
+template <bool Direct, class Step, class E>
 void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile<E>& kt, Step& step) {
   static_assert(kPanelRows <= 6, "dispatch below covers panels of 1..6 rows");
   switch (mr) {
-    case 1: process_panel<1>(t, s, rr0, kt, step); break;
-    case 2: process_panel<2>(t, s, rr0, kt, step); break;
-    case 3: process_panel<3>(t, s, rr0, kt, step); break;
-    case 4: process_panel<4>(t, s, rr0, kt, step); break;
-    case 5: process_panel<5>(t, s, rr0, kt, step); break;
-    case 6: process_panel<6>(t, s, rr0, kt, step); break;
+    case 1: process_panel<1, Direct>(t, s, rr0, kt, step); break;
+    case 2: process_panel<2, Direct>(t, s, rr0, kt, step); break;
+    case 3: process_panel<3, Direct>(t, s, rr0, kt, step); break;
+    case 4: process_panel<4, Direct>(t, s, rr0, kt, step); break;
+    case 5: process_panel<5, Direct>(t, s, rr0, kt, step); break;
+    case 6: process_panel<6, Direct>(t, s, rr0, kt, step); break;
   }
 }
 
@@ -153,6 +159,13 @@ void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, cons
     float* dst = s.q + panel0 * d + (rr - panel0);
     for (int64_t k = 0; k < d; ++k) dst[k * mr] = to_float(q[k]) * q_scale;
   }
+  if (s.qr) {  // the same rows, row-major and zero padded, and the zero row after t.rows
+    std::fill(s.qr, s.qr + (t.rows + 1) * t.dim_pad, 0.f);
+    for (int64_t rr = 0; rr < R; ++rr) {
+      const E* q = in.q.row(b, hk * G + rr % G, i0 + rr / G);
+      for (int64_t k = 0; k < d; ++k) s.qr[rr * t.dim_pad + k] = to_float(q[k]) * q_scale;
+    }
+  }
 }
 
 template <class E>
@@ -166,15 +179,16 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
   // in address order (touch_rows) and the next tile's lines are prefetched one per
   // inner-loop step of the GEMMs (LineStream), spread over the whole tile's compute
   // (measured on Zen 3, q_len 1, 32/8, d 128: 0.45-0.55 -> 0.52-0.72 of the read bandwidth).
+  // Such a task also scores straight from the K rows (score_rows: no K^T packing).
   const bool stream = rows <= kStreamRows;
   for (int64_t j0 = span.lo; j0 < span.hi; j0 += kTileKeys) {
     const KeyTile<E> kt{j0, static_cast<int>(std::min<int64_t>(kTileKeys, span.hi - j0)),
-                        in.v.row(b, hk, j0), in.v.stride_s};
+                        in.k.row(b, hk, j0), in.k.stride_s, in.v.row(b, hk, j0), in.v.stride_s};
     if (stream && j0 == span.lo) {
       touch_rows(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d);
       touch_rows(in.v.row(b, hk, j0), in.v.stride_s, kt.nk, d);
     }
-    pack_k_transposed(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d, s.kt);
+    if (!(stream && s.qr)) pack_k_transposed(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d, s.kt);
     const int64_t jn = j0 + kTileKeys;
     const int64_t nn = std::min<int64_t>(kTileKeys, span.hi - jn);
     if (stream) {
@@ -182,7 +196,12 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
                       nn > 0 ? in.v.row(b, hk, jn) : nullptr, in.v.stride_s,
                       static_cast<int>(std::max<int64_t>(nn, 0)), d);
       for (int64_t rr0 = 0; rr0 < rows; rr0 += kPanelRows) {
-        process_panel_any(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, s, rr0, kt, next);
+        const int mr = static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0));
+        if (s.qr) {
+          process_panel_any<true>(mr, t, s, rr0, kt, next);
+        } else {
+          process_panel_any<false>(mr, t, s, rr0, kt, next);
+        }
       }
       continue;
     }
@@ -194,7 +213,7 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
         prefetch_rows(in.v.row(b, hk, jn), in.v.stride_s, r0, r1, d);
       }
       const int64_t rr0 = pi * kPanelRows;
-      process_panel_any(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, s, rr0, kt, none);
+      process_panel_any<false>(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, s, rr0, kt, none);
     }
   }
 }
@@ -234,6 +253,8 @@ Tiling make_tiling(const Problem& p, int64_t br) {
   t.m_off = take(sizeof(float) * t.rows);
   t.l_off = take(sizeof(float) * t.rows * kLanes);
   t.iv_off = take(sizeof(Interval) * t.rows);
+  t.direct = t.rows <= kStreamRows;
+  if (t.direct) t.qr_off = take(sizeof(float) * (t.rows + 1) * t.dim_pad);
   t.bytes = off;
   return t;
 }
@@ -245,7 +266,8 @@ Scratch::Scratch(std::byte* base, const Tiling& t)
       p(reinterpret_cast<float*>(base + t.p_off)),
       m(reinterpret_cast<float*>(base + t.m_off)),
       l(reinterpret_cast<float*>(base + t.l_off)),
-      iv(reinterpret_cast<Interval*>(base + t.iv_off)) {}
+      iv(reinterpret_cast<Interval*>(base + t.iv_off)),
+      qr(t.direct ? reinterpret_cast<float*>(base + t.qr_off) : nullptr) {}
 
 int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
                    int64_t hk, int64_t i0, int64_t nr) {

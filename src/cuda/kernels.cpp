@@ -84,6 +84,7 @@ class CudaKernel final : public Kernel {
   std::string_view description() const override { return description_; }
   std::string_view isa() const override { return "cuda"; }
   Support available() const override { return device_status(); }
+  std::string_view precision() const override { return "f32 in only; f32 compute"; }
   Support supports(const Problem& p) const override {
     if (p.dtype != DType::F32) {
       return Support::no(std::string("dtype ") + to_string(p.dtype) +

@@ -3,9 +3,11 @@
 //
 //   attn_bench [--attn_kernels=a,b] [--attn_groups=ladder,flash,...] [--attn_threads=N]
 //              [--attn_time_cap_s=60] [--attn_memory_budget_mib=M] [--attn_peak_json=FILE]
-//              [--attn_peak_repeats=3] [any Google Benchmark flag, e.g. --benchmark_format=json]
+//              [--attn_peak_repeats=3] [--attn_dtypes=f32,bf16,f16]
+//              [any Google Benchmark flag, e.g. --benchmark_format=json]
 //
-// Groups (batch 1, float32, BHSD; "all" = all cores):
+// Groups (batch 1, BHSD, each shape once per --attn_dtypes storage dtype, default f32;
+// "all" = all cores):
 //   decode   q_len 1, kv_len 32768, q_heads 32, kv_heads 8, d 128          threads all
 //   cpu1024  q_len = kv_len = 1024, 8 heads, d 128                          threads 1 and all
 //   ladder   q_len = kv_len = 2048, 8 heads, d 128                          threads all
@@ -60,6 +62,7 @@ struct Flags {
   double memory_budget_mib = 0;
   std::string peak_json;
   int peak_repeats = 3;
+  std::vector<DType> dtypes = {DType::F32};
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -99,9 +102,13 @@ Flags take_flags(int& argc, char** argv) {
       f.peak_json = v;
     } else if (const char* v = value("--attn_peak_repeats")) {
       f.peak_repeats = std::stoi(v);
+    } else if (const char* v = value("--attn_dtypes")) {
+      f.dtypes.clear();
+      for (const auto& d : split(v)) f.dtypes.push_back(parse_dtype(d, "attn_dtypes"));
     } else if (a.rfind("--attn_", 0) == 0) {
       throw InvalidInput("unknown flag '" + a + "'; allowed: --attn_kernels, --attn_groups, --attn_threads, "
-                         "--attn_time_cap_s, --attn_memory_budget_mib, --attn_peak_json, --attn_peak_repeats");
+                         "--attn_time_cap_s, --attn_memory_budget_mib, --attn_peak_json, --attn_peak_repeats, "
+                         "--attn_dtypes");
     } else {
       argv[kept++] = argv[i];
     }
@@ -168,14 +175,15 @@ int run(int argc, char** argv) {
     if (!flags.groups.empty() && std::find(flags.groups.begin(), flags.groups.end(), s.group) == flags.groups.end()) continue;
     std::vector<int> counts = {all};
     if (s.single_thread_too && all != 1) counts.insert(counts.begin(), 1);
-    for (const Kernel* k : kernels) {
+    for (const Kernel* k : kernels)
+      for (DType dtype : flags.dtypes)
       for (int t : counts) {
         BenchPoint pt;
         pt.kernel = k;
         pt.threads = t;
         Problem& p = pt.problem;
         p.q_heads = s.q_heads, p.kv_heads = s.kv_heads, p.q_len = s.q_len, p.kv_len = s.kv_len;
-        p.head_dim = s.head_dim, p.causal = s.causal;
+        p.head_dim = s.head_dim, p.causal = s.causal, p.dtype = dtype;
         if (Support a = k->available(); !a) {
           std::fprintf(stderr, "not registered: %s (%s)\n", pt.name().c_str(), a.reason.c_str());
           continue;
@@ -186,7 +194,6 @@ int run(int argc, char** argv) {
         }
         points.push_back(pt);
       }
-    }
   }
   std::stable_sort(points.begin(), points.end(),
                    [](const BenchPoint& a, const BenchPoint& b) { return a.problem.flops() < b.problem.flops(); });

@@ -229,6 +229,54 @@ inline void score_panel(const float* qp, const float* kt, int64_t d, int ja, int
   }
 }
 
+// GEMM 1 without packing, for a decode task's few rows (tiles.cpp: rows <= kStreamRows):
+// s[m * kTileKeys + j] = <qr row m, K row j> for m < MR and j in [ja, jb), straight from the
+// K rows as stored (E widened where loaded). Register block: kDotRows rows x kDotKeys keys =
+// one accumulator per lane of a reduction (transpose_sum), each K vector feeding 4 rows and
+// each Q vector kDotKeys keys. Packing K^T costs a load, a transpose and a store per element,
+// as much as the GEMM itself when only ~4 rows use the tile. qr rows are ldq floats apart,
+// zero padded to whole vectors and 64-byte aligned; `zero` is one such row of zeros (for
+// rows past MR). step() as in score_panel.
+inline constexpr int kDotRows = 4;
+inline constexpr int kDotKeys = kLanes >= 4 ? kLanes / 4 : 4;  // AVX2 2, AVX-512 4, NEON 1, scalar 4
+
+template <int MR, class E, class Step>
+inline void score_rows(const float* qr, int64_t ldq, const float* zero, const E* k, int64_t ldk, int64_t d, int ja,
+                       int jb, float* s, Step& step) {
+  constexpr int kAcc = kDotRows * kDotKeys;
+  static_assert(kAcc % kLanes == 0, "whole reductions");
+  const int64_t full = d / kLanes * kLanes;
+  const int tail = static_cast<int>(d - full);
+  for (int r0 = 0; r0 < MR; r0 += kDotRows) {
+    const float* q[kDotRows];
+    for (int r = 0; r < kDotRows; ++r) q[r] = r0 + r < MR ? qr + (r0 + r) * ldq : zero;
+    for (int j = ja; j < jb; j += kDotKeys) {
+      const E* kr[kDotKeys];  // keys past jb repeat the last one (computed, never stored)
+      for (int c = 0; c < kDotKeys; ++c) kr[c] = k + (j + c < jb ? j + c : jb - 1) * ldk;
+      Batch acc[kAcc];
+      for (Batch& x : acc) x = Batch(0.f);
+      auto step_block = [&](int64_t c, bool partial) {
+        Batch kv[kDotKeys];
+        for (int i = 0; i < kDotKeys; ++i) kv[i] = partial ? load_partial(kr[i] + c, tail) : load_unaligned(kr[i] + c);
+        for (int r = 0; r < kDotRows; ++r) {
+          const Batch qv = Batch::load_aligned(q[r] + c);
+          for (int i = 0; i < kDotKeys; ++i) acc[r * kDotKeys + i] = simd::fma(qv, kv[i], acc[r * kDotKeys + i]);
+        }
+      };
+      for (int64_t c = 0; c < full; c += kLanes) {
+        step();
+        step_block(c, false);
+      }
+      if (tail > 0) step_block(full, true);
+      alignas(64) float tile[kAcc];
+      for (int g = 0; g < kAcc; g += kLanes) transpose_sum(acc + g).store_aligned(tile + g);
+      const int rows = MR - r0 < kDotRows ? MR - r0 : kDotRows, keys = jb - j < kDotKeys ? jb - j : kDotKeys;
+      for (int r = 0; r < rows; ++r)
+        for (int i = 0; i < keys; ++i) s[(r0 + r) * kTileKeys + j + i] = tile[r * kDotKeys + i];
+    }
+  }
+}
+
 // GEMM 2 for one register panel and one column block of NV vectors:
 //   o[m] = o[m] * alpha[m] (when alpha is given) + sum_{j in [ja, jb)} p[m * ldp + j] * v[j * ldv]
 // o rows (ldo apart) are 64-byte aligned accumulators of NV full vectors. v points at

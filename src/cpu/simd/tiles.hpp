@@ -30,6 +30,8 @@ struct Tiling {
   int64_t dim = 1;       // d
   int64_t dim_pad = 16;  // d rounded up to whole vectors
   size_t q_off = 0, o_off = 0, kt_off = 0, p_off = 0, m_off = 0, l_off = 0, iv_off = 0;
+  bool direct = false;   // rows few enough for unpacked scores (decode): q rows at qr_off
+  size_t qr_off = 0;
   size_t bytes = 0;      // per thread, a 64-byte multiple
 };
 
@@ -44,6 +46,8 @@ struct Scratch {
   float* m;      // R running max (log2 units)
   float* l;      // R x kLanes running sums, one partial sum per lane (row_sum adds them)
   Interval* iv;  // R visible intervals, one per row (the G rows of a query row share it)
+  float* qr;     // (R + 1) x dim_pad: Q rows times scale*log2e, zero padded, then a zero
+                 // row (Tiling::direct only, else nullptr)
   Scratch(std::byte* base, const Tiling& t);
 };
 
