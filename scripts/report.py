@@ -205,7 +205,7 @@ def hold_fixed(rows, free):
 def describe_fixed(fixed):
     names = {"batch": "batch", "q_heads": "q_heads", "kv_heads": "kv_heads", "q_len": "q_len",
              "kv_len": "kv_len", "head_dim": "head_dim", "mask": "mask", "layout": "layout",
-             "threads": "threads"}
+             "dtype": "dtype", "threads": "threads"}
     parts = [f"{names[k]} {v}" for k, v in fixed.items() if v is not None]
     return ", ".join(parts)
 
@@ -716,17 +716,17 @@ def plot_precision(plots, ok):
              "% of read BW | GFLOP/s | % of peak | O error vs float64 (stored inputs) | "
              "O error vs float64 (float32 inputs) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    fig, axes = plt.subplots(1, 2, figsize=(16, 4.8))
-    markers = {"f32": "o", "bf16": "s", "f16": "^"}
+    fig, axes = plt.subplots(1, 2, figsize=(15, 5.5))
     cmap = plt.get_cmap("tab10")
+    color = {d: cmap(i) for i, d in enumerate(DTYPE_ORDER)}
+    kernel_names = sorted({g[0] for g in groups})
+    marker = {k: "osv^DPX*<>"[i % 10] for i, k in enumerate(kernel_names)}
     keys = sorted(groups, key=lambda g: (g[0], g[1]))
     labels = []
     for gi, g in enumerate(keys):
         by = groups[g]
         base = by["f32"]
-        f32_row = base
-        label = f"{g[0]} {shape_text(f32_row)} {f32_row['mask']} t{f32_row['threads']}"
-        labels.append(label)
+        labels.append(f"{g[0]} {shape_text(base)} {base['mask']} t{base['threads']}")
         for d in [d for d in DTYPE_ORDER if d in by]:
             r = by[d]
             speed = base["time_median_s"] / r["time_median_s"]
@@ -737,25 +737,30 @@ def plot_precision(plots, ok):
                          f"{fmt(None if r['peak_fraction'] is None else 100 * r['peak_fraction'], '.1f')} | "
                          f"{fmt(r['err_o_rel'], '.2g')} | {fmt(r['err_o_rel_f32_inputs'], '.2g')} |")
             x = gi + (DTYPE_ORDER.index(d) - 1) * 0.27
-            axes[0].bar(x, speed, width=0.25, color=cmap(DTYPE_ORDER.index(d)),
-                        label=d if gi == 0 else None)
-            axes[0].annotate(f"{speed:.2f}x", (x, speed), ha="center", va="bottom", fontsize=6)
+            axes[0].bar(x, speed, width=0.25, color=color[d], label=d if gi == 0 else None)
+            axes[0].annotate(f"{speed:.2f}", (x, speed), ha="center", va="bottom", fontsize=5)
             err = max(r["err_o_rel_f32_inputs"] or 0, 1e-9)
-            axes[1].scatter(r["time_median_s"] / base["time_median_s"], err, marker=markers[d],
-                            color=cmap(gi % 10), s=40, label=f"{label}: {d}")
+            axes[1].scatter(r["time_median_s"] / base["time_median_s"], err, marker=marker[g[0]], color=color[d], s=36,
+                            alpha=0.8)
     axes[0].axhline(1, color="gray", linewidth=1)
     axes[0].set_xticks(range(len(keys)))
-    axes[0].set_xticklabels([lb.replace(" ", "\n", 2) for lb in labels], fontsize=6)
+    axes[0].set_xticklabels(labels, fontsize=6, rotation=40, ha="right")
     axes[0].set_ylabel("speed-up over float32 storage (x)")
     axes[0].set_title("speed-up of 16-bit storage over f32, same kernel and shape", fontsize=9)
     axes[0].legend(fontsize=7)
     axes[0].grid(True, axis="y", alpha=0.3)
+    axes[1].set_xscale("log")
     axes[1].set_yscale("log")
-    axes[1].set_xlabel("time relative to the same kernel and shape with f32 storage")
+    axes[1].axvline(1, color="gray", linewidth=1)
+    axes[1].set_xlabel("time relative to the same kernel and shape with f32 storage (log)")
     axes[1].set_ylabel("O error vs float64 on the float32 inputs")
     axes[1].set_title("precision/speed frontier (lower left is better)", fontsize=9)
     axes[1].grid(True, alpha=0.3)
-    axes[1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    from matplotlib.lines import Line2D
+    handles = [Line2D([], [], linestyle="", marker="o", color=color[d], label=d) for d in DTYPE_ORDER] + \
+              [Line2D([], [], linestyle="", marker=marker[k], color="gray", label=k) for k in kernel_names]
+    axes[1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
     plots.save(fig, "precision.png", "Precision and speed: storage dtypes",
                "Each kernel and shape measured with Q, K and V stored as float32, bf16 and f16 (O and LSE are "
                "float32 always; every kernel widens the stored values exactly to float32 where it loads them and "
