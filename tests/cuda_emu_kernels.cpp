@@ -19,7 +19,6 @@ class EmulatedKernel final : public Kernel {
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return "CUDA device code under host emulation"; }
   Support supports(const Problem& p) const override {
-    if (p.dtype != DType::F32) return Support::no("the CUDA kernels read float32 Q, K, V only");
     const char* why = ops_.unsupported(cuda_impl::problem_args(p));
     return *why ? Support::no(why) : Support::yes();
   }

@@ -162,6 +162,16 @@ TEST(Cuda, DeviceArgsCarryStridesMaskAndScale) {
   EXPECT_EQ(cuda_impl::span_elems(t.inputs.q), p.q_elems());
   EXPECT_EQ(cuda_impl::span_elems(t.inputs.k), p.kv_elems());
   EXPECT_EQ(a.lse_index(2, 5, 8), p.lse_elems() - 1);
+  EXPECT_EQ(a.dtype, DType::F32);
+  // 16-bit storage: the 16-bit views, their strides and extents (elements of 2 bytes).
+  Problem p16 = p;
+  p16.dtype = DType::BF16;
+  const Tensors t16 = random_tensors(p16, 3);
+  const cuda_impl::DeviceArgs a16 = cuda_impl::device_args(p16, t16.inputs, t16.outputs);
+  EXPECT_EQ(a16.dtype, DType::BF16);
+  EXPECT_EQ(a16.k, t16.inputs.k16.data);
+  EXPECT_EQ(a16.ks.s, a.ks.s);
+  EXPECT_EQ(cuda_impl::input_extents(t16.inputs).v, p.kv_elems());
 
   Outputs bad = t.outputs;
   bad.o.stride_s = -bad.o.stride_s;
@@ -336,6 +346,16 @@ std::vector<EmuCase> emu_cases() {
     int r = 0;
     for (const Shape& s : random_shapes) add(k, s, "random" + std::to_string(r++));
     for (const Shape& s : shapes) add(k, s, s.tag);
+  }
+  // 16-bit storage: every third case again as bf16, the next as f16 (the kernels are
+  // instantiated per dtype and take the element-wise tile loads).
+  const size_t n = out.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (i % 3 == 0) continue;
+    EmuCase c = out[i];
+    c.p.dtype = i % 3 == 1 ? DType::BF16 : DType::F16;
+    c.name += std::string("_") + to_string(c.p.dtype);
+    out.push_back(c);
   }
   return out;
 }

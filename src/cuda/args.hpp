@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "attnlab/dtype.hpp"
 #include "attnlab/interval.hpp"
 
 namespace attnlab::cuda_impl {
@@ -17,9 +18,12 @@ struct Strides {
 };
 
 struct DeviceArgs {
-  const float* q = nullptr;
-  const float* k = nullptr;
-  const float* v = nullptr;
+  // Q, K, V in their storage dtype (float, bf16 or f16 elements; strides in elements): the
+  // kernels are instantiated per dtype and widen each element exactly where they load it.
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  DType dtype = DType::F32;
   float* o = nullptr;
   float* lse = nullptr;              // nullptr: LSE not wanted; else (batch, q_heads, q_len)
   const int64_t* kv_lens = nullptr;  // nullptr: every batch entry has kv_len keys

@@ -26,8 +26,13 @@
 // cp.async double buffering (tile loads stall the block; 2 blocks per SM hide part of it),
 // float4 global loads only when rows are 16-byte aligned, 8 warps per block.
 // Head dims are padded to the next bucket (32, 64, 96, 128, 256, 512): d = 80 pays for 96.
+// Precision: Q, K, V stored as float32, bf16 or f16 are widened exactly to float32 as the
+// tiles are staged in shared memory (16-bit tiles take the element-wise load path); float32
+// compute.
 // Expected: well under FA-2's tensor-core numbers; a fraction of the FP32 peak (measured
 // numbers go in the results of scripts/gpu_check.sh, none exist yet).
+#include <type_traits>
+
 #include "attnlab/online_softmax.hpp"
 #include "cuda/device.cuh"
 #include "cuda/tile_plan.hpp"
@@ -163,43 +168,50 @@ __device__ __forceinline__ void tile_step(const float* qs, const float* ks, cons
   }
 }
 
-// Copies kRows rows of head_dim floats, times `scale`, into a shared tile with row stride
-// `stride`, zero-filling absent rows (row(n) == nullptr) and the columns past head_dim. With
-// vec4 (every row 16-byte aligned, head_dim % 4 == 0) consecutive threads load consecutive
-// float4s: 16-byte coalesced loads and a quarter of the index arithmetic.
-template <int kRows, int kD, class RowFn>
+// Copies kRows rows of head_dim elements (E: float, bf16 or f16, widened exactly), times
+// `scale`, into a shared float tile with row stride `stride`, zero-filling absent rows
+// (row(n) == nullptr) and the columns past head_dim. With vec4 (float rows, every row 16-byte
+// aligned, head_dim % 4 == 0) consecutive threads load consecutive float4s: 16-byte
+// coalesced loads and a quarter of the index arithmetic.
+template <int kRows, int kD, class E, class RowFn>
 __device__ __forceinline__ void load_tile(float* dst, int stride, int dim, bool vec4, float scale,
                                           RowFn row) {
-  if (vec4) {
-    constexpr int kD4 = kD / 4;
-    for (int e = threadIdx.x; e < kRows * kD4; e += kThreads) {
-      const int n = e / kD4, c = (e % kD4) * 4;
-      const float* src = row(n);
-      float4 x = {0.f, 0.f, 0.f, 0.f};
-      if (src && c < dim) {
-        x = *reinterpret_cast<const float4*>(src + c);
-        x.x *= scale, x.y *= scale, x.z *= scale, x.w *= scale;
+  if constexpr (std::is_same_v<E, float>) {
+    if (vec4) {
+      constexpr int kD4 = kD / 4;
+      for (int e = threadIdx.x; e < kRows * kD4; e += kThreads) {
+        const int n = e / kD4, c = (e % kD4) * 4;
+        const float* src = row(n);
+        float4 x = {0.f, 0.f, 0.f, 0.f};
+        if (src && c < dim) {
+          x = *reinterpret_cast<const float4*>(src + c);
+          x.x *= scale, x.y *= scale, x.z *= scale, x.w *= scale;
+        }
+        *reinterpret_cast<float4*>(dst + n * stride + c) = x;
       }
-      *reinterpret_cast<float4*>(dst + n * stride + c) = x;
+      return;
     }
-  } else {
-    for (int e = threadIdx.x; e < kRows * kD; e += kThreads) {
-      const int n = e / kD, c = e % kD;
-      const float* src = row(n);
-      dst[n * stride + c] = (src && c < dim) ? src[c] * scale : 0.f;
-    }
+  }
+  for (int e = threadIdx.x; e < kRows * kD; e += kThreads) {
+    const int n = e / kD, c = e % kD;
+    const E* src = row(n);
+    dst[n * stride + c] = (src && c < dim) ? to_float(src[c]) * scale : 0.f;
   }
 }
 
-// Whether every row of a view starts 16-byte aligned and holds whole float4s.
-__device__ __forceinline__ bool rows_are_float4(const float* base, const cuda_impl::Strides& s,
+// Whether every row of a float view starts 16-byte aligned and holds whole float4s.
+__device__ __forceinline__ bool rows_are_float4(const void* base, const cuda_impl::Strides& s,
                                                 int dim) {
   return dim % 4 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0 && s.b % 4 == 0 &&
          s.h % 4 == 0 && s.s % 4 == 0;
 }
 
-template <class C>
+// E: the storage type of Q, K, V (float, bf16, f16), widened exactly into the shared tiles.
+template <class C, class E>
 __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
+  const E* qa = static_cast<const E*>(a.q);
+  const E* ka = static_cast<const E*>(a.k);
+  const E* va = static_cast<const E*>(a.v);
   float* qs = dynamic_smem<float>();
   float* ks = qs + C::kM * C::kQK;
   float* vs = ks + C::kN * C::kQK;
@@ -214,12 +226,12 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
   const MaskSpec mask = a.mask(b);
 
   // Q tile, pre-scaled; rows past the problem and columns past head_dim are zero.
-  load_tile<C::kM, C::kD>(qs, C::kQK, dim, rows_are_float4(a.q, a.qs, dim), a.scale * kLog2e,
-                          [&](int r) -> const float* {
-                            const int64_t t = t0 + r;
-                            if (t >= rows_total) return nullptr;
-                            return a.q + a.qs.at(b, hk * group + t % group, t / group);
-                          });
+  load_tile<C::kM, C::kD, E>(qs, C::kQK, dim, rows_are_float4(a.q, a.qs, dim), a.scale * kLog2e,
+                             [&](int r) -> const E* {
+                               const int64_t t = t0 + r;
+                               if (t >= rows_total) return nullptr;
+                               return qa + a.qs.at(b, hk * group + t % group, t / group);
+                             });
   const bool k_vec4 = rows_are_float4(a.k, a.ks, dim), v_vec4 = rows_are_float4(a.v, a.vs, dim);
 
   // This thread's rows: running max (log2 domain) and sum, output accumulator.
@@ -239,11 +251,11 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
   for (int64_t j0 = span.lo; j0 < span.hi; j0 += C::kN) {
     __syncthreads();  // the previous tile's P V is done with ks, vs, ps (and Q is stored)
     // K and V rows [j0, j0 + kN); zeros past the span (never read, but never NaN either).
-    load_tile<C::kN, C::kD>(ks, C::kQK, dim, k_vec4, 1.f, [&](int n) -> const float* {
-      return j0 + n < span.hi ? a.k + a.ks.at(b, hk, j0 + n) : nullptr;
+    load_tile<C::kN, C::kD, E>(ks, C::kQK, dim, k_vec4, 1.f, [&](int n) -> const E* {
+      return j0 + n < span.hi ? ka + a.ks.at(b, hk, j0 + n) : nullptr;
     });
-    load_tile<C::kN, C::kD>(vs, C::kD, dim, v_vec4, 1.f, [&](int n) -> const float* {
-      return j0 + n < span.hi ? a.v + a.vs.at(b, hk, j0 + n) : nullptr;
+    load_tile<C::kN, C::kD, E>(vs, C::kD, dim, v_vec4, 1.f, [&](int n) -> const E* {
+      return j0 + n < span.hi ? va + a.vs.at(b, hk, j0 + n) : nullptr;
     });
     __syncthreads();
     const int64_t left = span.hi - j0;
@@ -323,8 +335,12 @@ void launch(const DeviceArgs& a, const LaunchEnv& env) {
     using C = decltype(c);
     const dim3 grid(static_cast<unsigned>(ceil_div(a.group() * a.q_len, C::kM)),
                     static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(a.batch));
-    launch_kernel(flash_kernel<C>, grid, dim3(kThreads),
-                  static_cast<size_t>(C::kSmemFloats * sizeof(float)), env.stream, a);
+    const size_t smem = static_cast<size_t>(C::kSmemFloats * sizeof(float));
+    switch (a.dtype) {
+      case DType::BF16: launch_kernel(flash_kernel<C, bf16>, grid, dim3(kThreads), smem, env.stream, a); break;
+      case DType::F16: launch_kernel(flash_kernel<C, f16>, grid, dim3(kThreads), smem, env.stream, a); break;
+      case DType::F32: launch_kernel(flash_kernel<C, float>, grid, dim3(kThreads), smem, env.stream, a); break;
+    }
   });
 }
 

@@ -13,6 +13,13 @@ DeviceArgs problem_args(const Problem& p);
 // Also the host pointers and strides. Throws InvalidInput for views the CUDA path cannot copy (negative strides, overlapping rows).
 DeviceArgs device_args(const Problem& p, const Inputs& in, const Outputs& out);
 
+// Elements of Q, K, V from each view's first element to its last (what one contiguous copy
+// moves), in the inputs' storage dtype.
+struct InputExtents {
+  int64_t q = 0, k = 0, v = 0;
+};
+InputExtents input_extents(const Inputs& in);
+
 // Elements from a view's first element to its last (what one contiguous copy moves).
 template <class T>
 int64_t span_elems(const View4<T>& v) {

@@ -27,7 +27,8 @@ void check_view(const char* name, const View4<T>& v) {
                        "; allowed: seq stride >= head_dim");
   }
 }
-Strides strides_of(const ConstView& v) { return {v.stride_b, v.stride_h, v.stride_s}; }
+template <class T>
+Strides strides_of(const View4<T>& v) { return {v.stride_b, v.stride_h, v.stride_s}; }
 }  // namespace
 
 DeviceArgs problem_args(const Problem& p) {
@@ -42,26 +43,40 @@ DeviceArgs problem_args(const Problem& p) {
   a.window_left = p.window_left;
   a.window_right = p.window_right;
   a.scale = p.effective_scale();
+  a.dtype = p.dtype;
   return a;
 }
 
 DeviceArgs device_args(const Problem& p, const Inputs& in, const Outputs& out) {
-  check_view("q", in.q);
-  check_view("k", in.k);
-  check_view("v", in.v);
   check_view("o", out.o);
   DeviceArgs a = problem_args(p);
-  a.q = in.q.data;
-  a.k = in.k.data;
-  a.v = in.v.data;
+  visit_inputs(in, [&](const auto& t) {
+    check_view("q", t.q);
+    check_view("k", t.k);
+    check_view("v", t.v);
+    a.q = t.q.data;
+    a.k = t.k.data;
+    a.v = t.v.data;
+    a.qs = strides_of(t.q);
+    a.ks = strides_of(t.k);
+    a.vs = strides_of(t.v);
+  });
+  a.dtype = in.dtype;
   a.o = out.o.data;
   a.lse = out.lse;
   a.kv_lens = p.kv_lens.empty() ? nullptr : p.kv_lens.data();
-  a.qs = strides_of(in.q);
-  a.ks = strides_of(in.k);
-  a.vs = strides_of(in.v);
   a.os = strides_of(as_const(out.o));
   return a;
+}
+
+InputExtents input_extents(const Inputs& in) {
+  InputExtents e;
+  visit_inputs(in, [&](const auto& t) {
+    e.q = span_elems(t.q);
+    e.k = span_elems(t.k);
+    e.v = span_elems(t.v);
+  });
+  return e;
 }
 
 }  // namespace attnlab::cuda_impl
@@ -84,12 +99,7 @@ class CudaKernel final : public Kernel {
   std::string_view description() const override { return description_; }
   std::string_view isa() const override { return "cuda"; }
   Support available() const override { return device_status(); }
-  std::string_view precision() const override { return "f32 in only; f32 compute"; }
   Support supports(const Problem& p) const override {
-    if (p.dtype != DType::F32) {
-      return Support::no(std::string("dtype ") + to_string(p.dtype) +
-                         ": the CUDA kernels read float32 Q, K, V only (16-bit storage is CPU-only so far)");
-    }
     if (!ops_) return Support::yes();  // unreachable: available() is no without CUDA
     const cuda_impl::DeviceArgs a = cuda_impl::problem_args(p);
     if (const char* why = ops_->unsupported(a); why && *why) return Support::no(why);
@@ -108,10 +118,11 @@ class CudaKernel final : public Kernel {
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext&) const override {
 #if defined(ATTN_HAS_CUDA)
     const cuda_impl::DeviceArgs a = cuda_impl::device_args(p, in, out);
+    const cuda_impl::InputExtents in_ext = cuda_impl::input_extents(in);
     cuda_dev::Extents ext;
-    ext.q = cuda_impl::span_elems(in.q);
-    ext.k = cuda_impl::span_elems(in.k);
-    ext.v = cuda_impl::span_elems(in.v);
+    ext.q = in_ext.q;
+    ext.k = in_ext.k;
+    ext.v = in_ext.v;
     ext.o = cuda_impl::span_elems(out.o);
     ext.o_dense = ext.o == out.o.elems();
     ext.lse = p.lse_elems();

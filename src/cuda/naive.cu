@@ -22,8 +22,13 @@ constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / 32;
 constexpr int kResidentWarpsPerSm = 64;  // 2048 threads per SM on sm_80 / sm_90
 
+// E: the storage type of Q, K, V (float, bf16, f16), widened exactly where read.
+template <class E>
 __global__ void __launch_bounds__(kThreads) naive_kernel(DeviceArgs a, float* scratch,
                                                          int64_t warps) {
+  const E* qa = static_cast<const E*>(a.q);
+  const E* ka = static_cast<const E*>(a.k);
+  const E* va = static_cast<const E*>(a.v);
   const int lane = threadIdx.x % 32;
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   float* s = scratch + warp * a.kv_len;
@@ -34,13 +39,13 @@ __global__ void __launch_bounds__(kThreads) naive_kernel(DeviceArgs a, float* sc
     const int64_t b = row / (a.q_len * a.q_heads);
     const int64_t hk = h / a.group();
     const Interval iv = a.mask(b).row(i);
-    const float* q = a.q + a.qs.at(b, h, i);
+    const E* q = qa + a.qs.at(b, h, i);
 
     float m = -INFINITY;
     for (int64_t j = iv.lo + lane; j < iv.hi; j += 32) {
-      const float* k = a.k + a.ks.at(b, hk, j);
+      const E* k = ka + a.ks.at(b, hk, j);
       float dot = 0.f;
-      for (int64_t d = 0; d < a.head_dim; ++d) dot += q[d] * k[d];
+      for (int64_t d = 0; d < a.head_dim; ++d) dot += to_float(q[d]) * to_float(k[d]);
       s[j] = a.scale * dot;
       m = fmaxf(m, s[j]);
     }
@@ -58,7 +63,7 @@ __global__ void __launch_bounds__(kThreads) naive_kernel(DeviceArgs a, float* sc
     float* o = a.o + a.os.at(b, h, i);
     for (int64_t d = lane; d < a.head_dim; d += 32) {
       float acc = 0.f;
-      for (int64_t j = iv.lo; j < iv.hi; ++j) acc += s[j] * a.v[a.vs.at(b, hk, j) + d];
+      for (int64_t j = iv.lo; j < iv.hi; ++j) acc += s[j] * to_float(va[a.vs.at(b, hk, j) + d]);
       o[d] = acc * inv;
     }
     if (lane == 0 && a.lse) {
@@ -80,8 +85,12 @@ const char* unsupported(const DeviceArgs&) { return ""; }
 
 void launch(const DeviceArgs& a, const LaunchEnv& env) {
   const int64_t warps = grid_warps(a, env.sm_count);
-  launch_kernel(naive_kernel, dim3(static_cast<unsigned>(warps / kWarpsPerBlock)), dim3(kThreads),
-                0, env.stream, a, env.scratch, warps);
+  const dim3 grid(static_cast<unsigned>(warps / kWarpsPerBlock));
+  switch (a.dtype) {
+    case DType::BF16: launch_kernel(naive_kernel<bf16>, grid, dim3(kThreads), 0, env.stream, a, env.scratch, warps); break;
+    case DType::F16: launch_kernel(naive_kernel<f16>, grid, dim3(kThreads), 0, env.stream, a, env.scratch, warps); break;
+    case DType::F32: launch_kernel(naive_kernel<float>, grid, dim3(kThreads), 0, env.stream, a, env.scratch, warps); break;
+  }
 }
 
 }  // namespace naive_impl

@@ -226,9 +226,10 @@ void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, con
   }
 
   cuda_impl::DeviceArgs d = host;
-  float* dq = r.q.get<float>(ext.q, "Q");
-  float* dk = r.k.get<float>(ext.k, "K");
-  float* dv = r.v.get<float>(ext.v, "V");
+  const size_t in_size = static_cast<size_t>(dtype_bytes(host.dtype));  // Q, K, V as stored
+  unsigned char* dq = r.q.get<unsigned char>(static_cast<size_t>(ext.q) * in_size, "Q");
+  unsigned char* dk = r.k.get<unsigned char>(static_cast<size_t>(ext.k) * in_size, "K");
+  unsigned char* dv = r.v.get<unsigned char>(static_cast<size_t>(ext.v) * in_size, "V");
   d.q = dq;
   d.k = dk;
   d.v = dv;
@@ -242,9 +243,9 @@ void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, con
   DrainOnExit drain{s};
   const size_t f = sizeof(float);
   check(cudaEventRecord(r.start.get(), s), "cudaEventRecord");
-  check(cudaMemcpyAsync(dq, host.q, static_cast<size_t>(ext.q) * f, cudaMemcpyHostToDevice, s), "cudaMemcpy Q to device");
-  check(cudaMemcpyAsync(dk, host.k, static_cast<size_t>(ext.k) * f, cudaMemcpyHostToDevice, s), "cudaMemcpy K to device");
-  check(cudaMemcpyAsync(dv, host.v, static_cast<size_t>(ext.v) * f, cudaMemcpyHostToDevice, s), "cudaMemcpy V to device");
+  check(cudaMemcpyAsync(dq, host.q, static_cast<size_t>(ext.q) * in_size, cudaMemcpyHostToDevice, s), "cudaMemcpy Q to device");
+  check(cudaMemcpyAsync(dk, host.k, static_cast<size_t>(ext.k) * in_size, cudaMemcpyHostToDevice, s), "cudaMemcpy K to device");
+  check(cudaMemcpyAsync(dv, host.v, static_cast<size_t>(ext.v) * in_size, cudaMemcpyHostToDevice, s), "cudaMemcpy V to device");
   if (dlens) {
     check(cudaMemcpyAsync(dlens, host.kv_lens, static_cast<size_t>(host.batch) * sizeof(int64_t), cudaMemcpyHostToDevice, s),
           "cudaMemcpy kv_lens to device");
@@ -280,7 +281,7 @@ void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, con
   timing.h2d_ms = elapsed_ms(r.start, r.copied_in);
   timing.kernel_ms = elapsed_ms(r.copied_in, r.computed);
   timing.d2h_ms = elapsed_ms(r.computed, r.copied_out);
-  timing.h2d_bytes = static_cast<double>(static_cast<size_t>(ext.q + ext.k + ext.v) * f +
+  timing.h2d_bytes = static_cast<double>(static_cast<size_t>(ext.q + ext.k + ext.v) * in_size +
                                           (dlens ? static_cast<size_t>(host.batch) * sizeof(int64_t) : 0));
   timing.d2h_bytes = static_cast<double>(d2h);
 }

@@ -13,7 +13,7 @@
 namespace attnlab::cuda_dev {
 
 // Elements each host view spans from its first element to its last (the contiguous range a
-// copy must move), and whether O is dense (its span holds only O: one copy back suffices).
+// copy must move; Q, K, V elements are of host.dtype's size), and whether O is dense (its span holds only O: one copy back suffices).
 struct Extents {
   int64_t q = 0, k = 0, v = 0, o = 0, lse = 0;
   bool o_dense = true;
