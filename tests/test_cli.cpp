@@ -358,6 +358,13 @@ TEST_F(Cli, SixteenBitInputs) {
                 " --out " + path("x.npy"));
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("allowed: the same kind of data"), std::string::npos) << bad.out;
+  // With --dtype, Q, K and V may hold different kinds of data: each is converted.
+  const Result mixed = attnlab("run --impl naive --q " + path("qf2.npy") + " --k " + path("k.npy") + " --v " +
+                               path("vu2.npy") + " --dtype bf16 --out " + path("m.npy"));
+  EXPECT_EQ(mixed.code, 0) << mixed.out;
+  const Result mixed32 = attnlab("run --impl naive --q " + path("q.npy") + " --k " + path("kf2.npy") + " --v " +
+                                 path("v.npy") + " --dtype f32 --out " + path("m.npy"));
+  EXPECT_EQ(mixed32.code, 0) << mixed32.out;
   bad = attnlab("run --impl naive " + qkv() + " --dtype fp8 --out " + path("x.npy"));
   EXPECT_NE(bad.code, 0) << bad.out;
   EXPECT_FALSE(fs::exists(path("x.npy")));

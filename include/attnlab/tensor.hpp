@@ -87,12 +87,6 @@ decltype(auto) visit_inputs(const Inputs& in, F&& f) {
   return visit_dtype(in.dtype, [&](auto e) -> decltype(auto) { return f(typed<decltype(e)>(in)); });
 }
 
-// Element b, h, s, d of a view, widened to float (tests and slow paths).
-template <class E>
-float element(const View4<const E>& v, int64_t b, int64_t h, int64_t s, int64_t d) {
-  return to_float(v.row(b, h, s)[d]);
-}
-
 struct Outputs {
   MutView o;                 // same shape and layout as q
   float* lse = nullptr;      // optional, contiguous (batch, q_heads, q_len)

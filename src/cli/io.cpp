@@ -32,6 +32,11 @@ DType storage_dtype(const MaskFlags& flags, std::initializer_list<std::pair<cons
   return a0->source_dtype == "<f2" ? DType::F16 : DType::F32;
 }
 
+// Whether the inputs are the float32/float64 files' own data (read as float32), uncopied.
+bool float_files(const LoadedInputs& li) {
+  return li.problem.dtype == DType::F32 && !li.q.is16() && !li.k.is16() && !li.v.is16();
+}
+
 // dst (dense, E) = the array's values: its own bits when they are already E, else widened
 // to float32 and rounded to E (nearest even).
 template <class E>
@@ -92,7 +97,7 @@ LoadedInputs load_inputs(const std::string& qp, const std::string& kp, const std
   p.kv_len = ks[si];
   p.validate();
   p.dtype = storage_dtype(flags, {{&qp, &li.q}, {&kp, &li.k}, {&vp, &li.v}});
-  if (p.dtype == DType::F32 && !li.q.is16()) {  // the files' own float32 data, uncopied
+  if (float_files(li)) {  // the files' own float32 data, uncopied
     li.inputs.q = make_view<const float>(li.q.data.data(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
     li.inputs.k = make_view<const float>(li.k.data.data(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
     li.inputs.v = make_view<const float>(li.v.data.data(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
@@ -137,7 +142,7 @@ void warn_one(const std::string& name, size_t count, size_t first, size_t made, 
 
 void warn_nonfinite(const LoadedInputs& li) {
   const Problem& p = li.problem;
-  if (p.dtype == DType::F32 && !li.q.is16()) {
+  if (float_files(li)) {
     // Exponent bits all ones = NaN or Inf. Branch-free, so the scan vectorizes: it reads
     // every input once, at memory speed.
     for (auto [name, arr] : {std::pair{"Q", &li.q}, {"K", &li.k}, {"V", &li.v}}) {
