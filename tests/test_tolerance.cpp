@@ -32,7 +32,8 @@ class Planted final : public Kernel {
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext&) const override {
     visit_inputs(in, [&]<class E>(const TypedInputs<E>& t) {
       if constexpr (!std::is_same_v<E, float>) {
-        if (bug_ == Bug::MisreadsStorage) return run_typed(p, TypedInputs{swapped(t.q), swapped(t.k), swapped(t.v)}, out);
+        using Other = std::conditional_t<std::is_same_v<E, bf16>, f16, bf16>;
+        if (bug_ == Bug::MisreadsStorage) return run_typed(p, TypedInputs<Other>{swapped(t.q), swapped(t.k), swapped(t.v)}, out);
       }
       run_typed(p, t, out);
     });

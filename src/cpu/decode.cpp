@@ -88,7 +88,9 @@ struct Plan {
     chunks = std::max<int64_t>(1, (p.kv_len + chunk_keys - 1) / chunk_keys);
     dp = tiling.dim_pad;   // the engine's accumulator rows, whole vectors
     row_stride = dp + 16;  // acc (dp floats), then m at [dp], l at [dp + 1]; vector-aligned rows
-    partial_bytes = static_cast<size_t>(p.batch * p.kv_heads * chunks * rows * row_stride) * sizeof(float);
+    // Rounded up to whole cache lines: the per-thread scratch that follows must stay 64-byte
+    // aligned (with 1-lane rows, row_stride can be odd).
+    partial_bytes = (static_cast<size_t>(p.batch * p.kv_heads * chunks * rows * row_stride) * sizeof(float) + 63) / 64 * 64;
   }
   float* partial(float* base, int64_t b, int64_t hk, int64_t chunk, int64_t kv_heads) const {
     return base + ((b * kv_heads + hk) * chunks + chunk) * rows * row_stride;
