@@ -8,7 +8,7 @@
 // q_len - through flash's tile engine (src/cpu/simd/tiles.hpp: vector softmax, 6-row
 // broadcast P.V micro-kernel) against its chunk, so every K/V byte is read from memory
 // once; with so few rows (at most 16) the engine scores straight from the K rows (4 rows x
-// 3 keys (AVX2) or 4 of dot products, no K^T packing, which costs as much as the GEMM when ~4
+// 2 keys (AVX2) or 4 of dot products, no K^T packing, which costs as much as the GEMM when ~4
 // rows use a tile) and spreads the next tile's prefetches through the current tile's loops
 // (LineStream) instead of issuing them as one burst; (3) each task leaves per row an
 // unnormalized partial state (acc, running

@@ -45,12 +45,6 @@ static_assert(kTileKeys % kBlockKeys == 0, "a key tile is whole register blocks"
 inline constexpr int kPanelRows =                          // MR: query rows per register panel
     kNarrowPanels ? 6 : (kVectorRegisters - kKeyVecs - 2) / kKeyVecs;  // 6; scalar 2
 inline constexpr int kOutVecs = kNarrowPanels ? 2 : 4;     // GEMM 2 column block, in vectors
-// The GEMM 2 column block for a panel of MR rows: with 16 registers, as wide as MR * NV
-// accumulators + NV V vectors + 1 broadcast fit (fewer P broadcasts per FMA for the short
-// panels of decode: 4 rows x 3 vectors instead of 4 x 2); 32 registers: kOutVecs. The sums
-// are the same whatever the width (one FMA chain per output element, in key order).
-template <int MR>
-inline constexpr int kOutVecsFor = !kNarrowPanels ? kOutVecs : MR <= 2 ? 4 : MR <= 4 ? 3 : kOutVecs;
 
 // Number of floats of a row of d floats padded to whole vectors.
 inline int64_t padded_dim(int64_t d) { return (d + kLanes - 1) / kLanes * kLanes; }
@@ -238,15 +232,17 @@ inline void score_panel(const float* qp, const float* kt, int64_t d, int ja, int
 // GEMM 1 without packing, for a decode task's few rows (tiles.cpp: rows <= kStreamRows):
 // s[m * kTileKeys + j] = <qr row m, K row j> for m < MR and j in [ja, jb), straight from the
 // K rows as stored (E widened where loaded). Register block: kDotRows rows x kDotKeys keys
-// of accumulators (AVX2: 4 x 3 = 12 + 3 K vectors + 1 Q vector = 16 registers; 32-register
-// targets 4 x 4), each K vector feeding 4 rows and each Q vector kDotKeys keys, reduced
-// kLanes accumulators at a time (transpose_sum, zero padded). Packing K^T costs a load, a
+// of accumulators (AVX2: 4 x 2 = 8, one reduction; 32-register targets 4 x 4), each K vector
+// feeding 4 rows and each Q vector kDotKeys keys, reduced kLanes accumulators at a time
+// (transpose_sum, zero padded). AVX2 4 x 3 (16 registers) measured ~13% slower for float32
+// decode and within noise at 16-bit (attn_bench decode group, 3 interleaved A/B rounds);
+// NEON's 4 x 4 follows the register budget, not a measurement. Packing K^T costs a load, a
 // transpose and a store per element,
 // as much as the GEMM itself when only ~4 rows use the tile. qr rows are ldq floats apart,
 // zero padded to whole vectors and 64-byte aligned; `zero` is one such row of zeros (for
 // rows past MR). step() as in score_panel.
 inline constexpr int kDotRows = 4;
-inline constexpr int kDotKeys = kNarrowPanels ? 3 : 4;
+inline constexpr int kDotKeys = kNarrowPanels ? 2 : 4;
 
 template <int MR, class E, class Step>
 inline void score_rows(const float* qr, int64_t ldq, const float* zero, const E* k, int64_t ldk, int64_t d, int ja,
@@ -321,20 +317,19 @@ inline void pv_panel(const float* p, int64_t ldp, const E* v, int64_t ldv, float
     for (int c = 0; c < NV; ++c) acc[m][c].store_aligned(o + m * ldo + c * kLanes);
 }
 
-// GEMM 2 over all of d (column blocks of kOutVecsFor<MR> vectors, the last one possibly narrower
+// GEMM 2 over all of d (column blocks of kOutVecs vectors, the last one possibly narrower
 // and with a partial vector). Same arguments as pv_panel, v and o at column 0.
 template <int MR, class E, class Step = NoStep>
 inline void pv_rows(const float* p, int64_t ldp, const E* v, int64_t ldv, float* o,
                     int64_t ldo, const float* alpha, int ja, int jb, int64_t d, Step&& step = {}) {
   const int64_t nvec = (d + kLanes - 1) / kLanes;
   const int tail = static_cast<int>(d - (nvec - 1) * kLanes);  // lanes of the last vector
-  constexpr int kNV = kOutVecsFor<MR>;
-  for (int64_t c0 = 0; c0 < nvec; c0 += kNV) {
-    const int nv = static_cast<int>(nvec - c0 < kNV ? nvec - c0 : kNV);
+  for (int64_t c0 = 0; c0 < nvec; c0 += kOutVecs) {
+    const int nv = static_cast<int>(nvec - c0 < kOutVecs ? nvec - c0 : kOutVecs);
     const bool partial = c0 + nv == nvec && tail < kLanes;
     const E* vc = v + c0 * kLanes;
     float* oc = o + c0 * kLanes;
-    static_assert(kNV <= 4, "dispatch below covers NV = 1..4");
+    static_assert(kOutVecs <= 4, "dispatch below covers NV = 1..4");
 #define ATTN_PV_CASE(NV)                                                              \
   case NV:                                                                            \
     if (partial)                                                                      \
