@@ -75,6 +75,9 @@ TEST(Npy, SixteenBitDataIsKeptAsBits) {
     }
     expect_reject(bytes.substr(0, bytes.size() - 1), "truncated data");
   }
+  // An empty 16-bit array (a fuzzer's find: a copy from a null destination).
+  const NpyArray empty = parse_npy(header_v1("{'descr': '<f2', 'fortran_order': False, 'shape': (0,), }"), "e");
+  EXPECT_TRUE(empty.bits16.empty());
   const auto dir = std::filesystem::temp_directory_path() / ("attn_npy16_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const uint16_t bits[4] = {1, 2, 3, 0xffff};

@@ -311,7 +311,7 @@ NpyArray parse_npy(const std::string& bytes, const std::string& name) {
   const char* src = bytes.data() + h.data_start;
   if (h.elem == 2) {
     arr.bits16.resize(h.count);
-    std::memcpy(arr.bits16.data(), src, h.count * 2);
+    if (h.count > 0) std::memcpy(arr.bits16.data(), src, h.count * 2);  // (data() of an empty vector may be null)
     return arr;
   }
   arr.data = FloatBuffer(h.count);
