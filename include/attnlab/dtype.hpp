@@ -33,8 +33,6 @@ const char* to_string(DType dtype);  // "f32", "bf16", "f16"
 // Throws InvalidInput naming `field` and the allowed values.
 DType parse_dtype(const std::string& text, const char* field = "dtype");
 inline constexpr int dtype_bytes(DType d) { return d == DType::F32 ? 4 : 2; }
-// Unit roundoff of the storage (2^-24, 2^-8, 2^-11): how far rounding moves a value.
-double dtype_unit_roundoff(DType d);
 
 struct bf16 {
   uint16_t bits;

@@ -31,10 +31,6 @@ DType parse_dtype(const std::string& text, const char* field) {
   throw InvalidInput(std::string(field) + ": '" + text + "' is not a dtype; allowed: f32, bf16, f16");
 }
 
-double dtype_unit_roundoff(DType d) {
-  return d == DType::BF16 ? 0x1p-8 : d == DType::F16 ? 0x1p-11 : 0x1p-24;
-}
-
 const char* to_string(CausalAlign causal) {
   switch (causal) {
     case CausalAlign::None: return "none";

@@ -149,22 +149,21 @@ void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, c
 template <class E>
 void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, const Scratch& s, int64_t b,
                int64_t hk, int64_t i0, int64_t R) {
-  // Q panels, scaled so that scores come out in log2 units.
+  // Q scaled so that scores come out in log2 units: row-major, zero padded, then a zero row
+  // for a direct task (score_rows); else panels of kPanelRows rows, k-major (score_panel).
   const int64_t G = t.group, d = t.dim;
   const float q_scale = p.effective_scale() * kLog2e;
+  if (s.qr) std::fill(s.qr, s.qr + (t.rows + 1) * t.dim_pad, 0.f);
   for (int64_t rr = 0; rr < R; ++rr) {
     const E* q = in.q.row(b, hk * G + rr % G, i0 + rr / G);
+    if (s.qr) {
+      for (int64_t k = 0; k < d; ++k) s.qr[rr * t.dim_pad + k] = to_float(q[k]) * q_scale;
+      continue;
+    }
     const int64_t panel0 = rr / kPanelRows * kPanelRows;
     const int64_t mr = std::min<int64_t>(kPanelRows, R - panel0);
     float* dst = s.q + panel0 * d + (rr - panel0);
     for (int64_t k = 0; k < d; ++k) dst[k * mr] = to_float(q[k]) * q_scale;
-  }
-  if (s.qr) {  // the same rows, row-major and zero padded, and the zero row after t.rows
-    std::fill(s.qr, s.qr + (t.rows + 1) * t.dim_pad, 0.f);
-    for (int64_t rr = 0; rr < R; ++rr) {
-      const E* q = in.q.row(b, hk * G + rr % G, i0 + rr / G);
-      for (int64_t k = 0; k < d; ++k) s.qr[rr * t.dim_pad + k] = to_float(q[k]) * q_scale;
-    }
   }
 }
 
@@ -179,7 +178,8 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
   // in address order (touch_rows) and the next tile's lines are prefetched one per
   // inner-loop step of the GEMMs (LineStream), spread over the whole tile's compute
   // (measured on Zen 3, q_len 1, 32/8, d 128: 0.45-0.55 -> 0.52-0.72 of the read bandwidth).
-  // Such a task also scores straight from the K rows (score_rows: no K^T packing).
+  // A direct task (Tiling::direct, so rows <= kStreamRows) scores straight from the K rows
+  // (score_rows: no K^T packing); a flash task's short last query tile streams but packs.
   const bool stream = rows <= kStreamRows;
   for (int64_t j0 = span.lo; j0 < span.hi; j0 += kTileKeys) {
     const KeyTile<E> kt{j0, static_cast<int>(std::min<int64_t>(kTileKeys, span.hi - j0)),
@@ -188,7 +188,7 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
       touch_rows(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d);
       touch_rows(in.v.row(b, hk, j0), in.v.stride_s, kt.nk, d);
     }
-    if (!(stream && s.qr)) pack_k_transposed(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d, s.kt);
+    if (!s.qr) pack_k_transposed(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d, s.kt);
     const int64_t jn = j0 + kTileKeys;
     const int64_t nn = std::min<int64_t>(kTileKeys, span.hi - jn);
     if (stream) {

@@ -234,7 +234,7 @@ inline void score_panel(const float* qp, const float* kt, int64_t d, int ja, int
 // K rows as stored (E widened where loaded). Register block: kDotRows rows x kDotKeys keys
 // of accumulators (AVX2: 4 x 2 = 8, one reduction; 32-register targets 4 x 4), each K vector
 // feeding 4 rows and each Q vector kDotKeys keys, reduced kLanes accumulators at a time
-// (transpose_sum, zero padded). AVX2 4 x 3 (16 registers) measured ~13% slower for float32
+// (transpose_sum). AVX2 4 x 3 (16 registers) measured ~13% slower for float32
 // decode and within noise at 16-bit (attn_bench decode group, 3 interleaved A/B rounds);
 // NEON's 4 x 4 follows the register budget, not a measurement. Packing K^T costs a load, a
 // transpose and a store per element,
@@ -248,7 +248,7 @@ template <int MR, class E, class Step>
 inline void score_rows(const float* qr, int64_t ldq, const float* zero, const E* k, int64_t ldk, int64_t d, int ja,
                        int jb, float* s, Step& step) {
   constexpr int kAcc = kDotRows * kDotKeys;
-  constexpr int kAccPad = (kAcc + kLanes - 1) / kLanes * kLanes;  // whole reductions
+  static_assert(kAcc % kLanes == 0, "whole reductions");
   const int64_t full = d / kLanes * kLanes;
   const int tail = static_cast<int>(d - full);
   for (int r0 = 0; r0 < MR; r0 += kDotRows) {
@@ -272,10 +272,8 @@ inline void score_rows(const float* qr, int64_t ldq, const float* zero, const E*
         step_block(c, false);
       }
       if (tail > 0) step_block(full, true);
-      Batch sums[kAccPad];
-      for (int g = 0; g < kAccPad; ++g) sums[g] = g < kAcc ? acc[g] : Batch(0.f);
-      alignas(64) float tile[kAccPad];
-      for (int g = 0; g < kAccPad; g += kLanes) transpose_sum(sums + g).store_aligned(tile + g);
+      alignas(64) float tile[kAcc];
+      for (int g = 0; g < kAcc; g += kLanes) transpose_sum(acc + g).store_aligned(tile + g);
       const int rows = MR - r0 < kDotRows ? MR - r0 : kDotRows, keys = jb - j < kDotKeys ? jb - j : kDotKeys;
       for (int r = 0; r < rows; ++r)
         for (int i = 0; i < keys; ++i) s[(r0 + r) * kTileKeys + j + i] = tile[r * kDotKeys + i];

@@ -40,6 +40,7 @@ Tiling make_tiling(const Problem& p, int64_t br = 0);
 
 struct Scratch {
   float* q;      // R x d, panels of kPanelRows rows, k-major in a panel, times scale*log2e
+                 // (not written for a direct task, which uses qr)
   float* o;      // R x dim_pad unnormalized output accumulators
   float* kt;     // dim_pad x kTileKeys packed K tile
   float* p;      // kPanelRows x kTileKeys scores, then probabilities, of the current panel
