@@ -33,9 +33,17 @@ struct Support {
   explicit operator bool() const { return ok; }
 };
 
+// Per-problem setup a kernel builds once, outside the timed region (e.g. flash's block map of
+// a sparse pattern): Session makes it and hands it to every run().
+struct Plan {
+  virtual ~Plan() = default;
+  virtual size_t bytes() const = 0;  // its memory, reported with the workspace
+};
+
 struct RunContext {
   int threads = 1;                  // size of the arena the kernel runs in
   std::span<std::byte> workspace;   // workspace_bytes() bytes, 64-byte aligned
+  const Plan* plan = nullptr;       // make_plan()'s, when the kernel made one
 };
 
 class Kernel {
@@ -58,6 +66,12 @@ class Kernel {
   virtual Support supports(const Problem&) const;
   // Scratch memory for run(), for `threads` threads: the kernel's extra memory.
   virtual size_t workspace_bytes(const Problem&, int threads) const;
+  // Whether it computes sparse patterns (Problem::sparse(), pattern.hpp); can_run refuses
+  // them for the others, naming the kernels that do.
+  virtual bool runs_patterns() const;
+  // Its per-problem setup (nullptr: none); run() must also work without it (then it builds
+  // what it needs itself, inside the run).
+  virtual std::shared_ptr<const Plan> make_plan(const Problem&) const;
   // Computes O (and LSE when outputs.lse is set). Called inside the run's task_arena.
   virtual void run(const Problem& p, const Inputs& in, const Outputs& out,
                    RunContext& ctx) const = 0;
@@ -83,7 +97,8 @@ std::vector<std::string> kernel_isas(std::string_view name);
 // (limits.hpp); the reason names the bytes and the budget when not.
 Support fits_memory_budget(const Kernel& kernel, const Problem& problem, int threads);
 // The one decision every path takes before allocating (Session, check_kernel, sweeps):
-// available(), then supports(), then fits_memory_budget(); "no" with the first reason.
+// available(), then supports() (and runs_patterns() for a sparse problem), then
+// fits_memory_budget(); "no" with the first reason.
 Support can_run(const Kernel& kernel, const Problem& problem, int threads);
 
 // A kernel bound to a problem and a thread count.
@@ -98,6 +113,7 @@ class Session {
 
   void run(const Inputs& in, const Outputs& out);
   size_t workspace_bytes() const { return workspace_size_; }
+  size_t plan_bytes() const { return plan_ ? plan_->bytes() : 0; }
   const Kernel& kernel() const { return kernel_; }
   const Problem& problem() const { return problem_; }
   int threads() const { return threads_; }
@@ -108,6 +124,7 @@ class Session {
   int threads_;
   size_t workspace_size_ = 0;
   std::unique_ptr<std::byte[], AlignedFree> workspace_;
+  std::shared_ptr<const Plan> plan_;
   struct Arena;  // a tbb::task_arena (kept out of this header)
   std::unique_ptr<Arena> arena_;
 };

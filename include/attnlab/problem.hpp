@@ -4,12 +4,14 @@
 //   P[b,h,i,:]  = softmax_j(scale * <Q[b,h,i,:], K[b,g(h),j,:]>) over visible j
 //   LSE[b,h,i]  = log sum_j exp(scale * <Q, K>) over visible j   (natural log)
 //
-// g(h) = h / (q_heads / kv_heads). The visible keys of a row form ONE interval [lo, hi),
-// computed by Problem::visible() and nowhere else. A fully masked row gives O = 0 and
-// LSE = -inf.
+// g(h) = h / (q_heads / kv_heads). Without a sparse pattern the visible keys of a row form ONE
+// interval [lo, hi), computed by Problem::visible() and nowhere else; with one (sinks, global
+// positions, documents, dilation, BigBird, a mask file) the rule is Pattern::visible()
+// (pattern.hpp). A fully masked row gives O = 0 and LSE = -inf.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -17,6 +19,7 @@
 
 #include "attnlab/dtype.hpp"
 #include "attnlab/interval.hpp"
+#include "attnlab/pattern.hpp"
 
 namespace attnlab {
 
@@ -57,6 +60,13 @@ struct Problem {
   std::optional<float> scale;    // default 1/sqrt(head_dim)
   Layout layout = Layout::BHSD;
   DType dtype = DType::F32;      // storage of Q, K and V (O and LSE are float32)
+  // Sparse pattern terms (pattern.hpp); none set = the interval rule alone.
+  int64_t sinks = 0;              // keys j < sinks are seen by every row (with a window)
+  std::vector<int64_t> globals;   // global positions, ascending, distinct
+  std::vector<int64_t> doc_lens;  // packed documents (sum = q_len = kv_len)
+  int64_t dilation = 1;           // window keys at distances that are multiples of it
+  BigBird bigbird;
+  std::shared_ptr<const BoolMask> mask;  // a mask file (True = attend)
 
   static constexpr int64_t kMinHeadDim = 1;
   static constexpr int64_t kMaxHeadDim = 512;
@@ -68,8 +78,14 @@ struct Problem {
   int64_t kv_head_of(int64_t h) const { return h / group(); }
   float effective_scale() const;
   int64_t kv_len_of(int64_t b) const { return kv_lens.empty() ? kv_len : kv_lens[b]; }
+  // Whether a sparse pattern term is set (then visible() is only the causal/window part and
+  // Pattern decides).
+  bool sparse() const {
+    return sinks > 0 || !globals.empty() || !doc_lens.empty() || dilation > 1 || bigbird.on() || mask;
+  }
+  std::string pattern_name() const;  // "sinks4+global16+...", "" without sparse terms
   MaskSpec mask_for_batch(int64_t b) const;
-  // The visible key interval of query row i in batch b.
+  // The visible key interval of query row i in batch b (interval problems).
   Interval visible(int64_t b, int64_t i) const { return mask_for_batch(b).row(i); }
 
   // Counted once, here; every report and benchmark uses these.

@@ -12,23 +12,35 @@
 
 namespace attnlab::textbook {
 
-// s[j - iv.lo] = scale * <q, K[b, hk, j, :]> for j in iv, plain sequential dot products.
-template <class E>
-void scores(const E* q, const View4<const E>& k, int64_t b, int64_t hk, Interval iv, float scale, float* s) {
-  for (int64_t j = iv.lo; j < iv.hi; ++j) {
-    const E* kr = k.row(b, hk, j);
+// The keys a row sees: an Interval (the interval rule), or a list of key indices in ascending
+// order (a sparse pattern, pattern.hpp).
+struct KeyList {
+  const int64_t* idx = nullptr;
+  int64_t n = 0;
+};
+inline int64_t key_count(Interval iv) { return iv.size(); }
+inline int64_t key_at(Interval iv, int64_t x) { return iv.lo + x; }
+inline int64_t key_count(const KeyList& k) { return k.n; }
+inline int64_t key_at(const KeyList& k, int64_t x) { return k.idx[x]; }
+
+// s[x] = scale * <q, K[b, hk, key x, :]> for the keys of `keys`, plain sequential dot products.
+template <class E, class Keys>
+void scores(const E* q, const View4<const E>& k, int64_t b, int64_t hk, const Keys& keys, float scale, float* s) {
+  const int64_t n = key_count(keys);
+  for (int64_t x = 0; x < n; ++x) {
+    const E* kr = k.row(b, hk, key_at(keys, x));
     float dot = 0.f;
     for (int64_t d = 0; d < k.dim; ++d) dot += to_float(q[d]) * to_float(kr[d]);
-    s[j - iv.lo] = scale * dot;
+    s[x] = scale * dot;
   }
 }
 
-// Stable softmax of s[0 .. iv.size()) in place (subtract the max), then
-// o = sum_j p_j V[b, hk, iv.lo + j, :]. Returns the natural-log LSE (-inf, and o = 0, for
-// an empty interval).
-template <class E>
-float softmax_pv(float* s, const View4<const E>& v, int64_t b, int64_t hk, Interval iv, float* o) {
-  const int64_t n = iv.size();
+// Stable softmax of s[0 .. key_count(keys)) in place (subtract the max), then
+// o = sum_x p_x V[b, hk, key x, :]. Returns the natural-log LSE (-inf, and o = 0, for a row
+// that sees no key).
+template <class E, class Keys>
+float softmax_pv(float* s, const View4<const E>& v, int64_t b, int64_t hk, const Keys& keys, float* o) {
+  const int64_t n = key_count(keys);
   for (int64_t d = 0; d < v.dim; ++d) o[d] = 0.f;
   if (n == 0) return -std::numeric_limits<float>::infinity();
   float m = s[0];
@@ -41,19 +53,19 @@ float softmax_pv(float* s, const View4<const E>& v, int64_t b, int64_t hk, Inter
   const float inv = 1.f / sum;
   for (int64_t j = 0; j < n; ++j) {
     const float p = s[j] * inv;
-    const E* vr = v.row(b, hk, iv.lo + j);
+    const E* vr = v.row(b, hk, key_at(keys, j));
     for (int64_t d = 0; d < v.dim; ++d) o[d] += p * to_float(vr[d]);
   }
   return m + std::log(sum);
 }
 
 // Both steps for query row (b, h, i) of typed inputs; o gets head_dim floats.
-template <class E>
-float row(const Problem& p, const TypedInputs<E>& in, int64_t b, int64_t h, int64_t i, Interval iv, float* s,
+template <class E, class Keys>
+float row(const Problem& p, const TypedInputs<E>& in, int64_t b, int64_t h, int64_t i, const Keys& keys, float* s,
           float* o) {
   const int64_t hk = p.kv_head_of(h);
-  scores(in.q.row(b, h, i), in.k, b, hk, iv, p.effective_scale(), s);
-  return softmax_pv(s, in.v, b, hk, iv, o);
+  scores(in.q.row(b, h, i), in.k, b, hk, keys, p.effective_scale(), s);
+  return softmax_pv(s, in.v, b, hk, keys, o);
 }
 
 }  // namespace attnlab::textbook

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "attnlab/isa.hpp"
+#include "attnlab/npy.hpp"
 
 namespace attnlab::cli {
 
@@ -72,6 +73,15 @@ void MaskFlags::add_to(CLI::App& app) {
   app.add_flag("--causal-top-left", causal_top_left, "causal mask aligned top-left (PyTorch is_causal: j <= i)");
   app.add_option("--window", window, "sliding window L,R (inclusive bounds, -1 = unbounded)");
   app.add_option("--kv-lens", kv_lens, "per-batch kv lengths a,b,... (each in [0, kv_len])");
+  app.add_option("--sinks", sinks, "sparse: keys j < N are seen by every row (with --window: StreamingLLM)");
+  app.add_option("--global", globals, "sparse: global positions i,j,... (their keys seen by every row, their rows see "
+                                      "every key; with --window: Longformer)");
+  app.add_option("--doc-lens", doc_lens, "sparse: packed documents a,b,... (sum = q_len = kv_len); a token sees only "
+                                         "its own document's keys");
+  app.add_option("--dilation", dilation, "sparse: window keys only at distances from the diagonal that are multiples of D");
+  app.add_option("--bigbird", bigbird, "sparse: BLOCK,RANDOM,SEED: RANDOM random key blocks per query block (with --window)");
+  app.add_option("--mask", mask_file, "sparse: boolean mask .npy (bool or uint8, nonzero = attend) of shape (q_len, "
+                                      "kv_len), (batch|1, 1, q_len, kv_len) or (batch|1, q_heads, q_len, kv_len)");
   app.add_option("--scale", scale, "softmax scale (default 1/sqrt(head_dim))");
   app.add_option("--layout", layout, "memory layout: bhsd (batch, heads, seq, dim) or bshd")
       ->check(CLI::IsMember({"bhsd", "bshd"}));
@@ -80,6 +90,23 @@ void MaskFlags::add_to(CLI::App& app) {
                  "rounded to it (nearest even), '<u2' .npy files are read as raw bf16 bits")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   app.add_option("--threads", threads, "threads (default: all cores)");
+}
+
+BoolMask read_mask(const std::string& path) {
+  NpyArray a = read_npy_mask(path);
+  BoolMask m;
+  m.source = path;
+  if (a.shape.size() == 2) {
+    m.q_len = a.shape[0], m.kv_len = a.shape[1];
+  } else if (a.shape.size() == 4) {
+    m.batch = a.shape[0], m.heads = a.shape[1], m.q_len = a.shape[2], m.kv_len = a.shape[3];
+  } else {
+    throw InvalidInput("mask: " + path + " has " + std::to_string(a.shape.size()) +
+                       " dimensions; allowed: 2 (q_len, kv_len) or 4 (batch|1, 1|q_heads, q_len, kv_len)");
+  }
+  m.data = std::move(a.bytes8);
+  for (uint8_t& x : m.data) x = x != 0;
+  return m;
 }
 
 void MaskFlags::apply(Problem& p) const {
@@ -95,6 +122,19 @@ void MaskFlags::apply(Problem& p) const {
     p.window_right = w[1];
   }
   if (!kv_lens.empty()) p.kv_lens = parse_int_list("kv-lens", kv_lens);
+  p.sinks = sinks;
+  p.dilation = dilation;
+  if (!globals.empty()) p.globals = parse_int_list("global", globals);
+  if (!doc_lens.empty()) p.doc_lens = parse_int_list("doc-lens", doc_lens);
+  if (!bigbird.empty()) {
+    const auto v = parse_int_list("bigbird", bigbird);
+    if (v.size() != 3) throw InvalidInput("bigbird: '" + bigbird + "' must be three integers BLOCK,RANDOM,SEED");
+    p.bigbird = BigBird{v[0], v[1], v[2]};
+  }
+  if (!mask_file.empty()) {
+    if (!mask_) mask_ = std::make_shared<const BoolMask>(read_mask(mask_file));
+    p.mask = mask_;
+  }
   p.scale = scale;
   p.layout = parse_layout(layout);
   if (!dtype.empty()) p.dtype = parse_dtype(dtype);

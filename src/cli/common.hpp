@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +17,12 @@ struct MaskFlags {
   bool causal_top_left = false;
   std::string window;   // "L,R"
   std::string kv_lens;  // "a,b,..."
+  int64_t sinks = 0;       // sparse pattern terms (pattern.hpp)
+  std::string globals;     // "i,j,..."
+  std::string doc_lens;    // "a,b,..."
+  int64_t dilation = 1;
+  std::string bigbird;     // "BLOCK,RANDOM,SEED"
+  std::string mask_file;   // boolean .npy
   std::optional<float> scale;
   std::string layout = "bhsd";
   std::string dtype;  // "" = f32, or inferred from .npy inputs ('<f2' files: f16)
@@ -24,7 +31,13 @@ struct MaskFlags {
   // Fills the mask/scale/layout fields of p (throws InvalidInput on malformed text).
   void apply(Problem& p) const;
   int thread_count() const;
+
+ private:
+  mutable std::shared_ptr<const BoolMask> mask_;  // read once, shared by every problem
 };
+
+// A boolean mask .npy (bool or uint8) as the problem's mask file.
+BoolMask read_mask(const std::string& path);
 
 // Explicit shape flags (verify with random inputs).
 struct ShapeFlags {

@@ -89,14 +89,21 @@ std::pair<size_t, size_t> read_preamble(std::string_view head, uint64_t file_siz
   return {start, len};
 }
 
-NpyHeader parse_header(const std::string& header, size_t data_start, const std::string& name) {
+NpyHeader parse_header(const std::string& header, size_t data_start, const std::string& name,
+                       bool booleans = false) {
   NpyHeader h;
   h.data_start = data_start;
   std::string descr = dict_value(header, "descr", name);
   if (descr.size() >= 2 && (descr.front() == '\'' || descr.front() == '"')) descr = descr.substr(1, descr.size() - 2);
   // The byte order must be written out: '=' (native) or none would make the file's meaning
   // depend on the machine that wrote it.
-  if (descr == "<f4" || descr == "<f8" || descr == "<f2" || descr == "<u2") {
+  if (booleans) {  // a mask file (read_npy_mask): bool or uint8 only
+    if (descr != "|b1" && descr != "|u1") {
+      fail(name, "dtype '" + descr + "' is not a mask; allowed: bool ('|b1') or uint8 ('|u1'), nonzero = attend");
+    }
+    h.dtype = descr;
+    h.elem = 1;
+  } else if (descr == "<f4" || descr == "<f8" || descr == "<f2" || descr == "<u2") {
     h.dtype = descr;
     h.elem = descr == "<f4" ? 4 : descr == "<f8" ? 8 : 2;
   } else {
@@ -154,7 +161,7 @@ void check_data_size(const NpyHeader& h, uint64_t file_size, const std::string& 
 
 // The array without its data, once the memory budget allows the data.
 NpyArray empty_array(const NpyHeader& h, const std::string& name) {
-  const size_t kept = h.elem == 2 ? 2 : sizeof(float);  // 16-bit data stays 16-bit
+  const size_t kept = h.elem <= 2 ? h.elem : sizeof(float);  // 8- and 16-bit data stay as they are
   const std::string why = over_memory_budget(static_cast<int64_t>(h.count * kept), h.elem == 2 ? "the array" : "the array as float32");
   if (!why.empty()) fail(name, why);
   NpyArray arr;
@@ -364,6 +371,26 @@ NpyArray read_npy(const std::string& path) {
     f8_to_f4(buf.data(), n, arr.data.data() + done);
     done += n;
   }
+  return arr;
+}
+
+NpyArray read_npy_mask(const std::string& path) {
+  // Small enough to read whole (a mask of q_len x kv_len bytes); the same checks as read_npy.
+  const Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
+  if (f.fd < 0) fail(path, std::string("cannot open for reading: ") + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0 || !S_ISREG(st.st_mode)) fail(path, "is not a regular file; allowed: a regular .npy file");
+  const auto size = static_cast<uint64_t>(st.st_size);
+  std::string head(std::min<uint64_t>(size, 12), '\0');
+  pread_all(f.fd, head.data(), head.size(), 0, path);
+  const auto [start, len] = read_preamble(head, size, path);
+  std::string header(len, '\0');
+  pread_all(f.fd, header.data(), len, start, path);
+  const NpyHeader h = parse_header(header, start + len, path, true);
+  check_data_size(h, size, path);
+  NpyArray arr = empty_array(h, path);
+  arr.bytes8.resize(h.count);
+  if (h.count > 0) pread_all(f.fd, reinterpret_cast<char*>(arr.bytes8.data()), h.count, h.data_start, path);
   return arr;
 }
 

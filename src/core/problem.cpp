@@ -1,6 +1,7 @@
 #include "attnlab/problem.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 
 #include "attnlab/limits.hpp"
@@ -121,6 +122,67 @@ void for_each_batch_mask(const Problem& p, const F& f) {
   }
   for (int64_t b = 0; b < p.batch; ++b) f(summarize(p.mask_for_batch(b)), int64_t{1});
 }
+// The sparse terms (pattern.hpp): each field named with its allowed values.
+void validate_pattern(const Problem& p) {
+  const bool bounded = p.window_left >= 0 || p.window_right >= 0 || p.dilation > 1;
+  const auto needs_window = [&](const char* field, bool given) {
+    if (given && !bounded) {
+      throw InvalidInput(std::string(field) +
+                         ": adds keys to a window, and without --window L,R (or --dilation) every key is "
+                         "already visible; allowed: together with a window or a dilation");
+    }
+  };
+  if (p.sinks < 0) {
+    throw InvalidInput("sinks: " + std::to_string(p.sinks) + " is not allowed; allowed: an integer >= 0");
+  }
+  needs_window("sinks", p.sinks > 0);
+  if (p.dilation < 1) {
+    throw InvalidInput("dilation: " + std::to_string(p.dilation) + " is not allowed; allowed: an integer >= 1");
+  }
+  for (size_t g = 0; g < p.globals.size(); ++g) {
+    if (p.globals[g] < 0 || p.globals[g] >= p.kv_len || (g > 0 && p.globals[g] <= p.globals[g - 1])) {
+      throw InvalidInput("global[" + std::to_string(g) + "]: " + std::to_string(p.globals[g]) +
+                         " is not allowed; allowed: distinct ascending positions in [0, kv_len = " +
+                         std::to_string(p.kv_len) + ")");
+    }
+  }
+  needs_window("global", !p.globals.empty());
+  if (!p.doc_lens.empty()) {
+    int64_t sum = 0;
+    for (size_t d = 0; d < p.doc_lens.size(); ++d) {
+      if (p.doc_lens[d] < 1 || p.doc_lens[d] > p.kv_len) {
+        throw InvalidInput("doc_lens[" + std::to_string(d) + "]: " + std::to_string(p.doc_lens[d]) +
+                           " is not allowed; allowed: a length >= 1");
+      }
+      sum += p.doc_lens[d];
+    }
+    if (sum != p.q_len || sum != p.kv_len) {
+      throw InvalidInput("doc_lens: the lengths add up to " + std::to_string(sum) + " with q_len " +
+                         std::to_string(p.q_len) + " and kv_len " + std::to_string(p.kv_len) +
+                         "; allowed: lengths adding up to q_len = kv_len (packed documents)");
+    }
+  }
+  const BigBird& bb = p.bigbird;
+  if (bb.block != 0 || bb.random != 0) {
+    if (bb.block < 1 || bb.block > p.kv_len || bb.random < 0 || bb.random > 64 || bb.seed < 0) {
+      throw InvalidInput("bigbird: " + std::to_string(bb.block) + "," + std::to_string(bb.random) + "," +
+                         std::to_string(bb.seed) + " is not allowed; allowed: BLOCK,RANDOM,SEED with BLOCK 1 to "
+                         "kv_len, RANDOM 0 to 64 key blocks per query block, SEED >= 0");
+    }
+    needs_window("bigbird", bb.on());
+  }
+  if (p.mask) {
+    const BoolMask& m = *p.mask;
+    if (m.q_len != p.q_len || m.kv_len != p.kv_len || (m.batch != 1 && m.batch != p.batch) ||
+        (m.heads != 1 && m.heads != p.q_heads)) {
+      throw InvalidInput("mask: shape (" + std::to_string(m.batch) + ", " + std::to_string(m.heads) + ", " +
+                         std::to_string(m.q_len) + ", " + std::to_string(m.kv_len) + ") of " + m.source +
+                         " does not fit the problem; allowed: (q_len, kv_len) = (" + std::to_string(p.q_len) +
+                         ", " + std::to_string(p.kv_len) + "), (batch or 1, 1, q_len, kv_len) or (batch or 1, "
+                         "q_heads = " + std::to_string(p.q_heads) + ", q_len, kv_len)");
+    }
+  }
+}
 }  // namespace
 
 void Problem::validate() const {
@@ -154,6 +216,7 @@ void Problem::validate() const {
       }
     }
   }
+  validate_pattern(*this);
   if (scale && !std::isfinite(*scale)) {
     throw InvalidInput("scale: " + std::to_string(*scale) +
                        " is not allowed; allowed: a finite number");
@@ -177,6 +240,7 @@ MaskSpec Problem::mask_for_batch(int64_t b) const {
 }
 
 int64_t Problem::visible_pairs() const {
+  if (sparse()) return count_pattern(*this).pairs;
   int64_t pairs = 0;
   for_each_batch_mask(*this, [&](const MaskSummary& s, int64_t entries) { pairs += s.pairs * entries; });
   return pairs * q_heads;
@@ -189,6 +253,7 @@ double Problem::flops() const {
 
 double Problem::kv_bytes() const {
   // K and V rows that any query row sees, read once per kv head (GQA's saving shows here).
+  if (sparse()) return 2.0 * dtype_bytes(dtype) * count_pattern(*this).kv_keys * static_cast<double>(head_dim);
   double keys = 0;
   for_each_batch_mask(*this, [&](const MaskSummary& s, int64_t entries) {
     keys += static_cast<double>(s.keys.size()) * static_cast<double>(entries);
@@ -201,6 +266,34 @@ double Problem::bytes_moved() const {
   return qo + kv_bytes() + sizeof(float) * static_cast<double>(lse_elems());
 }
 
+std::string Problem::pattern_name() const {
+  // Safe in point ids and file names: parts joined by '_', short lists by '.', a long list as
+  // its length and a hash of its values.
+  std::string n;
+  const auto add = [&n](const std::string& part) { n += (n.empty() ? "" : "_") + part; };
+  const auto list = [](const std::vector<int64_t>& v) {
+    std::string t;
+    if (v.size() > 4) {
+      uint64_t h = 1469598103934665603ull;  // FNV-1a
+      for (int64_t x : v) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
+      char hex[9];
+      std::snprintf(hex, sizeof hex, "%08x", static_cast<unsigned>(h ^ (h >> 32)));
+      return std::to_string(v.size()) + "h" + hex;
+    }
+    for (size_t x = 0; x < v.size(); ++x) t += (x ? "." : "") + std::to_string(v[x]);
+    return t;
+  };
+  if (sinks > 0) add("sinks" + std::to_string(sinks));
+  if (!globals.empty()) add("global" + list(globals));
+  if (!doc_lens.empty()) add("docs" + list(doc_lens));
+  if (dilation > 1) add("dilation" + std::to_string(dilation));
+  if (bigbird.on()) {
+    add("bigbird" + list({bigbird.block, bigbird.random, bigbird.seed}));
+  }
+  if (mask) add("maskfile");
+  return n;
+}
+
 std::string Problem::describe() const {
   std::ostringstream s;
   s << "batch=" << batch << " q_heads=" << q_heads << " kv_heads=" << kv_heads
@@ -211,6 +304,7 @@ std::string Problem::describe() const {
     s << " kv_lens=";
     for (size_t b = 0; b < kv_lens.size(); ++b) s << (b ? "," : "") << kv_lens[b];
   }
+  if (sparse()) s << " pattern=" << pattern_name();
   if (scale) s << " scale=" << *scale;
   s << " layout=" << to_string(layout);
   if (dtype != DType::F32) s << " dtype=" << to_string(dtype);

@@ -11,6 +11,17 @@ Support Kernel::available() const { return Support::yes(); }
 std::string_view Kernel::precision() const { return "f32/bf16/f16 in, widened exactly; f32 compute"; }
 Support Kernel::supports(const Problem&) const { return Support::yes(); }
 size_t Kernel::workspace_bytes(const Problem&, int) const { return 0; }
+bool Kernel::runs_patterns() const { return false; }
+std::shared_ptr<const Plan> Kernel::make_plan(const Problem&) const { return nullptr; }
+
+namespace {
+Support supports_with_patterns(const Kernel& kernel, const Problem& problem) {
+  if (problem.sparse() && !kernel.runs_patterns()) {
+    return Support::no("a sparse pattern (naive and flash run them; this kernel takes interval masks only)");
+  }
+  return kernel.supports(problem);
+}
+}  // namespace
 
 Support fits_memory_budget(const Kernel& kernel, const Problem& problem, int threads) {
   const auto workspace = static_cast<int64_t>(kernel.workspace_bytes(problem, threads));
@@ -23,7 +34,7 @@ Support fits_memory_budget(const Kernel& kernel, const Problem& problem, int thr
 
 Support can_run(const Kernel& kernel, const Problem& problem, int threads) {
   if (Support a = kernel.available(); !a) return a;
-  if (Support s = kernel.supports(problem); !s) return s;
+  if (Support s = supports_with_patterns(kernel, problem); !s) return s;
   return fits_memory_budget(kernel, problem, threads);
 }
 
@@ -42,7 +53,7 @@ Session::Session(const Kernel& kernel, const Problem& problem, int threads)
   if (Support a = kernel.available(); !a) {
     throw InvalidInput(std::string(kernel.name()) + " is not available: " + a.reason);
   }
-  if (Support s = kernel.supports(problem_); !s) {
+  if (Support s = supports_with_patterns(kernel, problem_); !s) {
     throw InvalidInput(std::string(kernel.name()) + " does not support " + problem_.describe() +
                        ": " + s.reason);
   }
@@ -52,6 +63,7 @@ Session::Session(const Kernel& kernel, const Problem& problem, int threads)
   }
   workspace_size_ = kernel.workspace_bytes(problem_, threads);
   workspace_ = alloc_bytes(workspace_size_);
+  plan_ = kernel.make_plan(problem_);
   arena_ = std::make_unique<Arena>(threads);
 }
 
@@ -62,7 +74,7 @@ void Session::run(const Inputs& in, const Outputs& out) {
     throw InvalidInput(std::string("inputs: dtype ") + to_string(in.dtype) + " given to a " +
                        to_string(problem_.dtype) + " problem; allowed: the problem's dtype");
   }
-  RunContext ctx{threads_, std::span<std::byte>(workspace_.get(), workspace_size_)};
+  RunContext ctx{threads_, std::span<std::byte>(workspace_.get(), workspace_size_), plan_.get()};
   arena_->arena.execute([&] { kernel_.run(problem_, in, out, ctx); });
 }
 

@@ -77,32 +77,45 @@ std::vector<RowId> sample_rows(const Problem& p, size_t max_rows, uint64_t seed)
 }
 
 namespace {
+// The keys row r sees: its interval, or (sparse pattern) the element rule applied to every key
+// of its hull -- the dense mask, independent of any block classification.
+std::vector<int64_t> reference_keys(const Problem& p, const RowId& r) {
+  std::vector<int64_t> keys;
+  if (p.sparse()) {
+    Pattern(p).keys(r.b, r.h, r.i, keys);
+  } else {
+    const Interval iv = p.visible(r.b, r.i);
+    for (int64_t j = iv.lo; j < iv.hi; ++j) keys.push_back(j);
+  }
+  return keys;
+}
+
 template <class E>
 double reference_row_typed(const Problem& p, const TypedInputs<E>& in, const RowId& r, double* o_row,
                            double* row_scale) {
   const int64_t d_n = p.head_dim;
   const int64_t hk = p.kv_head_of(r.h);
-  const Interval iv = p.visible(r.b, r.i);
+  const std::vector<int64_t> keys = reference_keys(p, r);
   std::fill(o_row, o_row + d_n, 0.0);
   *row_scale = 0.0;
-  if (iv.empty()) return -kInf;
+  if (keys.empty()) return -kInf;
   const double scale = p.effective_scale();
   const E* q = in.q.row(r.b, r.h, r.i);
-  std::vector<double> s(static_cast<size_t>(iv.size()));
+  std::vector<double> s(keys.size());
   double m = -kInf;
-  for (int64_t j = iv.lo; j < iv.hi; ++j) {
-    const E* k = in.k.row(r.b, hk, j);
+  for (size_t x = 0; x < keys.size(); ++x) {
+    const E* k = in.k.row(r.b, hk, keys[x]);
     double dot = 0;
     for (int64_t d = 0; d < d_n; ++d) dot += static_cast<double>(to_float(q[d])) * to_float(k[d]);
     const double sj = scale * dot;
-    s[j - iv.lo] = sj;
+    s[x] = sj;
     if (!(sj <= m)) m = sj;  // a NaN score makes m NaN, and the whole row NaN
   }
   double l = 0, scale_sum = 0;
-  for (int64_t j = iv.lo; j < iv.hi; ++j) {
-    const double pj = std::exp(s[j - iv.lo] - m);
+  for (size_t x = 0; x < keys.size(); ++x) {
+    const double pj = std::exp(s[x] - m);
     l += pj;
-    const E* v = in.v.row(r.b, hk, j);
+    const E* v = in.v.row(r.b, hk, keys[x]);
     double vmax = 0;
     for (int64_t d = 0; d < d_n; ++d) {
       const double vd = to_float(v[d]);
@@ -152,7 +165,10 @@ Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref)
   visit_inputs(in, [&](const auto& typed) {
     for (size_t r = 0; r < ref.rows.size(); ++r) {
       const RowId& id = ref.rows[r];
-      const float lse = textbook::row(p, typed, id.b, id.h, id.i, p.visible(id.b, id.i), s.data(), o.data());
+      const std::vector<int64_t> keys = reference_keys(p, id);
+      const float lse = textbook::row(p, typed, id.b, id.h, id.i,
+                                      textbook::KeyList{keys.data(), static_cast<int64_t>(keys.size())}, s.data(),
+                                      o.data());
       accumulate(e, ref, r, o.data(), &lse);
     }
   });

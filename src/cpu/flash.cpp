@@ -22,6 +22,13 @@
 //        a 1-row kernel, so no row multiplies a V row it does not see (0 * NaN).
 //      The next tile's K/V rows are prefetched a slice per panel.
 //   3. O = acc / l, LSE = m ln 2 + ln l; O = 0, LSE = -inf for a row whose interval is empty.
+// Sparse patterns (pattern.hpp): step 2 runs over the key tiles of the block map instead
+// (FlexAttention's BlockMask, built per problem by make_plan outside the timed region: per
+// query tile, its non-empty 64-key tiles, full or with one 64-bit word of visible keys per
+// row). Empty tiles cost nothing, full tiles run the unmasked path, partial tiles mask their
+// holes and send each row's keys outside the panel's common ones through the 1-row P.V kernel
+// (a row never multiplies a V row it does not see). Plan memory: 16 bytes per non-empty tile
+// + 8 R bytes per partial tile + q_len G bytes.
 //   Special values follow include/attnlab/online_softmax.hpp.
 // Parallel: oneTBB over all (b, hk, query tile) tasks, grain 1, last query tiles first (the
 // most keys under causal); scratch is the running thread's slice of the workspace. Tiles and
@@ -43,6 +50,7 @@
 // Measured: results/2026-11-30-flash32 (profile, % of peak per shape, the AVX2 numbers of
 // issue 10) and results/2026-11-29-attn_bench (AVX-512, Zen 4).
 #include <algorithm>
+#include <optional>
 
 #include <tbb/blocked_range.h>
 #include <tbb/partitioner.h>
@@ -65,8 +73,21 @@ class Flash final : public Kernel {
   size_t workspace_bytes(const Problem& p, int threads) const override {
     return simd::make_tiling(p).bytes * static_cast<size_t>(threads);
   }
+  bool runs_patterns() const override { return true; }
+  std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
+    if (!p.sparse()) return nullptr;
+    return std::make_shared<simd::BlockPlan>(build_block_map(p, simd::make_tiling(p).br));
+  }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     const simd::Tiling t = simd::make_tiling(p);
+    // A sparse pattern runs the block map's tiles (built by make_plan, outside the timed
+    // region; here only when run without a Session).
+    const BlockMap* map = nullptr;
+    std::optional<BlockMap> own;
+    if (p.sparse()) {
+      const auto* plan = dynamic_cast<const simd::BlockPlan*>(ctx.plan);
+      map = plan && plan->map.br == t.br ? &plan->map : &own.emplace(build_block_map(p, t.br));
+    }
     const int64_t nq = (p.q_len + t.br - 1) / t.br;
     const int64_t tasks = p.batch * p.kv_heads * nq;
     attnlab::parallel_tasks(
@@ -77,7 +98,11 @@ class Flash final : public Kernel {
             const int64_t bh = task / nq, b = bh / p.kv_heads, hk = bh % p.kv_heads;
             const int64_t i0 = (nq - 1 - task % nq) * t.br;  // last (most keys under causal) first
             const int64_t rows = simd::begin_rows(p, in, t, s, b, hk, i0, std::min(t.br, p.q_len - i0));
-            simd::attend_keys(p, in, t, s, b, hk, rows, Interval{0, p.kv_len});
+            if (map) {
+              simd::attend_blocks(p, in, t, s, *map, b, hk, i0, rows);
+            } else {
+              simd::attend_keys(p, in, t, s, b, hk, rows, Interval{0, p.kv_len});
+            }
             simd::finish_rows(p, out, t, s, b, hk, i0, rows);
           }
         },

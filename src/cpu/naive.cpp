@@ -1,14 +1,18 @@
 // naive: the textbook algorithm in float32, plain loops.
 //
 // Idea: for each (batch, head), materialize the whole scaled score matrix S (q_len x
-// kv_len), then for each row take the visible interval, a stable softmax (subtract the
-// max) and multiply by V. Exactly the arithmetic of textbook.hpp, which is also the
+// kv_len), then for each row take the visible interval (or, for a sparse pattern, the list of
+// visible keys from the element rule), a stable softmax (subtract the max) and multiply by V. Exactly the arithmetic of textbook.hpp, which is also the
 // tolerance baseline.
 // Memory: q_len * kv_len floats of workspace (the O(n^2) the tiled kernels avoid).
 // Cost: 4 * d FLOP per visible pair plus one exp; no reuse of K/V across rows, so at
 // large n it streams K and V from memory once per query row (memory bound, ~1-3% of peak).
 // Precision: f16/bf16 storage is widened exactly to float32 where read; float32 compute.
+#include <optional>
+#include <vector>
+
 #include "attnlab/kernel.hpp"
+#include "attnlab/pattern.hpp"
 #include "attnlab/textbook.hpp"
 
 namespace attnlab::cpu {
@@ -20,6 +24,7 @@ class Naive final : public Kernel {
   std::string_view description() const override {
     return "textbook float32: full score matrix, stable softmax, P*V; plain loops";
   }
+  bool runs_patterns() const override { return true; }
   size_t workspace_bytes(const Problem& p, int) const override {
     return static_cast<size_t>(p.q_len * p.kv_len) * sizeof(float);
   }
@@ -32,17 +37,28 @@ class Naive final : public Kernel {
   static void run_typed(const Problem& p, const TypedInputs<E>& in, const Outputs& out, RunContext& ctx) {
     float* scores = reinterpret_cast<float*>(ctx.workspace.data());
     const float scale = p.effective_scale();
+    // A sparse pattern: each row's visible keys listed by the element rule (pattern.hpp),
+    // the same arithmetic on the list.
+    const std::optional<Pattern> pattern = p.sparse() ? std::optional<Pattern>(std::in_place, p) : std::nullopt;
+    std::vector<int64_t> list;
     for (int64_t b = 0; b < p.batch; ++b) {
       const MaskSpec mask = p.mask_for_batch(b);
       for (int64_t h = 0; h < p.q_heads; ++h) {
         const int64_t hk = p.kv_head_of(h);
-        for (int64_t i = 0; i < p.q_len; ++i) {  // S = scale * Q K^T on the visible interval
-          textbook::scores(in.q.row(b, h, i), in.k, b, hk, mask.row(i), scale,
-                           scores + i * p.kv_len);
+        const auto with_keys = [&](int64_t i, const auto& f) {
+          if (!pattern) return f(mask.row(i));
+          pattern->keys(b, h, i, list);
+          return f(textbook::KeyList{list.data(), static_cast<int64_t>(list.size())});
+        };
+        for (int64_t i = 0; i < p.q_len; ++i) {  // S = scale * Q K^T on the visible keys
+          with_keys(i, [&](const auto& keys) {
+            textbook::scores(in.q.row(b, h, i), in.k, b, hk, keys, scale, scores + i * p.kv_len);
+          });
         }
         for (int64_t i = 0; i < p.q_len; ++i) {  // softmax rows, then P V
-          const float lse = textbook::softmax_pv(scores + i * p.kv_len, in.v, b, hk,
-                                                 mask.row(i), out.o.row(b, h, i));
+          const float lse = with_keys(i, [&](const auto& keys) {
+            return textbook::softmax_pv(scores + i * p.kv_len, in.v, b, hk, keys, out.o.row(b, h, i));
+          });
           if (out.lse) out.lse[(b * p.q_heads + h) * p.q_len + i] = lse;
         }
       }

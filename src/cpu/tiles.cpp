@@ -4,6 +4,7 @@
 #include "cpu/simd/tiles.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <limits>
 
 #include "attnlab/isa.hpp"
@@ -41,13 +42,36 @@ inline Batch lane_index(int v) {
 }
 
 // Step 2 of src/cpu/flash.cpp's header for the panel of MR rows starting at rr0 and one key tile.
-template <int MR, bool Direct, class Step, class E>
-void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile<E>& kt, Step& step) {
+// Runs of set bits of x, in order: f(first, end).
+template <class F>
+inline void for_runs(uint64_t x, const F& f) {
+  while (x) {
+    const int a = std::countr_zero(x);
+    const int n = std::countr_one(x >> a);
+    f(a, a + n);
+    x = a + n >= 64 ? 0 : x & (~uint64_t{0} << (a + n));
+  }
+}
+
+// Words: the rows' visible keys in the tile come as one 64-bit word per row (a sparse pattern's
+// block map, pattern.hpp; words == nullptr: every row sees every key of the tile), else from
+// the rows' intervals (Scratch::iv).
+template <int MR, bool Direct, bool Words, class Step, class E>
+void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile<E>& kt, const uint64_t* words,
+                   Step& step) {
+  static_assert(kTileKeys == BlockMap::kBlockKeys, "one block-map word per row and key tile");
   // Visible keys of each row inside the tile, relative to j0; full = no row needs a mask.
   int lo[MR], hi[MR];
+  uint64_t w[MR];
   int ja = kt.nk, jb = 0;  // union of the rows' visible keys: the score blocks to compute
   bool full = true;
-  for (int m = 0; m < MR; ++m) {
+  const uint64_t valid = kt.nk == 64 ? ~uint64_t{0} : (uint64_t{1} << kt.nk) - 1;
+  for (int m = 0; m < MR && Words; ++m) {
+    w[m] = (words ? words[rr0 + m] : ~uint64_t{0}) & valid;
+    if (w[m]) ja = std::min(ja, std::countr_zero(w[m])), jb = std::max(jb, 64 - std::countl_zero(w[m]));
+    full = full && w[m] == ~uint64_t{0};
+  }
+  for (int m = 0; m < MR && !Words; ++m) {
     const Interval& iv = s.iv[rr0 + m];
     lo[m] = static_cast<int>(std::clamp<int64_t>(iv.lo - kt.j0, 0, kt.nk));
     hi[m] = static_cast<int>(std::clamp<int64_t>(iv.hi - kt.j0, 0, kt.nk));
@@ -73,6 +97,9 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
     float* prow = s.p + m * kTileKeys;
     Batch vmax(kNegInf);
     if (full) {
+      for (int v = 0; v < kTileVecs; ++v) vmax = max(vmax, Batch::load_aligned(prow + v * kLanes));
+    } else if constexpr (Words) {
+      for (uint64_t z = ~w[m]; z; z &= z - 1) prow[std::countr_zero(z)] = kNegInf;  // holes only
       for (int v = 0; v < kTileVecs; ++v) vmax = max(vmax, Batch::load_aligned(prow + v * kLanes));
     } else {
       const Batch lo_b(static_cast<float>(lo[m])), hi_b(static_cast<float>(hi[m]));
@@ -116,6 +143,24 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
     pv_rows<MR>(s.p, kTileKeys, kt.v, kt.ldv, o, t.dim_pad, a, 0, kt.nk, t.dim, step);
     return;
   }
+  if constexpr (Words) {
+    // The keys every row sees through the MR-row kernel (run by run; the rescale rides on the
+    // first call), each row's other keys one row at a time.
+    uint64_t common = ~uint64_t{0};
+    for (int m = 0; m < MR; ++m) common &= w[m];
+    const float* first = a;
+    for_runs(common, [&](int x, int y) {
+      pv_rows<MR>(s.p, kTileKeys, kt.v, kt.ldv, o, t.dim_pad, first, x, y, t.dim);
+      first = nullptr;
+    });
+    if (first) pv_rows<MR>(s.p, kTileKeys, kt.v, kt.ldv, o, t.dim_pad, first, 0, 0, t.dim);
+    for (int m = 0; m < MR; ++m) {
+      for_runs(w[m] & ~common, [&](int x, int y) {
+        pv_rows<1>(s.p + m * kTileKeys, kTileKeys, kt.v, kt.ldv, o + m * t.dim_pad, t.dim_pad, nullptr, x, y, t.dim);
+      });
+    }
+    return;
+  }
   // Common visible range through the MR-row kernel, each row's ragged ends one row at a time.
   int ca = 0, cb = kt.nk;
   for (int m = 0; m < MR; ++m) ca = std::max(ca, lo[m]), cb = std::min(cb, hi[m]);
@@ -133,16 +178,17 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
   }
 }
 
-template <bool Direct, class Step, class E>
-void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile<E>& kt, Step& step) {
+template <bool Direct, bool Words, class Step, class E>
+void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile<E>& kt,
+                       const uint64_t* words, Step& step) {
   static_assert(kPanelRows <= 6, "dispatch below covers panels of 1..6 rows");
   switch (mr) {
-    case 1: process_panel<1, Direct>(t, s, rr0, kt, step); break;
-    case 2: process_panel<2, Direct>(t, s, rr0, kt, step); break;
-    case 3: process_panel<3, Direct>(t, s, rr0, kt, step); break;
-    case 4: process_panel<4, Direct>(t, s, rr0, kt, step); break;
-    case 5: process_panel<5, Direct>(t, s, rr0, kt, step); break;
-    case 6: process_panel<6, Direct>(t, s, rr0, kt, step); break;
+    case 1: process_panel<1, Direct, Words>(t, s, rr0, kt, words, step); break;
+    case 2: process_panel<2, Direct, Words>(t, s, rr0, kt, words, step); break;
+    case 3: process_panel<3, Direct, Words>(t, s, rr0, kt, words, step); break;
+    case 4: process_panel<4, Direct, Words>(t, s, rr0, kt, words, step); break;
+    case 5: process_panel<5, Direct, Words>(t, s, rr0, kt, words, step); break;
+    case 6: process_panel<6, Direct, Words>(t, s, rr0, kt, words, step); break;
   }
 }
 
@@ -167,9 +213,17 @@ void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, cons
   }
 }
 
-template <class E>
+// One key tile of a task's sequence: its first key, its keys, and the rows' words (Words only).
+struct TileRef {
+  int64_t j0 = 0;
+  int nk = 0;
+  const uint64_t* words = nullptr;
+};
+
+// Tiles at(0) .. at(n - 1) of a task, in that order.
+template <bool Words, class E, class At>
 void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
-                  int64_t rows, Interval span) {
+                  int64_t rows, int64_t n, const At& at) {
   const int64_t d = t.dim;
   const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
   // Next-tile prefetching. Many rows (prefill): the next tile's K and V rows a slice per
@@ -181,26 +235,26 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
   // A direct task (Tiling::direct, so rows <= kStreamRows) scores straight from the K rows
   // (score_rows: no K^T packing); a flash task's short last query tile streams but packs.
   const bool stream = rows <= kStreamRows;
-  for (int64_t j0 = span.lo; j0 < span.hi; j0 += kTileKeys) {
-    const KeyTile<E> kt{j0, static_cast<int>(std::min<int64_t>(kTileKeys, span.hi - j0)),
-                        in.k.row(b, hk, j0), in.k.stride_s, in.v.row(b, hk, j0), in.v.stride_s};
-    if (stream && j0 == span.lo) {
+  for (int64_t x = 0; x < n; ++x) {
+    const TileRef tile = at(x);
+    const int64_t j0 = tile.j0;
+    const KeyTile<E> kt{j0, tile.nk, in.k.row(b, hk, j0), in.k.stride_s, in.v.row(b, hk, j0), in.v.stride_s};
+    if (stream && x == 0) {
       touch_rows(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d);
       touch_rows(in.v.row(b, hk, j0), in.v.stride_s, kt.nk, d);
     }
     if (!s.qr) pack_k_transposed(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d, s.kt);
-    const int64_t jn = j0 + kTileKeys;
-    const int64_t nn = std::min<int64_t>(kTileKeys, span.hi - jn);
+    const TileRef next = x + 1 < n ? at(x + 1) : TileRef{};
+    const int64_t jn = next.j0, nn = next.nk;
     if (stream) {
-      LineStream next(nn > 0 ? in.k.row(b, hk, jn) : nullptr, in.k.stride_s,
-                      nn > 0 ? in.v.row(b, hk, jn) : nullptr, in.v.stride_s,
-                      static_cast<int>(std::max<int64_t>(nn, 0)), d);
+      LineStream ahead(nn > 0 ? in.k.row(b, hk, jn) : nullptr, in.k.stride_s,
+                       nn > 0 ? in.v.row(b, hk, jn) : nullptr, in.v.stride_s, static_cast<int>(nn), d);
       for (int64_t rr0 = 0; rr0 < rows; rr0 += kPanelRows) {
         const int mr = static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0));
         if (s.qr) {
-          process_panel_any<true>(mr, t, s, rr0, kt, next);
+          process_panel_any<true, Words>(mr, t, s, rr0, kt, tile.words, ahead);
         } else {
-          process_panel_any<false>(mr, t, s, rr0, kt, next);
+          process_panel_any<false, Words>(mr, t, s, rr0, kt, tile.words, ahead);
         }
       }
       continue;
@@ -213,7 +267,8 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
         prefetch_rows(in.v.row(b, hk, jn), in.v.stride_s, r0, r1, d);
       }
       const int64_t rr0 = pi * kPanelRows;
-      process_panel_any<false>(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, s, rr0, kt, none);
+      process_panel_any<false, Words>(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, s, rr0, kt,
+                                      tile.words, none);
     }
   }
 }
@@ -292,7 +347,30 @@ void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scra
     span.lo = std::min(span.lo, s.iv[rr].lo), span.hi = std::max(span.hi, s.iv[rr].hi);
   }
   span.lo = std::max(span.lo, keys.lo), span.hi = std::min(span.hi, keys.hi);
-  visit_inputs(in, [&](const auto& typed) { attend_tiles(typed, t, s, b, hk, rows, span); });
+  if (span.empty()) return;
+  const int64_t n = (span.size() + kTileKeys - 1) / kTileKeys;
+  const auto at = [&span](int64_t x) {
+    const int64_t j0 = span.lo + x * kTileKeys;
+    return TileRef{j0, static_cast<int>(std::min<int64_t>(kTileKeys, span.hi - j0)), nullptr};
+  };
+  visit_inputs(in, [&](const auto& typed) { attend_tiles<false>(typed, t, s, b, hk, rows, n, at); });
+}
+
+void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, const BlockMap& map,
+                   int64_t b, int64_t hk, int64_t i0, int64_t rows) {
+  // The block map decides which rows are fully masked (begin_rows set the interval part only).
+  const int64_t v = map.variant(b, hk), lk = p.kv_len_of(b);
+  const uint8_t* empty = map.row_empty.data() + (v * p.q_len + i0) * t.group;
+  for (int64_t rr = 0; rr < rows; ++rr) s.iv[rr] = empty[rr] ? Interval{0, 0} : Interval{0, lk};
+  const int64_t qt = i0 / map.br;
+  const BlockMap::Entry* e = map.entries.data() + map.start[v * map.query_tiles + qt];
+  const int64_t n = map.start[v * map.query_tiles + qt + 1] - map.start[v * map.query_tiles + qt];
+  const auto at = [&](int64_t x) {
+    const int64_t j0 = e[x].key_tile * kTileKeys;
+    return TileRef{j0, static_cast<int>(std::min<int64_t>(kTileKeys, lk - j0)),
+                   e[x].words < 0 ? nullptr : map.bits.data() + e[x].words};
+  };
+  visit_inputs(in, [&](const auto& typed) { attend_tiles<true>(typed, t, s, b, hk, rows, n, at); });
 }
 
 float row_sum(const Scratch& s, int64_t rr) { return reduce_sum(Batch::load_aligned(s.l + rr * kLanes)); }

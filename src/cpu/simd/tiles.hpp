@@ -16,6 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "attnlab/kernel.hpp"
+#include "attnlab/pattern.hpp"
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
 
@@ -57,6 +59,17 @@ int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Sc
                    int64_t hk, int64_t i0, int64_t nr);
 void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
                  int64_t hk, int64_t rows, Interval keys);
+// A sparse pattern's attend_keys: the key tiles of the block map's entries for the query tile at
+// row i0 (a multiple of map.br == t.br), each masked by its per-row words; also marks the rows
+// the map finds fully masked.
+void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, const BlockMap& map,
+                   int64_t b, int64_t hk, int64_t i0, int64_t rows);
+// The block map as a kernel's per-problem plan (Kernel::make_plan).
+struct BlockPlan final : Plan {
+  BlockMap map;
+  explicit BlockPlan(BlockMap m) : map(std::move(m)) {}
+  size_t bytes() const override { return map.bytes(); }
+};
 // l of row rr (the sum of its lane partial sums).
 float row_sum(const Scratch& s, int64_t rr);
 void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Scratch& s, int64_t b,

@@ -1,0 +1,125 @@
+// Sparse attention patterns: masks that are more than one interval of keys per row.
+//
+// The rule, in ONE place (Pattern::visible; the interval rule of interval.hpp is its special
+// case and stays the fast path). With Lk = kv length of batch b and pos(i) = i + off the query
+// row's position on the key axis (off = Lk - Lq, or 0 for top-left causal: the alignment of
+// interval.hpp), query row i of (b, h) sees key j when ALL of
+//   j < Lk;  causal: j <= pos(i);  documents: doc(i) == doc(j);  mask file: mask[b, h, i, j]
+// and ANY of
+//   the window: pos - left <= j <= pos + right (a -1 bound is unbounded) and, with dilation D,
+//     (pos - j) a multiple of D;  every key when neither a window nor a dilation is given
+//     (then the ANY terms below add nothing, so they need one);
+//   a sink: j < sinks;
+//   a global column: j is a global position;  a global row: pos(i) is a global position;
+//   a BigBird random block: key block j / B is one of the R blocks drawn for query block pos / B.
+// Documents partition the row and key indices alike (q_len == kv_len == sum of doc_lens).
+// A row with no visible key is fully masked: O = 0, LSE = -inf.
+//
+// Kernels that skip work use the block classification below (FlexAttention's BlockMask): per
+// tile of rows x 64 keys, empty (skipped), full (no masking arithmetic) or partial (one 64-bit
+// word of visible keys per row). It is built once per problem, outside the timed region.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attnlab/interval.hpp"
+
+namespace attnlab {
+
+struct Problem;
+
+// A boolean mask read from a file (True = attend, PyTorch's bool attn_mask), broadcast over
+// batch and heads when those dimensions are 1.
+struct BoolMask {
+  int64_t batch = 1, heads = 1, q_len = 0, kv_len = 0;
+  std::vector<uint8_t> data;  // batch x heads x q_len x kv_len, 0 or 1
+  std::string source;         // the file it came from (for messages)
+  bool at(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    const int64_t bb = batch == 1 ? 0 : b, hh = heads == 1 ? 0 : h;
+    return data[static_cast<size_t>(((bb * heads + hh) * q_len + i) * kv_len + j)] != 0;
+  }
+};
+
+// BigBird's random blocks: R key blocks of B keys per query block of B positions, drawn with
+// bigbird_pick() (splitmix64 of the seed, the query block and the draw; scripts/numpy_attention.py
+// draws the same ones).
+struct BigBird {
+  int64_t block = 0;   // B; 0 = off
+  int64_t random = 0;  // R (at most the number of key blocks)
+  int64_t seed = 0;
+  bool on() const { return block > 0 && random > 0; }
+};
+
+// The R (or fewer, when there are fewer key blocks) distinct key blocks of query block qb.
+std::vector<int64_t> bigbird_pick(const BigBird& bb, int64_t qb, int64_t key_blocks);
+
+// The rule of the header comment with its lookup tables (documents, global positions, BigBird
+// draws), built once per problem; visible() is then O(1).
+class Pattern {
+ public:
+  explicit Pattern(const Problem& p);
+  bool visible(int64_t b, int64_t h, int64_t i, int64_t j) const;
+  // Keys outside hull(b, i) are never visible to row i (a cheap bound for row-wise loops).
+  Interval hull(int64_t b, int64_t i) const;
+  // The keys row i of (b, h) sees, ascending, into `out` (replaced).
+  void keys(int64_t b, int64_t h, int64_t i, std::vector<int64_t>& out) const;
+  // Key j's document, or 0 without documents.
+  int64_t doc(int64_t j) const { return doc_.empty() ? 0 : doc_[static_cast<size_t>(j)]; }
+
+  enum class Block { Empty, Full, Partial };
+  // Rows [i0, i1) x keys [j0, j1) of (b, h): Empty or Full only when that is certain for every
+  // pair (the keys clipped to Lk), Partial otherwise (decided per element by visible()).
+  Block classify(int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t j0, int64_t j1) const;
+
+ private:
+  const Problem& p_;
+  bool bounded_ = false;            // a window or a dilation: the ANY terms matter
+  std::vector<int32_t> doc_;        // document of each index (documents only)
+  std::vector<int64_t> doc_start_;  // first index of each document, then q_len
+  std::vector<uint8_t> global_;     // per key position (globals only)
+  std::vector<int64_t> global_prefix_;  // globals among positions < x
+  int64_t query_blocks_ = 0, key_blocks_ = 0;
+  std::vector<int64_t> picks_;      // R' sorted key blocks per query block (BigBird only)
+  int64_t picks_per_ = 0;
+  int64_t off(int64_t b) const;
+  int64_t globals_in(int64_t lo, int64_t hi) const;  // global positions in [lo, hi)
+  bool picked(int64_t qb, int64_t kb) const;
+};
+
+// What a pattern costs, counted once per problem (cached): the FLOP count and the compulsory
+// K/V reads of Problem use it.
+struct PatternCount {
+  int64_t pairs = 0;         // visible (b, h, i, j) pairs
+  double kv_keys = 0;        // sum over (b, kv head) of the keys any of its rows sees
+};
+PatternCount count_pattern(const Problem& p);
+
+// The block classification of a tile kernel whose tasks are (b, kv head, query tile of `br`
+// rows starting at multiples of br), rows interleaved rr = r * G + g (src/cpu/flash.cpp), key
+// tiles of kBlockKeys keys at multiples of kBlockKeys.
+struct BlockMap {
+  static constexpr int64_t kBlockKeys = 64;
+  int64_t br = 0, group = 1, query_tiles = 0;
+  int64_t variants_b = 1, variants_h = 1;  // the map differs per batch / per kv head only when
+                                           // kv_lens or the mask file make it so
+  struct Entry {
+    int64_t key_tile;  // keys [key_tile * 64, +64)
+    int64_t words;     // -1: every row sees every key of the tile; else the offset of its
+                       // R = G * br words (bit k: key key_tile * 64 + k) in `bits`
+  };
+  std::vector<int64_t> start;   // entries of (variant, query tile) t: [start[t], start[t + 1])
+  std::vector<Entry> entries;
+  std::vector<uint64_t> bits;
+  std::vector<uint8_t> row_empty;  // per (variant, query row, g): no visible key at all
+
+  int64_t variant(int64_t b, int64_t hk) const {
+    return (variants_b == 1 ? 0 : b) * variants_h + (variants_h == 1 ? 0 : hk);
+  }
+  size_t bytes() const;
+};
+BlockMap build_block_map(const Problem& p, int64_t br);
+
+}  // namespace attnlab

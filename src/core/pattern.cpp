@@ -1,0 +1,318 @@
+// Sparse patterns (include/attnlab/pattern.hpp): the element rule, the block classification,
+// the cached pair count and the block map of the tile kernels.
+#include "attnlab/pattern.hpp"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "attnlab/problem.hpp"
+
+namespace attnlab {
+namespace {
+
+uint64_t mix64(uint64_t x) {  // splitmix64
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+using Block = Pattern::Block;
+
+// ANY of the terms: full if one is full, empty if all are.
+Block any_of(Block a, Block b) {
+  if (a == Block::Full || b == Block::Full) return Block::Full;
+  return a == Block::Partial || b == Block::Partial ? Block::Partial : Block::Empty;
+}
+
+// `n` of `total` members of a range are in a set: the range's block status for that term.
+Block share(int64_t n, int64_t total) {
+  return n == 0 ? Block::Empty : (n == total ? Block::Full : Block::Partial);
+}
+
+}  // namespace
+
+std::vector<int64_t> bigbird_pick(const BigBird& bb, int64_t qb, int64_t key_blocks) {
+  std::vector<int64_t> out;
+  if (!bb.on() || key_blocks < 1) return out;
+  const int64_t n = std::min(bb.random, key_blocks);
+  const uint64_t base = mix64(static_cast<uint64_t>(bb.seed) + static_cast<uint64_t>(qb));
+  for (int64_t r = 0; r < n; ++r) {
+    auto kb = static_cast<int64_t>(mix64(base + static_cast<uint64_t>(r)) % static_cast<uint64_t>(key_blocks));
+    while (std::find(out.begin(), out.end(), kb) != out.end()) kb = (kb + 1) % key_blocks;  // distinct
+    out.push_back(kb);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Pattern::Pattern(const Problem& p) : p_(p) {
+  bounded_ = p.window_left >= 0 || p.window_right >= 0 || p.dilation > 1;
+  if (!p.doc_lens.empty()) {
+    doc_.resize(static_cast<size_t>(p.kv_len));
+    int64_t at = 0;
+    for (size_t d = 0; d < p.doc_lens.size(); ++d) {
+      doc_start_.push_back(at);
+      std::fill_n(doc_.begin() + at, p.doc_lens[d], static_cast<int32_t>(d));
+      at += p.doc_lens[d];
+    }
+    doc_start_.push_back(at);
+  }
+  if (!p.globals.empty()) {
+    global_.assign(static_cast<size_t>(p.kv_len), 0);
+    for (int64_t g : p.globals) global_[static_cast<size_t>(g)] = 1;
+    global_prefix_.assign(static_cast<size_t>(p.kv_len) + 1, 0);
+    for (int64_t x = 0; x < p.kv_len; ++x) global_prefix_[x + 1] = global_prefix_[x] + global_[x];
+  }
+  if (p.bigbird.on()) {
+    const int64_t B = p.bigbird.block;
+    key_blocks_ = (p.kv_len + B - 1) / B;
+    query_blocks_ = (std::max(p.q_len, p.kv_len) + B - 1) / B;  // positions < max(q_len, kv_len)
+    picks_per_ = std::min(p.bigbird.random, key_blocks_);
+    picks_.reserve(static_cast<size_t>(query_blocks_ * picks_per_));
+    for (int64_t qb = 0; qb < query_blocks_; ++qb) {
+      const auto v = bigbird_pick(p.bigbird, qb, key_blocks_);
+      picks_.insert(picks_.end(), v.begin(), v.end());
+    }
+  }
+}
+
+int64_t Pattern::off(int64_t b) const {
+  return p_.causal == CausalAlign::TopLeft ? 0 : p_.kv_len_of(b) - p_.q_len;
+}
+
+int64_t Pattern::globals_in(int64_t lo, int64_t hi) const {
+  lo = std::clamp<int64_t>(lo, 0, p_.kv_len), hi = std::clamp<int64_t>(hi, 0, p_.kv_len);
+  return hi > lo ? global_prefix_[hi] - global_prefix_[lo] : 0;
+}
+
+bool Pattern::picked(int64_t qb, int64_t kb) const {
+  if (qb < 0 || qb >= query_blocks_) return false;
+  const auto first = picks_.begin() + qb * picks_per_;
+  return std::binary_search(first, first + picks_per_, kb);
+}
+
+bool Pattern::visible(int64_t b, int64_t h, int64_t i, int64_t j) const {
+  if (j < 0 || j >= p_.kv_len_of(b)) return false;
+  const int64_t pos = i + off(b);
+  // ALL of:
+  if (p_.causal != CausalAlign::None && j > pos) return false;
+  if (!doc_.empty() && doc_[i] != doc_[j]) return false;
+  if (p_.mask && !p_.mask->at(b, h, i, j)) return false;
+  if (!bounded_) return true;
+  // ANY of: (distances compared, never bounds summed: any bound up to INT64_MAX is safe)
+  const int64_t dist = pos - j;  // > 0: a key before the diagonal
+  if ((p_.window_left < 0 || dist <= p_.window_left) && (p_.window_right < 0 || -dist <= p_.window_right) &&
+      dist % p_.dilation == 0) {
+    return true;
+  }
+  if (j < p_.sinks) return true;
+  if (!global_.empty() && (global_[j] || (pos >= 0 && pos < p_.kv_len && global_[pos]))) return true;
+  return !picks_.empty() && pos >= 0 && picked(pos / p_.bigbird.block, j / p_.bigbird.block);
+}
+
+Interval Pattern::hull(int64_t b, int64_t i) const {
+  Interval iv{0, p_.kv_len_of(b)};
+  if (p_.causal != CausalAlign::None) iv.hi = std::clamp<int64_t>(i + off(b) + 1, 0, iv.hi);
+  if (!doc_.empty()) {
+    iv.lo = std::max(iv.lo, doc_start_[doc_[i]]);
+    iv.hi = std::min(iv.hi, doc_start_[doc_[i] + 1]);
+  }
+  if (iv.lo > iv.hi) iv.lo = iv.hi;
+  return iv;
+}
+
+void Pattern::keys(int64_t b, int64_t h, int64_t i, std::vector<int64_t>& out) const {
+  out.clear();
+  const Interval iv = hull(b, i);
+  for (int64_t j = iv.lo; j < iv.hi; ++j) {
+    if (visible(b, h, i, j)) out.push_back(j);
+  }
+}
+
+Block Pattern::classify(int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+  (void)h;  // a mask file makes every nonempty block partial: its elements decide
+  j1 = std::min(j1, p_.kv_len_of(b));
+  if (i0 >= i1 || j0 >= j1) return Block::Empty;
+  const int64_t o = off(b), p0 = i0 + o, p1 = i1 - 1 + o, k1 = j1 - 1;  // first/last position, key
+  // ALL of: any empty term empties the block; all full terms keep it full.
+  bool all_full = !p_.mask;
+  if (p_.causal != CausalAlign::None) {
+    if (j0 > p1) return Block::Empty;
+    all_full = all_full && k1 <= p0;
+  }
+  if (!doc_.empty()) {
+    const int32_t ra = doc_[i0], rz = doc_[i1 - 1], ka = doc_[j0], kz = doc_[k1];
+    if (rz < ka || kz < ra) return Block::Empty;
+    all_full = all_full && ra == rz && ka == kz && ra == ka;
+  }
+  if (!bounded_) return all_full ? Block::Full : Block::Partial;
+
+  // ANY of: the window band (distance pos - j in [p0 - k1, p1 - j0]), ...
+  const int64_t L = p_.window_left, R = p_.window_right;
+  Block any;
+  if ((L >= 0 && p0 - k1 > L) || (R >= 0 && j0 - p1 > R)) {
+    any = Block::Empty;
+  } else if ((L < 0 || p1 - j0 <= L) && (R < 0 || k1 - p0 <= R) && p_.dilation == 1) {
+    any = Block::Full;
+  } else {
+    any = Block::Partial;
+  }
+  // ... sinks, global columns and rows, BigBird's picked blocks.
+  if (p_.sinks > 0) any = any_of(any, share(std::max<int64_t>(0, std::min(j1, p_.sinks) - j0), j1 - j0));
+  if (!global_.empty()) {
+    any = any_of(any, share(globals_in(j0, j1), j1 - j0));
+    any = any_of(any, share(globals_in(p0, p1 + 1), p1 - p0 + 1));
+  }
+  if (!picks_.empty() && p1 >= 0) {
+    const int64_t B = p_.bigbird.block;
+    const int64_t qa = std::max<int64_t>(p0, 0) / B, qz = std::min(p1 / B, query_blocks_ - 1);
+    const int64_t ka = j0 / B, kz = k1 / B;
+    for (int64_t qb = qa; qb <= qz; ++qb) {
+      const auto first = picks_.begin() + qb * picks_per_, last = first + picks_per_;
+      const int64_t n = std::upper_bound(first, last, kz) - std::lower_bound(first, last, ka);
+      // Full only when one query block holds every row and its picks cover every key.
+      const bool whole = qa == qz && p0 >= 0 && n == kz - ka + 1;
+      any = any_of(any, n == 0 ? Block::Empty : (whole ? Block::Full : Block::Partial));
+    }
+  }
+  if (any == Block::Empty) return Block::Empty;
+  return any == Block::Full && all_full ? Block::Full : Block::Partial;
+}
+
+namespace {
+
+// Which (b, q head) pairs have maps of their own, and how many pairs each stands for.
+struct Variants {
+  int64_t nb = 1, nh = 1, weight_b = 1, weight_h = 1;
+  explicit Variants(const Problem& p, int64_t heads) {
+    nb = !p.kv_lens.empty() || (p.mask && p.mask->batch > 1) ? p.batch : 1;
+    nh = p.mask && p.mask->heads > 1 ? heads : 1;
+    weight_b = p.batch / nb, weight_h = heads / nh;
+  }
+};
+
+PatternCount count_uncached(const Problem& p) {
+  const Pattern pat(p);
+  const Variants v(p, p.q_heads);
+  constexpr int64_t kB = 64;
+  PatternCount c;
+  std::vector<uint8_t> used(static_cast<size_t>(p.kv_len));
+  for (int64_t b = 0; b < v.nb; ++b) {
+    const int64_t lk = p.kv_len_of(b);
+    int64_t keys_of_group = 0;
+    std::fill(used.begin(), used.end(), 0);
+    for (int64_t h = 0; h < v.nh; ++h) {
+      for (int64_t i0 = 0; i0 < p.q_len; i0 += kB) {
+        const int64_t i1 = std::min(i0 + kB, p.q_len);
+        for (int64_t j0 = 0; j0 < lk; j0 += kB) {
+          const int64_t j1 = std::min(j0 + kB, lk);
+          const Block k = pat.classify(b, h, i0, i1, j0, j1);
+          if (k == Block::Full) {
+            c.pairs += (i1 - i0) * (j1 - j0) * v.weight_b * v.weight_h;
+            std::fill(used.begin() + j0, used.begin() + j1, 1);
+          } else if (k == Block::Partial) {
+            for (int64_t i = i0; i < i1; ++i)
+              for (int64_t j = j0; j < j1; ++j)
+                if (pat.visible(b, h, i, j)) {
+                  c.pairs += v.weight_b * v.weight_h;
+                  used[j] = 1;
+                }
+          }
+        }
+      }
+      // The keys a kv head reads: the union over its query heads (one map per q head only
+      // with a per-head mask file; then G consecutive heads share a kv head).
+      const int64_t group = p.q_heads / p.kv_heads;
+      if (v.nh == 1 || (h + 1) % group == 0) {
+        const int64_t n = std::count(used.begin(), used.end(), 1);
+        keys_of_group += n * (v.nh == 1 ? p.kv_heads : 1);
+        std::fill(used.begin(), used.end(), 0);
+      }
+    }
+    c.kv_keys += static_cast<double>(keys_of_group) * static_cast<double>(v.weight_b);
+  }
+  return c;
+}
+
+}  // namespace
+
+PatternCount count_pattern(const Problem& p) {
+  // Counting is O(blocks + elements of partial blocks): cached, since FLOP and byte counts are
+  // asked for many times per point.
+  static std::mutex mu;
+  static std::map<std::string, PatternCount> cache;
+  const std::string key = p.describe() + "#" + std::to_string(reinterpret_cast<uintptr_t>(p.mask.get()));
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  const PatternCount c = count_uncached(p);
+  const std::lock_guard<std::mutex> lock(mu);
+  if (cache.size() > 256) cache.clear();
+  cache.emplace(key, c);
+  return c;
+}
+
+size_t BlockMap::bytes() const {
+  return start.size() * sizeof(int64_t) + entries.size() * sizeof(Entry) + bits.size() * sizeof(uint64_t) +
+         row_empty.size();
+}
+
+BlockMap build_block_map(const Problem& p, int64_t br) {
+  const Pattern pat(p);
+  BlockMap m;
+  const int64_t G = p.group();
+  m.br = br, m.group = G, m.query_tiles = (p.q_len + br - 1) / br;
+  const Variants v(p, p.kv_heads);  // per kv head: a task covers its G query heads
+  m.variants_b = v.nb, m.variants_h = v.nh;
+  const int64_t R = G * br, kB = BlockMap::kBlockKeys;
+  m.row_empty.assign(static_cast<size_t>(v.nb * v.nh * p.q_len * G), 1);
+  m.start.push_back(0);
+  for (int64_t b = 0; b < v.nb; ++b) {
+    const int64_t lk = p.kv_len_of(b);
+    for (int64_t hk = 0; hk < v.nh; ++hk) {
+      uint8_t* empty = m.row_empty.data() + (b * v.nh + hk) * p.q_len * G;
+      for (int64_t qt = 0; qt < m.query_tiles; ++qt) {
+        const int64_t i0 = qt * br, i1 = std::min(i0 + br, p.q_len);
+        for (int64_t j0 = 0; j0 < lk; j0 += kB) {
+          const int64_t j1 = std::min(j0 + kB, lk);
+          Block k = pat.classify(b, hk * G, i0, i1, j0, j1);
+          for (int64_t g = 1; g < G && v.nh > 1; ++g) {  // per-head masks: all heads of the group
+            const Block kg = pat.classify(b, hk * G + g, i0, i1, j0, j1);
+            if (kg != k) k = Block::Partial;
+          }
+          if (k == Block::Empty) continue;
+          if (k == Block::Full) {
+            m.entries.push_back({j0 / kB, -1});
+            std::fill(empty + i0 * G, empty + i1 * G, 0);
+            continue;
+          }
+          const auto at = static_cast<int64_t>(m.bits.size());
+          m.bits.resize(m.bits.size() + static_cast<size_t>(R), 0);
+          bool any = false;
+          for (int64_t r = 0; r < i1 - i0; ++r) {
+            for (int64_t g = 0; g < G; ++g) {
+              uint64_t w = 0;
+              for (int64_t j = j0; j < j1; ++j) {
+                if (pat.visible(b, hk * G + g, i0 + r, j)) w |= uint64_t{1} << (j - j0);
+              }
+              m.bits[at + r * G + g] = w;
+              if (w) any = true, empty[(i0 + r) * G + g] = 0;
+            }
+          }
+          if (any) {
+            m.entries.push_back({j0 / kB, at});
+          } else {
+            m.bits.resize(static_cast<size_t>(at));
+          }
+        }
+        m.start.push_back(static_cast<int64_t>(m.entries.size()));
+      }
+    }
+  }
+  return m;
+}
+
+}  // namespace attnlab
