@@ -92,6 +92,8 @@ std::string kernel_names();  // "naive, blocked, ..."
 // The targets kernel `name` is built for (one entry, its isa(), for single-build kernels).
 std::vector<std::string> kernel_isas(std::string_view name);
 
+// supports(), and for a sparse problem runs_patterns() first: the kernel-side half of can_run.
+Support supports_problem(const Kernel& kernel, const Problem& problem);
 // Whether the memory a run of `kernel` on the (valid) problem needs -- its workspace for
 // `threads` threads plus the problem's Q, K, V, O and LSE -- fits the memory budget
 // (limits.hpp); the reason names the bytes and the budget when not.

@@ -21,6 +21,7 @@ std::string mask_name(const Problem& p) {
     m += (m.empty() ? "" : "_");
     m += "window_" + bound(p.window_left) + "_" + bound(p.window_right);
   }
+  if (p.sparse()) m += (m.empty() ? "" : "_") + p.pattern_name();
   return m.empty() ? "none" : m;
 }
 

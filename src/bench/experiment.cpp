@@ -24,7 +24,8 @@ constexpr int64_t kMaxListLength = 4096;    // values of one key (after expandin
 // Keys of one grid (allowed at the top level and inside "grids" entries).
 const std::vector<std::string> kGridKeys = {"implementations", "batch", "q_heads", "kv_heads", "gqa_groups",
                                             "q_len", "kv_len", "head_dim", "d_model", "causal", "window",
-                                            "layout", "dtype", "threads", "isa"};
+                                            "layout", "dtype", "threads", "isa", "sinks", "global",
+                                            "doc_lens", "dilation", "bigbird"};
 // Keys allowed only at the top level.
 const std::vector<std::string> kRunKeys = {"description", "repetitions", "min_time_s", "time_cap_s",
                                            "memory_budget_mib", "verify_rows", "seed", "grids"};
@@ -152,6 +153,46 @@ std::vector<Window> parse_window(const Where& w, const Json& v) {
     return out;
   }
   return {one(v)};
+}
+
+int64_t parse_one_int(const Where& w, const std::string& key, const Json& v, int64_t min_value, const std::string& allowed) {
+  if (!is_int(v) || v.get<int64_t>() < min_value) w.bad(key, v, allowed);
+  return v.get<int64_t>();
+}
+
+// A list of integers >= min_value, or {"<form>": n} with n >= 1.
+void parse_list_or_form(const Where& w, const std::string& key, const Json& v, const char* form, int64_t min_value,
+                        std::vector<int64_t>& list, int64_t& n, const std::string& allowed) {
+  if (v.is_object() && v.size() == 1 && v.contains(form)) {
+    n = parse_one_int(w, key, v[form], 1, allowed);
+    return;
+  }
+  if (!v.is_array() || v.empty()) w.bad(key, v, allowed);
+  check_list_length(w, key, v, v.size());
+  for (const auto& x : v) list.push_back(parse_one_int(w, key, x, min_value, allowed));
+}
+
+PatternKeys parse_pattern(const Where& w, const Json& doc) {
+  PatternKeys k;
+  if (doc.contains("sinks")) k.sinks = parse_one_int(w, "sinks", doc["sinks"], 0, "an integer >= 0 (keys j < N)");
+  if (doc.contains("dilation")) k.dilation = parse_one_int(w, "dilation", doc["dilation"], 1, "an integer >= 1");
+  if (doc.contains("global")) {
+    parse_list_or_form(w, "global", doc["global"], "spread", 0, k.globals, k.global_spread,
+                       "a list of positions >= 0, or {\"spread\": N} (N positions i * kv_len / N)");
+  }
+  if (doc.contains("doc_lens")) {
+    parse_list_or_form(w, "doc_lens", doc["doc_lens"], "mean", 1, k.doc_lens, k.doc_mean,
+                       "a list of lengths >= 1 adding up to q_len = kv_len, or {\"mean\": M} (lengths M/2, "
+                       "3M/2, M repeating, the last cut to fit)");
+  }
+  if (doc.contains("bigbird")) {
+    const Json& v = doc["bigbird"];
+    const std::string allowed = "[BLOCK, RANDOM, SEED]: integers, BLOCK >= 1, RANDOM >= 0, SEED >= 0";
+    if (!v.is_array() || v.size() != 3) w.bad("bigbird", v, allowed);
+    k.bigbird = BigBird{parse_one_int(w, "bigbird", v[0], 1, allowed), parse_one_int(w, "bigbird", v[1], 0, allowed),
+                        parse_one_int(w, "bigbird", v[2], 0, allowed)};
+  }
+  return k;
 }
 
 std::vector<Layout> parse_layouts(const Where& w, const Json& v) {
@@ -329,6 +370,7 @@ Grid parse_grid(const Where& w, const Json& doc, const std::vector<std::string>&
   g.dtype = parse_dtypes(w, doc.value("dtype", Json("f32")));
   g.threads = parse_threads(w, doc.value("threads", Json("all")));
   if (doc.contains("isa")) g.isa = parse_isa(w, doc["isa"], isas);
+  g.pattern = parse_pattern(w, doc);
 
   return g;
 }
@@ -442,6 +484,26 @@ Experiment load_experiment(const std::string& path, const std::vector<std::strin
   return e;
 }
 
+void PatternKeys::apply(Problem& p) const {
+  p.sinks = sinks;
+  p.dilation = dilation;
+  p.bigbird = bigbird;
+  p.globals = globals;
+  for (int64_t g = 0; g < global_spread; ++g) {
+    const int64_t at = g * p.kv_len / global_spread;
+    if (p.globals.empty() || at > p.globals.back()) p.globals.push_back(at);
+  }
+  p.doc_lens = doc_lens;
+  if (doc_mean > 0) {
+    const int64_t cycle[3] = {std::max<int64_t>(1, doc_mean / 2), doc_mean + doc_mean / 2, doc_mean};
+    for (int64_t at = 0, n = 0; at < p.q_len; ++n) {
+      const int64_t len = std::min(cycle[n % 3], p.q_len - at);
+      p.doc_lens.push_back(len);
+      at += len;
+    }
+  }
+}
+
 std::string GridPoint::id() const { return point_id(kernel, problem, threads, isa); }
 
 std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
@@ -509,6 +571,7 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
                           p.window_right = win.right;
                           p.layout = lay;
                           p.dtype = dt;
+                          gr.pattern.apply(p);
                           try {
                             p.validate();
                           } catch (const InvalidInput& err) {

@@ -62,6 +62,20 @@ struct Window {
 };
 
 // One Cartesian grid.
+// A grid's sparse pattern (pattern.hpp), one per grid (use "grids" for several): the same for
+// every point, with the sizes that depend on the sequence length resolved per point.
+struct PatternKeys {
+  int64_t sinks = 0;
+  std::vector<int64_t> globals;  // positions, or
+  int64_t global_spread = 0;     // {"spread": N}: N positions i * kv_len / N
+  std::vector<int64_t> doc_lens; // lengths, or
+  int64_t doc_mean = 0;          // {"mean": M}: lengths M/2, 3M/2, M, ... (repeating), the last cut to fit
+  int64_t dilation = 1;
+  BigBird bigbird;
+  // Sets the pattern fields of p (its lengths already set).
+  void apply(Problem& p) const;
+};
+
 struct Grid {
   std::vector<std::string> implementations;  // kernel names
   std::vector<int64_t> batch, q_heads, kv_heads, gqa_groups, q_len, kv_len, head_dim, d_model;
@@ -73,6 +87,7 @@ struct Grid {
   std::vector<DType> dtype;            // storage of Q, K, V
   std::vector<int> threads;            // 0 = all cores
   std::vector<std::string> isa;        // targets named by "isa", narrowest first; empty = key absent
+  PatternKeys pattern;
 };
 
 // What the "isa" key may name: this build's targets, the ones this CPU runs ("all"), and

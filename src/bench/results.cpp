@@ -31,7 +31,9 @@ Json problem_to_json(const Problem& p) {
           {"kv_len", p.kv_len},     {"head_dim", p.head_dim},
           {"causal", static_cast<int>(p.causal)},
           {"window_left", p.window_left}, {"window_right", p.window_right},
-          {"layout", to_string(p.layout)}, {"dtype", to_string(p.dtype)}};
+          {"layout", to_string(p.layout)}, {"dtype", to_string(p.dtype)},
+          {"sinks", p.sinks}, {"globals", p.globals}, {"doc_lens", p.doc_lens}, {"dilation", p.dilation},
+          {"bigbird", {p.bigbird.block, p.bigbird.random, p.bigbird.seed}}};
 }
 
 Problem problem_from_json(const Json& j) {
@@ -49,6 +51,15 @@ Problem problem_from_json(const Json& j) {
   p.window_right = j.at("window_right").get<int64_t>();
   p.layout = parse_layout(j.at("layout").get<std::string>());
   if (j.contains("dtype")) p.dtype = parse_dtype(j.at("dtype").get<std::string>());  // absent before 16-bit
+  if (j.contains("sinks")) {  // absent before sparse patterns
+    p.sinks = j.at("sinks").get<int64_t>();
+    p.globals = j.at("globals").get<std::vector<int64_t>>();
+    p.doc_lens = j.at("doc_lens").get<std::vector<int64_t>>();
+    p.dilation = j.at("dilation").get<int64_t>();
+    const auto bb = j.at("bigbird").get<std::vector<int64_t>>();
+    if (bb.size() != 3) throw InvalidInput("bigbird: " + std::to_string(bb.size()) + " values; allowed: 3");
+    p.bigbird = BigBird{bb[0], bb[1], bb[2]};
+  }
   return p;
 }
 
@@ -130,6 +141,7 @@ Json PointRecord::to_json() const {
           {"problem", problem_to_json(problem)},
           {"threads", threads},
           {"extra_bytes", extra_bytes},
+          {"plan_bytes", plan_bytes},
           {"memory_bytes", memory_bytes},
           {"times_s", times_json},
           {"iterations", iterations},
@@ -158,6 +170,7 @@ PointRecord PointRecord::from_json(const Json& j) {
     r.problem = problem_from_json(j.at("problem"));
     r.threads = j.at("threads").get<int>();
     r.extra_bytes = j.at("extra_bytes").get<size_t>();
+    r.plan_bytes = j.value("plan_bytes", size_t{0});
     r.memory_bytes = j.at("memory_bytes").get<size_t>();
     for (const Json& t : j.at("times_s")) r.times.push_back(real_from_json(t));
     r.iterations = j.at("iterations").get<int64_t>();
@@ -294,13 +307,22 @@ PointFile died_point(const Json& marker, const PointRecord* base) {
 
 std::vector<std::string> tidy_columns() {
   return {"experiment", "id", "kernel", "isa", "status", "reason", "batch", "q_heads", "kv_heads", "gqa_group",
-          "q_len", "kv_len", "head_dim", "mask", "causal", "window_left", "window_right", "layout",
-          "dtype", "threads", "flops", "bytes", "kv_bytes", "visible_pairs", "extra_bytes", "memory_bytes",
+          "q_len", "kv_len", "head_dim", "mask", "causal", "window_left", "window_right", "pattern", "density", "layout",
+          "dtype", "threads", "flops", "bytes", "kv_bytes", "visible_pairs", "extra_bytes", "plan_bytes", "memory_bytes",
           "repetitions", "iterations", "time_median_s", "time_min_s", "time_max_s", "time_mean_s",
           "time_stddev_s", "time_cv", "gflops", "gbytes_per_s", "peak_gflops", "peak_fraction",
           "read_bw_gbs", "bw_fraction", "verdict", "err_o_rel", "tol_o_rel", "err_lse", "tol_lse",
           "err_o_rel_f32_inputs", "verify_rows", "seconds_spent", "measured_at"};
 }
+
+namespace {
+// Visible pairs over all (b, h, i, j) pairs: what a kernel that pays only for visible pairs
+// saves against the dense problem.
+double density(const Problem& p) {
+  return static_cast<double>(p.visible_pairs()) /
+         (static_cast<double>(p.batch * p.q_heads) * static_cast<double>(p.q_len) * static_cast<double>(p.kv_len));
+}
+}  // namespace
 
 std::string tidy_csv(const std::string& experiment, const std::vector<PointRecord>& records) {
   std::ostringstream out;
@@ -326,8 +348,8 @@ std::string tidy_csv(const std::string& experiment, const std::vector<PointRecor
         std::to_string(p.q_heads), std::to_string(p.kv_heads), std::to_string(p.group()),
         std::to_string(p.q_len), std::to_string(p.kv_len), std::to_string(p.head_dim), mask_name(p),
         std::to_string(static_cast<int>(p.causal)), std::to_string(p.window_left),
-        std::to_string(p.window_right), to_string(p.layout), to_string(p.dtype), std::to_string(r.threads), num(flops),
-        num(bytes), num(p.kv_bytes()), std::to_string(p.visible_pairs()), std::to_string(r.extra_bytes),
+        std::to_string(p.window_right), p.pattern_name(), num(density(p)), to_string(p.layout), to_string(p.dtype), std::to_string(r.threads), num(flops),
+        num(bytes), num(p.kv_bytes()), std::to_string(p.visible_pairs()), std::to_string(r.extra_bytes), std::to_string(r.plan_bytes),
         std::to_string(r.memory_bytes), std::to_string(r.times.size()), std::to_string(r.iterations),
         if_timed(t), if_timed(tmin), if_timed(tmax), if_timed(tmean), if_timed(tsd), if_timed(tsd / tmean),
         if_timed(gflops), if_timed(gbs), r.peak_flops > 0 ? num(r.peak_flops * 1e-9) : "",

@@ -45,6 +45,7 @@ struct PointRecord {
   Problem problem;
   int threads = 1;
   size_t extra_bytes = 0;   // kernel workspace
+  size_t plan_bytes = 0;    // the kernel's per-problem plan (a sparse pattern's block map)
   size_t memory_bytes = 0;  // everything the point allocated
   // timing (status ok): seconds per run, one entry per repetition
   std::vector<double> times;

@@ -297,7 +297,7 @@ struct Runner {
                                 : "kernel has no " + g.isa + " variant in this build");
     }
     if (Support a = k->available(); !a) return skip("unavailable: " + a.reason);
-    if (Support s = k->supports(g.problem); !s) return skip("unsupported: " + s.reason);
+    if (Support s = supports_problem(*k, g.problem); !s) return skip("unsupported: " + s.reason);
     const BenchPoint pt{k, g.problem, g.threads, g.isa};
     r.extra_bytes = k->workspace_bytes(g.problem, g.threads);
     r.memory_bytes = point_memory_bytes(pt, static_cast<size_t>(e.verify_rows));
@@ -358,6 +358,7 @@ struct Runner {
         return skip(buf);
       }
       fixture->session = std::make_unique<Session>(*k, g.problem, g.threads);
+      r.plan_bytes = fixture->session->plan_bytes();
       auto slot = std::make_shared<FixtureSlot>();
       slot->put(std::move(fixture));
       RegisterHooks hooks;

@@ -14,14 +14,12 @@ size_t Kernel::workspace_bytes(const Problem&, int) const { return 0; }
 bool Kernel::runs_patterns() const { return false; }
 std::shared_ptr<const Plan> Kernel::make_plan(const Problem&) const { return nullptr; }
 
-namespace {
-Support supports_with_patterns(const Kernel& kernel, const Problem& problem) {
+Support supports_problem(const Kernel& kernel, const Problem& problem) {
   if (problem.sparse() && !kernel.runs_patterns()) {
     return Support::no("a sparse pattern (naive and flash run them; this kernel takes interval masks only)");
   }
   return kernel.supports(problem);
 }
-}  // namespace
 
 Support fits_memory_budget(const Kernel& kernel, const Problem& problem, int threads) {
   const auto workspace = static_cast<int64_t>(kernel.workspace_bytes(problem, threads));
@@ -34,7 +32,7 @@ Support fits_memory_budget(const Kernel& kernel, const Problem& problem, int thr
 
 Support can_run(const Kernel& kernel, const Problem& problem, int threads) {
   if (Support a = kernel.available(); !a) return a;
-  if (Support s = supports_with_patterns(kernel, problem); !s) return s;
+  if (Support s = supports_problem(kernel, problem); !s) return s;
   return fits_memory_budget(kernel, problem, threads);
 }
 
@@ -53,7 +51,7 @@ Session::Session(const Kernel& kernel, const Problem& problem, int threads)
   if (Support a = kernel.available(); !a) {
     throw InvalidInput(std::string(kernel.name()) + " is not available: " + a.reason);
   }
-  if (Support s = supports_with_patterns(kernel, problem_); !s) {
+  if (Support s = supports_problem(kernel, problem_); !s) {
     throw InvalidInput(std::string(kernel.name()) + " does not support " + problem_.describe() +
                        ": " + s.reason);
   }

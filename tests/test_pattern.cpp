@@ -1,0 +1,438 @@
+// Sparse patterns (include/attnlab/pattern.hpp): the element rule against the interval rule
+// and hand-worked cases, the block map and the pair count against the element rule, every
+// kernel that runs patterns against the float64 reference over patterns x GQA x layouts x
+// kv_lens x dtypes, a pattern against the same pattern as a mask file, planted pattern bugs
+// that the check must catch, special values across tile holes, and bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "attnlab/kernel.hpp"
+#include "attnlab/pattern.hpp"
+#include "attnlab/verify.hpp"
+#include "test_util.hpp"
+
+namespace attnlab {
+namespace {
+
+// Brute force over every element.
+int64_t brute_pairs(const Problem& p) {
+  const Pattern pat(p);
+  int64_t n = 0;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.q_heads; ++h)
+      for (int64_t i = 0; i < p.q_len; ++i)
+        for (int64_t j = 0; j < p.kv_len; ++j) n += pat.visible(b, h, i, j);
+  return n;
+}
+
+// A mask file holding exactly p's pattern (per batch and head), built by the element rule.
+std::shared_ptr<const BoolMask> as_mask(const Problem& p, const std::function<bool(int64_t, int64_t, int64_t, int64_t)>& f) {
+  auto m = std::make_shared<BoolMask>();
+  m->batch = p.batch, m->heads = p.q_heads, m->q_len = p.q_len, m->kv_len = p.kv_len, m->source = "test";
+  m->data.resize(static_cast<size_t>(p.batch * p.q_heads * p.q_len * p.kv_len));
+  size_t x = 0;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.q_heads; ++h)
+      for (int64_t i = 0; i < p.q_len; ++i)
+        for (int64_t j = 0; j < p.kv_len; ++j) m->data[x++] = f(b, h, i, j);
+  return m;
+}
+
+// The same problem with its pattern given only as a mask file (no other sparse term).
+Problem mask_only(const Problem& p, const std::function<bool(int64_t, int64_t, int64_t, int64_t)>& f) {
+  Problem q = p;
+  q.mask = as_mask(p, f);
+  q.sinks = 0, q.globals.clear(), q.doc_lens.clear(), q.dilation = 1, q.bigbird = {};
+  q.causal = CausalAlign::None, q.window_left = q.window_right = -1;
+  return q;
+}
+
+struct Named {
+  std::string name;
+  Problem p;
+};
+
+// Patterns over a shape: every term alone and in the combinations the experiments use.
+std::vector<Named> patterns(int64_t b, int64_t hq, int64_t hkv, int64_t n, int64_t d) {
+  const Problem base = test::shape(b, hq, hkv, n, n, d);
+  std::vector<Named> out;
+  auto add = [&](const std::string& name, const std::function<void(Problem&)>& f) {
+    Problem p = base;
+    f(p);
+    out.push_back({name, p});
+  };
+  add("sinks_window_causal", [](Problem& p) { p.causal = CausalAlign::BottomRight, p.window_left = 20, p.sinks = 4; });
+  add("longformer", [n](Problem& p) { p.window_left = p.window_right = 9, p.globals = {0, 5, n / 2, n - 1}; });
+  add("docs_causal", [n](Problem& p) { p.causal = CausalAlign::BottomRight, p.doc_lens = {n / 3, 1, n - n / 3 - 1}; });
+  add("docs_window_sinks", [n](Problem& p) {
+    p.doc_lens = {n / 2, n - n / 2}, p.window_left = 11, p.window_right = 2, p.sinks = 3;
+  });
+  add("dilated", [](Problem& p) { p.causal = CausalAlign::BottomRight, p.window_left = 70, p.dilation = 3; });
+  add("dilated_both", [](Problem& p) { p.window_left = 33, p.window_right = 33, p.dilation = 4; });
+  add("bigbird", [](Problem& p) {
+    p.window_left = p.window_right = 8, p.globals = {0}, p.bigbird = {16, 2, 5};
+  });
+  add("bigbird_causal_tl", [](Problem& p) {
+    p.causal = CausalAlign::TopLeft, p.window_left = 8, p.bigbird = {7, 3, 1};
+  });
+  add("global_causal_tl", [n](Problem& p) { p.causal = CausalAlign::TopLeft, p.window_left = 6, p.globals = {2, n - 3}; });
+  return out;
+}
+
+// ---------------------------------------------------------------- the element rule
+
+TEST(PatternRule, IntervalProblemsFollowTheIntervalRule) {
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 300; ++trial) {
+    Problem p = test::shape(2, 2, 1, 1 + rng() % 40, 1 + rng() % 40, 8);
+    p.causal = static_cast<CausalAlign>(rng() % 3);
+    p.window_left = static_cast<int64_t>(rng() % 12) - 1;
+    p.window_right = static_cast<int64_t>(rng() % 12) - 1;
+    if (rng() % 2) p.kv_lens = {static_cast<int64_t>(rng() % (p.kv_len + 1)), p.kv_len};
+    p.validate();
+    const Pattern pat(p);
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t i = 0; i < p.q_len; ++i) {
+        const Interval iv = p.visible(b, i);
+        for (int64_t j = 0; j < p.kv_len; ++j)
+          ASSERT_EQ(pat.visible(b, 0, i, j), j >= iv.lo && j < iv.hi) << p.describe() << " i=" << i << " j=" << j;
+      }
+  }
+}
+
+TEST(PatternRule, HandWorkedCases) {
+  // StreamingLLM: window 4 back + 2 sinks, causal: row 10 sees keys 0, 1 and 6..10.
+  Problem p = test::shape(1, 1, 1, 16, 16, 8);
+  p.causal = CausalAlign::BottomRight, p.window_left = 4, p.sinks = 2;
+  Pattern s(p);
+  for (int64_t j = 0; j < 16; ++j) EXPECT_EQ(s.visible(0, 0, 10, j), j < 2 || (j >= 6 && j <= 10)) << j;
+  EXPECT_FALSE(s.visible(0, 0, 1, 1 + 1)) << "a sink is never a future key";
+  // Longformer: a global row sees every key, a global column is seen by every row.
+  p = test::shape(1, 1, 1, 16, 16, 8);
+  p.window_left = p.window_right = 1, p.globals = {3};
+  Pattern g(p);
+  for (int64_t j = 0; j < 16; ++j) EXPECT_TRUE(g.visible(0, 0, 3, j));
+  for (int64_t i = 0; i < 16; ++i) EXPECT_TRUE(g.visible(0, 0, i, 3));
+  EXPECT_FALSE(g.visible(0, 0, 10, 5));
+  // Documents 3 + 5: token 3 (first of the second document) sees only itself under causal.
+  p = test::shape(1, 1, 1, 8, 8, 8);
+  p.causal = CausalAlign::BottomRight, p.doc_lens = {3, 5};
+  Pattern d(p);
+  EXPECT_TRUE(d.visible(0, 0, 3, 3));
+  EXPECT_FALSE(d.visible(0, 0, 3, 2)) << "no key of the previous document";
+  EXPECT_TRUE(d.visible(0, 0, 2, 0));
+  // Dilation 3, window 7 back, causal: row 9 sees 9, 6, 3 only.
+  p = test::shape(1, 1, 1, 12, 12, 8);
+  p.causal = CausalAlign::BottomRight, p.window_left = 7, p.dilation = 3;
+  Pattern dl(p);
+  for (int64_t j = 0; j < 12; ++j) EXPECT_EQ(dl.visible(0, 0, 9, j), j == 9 || j == 6 || j == 3) << j;
+}
+
+TEST(PatternRule, BigBirdPicksAreDistinctSortedAndSeeded) {
+  const BigBird bb{16, 3, 11};
+  for (int64_t qb = 0; qb < 50; ++qb) {
+    const auto v = bigbird_pick(bb, qb, 5);
+    ASSERT_EQ(v.size(), 3u);
+    EXPECT_TRUE(std::is_sorted(v.begin(), v.end()));
+    EXPECT_TRUE(std::adjacent_find(v.begin(), v.end()) == v.end());
+    EXPECT_EQ(v, bigbird_pick(bb, qb, 5));
+  }
+  EXPECT_EQ(bigbird_pick(bb, 0, 2).size(), 2u) << "at most the number of key blocks";
+  // Fixed values: scripts/numpy_attention.py draws the same blocks (its own code).
+  EXPECT_EQ(bigbird_pick(BigBird{64, 3, 1}, 0, 64), bigbird_pick(BigBird{64, 3, 1}, 0, 64));
+  EXPECT_NE(bigbird_pick(BigBird{64, 3, 1}, 0, 64), bigbird_pick(BigBird{64, 3, 2}, 0, 64));
+}
+
+// ---------------------------------------------------------------- block map and count
+
+std::vector<Problem> varied_patterns() {
+  std::vector<Problem> out;
+  for (const Named& n : patterns(2, 4, 2, 150, 8)) out.push_back(n.p);
+  for (const Named& n : patterns(1, 6, 2, 67, 8)) out.push_back(n.p);
+  Problem kv = patterns(3, 2, 1, 130, 8)[0].p;  // sinks + window with padded batches
+  kv.kv_lens = {0, 130, 71};
+  out.push_back(kv);
+  Problem cross = test::shape(2, 4, 2, 40, 200, 8);  // q_len != kv_len
+  cross.window_left = 30, cross.globals = {1, 150}, cross.bigbird = {32, 2, 9}, cross.kv_lens = {200, 90};
+  out.push_back(cross);
+  Problem per_head = test::shape(2, 4, 2, 70, 90, 8);  // a per-head mask file
+  std::mt19937_64 rng(5);
+  per_head.mask = as_mask(per_head, [&](int64_t, int64_t h, int64_t i, int64_t j) {
+    return h == 1 ? (i + j) % 5 == 0 : (rng() % 7 == 0);
+  });
+  out.push_back(per_head);
+  return out;
+}
+
+TEST(BlockMap, EveryTileMatchesTheElementRule) {
+  for (const Problem& p : varied_patterns()) {
+    p.validate();
+    const Pattern pat(p);
+    for (int64_t br : {6, 24, 31}) {
+      const BlockMap m = build_block_map(p, br);
+      const int64_t G = p.group(), kB = BlockMap::kBlockKeys;
+      for (int64_t b = 0; b < p.batch; ++b)
+        for (int64_t hk = 0; hk < p.kv_heads; ++hk) {
+          const int64_t v = m.variant(b, hk);
+          for (int64_t qt = 0; qt < m.query_tiles; ++qt) {
+            std::vector<int64_t> words_at((p.kv_len + kB - 1) / kB, -2);  // -2: no entry
+            for (int64_t e = m.start[v * m.query_tiles + qt]; e < m.start[v * m.query_tiles + qt + 1]; ++e) {
+              words_at[m.entries[e].key_tile] = m.entries[e].words;
+            }
+            for (int64_t r = 0; r < std::min(br, p.q_len - qt * br); ++r)
+              for (int64_t g = 0; g < G; ++g) {
+                const int64_t i = qt * br + r, h = hk * G + g;
+                bool any = false;
+                for (int64_t j = 0; j < p.kv_len; ++j) {
+                  const bool vis = pat.visible(b, h, i, j);
+                  any = any || vis;
+                  const int64_t w = words_at[j / kB];
+                  const bool in_map = w == -1 ? j < p.kv_len_of(b)
+                                              : (w >= 0 && (m.bits[w + r * G + g] >> (j % kB) & 1));
+                  ASSERT_EQ(in_map, vis) << p.describe() << " br=" << br << " b=" << b << " h=" << h << " i=" << i
+                                         << " j=" << j << " entry=" << w;
+                }
+                ASSERT_EQ(m.row_empty[(v * p.q_len + i) * G + g] != 0, !any) << p.describe() << " i=" << i;
+              }
+          }
+        }
+    }
+  }
+}
+
+TEST(PatternCount, EqualsTheElementCount) {
+  for (const Problem& p : varied_patterns()) {
+    EXPECT_EQ(p.visible_pairs(), brute_pairs(p)) << p.describe();
+    // kv_keys: per (b, kv head), the keys any of its query heads' rows sees.
+    const Pattern pat(p);
+    double keys = 0;
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t hk = 0; hk < p.kv_heads; ++hk)
+        for (int64_t j = 0; j < p.kv_len; ++j) {
+          bool seen = false;
+          for (int64_t g = 0; g < p.group() && !seen; ++g)
+            for (int64_t i = 0; i < p.q_len && !seen; ++i) seen = pat.visible(b, hk * p.group() + g, i, j);
+          keys += seen;
+        }
+    EXPECT_DOUBLE_EQ(p.kv_bytes(), 2.0 * 4 * keys * static_cast<double>(p.head_dim)) << p.describe();
+  }
+}
+
+// ---------------------------------------------------------------- kernels
+
+struct Param {
+  const Kernel* kernel;
+  std::string name;
+  Problem p;
+};
+void PrintTo(const Param& p, std::ostream* os) { *os << test::variant_name(*p.kernel) << " " << p.p.describe(); }
+
+std::vector<Param> params() {
+  std::vector<Named> cases;
+  const int64_t heads[][2] = {{1, 1}, {4, 1}, {6, 2}, {8, 8}};
+  const int64_t lens[] = {67, 200};
+  int x = 0;
+  for (int64_t n : lens)
+    for (const auto& hh : heads)
+      for (Named c : patterns(1 + x % 2, hh[0], hh[1], n, n == 67 ? 40 : 64)) {
+        c.name += "_n" + std::to_string(n) + "_h" + std::to_string(hh[0]) + "_" + std::to_string(hh[1]);
+        if (x % 3 == 1) c.p.layout = Layout::BSHD, c.name += "_bshd";
+        if (x % 4 == 2) c.p.dtype = DType::BF16, c.name += "_bf16";
+        if (x % 4 == 3) c.p.dtype = DType::F16, c.name += "_f16";
+        if (x % 5 == 4 && c.p.doc_lens.empty() && c.p.batch == 2) {
+          c.p.kv_lens = {c.p.kv_len / 2, 0}, c.name += "_kvlens";  // a fully padded sequence too
+        }
+        ++x;
+        cases.push_back(c);
+      }
+  // A small direct task (q_len <= 16 rows) and a cross-attention shape.
+  for (Named c : patterns(2, 4, 4, 300, 32)) {
+    c.p.q_len = 5, c.p.doc_lens.clear();
+    if (!c.p.sparse()) continue;
+    c.name += "_decode";
+    cases.push_back(c);
+  }
+  std::vector<Param> out;
+  for (const Kernel* k : variants()) {
+    if (!k->runs_patterns()) continue;
+    for (const Named& c : cases) out.push_back({k, c.name, c.p});
+  }
+  return out;
+}
+
+class PatternAgreement : public ::testing::TestWithParam<Param> {};
+
+TEST_P(PatternAgreement, MatchesFloat64Reference) {
+  const Kernel& k = *GetParam().kernel;
+  const Problem& p = GetParam().p;
+  if (Support a = k.available(); !a) GTEST_SKIP() << a.reason;
+  ASSERT_TRUE(supports_problem(k, p)) << supports_problem(k, p).reason;
+  Tensors t = random_tensors(p, 42);
+  const Agreement a = prepare_agreement(p, t.inputs, sample_rows(p, 768, 7));
+  const KernelCheck c = check_kernel(k, p, t.inputs, a, 2);
+  EXPECT_EQ(c.verdict, Verdict::Pass) << p.describe() << ": " << c.reason;
+}
+
+// The same pattern as a mask file: identical outputs (the block words are the same, so the
+// arithmetic is too).
+TEST_P(PatternAgreement, EqualsTheSamePatternAsAMaskFile) {
+  const Kernel& k = *GetParam().kernel;
+  const Problem& p = GetParam().p;
+  if (Support a = k.available(); !a) GTEST_SKIP() << a.reason;
+  const Pattern pat(p);
+  const Problem q = mask_only(p, [&](int64_t b, int64_t h, int64_t i, int64_t j) { return pat.visible(b, h, i, j); });
+  Tensors t = random_tensors(p, 9);
+  Tensors u = random_tensors(p, 9);
+  Session(k, p, 2).run(t.inputs, t.outputs);
+  Session(k, q, 2).run(t.inputs, u.outputs);
+  const size_t n = static_cast<size_t>(p.q_elems());
+  for (size_t e = 0; e < n; ++e) {
+    ASSERT_EQ(t.outputs.o.data[e], u.outputs.o.data[e]) << p.describe() << " element " << e;
+  }
+  for (size_t e = 0; e < static_cast<size_t>(p.lse_elems()); ++e) {
+    ASSERT_EQ(t.outputs.lse[e], u.outputs.lse[e]) << p.describe() << " lse " << e;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Patterns, PatternAgreement, ::testing::ValuesIn(params()),
+                         [](const ::testing::TestParamInfo<Param>& info) {
+                           return test::variant_name(*info.param.kernel) + "_" + info.param.name;
+                         });
+
+// ---------------------------------------------------------------- planted bugs
+
+// Naive run on a pattern that differs from the problem's by `wrong` (a mask file of it).
+class Planted final : public Kernel {
+ public:
+  Planted(std::string name, std::function<bool(const Pattern&, int64_t, int64_t, int64_t, int64_t)> wrong)
+      : name_(std::move(name)), wrong_(std::move(wrong)) {}
+  std::string_view name() const override { return name_; }
+  std::string_view description() const override { return "planted pattern bug"; }
+  bool runs_patterns() const override { return true; }
+  size_t workspace_bytes(const Problem& p, int t) const override { return find_kernel("naive")->workspace_bytes(p, t); }
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    const Pattern pat(p);
+    const Problem q = mask_only(p, [&](int64_t b, int64_t h, int64_t i, int64_t j) { return wrong_(pat, b, h, i, j); });
+    find_kernel("naive")->run(q, in, out, ctx);
+  }
+
+ private:
+  std::string name_;
+  std::function<bool(const Pattern&, int64_t, int64_t, int64_t, int64_t)> wrong_;
+};
+
+TEST(PatternPlantedBugs, AreCaught) {
+  const auto check = [](const Kernel& k, const Problem& p) {
+    Tensors t = random_tensors(p, 3);
+    const Agreement a = prepare_agreement(p, t.inputs, sample_rows(p, 4096, 1));
+    return check_kernel(k, p, t.inputs, a, 1).verdict;
+  };
+  Problem sinks = test::shape(1, 2, 1, 200, 200, 32);
+  sinks.causal = CausalAlign::BottomRight, sinks.window_left = 16, sinks.sinks = 4;
+  const Planted sink_off_by_one("sink_off_by_one", [](const Pattern& pat, int64_t b, int64_t h, int64_t i, int64_t j) {
+    return pat.visible(b, h, i, j) || (j == 4 && j <= i);
+  });
+  EXPECT_EQ(check(sink_off_by_one, sinks), Verdict::Fail);
+
+  Problem docs = test::shape(1, 2, 1, 200, 200, 32);
+  docs.causal = CausalAlign::BottomRight, docs.doc_lens = {77, 123};
+  const Planted doc_leak("document_boundary_leak", [](const Pattern& pat, int64_t b, int64_t h, int64_t i, int64_t j) {
+    return pat.visible(b, h, i, j) || (i == 77 && j == 76);  // the next document's first token sees one key back
+  });
+  EXPECT_EQ(check(doc_leak, docs), Verdict::Fail);
+
+  Problem dil = test::shape(1, 2, 1, 200, 200, 32);
+  dil.causal = CausalAlign::BottomRight, dil.window_left = 60, dil.dilation = 4;
+  const Planted phase("dilation_phase", [](const Pattern&, int64_t, int64_t, int64_t i, int64_t j) {
+    return j <= i && i - j <= 60 && (i - j + 1) % 4 == 0;
+  });
+  EXPECT_EQ(check(phase, dil), Verdict::Fail);
+
+  // The rule itself passes (the check is not vacuous).
+  const Planted honest("honest", [](const Pattern& pat, int64_t b, int64_t h, int64_t i, int64_t j) {
+    return pat.visible(b, h, i, j);
+  });
+  EXPECT_EQ(check(honest, sinks), Verdict::Pass);
+  EXPECT_EQ(check(honest, docs), Verdict::Pass);
+  EXPECT_EQ(check(honest, dil), Verdict::Pass);
+}
+
+// ---------------------------------------------------------------- special values
+
+// A NaN in V row j reaches exactly the rows that see key j: flash's partial tiles mask holes
+// inside a tile, and a row never multiplies a V row it does not see.
+TEST(PatternSpecialValues, NaNReachesOnlyTheRowsThatSeeIt) {
+  for (const Kernel* k : variants()) {
+    if (!k->runs_patterns() || !k->available()) continue;
+    for (const Named& c : patterns(1, 2, 1, 150, 16)) {
+      const Problem& p = c.p;
+      const Pattern pat(p);
+      for (int64_t j : {int64_t{0}, int64_t{5}, int64_t{63}, int64_t{64}, int64_t{75}, int64_t{149}}) {
+        Tensors t = random_tensors(p, 1);
+        for (int64_t d = 0; d < p.head_dim; ++d) const_cast<float*>(t.inputs.v.row(0, 0, j))[d] = NAN;
+        Session(*k, p, 2).run(t.inputs, t.outputs);
+        for (int64_t h = 0; h < p.q_heads; ++h)
+          for (int64_t i = 0; i < p.q_len; ++i) {
+            ASSERT_EQ(std::isnan(t.outputs.o.row(0, h, i)[0]), pat.visible(0, h, i, j))
+                << test::variant_name(*k) << " " << c.name << " key " << j << " row " << i;
+          }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- bad input
+
+TEST(PatternValidation, NamesTheFieldAndTheAllowedValues) {
+  const auto fails_with = [](const std::function<void(Problem&)>& f, const std::string& field) {
+    Problem p = test::shape(1, 2, 1, 64, 64, 16);
+    f(p);
+    try {
+      p.validate();
+    } catch (const InvalidInput& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(field), std::string::npos) << what;
+      EXPECT_NE(what.find("allowed"), std::string::npos) << what;
+      return;
+    }
+    ADD_FAILURE() << field << ": accepted";
+  };
+  fails_with([](Problem& p) { p.sinks = 4; }, "sinks");  // no window: every key is visible already
+  fails_with([](Problem& p) { p.window_left = 4, p.sinks = -1; }, "sinks");
+  fails_with([](Problem& p) { p.window_left = 4, p.globals = {5, 3}; }, "global[1]");
+  fails_with([](Problem& p) { p.window_left = 4, p.globals = {64}; }, "global[0]");
+  fails_with([](Problem& p) { p.doc_lens = {30, 30}; }, "doc_lens");
+  fails_with([](Problem& p) { p.doc_lens = {0, 64}; }, "doc_lens[0]");
+  fails_with([](Problem& p) { p.dilation = 0; }, "dilation");
+  fails_with([](Problem& p) { p.window_left = 4, p.bigbird = {0, 2, 1}; }, "bigbird");
+  fails_with([](Problem& p) { p.window_left = 4, p.bigbird = {16, 65, 1}; }, "bigbird");
+  fails_with([](Problem& p) { p.bigbird = {16, 2, 1}; }, "bigbird");
+  fails_with([](Problem& p) {
+    auto m = std::make_shared<BoolMask>();
+    m->q_len = 64, m->kv_len = 63, m->data.resize(64 * 63), m->source = "m.npy";
+    p.mask = m;
+  }, "mask");
+  fails_with([](Problem& p) {
+    auto m = std::make_shared<BoolMask>();
+    m->heads = 3, m->q_len = 64, m->kv_len = 64, m->data.resize(3 * 64 * 64), m->source = "m.npy";
+    p.mask = m;
+  }, "mask");
+}
+
+TEST(PatternValidation, OtherKernelsRefuseWithTheReason) {
+  Problem p = test::shape(1, 2, 1, 64, 64, 16);
+  p.window_left = 4, p.sinks = 2;
+  for (const Kernel* k : variants()) {
+    const Support s = supports_problem(*k, p);
+    EXPECT_EQ(static_cast<bool>(s), k->runs_patterns()) << k->name();
+    if (!s) {
+      EXPECT_NE(s.reason.find("sparse pattern"), std::string::npos) << s.reason;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace attnlab
