@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnlab/interval.hpp"
@@ -115,6 +116,10 @@ struct BlockMap {
   std::vector<uint64_t> bits;
   std::vector<uint8_t> row_empty;  // per (variant, query row, g): no visible key at all
 
+  // The entries of query tile qt of variant v whose key tiles lie in [j0, j1) (multiples of 64).
+  std::pair<const Entry*, const Entry*> entries_in(int64_t v, int64_t qt, int64_t j0, int64_t j1) const;
+  // Whether row rr of that query tile sees a key of those entries.
+  bool row_sees(int64_t v, int64_t qt, int64_t rr, int64_t j0, int64_t j1) const;
   int64_t variant(int64_t b, int64_t hk) const {
     return (variants_b == 1 ? 0 : b) * variants_h + (variants_h == 1 ? 0 : hk);
   }

@@ -21,7 +21,10 @@ std::string mask_name(const Problem& p) {
     m += (m.empty() ? "" : "_");
     m += "window_" + bound(p.window_left) + "_" + bound(p.window_right);
   }
-  if (p.sparse()) m += (m.empty() ? "" : "_") + p.pattern_name();
+  if (p.sparse()) {
+    if (!m.empty()) m += '_';
+    m += p.pattern_name();
+  }
   return m.empty() ? "none" : m;
 }
 

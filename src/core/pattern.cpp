@@ -260,6 +260,23 @@ size_t BlockMap::bytes() const {
          row_empty.size();
 }
 
+std::pair<const BlockMap::Entry*, const BlockMap::Entry*> BlockMap::entries_in(int64_t v, int64_t qt, int64_t j0,
+                                                                              int64_t j1) const {
+  const Entry* first = entries.data() + start[v * query_tiles + qt];
+  const Entry* last = entries.data() + start[v * query_tiles + qt + 1];
+  const auto tile_below = [](const Entry& e, int64_t t) { return e.key_tile < t; };
+  return {std::lower_bound(first, last, j0 / kBlockKeys, tile_below),
+          std::lower_bound(first, last, j1 / kBlockKeys + (j1 % kBlockKeys != 0), tile_below)};
+}
+
+bool BlockMap::row_sees(int64_t v, int64_t qt, int64_t rr, int64_t j0, int64_t j1) const {
+  const auto [first, last] = entries_in(v, qt, j0, j1);
+  for (const Entry* e = first; e != last; ++e) {
+    if (e->words < 0 || bits[e->words + rr]) return true;  // a full tile: every row sees all its keys
+  }
+  return false;
+}
+
 BlockMap build_block_map(const Problem& p, int64_t br) {
   const Pattern pat(p);
   BlockMap m;

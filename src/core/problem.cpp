@@ -270,7 +270,10 @@ std::string Problem::pattern_name() const {
   // Safe in point ids and file names: parts joined by '_', short lists by '.', a long list as
   // its length and a hash of its values.
   std::string n;
-  const auto add = [&n](const std::string& part) { n += (n.empty() ? "" : "_") + part; };
+  const auto add = [&n](const std::string& part) {
+    if (!n.empty()) n += '_';
+    n += part;
+  };
   const auto list = [](const std::vector<int64_t>& v) {
     std::string t;
     if (v.size() > 4) {

@@ -23,6 +23,10 @@
 // chunk whose visible scores are all -inf (l_c = 0) takes part, so a NaN/Inf in V there
 // reaches O as 0 * V does in the reference; a row with an empty interval gets O = 0,
 // LSE = -inf.
+// Sparse patterns (pattern.hpp; StreamingLLM's sinks + window is the decode case that matters):
+// the block map of one q_len-row query tile (make_plan, outside the timed region) replaces the
+// intervals: a chunk runs only its map entries (attend_blocks), and a row takes part in the
+// merge of the chunks where the map gives it a visible key (BlockMap::row_sees).
 // Thread-count independence: the chunking depends only on the problem and the merge
 // order is fixed, so the output is bitwise identical for any thread count (tested in
 // tests/test_threads.cpp).
@@ -39,6 +43,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <vector>
 #include <stdexcept>
 #include <string>
 
@@ -111,6 +117,11 @@ class Decode final : public Kernel {
     }
     return Support::yes();
   }
+  bool runs_patterns() const override { return true; }
+  std::shared_ptr<const attnlab::Plan> make_plan(const Problem& p) const override {
+    if (!p.sparse()) return nullptr;
+    return std::make_shared<simd::BlockPlan>(build_block_map(p, p.q_len));
+  }
   size_t workspace_bytes(const Problem& p, int threads) const override {
     const Plan plan(p);
     return plan.partial_bytes + static_cast<size_t>(threads) * plan.tiling.bytes;
@@ -118,6 +129,14 @@ class Decode final : public Kernel {
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     const Plan plan(p);
     float* partials = reinterpret_cast<float*>(ctx.workspace.data());
+    // A sparse pattern: the block map with one query tile of q_len rows (make_plan's, or built
+    // here when run without a Session).
+    const BlockMap* map = nullptr;
+    std::optional<BlockMap> own;
+    if (p.sparse()) {
+      const auto* made = dynamic_cast<const simd::BlockPlan*>(ctx.plan);
+      map = made && made->map.br == p.q_len ? &made->map : &own.emplace(build_block_map(p, p.q_len));
+    }
 
     // 1. Partial states, one task per (batch, kv head, key chunk).
     const int64_t tasks = p.batch * p.kv_heads * plan.chunks;
@@ -127,7 +146,7 @@ class Decode final : public Kernel {
         const int64_t chunk = t % plan.chunks;
         const int64_t bh = t / plan.chunks;
         const int64_t b = bh / p.kv_heads, hk = bh % p.kv_heads;
-        run_chunk(p, in, plan, s, b, hk, chunk, plan.partial(partials, b, hk, chunk, p.kv_heads));
+        run_chunk(p, in, plan, map, s, b, hk, chunk, plan.partial(partials, b, hk, chunk, p.kv_heads));
       }
     });
 
@@ -135,18 +154,22 @@ class Decode final : public Kernel {
     attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, p.batch * p.kv_heads, 1),
                       [&](const tbb::blocked_range<int64_t>& range) {
                         for (int64_t bh = range.begin(); bh != range.end(); ++bh) {
-                          merge(p, out, plan, bh / p.kv_heads, bh % p.kv_heads, partials);
+                          merge(p, out, plan, map, bh / p.kv_heads, bh % p.kv_heads, partials);
                         }
                       });
   }
 
  private:
-  static void run_chunk(const Problem& p, const Inputs& in, const Plan& plan, const simd::Scratch& s,
-                        int64_t b, int64_t hk, int64_t chunk, float* partial) {
+  static void run_chunk(const Problem& p, const Inputs& in, const Plan& plan, const BlockMap* map,
+                        const simd::Scratch& s, int64_t b, int64_t hk, int64_t chunk, float* partial) {
     const simd::Tiling& t = plan.tiling;
     const int64_t rows = simd::begin_rows(p, in, t, s, b, hk, 0, p.q_len);
     const Interval keys{chunk * plan.chunk_keys, std::min((chunk + 1) * plan.chunk_keys, p.mask_for_batch(b).kv_len)};
-    simd::attend_keys(p, in, t, s, b, hk, rows, keys);
+    if (map) {
+      simd::attend_blocks(p, in, t, s, *map, b, hk, 0, rows, keys);
+    } else {
+      simd::attend_keys(p, in, t, s, b, hk, rows, keys);
+    }
     for (int64_t rr = 0; rr < rows; ++rr) {
       float* dst = partial + rr * plan.row_stride;
       std::copy(s.o + rr * plan.dp, s.o + (rr + 1) * plan.dp, dst);
@@ -155,8 +178,21 @@ class Decode final : public Kernel {
     }
   }
 
-  static void merge(const Problem& p, const Outputs& out, const Plan& plan, int64_t b, int64_t hk,
-                    float* partials) {
+  // Whether row r (engine order) sees a key of `chunk`: its interval, or the block map.
+  static bool sees(const Problem& p, const Plan& plan, const BlockMap* map, int64_t b, int64_t hk, int64_t r,
+                   const Interval& iv, int64_t chunk) {
+    const int64_t lk = p.kv_len_of(b);
+    if (!map) return sees_chunk(iv, chunk, plan.chunk_keys, lk);
+    return map->row_sees(map->variant(b, hk), 0, r, chunk * plan.chunk_keys, std::min((chunk + 1) * plan.chunk_keys, lk));
+  }
+
+  static std::vector<uint8_t>& seen_scratch() {
+    thread_local std::vector<uint8_t> v;  // per merging thread; reused across rows
+    return v;
+  }
+
+  static void merge(const Problem& p, const Outputs& out, const Plan& plan, const BlockMap* map, int64_t b,
+                    int64_t hk, float* partials) {
     using simd::Batch;
     using simd::kLanes;
     const int64_t d = p.head_dim, group = p.group();
@@ -167,14 +203,18 @@ class Decode final : public Kernel {
       const int64_t h = hk * group + r % group, i = r / group;
       const float* row = first + r * plan.row_stride;
       const Interval iv = mask.row(i);
-      // Chunks outside the row's interval are skipped, never weighted by 0.
+      // Chunks the row sees no key of are skipped, never weighted by 0.
+      std::vector<uint8_t>& seen = seen_scratch();
+      seen.assign(static_cast<size_t>(plan.chunks), 0);
       float big_m = kNegInf;
+      bool any = false;
       for (int64_t c = 0; c < plan.chunks; ++c) {
-        if (sees_chunk(iv, c, plan.chunk_keys, mask.kv_len)) big_m = std::max(big_m, row[c * chunk_stride + plan.dp]);
+        seen[c] = sees(p, plan, map, b, hk, r, iv, c);
+        if (seen[c]) big_m = std::max(big_m, row[c * chunk_stride + plan.dp]), any = true;
       }
       float* o = out.o.row(b, h, i);
       float* lse = out.lse ? out.lse + (b * p.q_heads + h) * p.q_len + i : nullptr;
-      if (iv.empty()) {
+      if (!any) {  // the mask leaves the row no key (never decided by the arithmetic)
         std::fill(o, o + d, 0.f);
         if (lse) *lse = kNegInf;
         continue;
@@ -185,7 +225,7 @@ class Decode final : public Kernel {
       std::fill(acc, acc + plan.dp, 0.f);
       double big_l = 0.0;
       for (int64_t c = 0; c < plan.chunks; ++c) {
-        if (!sees_chunk(iv, c, plan.chunk_keys, mask.kv_len)) continue;
+        if (!seen[c]) continue;
         const float* pc = row + c * chunk_stride;
         const float w = online_softmax::rescale<kLog2>(pc[plan.dp], big_m);
         big_l += static_cast<double>(w) * pc[plan.dp + 1];

@@ -357,14 +357,13 @@ void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scra
 }
 
 void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, const BlockMap& map,
-                   int64_t b, int64_t hk, int64_t i0, int64_t rows) {
+                   int64_t b, int64_t hk, int64_t i0, int64_t rows, Interval keys) {
   // The block map decides which rows are fully masked (begin_rows set the interval part only).
   const int64_t v = map.variant(b, hk), lk = p.kv_len_of(b);
   const uint8_t* empty = map.row_empty.data() + (v * p.q_len + i0) * t.group;
   for (int64_t rr = 0; rr < rows; ++rr) s.iv[rr] = empty[rr] ? Interval{0, 0} : Interval{0, lk};
-  const int64_t qt = i0 / map.br;
-  const BlockMap::Entry* e = map.entries.data() + map.start[v * map.query_tiles + qt];
-  const int64_t n = map.start[v * map.query_tiles + qt + 1] - map.start[v * map.query_tiles + qt];
+  const auto [e, last] = map.entries_in(v, i0 / map.br, keys.lo, keys.hi);
+  const int64_t n = last - e;
   const auto at = [&](int64_t x) {
     const int64_t j0 = e[x].key_tile * kTileKeys;
     return TileRef{j0, static_cast<int>(std::min<int64_t>(kTileKeys, lk - j0)),

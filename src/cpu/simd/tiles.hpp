@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 #include "attnlab/kernel.hpp"
 #include "attnlab/pattern.hpp"
@@ -60,10 +61,11 @@ int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Sc
 void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
                  int64_t hk, int64_t rows, Interval keys);
 // A sparse pattern's attend_keys: the key tiles of the block map's entries for the query tile at
-// row i0 (a multiple of map.br == t.br), each masked by its per-row words; also marks the rows
-// the map finds fully masked.
+// row i0 (a multiple of map.br == t.br) inside `keys` (bounds at multiples of 64), each masked
+// by its per-row words; also marks the rows the map finds fully masked.
 void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, const BlockMap& map,
-                   int64_t b, int64_t hk, int64_t i0, int64_t rows);
+                   int64_t b, int64_t hk, int64_t i0, int64_t rows,
+                   Interval keys = {0, std::numeric_limits<int64_t>::max()});
 // The block map as a kernel's per-problem plan (Kernel::make_plan).
 struct BlockPlan final : Plan {
   BlockMap map;
