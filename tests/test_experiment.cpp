@@ -144,6 +144,46 @@ TEST(Experiment, DtypeAxis) {
   EXPECT_NE(error_of(R"({"description": "d", "q_len": 8, "dtype": []})").find("\"f32\", \"bf16\", \"f16\""), std::string::npos);
 }
 
+TEST(Experiment, SparsePatternKeysResolvePerPoint) {
+  const auto e = parse(R"({"description": "d", "implementations": ["flash"], "q_len": [1000, 4096],
+                           "grids": [{"causal": true, "window": [512, 0], "sinks": 4},
+                                     {"window": [256, 256], "global": {"spread": 16}},
+                                     {"window": [96, 96], "global": [0, 7], "bigbird": [64, 3, 1]},
+                                     {"causal": true, "doc_lens": {"mean": 1024}},
+                                     {"causal": true, "window": [2048, 0], "dilation": 4}]})");
+  const auto g = expand(e, 1);
+  ASSERT_EQ(g.size(), 10u);
+  std::set<std::string> ids;
+  for (const auto& pt : g) {
+    const Problem& p = pt.problem;
+    EXPECT_TRUE(p.sparse()) << p.describe();
+    ids.insert(pt.id());
+    if (!p.globals.empty() && p.globals.size() != 2) {
+      EXPECT_EQ(p.globals.size(), 16u);
+      EXPECT_EQ(p.globals[1], p.kv_len / 16) << "spread over the sequence";
+    }
+    if (!p.doc_lens.empty()) {
+      int64_t sum = 0;
+      for (int64_t len : p.doc_lens) sum += len;
+      EXPECT_EQ(sum, p.q_len);
+      EXPECT_EQ(p.doc_lens[0], 512);
+    }
+  }
+  EXPECT_EQ(ids.size(), g.size()) << "the pattern is part of a point's id";
+  EXPECT_NE(error_of(R"({"description": "d", "q_len": 8, "window": [2, 0], "sinks": -1})").find("key 'sinks'"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"description": "d", "q_len": 8, "window": [2, 0], "bigbird": [8, 2]})").find("[BLOCK, RANDOM, SEED]"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"description": "d", "q_len": 8, "global": {"every": 2}})").find("spread"), std::string::npos);
+  // A pattern the problem refuses names the point and the field.
+  try {
+    expand(parse(R"({"description": "d", "q_len": 8, "sinks": 2})"), 1);
+    ADD_FAILURE() << "sinks without a window accepted";
+  } catch (const InvalidInput& err) {
+    EXPECT_NE(std::string(err.what()).find("sinks"), std::string::npos) << err.what();
+  }
+}
+
 TEST(Experiment, SeveralGridsOverrideTheTopLevelKeys) {
   const auto e = parse(R"({"description": "d", "q_heads": 8, "gqa_groups": [1, 8], "head_dim": 32,
                            "implementations": ["naive", "flash"],

@@ -16,6 +16,13 @@
 //     "layout":     "bhsd" | "bshd" | [...]                       default "bhsd"
 //     "threads":    INTS | "all" | [int or "all", ...]            default "all"
 //     "isa":        "all" | NAME | [NAME, ...]                    default: not an axis
+//   A grid's sparse pattern (include/attnlab/pattern.hpp; one per grid, not an axis: use
+//   "grids" for several), resolved per point where it depends on the lengths:
+//     "sinks":      int >= 0                                      default 0
+//     "global":     [position, ...] | {"spread": N}  (positions i * kv_len / N)
+//     "doc_lens":   [length, ...] | {"mean": M}  (M/2, 3M/2, M repeating, the last cut to fit)
+//     "dilation":   int >= 1                                      default 1
+//     "bigbird":    [BLOCK, RANDOM, SEED]
 //     "repetitions": int >= 1          timed repetitions per point (median, spread)  default 3
 //     "min_time_s":  number > 0        minimum time of one repetition                default 0.05
 //     "time_cap_s":  number > 0        skip a point estimated to take longer         default 60

@@ -45,7 +45,7 @@ Command add_list(CLI::App& app) {
                       << " (--isa NAME or ATTN_ISA=NAME to force one)\n\n";
             std::cout << std::left << std::setw(12) << "kernel" << std::setw(11) << "available" << std::setw(22)
                       << "targets" << std::setw(22) << "runs here" << std::setw(10) << "default" << std::setw(48)
-                      << "precision (storage in; compute)" << "description\n";
+                      << "precision (storage in; compute)" << std::setw(10) << "patterns" << "description\n";
             for (const Kernel* k : registry()) {
               const Support a = k->available();
               std::vector<std::string> runs;
@@ -57,7 +57,8 @@ Command add_list(CLI::App& app) {
               std::cout << std::left << std::setw(12) << k->name() << std::setw(11) << (a ? "yes" : "no")
                         << std::setw(22) << join(targets, ",") << std::setw(22)
                         << (runs.empty() ? "-" : join(runs, ",")) << std::setw(10) << k->isa() << std::setw(48)
-                        << k->precision() << k->description();
+                        << k->precision() << std::setw(10) << (k->runs_patterns() ? "sparse" : "interval")
+                        << k->description();
               if (!a) std::cout << "  [unavailable: " << a.reason << "]";
               std::cout << "\n";
             }
