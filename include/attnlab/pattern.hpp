@@ -67,8 +67,6 @@ class Pattern {
   Interval hull(int64_t b, int64_t i) const;
   // The keys row i of (b, h) sees, ascending, into `out` (replaced).
   void keys(int64_t b, int64_t h, int64_t i, std::vector<int64_t>& out) const;
-  // Key j's document, or 0 without documents.
-  int64_t doc(int64_t j) const { return doc_.empty() ? 0 : doc_[static_cast<size_t>(j)]; }
 
   enum class Block { Empty, Full, Partial };
   // Rows [i0, i1) x keys [j0, j1) of (b, h): Empty or Full only when that is certain for every

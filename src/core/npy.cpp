@@ -330,7 +330,9 @@ NpyArray parse_npy(const std::string& bytes, const std::string& name) {
   return arr;
 }
 
-NpyArray read_npy(const std::string& path) {
+namespace {
+// booleans: a mask file (read_npy_mask), bool or uint8 kept in bytes8; else float data.
+NpyArray read_npy_file(const std::string& path, bool booleans) {
   // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
   const Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
   if (f.fd < 0) fail(path, std::string("cannot open for reading: ") + std::strerror(errno));
@@ -348,9 +350,14 @@ NpyArray read_npy(const std::string& path) {
   const auto [start, len] = read_preamble(head, size, path);
   std::string header(len, '\0');
   pread_all(f.fd, header.data(), len, start, path);
-  const NpyHeader h = parse_header(header, start + len, path);
+  const NpyHeader h = parse_header(header, start + len, path, booleans);
   check_data_size(h, size, path);
   NpyArray arr = empty_array(h, path);
+  if (h.elem == 1) {
+    arr.bytes8.resize(h.count);
+    if (h.count > 0) pread_all(f.fd, reinterpret_cast<char*>(arr.bytes8.data()), h.count, h.data_start, path);
+    return arr;
+  }
   if (h.elem == 2) {
     arr.bits16.resize(h.count);
     pread_all(f.fd, reinterpret_cast<char*>(arr.bits16.data()), h.count * 2, h.data_start, path);
@@ -374,25 +381,11 @@ NpyArray read_npy(const std::string& path) {
   return arr;
 }
 
-NpyArray read_npy_mask(const std::string& path) {
-  // Small enough to read whole (a mask of q_len x kv_len bytes); the same checks as read_npy.
-  const Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
-  if (f.fd < 0) fail(path, std::string("cannot open for reading: ") + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(f.fd, &st) != 0 || !S_ISREG(st.st_mode)) fail(path, "is not a regular file; allowed: a regular .npy file");
-  const auto size = static_cast<uint64_t>(st.st_size);
-  std::string head(std::min<uint64_t>(size, 12), '\0');
-  pread_all(f.fd, head.data(), head.size(), 0, path);
-  const auto [start, len] = read_preamble(head, size, path);
-  std::string header(len, '\0');
-  pread_all(f.fd, header.data(), len, start, path);
-  const NpyHeader h = parse_header(header, start + len, path, true);
-  check_data_size(h, size, path);
-  NpyArray arr = empty_array(h, path);
-  arr.bytes8.resize(h.count);
-  if (h.count > 0) pread_all(f.fd, reinterpret_cast<char*>(arr.bytes8.data()), h.count, h.data_start, path);
-  return arr;
-}
+}  // namespace
+
+NpyArray read_npy_mask(const std::string& path) { return read_npy_file(path, true); }
+
+NpyArray read_npy(const std::string& path) { return read_npy_file(path, false); }
 
 void widen_to_float(NpyArray& a) {
   if (!a.is16()) return;
