@@ -16,6 +16,8 @@ class EmulatedKernel final : public Kernel {
  public:
   static constexpr int kSms = 1;  // sizes naive's grid: 64 warps, so rows are grid-strided
   EmulatedKernel(std::string name, const cuda_impl::KernelOps& ops) : name_(std::move(name)), ops_(ops) {}
+  bool runs_patterns() const override { return ops_.block_rows(cuda_impl::DeviceArgs{}) > 0; }
+  std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return cuda_impl::block_plan(p, ops_); }
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return "CUDA device code under host emulation"; }
   Support supports(const Problem& p) const override {
@@ -26,7 +28,9 @@ class EmulatedKernel final : public Kernel {
     return static_cast<size_t>(ops_.scratch_floats(cuda_impl::problem_args(p), kSms)) * sizeof(float);
   }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
-    const cuda_impl::DeviceArgs a = cuda_impl::device_args(p, in, out);
+    cuda_impl::DeviceArgs a = cuda_impl::device_args(p, in, out);
+    std::shared_ptr<const Plan> keep;
+    cuda_impl::attach_plan(a, p, ops_, ctx.plan, keep);
     ops_.launch(a, cuda_impl::LaunchEnv{nullptr, kSms, reinterpret_cast<float*>(ctx.workspace.data())});
   }
 

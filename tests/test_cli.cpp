@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 
 #include <nlohmann/json.hpp>
@@ -318,6 +319,52 @@ TEST_F(Cli, BadInputGetsClearErrorsAndWritesNothing) {
 // 16-bit inputs: '<f2' files run as f16 (inferred), '<u2' files as raw bf16 bits with
 // --dtype bf16, float files are rounded by --dtype; the result agrees with the reference on
 // the stored values, and the misuses are clear errors.
+// --mask: a bool .npy file (what numpy's np.save writes for a bool array) drives verify; a file
+// that is not a mask, has the wrong rank or does not fit the shape is refused, naming the
+// field and what is allowed.
+TEST_F(Cli, MaskFileVerifiesAndBadMasksAreRefused) {
+  const int64_t n = 40;
+  const auto bool_npy = [&](const std::string& name, const std::vector<int64_t>& shape,
+                            const std::function<bool(int64_t)>& at) {
+    int64_t count = 1;
+    for (int64_t s : shape) count *= s;
+    const std::vector<float> zeros(static_cast<size_t>(count), 0.f);
+    std::string bytes = encode_npy(zeros.data(), shape);  // same header length as '|b1'
+    const size_t header = bytes.size() - zeros.size() * sizeof(float);
+    const size_t descr = bytes.find("'<f4'");
+    ASSERT_NE(descr, std::string::npos);
+    bytes.replace(descr, 5, "'|b1'");
+    bytes.resize(header);
+    for (int64_t e = 0; e < count; ++e) bytes.push_back(at(e) ? 1 : 0);
+    std::ofstream(path(name), std::ios::binary) << bytes;
+  };
+  // Causal with holes; row 0 keeps key 0 and row 7 sees nothing (a fully masked row).
+  bool_npy("mask.npy", {n, n}, [&](int64_t e) {
+    const int64_t i = e / n, j = e % n;
+    return i != 7 && j <= i && ((i + j) % 3 != 0 || j == 0);
+  });
+  const std::string shape = "--q-len 40 --kv-len 40 --head-dim 16 --q-heads 2 --kv-heads 1 ";
+  const Result ok = attnlab("verify --impl naive,flash " + shape + "--mask " + path("mask.npy"));
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  EXPECT_NE(ok.out.find("flash"), std::string::npos) << ok.out;
+
+  write_npy(path("float.npy"), std::vector<float>(n * n, 1.f).data(), {n, n});
+  const Result f = attnlab("verify --impl naive " + shape + "--mask " + path("float.npy"));
+  EXPECT_NE(f.code, 0);
+  EXPECT_NE(f.out.find("dtype '<f4' is not a mask; allowed: bool ('|b1') or uint8 ('|u1')"), std::string::npos) << f.out;
+
+  bool_npy("rank3.npy", {1, n, n}, [](int64_t) { return true; });
+  const Result r3 = attnlab("verify --impl naive " + shape + "--mask " + path("rank3.npy"));
+  EXPECT_NE(r3.code, 0);
+  EXPECT_NE(r3.out.find("has 3 dimensions; allowed: 2 (q_len, kv_len) or 4"), std::string::npos) << r3.out;
+
+  bool_npy("wide.npy", {n, n + 1}, [](int64_t) { return true; });
+  const Result w = attnlab("verify --impl naive " + shape + "--mask " + path("wide.npy"));
+  EXPECT_NE(w.code, 0);
+  EXPECT_NE(w.out.find("mask: shape (1, 1, 40, 41)"), std::string::npos) << w.out;
+  EXPECT_NE(w.out.find("allowed: (q_len, kv_len) = (40, 40)"), std::string::npos) << w.out;
+}
+
 TEST_F(Cli, SixteenBitInputs) {
   Problem p = test::shape(1, 4, 2, 6, 21, 24);
   const std::vector<int64_t> qs = {1, 4, 6, 24}, ks = {1, 2, 21, 24};

@@ -12,6 +12,7 @@
 #include "attnlab/kernel.hpp"
 #include "attnlab/pattern.hpp"
 #include "attnlab/verify.hpp"
+#include "cuda_emu.hpp"
 #include "test_util.hpp"
 
 namespace attnlab {
@@ -54,6 +55,7 @@ struct Named {
   std::string name;
   Problem p;
 };
+void PrintTo(const Named& n, std::ostream* os) { *os << n.name << " " << n.p.describe(); }
 
 // Patterns over a shape: every term alone and in the combinations the experiments use.
 std::vector<Named> patterns(int64_t b, int64_t hq, int64_t hkv, int64_t n, int64_t d) {
@@ -321,6 +323,57 @@ INSTANTIATE_TEST_SUITE_P(Kernels, PatternAsMaskFile, ::testing::ValuesIn(pattern
                          [](const ::testing::TestParamInfo<const Kernel*>& info) {
                            return test::variant_name(*info.param);
                          });
+
+// cuda_flash's device code under the host emulation (src/cuda/emu.hpp, no GPU here): every
+// pattern over 130 keys (three 64-key map tiles, the last one short), GQA 1, 4 and 8 (the
+// map's rows are the block's rows), head_dim 40 (64-row blocks, 64-key steps) and 200 (32-row
+// blocks, 16-key steps: four steps per map tile), a padded sequence, bf16, bshd, and the same
+// pattern as a mask file (the map's words then come from the file).
+std::vector<Named> emulated_cases() {
+  std::vector<Named> out;
+  const int64_t shapes[][4] = {{1, 1, 1, 40}, {2, 4, 1, 40}, {1, 8, 2, 200}};
+  int x = 0;
+  for (const auto& s : shapes)
+    for (Named c : patterns(s[0], s[1], s[2], 130, s[3])) {
+      c.name += "_h" + std::to_string(s[1]) + "_" + std::to_string(s[2]) + "_d" + std::to_string(s[3]);
+      if (x % 4 == 1) c.p.layout = Layout::BSHD, c.name += "_bshd";
+      if (x % 4 == 2) c.p.dtype = DType::BF16, c.name += "_bf16";
+      if (x % 5 == 3 && c.p.doc_lens.empty() && c.p.batch == 2) c.p.kv_lens = {0, 97}, c.name += "_kvlens";
+      ++x;
+      out.push_back(c);
+    }
+  Named m = patterns(2, 4, 1, 130, 40)[0];
+  const Pattern pat(m.p);
+  m.p = mask_only(m.p, [&](int64_t b, int64_t h, int64_t i, int64_t j) { return pat.visible(b, h, i, j) && (i + j) % 5 != 0; });
+  m.name = "mask_file_h4_1_d40";
+  out.push_back(m);
+  return out;
+}
+
+class PatternEmulatedCuda : public ::testing::TestWithParam<Named> {};
+
+TEST_P(PatternEmulatedCuda, MatchesFloat64Reference) {
+  const Problem& p = GetParam().p;
+  const Kernel& k = test::emulated_cuda("flash");
+  ASSERT_TRUE(supports_problem(k, p)) << supports_problem(k, p).reason;
+  Tensors t = random_tensors(p, 5);
+  const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
+  const KernelCheck c = check_kernel(k, p, t.inputs, a, 1);
+  EXPECT_EQ(c.verdict, Verdict::Pass) << p.describe() << ": " << c.reason;
+}
+
+INSTANTIATE_TEST_SUITE_P(Patterns, PatternEmulatedCuda, ::testing::ValuesIn(emulated_cases()),
+                         [](const ::testing::TestParamInfo<Named>& info) { return info.param.name; });
+
+TEST(PatternEmulatedCuda, RefusesAGroupThatDoesNotDivideTheBlockAndNaiveRefusesPatterns) {
+  Problem p = patterns(1, 6, 2, 130, 40)[0].p;  // G = 3 does not divide 64 rows
+  const Support s = supports_problem(test::emulated_cuda("flash"), p);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.reason.find("q_heads / kv_heads not dividing the block's rows"), std::string::npos) << s.reason;
+  const Support n = supports_problem(test::emulated_cuda("naive"), p);
+  ASSERT_FALSE(n);
+  EXPECT_NE(n.reason.find("a sparse pattern"), std::string::npos) << n.reason;
+}
 
 // ---------------------------------------------------------------- planted bugs
 

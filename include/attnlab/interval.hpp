@@ -80,4 +80,12 @@ struct MaskSpec {
   }
 };
 
+// One entry of a sparse pattern's block map (include/attnlab/pattern.hpp): a 64-key tile a
+// query tile sees. Here, with the interval rule, because CUDA device code reads it too.
+struct BlockEntry {
+  int64_t key_tile;  // keys [key_tile * 64, +64)
+  int64_t words;     // -1: every row sees every key of the tile; else the offset of its
+                     // R = G * br words (bit k: key key_tile * 64 + k) in the map's bits
+};
+
 }  // namespace attnlab

@@ -40,6 +40,13 @@ struct Plan {
   virtual size_t bytes() const = 0;  // its memory, reported with the workspace
 };
 
+// The plan of the kernels that run a sparse pattern tile by tile: its block map.
+struct BlockPlan final : Plan {
+  BlockMap map;
+  explicit BlockPlan(BlockMap m) : map(std::move(m)) {}
+  size_t bytes() const override { return map.bytes(); }
+};
+
 struct RunContext {
   int threads = 1;                  // size of the arena the kernel runs in
   std::span<std::byte> workspace;   // workspace_bytes() bytes, 64-byte aligned

@@ -104,11 +104,7 @@ struct BlockMap {
   int64_t br = 0, group = 1, query_tiles = 0;
   int64_t variants_b = 1, variants_h = 1;  // the map differs per batch / per kv head only when
                                            // kv_lens or the mask file make it so
-  struct Entry {
-    int64_t key_tile;  // keys [key_tile * 64, +64)
-    int64_t words;     // -1: every row sees every key of the tile; else the offset of its
-                       // R = G * br words (bit k: key key_tile * 64 + k) in `bits`
-  };
+  using Entry = BlockEntry;  // interval.hpp
   std::vector<int64_t> start;   // entries of (variant, query tile) t: [start[t], start[t + 1])
   std::vector<Entry> entries;
   std::vector<uint64_t> bits;

@@ -3,6 +3,7 @@
 #include "attnlab/pattern.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -236,6 +237,19 @@ PatternCount count_uncached(const Problem& p) {
   return c;
 }
 
+uint64_t content_hash(const BoolMask& m) {
+  uint64_t h = mix64(static_cast<uint64_t>(m.batch * 31 + m.heads) ^ mix64(static_cast<uint64_t>(m.q_len) << 32 ^
+                                                                           static_cast<uint64_t>(m.kv_len)));
+  size_t k = 0;
+  for (; k + 8 <= m.data.size(); k += 8) {
+    uint64_t w;
+    std::memcpy(&w, m.data.data() + k, 8);
+    h = mix64(h ^ w);
+  }
+  for (; k < m.data.size(); ++k) h = mix64(h ^ m.data[k]);
+  return h;
+}
+
 }  // namespace
 
 PatternCount count_pattern(const Problem& p) {
@@ -243,7 +257,9 @@ PatternCount count_pattern(const Problem& p) {
   // asked for many times per point.
   static std::mutex mu;
   static std::map<std::string, PatternCount> cache;
-  const std::string key = p.describe() + "#" + std::to_string(reinterpret_cast<uintptr_t>(p.mask.get()));
+  // Keyed by the mask's contents, not its address: a freed mask's address can come back
+  // holding another mask.
+  const std::string key = p.describe() + "#" + (p.mask ? std::to_string(content_hash(*p.mask)) : "");
   {
     const std::lock_guard<std::mutex> lock(mu);
     if (auto it = cache.find(key); it != cache.end()) return it->second;

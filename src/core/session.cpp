@@ -16,7 +16,7 @@ std::shared_ptr<const Plan> Kernel::make_plan(const Problem&) const { return nul
 
 Support supports_problem(const Kernel& kernel, const Problem& problem) {
   if (problem.sparse() && !kernel.runs_patterns()) {
-    return Support::no("a sparse pattern (naive, flash and decode run them; this kernel takes interval masks only)");
+    return Support::no("a sparse pattern (naive, flash, decode and cuda_flash run them; this kernel takes interval masks only)");
   }
   return kernel.supports(problem);
 }

@@ -120,7 +120,7 @@ class Decode final : public Kernel {
   bool runs_patterns() const override { return true; }
   std::shared_ptr<const attnlab::Plan> make_plan(const Problem& p) const override {
     if (!p.sparse()) return nullptr;
-    return std::make_shared<simd::BlockPlan>(build_block_map(p, p.q_len));
+    return std::make_shared<BlockPlan>(build_block_map(p, p.q_len));
   }
   size_t workspace_bytes(const Problem& p, int threads) const override {
     const Plan plan(p);
@@ -134,7 +134,7 @@ class Decode final : public Kernel {
     const BlockMap* map = nullptr;
     std::optional<BlockMap> own;
     if (p.sparse()) {
-      const auto* made = dynamic_cast<const simd::BlockPlan*>(ctx.plan);
+      const auto* made = dynamic_cast<const BlockPlan*>(ctx.plan);
       map = made && made->map.br == p.q_len ? &made->map : &own.emplace(build_block_map(p, p.q_len));
     }
 

@@ -76,7 +76,7 @@ class Flash final : public Kernel {
   bool runs_patterns() const override { return true; }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
     if (!p.sparse()) return nullptr;
-    return std::make_shared<simd::BlockPlan>(build_block_map(p, simd::make_tiling(p).br));
+    return std::make_shared<BlockPlan>(build_block_map(p, simd::make_tiling(p).br));
   }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     const simd::Tiling t = simd::make_tiling(p);
@@ -85,7 +85,7 @@ class Flash final : public Kernel {
     const BlockMap* map = nullptr;
     std::optional<BlockMap> own;
     if (p.sparse()) {
-      const auto* plan = dynamic_cast<const simd::BlockPlan*>(ctx.plan);
+      const auto* plan = dynamic_cast<const BlockPlan*>(ctx.plan);
       map = plan && plan->map.br == t.br ? &plan->map : &own.emplace(build_block_map(p, t.br));
     }
     const int64_t nq = (p.q_len + t.br - 1) / t.br;

@@ -362,8 +362,11 @@ void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Sc
   const int64_t v = map.variant(b, hk), lk = p.kv_len_of(b);
   const uint8_t* empty = map.row_empty.data() + (v * p.q_len + i0) * t.group;
   for (int64_t rr = 0; rr < rows; ++rr) s.iv[rr] = empty[rr] ? Interval{0, 0} : Interval{0, lk};
-  const auto [e, last] = map.entries_in(v, i0 / map.br, keys.lo, keys.hi);
-  const int64_t n = last - e;
+  // Not a structured binding: clang 14 cannot capture one in the lambda below.
+  const std::pair<const BlockMap::Entry*, const BlockMap::Entry*> range =
+      map.entries_in(v, i0 / map.br, keys.lo, keys.hi);
+  const BlockMap::Entry* e = range.first;
+  const int64_t n = range.second - e;
   const auto at = [&](int64_t x) {
     const int64_t j0 = e[x].key_tile * kTileKeys;
     return TileRef{j0, static_cast<int>(std::min<int64_t>(kTileKeys, lk - j0)),

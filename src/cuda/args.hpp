@@ -17,6 +17,22 @@ struct Strides {
   ATTN_HD int64_t at(int64_t bi, int64_t hi, int64_t si) const { return bi * b + hi * h + si * s; }
 };
 
+// A sparse pattern's block map (include/attnlab/pattern.hpp) as raw arrays, built on the host
+// with one query tile per thread block (cuda_flash: br = rows per block / G, so the map's rows
+// rr = r * G + g are the block's rows t - t0). Host pointers until runtime.cu copies them.
+struct BlockMapView {
+  const int64_t* start = nullptr;  // entries of (variant, query tile) t: [start[t], start[t + 1])
+  const BlockEntry* entries = nullptr;
+  const uint64_t* bits = nullptr;
+  const uint8_t* row_empty = nullptr;  // per (variant, query row, g)
+  int64_t query_tiles = 0, variants_b = 1, variants_h = 1;
+  int64_t n_start = 0, n_entries = 0, n_bits = 0, n_empty = 0;  // element counts, for the copies
+
+  ATTN_HD int64_t variant(int64_t b, int64_t hk) const {
+    return (variants_b == 1 ? 0 : b) * variants_h + (variants_h == 1 ? 0 : hk);
+  }
+};
+
 struct DeviceArgs {
   // Q, K, V in their storage dtype (float, bf16 or f16 elements; strides in elements): the
   // kernels are instantiated per dtype and widen each element exactly where they load it.
@@ -32,6 +48,8 @@ struct DeviceArgs {
   CausalAlign causal = CausalAlign::None;
   int64_t window_left = -1, window_right = -1;
   float scale = 1.f;  // the effective softmax scale (1/sqrt(head_dim) unless given)
+  bool sparse = false;  // a sparse pattern (Problem::sparse()): the kernel follows `map`
+  BlockMapView map;     // set by device_args() from the plan when sparse
 
   ATTN_HD int64_t group() const { return q_heads / kv_heads; }
   ATTN_HD MaskSpec mask(int64_t b) const {
@@ -60,6 +78,9 @@ struct KernelOps {
   int64_t (*smem_bytes)(const DeviceArgs& a);
   // Empty when the kernel computes this problem, else why not (grid limits and the like).
   const char* (*unsupported)(const DeviceArgs& a);
+  // Query rows (position, head-in-group pairs) per thread block when the kernel runs sparse
+  // patterns by the block map (its plan is build_block_map(p, block_rows / G)); 0: it runs none.
+  int64_t (*block_rows)(const DeviceArgs& a);
   // Enqueues the kernel; errors are reported by the caller (cudaGetLastError).
   void (*launch)(const DeviceArgs& a, const LaunchEnv& env);
 };

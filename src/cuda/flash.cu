@@ -16,11 +16,16 @@
 //      (no row is skipped because of its max);
 //   4. P goes to shared memory and O += P V, each thread owning kRM rows x head_dim/16 columns;
 //      on a masked tile a row multiplies only the V rows of its own visible keys.
+// Sparse patterns (include/attnlab/pattern.hpp): make_plan builds the block map on the host with
+// one query tile per block (br = kM / G, so G must divide kM; outside the timed region) and
+// runtime.cu copies it with the inputs; a block visits only its map entries' 64-key tiles, in
+// kN-key steps, full ones unmasked and partial ones masked by each row's 64-bit word - the same
+// select and P V rule as a tile an interval cuts (an interval becomes a word, key_bits).
 // Q is pre-scaled by scale * log2(e) once, so the softmax runs on exp2 (FA's softmax.h trick);
 // LSE = m * ln 2 + log(l). Fully masked rows (empty interval): O = 0, LSE = -inf.
 // Memory: shared (kM + kN) * (D + 4) + kN * D + kM * (kN + pad) floats, <= 98 KiB for every
 // head-dim bucket (so it also runs on sm_86/89 parts with 99 KiB), nothing in global memory
-// beyond Q, K, V, O, LSE: O(N) extra memory. K and V are read q_len*G/kM times per kv head.
+// beyond Q, K, V, O, LSE (and a pattern's block map): O(N) extra memory. K and V are read q_len*G/kM times per kv head.
 // Cost: 4 * visible pairs * D FLOP; per 4-wide k step a thread issues kRM + kRN float4 shared
 // loads for 4 * kRM * kRN FMAs, so it is FMA-bound in principle, less in practice: no
 // cp.async double buffering (tile loads stall the block; 2 blocks per SM hide part of it),
@@ -68,13 +73,23 @@ struct Config {
   static_assert(M % kTY == 0 && N % kTX == 0 && D % kTX == 0, "tile shape");
 };
 
-// One score tile step. kMasked: some row's interval cuts the tile, so each score is checked
-// against its row's interval and P * V skips masked keys.
-template <class C, bool kMasked>
+// Bits lo .. hi - 1 of a tile's key mask (bit n: key j0 + n), lo and hi relative to j0,
+// clamped to the tile's [0, 64).
+__device__ __forceinline__ uint64_t key_bits(int64_t lo, int64_t hi) {
+  lo = lo < 0 ? 0 : lo;
+  hi = hi > 64 ? 64 : hi;
+  if (hi <= lo) return 0;
+  const uint64_t below_hi = hi == 64 ? ~uint64_t{0} : (uint64_t{1} << hi) - 1;
+  return below_hi & ~((uint64_t{1} << lo) - 1);
+}
+
+// One score tile step over keys [j0, j0 + n_keys). kMasked: some row does not see every key of
+// the tile; row_bits(row of the block) gives the keys it sees (bit n: key j0 + n), so each
+// score is checked against them and P * V skips the others.
+template <class C, bool kMasked, class RowBits>
 __device__ __forceinline__ void tile_step(const float* qs, const float* ks, const float* vs,
-                                          float* ps, int tx, int ty, int dim4, int64_t j0,
-                                          int n_keys, const MaskSpec& mask, int64_t t0,
-                                          int64_t group, int64_t rows_total, float (&m)[C::kRM],
+                                          float* ps, int tx, int ty, int dim4, int n_keys,
+                                          const RowBits& row_bits, float (&m)[C::kRM],
                                           float (&l)[C::kRM], float (&acc)[C::kRM][C::kCols]) {
   // S = Q K^T for this thread's kRM x kRN scores (log2 domain: Q carries scale * log2 e).
   float s[C::kRM][C::kRN];
@@ -106,23 +121,17 @@ __device__ __forceinline__ void tile_step(const float* qs, const float* ks, cons
   }
   // Online softmax, one row at a time; the 16 lanes of a row hold identical m and alpha.
   // Special values: include/attnlab/online_softmax.hpp (fmaxf may drop a NaN score; its p
-  // is NaN all the same). Masked tiles keep each row's visible keys, relative to j0, for P V.
-  int vis_lo[C::kRM], vis_hi[C::kRM];
+  // is NaN all the same). Masked tiles keep each row's visible keys (bits) for P V.
+  uint64_t vis[C::kRM];
   ATTN_UNROLL
   for (int r = 0; r < C::kRM; ++r) {
-    vis_lo[r] = 0, vis_hi[r] = C::kN;
+    vis[r] = ~uint64_t{0};
     if (kMasked) {
       // Recomputed here rather than kept in registers for the whole kernel (fewer spills).
-      const int64_t t = t0 + ty * C::kRM + r;
-      const Interval iv = t < rows_total ? mask.row(t / group) : Interval{0, 0};
-      const auto rel = [j0](int64_t j) {  // key j as a tile index, clamped to [0, kN]
-        return static_cast<int>(j < j0 ? 0 : (j - j0 > C::kN ? C::kN : j - j0));
-      };
-      vis_lo[r] = rel(iv.lo), vis_hi[r] = rel(iv.hi);
+      vis[r] = row_bits(ty * C::kRM + r);
       ATTN_UNROLL
       for (int c = 0; c < C::kRN; ++c) {
-        const int n = tx + kTX * c;
-        if (n < vis_lo[r] || n >= vis_hi[r]) s[r][c] = -INFINITY;  // replaced, never multiplied
+        if (!(vis[r] >> (tx + kTX * c) & 1)) s[r][c] = -INFINITY;  // replaced, never multiplied
       }
     }
     float tile_max = -INFINITY;
@@ -159,7 +168,7 @@ __device__ __forceinline__ void tile_step(const float* qs, const float* ks, cons
         if (kMasked) {
           // Only the row's own visible keys: 0 * NaN/Inf in a V row it does not see would
           // leak, while a visible key with p = 0 multiplies as in the reference.
-          if (n >= vis_lo[r] && n < vis_hi[r]) acc[r][c] = fmaf(pv[r], vv[c], acc[r][c]);
+          if (vis[r] >> n & 1) acc[r][c] = fmaf(pv[r], vv[c], acc[r][c]);
         } else {
           acc[r][c] = fmaf(pv[r], vv[c], acc[r][c]);
         }
@@ -244,28 +253,49 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
     for (int c = 0; c < C::kCols; ++c) acc[r][c] = 0.f;
   }
 
-  // Key tiles to visit (the union of the rows' intervals) and those needing no mask.
-  const cuda_impl::TilePlan plan = cuda_impl::plan_block(mask, t0, C::kM, rows_total, group);
-  const Interval span = plan.span;
-
-  for (int64_t j0 = span.lo; j0 < span.hi; j0 += C::kN) {
+  // Key tile [j0, j0 + kN): K and V rows up to `end` (zeros past it: never read, but never
+  // NaN either), then the step, masked by row_bits when `masked`.
+  const auto visit = [&](int64_t j0, int64_t end, bool masked, const auto& row_bits) {
     __syncthreads();  // the previous tile's P V is done with ks, vs, ps (and Q is stored)
-    // K and V rows [j0, j0 + kN); zeros past the span (never read, but never NaN either).
     load_tile<C::kN, C::kD, E>(ks, C::kQK, dim, k_vec4, 1.f, [&](int n) -> const E* {
-      return j0 + n < span.hi ? ka + a.ks.at(b, hk, j0 + n) : nullptr;
+      return j0 + n < end ? ka + a.ks.at(b, hk, j0 + n) : nullptr;
     });
     load_tile<C::kN, C::kD, E>(vs, C::kD, dim, v_vec4, 1.f, [&](int n) -> const E* {
-      return j0 + n < span.hi ? va + a.vs.at(b, hk, j0 + n) : nullptr;
+      return j0 + n < end ? va + a.vs.at(b, hk, j0 + n) : nullptr;
     });
     __syncthreads();
-    const int64_t left = span.hi - j0;
-    const int n_keys = left < C::kN ? static_cast<int>(left) : C::kN;
-    if (!plan.needs_mask(j0, C::kN)) {
-      tile_step<C, false>(qs, ks, vs, ps, tx, ty, dim4, j0, n_keys, mask, t0, group, rows_total,
-                          m, l, acc);
+    const int n_keys = end - j0 < C::kN ? static_cast<int>(end - j0) : C::kN;
+    if (!masked) {
+      tile_step<C, false>(qs, ks, vs, ps, tx, ty, dim4, n_keys, row_bits, m, l, acc);
     } else {
-      tile_step<C, true>(qs, ks, vs, ps, tx, ty, dim4, j0, n_keys, mask, t0, group, rows_total,
-                         m, l, acc);
+      tile_step<C, true>(qs, ks, vs, ps, tx, ty, dim4, n_keys, row_bits, m, l, acc);
+    }
+  };
+  const int64_t v = a.sparse ? a.map.variant(b, hk) : 0;
+  if (!a.sparse) {
+    // Key tiles to visit (the union of the rows' intervals) and those needing no mask.
+    const cuda_impl::TilePlan plan = cuda_impl::plan_block(mask, t0, C::kM, rows_total, group);
+    for (int64_t j0 = plan.span.lo; j0 < plan.span.hi; j0 += C::kN) {
+      visit(j0, plan.span.hi, plan.needs_mask(j0, C::kN), [&](int r) {
+        const int64_t t = t0 + r;
+        const Interval iv = t < rows_total ? mask.row(t / group) : Interval{0, 0};
+        return key_bits(iv.lo - j0, iv.hi - j0);
+      });
+    }
+  } else {
+    // The block map's entries of this block (its query tile): the 64-key tiles some row sees,
+    // in kN-key steps; a full entry needs no mask (unless it ends before kN keys), a partial
+    // one masks by its words (row r of the block: word r).
+    const int64_t x = v * a.map.query_tiles + blockIdx.x;
+    for (int64_t e = a.map.start[x]; e < a.map.start[x + 1]; ++e) {
+      const BlockEntry en = a.map.entries[e];
+      const int64_t base = en.key_tile * 64, end = base + 64 < mask.kv_len ? base + 64 : mask.kv_len;
+      for (int64_t j0 = base; j0 < end; j0 += C::kN) {
+        visit(j0, end, en.words >= 0 || end - j0 < C::kN, [&](int r) {
+          const uint64_t w = en.words < 0 ? ~uint64_t{0} : a.map.bits[en.words + r] >> (j0 - base);
+          return w & key_bits(0, end - j0);
+        });
+      }
     }
   }
 
@@ -276,7 +306,9 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
     const int64_t t = t0 + ty * C::kRM + r;
     if (t >= rows_total) continue;
     const int64_t i = t / group, h = hk * group + t % group;
-    const bool empty = mask.row(i).empty();  // fully masked row -> O = 0, LSE = -inf
+    // A fully masked row (by the interval, or the map for a pattern): O = 0, LSE = -inf.
+    const bool empty = a.sparse ? a.map.row_empty[(v * a.q_len + i) * group + t % group] != 0
+                                : mask.row(i).empty();
     const float inv = online_softmax::out_scale(empty, l_row);
     float* o = a.o + a.os.at(b, h, i);
     ATTN_UNROLL
@@ -319,8 +351,16 @@ int64_t smem_bytes(const DeviceArgs& a) {
   });
 }
 
+int64_t block_rows(const DeviceArgs& a) {
+  return with_config(a.head_dim, [](auto c) { return int64_t{decltype(c)::kM}; });
+}
+
 const char* unsupported(const DeviceArgs& a) {
   if (a.head_dim > 512) return "head_dim above 512";
+  if (a.sparse && block_rows(a) % a.group() != 0) {
+    return "a sparse pattern with q_heads / kv_heads not dividing the block's rows (64 up to "
+           "head_dim 128, 32 up to 256, 16 up to 512): the block map has one query tile per block";
+  }
   if (a.kv_heads > kMaxGridY) return "kv_heads above 65535 (grid y)";
   if (a.batch > kMaxGridZ) return "batch above 65535 (grid z)";
   const int64_t tiles = with_config(a.head_dim, [&](auto c) {
@@ -347,6 +387,7 @@ void launch(const DeviceArgs& a, const LaunchEnv& env) {
 }  // namespace flash_impl
 
 const cuda_impl::KernelOps flash_ops = {flash_impl::scratch_floats, flash_impl::smem_bytes,
-                                        flash_impl::unsupported, flash_impl::launch};
+                                        flash_impl::unsupported, flash_impl::block_rows,
+                                        flash_impl::launch};
 
 }  // namespace attnlab::ATTN_CUDA_NS

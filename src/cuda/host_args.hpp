@@ -13,6 +13,14 @@ DeviceArgs problem_args(const Problem& p);
 // Also the host pointers and strides. Throws InvalidInput for views the CUDA path cannot copy (negative strides, overlapping rows).
 DeviceArgs device_args(const Problem& p, const Inputs& in, const Outputs& out);
 
+// For a sparse problem, the kernel's block map (one query tile per thread block: br =
+// ops.block_rows / G) as make_plan's plan; nullptr for an interval mask.
+std::shared_ptr<const Plan> block_plan(const Problem& p, const KernelOps& ops);
+// Points a.map at the plan's block map (a sparse problem; `plan` is ctx.plan, or nullptr: then
+// the map is built here and `keep` holds it for the run).
+void attach_plan(DeviceArgs& a, const Problem& p, const KernelOps& ops, const Plan* plan,
+                 std::shared_ptr<const Plan>& keep);
+
 // Elements of Q, K, V from each view's first element to its last (what one contiguous copy
 // moves), in the inputs' storage dtype.
 struct InputExtents {

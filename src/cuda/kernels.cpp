@@ -44,7 +44,38 @@ DeviceArgs problem_args(const Problem& p) {
   a.window_right = p.window_right;
   a.scale = p.effective_scale();
   a.dtype = p.dtype;
+  a.sparse = p.sparse();
   return a;
+}
+
+std::shared_ptr<const Plan> block_plan(const Problem& p, const KernelOps& ops) {
+  if (!p.sparse()) return nullptr;
+  const int64_t rows = ops.block_rows(problem_args(p));
+  if (rows <= 0 || rows % p.group() != 0) return nullptr;  // unsupported() says why
+  return std::make_shared<BlockPlan>(build_block_map(p, rows / p.group()));
+}
+
+void attach_plan(DeviceArgs& a, const Problem& p, const KernelOps& ops, const Plan* plan,
+                 std::shared_ptr<const Plan>& keep) {
+  if (!p.sparse()) return;
+  const auto* made = dynamic_cast<const BlockPlan*>(plan);
+  if (!made) {
+    keep = block_plan(p, ops);
+    made = dynamic_cast<const BlockPlan*>(keep.get());
+  }
+  if (!made) throw InvalidInput("a sparse pattern this CUDA kernel cannot run: " + std::string(ops.unsupported(a)));
+  const BlockMap& m = made->map;
+  a.map.start = m.start.data();
+  a.map.entries = m.entries.data();
+  a.map.bits = m.bits.data();
+  a.map.row_empty = m.row_empty.data();
+  a.map.query_tiles = m.query_tiles;
+  a.map.variants_b = m.variants_b;
+  a.map.variants_h = m.variants_h;
+  a.map.n_start = static_cast<int64_t>(m.start.size());
+  a.map.n_entries = static_cast<int64_t>(m.entries.size());
+  a.map.n_bits = static_cast<int64_t>(m.bits.size());
+  a.map.n_empty = static_cast<int64_t>(m.row_empty.size());
 }
 
 DeviceArgs device_args(const Problem& p, const Inputs& in, const Outputs& out) {
@@ -93,8 +124,13 @@ constexpr const char* kBuiltWithout =
 
 class CudaKernel final : public Kernel {
  public:
-  CudaKernel(std::string_view name, std::string_view description, const cuda_impl::KernelOps* ops)
-      : name_(name), description_(description), ops_(ops) {}
+  CudaKernel(std::string_view name, std::string_view description, const cuda_impl::KernelOps* ops,
+             bool patterns)
+      : name_(name), description_(description), ops_(ops), patterns_(patterns) {}
+  bool runs_patterns() const override { return patterns_; }
+  std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
+    return ops_ ? cuda_impl::block_plan(p, *ops_) : nullptr;
+  }
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return description_; }
   std::string_view isa() const override { return "cuda"; }
@@ -115,9 +151,11 @@ class CudaKernel final : public Kernel {
 #endif
     return Support::yes();
   }
-  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext&) const override {
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
 #if defined(ATTN_HAS_CUDA)
-    const cuda_impl::DeviceArgs a = cuda_impl::device_args(p, in, out);
+    cuda_impl::DeviceArgs a = cuda_impl::device_args(p, in, out);
+    std::shared_ptr<const Plan> keep;
+    cuda_impl::attach_plan(a, p, *ops_, ctx.plan, keep);
     const cuda_impl::InputExtents in_ext = cuda_impl::input_extents(in);
     cuda_dev::Extents ext;
     ext.q = in_ext.q;
@@ -131,7 +169,7 @@ class CudaKernel final : public Kernel {
     std::lock_guard<std::mutex> lock(g_timing_mutex);
     g_last_timing = t;
 #else
-    (void)p, (void)in, (void)out;
+    (void)p, (void)in, (void)out, (void)ctx;
     throw InvalidInput(std::string(name_) + " is not available: " + kBuiltWithout);
 #endif
   }
@@ -139,6 +177,7 @@ class CudaKernel final : public Kernel {
  private:
   std::string_view name_, description_;
   const cuda_impl::KernelOps* ops_;
+  bool patterns_;
 };
 
 #if defined(ATTN_HAS_CUDA)
@@ -154,15 +193,16 @@ constexpr const cuda_impl::KernelOps* kFlashOps = nullptr;
 const Kernel& naive() {
   static const CudaKernel k("cuda_naive",
                             "CUDA textbook: one warp per query row, scores in global memory",
-                            kNaiveOps);
+                            kNaiveOps, false);
   return k;
 }
 
 const Kernel& flash() {
   static const CudaKernel k("cuda_flash",
                             "CUDA FlashAttention-2 style fp32: K/V tiles in shared memory, online "
-                            "softmax in registers, GQA-grouped, causal/window tile skipping",
-                            kFlashOps);
+                            "softmax in registers, GQA-grouped, causal/window tile skipping, "
+                            "sparse patterns by block map",
+                            kFlashOps, true);
   return k;
 }
 

@@ -81,7 +81,11 @@ int64_t grid_warps(const DeviceArgs& a, int sm_count) {
 
 int64_t scratch_floats(const DeviceArgs& a, int sm_count) { return grid_warps(a, sm_count) * a.kv_len; }
 int64_t smem_bytes(const DeviceArgs&) { return 0; }
-const char* unsupported(const DeviceArgs&) { return ""; }
+const char* unsupported(const DeviceArgs& a) {
+  return a.sparse ? "a sparse pattern (cuda_flash runs them; cuda_naive takes interval masks only)" : "";
+}
+
+int64_t block_rows(const DeviceArgs&) { return 0; }  // no block map: no patterns
 
 void launch(const DeviceArgs& a, const LaunchEnv& env) {
   const int64_t warps = grid_warps(a, env.sm_count);
@@ -96,6 +100,7 @@ void launch(const DeviceArgs& a, const LaunchEnv& env) {
 }  // namespace naive_impl
 
 const cuda_impl::KernelOps naive_ops = {naive_impl::scratch_floats, naive_impl::smem_bytes,
-                                       naive_impl::unsupported, naive_impl::launch};
+                                       naive_impl::unsupported, naive_impl::block_rows,
+                                       naive_impl::launch};
 
 }  // namespace attnlab::ATTN_CUDA_NS

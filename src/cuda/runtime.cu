@@ -16,6 +16,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "cuda/runtime.hpp"
 
@@ -163,8 +164,11 @@ struct Resources {
   Stream stream;
   Event start, copied_in, computed, copied_out;
   DeviceBuffer q, k, v, o, lse, kv_lens, scratch;
+  DeviceBuffer map_start, map_entries, map_bits, map_empty;  // a sparse pattern's block map
   void release_buffers() {
-    for (DeviceBuffer* b : {&q, &k, &v, &o, &lse, &kv_lens, &scratch}) b->reset();
+    for (DeviceBuffer* b : {&q, &k, &v, &o, &lse, &kv_lens, &scratch, &map_start, &map_entries, &map_bits, &map_empty}) {
+      b->reset();
+    }
   }
 };
 
@@ -250,6 +254,24 @@ void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, con
     check(cudaMemcpyAsync(dlens, host.kv_lens, static_cast<size_t>(host.batch) * sizeof(int64_t), cudaMemcpyHostToDevice, s),
           "cudaMemcpy kv_lens to device");
   }
+  size_t map_bytes = 0;
+  if (host.sparse) {
+    // The block map (built on the host by the plan), copied with the inputs.
+    const auto copy = [&](DeviceBuffer& buf, const auto* src, int64_t n, const char* what) {
+      using T = std::remove_cv_t<std::remove_pointer_t<decltype(src)>>;
+      T* dst = buf.get<T>(static_cast<size_t>(n), what);
+      if (n > 0) {
+        check(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(T), cudaMemcpyHostToDevice, s),
+              (std::string("cudaMemcpy ") + what + " to device").c_str());
+      }
+      map_bytes += static_cast<size_t>(n) * sizeof(T);
+      return dst;
+    };
+    d.map.start = copy(r.map_start, host.map.start, host.map.n_start, "block map starts");
+    d.map.entries = copy(r.map_entries, host.map.entries, host.map.n_entries, "block map entries");
+    d.map.bits = copy(r.map_bits, host.map.bits, host.map.n_bits, "block map words");
+    d.map.row_empty = copy(r.map_empty, host.map.row_empty, host.map.n_empty, "block map empty rows");
+  }
   check(cudaEventRecord(r.copied_in.get(), s), "cudaEventRecord");
   ops.launch(d, env);
   check(cudaGetLastError(), "kernel launch");
@@ -282,7 +304,7 @@ void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, con
   timing.kernel_ms = elapsed_ms(r.copied_in, r.computed);
   timing.d2h_ms = elapsed_ms(r.computed, r.copied_out);
   timing.h2d_bytes = static_cast<double>(static_cast<size_t>(ext.q + ext.k + ext.v) * in_size +
-                                          (dlens ? static_cast<size_t>(host.batch) * sizeof(int64_t) : 0));
+                                          (dlens ? static_cast<size_t>(host.batch) * sizeof(int64_t) : 0) + map_bytes);
   timing.d2h_bytes = static_cast<double>(d2h);
 }
 

@@ -66,12 +66,6 @@ void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scra
 void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, const BlockMap& map,
                    int64_t b, int64_t hk, int64_t i0, int64_t rows,
                    Interval keys = {0, std::numeric_limits<int64_t>::max()});
-// The block map as a kernel's per-problem plan (Kernel::make_plan).
-struct BlockPlan final : Plan {
-  BlockMap map;
-  explicit BlockPlan(BlockMap m) : map(std::move(m)) {}
-  size_t bytes() const override { return map.bytes(); }
-};
 // l of row rr (the sum of its lane partial sums).
 float row_sum(const Scratch& s, int64_t rr);
 void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Scratch& s, int64_t b,
