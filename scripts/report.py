@@ -27,6 +27,7 @@ import csv
 import json
 import math
 import os
+import re
 import sys
 
 import matplotlib
@@ -812,6 +813,17 @@ def plot_masks(plots, ok, kernels):
                f"afterwards loses GFLOP/s instead. Held fixed: {describe_fixed(fixed)}.")
 
 
+def pattern_family(mask):
+    """A mask name without the parts that follow n: an experiment's {"spread": N} globals and
+    {"mean": M} documents are lists that change with n, so each n gets its own name (e.g.
+    global16h25a94191, docs17h33cc0ce5 or docs512.1536); a family (global16, docs) is one line."""
+    mask = re.sub(r"docs(\d+h[0-9a-f]{8}|\d+(\.\d+)*)", "docs", mask)
+    # globalNhHASH: N positions (a long list); globalA.B.C: the positions themselves.
+    return re.sub(r"global(\d+)(h[0-9a-f]{8}|(\.\d+)*)",
+                  lambda m: "global" + (m.group(1) if m.group(2).startswith("h")
+                                        else str(1 + m.group(2).count("."))), mask)
+
+
 def plot_sparse(plots, ok):
     """Sparse patterns (results with a `pattern` column set): time vs n per mask with each
     pattern's fitted exponent, and the skipping efficiency = dense time x density / time at the
@@ -819,10 +831,10 @@ def plot_sparse(plots, ok):
     if not any(r.get("pattern") for r in ok):
         return
     pre = [r for r in ok if is_prefill(r)]
-    series = collections.defaultdict(dict)  # (kernel, shape without q_len/kv_len/mask) -> mask -> n -> row
+    series = collections.defaultdict(dict)  # (kernel, shape without q_len/kv_len/mask) -> family -> n -> row
     for r in pre:
         shape = tuple(r[k] for k in SHAPE_KEYS if k not in ("q_len", "kv_len", "mask"))
-        series[(r["kernel"], shape)].setdefault(r["mask"], {})[r["q_len"]] = r
+        series[(r["kernel"], shape)].setdefault(pattern_family(r["mask"]), {})[r["q_len"]] = r
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(15, 5.8))
     cmap = plt.get_cmap("tab10")
     table = ["| kernel | mask | fitted exponent (n >= 4096) | density at each n | skipping efficiency at each n | "
