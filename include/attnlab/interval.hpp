@@ -85,7 +85,8 @@ struct MaskSpec {
 struct BlockEntry {
   int64_t key_tile;  // keys [key_tile * 64, +64)
   int64_t words;     // -1: every row sees every key of the tile; else the offset of its
-                     // R = G * br words (bit k: key key_tile * 64 + k) in the map's bits
+                     // R = G * br words (G for a solo tile; bit k: key key_tile * 64 + k)
+                     // in the map's bits
 };
 
 }  // namespace attnlab

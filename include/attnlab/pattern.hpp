@@ -20,6 +20,7 @@
 // word of visible keys per row). It is built once per problem, outside the timed region.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -61,7 +62,9 @@ std::vector<int64_t> bigbird_pick(const BigBird& bb, int64_t qb, int64_t key_blo
 // draws), built once per problem; visible() is then O(1).
 class Pattern {
  public:
-  explicit Pattern(const Problem& p);
+  // global_rows = false: the rule without the global-row term (a global position's row then
+  // sees what any other row sees); the block map uses it for the rows it runs alone.
+  explicit Pattern(const Problem& p, bool global_rows = true);
   bool visible(int64_t b, int64_t h, int64_t i, int64_t j) const;
   // Keys outside hull(b, i) are never visible to row i (a cheap bound for row-wise loops).
   Interval hull(int64_t b, int64_t i) const;
@@ -72,10 +75,14 @@ class Pattern {
   // Rows [i0, i1) x keys [j0, j1) of (b, h): Empty or Full only when that is certain for every
   // pair (the keys clipped to Lk), Partial otherwise (decided per element by visible()).
   Block classify(int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t j0, int64_t j1) const;
+  // Whether row i of batch b is a global row (its position is global and the ANY terms
+  // matter): it sees every key the ALL terms leave.
+  bool global_row(int64_t b, int64_t i) const;
 
  private:
   const Problem& p_;
   bool bounded_ = false;            // a window or a dilation: the ANY terms matter
+  bool global_rows_ = true;
   std::vector<int32_t> doc_;        // document of each index (documents only)
   std::vector<int64_t> doc_start_;  // first index of each document, then q_len
   std::vector<uint8_t> global_;     // per key position (globals only)
@@ -109,6 +116,18 @@ struct BlockMap {
   std::vector<Entry> entries;
   std::vector<uint64_t> bits;
   std::vector<uint8_t> row_empty;  // per (variant, query row, g): no visible key at all
+  // Query positions run alone (build_block_map's solo_global_rows): a global row sees every
+  // key, so in a query tile it would make every key tile partial for all the tile's rows.
+  // In their br-row tile their rows get no words (so they widen no panel; a full tile still
+  // computes them: dropped, skip()), and the tile follows the rule without the global-row
+  // term; they are mapped again as query tile query_tiles + x (position solo[x], its G rows:
+  // the first G of each entry's words). Ascending; the same for every variant.
+  std::vector<int64_t> solo;
+
+  // Query tiles per variant: the br-row tiles, then one per solo position.
+  int64_t tiles() const { return query_tiles + static_cast<int64_t>(solo.size()); }
+  // Whether position i's rows in their br-row tile are dropped (run alone instead).
+  bool skip(int64_t i) const { return !solo.empty() && std::binary_search(solo.begin(), solo.end(), i); }
 
   // The entries of query tile qt of variant v whose key tiles lie in [j0, j1) (multiples of 64).
   std::pair<const Entry*, const Entry*> entries_in(int64_t v, int64_t qt, int64_t j0, int64_t j1) const;
@@ -119,6 +138,8 @@ struct BlockMap {
   }
   size_t bytes() const;
 };
-BlockMap build_block_map(const Problem& p, int64_t br);
+// solo_global_rows: run global rows alone (BlockMap::solo; not with per-batch kv_lens, whose
+// positions move per batch entry). The tile kernel that asks for it runs the extra tiles.
+BlockMap build_block_map(const Problem& p, int64_t br, bool solo_global_rows = false);
 
 }  // namespace attnlab

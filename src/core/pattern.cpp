@@ -48,7 +48,7 @@ std::vector<int64_t> bigbird_pick(const BigBird& bb, int64_t qb, int64_t key_blo
   return out;
 }
 
-Pattern::Pattern(const Problem& p) : p_(p) {
+Pattern::Pattern(const Problem& p, bool global_rows) : p_(p), global_rows_(global_rows) {
   bounded_ = p.window_left >= 0 || p.window_right >= 0 || p.dilation > 1;
   if (!p.doc_lens.empty()) {
     doc_.resize(static_cast<size_t>(p.kv_len));
@@ -77,6 +77,11 @@ Pattern::Pattern(const Problem& p) : p_(p) {
       picks_.insert(picks_.end(), v.begin(), v.end());
     }
   }
+}
+
+bool Pattern::global_row(int64_t b, int64_t i) const {
+  const int64_t pos = i + off(b);
+  return bounded_ && global_rows_ && !global_.empty() && pos >= 0 && pos < p_.kv_len && global_[pos];
 }
 
 int64_t Pattern::off(int64_t b) const {
@@ -109,7 +114,7 @@ bool Pattern::visible(int64_t b, int64_t h, int64_t i, int64_t j) const {
     return true;
   }
   if (j < p_.sinks) return true;
-  if (!global_.empty() && (global_[j] || (pos >= 0 && pos < p_.kv_len && global_[pos]))) return true;
+  if (!global_.empty() && (global_[j] || (global_rows_ && pos >= 0 && pos < p_.kv_len && global_[pos]))) return true;
   return !picks_.empty() && pos >= 0 && picked(pos / p_.bigbird.block, j / p_.bigbird.block);
 }
 
@@ -164,7 +169,7 @@ Block Pattern::classify(int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t j0
   if (p_.sinks > 0) any = any_of(any, share(std::max<int64_t>(0, std::min(j1, p_.sinks) - j0), j1 - j0));
   if (!global_.empty()) {
     any = any_of(any, share(globals_in(j0, j1), j1 - j0));
-    any = any_of(any, share(globals_in(p0, p1 + 1), p1 - p0 + 1));
+    if (global_rows_) any = any_of(any, share(globals_in(p0, p1 + 1), p1 - p0 + 1));
   }
   if (!picks_.empty() && p1 >= 0) {
     const int64_t B = p_.bigbird.block;
@@ -273,13 +278,13 @@ PatternCount count_pattern(const Problem& p) {
 
 size_t BlockMap::bytes() const {
   return start.size() * sizeof(int64_t) + entries.size() * sizeof(Entry) + bits.size() * sizeof(uint64_t) +
-         row_empty.size();
+         row_empty.size() + solo.size() * sizeof(int64_t);
 }
 
 std::pair<const BlockMap::Entry*, const BlockMap::Entry*> BlockMap::entries_in(int64_t v, int64_t qt, int64_t j0,
                                                                               int64_t j1) const {
-  const Entry* first = entries.data() + start[v * query_tiles + qt];
-  const Entry* last = entries.data() + start[v * query_tiles + qt + 1];
+  const Entry* first = entries.data() + start[v * tiles() + qt];
+  const Entry* last = entries.data() + start[v * tiles() + qt + 1];
   const auto tile_below = [](const Entry& e, int64_t t) { return e.key_tile < t; };
   return {std::lower_bound(first, last, j0 / kBlockKeys, tile_below),
           std::lower_bound(first, last, j1 / kBlockKeys + (j1 % kBlockKeys != 0), tile_below)};
@@ -293,55 +298,70 @@ bool BlockMap::row_sees(int64_t v, int64_t qt, int64_t rr, int64_t j0, int64_t j
   return false;
 }
 
-BlockMap build_block_map(const Problem& p, int64_t br) {
-  const Pattern pat(p);
+BlockMap build_block_map(const Problem& p, int64_t br, bool solo_global_rows) {
   BlockMap m;
+  const Pattern full(p);
+  if (solo_global_rows && p.kv_lens.empty()) {
+    for (int64_t i = 0; i < p.q_len; ++i)
+      if (full.global_row(0, i)) m.solo.push_back(i);
+  }
+  // The br-row tiles follow the rule without global rows when those run alone.
+  const Pattern banded(p, m.solo.empty());
   const int64_t G = p.group();
   m.br = br, m.group = G, m.query_tiles = (p.q_len + br - 1) / br;
   const Variants v(p, p.kv_heads);  // per kv head: a task covers its G query heads
   m.variants_b = v.nb, m.variants_h = v.nh;
-  const int64_t R = G * br, kB = BlockMap::kBlockKeys;
+  const int64_t kB = BlockMap::kBlockKeys;
   m.row_empty.assign(static_cast<size_t>(v.nb * v.nh * p.q_len * G), 1);
   m.start.push_back(0);
-  for (int64_t b = 0; b < v.nb; ++b) {
+  // One query tile: positions [i0, i1) by `pat`, `words` words per partial entry.
+  const auto map_tile = [&](const Pattern& pat, int64_t b, int64_t hk, int64_t i0, int64_t i1, int64_t words,
+                            uint8_t* empty) {
     const int64_t lk = p.kv_len_of(b);
+    for (int64_t j0 = 0; j0 < lk; j0 += kB) {
+      const int64_t j1 = std::min(j0 + kB, lk);
+      Block k = pat.classify(b, hk * G, i0, i1, j0, j1);
+      for (int64_t g = 1; g < G && v.nh > 1; ++g) {  // per-head masks: all heads of the group
+        const Block kg = pat.classify(b, hk * G + g, i0, i1, j0, j1);
+        if (kg != k) k = Block::Partial;
+      }
+      if (k == Block::Empty) continue;
+      if (k == Block::Full) {
+        m.entries.push_back({j0 / kB, -1});
+        std::fill(empty + i0 * G, empty + i1 * G, 0);
+        continue;
+      }
+      const auto at = static_cast<int64_t>(m.bits.size());
+      m.bits.resize(m.bits.size() + static_cast<size_t>(words), 0);
+      bool any = false;
+      for (int64_t r = 0; r < i1 - i0; ++r) {
+        if (words > G && m.skip(i0 + r)) continue;  // dropped from a br-row tile: no keys there
+        for (int64_t g = 0; g < G; ++g) {
+          uint64_t w = 0;
+          for (int64_t j = j0; j < j1; ++j) {
+            if (pat.visible(b, hk * G + g, i0 + r, j)) w |= uint64_t{1} << (j - j0);
+          }
+          m.bits[at + r * G + g] = w;
+          if (w) any = true, empty[(i0 + r) * G + g] = 0;
+        }
+      }
+      if (any) {
+        m.entries.push_back({j0 / kB, at});
+      } else {
+        m.bits.resize(static_cast<size_t>(at));
+      }
+    }
+    m.start.push_back(static_cast<int64_t>(m.entries.size()));
+  };
+  for (int64_t b = 0; b < v.nb; ++b) {
     for (int64_t hk = 0; hk < v.nh; ++hk) {
       uint8_t* empty = m.row_empty.data() + (b * v.nh + hk) * p.q_len * G;
       for (int64_t qt = 0; qt < m.query_tiles; ++qt) {
-        const int64_t i0 = qt * br, i1 = std::min(i0 + br, p.q_len);
-        for (int64_t j0 = 0; j0 < lk; j0 += kB) {
-          const int64_t j1 = std::min(j0 + kB, lk);
-          Block k = pat.classify(b, hk * G, i0, i1, j0, j1);
-          for (int64_t g = 1; g < G && v.nh > 1; ++g) {  // per-head masks: all heads of the group
-            const Block kg = pat.classify(b, hk * G + g, i0, i1, j0, j1);
-            if (kg != k) k = Block::Partial;
-          }
-          if (k == Block::Empty) continue;
-          if (k == Block::Full) {
-            m.entries.push_back({j0 / kB, -1});
-            std::fill(empty + i0 * G, empty + i1 * G, 0);
-            continue;
-          }
-          const auto at = static_cast<int64_t>(m.bits.size());
-          m.bits.resize(m.bits.size() + static_cast<size_t>(R), 0);
-          bool any = false;
-          for (int64_t r = 0; r < i1 - i0; ++r) {
-            for (int64_t g = 0; g < G; ++g) {
-              uint64_t w = 0;
-              for (int64_t j = j0; j < j1; ++j) {
-                if (pat.visible(b, hk * G + g, i0 + r, j)) w |= uint64_t{1} << (j - j0);
-              }
-              m.bits[at + r * G + g] = w;
-              if (w) any = true, empty[(i0 + r) * G + g] = 0;
-            }
-          }
-          if (any) {
-            m.entries.push_back({j0 / kB, at});
-          } else {
-            m.bits.resize(static_cast<size_t>(at));
-          }
-        }
-        m.start.push_back(static_cast<int64_t>(m.entries.size()));
+        map_tile(banded, b, hk, qt * br, std::min(qt * br + br, p.q_len), G * br, empty);
+      }
+      for (int64_t i : m.solo) {  // emptiness by the whole rule, not the banded one
+        std::fill(empty + i * G, empty + (i + 1) * G, 1);
+        map_tile(full, b, hk, i, i + 1, G, empty);
       }
     }
   }

@@ -166,7 +166,7 @@ class Decode final : public Kernel {
     const int64_t rows = simd::begin_rows(p, in, t, s, b, hk, 0, p.q_len);
     const Interval keys{chunk * plan.chunk_keys, std::min((chunk + 1) * plan.chunk_keys, p.mask_for_batch(b).kv_len)};
     if (map) {
-      simd::attend_blocks(p, in, t, s, *map, b, hk, 0, rows, keys);
+      simd::attend_blocks(p, in, t, s, *map, b, hk, 0, 0, rows, keys);
     } else {
       simd::attend_keys(p, in, t, s, b, hk, rows, keys);
     }

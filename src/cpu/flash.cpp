@@ -27,8 +27,11 @@
 // query tile, its non-empty 64-key tiles, full or with one 64-bit word of visible keys per
 // row). Empty tiles cost nothing, full tiles run the unmasked path, partial tiles mask their
 // holes and send each row's keys outside the panel's common ones through the 1-row P.V kernel
-// (a row never multiplies a V row it does not see). Plan memory: 16 bytes per non-empty tile
-// + 8 R bytes per partial tile + q_len G bytes.
+// (a row never multiplies a V row it does not see). Global rows (Longformer) run alone, one
+// task per position over its own map tiles: in a query tile, one row that sees every key
+// would make every key tile partial for all its rows (a 120-row tile computing 64 key tiles
+// for one row's sake); the tile computes their rows without the global-row term and drops
+// them. Plan memory: 16 bytes per non-empty tile + 8 R bytes per partial tile + q_len G bytes.
 //   Special values follow include/attnlab/online_softmax.hpp.
 // Parallel: oneTBB over all (b, hk, query tile) tasks, grain 1, last query tiles first (the
 // most keys under causal); scratch is the running thread's slice of the workspace. Tiles and
@@ -76,7 +79,7 @@ class Flash final : public Kernel {
   bool runs_patterns() const override { return true; }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
     if (!p.sparse()) return nullptr;
-    return std::make_shared<BlockPlan>(build_block_map(p, simd::make_tiling(p).br));
+    return std::make_shared<BlockPlan>(build_block_map(p, simd::make_tiling(p).br, /*solo_global_rows=*/true));
   }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     const simd::Tiling t = simd::make_tiling(p);
@@ -86,20 +89,24 @@ class Flash final : public Kernel {
     std::optional<BlockMap> own;
     if (p.sparse()) {
       const auto* plan = dynamic_cast<const BlockPlan*>(ctx.plan);
-      map = plan && plan->map.br == t.br ? &plan->map : &own.emplace(build_block_map(p, t.br));
+      map = plan && plan->map.br == t.br ? &plan->map : &own.emplace(build_block_map(p, t.br, true));
     }
-    const int64_t nq = (p.q_len + t.br - 1) / t.br;
-    const int64_t tasks = p.batch * p.kv_heads * nq;
+    // Per (b, kv head): the solo positions of a sparse pattern first (each sees every key),
+    // then the query tiles, the last (most keys under causal) first.
+    const int64_t nq = (p.q_len + t.br - 1) / t.br, ns = map ? static_cast<int64_t>(map->solo.size()) : 0;
+    const int64_t per_bh = ns + nq;
+    const int64_t tasks = p.batch * p.kv_heads * per_bh;
     attnlab::parallel_tasks(
         tbb::blocked_range<int64_t>(0, tasks, 1),
         [&](const tbb::blocked_range<int64_t>& range) {
           const simd::Scratch s(thread_scratch(ctx, t.bytes, "flash"), t);
           for (int64_t task = range.begin(); task != range.end(); ++task) {
-            const int64_t bh = task / nq, b = bh / p.kv_heads, hk = bh % p.kv_heads;
-            const int64_t i0 = (nq - 1 - task % nq) * t.br;  // last (most keys under causal) first
-            const int64_t rows = simd::begin_rows(p, in, t, s, b, hk, i0, std::min(t.br, p.q_len - i0));
+            const int64_t bh = task / per_bh, b = bh / p.kv_heads, hk = bh % p.kv_heads, x = task % per_bh;
+            const int64_t qt = x < ns ? nq + x : nq - 1 - (x - ns);
+            const int64_t i0 = x < ns ? map->solo[x] : qt * t.br;
+            const int64_t rows = simd::begin_rows(p, in, t, s, b, hk, i0, x < ns ? 1 : std::min(t.br, p.q_len - i0));
             if (map) {
-              simd::attend_blocks(p, in, t, s, *map, b, hk, i0, rows);
+              simd::attend_blocks(p, in, t, s, *map, b, hk, qt, i0, rows);
             } else {
               simd::attend_keys(p, in, t, s, b, hk, rows, Interval{0, p.kv_len});
             }

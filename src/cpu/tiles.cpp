@@ -357,14 +357,19 @@ void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scra
 }
 
 void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, const BlockMap& map,
-                   int64_t b, int64_t hk, int64_t i0, int64_t rows, Interval keys) {
+                   int64_t b, int64_t hk, int64_t qt, int64_t i0, int64_t rows, Interval keys) {
   // The block map decides which rows are fully masked (begin_rows set the interval part only).
   const int64_t v = map.variant(b, hk), lk = p.kv_len_of(b);
   const uint8_t* empty = map.row_empty.data() + (v * p.q_len + i0) * t.group;
-  for (int64_t rr = 0; rr < rows; ++rr) s.iv[rr] = empty[rr] ? Interval{0, 0} : Interval{0, lk};
+  const bool tile = qt < map.query_tiles;
+  for (int64_t rr = 0; rr < rows; ++rr) {
+    s.iv[rr] = tile && map.skip(i0 + rr / t.group) ? kNotThisTask
+               : empty[rr]                          ? Interval{0, 0}
+                                                    : Interval{0, lk};
+  }
   // Not a structured binding: clang 14 cannot capture one in the lambda below.
   const std::pair<const BlockMap::Entry*, const BlockMap::Entry*> range =
-      map.entries_in(v, i0 / map.br, keys.lo, keys.hi);
+      map.entries_in(v, qt, keys.lo, keys.hi);
   const BlockMap::Entry* e = range.first;
   const int64_t n = range.second - e;
   const auto at = [&](int64_t x) {
@@ -382,6 +387,7 @@ void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Sc
   // A row whose interval is empty gets O = 0, LSE = -inf; the others acc / l and m + log l
   // (NaN when l is 0 or NaN, as in the reference).
   for (int64_t rr = 0; rr < rows; ++rr) {
+    if (s.iv[rr].lo == kNotThisTask.lo) continue;  // a solo position's row: its own task writes it
     const int64_t h = hk * t.group + rr % t.group, i = i0 + rr / t.group;
     const float l = row_sum(s, rr);
     const bool empty = s.iv[rr].empty();

@@ -55,16 +55,22 @@ struct Scratch {
   Scratch(std::byte* base, const Tiling& t);
 };
 
+// A row's interval when another task computes it (attend_blocks: a solo position's row in its
+// br-row tile): empty for the tile's arithmetic, and finish_rows does not write it.
+inline constexpr Interval kNotThisTask{-1, -1};
+
 // Returns R, the number of rows packed.
 int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
                    int64_t hk, int64_t i0, int64_t nr);
 void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
                  int64_t hk, int64_t rows, Interval keys);
-// A sparse pattern's attend_keys: the key tiles of the block map's entries for the query tile at
-// row i0 (a multiple of map.br == t.br) inside `keys` (bounds at multiples of 64), each masked
-// by its per-row words; also marks the rows the map finds fully masked.
+// A sparse pattern's attend_keys: the key tiles of the block map's entries for query tile qt
+// (a br-row tile at position i0 = qt * map.br, map.br == t.br, or a solo tile: position i0 =
+// map.solo[qt - map.query_tiles], rows = G) inside `keys` (bounds at multiples of 64), each
+// masked by its per-row words; also marks the rows the map finds fully masked, and in a
+// br-row tile the rows of solo positions as not this task's (finish_rows leaves them).
 void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, const BlockMap& map,
-                   int64_t b, int64_t hk, int64_t i0, int64_t rows,
+                   int64_t b, int64_t hk, int64_t qt, int64_t i0, int64_t rows,
                    Interval keys = {0, std::numeric_limits<int64_t>::max()});
 // l of row rr (the sum of its lane partial sums).
 float row_sum(const Scratch& s, int64_t rr);
