@@ -169,19 +169,23 @@ std::vector<Problem> varied_patterns() {
   return out;
 }
 
-// Every tile of the map against the element rule, with and without solo global rows: a
-// br-row tile's rows (but the solo positions' rows, which it drops) see exactly their keys; a
-// solo tile's G rows see all of theirs; emptiness follows the whole rule.
+// Every tile of the map against the element rule, with and without split globals: a br-row
+// tile's rows (but the solo positions' rows, which it drops) see exactly their keys through its
+// entries and its gathered tile, never one key through both; a solo tile's G rows see all of
+// theirs; emptiness follows the whole rule.
 TEST(BlockMap, EveryTileMatchesTheElementRule) {
-  int solo_maps = 0;
+  int solo_maps = 0, gathered_maps = 0;
   for (const Problem& p : varied_patterns()) {
     p.validate();
     const Pattern pat(p);
     for (bool solo : {false, true})
       for (int64_t br : {6, 24, 31}) {
         const BlockMap m = build_block_map(p, br, solo);
-        if (!solo) ASSERT_TRUE(m.solo.empty());
+        if (!solo) {
+          ASSERT_TRUE(m.solo.empty() && m.gathered.empty());
+        }
         solo_maps += !m.solo.empty();
+        gathered_maps += !m.gathered.empty();
         for (int64_t i : m.solo) ASSERT_TRUE(pat.global_row(0, i)) << p.describe() << " i=" << i;
         const int64_t G = p.group(), kB = BlockMap::kBlockKeys;
         for (int64_t b = 0; b < p.batch; ++b)
@@ -195,11 +199,16 @@ TEST(BlockMap, EveryTileMatchesTheElementRule) {
               for (int64_t e = m.start[v * m.tiles() + qt]; e < m.start[v * m.tiles() + qt + 1]; ++e) {
                 words_at[m.entries[e].key_tile] = m.entries[e].words;
               }
+              const int64_t gw = m.gathered.empty() ? -1 : m.gathered_words[v * m.tiles() + qt];
+              if (alone) {
+                ASSERT_EQ(gw, -1) << "a solo tile gathers nothing";
+              }
               for (int64_t r = 0; r < n; ++r) {
                 const int64_t i = i0 + r;
                 if (!alone && m.skip(i)) {  // run alone: no words here (it widens no panel)
                   for (int64_t w : words_at)
                     for (int64_t g = 0; g < G && w >= 0; ++g) ASSERT_EQ(m.bits[w + r * G + g], 0u) << i;
+                  for (int64_t g = 0; g < G && gw >= 0; ++g) ASSERT_EQ(m.bits[gw + r * G + g], 0u) << i;
                   continue;
                 }
                 for (int64_t g = 0; g < G; ++g) {
@@ -209,10 +218,15 @@ TEST(BlockMap, EveryTileMatchesTheElementRule) {
                     const bool vis = pat.visible(b, h, i, j);
                     any = any || vis;
                     const int64_t w = words_at[j / kB];
-                    const bool in_map = w == -1 ? j < p.kv_len_of(b)
-                                                : (w >= 0 && (m.bits[w + r * G + g] >> (j % kB) & 1));
-                    ASSERT_EQ(in_map, vis) << p.describe() << " br=" << br << " solo=" << solo << " b=" << b
-                                           << " h=" << h << " i=" << i << " j=" << j << " entry=" << w;
+                    const bool in_tiles = w == -1 ? j < p.kv_len_of(b)
+                                                  : (w >= 0 && (m.bits[w + r * G + g] >> (j % kB) & 1));
+                    const auto x = std::find(m.gathered.begin(), m.gathered.end(), j) - m.gathered.begin();
+                    const bool in_gathered = gw >= 0 && x < static_cast<int64_t>(m.gathered.size()) &&
+                                             (m.bits[gw + r * G + g] >> x & 1);
+                    ASSERT_FALSE(in_tiles && in_gathered) << p.describe() << " i=" << i << " j=" << j << " twice";
+                    ASSERT_EQ(in_tiles || in_gathered, vis)
+                        << p.describe() << " br=" << br << " split=" << solo << " b=" << b << " h=" << h << " i=" << i
+                        << " j=" << j << " entry=" << w;
                   }
                   ASSERT_EQ(m.row_empty[(v * p.q_len + i) * G + g] != 0, !any) << p.describe() << " i=" << i;
                 }
@@ -222,6 +236,7 @@ TEST(BlockMap, EveryTileMatchesTheElementRule) {
       }
   }
   EXPECT_GE(solo_maps, 3) << "the cases must include global rows run alone";
+  EXPECT_GE(gathered_maps, 3) << "the cases must include gathered global columns";
 }
 
 TEST(PatternCount, EqualsTheElementCount) {
@@ -307,15 +322,17 @@ INSTANTIATE_TEST_SUITE_P(Patterns, PatternAgreement, ::testing::ValuesIn(params(
                          });
 
 // The same pattern as a mask file: identical outputs (the block words are the same, so the
-// arithmetic is too), but in flash's query tiles that hold a global row: as a pattern that
-// row runs alone (BlockMap::solo) and leaves its tile, so the tile's panels split their keys
-// differently; those tiles agree to rounding only. One test per kernel over every case.
+// arithmetic is too), but where flash splits the globals off (BlockMap::solo, gathered): a
+// global row leaves its query tile, global columns move to the gathered tile, so the keys are
+// summed in another order; those tiles agree to rounding only. One test per kernel over every
+// case.
 class PatternAsMaskFile : public ::testing::TestWithParam<const Kernel*> {};
 
 TEST_P(PatternAsMaskFile, GivesIdenticalOutputs) {
   const Kernel& k = *GetParam();
   if (Support a = k.available(); !a) GTEST_SKIP() << a.reason;
   int64_t exact_beside_solo = 0, solo_cases = 0;  // rows compared bit for bit where rows ran alone
+  int64_t exact = 0;
   for (const Param& c : params()) {
     if (c.kernel != &k || !k.supports(c.p)) continue;
     const Problem& p = c.p;
@@ -327,8 +344,10 @@ TEST_P(PatternAsMaskFile, GivesIdenticalOutputs) {
     Session(k, q, 2).run(t.inputs, u.outputs);
     const std::shared_ptr<const Plan> plan = k.make_plan(p);
     const auto* made = dynamic_cast<const BlockPlan*>(plan.get());
-    const auto near = [&](int64_t i) {  // i's query tile holds a solo position
-      if (!made || made->map.solo.empty()) return false;
+    const auto near = [&](int64_t i) {  // a gathered tile, or i's query tile holds a solo position
+      if (!made) return false;
+      if (!made->map.gathered.empty()) return true;
+      if (made->map.solo.empty()) return false;
       const int64_t i0 = i / made->map.br * made->map.br;
       const auto it = std::lower_bound(made->map.solo.begin(), made->map.solo.end(), i0);
       return it != made->map.solo.end() && *it < i0 + made->map.br;
@@ -341,21 +360,27 @@ TEST_P(PatternAsMaskFile, GivesIdenticalOutputs) {
           const size_t l = static_cast<size_t>((b * p.q_heads + h) * p.q_len + i);
           for (int64_t d = 0; d < p.head_dim; ++d) {
             if (near(i)) {
-              ASSERT_NEAR(x[d], y[d], 1e-5f * std::max(1.f, std::fabs(x[d]))) << c.name << " i=" << i;
+              ASSERT_TRUE(x[d] == y[d] || std::fabs(x[d] - y[d]) <= 1e-5f * std::max(1.f, std::fabs(x[d])))
+                  << c.name << " i=" << i << ": " << x[d] << " vs " << y[d];
             } else {
               ASSERT_EQ(x[d], y[d]) << c.name << " b=" << b << " h=" << h << " i=" << i << " d=" << d;
             }
           }
           if (near(i)) {
-            ASSERT_NEAR(t.outputs.lse[l], u.outputs.lse[l], 1e-5f) << c.name << " lse, i=" << i;
+            const float a = t.outputs.lse[l], z = u.outputs.lse[l];  // -inf == -inf: a fully masked row
+            ASSERT_TRUE(a == z || std::fabs(a - z) <= 1e-5f) << c.name << " lse, i=" << i << ": " << a << " vs " << z;
           } else {
+            ++exact;
             exact_beside_solo += made && !made->map.solo.empty();
             ASSERT_EQ(t.outputs.lse[l], u.outputs.lse[l]) << c.name << " lse " << l;
           }
         }
-    solo_cases += made && !made->map.solo.empty();
+    solo_cases += made && !made->map.solo.empty() && made->map.gathered.empty();
   }
-  if (solo_cases > 0) EXPECT_GT(exact_beside_solo, 0) << "the tiles without a global row are compared bit for bit";
+  EXPECT_GT(exact, 0) << "rows compared bit for bit";
+  if (solo_cases > 0) {
+    EXPECT_GT(exact_beside_solo, 0) << "the tiles without a global row are compared bit for bit";
+  }
 }
 
 std::vector<const Kernel*> pattern_kernels() {

@@ -62,9 +62,10 @@ std::vector<int64_t> bigbird_pick(const BigBird& bb, int64_t qb, int64_t key_blo
 // draws), built once per problem; visible() is then O(1).
 class Pattern {
  public:
-  // global_rows = false: the rule without the global-row term (a global position's row then
-  // sees what any other row sees); the block map uses it for the rows it runs alone.
-  explicit Pattern(const Problem& p, bool global_rows = true);
+  // global_rows / global_cols = false: the rule without the global-row (a global position's
+  // row sees what any other row sees) or the global-column term; the block map uses it for the
+  // rows it runs alone and the columns it gathers.
+  explicit Pattern(const Problem& p, bool global_rows = true, bool global_cols = true);
   bool visible(int64_t b, int64_t h, int64_t i, int64_t j) const;
   // Keys outside hull(b, i) are never visible to row i (a cheap bound for row-wise loops).
   Interval hull(int64_t b, int64_t i) const;
@@ -82,7 +83,7 @@ class Pattern {
  private:
   const Problem& p_;
   bool bounded_ = false;            // a window or a dilation: the ANY terms matter
-  bool global_rows_ = true;
+  bool global_rows_ = true, global_cols_ = true;
   std::vector<int32_t> doc_;        // document of each index (documents only)
   std::vector<int64_t> doc_start_;  // first index of each document, then q_len
   std::vector<uint8_t> global_;     // per key position (globals only)
@@ -123,6 +124,14 @@ struct BlockMap {
   // term; they are mapped again as query tile query_tiles + x (position solo[x], its G rows:
   // the first G of each entry's words). Ascending; the same for every variant.
   std::vector<int64_t> solo;
+  // Key positions gathered into one extra key tile (build_block_map's split_globals: the global
+  // columns, at most 64): each is one visible key of an otherwise empty 64-key tile, so the
+  // tiles follow the rule without the global-column term, and per query tile the gathered
+  // tile's words (bit x: key gathered[x]; only keys the tile's own entries do not already
+  // give the row) sit at gathered_words[v * tiles() + qt] (-1: no row sees one). The tile
+  // kernel copies those K/V rows together once per task.
+  std::vector<int64_t> gathered;
+  std::vector<int64_t> gathered_words;
 
   // Query tiles per variant: the br-row tiles, then one per solo position.
   int64_t tiles() const { return query_tiles + static_cast<int64_t>(solo.size()); }
@@ -138,8 +147,11 @@ struct BlockMap {
   }
   size_t bytes() const;
 };
-// solo_global_rows: run global rows alone (BlockMap::solo; not with per-batch kv_lens, whose
-// positions move per batch entry). The tile kernel that asks for it runs the extra tiles.
-BlockMap build_block_map(const Problem& p, int64_t br, bool solo_global_rows = false);
+// split_globals: run global rows alone (BlockMap::solo; not with per-batch kv_lens, whose
+// positions move per batch entry) and gather the global columns (BlockMap::gathered, when
+// gathered_columns(p) > 0). The tile kernel that asks for it runs the extra tiles.
+BlockMap build_block_map(const Problem& p, int64_t br, bool split_globals = false);
+// How many key positions build_block_map(p, br, true) gathers (sizes the kernel's buffer).
+int64_t gathered_columns(const Problem& p);
 
 }  // namespace attnlab

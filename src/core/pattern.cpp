@@ -48,7 +48,8 @@ std::vector<int64_t> bigbird_pick(const BigBird& bb, int64_t qb, int64_t key_blo
   return out;
 }
 
-Pattern::Pattern(const Problem& p, bool global_rows) : p_(p), global_rows_(global_rows) {
+Pattern::Pattern(const Problem& p, bool global_rows, bool global_cols)
+    : p_(p), global_rows_(global_rows), global_cols_(global_cols) {
   bounded_ = p.window_left >= 0 || p.window_right >= 0 || p.dilation > 1;
   if (!p.doc_lens.empty()) {
     doc_.resize(static_cast<size_t>(p.kv_len));
@@ -114,7 +115,9 @@ bool Pattern::visible(int64_t b, int64_t h, int64_t i, int64_t j) const {
     return true;
   }
   if (j < p_.sinks) return true;
-  if (!global_.empty() && (global_[j] || (global_rows_ && pos >= 0 && pos < p_.kv_len && global_[pos]))) return true;
+  if (!global_.empty() && ((global_cols_ && global_[j]) || (global_rows_ && pos >= 0 && pos < p_.kv_len && global_[pos]))) {
+    return true;
+  }
   return !picks_.empty() && pos >= 0 && picked(pos / p_.bigbird.block, j / p_.bigbird.block);
 }
 
@@ -168,7 +171,7 @@ Block Pattern::classify(int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t j0
   // ... sinks, global columns and rows, BigBird's picked blocks.
   if (p_.sinks > 0) any = any_of(any, share(std::max<int64_t>(0, std::min(j1, p_.sinks) - j0), j1 - j0));
   if (!global_.empty()) {
-    any = any_of(any, share(globals_in(j0, j1), j1 - j0));
+    if (global_cols_) any = any_of(any, share(globals_in(j0, j1), j1 - j0));
     if (global_rows_) any = any_of(any, share(globals_in(p0, p1 + 1), p1 - p0 + 1));
   }
   if (!picks_.empty() && p1 >= 0) {
@@ -278,7 +281,7 @@ PatternCount count_pattern(const Problem& p) {
 
 size_t BlockMap::bytes() const {
   return start.size() * sizeof(int64_t) + entries.size() * sizeof(Entry) + bits.size() * sizeof(uint64_t) +
-         row_empty.size() + solo.size() * sizeof(int64_t);
+         row_empty.size() + (solo.size() + gathered.size() + gathered_words.size()) * sizeof(int64_t);
 }
 
 std::pair<const BlockMap::Entry*, const BlockMap::Entry*> BlockMap::entries_in(int64_t v, int64_t qt, int64_t j0,
@@ -298,15 +301,22 @@ bool BlockMap::row_sees(int64_t v, int64_t qt, int64_t rr, int64_t j0, int64_t j
   return false;
 }
 
-BlockMap build_block_map(const Problem& p, int64_t br, bool solo_global_rows) {
+int64_t gathered_columns(const Problem& p) {
+  const bool bounded = p.window_left >= 0 || p.window_right >= 0 || p.dilation > 1;  // else globals change nothing
+  const auto n = static_cast<int64_t>(p.globals.size());
+  return bounded && n <= BlockMap::kBlockKeys ? n : 0;
+}
+
+BlockMap build_block_map(const Problem& p, int64_t br, bool split_globals) {
   BlockMap m;
   const Pattern full(p);
-  if (solo_global_rows && p.kv_lens.empty()) {
+  if (split_globals && p.kv_lens.empty()) {
     for (int64_t i = 0; i < p.q_len; ++i)
       if (full.global_row(0, i)) m.solo.push_back(i);
   }
-  // The br-row tiles follow the rule without global rows when those run alone.
-  const Pattern banded(p, m.solo.empty());
+  if (split_globals && gathered_columns(p) > 0) m.gathered = p.globals;
+  // The tiles follow the rule without global rows / columns when those are split off.
+  const Pattern banded(p, m.solo.empty(), m.gathered.empty());
   const int64_t G = p.group();
   m.br = br, m.group = G, m.query_tiles = (p.q_len + br - 1) / br;
   const Variants v(p, p.kv_heads);  // per kv head: a task covers its G query heads
@@ -352,6 +362,27 @@ BlockMap build_block_map(const Problem& p, int64_t br, bool solo_global_rows) {
       }
     }
     m.start.push_back(static_cast<int64_t>(m.entries.size()));
+    if (m.gathered.empty()) return;
+    // The gathered tile: the global columns the full rule shows a row and its tiles do not.
+    // (A solo tile follows the full rule in its own tiles: nothing left to gather.)
+    const auto at = static_cast<int64_t>(m.bits.size());
+    m.bits.resize(m.bits.size() + static_cast<size_t>(words), 0);
+    bool any = false;
+    for (int64_t r = 0; r < i1 - i0 && &pat == &banded; ++r) {
+      if (words > G && m.skip(i0 + r)) continue;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t h = hk * G + g, i = i0 + r;
+        uint64_t w = 0;
+        for (size_t x = 0; x < m.gathered.size(); ++x) {
+          const int64_t j = m.gathered[x];
+          if (full.visible(b, h, i, j) && !banded.visible(b, h, i, j)) w |= uint64_t{1} << x;
+        }
+        m.bits[at + r * G + g] = w;
+        if (w) any = true, empty[i * G + g] = 0;
+      }
+    }
+    if (!any) m.bits.resize(static_cast<size_t>(at));
+    m.gathered_words.push_back(any ? at : -1);
   };
   for (int64_t b = 0; b < v.nb; ++b) {
     for (int64_t hk = 0; hk < v.nh; ++hk) {

@@ -27,11 +27,13 @@
 // query tile, its non-empty 64-key tiles, full or with one 64-bit word of visible keys per
 // row). Empty tiles cost nothing, full tiles run the unmasked path, partial tiles mask their
 // holes and send each row's keys outside the panel's common ones through the 1-row P.V kernel
-// (a row never multiplies a V row it does not see). Global rows (Longformer) run alone, one
-// task per position over its own map tiles: in a query tile, one row that sees every key
-// would make every key tile partial for all its rows (a 120-row tile computing 64 key tiles
-// for one row's sake); the tile computes their rows without the global-row term and drops
-// them. Plan memory: 16 bytes per non-empty tile + 8 R bytes per partial tile + q_len G bytes.
+// (a row never multiplies a V row it does not see). Globals (Longformer, BigBird) are split
+// off: a global row runs alone, one task per position over its own map tiles (in a query
+// tile, one row that sees every key would make every key tile partial for all its rows); the
+// global columns (up to 64) are gathered: their K/V rows are copied together once per task
+// (Scratch::gather) and run as one more partial tile, instead of one visible key in each of up
+// to 64 otherwise empty tiles. Plan memory: 16 bytes per non-empty tile + 8 R bytes per partial
+// tile + q_len G bytes.
 //   Special values follow include/attnlab/online_softmax.hpp.
 // Parallel: oneTBB over all (b, hk, query tile) tasks, grain 1, last query tiles first (the
 // most keys under causal); scratch is the running thread's slice of the workspace. Tiles and
@@ -79,7 +81,7 @@ class Flash final : public Kernel {
   bool runs_patterns() const override { return true; }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
     if (!p.sparse()) return nullptr;
-    return std::make_shared<BlockPlan>(build_block_map(p, simd::make_tiling(p).br, /*solo_global_rows=*/true));
+    return std::make_shared<BlockPlan>(build_block_map(p, simd::make_tiling(p).br, /*split_globals=*/true));
   }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     const simd::Tiling t = simd::make_tiling(p);

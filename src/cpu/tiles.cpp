@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <limits>
+#include <type_traits>
 
 #include "attnlab/isa.hpp"
 #include "attnlab/online_softmax.hpp"
@@ -213,11 +214,15 @@ void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, cons
   }
 }
 
-// One key tile of a task's sequence: its first key, its keys, and the rows' words (Words only).
+// One key tile of a task's sequence: its first key, its keys, and the rows' words (Words only);
+// k, v: its K and V rows when they are not rows j0.. of the inputs (the gathered tile: rows
+// dim_pad elements apart in Scratch::gather).
 struct TileRef {
   int64_t j0 = 0;
   int nk = 0;
   const uint64_t* words = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
 };
 
 // Tiles at(0) .. at(n - 1) of a task, in that order.
@@ -235,20 +240,23 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
   // A direct task (Tiling::direct, so rows <= kStreamRows) scores straight from the K rows
   // (score_rows: no K^T packing); a flash task's short last query tile streams but packs.
   const bool stream = rows <= kStreamRows;
+  const auto tile_of = [&](const TileRef& r) {
+    if (r.k) return KeyTile<E>{r.j0, r.nk, static_cast<const E*>(r.k), t.dim_pad, static_cast<const E*>(r.v), t.dim_pad};
+    return KeyTile<E>{r.j0, r.nk, in.k.row(b, hk, r.j0), in.k.stride_s, in.v.row(b, hk, r.j0), in.v.stride_s};
+  };
   for (int64_t x = 0; x < n; ++x) {
     const TileRef tile = at(x);
-    const int64_t j0 = tile.j0;
-    const KeyTile<E> kt{j0, tile.nk, in.k.row(b, hk, j0), in.k.stride_s, in.v.row(b, hk, j0), in.v.stride_s};
+    const KeyTile<E> kt = tile_of(tile);
     if (stream && x == 0) {
-      touch_rows(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d);
-      touch_rows(in.v.row(b, hk, j0), in.v.stride_s, kt.nk, d);
+      touch_rows(kt.k, kt.ldk, kt.nk, d);
+      touch_rows(kt.v, kt.ldv, kt.nk, d);
     }
-    if (!s.qr) pack_k_transposed(in.k.row(b, hk, j0), in.k.stride_s, kt.nk, d, s.kt);
+    if (!s.qr) pack_k_transposed(kt.k, kt.ldk, kt.nk, d, s.kt);
     const TileRef next = x + 1 < n ? at(x + 1) : TileRef{};
-    const int64_t jn = next.j0, nn = next.nk;
+    const int64_t nn = next.nk;
+    const KeyTile<E> kn = nn > 0 ? tile_of(next) : KeyTile<E>{0, 0, nullptr, 0, nullptr, 0};
     if (stream) {
-      LineStream ahead(nn > 0 ? in.k.row(b, hk, jn) : nullptr, in.k.stride_s,
-                       nn > 0 ? in.v.row(b, hk, jn) : nullptr, in.v.stride_s, static_cast<int>(nn), d);
+      LineStream ahead(kn.k, kn.ldk, kn.v, kn.ldv, static_cast<int>(nn), d);
       for (int64_t rr0 = 0; rr0 < rows; rr0 += kPanelRows) {
         const int mr = static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0));
         if (s.qr) {
@@ -263,8 +271,8 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
     for (int64_t pi = 0; pi < panels; ++pi) {
       if (nn > 0) {
         const int64_t r0 = pi * nn / panels, r1 = (pi + 1) * nn / panels;
-        prefetch_rows(in.k.row(b, hk, jn), in.k.stride_s, r0, r1, d);
-        prefetch_rows(in.v.row(b, hk, jn), in.v.stride_s, r0, r1, d);
+        prefetch_rows(kn.k, kn.ldk, r0, r1, d);
+        prefetch_rows(kn.v, kn.ldv, r0, r1, d);
       }
       const int64_t rr0 = pi * kPanelRows;
       process_panel_any<false, Words>(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, s, rr0, kt,
@@ -310,6 +318,7 @@ Tiling make_tiling(const Problem& p, int64_t br) {
   t.iv_off = take(sizeof(Interval) * t.rows);
   t.direct = t.rows <= kStreamRows;
   if (t.direct) t.qr_off = take(sizeof(float) * (t.rows + 1) * t.dim_pad);
+  if (gathered_columns(p) > 0) t.gather_off = take(sizeof(float) * 2 * kTileKeys * t.dim_pad);
   t.bytes = off;
   return t;
 }
@@ -322,7 +331,8 @@ Scratch::Scratch(std::byte* base, const Tiling& t)
       m(reinterpret_cast<float*>(base + t.m_off)),
       l(reinterpret_cast<float*>(base + t.l_off)),
       iv(reinterpret_cast<Interval*>(base + t.iv_off)),
-      qr(t.direct ? reinterpret_cast<float*>(base + t.qr_off) : nullptr) {}
+      qr(t.direct ? reinterpret_cast<float*>(base + t.qr_off) : nullptr),
+      gather(t.gather_off ? reinterpret_cast<float*>(base + t.gather_off) : nullptr) {}
 
 int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
                    int64_t hk, int64_t i0, int64_t nr) {
@@ -372,12 +382,33 @@ void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Sc
       map.entries_in(v, qt, keys.lo, keys.hi);
   const BlockMap::Entry* e = range.first;
   const int64_t n = range.second - e;
+  // Then the gathered tile (BlockMap::gathered), when some row of this tile sees one of its keys.
+  const int64_t gw = map.gathered.empty() ? -1 : map.gathered_words[v * map.tiles() + qt];
+  const int64_t ng = gw >= 0 && keys.lo == 0 ? 1 : 0;
+  const auto ngk = static_cast<int64_t>(map.gathered.size());
+  float* const gk = s.gather;
+  float* const gv = s.gather ? s.gather + kTileKeys * t.dim_pad : nullptr;
   const auto at = [&](int64_t x) {
+    if (x == n) return TileRef{0, static_cast<int>(ngk), map.bits.data() + gw, gk, gv};
     const int64_t j0 = e[x].key_tile * kTileKeys;
     return TileRef{j0, static_cast<int>(std::min<int64_t>(kTileKeys, lk - j0)),
                    e[x].words < 0 ? nullptr : map.bits.data() + e[x].words};
   };
-  visit_inputs(in, [&](const auto& typed) { attend_tiles<true>(typed, t, s, b, hk, rows, n, at); });
+  visit_inputs(in, [&](const auto& typed) {
+    if (ng) {  // the gathered K and V rows, zero padded to dim_pad, in the inputs' storage type
+      using E = std::remove_const_t<std::remove_pointer_t<decltype(typed.k.data)>>;
+      E* const k = reinterpret_cast<E*>(gk);
+      E* const vv = reinterpret_cast<E*>(gv);
+      for (int64_t x = 0; x < ngk; ++x) {
+        const int64_t j = std::min(map.gathered[x], lk - 1);  // a key past lk: no row sees it
+        std::copy_n(typed.k.row(b, hk, j), t.dim, k + x * t.dim_pad);
+        std::copy_n(typed.v.row(b, hk, j), t.dim, vv + x * t.dim_pad);
+        std::fill(k + x * t.dim_pad + t.dim, k + (x + 1) * t.dim_pad, E{});
+        std::fill(vv + x * t.dim_pad + t.dim, vv + (x + 1) * t.dim_pad, E{});
+      }
+    }
+    attend_tiles<true>(typed, t, s, b, hk, rows, n + ng, at);
+  });
 }
 
 float row_sum(const Scratch& s, int64_t rr) { return reduce_sum(Batch::load_aligned(s.l + rr * kLanes)); }

@@ -35,6 +35,7 @@ struct Tiling {
   size_t q_off = 0, o_off = 0, kt_off = 0, p_off = 0, m_off = 0, l_off = 0, iv_off = 0;
   bool direct = false;   // rows few enough for unpacked scores (decode): q rows at qr_off
   size_t qr_off = 0;
+  size_t gather_off = 0;  // 0: no gathered key tile (pattern.hpp: gathered_columns)
   size_t bytes = 0;      // per thread, a 64-byte multiple
 };
 
@@ -52,6 +53,8 @@ struct Scratch {
   Interval* iv;  // R visible intervals, one per row (the G rows of a query row share it)
   float* qr;     // (R + 1) x dim_pad: Q rows times scale*log2e, zero padded, then a zero
                  // row (Tiling::direct only, else nullptr)
+  float* gather; // 2 x 64 x dim_pad: the gathered K rows, then V rows (as the inputs' storage
+                 // type), or nullptr
   Scratch(std::byte* base, const Tiling& t);
 };
 
