@@ -283,7 +283,10 @@ std::string Problem::pattern_name() const {
       std::snprintf(hex, sizeof hex, "%08x", static_cast<unsigned>(h ^ (h >> 32)));
       return std::to_string(v.size()) + "h" + hex;
     }
-    for (size_t x = 0; x < v.size(); ++x) t += (x ? "." : "") + std::to_string(v[x]);
+    for (size_t x = 0; x < v.size(); ++x) {
+      if (x) t += '.';  // appended in two steps: gcc 12 warns (-Wrestrict) on "." + to_string()
+      t += std::to_string(v[x]);
+    }
     return t;
   };
   if (sinks > 0) add("sinks" + std::to_string(sinks));
