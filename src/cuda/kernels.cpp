@@ -58,7 +58,13 @@ std::shared_ptr<const Plan> block_plan(const Problem& p, const KernelOps& ops) {
 void attach_plan(DeviceArgs& a, const Problem& p, const KernelOps& ops, const Plan* plan,
                  std::shared_ptr<const Plan>& keep) {
   if (!p.sparse()) return;
+  // A plan for this kernel's block shape only (one query tile per thread block; no solo rows or
+  // gathered columns, which the CUDA kernel does not run).
   const auto* made = dynamic_cast<const BlockPlan*>(plan);
+  if (made && (made->map.br * p.group() != ops.block_rows(a) || !made->map.solo.empty() ||
+               !made->map.gathered.empty())) {
+    made = nullptr;
+  }
   if (!made) {
     keep = block_plan(p, ops);
     made = dynamic_cast<const BlockPlan*>(keep.get());
