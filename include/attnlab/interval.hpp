@@ -89,4 +89,10 @@ struct BlockEntry {
                      // in the map's bits
 };
 
+// The block-map variant of (b, kv head) when the map differs per batch entry (vb > 1) and/or
+// per kv head (vh > 1): BlockMap::variant, and the CUDA kernels' view of it.
+ATTN_HD int64_t block_variant(int64_t vb, int64_t vh, int64_t b, int64_t hk) {
+  return (vb == 1 ? 0 : b) * vh + (vh == 1 ? 0 : hk);
+}
+
 }  // namespace attnlab

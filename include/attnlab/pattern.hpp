@@ -58,6 +58,10 @@ struct BigBird {
 // The R (or fewer, when there are fewer key blocks) distinct key blocks of query block qb.
 std::vector<int64_t> bigbird_pick(const BigBird& bb, int64_t qb, int64_t key_blocks);
 
+// Whether the ANY terms matter: a window or a dilation is given (else a row sees every key
+// the ALL terms leave, and sinks, globals and BigBird blocks add nothing).
+bool pattern_bounded(const Problem& p);
+
 // The rule of the header comment with its lookup tables (documents, global positions, BigBird
 // draws), built once per problem; visible() is then O(1).
 class Pattern {
@@ -143,7 +147,7 @@ struct BlockMap {
   // Whether row rr of that query tile sees a key of those entries.
   bool row_sees(int64_t v, int64_t qt, int64_t rr, int64_t j0, int64_t j1) const;
   int64_t variant(int64_t b, int64_t hk) const {
-    return (variants_b == 1 ? 0 : b) * variants_h + (variants_h == 1 ? 0 : hk);
+    return block_variant(variants_b, variants_h, b, hk);
   }
   size_t bytes() const;
 };

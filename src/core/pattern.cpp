@@ -50,7 +50,7 @@ std::vector<int64_t> bigbird_pick(const BigBird& bb, int64_t qb, int64_t key_blo
 
 Pattern::Pattern(const Problem& p, bool global_rows, bool global_cols)
     : p_(p), global_rows_(global_rows), global_cols_(global_cols) {
-  bounded_ = p.window_left >= 0 || p.window_right >= 0 || p.dilation > 1;
+  bounded_ = pattern_bounded(p);
   if (!p.doc_lens.empty()) {
     doc_.resize(static_cast<size_t>(p.kv_len));
     int64_t at = 0;
@@ -79,6 +79,8 @@ Pattern::Pattern(const Problem& p, bool global_rows, bool global_cols)
     }
   }
 }
+
+bool pattern_bounded(const Problem& p) { return p.window_left >= 0 || p.window_right >= 0 || p.dilation > 1; }
 
 bool Pattern::global_row(int64_t b, int64_t i) const {
   const int64_t pos = i + off(b);
@@ -302,9 +304,8 @@ bool BlockMap::row_sees(int64_t v, int64_t qt, int64_t rr, int64_t j0, int64_t j
 }
 
 int64_t gathered_columns(const Problem& p) {
-  const bool bounded = p.window_left >= 0 || p.window_right >= 0 || p.dilation > 1;  // else globals change nothing
   const auto n = static_cast<int64_t>(p.globals.size());
-  return bounded && n <= BlockMap::kBlockKeys ? n : 0;
+  return pattern_bounded(p) && n <= BlockMap::kBlockKeys ? n : 0;
 }
 
 BlockMap build_block_map(const Problem& p, int64_t br, bool split_globals) {
@@ -324,9 +325,10 @@ BlockMap build_block_map(const Problem& p, int64_t br, bool split_globals) {
   const int64_t kB = BlockMap::kBlockKeys;
   m.row_empty.assign(static_cast<size_t>(v.nb * v.nh * p.q_len * G), 1);
   m.start.push_back(0);
-  // One query tile: positions [i0, i1) by `pat`, `words` words per partial entry.
-  const auto map_tile = [&](const Pattern& pat, int64_t b, int64_t hk, int64_t i0, int64_t i1, int64_t words,
-                            uint8_t* empty) {
+  // One query tile: a br-row tile at i0 by `banded`, or (alone) solo position i0 by `full`.
+  const auto map_tile = [&](bool alone, int64_t b, int64_t hk, int64_t i0, uint8_t* empty) {
+    const Pattern& pat = alone ? full : banded;
+    const int64_t i1 = alone ? i0 + 1 : std::min(i0 + br, p.q_len), words = alone ? G : G * br;
     const int64_t lk = p.kv_len_of(b);
     for (int64_t j0 = 0; j0 < lk; j0 += kB) {
       const int64_t j1 = std::min(j0 + kB, lk);
@@ -345,7 +347,7 @@ BlockMap build_block_map(const Problem& p, int64_t br, bool split_globals) {
       m.bits.resize(m.bits.size() + static_cast<size_t>(words), 0);
       bool any = false;
       for (int64_t r = 0; r < i1 - i0; ++r) {
-        if (words > G && m.skip(i0 + r)) continue;  // dropped from a br-row tile: no keys there
+        if (!alone && m.skip(i0 + r)) continue;  // dropped from a br-row tile: no keys there
         for (int64_t g = 0; g < G; ++g) {
           uint64_t w = 0;
           for (int64_t j = j0; j < j1; ++j) {
@@ -368,8 +370,8 @@ BlockMap build_block_map(const Problem& p, int64_t br, bool split_globals) {
     const auto at = static_cast<int64_t>(m.bits.size());
     m.bits.resize(m.bits.size() + static_cast<size_t>(words), 0);
     bool any = false;
-    for (int64_t r = 0; r < i1 - i0 && &pat == &banded; ++r) {
-      if (words > G && m.skip(i0 + r)) continue;
+    for (int64_t r = 0; r < i1 - i0 && !alone; ++r) {
+      if (m.skip(i0 + r)) continue;
       for (int64_t g = 0; g < G; ++g) {
         const int64_t h = hk * G + g, i = i0 + r;
         uint64_t w = 0;
@@ -388,11 +390,11 @@ BlockMap build_block_map(const Problem& p, int64_t br, bool split_globals) {
     for (int64_t hk = 0; hk < v.nh; ++hk) {
       uint8_t* empty = m.row_empty.data() + (b * v.nh + hk) * p.q_len * G;
       for (int64_t qt = 0; qt < m.query_tiles; ++qt) {
-        map_tile(banded, b, hk, qt * br, std::min(qt * br + br, p.q_len), G * br, empty);
+        map_tile(false, b, hk, qt * br, empty);
       }
       for (int64_t i : m.solo) {  // emptiness by the whole rule, not the banded one
         std::fill(empty + i * G, empty + (i + 1) * G, 1);
-        map_tile(full, b, hk, i, i + 1, G, empty);
+        map_tile(true, b, hk, i, empty);
       }
     }
   }

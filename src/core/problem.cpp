@@ -124,7 +124,7 @@ void for_each_batch_mask(const Problem& p, const F& f) {
 }
 // The sparse terms (pattern.hpp): each field named with its allowed values.
 void validate_pattern(const Problem& p) {
-  const bool bounded = p.window_left >= 0 || p.window_right >= 0 || p.dilation > 1;
+  const bool bounded = pattern_bounded(p);
   const auto needs_window = [&](const char* field, bool given) {
     if (given && !bounded) {
       throw InvalidInput(std::string(field) +

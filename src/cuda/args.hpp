@@ -29,7 +29,7 @@ struct BlockMapView {
   int64_t n_start = 0, n_entries = 0, n_bits = 0, n_empty = 0;  // element counts, for the copies
 
   ATTN_HD int64_t variant(int64_t b, int64_t hk) const {
-    return (variants_b == 1 ? 0 : b) * variants_h + (variants_h == 1 ? 0 : hk);
+    return block_variant(variants_b, variants_h, b, hk);
   }
 };
 
