@@ -141,6 +141,56 @@ TEST_F(Report, FittedExponentIsExactOnPowerLaws) {
   EXPECT_NE(md.find("| flash | 1.50 (time vs n)"), std::string::npos) << md.substr(0, 2000);
 }
 
+// Sparse patterns whose lists follow n (globals spread over the sequence, documents of a mean
+// length) get a new mask name at each n; the report still gives each family one line and one
+// exponent, and the skipping efficiency against the dense points.
+TEST_F(Report, SparsePatternFamiliesGetOneExponentEach) {
+  const std::string dir = fresh_dir("sparse");
+  make_dirs(dir);
+  std::vector<PointRecord> records;
+  for (int64_t n = 2048; n <= 8192; n *= 2) {
+    for (int which = 0; which < 3; ++which) {
+      PointRecord r;
+      r.kernel = "flash";
+      r.status = PointStatus::Ok;
+      Problem& p = r.problem;
+      p.q_len = p.kv_len = n;
+      p.head_dim = 16;
+      double t = 1e-9 * static_cast<double>(n) * static_cast<double>(n);  // dense: n^2
+      if (which == 1) {  // Longformer-like: 16 globals spread over n
+        p.window_left = p.window_right = 64;
+        for (int64_t g = 0; g < 16; ++g) p.globals.push_back(g * n / 16);
+        t = 1e-6 * static_cast<double>(n);
+      } else if (which == 2) {  // documents of mean 1024: 512, 1536, ... cut to fit
+        p.causal = CausalAlign::BottomRight;
+        for (int64_t at = 0, k = 0; at < n; ++k) {
+          const int64_t len = std::min<int64_t>(k % 2 ? 1536 : 512, n - at);
+          p.doc_lens.push_back(len);
+          at += len;
+        }
+        t = 2e-6 * static_cast<double>(n);
+      }
+      p.validate();
+      r.id = "flash_" + std::to_string(n) + "_" + std::to_string(which);
+      r.times = {t * 0.99, t, t * 1.01};
+      r.verdict = "PASS";
+      r.peak_flops = 1e11;
+      records.push_back(r);
+    }
+  }
+  write_file_atomic(dir + "/results.csv", tidy_csv("sparse", records));
+  const std::string out = fresh_dir("sparse_out");
+  report(dir, out);
+  const std::string md = read_text_file(out + "/report.md");
+  const auto at = md.find("## Sparse patterns");
+  ASSERT_NE(at, std::string::npos) << md.substr(0, 2000);
+  const std::string sec = md.substr(at, md.find("\n## ", at + 1) - at);  // this section only
+  EXPECT_NE(sec.find("| flash | none | 2.00 |"), std::string::npos) << sec.substr(0, 3000);
+  EXPECT_NE(sec.find("| flash | window_64_64_global16 | 1.00 |"), std::string::npos) << sec.substr(0, 3000);
+  EXPECT_NE(sec.find("| flash | causal_docs | 1.00 |"), std::string::npos) << sec.substr(0, 3000);
+  EXPECT_EQ(sec.find("global16h"), std::string::npos) << "one line per family, not per n";
+}
+
 // A failed point whose errors are inf and NaN (written by the C++ CSV writer as inf, nan)
 // loads and is counted and listed as failed.
 TEST_F(Report, FailedPointWithNonFiniteErrorsIsCounted) {
