@@ -507,9 +507,12 @@ TEST(PatternPlantedBugs, AreCaught) {
 // ---------------------------------------------------------------- special values
 
 // A NaN in V row j reaches exactly the rows that see key j: flash's partial tiles mask holes
-// inside a tile, and a row never multiplies a V row it does not see.
+// inside a tile, and a row never multiplies a V row it does not see. Also cuda_flash's device
+// code under the emulation.
 TEST(PatternSpecialValues, NaNReachesOnlyTheRowsThatSeeIt) {
-  for (const Kernel* k : variants()) {
+  std::vector<const Kernel*> kernels = variants();
+  kernels.push_back(&test::emulated_cuda("flash"));
+  for (const Kernel* k : kernels) {
     if (!k->runs_patterns() || !k->available()) continue;
     for (Named c : patterns(1, 2, 1, 150, 16)) {
       if (!k->supports(c.p)) c.p.q_len = 3, c.p.doc_lens.clear();  // decode: a few rows
