@@ -11,7 +11,8 @@ code now calls AVX-512 code: SIGILL on an AVX2 CPU, and only on the paths that r
 This script disassembles a linked binary (objdump -d -C, demangled), splits it into functions
 and checks each instruction against the class of its function:
 
-  avx512    the name mentions attnlab::avx512::    anything (x86-64-v4)
+  avx512    the name mentions attnlab::avx512::    anything (x86-64-v4; avx512_bf16 adds
+            or attnlab::avx512_bf16::              AVX512_BF16)
   avx2      the name mentions attnlab::avx2:: or   x86-64-v3: VEX (AVX, AVX2, FMA, F16C, BMI1/2),
             attnlab::native:: (not avx512)         LZCNT, MOVBE; no EVEX, zmm or opmask
   baseline  everything else (attnlab::scalar::,    x86-64-v1: no VEX, no EVEX, no x86-64-v2
@@ -107,7 +108,9 @@ def elf_machine(path):
 
 
 def classify(name):
-    if "attnlab::avx512::" in name:
+    # attnlab::avx512_bf16:: is the flash_bf16 object (x86-64-v4 + AVX512_BF16): its code runs
+    # only after the registry checked the CPU for both, like the avx512 target's.
+    if "attnlab::avx512::" in name or "attnlab::avx512_bf16::" in name:
         return "avx512"
     if "attnlab::avx2::" in name or "attnlab::native::" in name:
         return "avx2"

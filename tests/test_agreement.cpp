@@ -178,7 +178,12 @@ std::vector<Param> params() {
     cases.push_back(std::move(c));
   }
   for (const Kernel* k : variants())
-    for (const Case& c : cases) out.push_back({k, c});
+    for (Case c : cases) {
+      const std::optional<DType> d = test::case_dtype(*k, c.p.dtype);
+      if (!d) continue;
+      if (*d != c.p.dtype) c.p.dtype = *d, c.name += "_as_" + std::string(to_string(*d));
+      out.push_back({k, c});
+    }
   return out;
 }
 

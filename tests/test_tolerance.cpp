@@ -18,7 +18,17 @@
 namespace attnlab {
 namespace {
 
-enum class Bug { None, WrongScale, CausalOffByOne, IgnoresKvLens, DropsGqaMapping, RoundsPToBf16, MisreadsStorage };
+enum class Bug {
+  None, WrongScale, CausalOffByOne, IgnoresKvLens, DropsGqaMapping, RoundsPToBf16, MisreadsStorage,
+  RoundsPTo3Bits  // P with 3 significant bits: below even the bf16-products regime (bf16 has 8)
+};
+
+// x with its significand rounded to `bits` bits (nearest even), by the float32 adder.
+float round_significand(float x, int bits) {
+  if (x == 0 || !std::isfinite(x)) return x;
+  const float c = std::ldexp(1.0f, std::ilogb(x) + 24 - bits);  // x + c keeps `bits` bits of x
+  return (x + c) - c;
+}
 
 // The other 16-bit format's reading of the same bits (the MisreadsStorage bug).
 View4<const f16> swapped(const View4<const bf16>& v) { return retype<f16>(v); }
@@ -26,9 +36,12 @@ View4<const bf16> swapped(const View4<const f16>& v) { return retype<bf16>(v); }
 
 class Planted final : public Kernel {
  public:
-  explicit Planted(Bug bug) : bug_(bug) {}
+  explicit Planted(Bug bug, Arithmetic arithmetic = Arithmetic::F32) : bug_(bug), arithmetic_(arithmetic) {}
   std::string_view name() const override { return "planted"; }
   std::string_view description() const override { return "test-only kernel with one planted bug"; }
+  // Declared, not done: a kernel declaring bf16 products and computing the textbook float32
+  // still passes (its error is below the wider tolerance); one rounding P to bf16 is correct then.
+  Arithmetic arithmetic() const override { return arithmetic_; }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext&) const override {
     visit_inputs(in, [&]<class E>(const TypedInputs<E>& t) {
       if constexpr (!std::is_same_v<E, float>) {
@@ -56,14 +69,14 @@ class Planted final : public Kernel {
           textbook::scores(in.q.row(b, h, i), in.k, b, hk, iv, scale, s.data());
           float* o = out.o.row(b, h, i);
           float lse;
-          if (bug_ == Bug::RoundsPToBf16) {  // softmax weights stored as bf16 before P*V
+          if (bug_ == Bug::RoundsPToBf16 || bug_ == Bug::RoundsPTo3Bits) {  // weights rounded before P*V
             float m = -std::numeric_limits<float>::infinity(), l = 0;
             for (int64_t j = 0; j < iv.size(); ++j) m = std::max(m, s[j]);
             std::fill(o, o + p.head_dim, 0.f);
             for (int64_t j = 0; j < iv.size(); ++j) {
               const float e = std::exp(s[j] - m);
               l += e;
-              const float pj = to_float(to_bf16(e));
+              const float pj = bug_ == Bug::RoundsPToBf16 ? to_float(to_bf16(e)) : round_significand(e, 3);
               for (int64_t d = 0; d < p.head_dim; ++d) o[d] += pj * to_float(in.v.row(b, hk, iv.lo + j)[d]);
             }
             for (int64_t d = 0; d < p.head_dim; ++d) o[d] /= l;
@@ -76,6 +89,7 @@ class Planted final : public Kernel {
   }
 
   Bug bug_;
+  Arithmetic arithmetic_;
 };
 
 Problem bug_revealing_shape() {
@@ -87,7 +101,7 @@ Problem bug_revealing_shape() {
 
 std::string bug_name(const ::testing::TestParamInfo<std::tuple<Bug, DType>>& info) {
   static const char* const kNames[] = {"none", "wrong_scale", "causal_off_by_one", "ignores_kv_lens",
-                                       "drops_gqa_mapping", "rounds_p_to_bf16", "misreads_storage"};
+                                       "drops_gqa_mapping", "rounds_p_to_bf16", "misreads_storage", "rounds_p_to_3_bits"};
   return std::string(kNames[static_cast<int>(std::get<0>(info.param))]) + "_" + to_string(std::get<1>(info.param));
 }
 
@@ -116,6 +130,36 @@ INSTANTIATE_TEST_SUITE_P(Bugs, PlantedBug,
                                                               Bug::RoundsPToBf16, Bug::MisreadsStorage),
                                             ::testing::Values(DType::F32, DType::BF16, DType::F16)),
                          bug_name);
+
+// The same bugs in a kernel that declares bf16 products (flash_bf16's arithmetic): it is held to
+// the textbook's error with P rounded to bf16 (tolerance_for), a wider tolerance that must
+// still reject every semantic bug and a coarser P; rounding P to bf16 is no bug there.
+class PlantedBugBf16Products : public ::testing::TestWithParam<Bug> {};
+
+TEST_P(PlantedBugBf16Products, IsRejectedUnderItsOwnArithmetic) {
+  const Bug bug = GetParam();
+  Problem p = bug_revealing_shape();
+  p.dtype = DType::BF16;
+  Tensors t = random_tensors(p, 3);
+  const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
+  const KernelCheck c = check_kernel(Planted(bug, Arithmetic::Bf16Products), p, t.inputs, a, 1);
+  EXPECT_GT(c.tol.o_rel, 10 * a.tol.o_rel) << "the bf16-products baseline is the wider one";
+  if (bug == Bug::None || bug == Bug::RoundsPToBf16) {
+    EXPECT_EQ(c.verdict, Verdict::Pass) << c.reason;
+  } else {
+    EXPECT_EQ(c.verdict, Verdict::Fail);
+    // Measured: 28x (wrong scale) to 237x (misread storage); 3-bit P ~4x.
+    EXPECT_GT(c.errors.o_rel, (bug == Bug::RoundsPTo3Bits ? 2 : 10) * c.tol.o_rel);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Bugs, PlantedBugBf16Products,
+                         ::testing::Values(Bug::None, Bug::WrongScale, Bug::CausalOffByOne, Bug::IgnoresKvLens,
+                                           Bug::DropsGqaMapping, Bug::RoundsPToBf16, Bug::MisreadsStorage,
+                                           Bug::RoundsPTo3Bits),
+                         [](const ::testing::TestParamInfo<Bug>& info) {
+                           return bug_name({std::make_tuple(info.param, DType::BF16), info.index});
+                         });
 
 TEST(ToleranceRule, FactorOfBaselinePlusFloor) {
   Errors baseline;

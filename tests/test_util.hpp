@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "attnlab/kernel.hpp"
@@ -15,6 +16,21 @@ namespace attnlab::test {
 inline std::string variant_name(const Kernel& k) {
   if (!bench::is_per_target_isa(k.isa())) return std::string(k.name());
   return std::string(k.name()) + "_" + std::string(k.isa());
+}
+
+// The storage dtype a kernel is tested at when a test does not range over dtypes: bf16 for
+// the kernels that compute on bf16 only (flash_bf16), else f32.
+inline DType native_dtype(const Kernel& k) {
+  return k.arithmetic() == Arithmetic::Bf16Products ? DType::BF16 : DType::F32;
+}
+
+// The dtype a grid case of storage `dtype` runs at for kernel k, or nullopt when k skips it:
+// a bf16-only kernel runs the float32 cases at bf16 (their inputs rounded) and the bf16 ones,
+// not the f16 ones. Every other kernel runs each case as it is.
+inline std::optional<DType> case_dtype(const Kernel& k, DType dtype) {
+  if (native_dtype(k) == DType::F32) return dtype;
+  if (dtype == DType::F16) return std::nullopt;
+  return DType::BF16;
 }
 
 inline Problem shape(int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d) {

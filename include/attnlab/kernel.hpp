@@ -47,6 +47,13 @@ struct BlockPlan final : Plan {
   size_t bytes() const override { return map.bytes(); }
 };
 
+// The arithmetic a kernel's results carry, which the tolerance baseline reproduces (verify.hpp):
+//   F32           float32 products and sums on values widened exactly from storage (the textbook);
+//   Bf16Products  bf16 x bf16 products (exact) summed in float32, and the softmax weights P
+//                 rounded to bf16 before P.V (flash_bf16).
+enum class Arithmetic { F32, Bf16Products };
+const char* to_string(Arithmetic a);  // "f32", "bf16_products"
+
 struct RunContext {
   int threads = 1;                  // size of the arena the kernel runs in
   std::span<std::byte> workspace;   // workspace_bytes() bytes, 64-byte aligned
@@ -69,6 +76,8 @@ class Kernel {
   // precision it computes in (default: f32, bf16 and f16 inputs widened exactly to float32
   // where loaded; float32 compute and accumulation).
   virtual std::string_view precision() const;
+  // The arithmetic its tolerance is measured against (default F32).
+  virtual Arithmetic arithmetic() const;
   // Whether it computes this (valid) problem; the reason when not.
   virtual Support supports(const Problem&) const;
   // Scratch memory for run(), for `threads` threads: the kernel's extra memory.

@@ -37,9 +37,11 @@ void scores(const E* q, const View4<const E>& k, int64_t b, int64_t hk, const Ke
 
 // Stable softmax of s[0 .. key_count(keys)) in place (subtract the max), then
 // o = sum_x p_x V[b, hk, key x, :]. Returns the natural-log LSE (-inf, and o = 0, for a row
-// that sees no key).
+// that sees no key). round_p: each exp(s - max) rounded to bf16 before P.V (the sum stays
+// unrounded), the arithmetic of Arithmetic::Bf16Products (kernel.hpp).
 template <class E, class Keys>
-float softmax_pv(float* s, const View4<const E>& v, int64_t b, int64_t hk, const Keys& keys, float* o) {
+float softmax_pv(float* s, const View4<const E>& v, int64_t b, int64_t hk, const Keys& keys, float* o,
+                 bool round_p = false) {
   const int64_t n = key_count(keys);
   for (int64_t d = 0; d < v.dim; ++d) o[d] = 0.f;
   if (n == 0) return -std::numeric_limits<float>::infinity();
@@ -52,7 +54,7 @@ float softmax_pv(float* s, const View4<const E>& v, int64_t b, int64_t hk, const
   }
   const float inv = 1.f / sum;
   for (int64_t j = 0; j < n; ++j) {
-    const float p = s[j] * inv;
+    const float p = (round_p ? round_to(DType::BF16, s[j]) : s[j]) * inv;
     const E* vr = v.row(b, hk, key_at(keys, j));
     for (int64_t d = 0; d < v.dim; ++d) o[d] += p * to_float(vr[d]);
   }
@@ -62,10 +64,10 @@ float softmax_pv(float* s, const View4<const E>& v, int64_t b, int64_t hk, const
 // Both steps for query row (b, h, i) of typed inputs; o gets head_dim floats.
 template <class E, class Keys>
 float row(const Problem& p, const TypedInputs<E>& in, int64_t b, int64_t h, int64_t i, const Keys& keys, float* s,
-          float* o) {
+          float* o, bool round_p = false) {
   const int64_t hk = p.kv_head_of(h);
   scores(in.q.row(b, h, i), in.k, b, hk, keys, p.effective_scale(), s);
-  return softmax_pv(s, in.v, b, hk, keys, o);
+  return softmax_pv(s, in.v, b, hk, keys, o, round_p);
 }
 
 }  // namespace attnlab::textbook

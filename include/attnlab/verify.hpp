@@ -13,6 +13,12 @@
 // where `baseline` is the error the textbook float32 algorithm (the `naive` kernel's
 // arithmetic) makes against float64 on the same inputs and rows, kFactor = 4 and
 // kFloor = 32 * FLT_EPSILON (~3.8e-6).
+// A kernel of another arithmetic (Kernel::arithmetic: bf16 products, P rounded to bf16) is held
+// to the textbook's error in that arithmetic (tolerance_for), with the O floor raised to
+// kFloorBf16P = 2^-8: rounding P relative to a running max (the kernel) or to the row max (the
+// baseline) rounds each weight differently, and in a row dominated by one term (one huge V
+// element) the error is that one rounding, up to 2^-9 of the row scale for either, so a factor
+// of the baseline's realization alone cannot bound it.
 #pragma once
 
 #include <cstddef>
@@ -61,14 +67,17 @@ struct Errors {
 // o: the output view (q's shape and layout); lse may be nullptr (then not checked).
 Errors measure(const Reference& ref, const ConstView& o, const float* lse, const Problem& p);
 
-// The baseline: the textbook float32 algorithm's error on the reference rows.
-Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref);
+// The baseline: the textbook float32 algorithm's error on the reference rows; with
+// Arithmetic::Bf16Products (kernel.hpp) its softmax weights are rounded to bf16 before P.V.
+enum class Arithmetic;
+Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref, Arithmetic arithmetic);
 
 struct Tolerance {
   static constexpr double kFactor = 4.0;
   static constexpr double kFloor = 32.0 * 1.1920928955078125e-07;
+  static constexpr double kFloorBf16P = 1.0 / 256;
   double o_rel = 0, lse = 0;
-  static Tolerance from_baseline(const Errors& baseline);
+  static Tolerance from_baseline(const Errors& baseline, double o_floor = kFloor);
   // When checking against outputs made elsewhere: allow their own error as well.
   Tolerance widened_by(const Errors& external) const;
   bool passes(const Errors& e) const;
@@ -86,8 +95,12 @@ struct Agreement {
   Reference ref;
   Errors baseline;
   Tolerance tol;
+  Errors widen;  // an external reference's own error, already in tol (tolerance_for adds it too)
 };
 Agreement prepare_agreement(const Problem& p, const Inputs& in, std::vector<RowId> rows);
+// The tolerance kernel k is held to: a.tol for float32 arithmetic, else one from the baseline
+// of the kernel's arithmetic (Kernel::arithmetic) on the same rows.
+Tolerance tolerance_for(const Kernel& k, const Problem& p, const Inputs& in, const Agreement& a);
 
 enum class Verdict { Pass, Fail, Skip };
 const char* to_string(Verdict v);
@@ -96,6 +109,7 @@ struct KernelCheck {
   std::string kernel;
   Verdict verdict = Verdict::Skip;
   Errors errors;
+  Tolerance tol;       // what it was held to (tolerance_for)
   std::string reason;  // why it failed or was skipped
 };
 

@@ -116,6 +116,16 @@ double measure_exp_per_s(int threads, double seconds, const std::string& isa) {
   return static_cast<double>(threads) * static_cast<double>(rounds) * kExpElems / t;
 }
 
+bool bf16_dot_runnable() { return bf16_table() != nullptr && cpu_runs_isa(kBf16Isa); }
+
+double measure_bf16_dot_flops(int threads, double seconds) {
+  if (!bf16_dot_runnable()) return 0;
+  const Bf16Table& bt = *bf16_table();
+  const int64_t iters = calibrate([&](int64_t n) { g_sink = bt.dot_chains(n); }, seconds);
+  const double t = timed_parallel(threads, [&](int) { g_sink = bt.dot_chains(iters); });
+  return static_cast<double>(threads) * static_cast<double>(iters) * bt.dot_chain_count * 64.0 / t;
+}
+
 bool is_per_target_isa(std::string_view kernel_isa) {
   const auto& built = built_isas();
   return std::find(built.begin(), built.end(), kernel_isa) != built.end();
@@ -163,6 +173,9 @@ Peaks measure_peaks(const PeakOptions& options) {
   auto buffer = alloc_floats(count);
   for (size_t i = 0; i < count; ++i) buffer[i] = static_cast<float>(i & 1023) * 1e-3f;
 
+  const bool bf16 = bf16_dot_runnable();
+  size_t def = 0;  // the default target's index: its rows carry the bf16 dot-product peak
+  while (def + 1 < tables.size() && tables[def]->isa != peaks.simd_arch) ++def;
   for (int t : counts) {
     std::vector<PeakAtThreads> rows(tables.size());
     // Interleave the probes and the targets so a burst of load from other users of the
@@ -174,6 +187,7 @@ Peaks measure_peaks(const PeakOptions& options) {
         rows[i].read_runs.push_back(measure_read_bytes(t, buffer.get(), count, isa));
         rows[i].exp_runs.push_back(measure_exp_per_s(t, options.seconds_per_run, isa));
       }
+      if (bf16) rows[def].bf16_dot_runs.push_back(measure_bf16_dot_flops(t, options.seconds_per_run));
     }
     for (size_t i = 0; i < tables.size(); ++i) {
       PeakAtThreads& row = rows[i];
@@ -181,6 +195,7 @@ Peaks measure_peaks(const PeakOptions& options) {
       row.fma_flops = median(row.fma_runs);
       row.read_bytes = median(row.read_runs);
       row.exp_per_s = median(row.exp_runs);
+      if (!row.bf16_dot_runs.empty()) row.bf16_dot_flops = median(row.bf16_dot_runs);
       peaks.targets[i].rows.push_back(std::move(row));
     }
   }
@@ -211,9 +226,18 @@ const PeakAtThreads* Peaks::at(std::string_view isa, int threads) const {
 PeakRef Peaks::ref(std::string_view kernel_isa, int threads) const {
   PeakRef ref;
   if (const PeakAtThreads* d = at(threads)) ref.read_bytes = d->read_bytes;
+  if (kernel_isa == kBf16Isa) {
+    if (const PeakAtThreads* d = at(threads)) ref.flops = d->bf16_dot_flops;
+    return ref;
+  }
   const PeakAtThreads* fma = is_per_target_isa(kernel_isa) ? at(kernel_isa, threads) : at(threads);
   if (fma) ref.flops = fma->fma_flops;
   return ref;
+}
+
+std::string Peaks::flops_name(std::string_view kernel_isa) const {
+  if (kernel_isa == kBf16Isa) return std::string(kBf16Isa) + " dot-product";
+  return is_per_target_isa(kernel_isa) ? std::string(kernel_isa) : simd_arch;
 }
 
 bool Peaks::covers(const std::vector<std::string>& isas, const std::vector<int>& threads) const {
@@ -238,6 +262,10 @@ nlohmann::json rows_to_json(const std::vector<PeakAtThreads>& rows) {
                  {"fma_runs", r.fma_runs},
                  {"read_runs", r.read_runs},
                  {"exp_runs", r.exp_runs}});
+    if (r.bf16_dot_flops > 0) {
+      a.back()["bf16_dot_flops"] = r.bf16_dot_flops;
+      a.back()["bf16_dot_runs"] = r.bf16_dot_runs;
+    }
   }
   return a;
 }
@@ -253,6 +281,8 @@ std::vector<PeakAtThreads> rows_from_json(const nlohmann::json& a) {
     row.fma_runs = r.value("fma_runs", std::vector<double>{});
     row.read_runs = r.value("read_runs", std::vector<double>{});
     row.exp_runs = r.value("exp_runs", std::vector<double>{});
+    row.bf16_dot_flops = r.value("bf16_dot_flops", 0.0);
+    row.bf16_dot_runs = r.value("bf16_dot_runs", std::vector<double>{});
     rows.push_back(std::move(row));
   }
   return rows;
@@ -359,6 +389,15 @@ std::string format_peaks(const Peaks& peaks) {
         out += line;
       }
       out += "\n";
+    }
+  }
+  if (const TargetPeaks* d = peaks.target(peaks.simd_arch)) {
+    for (const auto& r : d->rows) {
+      if (r.bf16_dot_flops <= 0) continue;
+      std::snprintf(line, sizeof line, "  bf16 dot products (vdpbf16ps, flash_bf16's peak), %d threads: %s GFLOP/s, %.2fx the %s FMA peak\n",
+                    r.threads, cell(r.bf16_dot_flops, r.bf16_dot_runs, 1e9).c_str(),
+                    r.fma_flops > 0 ? r.bf16_dot_flops / r.fma_flops : 0.0, d->isa.c_str());
+      out += line;
     }
   }
   return out;

@@ -16,6 +16,9 @@
 //   exp   throughput (exp/s) of the vector exp the target's kernels use (simd::exp2 from
 //         src/cpu/simd/vec_math.hpp, log2(e) folded into the score scale) on an
 //         L1-resident buffer: load, exp, store.
+//   bf16 dot  where the CPU has AVX512_BF16 (and the build its avx512_bf16 object): the
+//         vdpbf16ps throughput (FLOP/s; 32 bf16 products = 64 FLOP per instruction), in the
+//         default target's rows, kDotChains register-resident chains per thread like fma.
 // Every figure is the median of `repeats` runs; the runs themselves are kept. All threads
 // of a run start together (barrier) and the run's time is first start to last finish. The
 // targets are measured in turn inside each repetition, so a burst of load from other users
@@ -23,7 +26,7 @@
 //
 // What a point's "% of peak" is relative to (Peaks::ref, the one rule): the FMA peak of the
 // point's own target (a SIMD kernel's isa()); for kernels built once ("baseline", "cuda")
-// the default target's. Read bandwidth does not depend on the vector width: always the
+// the default target's; the bf16 dot-product peak for the avx512_bf16 kernels (flash_bf16). Read bandwidth does not depend on the vector width: always the
 // default target's figure.
 #pragma once
 
@@ -51,7 +54,8 @@ struct PeakAtThreads {
   double fma_flops = 0;       // FLOP/s, median
   double read_bytes = 0;      // bytes/s, median
   double exp_per_s = 0;       // exp/s, median
-  std::vector<double> fma_runs, read_runs, exp_runs;
+  double bf16_dot_flops = 0;  // FLOP/s, median (default target's rows; 0 = not measured)
+  std::vector<double> fma_runs, read_runs, exp_runs, bf16_dot_runs;
 };
 
 // The peaks of one target.
@@ -91,6 +95,8 @@ struct Peaks {
   // build (0 when that target was not measured), the default target's for kernels built
   // once ("baseline", "cuda"); the default target's read bandwidth for all.
   PeakRef ref(std::string_view kernel_isa, int threads) const;
+  // What ref's flops is, in words: "avx512" (that target's FMA), "avx512_bf16 dot-product".
+  std::string flops_name(std::string_view kernel_isa) const;
   // Whether every target in `isas` (and the default target) has a row for every thread
   // count in `threads`.
   bool covers(const std::vector<std::string>& isas, const std::vector<int>& threads) const;
@@ -109,6 +115,9 @@ Peaks measure_peaks(const PeakOptions& options);
 double measure_fma_flops(int threads, double seconds, const std::string& isa = {});
 double measure_read_bytes(int threads, const float* buffer, size_t count, const std::string& isa = {});
 double measure_exp_per_s(int threads, double seconds, const std::string& isa = {});
+// 0 when this build or CPU has no AVX512_BF16 (bf16_dot_runnable()).
+bool bf16_dot_runnable();
+double measure_bf16_dot_flops(int threads, double seconds);
 
 // A table of the medians per target (GFLOP/s, GB/s, Gexp/s, with min-max spread over the
 // runs), and the ratio of each target's FMA peak to the narrowest one's.

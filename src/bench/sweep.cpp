@@ -327,8 +327,8 @@ struct Runner {
       r.verdict = to_string(check.verdict);
       r.err_o_rel = check.errors.o_rel;
       r.err_lse = check.errors.lse;
-      r.tol_o_rel = ag.tol.o_rel;
-      r.tol_lse = ag.tol.lse;
+      r.tol_o_rel = check.tol.o_rel;
+      r.tol_lse = check.tol.lse;
       r.verify_rows = static_cast<int>(rows.size());
       r.err_o_rel_f32_inputs = r.err_o_rel;
       if (g.problem.dtype != DType::F32 && check.verdict == Verdict::Pass) {
@@ -691,7 +691,7 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
       log << buf;
       if (r.peak_flops > 0) {
         std::snprintf(buf, sizeof buf, " (%.0f%% of the %s peak)", 100.0 * r.problem.flops() / t / r.peak_flops,
-                      is_per_target_isa(r.isa) ? r.isa.c_str() : run.peaks.simd_arch.c_str());
+                      run.peaks.flops_name(r.isa).c_str());
         log << buf;
       }
       log << "\n";

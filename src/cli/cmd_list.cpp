@@ -44,7 +44,7 @@ Command add_list(CLI::App& app) {
                       << join(runnable_isas(), ", ") << "; default: " << def
                       << " (--isa NAME or ATTN_ISA=NAME to force one)\n\n";
             std::cout << std::left << std::setw(12) << "kernel" << std::setw(11) << "available" << std::setw(22)
-                      << "targets" << std::setw(22) << "runs here" << std::setw(10) << "default" << std::setw(48)
+                      << "targets" << std::setw(22) << "runs here" << std::setw(13) << "default" << std::setw(58)
                       << "precision (storage in; compute)" << std::setw(10) << "patterns" << "description\n";
             for (const Kernel* k : registry()) {
               const Support a = k->available();
@@ -56,7 +56,7 @@ Command add_list(CLI::App& app) {
               }
               std::cout << std::left << std::setw(12) << k->name() << std::setw(11) << (a ? "yes" : "no")
                         << std::setw(22) << join(targets, ",") << std::setw(22)
-                        << (runs.empty() ? "-" : join(runs, ",")) << std::setw(10) << k->isa() << std::setw(48)
+                        << (runs.empty() ? "-" : join(runs, ",")) << std::setw(13) << k->isa() << std::setw(58)
                         << k->precision() << std::setw(10) << (k->runs_patterns() ? "sparse" : "interval")
                         << k->description();
               if (!a) std::cout << "  [unavailable: " << a.reason << "]";

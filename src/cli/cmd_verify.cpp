@@ -107,6 +107,10 @@ class Tally {
     KernelCheck c = check;
     c.kernel = bench::kernel_label(*kernels_[i]);
     print_check(c);
+    if (const Arithmetic ar = kernels_[i]->arithmetic(); ar != Arithmetic::F32 && c.verdict != Verdict::Skip) {
+      std::printf("  %-18s held to the textbook's error in its own arithmetic (%s): tolerance O %.3g, LSE %.3g\n", "",
+                  to_string(ar), c.tol.o_rel, c.tol.lse);
+    }
     Seen& s = seen_[i];
     if (c.verdict == Verdict::Skip) {
       if (std::find(s.skips.begin(), s.skips.end(), c.reason) == s.skips.end()) s.skips.push_back(c.reason);
@@ -167,7 +171,7 @@ int verify_random(const std::vector<Problem>& problems, const VerifyArgs& a) {
     std::vector<KernelCheck> refused;
     for (const Kernel* k : tally.kernels()) {
       if (Support s = can_run(*k, p, a.mask.thread_count()); !s) {
-        refused.push_back({std::string(k->name()), Verdict::Skip, {}, s.reason});
+        refused.push_back({std::string(k->name()), Verdict::Skip, {}, {}, s.reason});
       }
     }
     if (refused.size() == tally.kernels().size()) {
@@ -222,6 +226,7 @@ int verify_expect(const VerifyArgs& a) {
     if (!expect_lse.data.empty()) vs_file.ref.lse[r] = expect_lse.data[(id.b * p.q_heads + id.h) * p.q_len + id.i];
   }
   vs_file.tol = ag.tol.widened_by(external);
+  vs_file.widen = external;
   Tally tally = make_tally(a);
   for (size_t i = 0; i < tally.kernels().size(); ++i) {
     KernelCheck c = check_kernel(*tally.kernels()[i], p, li.inputs, vs_file, a.mask.thread_count());

@@ -159,7 +159,8 @@ Errors measure(const Reference& ref, const ConstView& o, const float* lse, const
   return e;
 }
 
-Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref) {
+Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref, Arithmetic arithmetic) {
+  const bool round_p = arithmetic == Arithmetic::Bf16Products;
   Errors e;
   std::vector<float> s(static_cast<size_t>(p.kv_len)), o(static_cast<size_t>(p.head_dim));
   visit_inputs(in, [&](const auto& typed) {
@@ -168,20 +169,20 @@ Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref)
       const std::vector<int64_t> keys = reference_keys(p, id);
       const float lse = textbook::row(p, typed, id.b, id.h, id.i,
                                       textbook::KeyList{keys.data(), static_cast<int64_t>(keys.size())}, s.data(),
-                                      o.data());
+                                      o.data(), round_p);
       accumulate(e, ref, r, o.data(), &lse);
     }
   });
   return e;
 }
 
-Tolerance Tolerance::from_baseline(const Errors& baseline) {
+Tolerance Tolerance::from_baseline(const Errors& baseline, double o_floor) {
   Tolerance t;
   // A NaN row in the inputs makes the baseline infinite; keep the tolerance finite so the
   // check stays meaningful for the other rows.
   const double o = std::isfinite(baseline.o_rel) ? baseline.o_rel : 0.0;
   const double l = std::isfinite(baseline.lse) ? baseline.lse : 0.0;
-  t.o_rel = kFactor * o + kFloor;
+  t.o_rel = kFactor * o + o_floor;
   t.lse = kFactor * l + kFloor;
   return t;
 }
@@ -215,9 +216,15 @@ namespace attnlab {
 Agreement prepare_agreement(const Problem& p, const Inputs& in, std::vector<RowId> rows) {
   Agreement a;
   a.ref = reference(p, in, std::move(rows));
-  a.baseline = baseline_errors(p, in, a.ref);
+  a.baseline = baseline_errors(p, in, a.ref, Arithmetic::F32);
   a.tol = Tolerance::from_baseline(a.baseline);
   return a;
+}
+
+Tolerance tolerance_for(const Kernel& k, const Problem& p, const Inputs& in, const Agreement& a) {
+  if (k.arithmetic() == Arithmetic::F32) return a.tol;
+  return Tolerance::from_baseline(baseline_errors(p, in, a.ref, k.arithmetic()), Tolerance::kFloorBf16P)
+      .widened_by(a.widen);
 }
 
 const char* to_string(Verdict v) {
@@ -271,7 +278,8 @@ KernelCheck check_kernel(const Kernel& k, const Problem& p, const Inputs& in,
   Session session(k, p, threads);
   session.run(in, out.outputs);
   c.errors = measure(a.ref, as_const(out.outputs.o), out.outputs.lse, p);
-  c.reason = a.tol.why_failed(c.errors);
+  c.tol = tolerance_for(k, p, in, a);
+  c.reason = c.tol.why_failed(c.errors);
   c.verdict = c.reason.empty() ? Verdict::Pass : Verdict::Fail;
   return c;
 }

@@ -1,7 +1,7 @@
 // flash: FlashAttention-2 forward on the CPU - query tiles x key/value tiles with an online
 // softmax, register-blocked micro-kernels per target (src/cpu/simd/microkernel.hpp), oneTBB.
 // The tile engine itself (packing, softmax epilogue, the two GEMMs) is src/cpu/tiles.cpp,
-// shared with `decode`; this file is its prefill driver.
+// shared with `decode`; this file is its prefill driver (also flash_bf16's).
 //
 // Idea. One task = (batch b, kv head hk, query tile of Br rows). The task handles the
 // G = q_heads / kv_heads query heads of the group together: its R = G * Br "rows" are the
@@ -64,7 +64,53 @@
 #include "cpu/parallel.hpp"
 #include "cpu/simd/tiles.hpp"
 
-namespace attnlab::ATTN_TARGET_NS::cpu {
+namespace attnlab::ATTN_TARGET_NS {
+
+namespace simd {
+
+std::shared_ptr<const Plan> prefill_plan(const Problem& p, const Tiling& t) {
+  if (!p.sparse()) return nullptr;
+  return std::make_shared<BlockPlan>(build_block_map(p, t.br, /*split_globals=*/true));
+}
+
+void run_prefill(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx, const Tiling& t,
+                 const char* kernel) {
+  // A sparse pattern runs the block map's tiles (built by make_plan, outside the timed
+  // region; here only when run without a Session).
+  const BlockMap* map = nullptr;
+  std::optional<BlockMap> own;
+  if (p.sparse()) {
+    const auto* plan = dynamic_cast<const BlockPlan*>(ctx.plan);
+    map = plan && plan->map.br == t.br ? &plan->map : &own.emplace(build_block_map(p, t.br, true));
+  }
+  // Per (b, kv head): the solo positions of a sparse pattern first (each sees every key),
+  // then the query tiles, the last (most keys under causal) first.
+  const int64_t nq = (p.q_len + t.br - 1) / t.br, ns = map ? static_cast<int64_t>(map->solo.size()) : 0;
+  const int64_t per_bh = ns + nq;
+  const int64_t tasks = p.batch * p.kv_heads * per_bh;
+  attnlab::parallel_tasks(
+      tbb::blocked_range<int64_t>(0, tasks, 1),
+      [&](const tbb::blocked_range<int64_t>& range) {
+        const Scratch s(thread_scratch(ctx, t.bytes, kernel), t);
+        for (int64_t task = range.begin(); task != range.end(); ++task) {
+          const int64_t bh = task / per_bh, b = bh / p.kv_heads, hk = bh % p.kv_heads, x = task % per_bh;
+          const int64_t qt = x < ns ? nq + x : nq - 1 - (x - ns);
+          const int64_t i0 = x < ns ? map->solo[x] : qt * t.br;
+          const int64_t rows = begin_rows(p, in, t, s, b, hk, i0, x < ns ? 1 : std::min(t.br, p.q_len - i0));
+          if (map) {
+            attend_blocks(p, in, t, s, *map, b, hk, qt, i0, rows);
+          } else {
+            attend_keys(p, in, t, s, b, hk, rows, Interval{0, p.kv_len});
+          }
+          finish_rows(p, out, t, s, b, hk, i0, rows);
+        }
+      },
+      tbb::simple_partitioner());
+}
+
+}  // namespace simd
+
+namespace cpu {
 namespace {
 
 class Flash final : public Kernel {
@@ -80,42 +126,10 @@ class Flash final : public Kernel {
   }
   bool runs_patterns() const override { return true; }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
-    if (!p.sparse()) return nullptr;
-    return std::make_shared<BlockPlan>(build_block_map(p, simd::make_tiling(p).br, /*split_globals=*/true));
+    return simd::prefill_plan(p, simd::make_tiling(p));
   }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
-    const simd::Tiling t = simd::make_tiling(p);
-    // A sparse pattern runs the block map's tiles (built by make_plan, outside the timed
-    // region; here only when run without a Session).
-    const BlockMap* map = nullptr;
-    std::optional<BlockMap> own;
-    if (p.sparse()) {
-      const auto* plan = dynamic_cast<const BlockPlan*>(ctx.plan);
-      map = plan && plan->map.br == t.br ? &plan->map : &own.emplace(build_block_map(p, t.br, true));
-    }
-    // Per (b, kv head): the solo positions of a sparse pattern first (each sees every key),
-    // then the query tiles, the last (most keys under causal) first.
-    const int64_t nq = (p.q_len + t.br - 1) / t.br, ns = map ? static_cast<int64_t>(map->solo.size()) : 0;
-    const int64_t per_bh = ns + nq;
-    const int64_t tasks = p.batch * p.kv_heads * per_bh;
-    attnlab::parallel_tasks(
-        tbb::blocked_range<int64_t>(0, tasks, 1),
-        [&](const tbb::blocked_range<int64_t>& range) {
-          const simd::Scratch s(thread_scratch(ctx, t.bytes, "flash"), t);
-          for (int64_t task = range.begin(); task != range.end(); ++task) {
-            const int64_t bh = task / per_bh, b = bh / p.kv_heads, hk = bh % p.kv_heads, x = task % per_bh;
-            const int64_t qt = x < ns ? nq + x : nq - 1 - (x - ns);
-            const int64_t i0 = x < ns ? map->solo[x] : qt * t.br;
-            const int64_t rows = simd::begin_rows(p, in, t, s, b, hk, i0, x < ns ? 1 : std::min(t.br, p.q_len - i0));
-            if (map) {
-              simd::attend_blocks(p, in, t, s, *map, b, hk, qt, i0, rows);
-            } else {
-              simd::attend_keys(p, in, t, s, b, hk, rows, Interval{0, p.kv_len});
-            }
-            simd::finish_rows(p, out, t, s, b, hk, i0, rows);
-          }
-        },
-        tbb::simple_partitioner());
+    simd::run_prefill(p, in, out, ctx, simd::make_tiling(p), "flash");
   }
 };
 
@@ -126,4 +140,5 @@ const Kernel& flash() {
   return k;
 }
 
-}  // namespace attnlab::ATTN_TARGET_NS::cpu
+}  // namespace cpu
+}  // namespace attnlab::ATTN_TARGET_NS

@@ -31,6 +31,11 @@
 #define X ATTN_DECLARE_TABLE
 ATTN_TARGET_LIST
 #undef X
+#if defined(ATTN_HAVE_BF16_TARGET)
+namespace attnlab::avx512_bf16 {
+const Bf16Table& bf16_table();
+}
+#endif
 
 namespace attnlab {
 namespace {
@@ -228,6 +233,14 @@ std::string isa_flags(std::string_view isa) {
 }
 
 std::string cpu_isa_features() { return features().text(); }
+
+const Bf16Table* bf16_table() {
+#if defined(ATTN_HAVE_BF16_TARGET)
+  return &avx512_bf16::bf16_table();
+#else
+  return nullptr;
+#endif
+}
 
 const TargetTable* target_table_for(std::string_view isa) {
   for (const Built& b : built()) {

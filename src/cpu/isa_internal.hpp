@@ -12,5 +12,8 @@ namespace attnlab {
 const std::vector<const TargetTable*>& target_tables();
 // The table of a built target, nullptr when the build has none of that name.
 const TargetTable* target_table_for(std::string_view isa);
+// The avx512_bf16 object's table, nullptr when the build has none (whether this CPU runs it:
+// cpu_runs_isa(kBf16Isa)).
+const Bf16Table* bf16_table();
 
 }  // namespace attnlab

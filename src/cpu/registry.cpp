@@ -3,6 +3,7 @@
 // is unavailable on a CPU that cannot run it.
 #include <algorithm>
 #include <memory>
+#include <stdexcept>
 
 #include "attnlab/isa.hpp"
 #include "attnlab/kernel.hpp"
@@ -22,6 +23,23 @@ const Kernel& flash();
 
 namespace {
 
+// flash_bf16 in a build without the avx512_bf16 object (not x86-64, or ATTN_NATIVE): listed,
+// never available.
+class UnbuiltFlashBf16 final : public Kernel {
+ public:
+  std::string_view name() const override { return "flash_bf16"; }
+  std::string_view description() const override {
+    return "flash with bf16 dot products (AVX512_BF16 vdpbf16ps); bf16 inputs only";
+  }
+  Support available() const override {
+    return Support::no("not in this build: the avx512_bf16 object is built only by x86-64 builds with run-time "
+                       "dispatch (not ATTN_NATIVE)");
+  }
+  void run(const Problem&, const Inputs&, const Outputs&, RunContext&) const override {
+    throw std::logic_error("flash_bf16: not built");
+  }
+};
+
 // A SIMD kernel compiled for one target.
 class TargetKernel final : public Kernel {
  public:
@@ -29,6 +47,8 @@ class TargetKernel final : public Kernel {
   std::string_view name() const override { return inner_.name(); }
   std::string_view description() const override { return inner_.description(); }
   std::string_view isa() const override { return isa_; }
+  std::string_view precision() const override { return inner_.precision(); }
+  Arithmetic arithmetic() const override { return inner_.arithmetic(); }
   Support available() const override {
     if (!cpu_runs_isa(isa_)) return Support::no(cannot_run_reason(isa_));
     return inner_.available();
@@ -66,6 +86,13 @@ const std::vector<Entry>& entries() {
         entry.variants.push_back(owned.back().get());
       }
       list.push_back(std::move(entry));
+    }
+    static const UnbuiltFlashBf16 unbuilt;
+    if (const Bf16Table* bt = bf16_table()) {
+      owned.push_back(std::make_unique<TargetKernel>(*bt->flash_bf16, kBf16Isa));
+      list.push_back({{owned.back().get()}});
+    } else {
+      list.push_back({{&unbuilt}});
     }
     list.push_back({{&cuda::naive()}});
     list.push_back({{&cuda::flash()}});

@@ -46,4 +46,14 @@ struct TargetTable {
   void (*pack_k_transposed)(const float* k_rows, int64_t ldk, int nk, int64_t d, float* kt);
 };
 
+// The avx512_bf16 object (CMakeLists.txt, src/cpu/target_bf16.cpp): x86-64-v4 plus AVX512_BF16,
+// built beside the dispatch targets of an x86-64 build for the kernels that need bf16 dot
+// products. Not a dispatch target: the other SIMD kernels have no variant for it.
+inline constexpr const char* kBf16Isa = "avx512_bf16";
+struct Bf16Table {
+  const Kernel* flash_bf16;
+  int dot_chain_count;                  // independent vdpbf16ps chains
+  float (*dot_chains)(int64_t iters);   // dot_chain_count chains x iters vdpbf16ps (64 FLOP each)
+};
+
 }  // namespace attnlab

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <bit>
 #include <limits>
+#include <stdexcept>
 #include <type_traits>
 
 #include "attnlab/isa.hpp"
 #include "attnlab/online_softmax.hpp"
+#include "cpu/simd/bf16_dot.hpp"
 #include "cpu/simd/microkernel.hpp"
 #include "cpu/simd/vec_math.hpp"
 
@@ -21,6 +23,11 @@ constexpr auto kLog2 = online_softmax::Units::Log2;
 constexpr int64_t kRowStep = 24;   // Br granularity: R = G * Br is a multiple of 6 rows
 constexpr int64_t kMaxRows = 120;  // Br cap: causal waste ~ Br/2 keys per row, task count
 constexpr int64_t kStreamRows = 16;  // up to this many rows a task streams its K/V tiles
+#if defined(__AVX512BF16__)
+constexpr bool kPairsBuilt = true;  // this target has the bf16 dot-product engine (flash_bf16)
+#else
+constexpr bool kPairsBuilt = false;
+#endif
 
 inline size_t align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
@@ -54,10 +61,38 @@ inline void for_runs(uint64_t x, const F& f) {
   }
 }
 
+// GEMM 2 for N rows of the panel at rr0, starting with its row m0: O += P.V over the tile's keys
+// [x, y), after O *= alpha (when given). Pairs (flash_bf16): whole key pairs through the bf16
+// dot product, an odd key at either end through the float32 kernel on the same rounded P, so
+// a pair never includes a key the rows do not see.
+template <int N, bool Pairs, class E, class Step>
+void pv_keys(const Tiling& t, const Scratch& s, int64_t rr0, int m0, const KeyTile<E>& kt, const float* alpha, int x,
+             int y, Step& step) {
+  const float* p = s.p + m0 * kTileKeys;
+  float* o = s.o + (rr0 + m0) * t.dim_pad;
+#if defined(__AVX512BF16__)
+  if constexpr (Pairs) {
+    if (x < y && (x & 1)) {
+      pv_rows<N>(p, kTileKeys, kt.v, kt.ldv, o, t.dim_pad, alpha, x, x + 1, t.dim);
+      alpha = nullptr, ++x;
+    }
+    if (x < y && (y & 1)) {
+      pv_rows<N>(p, kTileKeys, kt.v, kt.ldv, o, t.dim_pad, alpha, y - 1, y, t.dim);
+      alpha = nullptr, --y;
+    }
+    if (x < y || alpha) pv_pairs<N>(s.pw + m0 * (kTileKeys / 2), kTileKeys / 2, s.vp, t.dim_pad, o, t.dim_pad, alpha, x / 2, y / 2, t.dim, step);
+    return;
+  }
+#endif
+  static_assert(!Pairs || kPairsBuilt);
+  pv_rows<N>(p, kTileKeys, kt.v, kt.ldv, o, t.dim_pad, alpha, x, y, t.dim, step);
+}
+
 // Words: the rows' visible keys in the tile come as one 64-bit word per row (a sparse pattern's
 // block map, pattern.hpp; words == nullptr: every row sees every key of the tile), else from
 // the rows' intervals (Scratch::iv).
-template <int MR, bool Direct, bool Words, class Step, class E>
+// Pairs: flash_bf16's bf16 dot products (Tiling::bf16_dot).
+template <int MR, bool Direct, bool Words, bool Pairs, class Step, class E>
 void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile<E>& kt, const uint64_t* words,
                    Step& step) {
   static_assert(kTileKeys == BlockMap::kBlockKeys, "one block-map word per row and key tile");
@@ -89,6 +124,11 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
   // masked K row never leaks), the blocks outside [ja, jb) are never read unmasked.
   if constexpr (Direct) {
     score_rows<MR>(s.qr + rr0 * t.dim_pad, t.dim_pad, s.qr + t.rows * t.dim_pad, kt.k, kt.ldk, t.dim, ja, jb, s.p, step);
+#if defined(__AVX512BF16__)
+  } else if constexpr (Pairs) {
+    const auto* qw = reinterpret_cast<const uint32_t*>(s.q) + rr0 * pair_words(t.dim);
+    score_panel_bf16<MR>(qw, reinterpret_cast<const uint32_t*>(s.kt), t.dim, t.score_scale, ja, jb, s.p, step);
+#endif
   } else {
     score_panel<MR>(s.q + rr0 * t.dim, s.kt, t.dim, ja, jb, s.p, step);
   }
@@ -137,11 +177,13 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
     (Batch::load_aligned(lrow) * Batch(alpha[m]) + sum).store_aligned(lrow);
     s.m[rr0 + m] = m_new[m];
   }
+#if defined(__AVX512BF16__)
+  if constexpr (Pairs) round_p_rows<MR>(s.p, s.pw);  // l keeps the unrounded sum
+#endif
 
-  float* o = s.o + rr0 * t.dim_pad;
   const float* a = rescale ? alpha : nullptr;
   if (full) {
-    pv_rows<MR>(s.p, kTileKeys, kt.v, kt.ldv, o, t.dim_pad, a, 0, kt.nk, t.dim, step);
+    pv_keys<MR, Pairs>(t, s, rr0, 0, kt, a, 0, kt.nk, step);
     return;
   }
   if constexpr (Words) {
@@ -150,15 +192,14 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
     uint64_t common = ~uint64_t{0};
     for (int m = 0; m < MR; ++m) common &= w[m];
     const float* first = a;
+    NoStep none;
     for_runs(common, [&](int x, int y) {
-      pv_rows<MR>(s.p, kTileKeys, kt.v, kt.ldv, o, t.dim_pad, first, x, y, t.dim);
+      pv_keys<MR, Pairs>(t, s, rr0, 0, kt, first, x, y, none);
       first = nullptr;
     });
-    if (first) pv_rows<MR>(s.p, kTileKeys, kt.v, kt.ldv, o, t.dim_pad, first, 0, 0, t.dim);
+    if (first) pv_keys<MR, Pairs>(t, s, rr0, 0, kt, first, 0, 0, none);
     for (int m = 0; m < MR; ++m) {
-      for_runs(w[m] & ~common, [&](int x, int y) {
-        pv_rows<1>(s.p + m * kTileKeys, kTileKeys, kt.v, kt.ldv, o + m * t.dim_pad, t.dim_pad, nullptr, x, y, t.dim);
-      });
+      for_runs(w[m] & ~common, [&](int x, int y) { pv_keys<1, Pairs>(t, s, rr0, m, kt, nullptr, x, y, none); });
     }
     return;
   }
@@ -166,30 +207,29 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
   int ca = 0, cb = kt.nk;
   for (int m = 0; m < MR; ++m) ca = std::max(ca, lo[m]), cb = std::min(cb, hi[m]);
   if (ca >= cb) ca = cb = 0;
-  if (ca < cb || a) pv_rows<MR>(s.p, kTileKeys, kt.v, kt.ldv, o, t.dim_pad, a, ca, cb, t.dim);
+  NoStep none;
+  if (ca < cb || a) pv_keys<MR, Pairs>(t, s, rr0, 0, kt, a, ca, cb, none);
   for (int m = 0; m < MR; ++m) {
-    const float* prow = s.p + m * kTileKeys;
-    float* orow = o + m * t.dim_pad;
     if (ca < cb) {
-      if (lo[m] < ca) pv_rows<1>(prow, kTileKeys, kt.v, kt.ldv, orow, t.dim_pad, nullptr, lo[m], ca, t.dim);
-      if (cb < hi[m]) pv_rows<1>(prow, kTileKeys, kt.v, kt.ldv, orow, t.dim_pad, nullptr, cb, hi[m], t.dim);
+      if (lo[m] < ca) pv_keys<1, Pairs>(t, s, rr0, m, kt, nullptr, lo[m], ca, none);
+      if (cb < hi[m]) pv_keys<1, Pairs>(t, s, rr0, m, kt, nullptr, cb, hi[m], none);
     } else if (lo[m] < hi[m]) {
-      pv_rows<1>(prow, kTileKeys, kt.v, kt.ldv, orow, t.dim_pad, nullptr, lo[m], hi[m], t.dim);
+      pv_keys<1, Pairs>(t, s, rr0, m, kt, nullptr, lo[m], hi[m], none);
     }
   }
 }
 
-template <bool Direct, bool Words, class Step, class E>
+template <bool Direct, bool Words, bool Pairs, class Step, class E>
 void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile<E>& kt,
                        const uint64_t* words, Step& step) {
   static_assert(kPanelRows <= 6, "dispatch below covers panels of 1..6 rows");
   switch (mr) {
-    case 1: process_panel<1, Direct, Words>(t, s, rr0, kt, words, step); break;
-    case 2: process_panel<2, Direct, Words>(t, s, rr0, kt, words, step); break;
-    case 3: process_panel<3, Direct, Words>(t, s, rr0, kt, words, step); break;
-    case 4: process_panel<4, Direct, Words>(t, s, rr0, kt, words, step); break;
-    case 5: process_panel<5, Direct, Words>(t, s, rr0, kt, words, step); break;
-    case 6: process_panel<6, Direct, Words>(t, s, rr0, kt, words, step); break;
+    case 1: process_panel<1, Direct, Words, Pairs>(t, s, rr0, kt, words, step); break;
+    case 2: process_panel<2, Direct, Words, Pairs>(t, s, rr0, kt, words, step); break;
+    case 3: process_panel<3, Direct, Words, Pairs>(t, s, rr0, kt, words, step); break;
+    case 4: process_panel<4, Direct, Words, Pairs>(t, s, rr0, kt, words, step); break;
+    case 5: process_panel<5, Direct, Words, Pairs>(t, s, rr0, kt, words, step); break;
+    case 6: process_panel<6, Direct, Words, Pairs>(t, s, rr0, kt, words, step); break;
   }
 }
 
@@ -203,6 +243,17 @@ void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, cons
   if (s.qr) std::fill(s.qr, s.qr + (t.rows + 1) * t.dim_pad, 0.f);
   for (int64_t rr = 0; rr < R; ++rr) {
     const E* q = in.q.row(b, hk * G + rr % G, i0 + rr / G);
+    if constexpr (std::is_same_v<E, bf16>) {
+      if (t.bf16_dot) {  // unscaled bf16 pairs, word-major in a panel, odd d zero padded
+        const int64_t nw = (d + 1) / 2, panel0 = rr / kPanelRows * kPanelRows;
+        const int64_t mr = std::min<int64_t>(kPanelRows, R - panel0);
+        uint32_t* dst = reinterpret_cast<uint32_t*>(s.q) + panel0 * nw + (rr - panel0);
+        for (int64_t w = 0; w < nw; ++w) {
+          dst[w * mr] = q[2 * w].bits | (2 * w + 1 < d ? uint32_t{q[2 * w + 1].bits} << 16 : 0u);
+        }
+        continue;
+      }
+    }
     if (s.qr) {
       for (int64_t k = 0; k < d; ++k) s.qr[rr * t.dim_pad + k] = to_float(q[k]) * q_scale;
       continue;
@@ -226,7 +277,7 @@ struct TileRef {
 };
 
 // Tiles at(0) .. at(n - 1) of a task, in that order.
-template <bool Words, class E, class At>
+template <bool Words, bool Pairs, class E, class At>
 void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
                   int64_t rows, int64_t n, const At& at) {
   const int64_t d = t.dim;
@@ -251,6 +302,12 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
       touch_rows(kt.k, kt.ldk, kt.nk, d);
       touch_rows(kt.v, kt.ldv, kt.nk, d);
     }
+#if defined(__AVX512BF16__)
+    if constexpr (Pairs) {
+      pack_k_pairs(kt.k, kt.ldk, kt.nk, d, reinterpret_cast<uint32_t*>(s.kt));
+      pack_v_pairs(kt.v, kt.ldv, kt.nk, d, s.vp, t.dim_pad);
+    } else
+#endif
     if (!s.qr) pack_k_transposed(kt.k, kt.ldk, kt.nk, d, s.kt);
     const TileRef next = x + 1 < n ? at(x + 1) : TileRef{};
     const int64_t nn = next.nk;
@@ -259,11 +316,13 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
       LineStream ahead(kn.k, kn.ldk, kn.v, kn.ldv, static_cast<int>(nn), d);
       for (int64_t rr0 = 0; rr0 < rows; rr0 += kPanelRows) {
         const int mr = static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0));
-        if (s.qr) {
-          process_panel_any<true, Words>(mr, t, s, rr0, kt, tile.words, ahead);
-        } else {
-          process_panel_any<false, Words>(mr, t, s, rr0, kt, tile.words, ahead);
+        if constexpr (!Pairs) {
+          if (s.qr) {
+            process_panel_any<true, Words, false>(mr, t, s, rr0, kt, tile.words, ahead);
+            continue;
+          }
         }
+        process_panel_any<false, Words, Pairs>(mr, t, s, rr0, kt, tile.words, ahead);
       }
       continue;
     }
@@ -275,15 +334,29 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
         prefetch_rows(kn.v, kn.ldv, r0, r1, d);
       }
       const int64_t rr0 = pi * kPanelRows;
-      process_panel_any<false, Words>(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, s, rr0, kt,
-                                      tile.words, none);
+      process_panel_any<false, Words, Pairs>(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, s, rr0,
+                                             kt, tile.words, none);
     }
   }
 }
 
+// attend_tiles with the tiling's arithmetic: bf16 pairs (flash_bf16: bf16 inputs only, and only
+// in a target with AVX512_BF16) or float32.
+template <bool Words, class E, class At>
+void attend_tiles_as(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
+                     int64_t rows, int64_t n, const At& at) {
+  if constexpr (kPairsBuilt && std::is_same_v<E, bf16>) {
+    if (t.bf16_dot) return attend_tiles<Words, true>(in, t, s, b, hk, rows, n, at);
+  }
+  attend_tiles<Words, false>(in, t, s, b, hk, rows, n, at);
+}
+
 }  // namespace
 
-Tiling make_tiling(const Problem& p, int64_t br) {
+Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot) {
+  if (bf16_dot && (!kPairsBuilt || p.dtype != DType::BF16)) {
+    throw std::logic_error("make_tiling: bf16 dot products need bf16 inputs and a target with AVX512_BF16");
+  }
   Tiling t;
   t.group = p.group();
   t.dim = p.head_dim;
@@ -316,7 +389,13 @@ Tiling make_tiling(const Problem& p, int64_t br) {
   t.m_off = take(sizeof(float) * t.rows);
   t.l_off = take(sizeof(float) * t.rows * kLanes);
   t.iv_off = take(sizeof(Interval) * t.rows);
-  t.direct = t.rows <= kStreamRows;
+  t.direct = !bf16_dot && t.rows <= kStreamRows;
+  t.bf16_dot = bf16_dot;
+  t.score_scale = p.effective_scale() * kLog2e;
+  if (bf16_dot) {
+    t.vp_off = take(sizeof(uint32_t) * (kTileKeys / 2) * t.dim_pad);
+    t.pw_off = take(sizeof(uint32_t) * kPanelRows * (kTileKeys / 2));
+  }
   if (t.direct) t.qr_off = take(sizeof(float) * (t.rows + 1) * t.dim_pad);
   if (gathered_columns(p) > 0) t.gather_off = take(sizeof(float) * 2 * kTileKeys * t.dim_pad);
   t.bytes = off;
@@ -332,7 +411,9 @@ Scratch::Scratch(std::byte* base, const Tiling& t)
       l(reinterpret_cast<float*>(base + t.l_off)),
       iv(reinterpret_cast<Interval*>(base + t.iv_off)),
       qr(t.direct ? reinterpret_cast<float*>(base + t.qr_off) : nullptr),
-      gather(t.gather_off ? reinterpret_cast<float*>(base + t.gather_off) : nullptr) {}
+      gather(t.gather_off ? reinterpret_cast<float*>(base + t.gather_off) : nullptr),
+      vp(t.bf16_dot ? reinterpret_cast<uint32_t*>(base + t.vp_off) : nullptr),
+      pw(t.bf16_dot ? reinterpret_cast<uint32_t*>(base + t.pw_off) : nullptr) {}
 
 int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
                    int64_t hk, int64_t i0, int64_t nr) {
@@ -363,7 +444,7 @@ void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scra
     const int64_t j0 = span.lo + x * kTileKeys;
     return TileRef{j0, static_cast<int>(std::min<int64_t>(kTileKeys, span.hi - j0)), nullptr};
   };
-  visit_inputs(in, [&](const auto& typed) { attend_tiles<false>(typed, t, s, b, hk, rows, n, at); });
+  visit_inputs(in, [&](const auto& typed) { attend_tiles_as<false>(typed, t, s, b, hk, rows, n, at); });
 }
 
 void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, const BlockMap& map,
@@ -407,7 +488,7 @@ void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Sc
         std::fill(vv + x * t.dim_pad + t.dim, vv + (x + 1) * t.dim_pad, E{});
       }
     }
-    attend_tiles<true>(typed, t, s, b, hk, rows, n + ng, at);
+    attend_tiles_as<true>(typed, t, s, b, hk, rows, n + ng, at);
   });
 }
 

@@ -36,15 +36,22 @@ struct Tiling {
   bool direct = false;   // rows few enough for unpacked scores (decode): q rows at qr_off
   size_t qr_off = 0;
   size_t gather_off = 0;  // 0: no gathered key tile (pattern.hpp: gathered_columns)
+  // bf16 dot products (flash_bf16, src/cpu/simd/bf16_dot.hpp): Q, K^T, V and P as bf16 pairs,
+  // Q unscaled and the scores scaled by score_scale; V pairs at vp_off, P pairs at pw_off.
+  bool bf16_dot = false;
+  float score_scale = 1.f;
+  size_t vp_off = 0, pw_off = 0;
   size_t bytes = 0;      // per thread, a 64-byte multiple
 };
 
 // br = 0: the largest Br whose working set fits half the L2 (flash); else exactly br rows.
-Tiling make_tiling(const Problem& p, int64_t br = 0);
+// bf16_dot: flash_bf16's tiling (only where the target has AVX512_BF16; never direct).
+Tiling make_tiling(const Problem& p, int64_t br = 0, bool bf16_dot = false);
 
 struct Scratch {
   float* q;      // R x d, panels of kPanelRows rows, k-major in a panel, times scale*log2e
-                 // (not written for a direct task, which uses qr)
+                 // (not written for a direct task, which uses qr; bf16_dot: R x d/2 words of
+                 // unscaled bf16 pairs, word-major in a panel)
   float* o;      // R x dim_pad unnormalized output accumulators
   float* kt;     // dim_pad x kTileKeys packed K tile
   float* p;      // kPanelRows x kTileKeys scores, then probabilities, of the current panel
@@ -55,6 +62,8 @@ struct Scratch {
                  // row (Tiling::direct only, else nullptr)
   float* gather; // 2 x 64 x dim_pad: the gathered K rows, then V rows (as the inputs' storage
                  // type), or nullptr
+  uint32_t* vp;  // bf16_dot: 32 x dim_pad words, the V tile by key pairs (else nullptr)
+  uint32_t* pw;  // bf16_dot: kPanelRows x 32 words, the panel's P rounded to bf16 pairs
   Scratch(std::byte* base, const Tiling& t);
 };
 
@@ -79,5 +88,12 @@ void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Sc
 float row_sum(const Scratch& s, int64_t rr);
 void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Scratch& s, int64_t b,
                  int64_t hk, int64_t i0, int64_t rows);
+
+// flash's prefill driver (src/cpu/flash.cpp), shared with flash_bf16: oneTBB over (b, kv head,
+// query tile) tasks of tiling t, a sparse pattern through its block map (the plan's, or built
+// here when run without one). `kernel` names the caller in scratch errors.
+std::shared_ptr<const Plan> prefill_plan(const Problem& p, const Tiling& t);
+void run_prefill(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx, const Tiling& t,
+                 const char* kernel);
 
 }  // namespace attnlab::ATTN_TARGET_NS::simd

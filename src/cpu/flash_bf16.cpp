@@ -1,0 +1,65 @@
+// flash_bf16: flash (src/cpu/flash.cpp: the same tasks, tiles, online softmax, masks and sparse
+// patterns, through the same tile engine) with both GEMMs on AVX512_BF16's vdpbf16ps, which
+// multiplies pairs of bf16 values into float32 lanes: 32 products per instruction against the
+// float32 FMA's 16 (src/cpu/simd/bf16_dot.hpp).
+//
+// Idea. The inputs are bf16 already (--dtype bf16), so Q.K^T needs no rounding at all: Q rows
+// are packed as bf16 pairs, unscaled (the float32 scores are scaled by scale * log2 e when they
+// leave the registers), and K^T as the transpose of K's rows read as 32-bit words (each word a
+// pair along d). The softmax is float32 as in flash; then P is rounded to bf16 (nearest even)
+// for P.V, with V packed per tile as pairs of keys. The row sums l add the unrounded P.
+// Memory: flash's per-thread tiles plus a 32 x d word V tile and 6 x 32 words of P pairs.
+// Cost: flash's 4 d FLOP per visible pair at up to twice the float32 FMA rate, plus packing
+// V per tile (one pass over the tile's V, 1/R of GEMM 2's loads) and rounding P (one convert
+// per 32 scores).
+// Precision: the products are exact (8-bit significands) and accumulate in float32 (vdpbf16ps
+// rounds to nearest even and flushes denormals); the only rounding flash does not do is P to
+// bf16 (relative 2^-9 per weight), which the tolerance baseline reproduces (verify.hpp:
+// Arithmetic::Bf16Products).
+// Built only in the avx512_bf16 object (x86-64-v4 + AVX512_BF16, CMakeLists.txt); `available`
+// says why not on a CPU without it.
+#include "attnlab/kernel.hpp"
+#include "cpu/simd/tiles.hpp"
+
+namespace attnlab::ATTN_TARGET_NS::cpu {
+namespace {
+
+class FlashBf16 final : public Kernel {
+ public:
+  std::string_view name() const override { return "flash_bf16"; }
+  std::string_view description() const override {
+    return "flash with bf16 dot products (AVX512_BF16 vdpbf16ps): Q.K^T and P.V on bf16 pairs, float32 "
+           "accumulators and online softmax, P rounded to bf16; bf16 inputs only";
+  }
+  std::string_view precision() const override {
+    return "bf16 in only; bf16 products, f32 accumulate, P to bf16";
+  }
+  Arithmetic arithmetic() const override { return Arithmetic::Bf16Products; }
+  Support supports(const Problem& p) const override {
+    if (p.dtype != DType::BF16) {
+      return Support::no(std::string("dtype: flash_bf16 computes on bf16 inputs only, not ") + to_string(p.dtype) +
+                         "; run with --dtype bf16 (float inputs are rounded to bf16 on load)");
+    }
+    return Support::yes();
+  }
+  size_t workspace_bytes(const Problem& p, int threads) const override {
+    if (p.dtype != DType::BF16) return 0;  // not supported (make_tiling would refuse it)
+    return simd::make_tiling(p, 0, true).bytes * static_cast<size_t>(threads);
+  }
+  bool runs_patterns() const override { return true; }
+  std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
+    return simd::prefill_plan(p, simd::make_tiling(p, 0, true));
+  }
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    simd::run_prefill(p, in, out, ctx, simd::make_tiling(p, 0, true), "flash_bf16");
+  }
+};
+
+}  // namespace
+
+const Kernel& flash_bf16() {
+  static const FlashBf16 k;
+  return k;
+}
+
+}  // namespace attnlab::ATTN_TARGET_NS::cpu
