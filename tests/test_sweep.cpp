@@ -334,7 +334,8 @@ TEST_F(SweepRun, MemoryBudgetAndTimeCapSkipWithReasons) {
 }
 
 // Peaks of every built target: FMA 1, 2, 3... GFLOP/s per thread in build order, read
-// bandwidth 10, 11, 12... GB/s; the default target is default_isa().
+// bandwidth 10, 11, 12... GB/s; the default target is default_isa(), its rows with a bf16
+// dot-product peak of 5 GFLOP/s per thread.
 std::string per_target_peak_file() {
   const std::string path = ::testing::TempDir() + "/attn_sweep_peak_targets.json";
   Json targets = Json::array();
@@ -343,6 +344,7 @@ std::string per_target_peak_file() {
     for (int t : {1, 2}) {
       rows.push_back({{"threads", t}, {"fma_flops", 1e9 * static_cast<double>(i + 1) * t},
                       {"read_bytes", 1e10 + 1e9 * static_cast<double>(i)}, {"exp_per_s", 1e9}});
+      if (built_isas()[i] == default_isa()) rows.back()["bf16_dot_flops"] = 5e9 * t;
     }
     targets.push_back({{"isa", built_isas()[i]}, {"lanes", 1}, {"fma_chains", 1}, {"rows", rows}});
   }
@@ -432,6 +434,13 @@ TEST(SweepPeaks, PerTargetPeaksRoundTripAndOldFilesRead) {
   EXPECT_DOUBLE_EQ(p2.ref("cuda", 1).flops, p2.at(default_isa(), 1)->fma_flops);
   EXPECT_DOUBLE_EQ(p2.ref(narrow, 1).read_bytes, p2.at(default_isa(), 1)->read_bytes);
   EXPECT_DOUBLE_EQ(p2.ref(narrow, 3).flops, 0) << "no row for 3 threads";
+  // flash_bf16's points: the bf16 dot-product peak, the default target's read bandwidth.
+  EXPECT_DOUBLE_EQ(p2.ref("avx512_bf16", 2).flops, 1e10);
+  EXPECT_DOUBLE_EQ(p2.ref("avx512_bf16", 2).read_bytes, p2.at(default_isa(), 2)->read_bytes);
+  EXPECT_DOUBLE_EQ(p2.ref("avx512_bf16", 3).flops, 0);
+  EXPECT_EQ(p2.flops_name("avx512_bf16"), "avx512_bf16 dot-product");
+  EXPECT_EQ(p2.flops_name(narrow), narrow);
+  EXPECT_EQ(p2.flops_name("baseline"), default_isa());
 
   const Json old = Json::parse(read_text_file(peak_file()));  // schema 1, simd_arch "test"
   const Peaks p1 = Peaks::from_json(old);
@@ -448,6 +457,20 @@ TEST(SweepPeaks, PerTargetPeaksRoundTripAndOldFilesRead) {
   bad = old;
   bad["schema"] = "attnlab-peak-9";
   EXPECT_THROW(Peaks::from_json(bad), InvalidInput);
+}
+
+// The bf16 dot-product loop runs exactly where flash_bf16 is available, and measures something.
+TEST(SweepPeaks, Bf16DotPeakWhereTheCpuHasIt) {
+  const Kernel* k = find_kernel("flash_bf16");
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(bench::bf16_dot_runnable(), static_cast<bool>(k->available())) << k->available().reason;
+  const double f = bench::measure_bf16_dot_flops(1, 0.01);
+  if (!bench::bf16_dot_runnable()) {
+    EXPECT_EQ(f, 0);
+    GTEST_SKIP() << k->available().reason;
+  }
+  EXPECT_GT(f, 1e9);
+  EXPECT_LT(f, 1e13);
 }
 
 TEST(SweepEstimate, RateBookUsesTheLargestPointAndFallsBack) {
