@@ -31,6 +31,30 @@ std::vector<const Kernel*> runnable_flash() {
 }
 
 // Every built target this CPU runs (its pack_k_transposed, through src/cpu/target.hpp).
+// flash_amx really runs its whole tiles on the tile unit (a different summation than
+// flash_bf16's vdpbf16ps, so some output differs in its last bits), and its partial tiles
+// (causal diagonal, the short last tile) through flash_bf16's panels; both pass.
+TEST(FlashAmx, WholeTilesRunOnTheTileUnit) {
+  const Kernel* amx = find_kernel("flash_amx");
+  const Kernel* dot = find_kernel("flash_bf16");
+  ASSERT_TRUE(amx && dot);
+  if (Support a = amx->available(); !a) GTEST_SKIP() << a.reason;
+  for (const CausalAlign causal : {CausalAlign::None, CausalAlign::BottomRight}) {
+    Problem p = test::shape(1, 4, 2, 150, 300, 72);
+    p.causal = causal;
+    p.dtype = DType::BF16;
+    Tensors t = random_tensors(p, 5);
+    Tensors u = random_tensors(p, 5);
+    const Agreement a = prepare_agreement(p, t.inputs, sample_rows(p, 256, 1));
+    EXPECT_EQ(check_kernel(*amx, p, t.inputs, a, 2).verdict, Verdict::Pass);
+    Session(*amx, p, 2).run(t.inputs, t.outputs);
+    Session(*dot, p, 2).run(u.inputs, u.outputs);
+    int64_t differ = 0;
+    for (int64_t n = 0; n < p.q_elems(); ++n) differ += t.o[n] != u.o[n];
+    EXPECT_GT(differ, 0) << "flash_amx computed exactly what flash_bf16 does: the tile unit never ran";
+  }
+}
+
 TEST(Flash, PackKTransposedMatchesPlainTranspose) {
   for (const std::string& isa : runnable_isas()) {
     const TargetTable& t = *target_table_for(isa);

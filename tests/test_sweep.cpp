@@ -335,7 +335,7 @@ TEST_F(SweepRun, MemoryBudgetAndTimeCapSkipWithReasons) {
 
 // Peaks of every built target: FMA 1, 2, 3... GFLOP/s per thread in build order, read
 // bandwidth 10, 11, 12... GB/s; the default target is default_isa(), its rows with a bf16
-// dot-product peak of 5 GFLOP/s per thread.
+// dot-product peak of 5 GFLOP/s and an AMX bf16 peak of 70 GFLOP/s per thread.
 std::string per_target_peak_file() {
   const std::string path = ::testing::TempDir() + "/attn_sweep_peak_targets.json";
   Json targets = Json::array();
@@ -344,7 +344,7 @@ std::string per_target_peak_file() {
     for (int t : {1, 2}) {
       rows.push_back({{"threads", t}, {"fma_flops", 1e9 * static_cast<double>(i + 1) * t},
                       {"read_bytes", 1e10 + 1e9 * static_cast<double>(i)}, {"exp_per_s", 1e9}});
-      if (built_isas()[i] == default_isa()) rows.back()["bf16_dot_flops"] = 5e9 * t;
+      if (built_isas()[i] == default_isa()) rows.back()["bf16_dot_flops"] = 5e9 * t, rows.back()["amx_bf16_flops"] = 7e10 * t;
     }
     targets.push_back({{"isa", built_isas()[i]}, {"lanes", 1}, {"fma_chains", 1}, {"rows", rows}});
   }
@@ -439,6 +439,8 @@ TEST(SweepPeaks, PerTargetPeaksRoundTripAndOldFilesRead) {
   EXPECT_DOUBLE_EQ(p2.ref("avx512_bf16", 2).read_bytes, p2.at(default_isa(), 2)->read_bytes);
   EXPECT_DOUBLE_EQ(p2.ref("avx512_bf16", 3).flops, 0);
   EXPECT_EQ(p2.flops_name("avx512_bf16"), "avx512_bf16 dot-product");
+  EXPECT_DOUBLE_EQ(p2.ref("amx_bf16", 2).flops, 1.4e11) << "flash_amx: the AMX tile peak";
+  EXPECT_EQ(p2.flops_name("amx_bf16"), "amx_bf16 tile");
   EXPECT_EQ(p2.flops_name(narrow), narrow);
   EXPECT_EQ(p2.flops_name("baseline"), default_isa());
 
@@ -471,6 +473,11 @@ TEST(SweepPeaks, Bf16DotPeakWhereTheCpuHasIt) {
   }
   EXPECT_GT(f, 1e9);
   EXPECT_LT(f, 1e13);
+  // The AMX tile peak, where flash_amx runs: far above the vector dot products.
+  const Kernel* amx = find_kernel("flash_amx");
+  ASSERT_NE(amx, nullptr);
+  EXPECT_EQ(bench::amx_bf16_runnable(), static_cast<bool>(amx->available())) << amx->available().reason;
+  if (bench::amx_bf16_runnable()) EXPECT_GT(bench::measure_amx_bf16_flops(1, 0.01), 2 * f);
 }
 
 TEST(SweepEstimate, RateBookUsesTheLargestPointAndFallsBack) {

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "attnlab/isa.hpp"
+#include "attnlab/kernel.hpp"
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
 #include "bench/stats.hpp"
@@ -126,6 +127,19 @@ double measure_bf16_dot_flops(int threads, double seconds) {
   return static_cast<double>(threads) * static_cast<double>(iters) * bt.dot_chain_count * 64.0 / t;
 }
 
+bool amx_bf16_runnable() {
+  const Bf16Table* bt = bf16_table();
+  return bt && cpu_runs_isa(kAmxIsa) && bt->flash_amx->available();  // (which requests the tile state)
+}
+
+double measure_amx_bf16_flops(int threads, double seconds) {
+  if (!amx_bf16_runnable()) return 0;
+  const Bf16Table& bt = *bf16_table();
+  const int64_t iters = calibrate([&](int64_t n) { g_sink = bt.amx_rounds(n); }, seconds);
+  const double t = timed_parallel(threads, [&](int) { g_sink = bt.amx_rounds(iters); });
+  return static_cast<double>(threads) * static_cast<double>(iters) * bt.amx_tiles * 16384.0 / t;
+}
+
 bool is_per_target_isa(std::string_view kernel_isa) {
   const auto& built = built_isas();
   return std::find(built.begin(), built.end(), kernel_isa) != built.end();
@@ -173,7 +187,7 @@ Peaks measure_peaks(const PeakOptions& options) {
   auto buffer = alloc_floats(count);
   for (size_t i = 0; i < count; ++i) buffer[i] = static_cast<float>(i & 1023) * 1e-3f;
 
-  const bool bf16 = bf16_dot_runnable();
+  const bool bf16 = bf16_dot_runnable(), amx = amx_bf16_runnable();
   size_t def = 0;  // the default target's index: its rows carry the bf16 dot-product peak
   while (def + 1 < tables.size() && tables[def]->isa != peaks.simd_arch) ++def;
   for (int t : counts) {
@@ -188,6 +202,7 @@ Peaks measure_peaks(const PeakOptions& options) {
         rows[i].exp_runs.push_back(measure_exp_per_s(t, options.seconds_per_run, isa));
       }
       if (bf16) rows[def].bf16_dot_runs.push_back(measure_bf16_dot_flops(t, options.seconds_per_run));
+      if (amx) rows[def].amx_bf16_runs.push_back(measure_amx_bf16_flops(t, options.seconds_per_run));
     }
     for (size_t i = 0; i < tables.size(); ++i) {
       PeakAtThreads& row = rows[i];
@@ -196,6 +211,7 @@ Peaks measure_peaks(const PeakOptions& options) {
       row.read_bytes = median(row.read_runs);
       row.exp_per_s = median(row.exp_runs);
       if (!row.bf16_dot_runs.empty()) row.bf16_dot_flops = median(row.bf16_dot_runs);
+      if (!row.amx_bf16_runs.empty()) row.amx_bf16_flops = median(row.amx_bf16_runs);
       peaks.targets[i].rows.push_back(std::move(row));
     }
   }
@@ -226,8 +242,8 @@ const PeakAtThreads* Peaks::at(std::string_view isa, int threads) const {
 PeakRef Peaks::ref(std::string_view kernel_isa, int threads) const {
   PeakRef ref;
   if (const PeakAtThreads* d = at(threads)) ref.read_bytes = d->read_bytes;
-  if (kernel_isa == kBf16Isa) {
-    if (const PeakAtThreads* d = at(threads)) ref.flops = d->bf16_dot_flops;
+  if (kernel_isa == kBf16Isa || kernel_isa == kAmxIsa) {
+    if (const PeakAtThreads* d = at(threads)) ref.flops = kernel_isa == kAmxIsa ? d->amx_bf16_flops : d->bf16_dot_flops;
     return ref;
   }
   const PeakAtThreads* fma = is_per_target_isa(kernel_isa) ? at(kernel_isa, threads) : at(threads);
@@ -237,6 +253,7 @@ PeakRef Peaks::ref(std::string_view kernel_isa, int threads) const {
 
 std::string Peaks::flops_name(std::string_view kernel_isa) const {
   if (kernel_isa == kBf16Isa) return std::string(kBf16Isa) + " dot-product";
+  if (kernel_isa == kAmxIsa) return std::string(kAmxIsa) + " tile";
   return is_per_target_isa(kernel_isa) ? std::string(kernel_isa) : simd_arch;
 }
 
@@ -266,6 +283,10 @@ nlohmann::json rows_to_json(const std::vector<PeakAtThreads>& rows) {
       a.back()["bf16_dot_flops"] = r.bf16_dot_flops;
       a.back()["bf16_dot_runs"] = r.bf16_dot_runs;
     }
+    if (r.amx_bf16_flops > 0) {
+      a.back()["amx_bf16_flops"] = r.amx_bf16_flops;
+      a.back()["amx_bf16_runs"] = r.amx_bf16_runs;
+    }
   }
   return a;
 }
@@ -283,6 +304,8 @@ std::vector<PeakAtThreads> rows_from_json(const nlohmann::json& a) {
     row.exp_runs = r.value("exp_runs", std::vector<double>{});
     row.bf16_dot_flops = r.value("bf16_dot_flops", 0.0);
     row.bf16_dot_runs = r.value("bf16_dot_runs", std::vector<double>{});
+    row.amx_bf16_flops = r.value("amx_bf16_flops", 0.0);
+    row.amx_bf16_runs = r.value("amx_bf16_runs", std::vector<double>{});
     rows.push_back(std::move(row));
   }
   return rows;
@@ -392,12 +415,18 @@ std::string format_peaks(const Peaks& peaks) {
     }
   }
   if (const TargetPeaks* d = peaks.target(peaks.simd_arch)) {
-    for (const auto& r : d->rows) {
-      if (r.bf16_dot_flops <= 0) continue;
-      std::snprintf(line, sizeof line, "  bf16 dot products (vdpbf16ps, flash_bf16's peak), %d threads: %s GFLOP/s, %.2fx the %s FMA peak\n",
-                    r.threads, cell(r.bf16_dot_flops, r.bf16_dot_runs, 1e9).c_str(),
-                    r.fma_flops > 0 ? r.bf16_dot_flops / r.fma_flops : 0.0, d->isa.c_str());
+    const auto bf16_line = [&](const char* what, int threads, double med, const std::vector<double>& runs, double fma) {
+      std::snprintf(line, sizeof line, "  %s, %d threads: %s GFLOP/s, %.2fx the %s FMA peak\n", what, threads,
+                    cell(med, runs, 1e9).c_str(), fma > 0 ? med / fma : 0.0, d->isa.c_str());
       out += line;
+    };
+    for (const auto& r : d->rows) {
+      if (r.bf16_dot_flops > 0) {
+        bf16_line("bf16 dot products (vdpbf16ps, flash_bf16's peak)", r.threads, r.bf16_dot_flops, r.bf16_dot_runs, r.fma_flops);
+      }
+      if (r.amx_bf16_flops > 0) {
+        bf16_line("AMX bf16 tiles (tdpbf16ps, flash_amx's peak)", r.threads, r.amx_bf16_flops, r.amx_bf16_runs, r.fma_flops);
+      }
     }
   }
   return out;

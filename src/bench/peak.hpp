@@ -19,6 +19,9 @@
 //   bf16 dot  where the CPU has AVX512_BF16 (and the build its avx512_bf16 object): the
 //         vdpbf16ps throughput (FLOP/s; 32 bf16 products = 64 FLOP per instruction), in the
 //         default target's rows, kDotChains register-resident chains per thread like fma.
+//   amx bf16  where the CPU has AMX-BF16 (and the OS grants the tile state): the TDPBF16PS
+//         throughput (16 x 16 x 32 products = 16384 FLOP per instruction; four independent
+//         accumulator tiles per thread), in the default target's rows.
 // Every figure is the median of `repeats` runs; the runs themselves are kept. All threads
 // of a run start together (barrier) and the run's time is first start to last finish. The
 // targets are measured in turn inside each repetition, so a burst of load from other users
@@ -26,7 +29,8 @@
 //
 // What a point's "% of peak" is relative to (Peaks::ref, the one rule): the FMA peak of the
 // point's own target (a SIMD kernel's isa()); for kernels built once ("baseline", "cuda")
-// the default target's; the bf16 dot-product peak for the avx512_bf16 kernels (flash_bf16). Read bandwidth does not depend on the vector width: always the
+// the default target's; the bf16 dot-product peak for flash_bf16 (isa avx512_bf16), the AMX
+// bf16 peak for flash_amx (isa amx_bf16). Read bandwidth does not depend on the vector width: always the
 // default target's figure.
 #pragma once
 
@@ -55,7 +59,8 @@ struct PeakAtThreads {
   double read_bytes = 0;      // bytes/s, median
   double exp_per_s = 0;       // exp/s, median
   double bf16_dot_flops = 0;  // FLOP/s, median (default target's rows; 0 = not measured)
-  std::vector<double> fma_runs, read_runs, exp_runs, bf16_dot_runs;
+  double amx_bf16_flops = 0;  // FLOP/s, median (default target's rows; 0 = not measured)
+  std::vector<double> fma_runs, read_runs, exp_runs, bf16_dot_runs, amx_bf16_runs;
 };
 
 // The peaks of one target.
@@ -115,9 +120,11 @@ Peaks measure_peaks(const PeakOptions& options);
 double measure_fma_flops(int threads, double seconds, const std::string& isa = {});
 double measure_read_bytes(int threads, const float* buffer, size_t count, const std::string& isa = {});
 double measure_exp_per_s(int threads, double seconds, const std::string& isa = {});
-// 0 when this build or CPU has no AVX512_BF16 (bf16_dot_runnable()).
+// 0 when this build or CPU has no AVX512_BF16 (bf16_dot_runnable()), resp. no usable AMX-BF16.
 bool bf16_dot_runnable();
 double measure_bf16_dot_flops(int threads, double seconds);
+bool amx_bf16_runnable();
+double measure_amx_bf16_flops(int threads, double seconds);
 
 // A table of the medians per target (GFLOP/s, GB/s, Gexp/s, with min-max spread over the
 // runs), and the ratio of each target's FMA peak to the narrowest one's.

@@ -92,6 +92,7 @@ void run_prefill(const Problem& p, const Inputs& in, const Outputs& out, RunCont
       tbb::blocked_range<int64_t>(0, tasks, 1),
       [&](const tbb::blocked_range<int64_t>& range) {
         const Scratch s(thread_scratch(ctx, t.bytes, kernel), t);
+        const AmxScope amx(t);
         for (int64_t task = range.begin(); task != range.end(); ++task) {
           const int64_t bh = task / per_bh, b = bh / p.kv_heads, hk = bh % p.kv_heads, x = task % per_bh;
           const int64_t qt = x < ns ? nq + x : nq - 1 - (x - ns);

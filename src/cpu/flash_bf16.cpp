@@ -1,3 +1,4 @@
+// flash_bf16 and flash_amx, the bf16-product kernels.
 // flash_bf16: flash (src/cpu/flash.cpp: the same tasks, tiles, online softmax, masks and sparse
 // patterns, through the same tile engine) with both GEMMs on AVX512_BF16's vdpbf16ps, which
 // multiplies pairs of bf16 values into float32 lanes: 32 products per instruction against the
@@ -16,49 +17,85 @@
 // rounds to nearest even and flushes denormals); the only rounding flash does not do is P to
 // bf16 (relative 2^-9 per weight), which the tolerance baseline reproduces (verify.hpp:
 // Arithmetic::Bf16Products).
-// Built only in the avx512_bf16 object (x86-64-v4 + AVX512_BF16, CMakeLists.txt); `available`
-// says why not on a CPU without it.
+//
+// flash_amx: the same kernel, but every key tile that all rows of a task see whole (no mask
+// inside it: everything but the diagonal tiles of causal and the edges of windows and patterns)
+// goes through the AMX tile unit, 16 query rows at a time (src/cpu/simd/amx.hpp): S and P.V by
+// TDPBF16PS on the same pair layouts (~16x the float32 FMA rate per core), the softmax in
+// float32 vectors on 16 rows. Partial tiles run flash_bf16's panels. Same arithmetic, so the
+// same tolerance. Linux grants a process the AMX tile state only on request (arch_prctl
+// ARCH_REQ_XCOMP_PERM), which `available` makes once.
+// Memory (flash_amx): flash_bf16's, with the row state and scores for R rounded up to 16 rows,
+// plus Q rows as words (R x d / 2 words).
+// Built only in the avx512_bf16 object (x86-64-v4 + AVX512_BF16 + AMX-BF16, CMakeLists.txt);
+// `available` says why not on a CPU without the instructions.
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "attnlab/kernel.hpp"
 #include "cpu/simd/tiles.hpp"
 
 namespace attnlab::ATTN_TARGET_NS::cpu {
 namespace {
 
+// Linux: ask for the AMX tile data state once per process (every thread then has it).
+Support amx_permission() {
+#if defined(__linux__)
+  static const long rc = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */);
+  if (rc == 0) return Support::yes();
+  return Support::no("the OS refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)");
+#else
+  return Support::no("AMX tile state is only requested on Linux");
+#endif
+}
+
+// amx: flash_amx, else flash_bf16.
 class FlashBf16 final : public Kernel {
  public:
-  std::string_view name() const override { return "flash_bf16"; }
+  explicit FlashBf16(bool amx) : amx_(amx) {}
+  std::string_view name() const override { return amx_ ? "flash_amx" : "flash_bf16"; }
   std::string_view description() const override {
-    return "flash with bf16 dot products (AVX512_BF16 vdpbf16ps): Q.K^T and P.V on bf16 pairs, float32 "
-           "accumulators and online softmax, P rounded to bf16; bf16 inputs only";
+    return amx_ ? "flash_bf16 with the whole (unmasked) key tiles on the AMX tile unit (TDPBF16PS), 16 query rows "
+                  "at a time; partial tiles as flash_bf16; bf16 inputs only"
+                : "flash with bf16 dot products (AVX512_BF16 vdpbf16ps): Q.K^T and P.V on bf16 pairs, float32 "
+                  "accumulators and online softmax, P rounded to bf16; bf16 inputs only";
   }
-  std::string_view precision() const override {
-    return "bf16 in only; bf16 products, f32 accumulate, P to bf16";
-  }
+  std::string_view precision() const override { return "bf16 in only; bf16 products, f32 accumulate, P to bf16"; }
   Arithmetic arithmetic() const override { return Arithmetic::Bf16Products; }
+  Support available() const override { return amx_ ? amx_permission() : Support::yes(); }
   Support supports(const Problem& p) const override {
     if (p.dtype != DType::BF16) {
-      return Support::no(std::string("dtype: flash_bf16 computes on bf16 inputs only, not ") + to_string(p.dtype) +
-                         "; run with --dtype bf16 (float inputs are rounded to bf16 on load)");
+      return Support::no(std::string("dtype: ") + std::string(name()) + " computes on bf16 inputs only, not " +
+                         to_string(p.dtype) + "; run with --dtype bf16 (float inputs are rounded to bf16 on load)");
     }
     return Support::yes();
   }
   size_t workspace_bytes(const Problem& p, int threads) const override {
     if (p.dtype != DType::BF16) return 0;  // not supported (make_tiling would refuse it)
-    return simd::make_tiling(p, 0, true).bytes * static_cast<size_t>(threads);
+    return tiling(p).bytes * static_cast<size_t>(threads);
   }
   bool runs_patterns() const override { return true; }
-  std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
-    return simd::prefill_plan(p, simd::make_tiling(p, 0, true));
-  }
+  std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return simd::prefill_plan(p, tiling(p)); }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
-    simd::run_prefill(p, in, out, ctx, simd::make_tiling(p, 0, true), "flash_bf16");
+    simd::run_prefill(p, in, out, ctx, tiling(p), amx_ ? "flash_amx" : "flash_bf16");
   }
+
+ private:
+  simd::Tiling tiling(const Problem& p) const { return simd::make_tiling(p, 0, true, amx_); }
+  bool amx_;
 };
 
 }  // namespace
 
 const Kernel& flash_bf16() {
-  static const FlashBf16 k;
+  static const FlashBf16 k(false);
+  return k;
+}
+
+const Kernel& flash_amx() {
+  static const FlashBf16 k(true);
   return k;
 }
 

@@ -23,21 +23,25 @@ const Kernel& flash();
 
 namespace {
 
-// flash_bf16 in a build without the avx512_bf16 object (not x86-64, or ATTN_NATIVE): listed,
-// never available.
+// flash_bf16 and flash_amx in a build without the avx512_bf16 object (not x86-64, or
+// ATTN_NATIVE): listed, never available.
 class UnbuiltFlashBf16 final : public Kernel {
  public:
-  std::string_view name() const override { return "flash_bf16"; }
+  explicit UnbuiltFlashBf16(const char* name) : name_(name) {}
+  std::string_view name() const override { return name_; }
   std::string_view description() const override {
-    return "flash with bf16 dot products (AVX512_BF16 vdpbf16ps); bf16 inputs only";
+    return "flash with bf16 products (AVX512_BF16 vdpbf16ps; flash_amx: AMX-BF16 tiles); bf16 inputs only";
   }
   Support available() const override {
     return Support::no("not in this build: the avx512_bf16 object is built only by x86-64 builds with run-time "
                        "dispatch (not ATTN_NATIVE)");
   }
   void run(const Problem&, const Inputs&, const Outputs&, RunContext&) const override {
-    throw std::logic_error("flash_bf16: not built");
+    throw std::logic_error(std::string(name_) + ": not built");
   }
+
+ private:
+  const char* name_;
 };
 
 // A SIMD kernel compiled for one target.
@@ -87,12 +91,15 @@ const std::vector<Entry>& entries() {
       }
       list.push_back(std::move(entry));
     }
-    static const UnbuiltFlashBf16 unbuilt;
+    static const UnbuiltFlashBf16 unbuilt_bf16("flash_bf16"), unbuilt_amx("flash_amx");
     if (const Bf16Table* bt = bf16_table()) {
       owned.push_back(std::make_unique<TargetKernel>(*bt->flash_bf16, kBf16Isa));
       list.push_back({{owned.back().get()}});
+      owned.push_back(std::make_unique<TargetKernel>(*bt->flash_amx, kAmxIsa));
+      list.push_back({{owned.back().get()}});
     } else {
-      list.push_back({{&unbuilt}});
+      list.push_back({{&unbuilt_bf16}});
+      list.push_back({{&unbuilt_amx}});
     }
     list.push_back({{&cuda::naive()}});
     list.push_back({{&cuda::flash()}});

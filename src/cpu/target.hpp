@@ -49,11 +49,18 @@ struct TargetTable {
 // The avx512_bf16 object (CMakeLists.txt, src/cpu/target_bf16.cpp): x86-64-v4 plus AVX512_BF16,
 // built beside the dispatch targets of an x86-64 build for the kernels that need bf16 dot
 // products. Not a dispatch target: the other SIMD kernels have no variant for it.
+// Its kernels' isa() labels: flash_bf16 needs AVX512_BF16, flash_amx AMX-BF16 too.
 inline constexpr const char* kBf16Isa = "avx512_bf16";
+inline constexpr const char* kAmxIsa = "amx_bf16";
 struct Bf16Table {
   const Kernel* flash_bf16;
+  const Kernel* flash_amx;
   int dot_chain_count;                  // independent vdpbf16ps chains
   float (*dot_chains)(int64_t iters);   // dot_chain_count chains x iters vdpbf16ps (64 FLOP each)
+  // iters rounds of kAmxTiles independent TDPBF16PS (16 x 16 x 32 products, 16384 FLOP each);
+  // the caller has the AMX permission (flash_amx's available()).
+  int amx_tiles;
+  float (*amx_rounds)(int64_t iters);
 };
 
 }  // namespace attnlab

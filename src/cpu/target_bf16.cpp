@@ -1,8 +1,12 @@
-// The avx512_bf16 object's table (src/cpu/target.hpp: Bf16Table): flash_bf16 and the
-// vdpbf16ps throughput loop `attnlab peak` times for it. Compiled only into that object
+// The avx512_bf16 object's table (src/cpu/target.hpp: Bf16Table): flash_bf16, flash_amx and the
+// vdpbf16ps and TDPBF16PS throughput loops `attnlab peak` times for them. Compiled only into that object
 // (CMakeLists.txt), with x86-64-v4 + AVX512_BF16.
 #include <immintrin.h>
 
+#include <bit>
+#include <cstdint>
+
+#include "cpu/simd/amx.hpp"
 #include "cpu/target.hpp"
 
 #if !defined(__AVX512BF16__)
@@ -13,6 +17,7 @@ namespace attnlab::ATTN_TARGET_NS {
 
 namespace cpu {
 const Kernel& flash_bf16();
+const Kernel& flash_amx();
 }  // namespace cpu
 
 namespace {
@@ -44,10 +49,39 @@ __attribute__((noinline)) float dot_chains(int64_t iters) {
   return sum;
 }
 
+// Four accumulator tiles, each TDPBF16PS independent of the last three: the tile unit's
+// throughput, not its latency (one 16 x 16 x 32 product per 16 cycles on Sapphire Rapids).
+constexpr int kAmxTiles = 4;
+
+__attribute__((noinline)) float amx_rounds(int64_t iters) {
+  alignas(64) static thread_local uint16_t a[16 * 32];
+  alignas(64) float out[16 * 16];
+  const uint16_t x = static_cast<uint16_t>(std::bit_cast<uint32_t>(static_cast<float>(g_dot_x)) >> 16);
+  for (uint16_t& e : a) e = x;
+  simd::amx_configure();
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  ATTN_TILE_LOAD(4, a, 64);
+  ATTN_TILE_LOAD(5, a, 64);
+  ATTN_TILE_LOAD(6, a, 64);
+  ATTN_TILE_LOAD(7, a, 64);
+  for (int64_t it = 0; it < iters; ++it) {
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_dpbf16ps(2, 4, 7);
+    _tile_dpbf16ps(3, 5, 6);
+  }
+  _tile_stored(0, out, 64);
+  simd::amx_release();
+  return out[0];
+}
+
 }  // namespace
 
 const Bf16Table& bf16_table() {
-  static const Bf16Table t{&cpu::flash_bf16(), kDotChains, dot_chains};
+  static const Bf16Table t{&cpu::flash_bf16(), &cpu::flash_amx(), kDotChains, dot_chains, kAmxTiles, amx_rounds};
   return t;
 }
 

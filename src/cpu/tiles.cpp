@@ -11,6 +11,7 @@
 
 #include "attnlab/isa.hpp"
 #include "attnlab/online_softmax.hpp"
+#include "cpu/simd/amx.hpp"
 #include "cpu/simd/bf16_dot.hpp"
 #include "cpu/simd/microkernel.hpp"
 #include "cpu/simd/vec_math.hpp"
@@ -28,6 +29,13 @@ constexpr bool kPairsBuilt = true;  // this target has the bf16 dot-product engi
 #else
 constexpr bool kPairsBuilt = false;
 #endif
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+constexpr bool kAmxBuilt = true;  // ... and the AMX blocks (flash_amx)
+#else
+constexpr bool kAmxBuilt = false;
+#endif
+constexpr int64_t kAmxRows = 16;  // query rows per AMX block
+inline int64_t amx_rows(int64_t r) { return (r + kAmxRows - 1) / kAmxRows * kAmxRows; }
 
 inline size_t align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
@@ -49,7 +57,6 @@ inline Batch lane_index(int v) {
   return Batch::load_aligned(kIota) + Batch(static_cast<float>(v * kLanes));
 }
 
-// Step 2 of src/cpu/flash.cpp's header for the panel of MR rows starting at rr0 and one key tile.
 // Runs of set bits of x, in order: f(first, end).
 template <class F>
 inline void for_runs(uint64_t x, const F& f) {
@@ -88,10 +95,65 @@ void pv_keys(const Tiling& t, const Scratch& s, int64_t rr0, int m0, const KeyTi
   pv_rows<N>(p, kTileKeys, kt.v, kt.ldv, o, t.dim_pad, alpha, x, y, t.dim, step);
 }
 
+// The online softmax of MR rows (rows rr0.. of the task) on one key tile, their scores in p
+// (MR x kTileKeys, log2 units): the masked keys (none when full; else the holes of words w, or
+// outside [lo, hi)) become -inf, then the new row max, the rescale factors alpha (one vector
+// exp2 for all rows), P = exp2(S - m) in place, l and m updated. Returns whether some alpha != 1.
+template <int MR, bool Words>
+bool softmax_rows(const Scratch& s, float* p, int64_t rr0, bool full, const int* lo, const int* hi, const uint64_t* w,
+                  float* alpha) {
+  constexpr int kTileVecs = kTileKeys / kLanes;
+  float m_old[MR], m_new[MR];
+  for (int m = 0; m < MR; ++m) {
+    float* prow = p + m * kTileKeys;
+    Batch vmax(kNegInf);
+    if (full) {
+      for (int v = 0; v < kTileVecs; ++v) vmax = max(vmax, Batch::load_aligned(prow + v * kLanes));
+    } else if constexpr (Words) {
+      for (uint64_t z = ~w[m]; z; z &= z - 1) prow[std::countr_zero(z)] = kNegInf;  // holes only
+      for (int v = 0; v < kTileVecs; ++v) vmax = max(vmax, Batch::load_aligned(prow + v * kLanes));
+    } else {
+      const Batch lo_b(static_cast<float>(lo[m])), hi_b(static_cast<float>(hi[m]));
+      for (int v = 0; v < kTileVecs; ++v) {
+        const Batch idx = lane_index(v);
+        const Batch x = select(mask_and(idx >= lo_b, idx < hi_b), Batch::load_aligned(prow + v * kLanes), Batch(kNegInf));
+        x.store_aligned(prow + v * kLanes);
+        vmax = max(vmax, x);
+      }
+    }
+    m_old[m] = s.m[rr0 + m];
+    m_new[m] = std::max(m_old[m], reduce_max(vmax));
+  }
+  bool rescale = false;
+  // include/attnlab/online_softmax.hpp: never skipped by its max; a NaN the max drops still
+  // makes l NaN. alpha is 1 (no rescale) unless the max grew past a finite one; the factors
+  // of all MR rows come from one vector exp2.
+  for (int m0 = 0; m0 < MR; m0 += kLanes) {
+    const int n = std::min(kLanes, MR - m0);
+    const Batch a = rescale_log2(load_partial(m_old + m0, n), load_partial(m_new + m0, n));
+    store_partial(alpha + m0, a, n);
+  }
+  for (int m = 0; m < MR; ++m) {
+    rescale = rescale || alpha[m] != 1.f;
+    float* prow = p + m * kTileKeys;
+    const Batch mb(online_softmax::subtrahend(m_new[m]));
+    Batch sum(0.f);
+    for (int v = 0; v < kTileVecs; ++v) {
+      const Batch pv = exp2_nonpositive(Batch::load_aligned(prow + v * kLanes) - mb);  // s <= m_new
+      pv.store_aligned(prow + v * kLanes);
+      sum += pv;
+    }
+    float* lrow = s.l + (rr0 + m) * kLanes;
+    (Batch::load_aligned(lrow) * Batch(alpha[m]) + sum).store_aligned(lrow);
+    s.m[rr0 + m] = m_new[m];
+  }
+  return rescale;
+}
+
+// Step 2 of src/cpu/flash.cpp's header for the panel of MR rows starting at rr0 and one key tile.
 // Words: the rows' visible keys in the tile come as one 64-bit word per row (a sparse pattern's
 // block map, pattern.hpp; words == nullptr: every row sees every key of the tile), else from
-// the rows' intervals (Scratch::iv).
-// Pairs: flash_bf16's bf16 dot products (Tiling::bf16_dot).
+// the rows' intervals (Scratch::iv). Pairs: flash_bf16's bf16 dot products (Tiling::bf16_dot).
 template <int MR, bool Direct, bool Words, bool Pairs, class Step, class E>
 void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile<E>& kt, const uint64_t* words,
                    Step& step) {
@@ -132,51 +194,8 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
   } else {
     score_panel<MR>(s.q + rr0 * t.dim, s.kt, t.dim, ja, jb, s.p, step);
   }
-  constexpr int kTileVecs = kTileKeys / kLanes;
-  float m_old[MR], m_new[MR], alpha[MR];
-  for (int m = 0; m < MR; ++m) {
-    float* prow = s.p + m * kTileKeys;
-    Batch vmax(kNegInf);
-    if (full) {
-      for (int v = 0; v < kTileVecs; ++v) vmax = max(vmax, Batch::load_aligned(prow + v * kLanes));
-    } else if constexpr (Words) {
-      for (uint64_t z = ~w[m]; z; z &= z - 1) prow[std::countr_zero(z)] = kNegInf;  // holes only
-      for (int v = 0; v < kTileVecs; ++v) vmax = max(vmax, Batch::load_aligned(prow + v * kLanes));
-    } else {
-      const Batch lo_b(static_cast<float>(lo[m])), hi_b(static_cast<float>(hi[m]));
-      for (int v = 0; v < kTileVecs; ++v) {
-        const Batch idx = lane_index(v);
-        const Batch x = select(mask_and(idx >= lo_b, idx < hi_b), Batch::load_aligned(prow + v * kLanes), Batch(kNegInf));
-        x.store_aligned(prow + v * kLanes);
-        vmax = max(vmax, x);
-      }
-    }
-    m_old[m] = s.m[rr0 + m];
-    m_new[m] = std::max(m_old[m], reduce_max(vmax));
-  }
-  // include/attnlab/online_softmax.hpp: never skipped by its max; a NaN the max drops still
-  // makes l NaN. alpha is 1 (no rescale) unless the max grew past a finite one; the factors
-  // of all MR rows come from one vector exp2.
-  bool rescale = false;
-  for (int m0 = 0; m0 < MR; m0 += kLanes) {
-    const int n = std::min(kLanes, MR - m0);
-    const Batch a = rescale_log2(load_partial(m_old + m0, n), load_partial(m_new + m0, n));
-    store_partial(alpha + m0, a, n);
-  }
-  for (int m = 0; m < MR; ++m) {
-    rescale = rescale || alpha[m] != 1.f;
-    float* prow = s.p + m * kTileKeys;
-    const Batch mb(online_softmax::subtrahend(m_new[m]));
-    Batch sum(0.f);
-    for (int v = 0; v < kTileVecs; ++v) {
-      const Batch pv = exp2_nonpositive(Batch::load_aligned(prow + v * kLanes) - mb);  // s <= m_new
-      pv.store_aligned(prow + v * kLanes);
-      sum += pv;
-    }
-    float* lrow = s.l + (rr0 + m) * kLanes;
-    (Batch::load_aligned(lrow) * Batch(alpha[m]) + sum).store_aligned(lrow);
-    s.m[rr0 + m] = m_new[m];
-  }
+  float alpha[MR];
+  const bool rescale = softmax_rows<MR, Words>(s, s.p, rr0, full, lo, hi, w, alpha);
 #if defined(__AVX512BF16__)
   if constexpr (Pairs) round_p_rows<MR>(s.p, s.pw);  // l keeps the unrounded sum
 #endif
@@ -241,6 +260,7 @@ void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, cons
   const int64_t G = t.group, d = t.dim;
   const float q_scale = p.effective_scale() * kLog2e;
   if (s.qr) std::fill(s.qr, s.qr + (t.rows + 1) * t.dim_pad, 0.f);
+  if (s.qa) std::fill(s.qa, s.qa + amx_rows(R) * padded_words(d), 0u);
   for (int64_t rr = 0; rr < R; ++rr) {
     const E* q = in.q.row(b, hk * G + rr % G, i0 + rr / G);
     if constexpr (std::is_same_v<E, bf16>) {
@@ -248,8 +268,10 @@ void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, cons
         const int64_t nw = (d + 1) / 2, panel0 = rr / kPanelRows * kPanelRows;
         const int64_t mr = std::min<int64_t>(kPanelRows, R - panel0);
         uint32_t* dst = reinterpret_cast<uint32_t*>(s.q) + panel0 * nw + (rr - panel0);
+        uint32_t* row = s.qa ? s.qa + rr * padded_words(d) : nullptr;  // AMX: the same words row-major
         for (int64_t w = 0; w < nw; ++w) {
           dst[w * mr] = q[2 * w].bits | (2 * w + 1 < d ? uint32_t{q[2 * w + 1].bits} << 16 : 0u);
+          if (row) row[w] = dst[w * mr];
         }
         continue;
       }
@@ -275,6 +297,46 @@ struct TileRef {
   const void* k = nullptr;
   const void* v = nullptr;
 };
+
+// Whether every row of the task sees every key of the tile (and the tile has all kTileKeys
+// keys): then the AMX blocks may run it (no row multiplies a V row it does not see).
+template <bool Words, class E>
+bool whole_tile(const Scratch& s, int64_t rows, const KeyTile<E>& kt, const uint64_t* words) {
+  if (kt.nk != kTileKeys) return false;
+  if constexpr (Words) return words == nullptr;
+  for (int64_t rr = 0; rr < rows; ++rr) {
+    if (s.iv[rr].lo > kt.j0 || s.iv[rr].hi < kt.j0 + kTileKeys) return false;
+  }
+  return true;
+}
+
+// flash_amx on a whole tile (K^T and V packed as pairs in s.kt, s.vp): per block of 16 rows,
+// S on the tile unit, the float32 online softmax on all 16 rows (softmax_rows), P rounded to
+// bf16, the O rows whose max grew rescaled, O += P.V on the tile unit. Rows past the task's
+// are zero Q rows with state of their own (begin_rows), never read back.
+inline void amx_tile(const Tiling& t, const Scratch& s, int64_t rows) {
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+  const int64_t dw = padded_words(t.dim);
+  for (int64_t rb = 0; rb < rows; rb += kAmxRows) {
+    amx_scores(s.qa + rb * dw, dw, reinterpret_cast<const uint32_t*>(s.kt), dw, s.p);
+    const Batch scale(t.score_scale);
+    for (int64_t v = 0; v < kAmxRows * kTileKeys; v += kLanes) (Batch::load_aligned(s.p + v) * scale).store_aligned(s.p + v);
+    float alpha[kAmxRows];
+    const bool rescale = softmax_rows<kAmxRows, false>(s, s.p, rb, true, nullptr, nullptr, nullptr, alpha);
+    round_p_rows<kAmxRows>(s.p, s.pw);
+    float* o = s.o + rb * t.dim_pad;
+    for (int64_t m = 0; rescale && m < kAmxRows; ++m) {
+      if (alpha[m] == 1.f) continue;
+      const Batch a(alpha[m]);
+      float* row = o + m * t.dim_pad;
+      for (int64_t c = 0; c < t.dim_pad; c += kLanes) (Batch::load_aligned(row + c) * a).store_aligned(row + c);
+    }
+    amx_pv(s.pw, s.vp, t.dim_pad, o, t.dim_pad, t.dim_pad);
+  }
+#else
+  (void)t, (void)s, (void)rows;
+#endif
+}
 
 // Tiles at(0) .. at(n - 1) of a task, in that order.
 template <bool Words, bool Pairs, class E, class At>
@@ -312,6 +374,14 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
     const TileRef next = x + 1 < n ? at(x + 1) : TileRef{};
     const int64_t nn = next.nk;
     const KeyTile<E> kn = nn > 0 ? tile_of(next) : KeyTile<E>{0, 0, nullptr, 0, nullptr, 0};
+    if constexpr (Pairs && kAmxBuilt) {
+      if (t.amx && whole_tile<Words>(s, rows, kt, tile.words)) {
+        prefetch_rows(kn.k, kn.ldk, 0, nn, d);
+        prefetch_rows(kn.v, kn.ldv, 0, nn, d);
+        amx_tile(t, s, rows);
+        continue;
+      }
+    }
     if (stream) {
       LineStream ahead(kn.k, kn.ldk, kn.v, kn.ldv, static_cast<int>(nn), d);
       for (int64_t rr0 = 0; rr0 < rows; rr0 += kPanelRows) {
@@ -353,10 +423,11 @@ void attend_tiles_as(const TypedInputs<E>& in, const Tiling& t, const Scratch& s
 
 }  // namespace
 
-Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot) {
+Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx) {
   if (bf16_dot && (!kPairsBuilt || p.dtype != DType::BF16)) {
     throw std::logic_error("make_tiling: bf16 dot products need bf16 inputs and a target with AVX512_BF16");
   }
+  if (amx && (!bf16_dot || !kAmxBuilt)) throw std::logic_error("make_tiling: AMX needs bf16_dot and a target with AMX-BF16");
   Tiling t;
   t.group = p.group();
   t.dim = p.head_dim;
@@ -382,20 +453,24 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot) {
     off += align64(bytes);
     return at;
   };
+  // AMX blocks run whole 16-row blocks: the rows past R are zero Q rows whose state is never read.
+  const int64_t state_rows = amx ? amx_rows(t.rows) : t.rows, panel_rows = amx ? kAmxRows : kPanelRows;
   t.q_off = take(sizeof(float) * t.rows * t.dim);
-  t.o_off = take(sizeof(float) * t.rows * t.dim_pad);
+  t.o_off = take(sizeof(float) * state_rows * t.dim_pad);
   t.kt_off = take(sizeof(float) * t.dim_pad * kTileKeys);
-  t.p_off = take(sizeof(float) * kPanelRows * kTileKeys);
-  t.m_off = take(sizeof(float) * t.rows);
-  t.l_off = take(sizeof(float) * t.rows * kLanes);
+  t.p_off = take(sizeof(float) * panel_rows * kTileKeys);
+  t.m_off = take(sizeof(float) * state_rows);
+  t.l_off = take(sizeof(float) * state_rows * kLanes);
   t.iv_off = take(sizeof(Interval) * t.rows);
   t.direct = !bf16_dot && t.rows <= kStreamRows;
   t.bf16_dot = bf16_dot;
   t.score_scale = p.effective_scale() * kLog2e;
   if (bf16_dot) {
     t.vp_off = take(sizeof(uint32_t) * (kTileKeys / 2) * t.dim_pad);
-    t.pw_off = take(sizeof(uint32_t) * kPanelRows * (kTileKeys / 2));
+    t.pw_off = take(sizeof(uint32_t) * panel_rows * (kTileKeys / 2));
   }
+  t.amx = amx;
+  if (amx) t.qa_off = take(sizeof(uint32_t) * state_rows * padded_words(t.dim));
   if (t.direct) t.qr_off = take(sizeof(float) * (t.rows + 1) * t.dim_pad);
   if (gathered_columns(p) > 0) t.gather_off = take(sizeof(float) * 2 * kTileKeys * t.dim_pad);
   t.bytes = off;
@@ -413,7 +488,20 @@ Scratch::Scratch(std::byte* base, const Tiling& t)
       qr(t.direct ? reinterpret_cast<float*>(base + t.qr_off) : nullptr),
       gather(t.gather_off ? reinterpret_cast<float*>(base + t.gather_off) : nullptr),
       vp(t.bf16_dot ? reinterpret_cast<uint32_t*>(base + t.vp_off) : nullptr),
-      pw(t.bf16_dot ? reinterpret_cast<uint32_t*>(base + t.pw_off) : nullptr) {}
+      pw(t.bf16_dot ? reinterpret_cast<uint32_t*>(base + t.pw_off) : nullptr),
+      qa(t.amx ? reinterpret_cast<uint32_t*>(base + t.qa_off) : nullptr) {}
+
+AmxScope::AmxScope(const Tiling& t) : on(t.amx) {
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+  if (on) amx_configure();
+#endif
+}
+
+AmxScope::~AmxScope() {
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+  if (on) amx_release();
+#endif
+}
 
 int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
                    int64_t hk, int64_t i0, int64_t nr) {
@@ -423,9 +511,10 @@ int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Sc
   for (int64_t r = 0; r < nr; ++r) std::fill_n(s.iv + r * G, G, mask.row(i0 + r));
 
   visit_inputs(in, [&](const auto& typed) { pack_rows(p, typed, t, s, b, hk, i0, R); });
-  std::fill(s.o, s.o + R * dp, 0.f);
-  std::fill(s.m, s.m + R, kNegInf);
-  std::fill(s.l, s.l + R * kLanes, 0.f);
+  const int64_t state = t.amx ? amx_rows(R) : R;  // an AMX block's padding rows too
+  std::fill(s.o, s.o + state * dp, 0.f);
+  std::fill(s.m, s.m + state, kNegInf);
+  std::fill(s.l, s.l + state * kLanes, 0.f);
   return R;
 }
 

@@ -17,10 +17,17 @@
 // Only compiled where the target has AVX512_BF16 (the avx512_bf16 object, CMakeLists.txt).
 #pragma once
 
+#include <cstdint>
+
+namespace attnlab::ATTN_TARGET_NS::simd {
+// Words (bf16 pairs) per row of d elements: the last one zero padded when d is odd.
+inline int64_t pair_words(int64_t d) { return (d + 1) / 2; }
+// pair_words rounded up to whole vectors (AMX tile rows) of 16 words.
+inline int64_t padded_words(int64_t d) { return (pair_words(d) + 15) / 16 * 16; }
+}  // namespace attnlab::ATTN_TARGET_NS::simd
+
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
-
-#include <cstdint>
 
 #include "attnlab/dtype.hpp"
 #include "cpu/simd/microkernel.hpp"
@@ -28,11 +35,6 @@
 namespace attnlab::ATTN_TARGET_NS::simd {
 
 static_assert(kLanes == 16 && kBlockKeys == 64, "the bf16 blocks are the AVX-512 float32 blocks");
-
-// Words (bf16 pairs) per row of d elements: the last one zero padded when d is odd.
-inline int64_t pair_words(int64_t d) { return (d + 1) / 2; }
-// pair_words rounded up to whole vectors of 16 words.
-inline int64_t padded_words(int64_t d) { return (pair_words(d) + 15) / 16 * 16; }
 
 // The first n (<= 32) bf16 elements at p as 16 words, the rest zero (never read past p + n).
 inline __m512i load_pairs(const bf16* p, int n) {

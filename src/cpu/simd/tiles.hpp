@@ -41,12 +41,18 @@ struct Tiling {
   bool bf16_dot = false;
   float score_scale = 1.f;
   size_t vp_off = 0, pw_off = 0;
+  // amx (flash_amx, src/cpu/simd/amx.hpp): key tiles that every row sees whole go through the
+  // tile unit 16 rows at a time (Q rows as words at qa_off; o, m, l for R rounded up to 16
+  // rows; p and pw for 16 rows); the other tiles through the bf16 panels.
+  bool amx = false;
+  size_t qa_off = 0;
   size_t bytes = 0;      // per thread, a 64-byte multiple
 };
 
 // br = 0: the largest Br whose working set fits half the L2 (flash); else exactly br rows.
-// bf16_dot: flash_bf16's tiling (only where the target has AVX512_BF16; never direct).
-Tiling make_tiling(const Problem& p, int64_t br = 0, bool bf16_dot = false);
+// bf16_dot: flash_bf16's tiling (only where the target has AVX512_BF16; never direct); amx:
+// flash_amx's (bf16_dot too, and a target with AMX-BF16).
+Tiling make_tiling(const Problem& p, int64_t br = 0, bool bf16_dot = false, bool amx = false);
 
 struct Scratch {
   float* q;      // R x d, panels of kPanelRows rows, k-major in a panel, times scale*log2e
@@ -63,7 +69,8 @@ struct Scratch {
   float* gather; // 2 x 64 x dim_pad: the gathered K rows, then V rows (as the inputs' storage
                  // type), or nullptr
   uint32_t* vp;  // bf16_dot: 32 x dim_pad words, the V tile by key pairs (else nullptr)
-  uint32_t* pw;  // bf16_dot: kPanelRows x 32 words, the panel's P rounded to bf16 pairs
+  uint32_t* pw;  // bf16_dot: kPanelRows (amx: 16) x 32 words, the panel's P rounded to bf16 pairs
+  uint32_t* qa;  // amx: R rounded up to 16 rows of padded_words(d) words, Q rows as bf16 pairs
   Scratch(std::byte* base, const Tiling& t);
 };
 
@@ -93,6 +100,15 @@ void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Sc
 // query tile) tasks of tiling t, a sparse pattern through its block map (the plan's, or built
 // here when run without one). `kernel` names the caller in scratch errors.
 std::shared_ptr<const Plan> prefill_plan(const Problem& p, const Tiling& t);
+// The running thread's AMX tile configuration for the lifetime of the scope (Tiling::amx; else
+// nothing): tile state is per thread, so each task range sets it up and releases it.
+struct AmxScope {
+  explicit AmxScope(const Tiling& t);
+  ~AmxScope();
+  AmxScope(const AmxScope&) = delete;
+  AmxScope& operator=(const AmxScope&) = delete;
+  bool on;
+};
 void run_prefill(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx, const Tiling& t,
                  const char* kernel);
 

@@ -1,0 +1,100 @@
+// AMX-BF16 blocks of `flash_amx` (src/cpu/flash_bf16.cpp): the two GEMMs of a full key tile for
+// 16 query rows at once on the tile unit (TDPBF16PS: a 16 x 16 float32 tile += a 16 x 32 bf16
+// tile times a 32 x 16 bf16 tile, 16 K products per instruction, ~16x the float32 FMA rate per
+// core). The operands are the layouts of src/cpu/simd/bf16_dot.hpp, which are exactly what
+// TDPBF16PS wants: B interleaved by pairs along the reduction axis.
+//   S (16 x 64) = Q (16 x d) . K^T:  A = Q rows as bf16 words (16 words = 32 elements of d per
+//       step), B = K^T words (pack_k_pairs: 16 word rows x 16 keys), C = 4 tiles of 16 keys;
+//   O (16 x d) += P (16 x 64) . V:   A = P rows rounded to bf16 (round_p_rows, two halves of 32
+//       keys), B = V pairs (pack_v_pairs: 16 pair rows x 16 columns), C = O, 4 column tiles at
+//       a time, loaded from and stored back to the task's accumulators.
+// Tile registers: 0-3 accumulators, 4-5 A, 5-7 B; every tile 16 rows x 64 bytes (configure).
+// TDPBF16PS rounds and flushes denormals like VDPBF16PS, so flash_amx's arithmetic is
+// flash_bf16's (Arithmetic::Bf16Products). Only compiled where the target has AMX-BF16.
+#pragma once
+
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace attnlab::ATTN_TARGET_NS::simd {
+
+// Loads the tile configuration of this thread (palette 1, eight 16 x 64-byte tiles). Tile
+// state is per thread: every task range configures before its first tile instruction.
+inline void amx_configure() {
+  struct alignas(64) Config {
+    uint8_t palette = 1, start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+  } c;
+  for (int i = 0; i < 8; ++i) c.colsb[i] = 64, c.rows[i] = 16;
+  // Not _tile_loadconfig: gcc 12's declares only the first 8 bytes as read, so the stores of
+  // the row and column counts above were dropped as dead (and every tile instruction trapped).
+  __asm__ volatile("ldtilecfg %0" ::"m"(c));
+}
+inline void amx_release() { _tile_release(); }
+
+// tileloadd with a "memory" clobber: gcc 12's _tile_loadd declares no memory read, so stores
+// to the buffer just before it (P rounded to bf16, the packed tiles) could be moved after it.
+#define ATTN_TILE_LOAD(dst, base, stride) \
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #dst ::"r"((const void*)(base)), "r"((long)(stride)) : "memory")
+// sb[m * 64 + j] = sum_k Q[m][k] K[j][k] (unscaled) for 16 rows and one 64-key block: qa holds
+// the rows as words, ldq words apart, zero past the row's words; kt is pack_k_pairs' block
+// (dw = padded_words(d) word rows of 64 keys).
+inline void amx_scores(const uint32_t* qa, int64_t ldq, const uint32_t* kt, int64_t dw, float* sb) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t w0 = 0; w0 < dw; w0 += 16) {
+    const uint32_t* kb = kt + w0 * 64;
+    ATTN_TILE_LOAD(4, qa + w0, ldq * 4);
+    ATTN_TILE_LOAD(5, kb, 256);
+    _tile_dpbf16ps(0, 4, 5);
+    ATTN_TILE_LOAD(6, kb + 16, 256);
+    _tile_dpbf16ps(1, 4, 6);
+    ATTN_TILE_LOAD(7, kb + 32, 256);
+    _tile_dpbf16ps(2, 4, 7);
+    ATTN_TILE_LOAD(5, kb + 48, 256);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  _tile_stored(0, sb, 256);
+  _tile_stored(1, sb + 16, 256);
+  _tile_stored(2, sb + 32, 256);
+  _tile_stored(3, sb + 48, 256);
+}
+
+// o rows (16, ldo floats apart, columns [0, dim_pad), dim_pad a multiple of 16) += P . V over
+// the 64 keys of a full tile: pw = 16 rows of 32 words (round_p_rows), vp = 32 pair rows,
+// ldw words apart (pack_v_pairs).
+inline void amx_pv(const uint32_t* pw, const uint32_t* vp, int64_t ldw, float* o, int64_t ldo, int64_t dim_pad) {
+  ATTN_TILE_LOAD(4, pw, 128);       // keys 0..31
+  ATTN_TILE_LOAD(5, pw + 16, 128);  // keys 32..63
+  const uint32_t* v2 = vp + 16 * ldw;
+  const int64_t ldo_b = ldo * 4, ldw_b = ldw * 4;
+  // One column tile c (tile register C) of 16 columns at c0: both key halves.
+#define ATTN_AMX_PV(C, c0)                    \
+  ATTN_TILE_LOAD(C, o + (c0), ldo_b);             \
+  ATTN_TILE_LOAD(6, vp + (c0), ldw_b);            \
+  _tile_dpbf16ps(C, 4, 6);                     \
+  ATTN_TILE_LOAD(7, v2 + (c0), ldw_b);            \
+  _tile_dpbf16ps(C, 5, 7);
+#define ATTN_AMX_ST(C, c0) _tile_stored(C, o + (c0), ldo_b);
+  int64_t c0 = 0;
+  for (; c0 + 64 <= dim_pad; c0 += 64) {
+    ATTN_AMX_PV(0, c0) ATTN_AMX_PV(1, c0 + 16) ATTN_AMX_PV(2, c0 + 32) ATTN_AMX_PV(3, c0 + 48)
+    ATTN_AMX_ST(0, c0) ATTN_AMX_ST(1, c0 + 16) ATTN_AMX_ST(2, c0 + 32) ATTN_AMX_ST(3, c0 + 48)
+  }
+  for (; c0 < dim_pad; c0 += 16) {
+    ATTN_AMX_PV(0, c0)
+    ATTN_AMX_ST(0, c0)
+  }
+#undef ATTN_AMX_PV
+#undef ATTN_AMX_ST
+}
+
+}  // namespace attnlab::ATTN_TARGET_NS::simd
+
+#endif  // __AMX_BF16__ && __AMX_TILE__
