@@ -477,7 +477,9 @@ TEST(SweepPeaks, Bf16DotPeakWhereTheCpuHasIt) {
   const Kernel* amx = find_kernel("flash_amx");
   ASSERT_NE(amx, nullptr);
   EXPECT_EQ(bench::amx_bf16_runnable(), static_cast<bool>(amx->available())) << amx->available().reason;
-  if (bench::amx_bf16_runnable()) EXPECT_GT(bench::measure_amx_bf16_flops(1, 0.01), 2 * f);
+  if (bench::amx_bf16_runnable()) {
+    EXPECT_GT(bench::measure_amx_bf16_flops(1, 0.01), 2 * f);
+  }
 }
 
 TEST(SweepEstimate, RateBookUsesTheLargestPointAndFallsBack) {
