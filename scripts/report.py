@@ -702,6 +702,8 @@ def plot_vector_width(plots, ok, machine):
 
 
 DTYPE_ORDER = ["f32", "bf16", "f16"]
+# Kernels that compute on bf16 only (bf16 products): their speed-up is over this kernel's float32 point.
+F32_BASE_KERNEL = {"flash_bf16": "flash", "flash_amx": "flash"}
 
 
 def plot_precision(plots, ok):
@@ -714,13 +716,17 @@ def plot_precision(plots, ok):
     for r in ok:
         shape = tuple(r[k] for k in SHAPE_KEYS if k != "dtype")
         groups[(r["kernel"], shape)][r["dtype"]] = r
+    for (k, shape), by in groups.items():
+        base = groups.get((F32_BASE_KERNEL.get(k), shape), {}).get("f32")
+        if "f32" not in by and base:
+            by["f32"] = base
     groups = {g: v for g, v in groups.items() if "f32" in v and len(v) > 1}
     if not groups:
         return
     table = ["| kernel | shape | mask | threads | dtype | time ms (median) | speed-up over f32 | GB/s | "
-             "% of read BW | GFLOP/s | % of peak | O error vs float64 (stored inputs) | "
+             "% of read BW | GFLOP/s | % of peak | peak GFLOP/s | O error vs float64 (stored inputs) | "
              "O error vs float64 (float32 inputs) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fig, axes = plt.subplots(1, 2, figsize=(15, 5.5))
     cmap = plt.get_cmap("tab10")
     color = {d: cmap(i) for i, d in enumerate(DTYPE_ORDER)}
@@ -735,11 +741,12 @@ def plot_precision(plots, ok):
         for d in [d for d in DTYPE_ORDER if d in by]:
             r = by[d]
             speed = base["time_median_s"] / r["time_median_s"]
-            table.append(f"| {g[0]} | {shape_text(base)} | {r['mask']} | {r['threads']} | {d} | "
+            table.append(f"| {r['kernel']} | {shape_text(base)} | {r['mask']} | {r['threads']} | {d} | "
                          f"{r['time_median_s'] * 1e3:.4g} | {speed:.2f}x | {fmt(r['gbytes_per_s'], '.1f')} | "
                          f"{fmt(None if r.get('bw_fraction') is None else 100 * r['bw_fraction'], '.0f')} | "
                          f"{fmt(r['gflops'], '.1f')} | "
                          f"{fmt(None if r['peak_fraction'] is None else 100 * r['peak_fraction'], '.1f')} | "
+                         f"{fmt(r.get('peak_gflops'), '.0f')} | "
                          f"{fmt(r['err_o_rel'], '.2g')} | {fmt(r['err_o_rel_f32_inputs'], '.2g')} |")
             x = gi + (DTYPE_ORDER.index(d) - 1) * 0.27
             axes[0].bar(x, speed, width=0.25, color=color[d], label=d if gi == 0 else None)
@@ -774,7 +781,10 @@ def plot_precision(plots, ok):
                "float32 inputs BEFORE they were rounded to the storage dtype: the end-to-end price of the "
                "dtype (bf16 keeps 8 significant bits, f16 11). The table also gives the error against float64 "
                "on the stored values, which is what each point's verdict checks (the kernel's own arithmetic). "
-               "% of read BW counts the bytes actually stored (2 per element for 16-bit).", table + [""])
+               "% of read BW counts the bytes actually stored (2 per element for 16-bit). The bf16-product "
+               "kernels (flash_bf16: AVX512_BF16 dot products; flash_amx: AMX tiles) run on bf16 storage only; "
+               "their speed-up is over float32 flash on the same shape, their % of peak against the bf16 "
+               "dot-product resp. AMX tile peak measured in the same run (peak GFLOP/s).", table + [""])
 
 
 def plot_masks(plots, ok, kernels):

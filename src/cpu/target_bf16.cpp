@@ -1,6 +1,6 @@
 // The avx512_bf16 object's table (src/cpu/target.hpp: Bf16Table): flash_bf16, flash_amx and the
-// vdpbf16ps and TDPBF16PS throughput loops `attnlab peak` times for them. Compiled only into that object
-// (CMakeLists.txt), with x86-64-v4 + AVX512_BF16.
+// vdpbf16ps and TDPBF16PS throughput loops `attnlab peak` times for them. Compiled only into
+// that object (CMakeLists.txt), with x86-64-v4 + AVX512_BF16 + AMX-BF16.
 #include <immintrin.h>
 
 #include <bit>
@@ -9,8 +9,8 @@
 #include "cpu/simd/amx.hpp"
 #include "cpu/target.hpp"
 
-#if !defined(__AVX512BF16__)
-#error "src/cpu/target_bf16.cpp belongs to the avx512_bf16 object (-mavx512bf16)"
+#if !defined(__AVX512BF16__) || !defined(ATTN_HAVE_AMX)
+#error "src/cpu/target_bf16.cpp belongs to the avx512_bf16 object (-mavx512bf16 -mamx-tile -mamx-bf16)"
 #endif
 
 namespace attnlab::ATTN_TARGET_NS {

@@ -29,7 +29,7 @@ constexpr bool kPairsBuilt = true;  // this target has the bf16 dot-product engi
 #else
 constexpr bool kPairsBuilt = false;
 #endif
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+#if defined(ATTN_HAVE_AMX)
 constexpr bool kAmxBuilt = true;  // ... and the AMX blocks (flash_amx)
 #else
 constexpr bool kAmxBuilt = false;
@@ -298,6 +298,7 @@ struct TileRef {
   const void* v = nullptr;
 };
 
+#if defined(ATTN_HAVE_AMX)
 // Whether every row of the task sees every key of the tile (and the tile has all kTileKeys
 // keys): then the AMX blocks may run it (no row multiplies a V row it does not see).
 template <bool Words, class E>
@@ -315,7 +316,6 @@ bool whole_tile(const Scratch& s, int64_t rows, const KeyTile<E>& kt, const uint
 // bf16, the O rows whose max grew rescaled, O += P.V on the tile unit. Rows past the task's
 // are zero Q rows with state of their own (begin_rows), never read back.
 inline void amx_tile(const Tiling& t, const Scratch& s, int64_t rows) {
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
   const int64_t dw = padded_words(t.dim);
   for (int64_t rb = 0; rb < rows; rb += kAmxRows) {
     amx_scores(s.qa + rb * dw, dw, reinterpret_cast<const uint32_t*>(s.kt), dw, s.p);
@@ -333,10 +333,8 @@ inline void amx_tile(const Tiling& t, const Scratch& s, int64_t rows) {
     }
     amx_pv(s.pw, s.vp, t.dim_pad, o, t.dim_pad, t.dim_pad);
   }
-#else
-  (void)t, (void)s, (void)rows;
-#endif
 }
+#endif  // AMX
 
 // Tiles at(0) .. at(n - 1) of a task, in that order.
 template <bool Words, bool Pairs, class E, class At>
@@ -374,7 +372,8 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
     const TileRef next = x + 1 < n ? at(x + 1) : TileRef{};
     const int64_t nn = next.nk;
     const KeyTile<E> kn = nn > 0 ? tile_of(next) : KeyTile<E>{0, 0, nullptr, 0, nullptr, 0};
-    if constexpr (Pairs && kAmxBuilt) {
+#if defined(ATTN_HAVE_AMX)
+    if constexpr (Pairs) {
       if (t.amx && whole_tile<Words>(s, rows, kt, tile.words)) {
         prefetch_rows(kn.k, kn.ldk, 0, nn, d);
         prefetch_rows(kn.v, kn.ldv, 0, nn, d);
@@ -382,6 +381,7 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
         continue;
       }
     }
+#endif
     if (stream) {
       LineStream ahead(kn.k, kn.ldk, kn.v, kn.ldv, static_cast<int>(nn), d);
       for (int64_t rr0 = 0; rr0 < rows; rr0 += kPanelRows) {
@@ -492,13 +492,13 @@ Scratch::Scratch(std::byte* base, const Tiling& t)
       qa(t.amx ? reinterpret_cast<uint32_t*>(base + t.qa_off) : nullptr) {}
 
 AmxScope::AmxScope(const Tiling& t) : on(t.amx) {
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+#if defined(ATTN_HAVE_AMX)
   if (on) amx_configure();
 #endif
 }
 
 AmxScope::~AmxScope() {
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+#if defined(ATTN_HAVE_AMX)
   if (on) amx_release();
 #endif
 }

@@ -13,7 +13,12 @@
 // flash_bf16's (Arithmetic::Bf16Products). Only compiled where the target has AMX-BF16.
 #pragma once
 
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+// gcc spells the feature macros __AMX_TILE__/__AMX_BF16__, clang __AMXTILE__/__AMXBF16__.
+#if (defined(__AMX_BF16__) && defined(__AMX_TILE__)) || (defined(__AMXBF16__) && defined(__AMXTILE__))
+#define ATTN_HAVE_AMX 1
+#endif
+
+#if defined(ATTN_HAVE_AMX)
 #include <immintrin.h>
 
 #include <cstdint>
@@ -97,4 +102,4 @@ inline void amx_pv(const uint32_t* pw, const uint32_t* vp, int64_t ldw, float* o
 
 }  // namespace attnlab::ATTN_TARGET_NS::simd
 
-#endif  // __AMX_BF16__ && __AMX_TILE__
+#endif  // ATTN_HAVE_AMX
