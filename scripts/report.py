@@ -132,16 +132,29 @@ def peak_targets(block):
     return {block.get("simd_arch", "?"): block.get("rows", [])}
 
 
+# The bf16-product kernels' isa labels and the peak figure (in the default target's rows of
+# machine.json) their % of peak is against (src/bench/peak.hpp, Peaks::ref).
+PRODUCT_PEAKS = {"avx512_bf16": "bf16_dot_flops", "amx_bf16": "amx_bf16_flops"}
+
+
 def best_peaks(machine):
     """(isa, threads) -> (FLOP/s, read bytes/s): the larger of the medians measured before and
     after the points. Other jobs on the machine only ever lower a peak measurement, so the
-    larger one is the better estimate of what the hardware can do."""
+    larger one is the better estimate of what the hardware can do. The bf16 dot-product and AMX
+    peaks appear under their kernels' isa labels (PRODUCT_PEAKS)."""
     best = {}
+
+    def keep(key, f, b):
+        f0, b0 = best.get(key, (0.0, 0.0))
+        best[key] = (max(f0, f), max(b0, b))
+
     for key in ("peaks", "peaks_after"):
         for isa, rows in peak_targets(machine.get(key, {})).items():
             for r in rows:
-                f, b = best.get((isa, r["threads"]), (0.0, 0.0))
-                best[(isa, r["threads"])] = (max(f, r["fma_flops"]), max(b, r["read_bytes"]))
+                keep((isa, r["threads"]), r["fma_flops"], r["read_bytes"])
+                for label, field in PRODUCT_PEAKS.items():
+                    if r.get(field):
+                        keep((label, r["threads"]), r[field], r["read_bytes"])
     return best
 
 
@@ -152,7 +165,7 @@ def peak_for(row, best, machine):
     read bandwidth: the default target's. None where not measured."""
     default = default_target(machine)
     isa = row.get("isa") or default
-    fma_isa = isa if isa in built_targets(machine) else default
+    fma_isa = isa if isa in built_targets(machine) or isa in PRODUCT_PEAKS else default
     f = best.get((fma_isa, row["threads"]), (None, None))[0]
     b = best.get((default, row["threads"]), (None, None))[1]
     return f or None, b or None
