@@ -1075,6 +1075,17 @@ def write_report(folder, out):
                               f"{cell(isa, r, 'fma_flops', 1e9, '.1f')} | {cell(isa, r, 'read_bytes', 1e9, '.1f')} | "
                               f"{cell(isa, r, 'exp_per_s', 1e9, '.2f')} |")
             md.append("")
+            # The bf16-product peaks (default target's rows), what flash_bf16 and flash_amx are against.
+            product = [(label, field, isa, r) for isa, target_rows in before.items() for r in target_rows
+                       for label, field in PRODUCT_PEAKS.items() if r.get(field)]
+            if product:
+                md += ["bf16-product peaks (`attnlab peak`: `vdpbf16ps` for the avx512_bf16 kernels, AMX "
+                       "`TDPBF16PS` tiles for amx_bf16), against which flash_bf16 resp. flash_amx rows are measured:",
+                       "", "| kernel isa | threads | GFLOP/s | x the float32 FMA peak |", "|---|---|---|---|"]
+                for label, field, isa, r in product:
+                    md.append(f"| {label} | {r['threads']} | {cell(isa, r, field, 1e9, '.1f')} | "
+                              f"{r[field] / r['fma_flops']:.2f}x |")
+                md.append("")
         md += ["**Noise.** This machine is shared: other jobs build and benchmark on the same cores while a "
                "sweep runs (see the load average above), so absolute times and even the measured peaks move "
                "by tens of percent between runs. Read ratios measured in the same run (speed-ups, exponents, "
