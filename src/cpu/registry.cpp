@@ -32,6 +32,7 @@ class UnbuiltFlashBf16 final : public Kernel {
   std::string_view description() const override {
     return "flash with bf16 products (AVX512_BF16 vdpbf16ps; flash_amx: AMX-BF16 tiles); bf16 inputs only";
   }
+  Arithmetic arithmetic() const override { return Arithmetic::Bf16Products; }
   Support available() const override {
     return Support::no("not in this build: the avx512_bf16 object is built only by x86-64 builds with run-time "
                        "dispatch (not ATTN_NATIVE)");
