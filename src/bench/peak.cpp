@@ -75,11 +75,19 @@ int hardware_threads() { return static_cast<int>(std::max(1u, std::thread::hardw
 
 const char* exp_function_name() { return "attnlab::<target>::simd::exp2 (src/cpu/simd/vec_math.hpp)"; }
 
+namespace {
+// FLOP/s of `threads` threads each running loop(iters), flop_per_iter FLOP per iteration, with
+// iters calibrated on one thread to take `seconds`.
+double loop_flops(int threads, double seconds, float (*loop)(int64_t), double flop_per_iter) {
+  const int64_t iters = calibrate([&](int64_t n) { g_sink = loop(n); }, seconds);
+  const double t = timed_parallel(threads, [&](int) { g_sink = loop(iters); });
+  return static_cast<double>(threads) * static_cast<double>(iters) * flop_per_iter / t;
+}
+}  // namespace
+
 double measure_fma_flops(int threads, double seconds, const std::string& isa) {
   const TargetTable& tt = table_for(isa);
-  const int64_t iters = calibrate([&](int64_t n) { g_sink = tt.fma_chains(n); }, seconds);
-  const double t = timed_parallel(threads, [&](int) { g_sink = tt.fma_chains(iters); });
-  return static_cast<double>(threads) * static_cast<double>(iters) * tt.fma_chain_count * tt.lanes * 2.0 / t;
+  return loop_flops(threads, seconds, tt.fma_chains, tt.fma_chain_count * tt.lanes * 2.0);
 }
 
 double measure_read_bytes(int threads, const float* buffer, size_t count, const std::string& isa) {
@@ -121,10 +129,7 @@ bool bf16_dot_runnable() { return bf16_table() != nullptr && cpu_runs_isa(kBf16I
 
 double measure_bf16_dot_flops(int threads, double seconds) {
   if (!bf16_dot_runnable()) return 0;
-  const Bf16Table& bt = *bf16_table();
-  const int64_t iters = calibrate([&](int64_t n) { g_sink = bt.dot_chains(n); }, seconds);
-  const double t = timed_parallel(threads, [&](int) { g_sink = bt.dot_chains(iters); });
-  return static_cast<double>(threads) * static_cast<double>(iters) * bt.dot_chain_count * 64.0 / t;
+  return loop_flops(threads, seconds, bf16_table()->dot_chains, bf16_table()->dot_chain_count * 64.0);
 }
 
 bool amx_bf16_runnable() {
@@ -134,10 +139,7 @@ bool amx_bf16_runnable() {
 
 double measure_amx_bf16_flops(int threads, double seconds) {
   if (!amx_bf16_runnable()) return 0;
-  const Bf16Table& bt = *bf16_table();
-  const int64_t iters = calibrate([&](int64_t n) { g_sink = bt.amx_rounds(n); }, seconds);
-  const double t = timed_parallel(threads, [&](int) { g_sink = bt.amx_rounds(iters); });
-  return static_cast<double>(threads) * static_cast<double>(iters) * bt.amx_tiles * 16384.0 / t;
+  return loop_flops(threads, seconds, bf16_table()->amx_rounds, bf16_table()->amx_tiles * 16384.0);
 }
 
 bool is_per_target_isa(std::string_view kernel_isa) {
