@@ -49,12 +49,12 @@ __attribute__((noinline)) float dot_chains(int64_t iters) {
   return sum;
 }
 
-// Four accumulator tiles, each TDPBF16PS independent of the last three: the tile unit's
-// throughput, not its latency (one 16 x 16 x 32 product per 16 cycles on Sapphire Rapids).
+// Four accumulator tiles, each TDPBF16PS independent of the last three, so the loop measures the
+// tile unit's throughput, not its latency (here ~1-1.6 TFLOP/s per core, results/2026-12-01-precision).
 constexpr int kAmxTiles = 4;
 
 __attribute__((noinline)) float amx_rounds(int64_t iters) {
-  alignas(64) static thread_local uint16_t a[16 * 32];
+  alignas(64) uint16_t a[16 * 32];
   alignas(64) float out[16 * 16];
   const uint16_t x = static_cast<uint16_t>(std::bit_cast<uint32_t>(static_cast<float>(g_dot_x)) >> 16);
   for (uint16_t& e : a) e = x;
