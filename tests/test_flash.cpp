@@ -55,6 +55,27 @@ TEST(FlashAmx, WholeTilesRunOnTheTileUnit) {
   }
 }
 
+// The bf16-product kernels refuse other storage dtypes with the field and the way out, before
+// any allocation (their tiling would refuse them: workspace_bytes answers 0 instead).
+TEST(FlashBf16, OtherDtypesAreRefusedWithTheReason) {
+  for (const char* name : {"flash_bf16", "flash_amx"}) {
+    const Kernel* k = find_kernel(name);
+    ASSERT_NE(k, nullptr) << name;
+    for (const DType d : {DType::F32, DType::F16}) {
+      Problem p = test::shape(1, 2, 1, 20, 20, 16);
+      p.dtype = d;
+      const Support s = k->supports(p);
+      if (k->available()) {
+        EXPECT_FALSE(s) << name;
+        EXPECT_NE(s.reason.find("dtype"), std::string::npos) << s.reason;
+        EXPECT_NE(s.reason.find("--dtype bf16"), std::string::npos) << s.reason;
+        EXPECT_EQ(k->workspace_bytes(p, 2), 0u);
+      }
+      EXPECT_THROW(Session(*k, p, 2), InvalidInput) << name;
+    }
+  }
+}
+
 TEST(Flash, PackKTransposedMatchesPlainTranspose) {
   for (const std::string& isa : runnable_isas()) {
     const TargetTable& t = *target_table_for(isa);

@@ -1,14 +1,15 @@
 // AMX-BF16 blocks of `flash_amx` (src/cpu/flash_bf16.cpp): the two GEMMs of a full key tile for
 // 16 query rows at once on the tile unit (TDPBF16PS: a 16 x 16 float32 tile += a 16 x 32 bf16
-// tile times a 32 x 16 bf16 tile, 16 K products per instruction, ~16x the float32 FMA rate per
-// core). The operands are the layouts of src/cpu/simd/bf16_dot.hpp, which are exactly what
+// tile times a 32 x 16 bf16 tile, 8192 products per instruction; `attnlab peak` measured 6-14x
+// the float32 FMA peak on the AMX Xeon of results/2026-12-01-precision). The operands are the layouts of src/cpu/simd/bf16_dot.hpp, which are exactly what
 // TDPBF16PS wants: B interleaved by pairs along the reduction axis.
 //   S (16 x 64) = Q (16 x d) . K^T:  A = Q rows as bf16 words (16 words = 32 elements of d per
 //       step), B = K^T words (pack_k_pairs: 16 word rows x 16 keys), C = 4 tiles of 16 keys;
 //   O (16 x d) += P (16 x 64) . V:   A = P rows rounded to bf16 (round_p_rows, two halves of 32
 //       keys), B = V pairs (pack_v_pairs: 16 pair rows x 16 columns), C = O, 4 column tiles at
 //       a time, loaded from and stored back to the task's accumulators.
-// Tile registers: 0-3 accumulators, 4-5 A, 5-7 B; every tile 16 rows x 64 bytes (configure).
+// Tile registers: 0-3 accumulators; scores A 4, B 5-7; P.V A 4-5, B 6-7; every tile 16 rows x
+// 64 bytes (amx_configure).
 // TDPBF16PS rounds and flushes denormals like VDPBF16PS, so flash_amx's arithmetic is
 // flash_bf16's (Arithmetic::Bf16Products). Only compiled where the target has AMX-BF16.
 #pragma once

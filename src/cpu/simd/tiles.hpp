@@ -100,6 +100,9 @@ void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Sc
 // query tile) tasks of tiling t, a sparse pattern through its block map (the plan's, or built
 // here when run without one). `kernel` names the caller in scratch errors.
 std::shared_ptr<const Plan> prefill_plan(const Problem& p, const Tiling& t);
+void run_prefill(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx, const Tiling& t,
+                 const char* kernel);
+
 // The running thread's AMX tile configuration for the lifetime of the scope (Tiling::amx; else
 // nothing): tile state is per thread, so each task range sets it up and releases it.
 struct AmxScope {
@@ -109,7 +112,5 @@ struct AmxScope {
   AmxScope& operator=(const AmxScope&) = delete;
   bool on;
 };
-void run_prefill(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx, const Tiling& t,
-                 const char* kernel);
 
 }  // namespace attnlab::ATTN_TARGET_NS::simd
