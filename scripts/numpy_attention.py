@@ -123,7 +123,7 @@ def attention(q, k, v, scale, causal, left, right, kv_lens, sinks=0, globals_=()
     k = np.repeat(k, hq // hkv, axis=1)       # repeat_interleave: head h uses kv head h // G
     v = np.repeat(v, hq // hkv, axis=1)
     s = scale * np.einsum("bhid,bhjd->bhij", q, k)
-    o = np.zeros_like(q)
+    o = np.zeros(q.shape[:3] + v.shape[3:], dtype=q.dtype)
     lse = np.full((b_n, hq, lq), -np.inf)
     if mask is not None:
         mask = np.asarray(mask) != 0
@@ -159,6 +159,7 @@ def main():
     for name, default in [("batch", 1), ("q-heads", 4), ("kv-heads", 2), ("q-len", 7),
                           ("kv-len", 11), ("head-dim", 16), ("seed", 0)]:
         ap.add_argument("--" + name, type=int, default=default)
+    ap.add_argument("--head-dim-v", type=int, default=0, help="head dim of V and O (default: --head-dim)")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--causal-top-left", action="store_true")
     ap.add_argument("--window", default="-1,-1")
@@ -177,9 +178,10 @@ def main():
     rng = np.random.default_rng(a.seed)
     shape_q = (a.batch, a.q_heads, a.q_len, a.head_dim)
     shape_kv = (a.batch, a.kv_heads, a.kv_len, a.head_dim)
+    shape_v = (a.batch, a.kv_heads, a.kv_len, a.head_dim_v or a.head_dim)
     q = rng.uniform(-1, 1, shape_q).astype(np.float32)
     k = rng.uniform(-1, 1, shape_kv).astype(np.float32)
-    v = rng.uniform(-1, 1, shape_kv).astype(np.float32)
+    v = rng.uniform(-1, 1, shape_v).astype(np.float32)
     causal = "top-left" if a.causal_top_left else ("bottom-right" if a.causal else "none")
     left, right = (int(x) for x in a.window.split(","))
     kv_lens = _ints(a.kv_lens) or [a.kv_len] * a.batch

@@ -17,6 +17,7 @@ class EmulatedKernel final : public Kernel {
   static constexpr int kSms = 1;  // sizes naive's grid: 64 warps, so rows are grid-strided
   EmulatedKernel(std::string name, const cuda_impl::KernelOps& ops) : name_(std::move(name)), ops_(ops) {}
   bool runs_patterns() const override { return ops_.block_rows(cuda_impl::DeviceArgs{}) > 0; }
+  bool runs_head_dim_v() const override { return true; }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return cuda_impl::block_plan(p, ops_); }
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return "CUDA device code under host emulation"; }

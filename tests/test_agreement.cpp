@@ -1,7 +1,7 @@
 // Every registered kernel against the float64 reference over a grid of shapes: odd sizes,
 // q_len != kv_len both ways, head dims that are and are not multiples of the vector width,
 // MHA / GQA / MQA, batch 1-3, causal (both alignments), windows, kv_lens with zeros and
-// both layouts; vector tails (head dims 1 to 512 that are not multiples of 16) and decode's
+// both layouts; head_dim_v != head_dim (MLA); vector tails (head dims 1 to 512 that are not multiples of 16) and decode's
 // chunk merge (kv_len around its 512-key chunk, q_len 1..16, kv_lens cutting inside a chunk).
 // A quarter of the cases also run with bf16 and another quarter with f16 storage.
 // Kernels are taken from the registry, so a new kernel is tested with no change here.
@@ -29,6 +29,9 @@ constexpr int64_t kHeads[][2] = {{1, 1}, {4, 1}, {8, 2}, {8, 8}, {6, 2}};
 constexpr int64_t kTailDims[] = {1, 3, 8, 24, 40, 59, 72, 111, 200, 257, 384, 512};
 // (q_len, kv_len): decode's q_len <= 16 and prefill tiles (flash's 120-row tile, 64-key tiles).
 constexpr int64_t kTailShapes[][2] = {{1, 300}, {7, 513}, {16, 64}, {33, 65}, {65, 127}, {130, 200}};
+// (head_dim, head_dim_v) with d_v != d_qk: MLA's prefill (192/128) and absorbed decode (576/512,
+// the largest head_dim), V wider than K, and tails on either side.
+constexpr int64_t kSplitDims[][2] = {{192, 128}, {576, 512}, {64, 128}, {40, 24}, {3, 17}, {128, 1}, {80, 200}};
 // kv lengths around decode's 512-key chunk (head_dim 128 with the tests' 1 MiB L2, CMakeLists.txt).
 constexpr int64_t kChunkLens[] = {511, 512, 513, 1500, 4097};
 
@@ -64,11 +67,12 @@ struct Case {
   std::string name;
 };
 
-Case make_case(int64_t sq, int64_t sk, int64_t d, int hi, int64_t batch, MaskKind mask, Layout layout) {
+Case make_case(int64_t sq, int64_t sk, int64_t d, int hi, int64_t batch, MaskKind mask, Layout layout,
+               int64_t dv = 0) {
   Case c;
   Problem& p = c.p;
   p.batch = batch, p.q_heads = kHeads[hi][0], p.kv_heads = kHeads[hi][1];
-  p.q_len = sq, p.kv_len = sk, p.head_dim = d, p.layout = layout;
+  p.q_len = sq, p.kv_len = sk, p.head_dim = d, p.head_dim_v = dv, p.layout = layout;
   switch (mask) {
     case MaskKind::None: break;
     case MaskKind::Causal: p.causal = CausalAlign::BottomRight; break;
@@ -91,7 +95,9 @@ Case make_case(int64_t sq, int64_t sk, int64_t d, int hi, int64_t batch, MaskKin
     }
   }
   std::ostringstream name;  // (a stream: GCC 12 warns falsely on chained string +)
-  name << "q" << sq << "_k" << sk << "_d" << d << "_h" << p.q_heads << "x" << p.kv_heads << "_b"
+  name << "q" << sq << "_k" << sk << "_d" << d;
+  if (dv) name << "v" << dv;
+  name << "_h" << p.q_heads << "x" << p.kv_heads << "_b"
        << batch << "_";
   if (mask == MaskKind::WindowWide) {
     name << "win" << p.window_left << "_" << p.window_right;
@@ -138,6 +144,17 @@ std::vector<Case> grid() {
       ++t;
       if (test::small_mode() && (t % 4 != 0 || d > 257)) continue;
       cases.push_back(make_case(sh[0], sh[1], d, hi, batch, m, layout));
+    }
+  // d_v != d_qk: every pair with every mask, decode and prefill shapes cycling.
+  int v = 0;
+  for (const auto& dd : kSplitDims)
+    for (MaskKind m : kMasks) {
+      const int64_t* sh = kTailShapes[v % 6];
+      const int hi = v % 5;
+      const Layout layout = (v / 6) % 2 ? Layout::BSHD : Layout::BHSD;
+      ++v;
+      if (test::small_mode() && v % 3 != 0) continue;
+      cases.push_back(make_case(sh[0], sh[1], dd[0], hi, 1 + v % 2, m, layout, dd[1]));
     }
   // decode's chunk merge: q_len 1..16 at each kv length around the chunk size; the other
   // axes cycle at periods 12, 7, 5 (co-prime), batch and layout change every 12 cases.
@@ -193,7 +210,7 @@ TEST_P(KernelAgreement, MatchesFloat64Reference) {
   const Kernel& k = *GetParam().kernel;
   const Problem& p = GetParam().c.p;
   if (Support a = k.available(); !a) GTEST_SKIP() << k.name() << " unavailable: " << a.reason;
-  if (Support s = k.supports(p); !s) GTEST_SKIP() << k.name() << " does not support this shape: " << s.reason;
+  if (Support s = supports_problem(k, p); !s) GTEST_SKIP() << k.name() << " does not support this shape: " << s.reason;
   Tensors t = random_tensors(p, 42);
   // At most 768 rows are checked (always the first and last of every head).
   const Agreement a = prepare_agreement(p, t.inputs, sample_rows(p, 768, 7));
@@ -201,6 +218,31 @@ TEST_P(KernelAgreement, MatchesFloat64Reference) {
   const KernelCheck c = check_kernel(k, p, t.inputs, a, threads);
   EXPECT_EQ(c.verdict, Verdict::Pass) << p.describe() << ": " << c.reason;
   EXPECT_TRUE(c.errors.lse_checked);
+}
+
+// A kernel that keeps one head_dim refuses d_v != d_qk with a reason that names the field and
+// exactly the kernels that run it (the list in session.cpp follows runs_head_dim_v()).
+TEST(HeadDimV, KernelsThatDoNotRunItSayWhichDo) {
+  Problem p = test::shape(1, 4, 4, 40, 70, 192);
+  p.head_dim_v = 128;
+  std::string runs;
+  for (const Kernel* k : registry()) {
+    if (k->runs_head_dim_v()) runs += std::string(k->name()) + " ";
+  }
+  for (const Kernel* k : variants()) {
+    const Support s = supports_problem(*k, p);
+    if (k->runs_head_dim_v()) {
+      EXPECT_TRUE(s || s.reason.find("head_dim_v") == std::string::npos) << k->name() << ": " << s.reason;
+      continue;
+    }
+    ASSERT_FALSE(s) << k->name();
+    EXPECT_NE(s.reason.find("head_dim_v != head_dim"), std::string::npos) << s.reason;
+    for (const Kernel* r : registry()) {
+      const bool named = s.reason.find(std::string(r->name()) + ",") != std::string::npos ||
+                         s.reason.find(std::string(r->name()) + " ") != std::string::npos;
+      EXPECT_EQ(named, r->runs_head_dim_v()) << r->name() << " in: " << s.reason << " (runs it: " << runs << ")";
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, KernelAgreement, ::testing::ValuesIn(params()),

@@ -62,7 +62,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"window_both_sides", "--batch 2 --q-heads 8 --kv-heads 2 --q-len 33 --kv-len 65 --head-dim 64",
              "--window 6,2 --kv-lens 65,20"},
         Case{"decode_mqa_scale", "--batch 1 --q-heads 8 --kv-heads 1 --q-len 1 --kv-len 500 --head-dim 128",
-             "--causal --scale 0.3"}),
+             "--causal --scale 0.3"},
+        // d_v != d_qk (MLA): V's (and O's) last dimension differs from Q's and K's.
+        Case{"head_dim_v_mla", "--batch 2 --q-heads 4 --kv-heads 1 --q-len 9 --kv-len 70 --head-dim 72 --head-dim-v 40",
+             "--causal"}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace

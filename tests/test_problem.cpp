@@ -87,6 +87,22 @@ TEST(Problem, KvBytesCountEachKvHeadOnce) {
   EXPECT_DOUBLE_EQ(gqa.kv_bytes(), mha.kv_bytes() / 4);
 }
 
+TEST(Problem, HeadDimVSplitsFlopsBytesAndShapes) {
+  Problem p = shape(1, 4, 1, 3, 10, 192);
+  EXPECT_EQ(p.dim_v(), 192);  // 0 = head_dim
+  p.head_dim_v = 128;
+  EXPECT_EQ(p.dim_v(), 128);
+  EXPECT_DOUBLE_EQ(p.flops(), 2.0 * (192 + 128) * 4 * 3 * 10);  // q.k at 192, p.v at 128
+  EXPECT_DOUBLE_EQ(p.kv_bytes(), 4.0 * 10 * (192 + 128));       // one kv head
+  EXPECT_DOUBLE_EQ(p.bytes_moved(), 4.0 * (4 * 3 * 192 + 4 * 3 * 128 + 4 * 3) + p.kv_bytes());
+  EXPECT_EQ(p.o_elems(), 4 * 3 * 128);
+  EXPECT_EQ(p.v_elems(), 10 * 128);
+  EXPECT_EQ(p.kv_elems(), 10 * 192);
+  EXPECT_NE(p.describe().find("head_dim_v=128"), std::string::npos) << p.describe();
+  p.head_dim_v = 192;  // the same as head_dim: not named
+  EXPECT_EQ(p.describe().find("head_dim_v"), std::string::npos) << p.describe();
+}
+
 void expect_invalid(const Problem& p, const std::string& field, const std::string& allowed) {
   try {
     p.validate();
@@ -105,9 +121,14 @@ TEST(Problem, ValidateNamesFieldAndAllowedValues) {
   expect_invalid(shape(1, 6, 4, 1, 1, 8), "kv_heads", "a divisor of q_heads");
   expect_invalid(shape(1, 1, 1, -3, 1, 8), "q_len", "an integer >= 1");
   expect_invalid(shape(1, 1, 1, 1, 0, 8), "kv_len", "an integer >= 1");
-  expect_invalid(shape(1, 1, 1, 1, 1, 0), "head_dim", "1 to 512");
-  expect_invalid(shape(1, 1, 1, 1, 1, 1024), "head_dim", "1 to 512");
+  expect_invalid(shape(1, 1, 1, 1, 1, 0), "head_dim", "1 to 576");
+  expect_invalid(shape(1, 1, 1, 1, 1, 1024), "head_dim", "1 to 576");
   Problem p = shape(2, 1, 1, 1, 10, 8);
+  p.head_dim_v = 577;
+  expect_invalid(p, "head_dim_v", "1 to 576, or 0 (= head_dim)");
+  p.head_dim_v = -1;
+  expect_invalid(p, "head_dim_v", "1 to 576, or 0 (= head_dim)");
+  p.head_dim_v = 0;
   p.window_left = -2;
   expect_invalid(p, "window_left", "-1 (unbounded) or an integer >= 0");
   p.window_left = -1;
@@ -197,7 +218,7 @@ TEST(Problem, OversizedShapesNameTheLimit) {
   expect_invalid(shape(int64_t{1} << 32, int64_t{1} << 32, 1, 2, 2, 8), "Q",
                  "at most 2^36 (68719476736) elements per tensor");
   expect_invalid(shape(1, 1, 1, int64_t{1} << 62, 1, 512), "Q", "at most 2^36");
-  expect_invalid(shape(1, 1, 1, 1, std::numeric_limits<int64_t>::max(), 1), "K and V", "at most 2^36");
+  expect_invalid(shape(1, 1, 1, 1, std::numeric_limits<int64_t>::max(), 1), "K", "at most 2^36");
   expect_invalid(shape(1, 1, 1, int64_t{1} << 30, int64_t{1} << 30, 1), "attention pairs",
                  "at most 2^56 (72057594037927936) query-key pairs");
   try {

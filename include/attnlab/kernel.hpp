@@ -85,6 +85,9 @@ class Kernel {
   // Whether it computes sparse patterns (Problem::sparse(), pattern.hpp); can_run refuses
   // them for the others, naming the kernels that do.
   virtual bool runs_patterns() const;
+  // Whether it computes head_dim_v != head_dim (MLA's d_v != d_qk); can_run refuses such a
+  // problem for the others, naming the kernels that do.
+  virtual bool runs_head_dim_v() const;
   // Its per-problem setup (nullptr: none); run() must also work without it (then it builds
   // what it needs itself, inside the run).
   virtual std::shared_ptr<const Plan> make_plan(const Problem&) const;
@@ -108,7 +111,8 @@ std::string kernel_names();  // "naive, blocked, ..."
 // The targets kernel `name` is built for (one entry, its isa(), for single-build kernels).
 std::vector<std::string> kernel_isas(std::string_view name);
 
-// supports(), and for a sparse problem runs_patterns() first: the kernel-side half of can_run.
+// supports(), after runs_patterns() for a sparse problem and runs_head_dim_v() for d_v != d_qk:
+// the kernel-side half of can_run.
 Support supports_problem(const Kernel& kernel, const Problem& problem);
 // Whether the memory a run of `kernel` on the (valid) problem needs -- its workspace for
 // `threads` threads plus the problem's Q, K, V, O and LSE -- fits the memory budget
@@ -130,6 +134,10 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   void run(const Inputs& in, const Outputs& out);
+  // A growing KV cache (attnlab generate): the problem becomes the same one with kv_len keys,
+  // at most the kv_len the session was made for, so the workspace and arena are reused.
+  // Interval problems without per-batch kv_lens only; throws InvalidInput otherwise.
+  void resize_kv(int64_t kv_len);
   size_t workspace_bytes() const { return workspace_size_; }
   size_t plan_bytes() const { return plan_ ? plan_->bytes() : 0; }
   const Kernel& kernel() const { return kernel_; }

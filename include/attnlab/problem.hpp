@@ -1,6 +1,6 @@
 // The one operation the lab measures, described precisely (see docs/architecture.md):
 //
-//   O[b,h,i,:]  = sum_j P[b,h,i,j] * V[b,g(h),j,:]
+//   O[b,h,i,:]  = sum_j P[b,h,i,j] * V[b,g(h),j,:]         (Q, K: head_dim; V, O: head_dim_v)
 //   P[b,h,i,:]  = softmax_j(scale * <Q[b,h,i,:], K[b,g(h),j,:]>) over visible j
 //   LSE[b,h,i]  = log sum_j exp(scale * <Q, K>) over visible j   (natural log)
 //
@@ -52,7 +52,8 @@ struct Problem {
   int64_t kv_heads = 1;
   int64_t q_len = 1;
   int64_t kv_len = 1;
-  int64_t head_dim = 64;
+  int64_t head_dim = 64;         // of Q and K
+  int64_t head_dim_v = 0;        // of V and O; 0 = head_dim (MLA: d_qk 192 / d_v 128)
   CausalAlign causal = CausalAlign::None;
   int64_t window_left = -1;   // -1 = unbounded
   int64_t window_right = -1;  // -1 = unbounded
@@ -69,11 +70,13 @@ struct Problem {
   std::shared_ptr<const BoolMask> mask;  // a mask file (True = attend)
 
   static constexpr int64_t kMinHeadDim = 1;
-  static constexpr int64_t kMaxHeadDim = 512;
+  // 512 covers every published per-head size but MLA's absorbed decode: 576 = 512 latent + 64 rotary.
+  static constexpr int64_t kMaxHeadDim = 576;
 
   // Throws InvalidInput naming the field and the allowed values.
   void validate() const;
 
+  int64_t dim_v() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   int64_t group() const { return q_heads / kv_heads; }  // query heads per kv head
   int64_t kv_head_of(int64_t h) const { return h / group(); }
   float effective_scale() const;
@@ -90,13 +93,15 @@ struct Problem {
 
   // Counted once, here; every report and benchmark uses these.
   int64_t visible_pairs() const;  // sum over (b, h, i) of visible keys
-  double flops() const;           // 4 * head_dim * visible_pairs
+  double flops() const;           // 2 * (head_dim + head_dim_v) * visible_pairs
   double bytes_moved() const;     // compulsory Q, K, V (once per kv head), O, LSE bytes,
                                   // at their storage sizes (dtype for Q, K, V; float32 O, LSE)
   double kv_bytes() const;        // the K and V part of bytes_moved()
 
   int64_t q_elems() const { return batch * q_heads * q_len * head_dim; }
-  int64_t kv_elems() const { return batch * kv_heads * kv_len * head_dim; }
+  int64_t o_elems() const { return batch * q_heads * q_len * dim_v(); }
+  int64_t kv_elems() const { return batch * kv_heads * kv_len * head_dim; }  // of K
+  int64_t v_elems() const { return batch * kv_heads * kv_len * dim_v(); }
   int64_t lse_elems() const { return batch * q_heads * q_len; }
 
   std::string describe() const;  // one line, for tables and error messages

@@ -61,7 +61,7 @@ float softmax_pv(float* s, const View4<const E>& v, int64_t b, int64_t hk, const
   return m + std::log(sum);
 }
 
-// Both steps for query row (b, h, i) of typed inputs; o gets head_dim floats.
+// Both steps for query row (b, h, i) of typed inputs; o gets head_dim_v floats.
 template <class E, class Keys>
 float row(const Problem& p, const TypedInputs<E>& in, int64_t b, int64_t h, int64_t i, const Keys& keys, float* s,
           float* o, bool round_p = false) {

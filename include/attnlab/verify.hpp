@@ -35,7 +35,7 @@ struct RowId {
   int64_t b = 0, h = 0, i = 0;
 };
 
-// Reference values (double) for a list of rows: o is rows.size() x head_dim.
+// Reference values (double) for a list of rows: o is rows.size() x head_dim_v.
 struct Reference {
   std::vector<RowId> rows;
   std::vector<double> o;

@@ -28,11 +28,18 @@ std::string mask_name(const Problem& p) {
   return m.empty() ? "none" : m;
 }
 
+namespace {
+// head_dim_v in ids and names only when it differs (ids of d_v == d_qk points stay as they were).
+std::string dv_name(const char* prefix, const Problem& p) {
+  return p.dim_v() == p.head_dim ? std::string() : prefix + std::to_string(p.dim_v());
+}
+}  // namespace
+
 std::string point_name(std::string_view kernel, const Problem& p, int threads, std::string_view named_isa) {
   std::string n = "attn/" + std::string(kernel) + "/b:" + std::to_string(p.batch) +
                   "/hq:" + std::to_string(p.q_heads) + "/hkv:" + std::to_string(p.kv_heads) +
                   "/sq:" + std::to_string(p.q_len) + "/sk:" + std::to_string(p.kv_len) +
-                  "/d:" + std::to_string(p.head_dim) + "/mask:" + mask_name(p);
+                  "/d:" + std::to_string(p.head_dim) + dv_name("/dv:", p) + "/mask:" + mask_name(p);
   if (p.layout == Layout::BSHD) n += "/layout:bshd";
   if (p.dtype != DType::F32) (n += "/dtype:") += to_string(p.dtype);
   n += "/t:" + std::to_string(threads);
@@ -44,7 +51,7 @@ std::string point_id(std::string_view kernel, const Problem& p, int threads, std
   std::string n = std::string(kernel) + "-b" + std::to_string(p.batch) + "-hq" +
                   std::to_string(p.q_heads) + "-hkv" + std::to_string(p.kv_heads) + "-sq" +
                   std::to_string(p.q_len) + "-sk" + std::to_string(p.kv_len) + "-d" +
-                  std::to_string(p.head_dim) + "-" + mask_name(p);
+                  std::to_string(p.head_dim) + dv_name("v", p) + "-" + mask_name(p);
   if (p.layout == Layout::BSHD) n += "-bshd";
   if (p.dtype != DType::F32) (n += '-') += to_string(p.dtype);
   n += "-t" + std::to_string(threads);
@@ -170,6 +177,7 @@ void set_point_counters(benchmark::State& state, const BenchPoint& pt, const Pea
   c["q_len"] = C(static_cast<double>(p.q_len));
   c["kv_len"] = C(static_cast<double>(p.kv_len));
   c["head_dim"] = C(static_cast<double>(p.head_dim));
+  c["head_dim_v"] = C(static_cast<double>(p.dim_v()));
   c["causal"] = C(static_cast<double>(static_cast<int>(p.causal)));
   c["window_left"] = C(static_cast<double>(p.window_left));
   c["window_right"] = C(static_cast<double>(p.window_right));

@@ -1,6 +1,7 @@
 #include "bench/experiment.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -23,7 +24,7 @@ constexpr int64_t kMaxListLength = 4096;    // values of one key (after expandin
 
 // Keys of one grid (allowed at the top level and inside "grids" entries).
 const std::vector<std::string> kGridKeys = {"implementations", "batch", "q_heads", "kv_heads", "gqa_groups",
-                                            "q_len", "kv_len", "head_dim", "d_model", "causal", "window",
+                                            "q_len", "kv_len", "head_dim", "head_dim_v", "d_model", "model", "causal", "window",
                                             "layout", "dtype", "threads", "isa", "sinks", "global",
                                             "doc_lens", "dilation", "bigbird"};
 // Keys allowed only at the top level.
@@ -364,6 +365,16 @@ Grid parse_grid(const Where& w, const Json& doc, const std::vector<std::string>&
     g.head_dim = parse_ints(w, "head_dim", doc.value("head_dim", Json(128)), 1);
   }
 
+  g.head_dim_v = parse_ints(w, "head_dim_v", doc.value("head_dim_v", Json(0)), 0);
+  if (doc.contains("model")) {
+    const Json& m = doc["model"];
+    const auto name_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'; };
+    if (!m.is_string() || m.get<std::string>().empty() || m.get<std::string>().size() > 64 ||
+        !std::all_of(m.get<std::string>().begin(), m.get<std::string>().end(), name_char)) {
+      w.bad("model", m, "a name of 1 to 64 letters, digits, '.', '_' or '-'");
+    }
+    g.model = m.get<std::string>();
+  }
   g.causal = parse_causal(w, doc.value("causal", Json(false)));
   g.window = parse_window(w, doc.value("window", Json(nullptr)));
   g.layout = parse_layouts(w, doc.value("layout", Json("bhsd")));
@@ -504,7 +515,7 @@ void PatternKeys::apply(Problem& p) const {
   }
 }
 
-std::string GridPoint::id() const { return point_id(kernel, problem, threads, isa); }
+std::string GridPoint::id() const { return point_id(kernel, problem, threads, isa) + (model.empty() ? "" : "-" + model); }
 
 std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
   const Where w{e.name};
@@ -520,7 +531,7 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
     const auto& kv_lens = gr.kv_len_from_q_len ? none : gr.kv_len;
     const std::initializer_list<size_t> sizes = {
         gr.implementations.size(), gr.batch.size(), gr.q_heads.size(), groups_or_kv.size(),
-        gr.q_len.size(), kv_lens.size(), dims.size(), gr.causal.size(), gr.window.size(),
+        gr.q_len.size(), kv_lens.size(), dims.size(), gr.head_dim_v.size(), gr.causal.size(), gr.window.size(),
         gr.layout.size(), gr.dtype.size(), gr.threads.size(), std::max<size_t>(1, gr.isa.size())};
     std::optional<int64_t> points = 1;
     double shown = 1;  // for the message only: never wraps
@@ -535,7 +546,7 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
       std::snprintf(count, sizeof count, "%.6g", shown + static_cast<double>(combos));
       w.fail("the grids have " + std::string(count) + " points (this grid: " + product +
              " values of implementations x batch x q_heads x kv_heads x q_len x kv_len x head_dim x "
-             "causal x window x layout x dtype x threads x isa); allowed: at most " + std::to_string(kMaxGridPoints) +
+             "head_dim_v x causal x window x layout x dtype x threads x isa); allowed: at most " + std::to_string(kMaxGridPoints) +
              " points");
     }
     combos += *points;
@@ -550,6 +561,7 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
             for (int64_t sq : gr.q_len)
               for (int64_t sk : kv_lens)
                 for (int64_t d : dims)
+                 for (int64_t dv : gr.head_dim_v)
                   for (CausalAlign c : gr.causal)
                     for (const Window& win : gr.window)
                       for (Layout lay : gr.layout)
@@ -558,6 +570,7 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
                           GridPoint gp;
                           gp.kernel = kernel;
                           gp.isa = isa;
+                          gp.model = gr.model;
                           gp.threads = t == 0 ? all_threads : t;
                           Problem& p = gp.problem;
                           p.batch = b;
@@ -566,6 +579,7 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
                           p.q_len = sq;
                           p.kv_len = gr.kv_len_from_q_len ? sq : sk;
                           p.head_dim = !gr.d_model.empty() ? d / hq : d;
+                          p.head_dim_v = dv == p.head_dim ? 0 : dv;
                           p.causal = c;
                           p.window_left = win.left;
                           p.window_right = win.right;

@@ -11,6 +11,8 @@
 //     "kv_len":     INTS | "q_len"                                default "q_len"
 //     "head_dim":   INTS                                          default 128
 //     "d_model":    INTS      (head_dim = d_model / q_heads; instead of head_dim)
+//     "head_dim_v": INTS      (of V and O; 0 = head_dim: MLA's d_v != d_qk)   default 0
+//     "model":      NAME      a label naming the configuration in every row (letters, digits, . _ -)
 //     "causal":     MASK | [MASK, ...]  with MASK = false | true | "top_left"   default false
 //     "window":     null | [L, R] | [null | [L, R], ...]  (-1 = unbounded)   default null
 //     "layout":     "bhsd" | "bshd" | [...]                       default "bhsd"
@@ -86,6 +88,8 @@ struct PatternKeys {
 struct Grid {
   std::vector<std::string> implementations;  // kernel names
   std::vector<int64_t> batch, q_heads, kv_heads, gqa_groups, q_len, kv_len, head_dim, d_model;
+  std::vector<int64_t> head_dim_v;     // {0} = head_dim
+  std::string model;                   // "model" label of every point ("" = none)
   bool kv_heads_from_q_heads = false;  // kv_heads absent or "q_heads"
   bool kv_len_from_q_len = false;      // kv_len absent or "q_len"
   std::vector<CausalAlign> causal;
@@ -143,6 +147,7 @@ std::vector<std::string> registry_kernel_names();
 struct GridPoint {
   std::string kernel;
   std::string isa;   // the target named by "isa" (BenchPoint::named_isa); "" = the default / built once
+  std::string model; // the grid's "model" label, in the id and name when set ("" = none)
   Problem problem;
   int threads = 1;
   double flops = 0;  // problem.flops(), the sort key

@@ -28,7 +28,7 @@ using Json = nlohmann::json;
 Json problem_to_json(const Problem& p) {
   return {{"batch", p.batch},       {"q_heads", p.q_heads},
           {"kv_heads", p.kv_heads}, {"q_len", p.q_len},
-          {"kv_len", p.kv_len},     {"head_dim", p.head_dim},
+          {"kv_len", p.kv_len},     {"head_dim", p.head_dim}, {"head_dim_v", p.dim_v()},
           {"causal", static_cast<int>(p.causal)},
           {"window_left", p.window_left}, {"window_right", p.window_right},
           {"layout", to_string(p.layout)}, {"dtype", to_string(p.dtype)},
@@ -44,6 +44,8 @@ Problem problem_from_json(const Json& j) {
   p.q_len = j.at("q_len").get<int64_t>();
   p.kv_len = j.at("kv_len").get<int64_t>();
   p.head_dim = j.at("head_dim").get<int64_t>();
+  p.head_dim_v = j.value("head_dim_v", int64_t{0});  // absent before d_v != d_qk: the same
+  if (p.head_dim_v == p.head_dim) p.head_dim_v = 0;
   const int c = j.at("causal").get<int>();
   if (c < 0 || c > 2) throw InvalidInput("causal: " + std::to_string(c) + "; allowed: 0, 1, 2");
   p.causal = static_cast<CausalAlign>(c);
@@ -136,6 +138,7 @@ Json PointRecord::to_json() const {
           {"name", name},
           {"kernel", kernel},
           {"isa", isa},
+          {"model", model},
           {"status", to_string(status)},
           {"reason", reason},
           {"problem", problem_to_json(problem)},
@@ -165,6 +168,7 @@ PointRecord PointRecord::from_json(const Json& j) {
     r.name = j.at("name").get<std::string>();
     r.kernel = j.at("kernel").get<std::string>();
     r.isa = j.value("isa", "");
+    r.model = j.value("model", "");
     r.status = parse_point_status(j.at("status").get<std::string>());
     r.reason = j.at("reason").get<std::string>();
     r.problem = problem_from_json(j.at("problem"));
@@ -306,8 +310,8 @@ PointFile died_point(const Json& marker, const PointRecord* base) {
 }
 
 std::vector<std::string> tidy_columns() {
-  return {"experiment", "id", "kernel", "isa", "status", "reason", "batch", "q_heads", "kv_heads", "gqa_group",
-          "q_len", "kv_len", "head_dim", "mask", "causal", "window_left", "window_right", "pattern", "density", "layout",
+  return {"experiment", "id", "kernel", "isa", "model", "status", "reason", "batch", "q_heads", "kv_heads", "gqa_group",
+          "q_len", "kv_len", "head_dim", "head_dim_v", "mask", "causal", "window_left", "window_right", "pattern", "density", "layout",
           "dtype", "threads", "flops", "bytes", "kv_bytes", "visible_pairs", "extra_bytes", "plan_bytes", "memory_bytes",
           "repetitions", "iterations", "time_median_s", "time_min_s", "time_max_s", "time_mean_s",
           "time_stddev_s", "time_cv", "gflops", "gbytes_per_s", "peak_gflops", "peak_fraction",
@@ -344,9 +348,9 @@ std::string tidy_csv(const std::string& experiment, const std::vector<PointRecor
     auto if_timed = [&](double v) { return timed ? num(v) : std::string(); };
     auto if_verified = [&](double v) { return r.verdict.empty() ? std::string() : num(v); };
     const std::vector<std::string> row = {
-        experiment, r.id, r.kernel, r.isa, to_string(r.status), r.reason, std::to_string(p.batch),
+        experiment, r.id, r.kernel, r.isa, r.model, to_string(r.status), r.reason, std::to_string(p.batch),
         std::to_string(p.q_heads), std::to_string(p.kv_heads), std::to_string(p.group()),
-        std::to_string(p.q_len), std::to_string(p.kv_len), std::to_string(p.head_dim), mask_name(p),
+        std::to_string(p.q_len), std::to_string(p.kv_len), std::to_string(p.head_dim), std::to_string(p.dim_v()), mask_name(p),
         std::to_string(static_cast<int>(p.causal)), std::to_string(p.window_left),
         std::to_string(p.window_right), p.pattern_name(), num(density(p)), to_string(p.layout), to_string(p.dtype), std::to_string(r.threads), num(flops),
         num(bytes), num(p.kv_bytes()), std::to_string(p.visible_pairs()), std::to_string(r.extra_bytes), std::to_string(r.plan_bytes),

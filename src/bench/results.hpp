@@ -40,6 +40,7 @@ struct PointRecord {
   // kernels built once); "" in points written before it was recorded (readers take the
   // machine's default target, machine.json isa.default).
   std::string isa;
+  std::string model;  // the experiment grid's "model" label ("" when none)
   PointStatus status = PointStatus::Skipped;
   std::string reason;  // why failed or skipped
   Problem problem;

@@ -124,7 +124,8 @@ std::string describe_point(const GridPoint& g, const Kernel* k) {
   const Problem& p = g.problem;
   std::ostringstream s;
   s << (k ? kernel_label(*k) : g.kernel) << " b" << p.batch << " h" << p.q_heads << "/" << p.kv_heads << " q"
-    << p.q_len << " kv" << p.kv_len << " d" << p.head_dim << " " << mask_name(p)
+    << p.q_len << " kv" << p.kv_len << " d" << p.head_dim
+    << (p.dim_v() != p.head_dim ? "/" + std::to_string(p.dim_v()) : std::string()) << " " << mask_name(p)
     << (p.layout == Layout::BSHD ? " bshd" : "") << (p.dtype != DType::F32 ? std::string(" ") + to_string(p.dtype) : "")
     << " t" << g.threads;
   return s.str();
@@ -270,9 +271,10 @@ struct Runner {
     r.kernel = g.kernel;
     const Kernel* k = find(g);
     r.isa = k ? std::string(k->isa()) : g.isa;
+    r.model = g.model;
     r.problem = g.problem;
     r.threads = g.threads;
-    r.name = point_name(g.kernel, g.problem, g.threads, g.isa);
+    r.name = point_name(g.kernel, g.problem, g.threads, g.isa) + (g.model.empty() ? "" : "/model:" + g.model);
     r.measured_at = now_iso8601();
     const PeakRef ref = peaks.ref(r.isa, g.threads);
     r.peak_flops = ref.flops;

@@ -41,8 +41,8 @@ Command add_run(CLI::App& app) {
             const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             const bool bhsd = p.layout == Layout::BHSD;
             write_npy(args->out, out.o.get(),
-                      bhsd ? std::vector<int64_t>{p.batch, p.q_heads, p.q_len, p.head_dim}
-                           : std::vector<int64_t>{p.batch, p.q_len, p.q_heads, p.head_dim});
+                      bhsd ? std::vector<int64_t>{p.batch, p.q_heads, p.q_len, p.dim_v()}
+                           : std::vector<int64_t>{p.batch, p.q_len, p.q_heads, p.dim_v()});
             if (!args->lse.empty()) write_npy(args->lse, out.lse.get(), {p.batch, p.q_heads, p.q_len});
             std::printf("%s: %s\n", bench::kernel_label(kernel).c_str(), p.describe().c_str());
             std::printf("time %.3f ms, %.2f GFLOP/s, %d thread(s), workspace %.1f KiB\n", secs * 1e3,

@@ -51,7 +51,7 @@ std::vector<const Kernel*> selected(const std::string& impl, const std::vector<s
 
 // The shapes `verify` checks when no shape is given: MHA, GQA, MQA decode, windows with
 // per-batch kv lengths (including 0), q_len > kv_len (fully masked rows), top-left causal,
-// both layouts, head dims that are and are not multiples of the vector width.
+// both layouts, head dims that are and are not multiples of the vector width, d_v != d_qk.
 std::vector<Problem> default_shapes() {
   auto make = [](int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d) {
     Problem p;
@@ -71,6 +71,8 @@ std::vector<Problem> default_shapes() {
   v.back().causal = CausalAlign::BottomRight;
   v.push_back(make(1, 8, 8, 256, 256, 256));
   v.back().causal = CausalAlign::TopLeft;
+  v.push_back(make(1, 4, 4, 40, 70, 192));  // MLA's prefill head: d_qk 192, d_v 128
+  v.back().head_dim_v = 128, v.back().causal = CausalAlign::BottomRight;
   return v;
 }
 
@@ -197,8 +199,10 @@ int verify_expect(const VerifyArgs& a) {
   const Problem& p = li.problem;
   NpyArray expect = read_npy(a.expect);
   widen_to_float(expect);  // e.g. PyTorch's float16 output
-  if (expect.shape != li.q.shape) {
-    throw InvalidInput(a.expect + ": shape differs from Q's shape; allowed: O has Q's shape");
+  std::vector<int64_t> o_shape = li.q.shape;
+  o_shape.back() = p.dim_v();
+  if (expect.shape != o_shape) {
+    throw InvalidInput(a.expect + ": shape differs from Q's shape with V's last dimension; allowed: O has that shape");
   }
   NpyArray expect_lse;
   if (!a.expect_lse.empty()) {
@@ -211,7 +215,7 @@ int verify_expect(const VerifyArgs& a) {
     }
   }
   const Agreement ag = prepare_agreement(p, li.inputs, all_rows(p));
-  const MutView ev = make_view<float>(expect.data.data(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
+  const MutView ev = make_view<float>(expect.data.data(), p.batch, p.q_heads, p.q_len, p.dim_v(), p.layout);
   const Errors external = measure(ag.ref, as_const(ev), expect_lse.data.empty() ? nullptr : expect_lse.data.data(), p);
   print_header(p, ag.baseline, ag.tol);
   std::printf("  expected file vs float64 reference: O %.3g, LSE %.3g -> %s\n", external.o_rel,
@@ -222,7 +226,7 @@ int verify_expect(const VerifyArgs& a) {
   for (size_t r = 0; r < vs_file.ref.rows.size(); ++r) {
     const RowId& id = vs_file.ref.rows[r];
     const float* row = ev.row(id.b, id.h, id.i);
-    for (int64_t d = 0; d < p.head_dim; ++d) vs_file.ref.o[r * p.head_dim + d] = row[d];
+    for (int64_t d = 0; d < p.dim_v(); ++d) vs_file.ref.o[r * p.dim_v() + d] = row[d];
     if (!expect_lse.data.empty()) vs_file.ref.lse[r] = expect_lse.data[(id.b * p.q_heads + id.h) * p.q_len + id.i];
   }
   vs_file.tol = ag.tol.widened_by(external);

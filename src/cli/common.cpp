@@ -152,12 +152,13 @@ void ShapeFlags::add_to(CLI::App& app) {
   app.add_option("--kv-heads", kv_heads, "key/value heads (divides q-heads)");
   app.add_option("--q-len", q_len, "query length");
   app.add_option("--kv-len", kv_len, "key/value length");
-  app.add_option("--head-dim", head_dim, "head dimension");
+  app.add_option("--head-dim", head_dim, "head dimension of Q and K");
+  app.add_option("--head-dim-v", head_dim_v, "head dimension of V and O (default: --head-dim)");
   app.add_option("--seed", seed, "seed of the random inputs");
 }
 
 bool ShapeFlags::any_given(const CLI::App& app) const {
-  for (const char* f : {"--batch", "--q-heads", "--kv-heads", "--q-len", "--kv-len", "--head-dim"}) {
+  for (const char* f : {"--batch", "--q-heads", "--kv-heads", "--q-len", "--kv-len", "--head-dim", "--head-dim-v"}) {
     if (app.count(f) > 0) return true;
   }
   return false;
@@ -170,6 +171,7 @@ void ShapeFlags::apply(Problem& p) const {
   p.q_len = q_len;
   p.kv_len = kv_len;
   p.head_dim = head_dim;
+  p.head_dim_v = head_dim_v == head_dim ? 0 : head_dim_v;
 }
 
 }  // namespace attnlab::cli

@@ -42,6 +42,7 @@ BoolMask read_mask(const std::string& path);
 // Explicit shape flags (verify with random inputs).
 struct ShapeFlags {
   int64_t batch = 1, q_heads = 8, kv_heads = 2, q_len = 65, kv_len = 127, head_dim = 64;
+  int64_t head_dim_v = 0;  // 0 = head_dim
   uint64_t seed = 1;
   void add_to(CLI::App& app);
   bool any_given(const CLI::App& app) const;
@@ -79,5 +80,6 @@ Command add_peak(CLI::App& app);   // cmd_peak.cpp
 Command add_sweep(CLI::App& app);  // cmd_sweep.cpp
 Command add_merge(CLI::App& app);  // cmd_merge.cpp
 Command add_cuda(CLI::App& app);   // cmd_cuda.cpp
+Command add_generate(CLI::App& app);  // cmd_generate.cpp
 
 }  // namespace attnlab::cli

@@ -82,9 +82,10 @@ LoadedInputs load_inputs(const std::string& qp, const std::string& kp, const std
   }
   const auto& qs = li.q.shape;
   const auto& ks = li.k.shape;
-  if (ks != li.v.shape) {
-    throw InvalidInput(vp + ": shape " + shape_text(li.v.shape) + " differs from K's " +
-                       shape_text(ks) + "; allowed: V has K's shape");
+  const auto& vs = li.v.shape;
+  if (!std::equal(ks.begin(), ks.end() - 1, vs.begin())) {
+    throw InvalidInput(vp + ": shape " + shape_text(vs) + " differs from K's " + shape_text(ks) +
+                       "; allowed: V has K's shape but for its last dimension (head_dim_v)");
   }
   const int hi = bhsd ? 1 : 2, si = bhsd ? 2 : 1;
   if (ks[0] != qs[0]) throw InvalidInput(kp + ": batch " + std::to_string(ks[0]) + " differs from Q's batch " + std::to_string(qs[0]));
@@ -93,6 +94,7 @@ LoadedInputs load_inputs(const std::string& qp, const std::string& kp, const std
   p.q_heads = qs[hi];
   p.q_len = qs[si];
   p.head_dim = qs[3];
+  p.head_dim_v = vs[3] == qs[3] ? 0 : vs[3];
   p.kv_heads = ks[hi];
   p.kv_len = ks[si];
   p.validate();
@@ -100,7 +102,7 @@ LoadedInputs load_inputs(const std::string& qp, const std::string& kp, const std
   if (float_files(li)) {  // the files' own float32 data, uncopied
     li.inputs.q = make_view<const float>(li.q.data.data(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
     li.inputs.k = make_view<const float>(li.k.data.data(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
-    li.inputs.v = make_view<const float>(li.v.data.data(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
+    li.inputs.v = make_view<const float>(li.v.data.data(), p.batch, p.kv_heads, p.kv_len, p.dim_v(), p.layout);
     return li;
   }
   li.stored = allocate_tensors(p);

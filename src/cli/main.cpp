@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
       cli::add_sweep(app),
       cli::add_merge(app),
       cli::add_cuda(app),
+      cli::add_generate(app),
   };
   try {
     app.parse(argc, argv);

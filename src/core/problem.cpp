@@ -200,6 +200,11 @@ void Problem::validate() const {
     throw InvalidInput("head_dim: " + std::to_string(head_dim) + " is not supported; allowed: " +
                        std::to_string(kMinHeadDim) + " to " + std::to_string(kMaxHeadDim));
   }
+  if (head_dim_v != 0 && (head_dim_v < kMinHeadDim || head_dim_v > kMaxHeadDim)) {
+    throw InvalidInput("head_dim_v: " + std::to_string(head_dim_v) + " is not supported; allowed: " +
+                       std::to_string(kMinHeadDim) + " to " + std::to_string(kMaxHeadDim) +
+                       ", or 0 (= head_dim)");
+  }
   require_window("window_left", window_left);
   require_window("window_right", window_right);
   if (!kv_lens.empty()) {
@@ -225,7 +230,11 @@ void Problem::validate() const {
   // problem then fit int64 with room (limits.hpp).
   require_product("Q", {{"batch", batch}, {"q_heads", q_heads}, {"q_len", q_len}, {"head_dim", head_dim}},
                   kMaxTensorElems, "elements per tensor");
-  require_product("K and V", {{"batch", batch}, {"kv_heads", kv_heads}, {"kv_len", kv_len}, {"head_dim", head_dim}},
+  require_product("K", {{"batch", batch}, {"kv_heads", kv_heads}, {"kv_len", kv_len}, {"head_dim", head_dim}},
+                  kMaxTensorElems, "elements per tensor");
+  require_product("V", {{"batch", batch}, {"kv_heads", kv_heads}, {"kv_len", kv_len}, {"head_dim_v", dim_v()}},
+                  kMaxTensorElems, "elements per tensor");
+  require_product("O", {{"batch", batch}, {"q_heads", q_heads}, {"q_len", q_len}, {"head_dim_v", dim_v()}},
                   kMaxTensorElems, "elements per tensor");
   require_product("attention pairs", {{"batch", batch}, {"q_heads", q_heads}, {"q_len", q_len}, {"kv_len", kv_len}},
                   kMaxPairs, "query-key pairs");
@@ -247,22 +256,23 @@ int64_t Problem::visible_pairs() const {
 }
 
 double Problem::flops() const {
-  // Two GEMMs per visible (row, key) pair: q.k (2d) and p*v (2d).
-  return 4.0 * static_cast<double>(head_dim) * static_cast<double>(visible_pairs());
+  // Two GEMMs per visible (row, key) pair: q.k (2 head_dim) and p*v (2 head_dim_v).
+  return 2.0 * static_cast<double>(head_dim + dim_v()) * static_cast<double>(visible_pairs());
 }
 
 double Problem::kv_bytes() const {
   // K and V rows that any query row sees, read once per kv head (GQA's saving shows here).
-  if (sparse()) return 2.0 * dtype_bytes(dtype) * count_pattern(*this).kv_keys * static_cast<double>(head_dim);
+  const double row = static_cast<double>(head_dim + dim_v());  // one K row and one V row
+  if (sparse()) return dtype_bytes(dtype) * count_pattern(*this).kv_keys * row;
   double keys = 0;
   for_each_batch_mask(*this, [&](const MaskSummary& s, int64_t entries) {
     keys += static_cast<double>(s.keys.size()) * static_cast<double>(entries);
   });
-  return 2.0 * dtype_bytes(dtype) * keys * static_cast<double>(kv_heads * head_dim);
+  return dtype_bytes(dtype) * keys * static_cast<double>(kv_heads) * row;
 }
 
 double Problem::bytes_moved() const {
-  const double qo = (dtype_bytes(dtype) + sizeof(float)) * static_cast<double>(q_elems());
+  const double qo = dtype_bytes(dtype) * static_cast<double>(q_elems()) + sizeof(float) * static_cast<double>(o_elems());
   return qo + kv_bytes() + sizeof(float) * static_cast<double>(lse_elems());
 }
 
@@ -304,6 +314,7 @@ std::string Problem::describe() const {
   std::ostringstream s;
   s << "batch=" << batch << " q_heads=" << q_heads << " kv_heads=" << kv_heads
     << " q_len=" << q_len << " kv_len=" << kv_len << " head_dim=" << head_dim;
+  if (dim_v() != head_dim) s << " head_dim_v=" << dim_v();
   if (causal != CausalAlign::None) s << " causal=" << to_string(causal);
   if (window_left >= 0 || window_right >= 0) s << " window=" << window_left << "," << window_right;
   if (!kv_lens.empty()) {

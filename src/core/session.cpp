@@ -14,11 +14,16 @@ const char* to_string(Arithmetic a) { return a == Arithmetic::Bf16Products ? "bf
 Support Kernel::supports(const Problem&) const { return Support::yes(); }
 size_t Kernel::workspace_bytes(const Problem&, int) const { return 0; }
 bool Kernel::runs_patterns() const { return false; }
+bool Kernel::runs_head_dim_v() const { return false; }
 std::shared_ptr<const Plan> Kernel::make_plan(const Problem&) const { return nullptr; }
 
 Support supports_problem(const Kernel& kernel, const Problem& problem) {
   if (problem.sparse() && !kernel.runs_patterns()) {
     return Support::no("a sparse pattern (naive, flash, decode and cuda_flash run them; this kernel takes interval masks only)");
+  }
+  if (problem.dim_v() != problem.head_dim && !kernel.runs_head_dim_v()) {
+    return Support::no("head_dim_v != head_dim (naive, blocked, flash, flash_bf16, flash_amx, decode, cuda_naive and "
+                       "cuda_flash run it; this kernel keeps one head_dim for Q, K and V)");
   }
   return kernel.supports(problem);
 }
@@ -68,6 +73,23 @@ Session::Session(const Kernel& kernel, const Problem& problem, int threads)
 }
 
 Session::~Session() = default;
+
+void Session::resize_kv(int64_t kv_len) {
+  if (problem_.sparse() || !problem_.kv_lens.empty()) {
+    throw InvalidInput("resize_kv: the session's problem has a sparse pattern or kv_lens; allowed: interval masks only");
+  }
+  Problem p = problem_;
+  p.kv_len = kv_len;
+  p.validate();
+  if (Support s = supports_problem(kernel_, p); !s) {
+    throw InvalidInput(std::string(kernel_.name()) + " does not support " + p.describe() + ": " + s.reason);
+  }
+  if (kernel_.workspace_bytes(p, threads_) > workspace_size_) {
+    throw InvalidInput("resize_kv: kv_len " + std::to_string(kv_len) + " needs more workspace than the session has; "
+                       "allowed: at most the kv_len the session was made for");
+  }
+  problem_ = p;
+}
 
 void Session::run(const Inputs& in, const Outputs& out) {
   if (in.dtype != problem_.dtype) {  // a kernel would read views the inputs do not have

@@ -54,8 +54,8 @@ FloatBuffer::~FloatBuffer() {
 }
 
 int64_t tensor_bytes(const Problem& p) {
-  const int64_t in = (p.q_elems() + 2 * p.kv_elems()) * dtype_bytes(p.dtype);
-  return in + (p.q_elems() + p.lse_elems()) * int64_t{sizeof(float)};
+  const int64_t in = (p.q_elems() + p.kv_elems() + p.v_elems()) * dtype_bytes(p.dtype);
+  return in + (p.o_elems() + p.lse_elems()) * int64_t{sizeof(float)};
 }
 
 std::unique_ptr<float[], AlignedFree> alloc_floats(size_t count) {
@@ -65,9 +65,9 @@ std::unique_ptr<float[], AlignedFree> alloc_floats(size_t count) {
 
 Tensors allocate_outputs(const Problem& p) {
   Tensors t;
-  t.o = alloc_floats(p.q_elems());
+  t.o = alloc_floats(p.o_elems());
   t.lse = alloc_floats(p.lse_elems());
-  t.outputs.o = make_view<float>(t.o.get(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
+  t.outputs.o = make_view<float>(t.o.get(), p.batch, p.q_heads, p.q_len, p.dim_v(), p.layout);
   t.outputs.lse = t.lse.get();
   return t;
 }
@@ -81,10 +81,10 @@ Tensors allocate_tensors(const Problem& p) {
   if (p.dtype == DType::F32) {
     t.q = alloc_floats(p.q_elems());
     t.k = alloc_floats(p.kv_elems());
-    t.v = alloc_floats(p.kv_elems());
+    t.v = alloc_floats(p.v_elems());
     t.inputs.q = make_view<const float>(t.q.get(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
     t.inputs.k = make_view<const float>(t.k.get(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
-    t.inputs.v = make_view<const float>(t.v.get(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
+    t.inputs.v = make_view<const float>(t.v.get(), p.batch, p.kv_heads, p.kv_len, p.dim_v(), p.layout);
     return t;
   }
   const auto u16 = [](const std::unique_ptr<std::byte[], AlignedFree>& b) {
@@ -92,10 +92,10 @@ Tensors allocate_tensors(const Problem& p) {
   };
   t.q16 = alloc_bytes(2 * static_cast<size_t>(p.q_elems()));
   t.k16 = alloc_bytes(2 * static_cast<size_t>(p.kv_elems()));
-  t.v16 = alloc_bytes(2 * static_cast<size_t>(p.kv_elems()));
+  t.v16 = alloc_bytes(2 * static_cast<size_t>(p.v_elems()));
   t.inputs.q16 = make_view<const uint16_t>(u16(t.q16), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
   t.inputs.k16 = make_view<const uint16_t>(u16(t.k16), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
-  t.inputs.v16 = make_view<const uint16_t>(u16(t.v16), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
+  t.inputs.v16 = make_view<const uint16_t>(u16(t.v16), p.batch, p.kv_heads, p.kv_len, p.dim_v(), p.layout);
   return t;
 }
 
@@ -149,7 +149,7 @@ Tensors random_tensors(const Problem& p, uint64_t seed) {
   Tensors t = allocate_tensors(f);
   fill(t.q.get(), p.q_elems(), seed * 3 + 1);
   fill(t.k.get(), p.kv_elems(), seed * 3 + 2);
-  fill(t.v.get(), p.kv_elems(), seed * 3 + 3);
+  fill(t.v.get(), p.v_elems(), seed * 3 + 3);
   return p.dtype == DType::F32 ? std::move(t) : convert_inputs(p, t.inputs);
 }
 

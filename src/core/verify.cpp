@@ -93,10 +93,10 @@ std::vector<int64_t> reference_keys(const Problem& p, const RowId& r) {
 template <class E>
 double reference_row_typed(const Problem& p, const TypedInputs<E>& in, const RowId& r, double* o_row,
                            double* row_scale) {
-  const int64_t d_n = p.head_dim;
+  const int64_t d_n = p.head_dim, dv_n = p.dim_v();
   const int64_t hk = p.kv_head_of(r.h);
   const std::vector<int64_t> keys = reference_keys(p, r);
-  std::fill(o_row, o_row + d_n, 0.0);
+  std::fill(o_row, o_row + dv_n, 0.0);
   *row_scale = 0.0;
   if (keys.empty()) return -kInf;
   const double scale = p.effective_scale();
@@ -117,14 +117,14 @@ double reference_row_typed(const Problem& p, const TypedInputs<E>& in, const Row
     l += pj;
     const E* v = in.v.row(r.b, hk, keys[x]);
     double vmax = 0;
-    for (int64_t d = 0; d < d_n; ++d) {
+    for (int64_t d = 0; d < dv_n; ++d) {
       const double vd = to_float(v[d]);
       o_row[d] += pj * vd;
       vmax = std::max(vmax, std::fabs(vd));
     }
     scale_sum += pj * vmax;
   }
-  for (int64_t d = 0; d < d_n; ++d) o_row[d] /= l;
+  for (int64_t d = 0; d < dv_n; ++d) o_row[d] /= l;
   *row_scale = scale_sum / l;
   return m + std::log(l);
 }
@@ -138,7 +138,7 @@ double reference_row(const Problem& p, const Inputs& in, const RowId& r, double*
 
 Reference reference(const Problem& p, const Inputs& in, std::vector<RowId> rows) {
   Reference ref;
-  ref.dim = p.head_dim;
+  ref.dim = p.dim_v();
   ref.rows = std::move(rows);
   ref.o.resize(ref.rows.size() * static_cast<size_t>(ref.dim));
   ref.lse.resize(ref.rows.size());
@@ -162,7 +162,7 @@ Errors measure(const Reference& ref, const ConstView& o, const float* lse, const
 Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref, Arithmetic arithmetic) {
   const bool round_p = arithmetic == Arithmetic::Bf16Products;
   Errors e;
-  std::vector<float> s(static_cast<size_t>(p.kv_len)), o(static_cast<size_t>(p.head_dim));
+  std::vector<float> s(static_cast<size_t>(p.kv_len)), o(static_cast<size_t>(p.dim_v()));
   visit_inputs(in, [&](const auto& typed) {
     for (size_t r = 0; r < ref.rows.size(); ++r) {
       const RowId& id = ref.rows[r];
@@ -243,18 +243,18 @@ size_t lines64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
 // allocate_outputs: O and LSE.
 size_t check_output_bytes(const Problem& p) {
-  return lines64(static_cast<size_t>(p.q_elems()) * sizeof(float)) +
+  return lines64(static_cast<size_t>(p.o_elems()) * sizeof(float)) +
          lines64(static_cast<size_t>(p.lse_elems()) * sizeof(float));
 }
 
 size_t verification_bytes(const Kernel& k, const Problem& p, size_t rows, int threads) {
   const size_t total_rows = static_cast<size_t>(p.batch * p.q_heads * p.q_len);
   const size_t n = std::min(rows, total_rows);
-  const size_t dim = static_cast<size_t>(p.head_dim), kv = static_cast<size_t>(p.kv_len);
+  const size_t dim = static_cast<size_t>(p.dim_v()), kv = static_cast<size_t>(p.kv_len);
   // sample_rows: a std::set node per row (3 int64 + ~32 bytes of tree links) and a vector
   // that may double while it grows.
   const size_t sampling = n * (64 + 2 * sizeof(RowId));
-  // Reference: per row its id, head_dim doubles of O, LSE and row scale.
+  // Reference: per row its id, head_dim_v doubles of O, LSE and row scale.
   const size_t reference = n * (sizeof(RowId) + (dim + 2) * sizeof(double));
   // reference_row's scores (doubles) and baseline_errors' scores and O row (floats).
   const size_t row_scratch = kv * sizeof(double) + (kv + dim) * sizeof(float);
@@ -273,7 +273,7 @@ KernelCheck check_kernel(const Kernel& k, const Problem& p, const Inputs& in,
   // Outputs only, not a second Q, K, V: check_output_bytes is what this allocates.
   Tensors out = allocate_outputs(p);
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::fill(out.o.get(), out.o.get() + p.q_elems(), nan);
+  std::fill(out.o.get(), out.o.get() + p.o_elems(), nan);
   std::fill(out.lse.get(), out.lse.get() + p.lse_elems(), nan);
   Session session(k, p, threads);
   session.run(in, out.outputs);

@@ -15,7 +15,7 @@
 //   V tile 64 x d floats, Q block and O accumulator 32 x d each -> L2 (16-32 KiB each at
 //                                             d = 128), reused by all 32 rows of the block
 // so K and V stream from memory q_len / 32 times instead of q_len times (naive).
-// Memory: Br*Bc + Bc*d + Br*d + 2*Br floats of workspace, independent of sequence length.
+// Memory: Br*Bc + Bc*d + Br*d_v + 2*Br floats of workspace, independent of sequence length.
 // Cost: same FLOPs as naive; the compiler vectorizes both inner loops (scores over keys,
 // P*V over d). Measured (attn_bench --attn_groups=ladder: 2048 x 2048, 8 heads, d 128):
 // 737 ms vs naive's 2581 ms, 3.5x; both single-threaded.
@@ -41,9 +41,10 @@ class Blocked final : public Kernel {
     return "cache-tiled float32 (32 rows x 64 keys, K tile packed transposed), online softmax across tiles; no explicit SIMD";
   }
   size_t workspace_bytes(const Problem& p, int) const override {
-    return static_cast<size_t>(kBr * kBc + kBc * p.head_dim + kBr * p.head_dim + 2 * kBr) *
+    return static_cast<size_t>(kBr * kBc + kBc * p.head_dim + kBr * p.dim_v() + 2 * kBr) *
            sizeof(float);
   }
+  bool runs_head_dim_v() const override { return true; }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     visit_inputs(in, [&](const auto& typed) { run_typed(p, typed, out, ctx); });
   }
@@ -55,9 +56,9 @@ class Blocked final : public Kernel {
     float* s = reinterpret_cast<float*>(ctx.workspace.data());
     float* kt = s + kBr * kBc;  // K tile, transposed: kt[d * kBc + j]
     float* acc = kt + kBc * p.head_dim;
-    float* m = acc + kBr * p.head_dim;
+    float* m = acc + kBr * p.dim_v();
     float* l = m + kBr;
-    const int64_t dim = p.head_dim;
+    const int64_t dim = p.head_dim, dv = p.dim_v();
     const float scale = p.effective_scale();
     for (int64_t b = 0; b < p.batch; ++b) {
       const MaskSpec mask = p.mask_for_batch(b);
@@ -68,7 +69,7 @@ class Blocked final : public Kernel {
           for (int64_t r = 0; r < rows; ++r) {
             m[r] = kNegInf;
             l[r] = 0.f;
-            for (int64_t d = 0; d < dim; ++d) acc[r * dim + d] = 0.f;
+            for (int64_t d = 0; d < dv; ++d) acc[r * dv + d] = 0.f;
           }
           const Interval span = mask.rows(i0, i0 + rows);
           for (int64_t j0 = span.lo; j0 < span.hi; j0 += kBc) {
@@ -101,11 +102,11 @@ class Blocked final : public Kernel {
               // Online softmax: rescale what was accumulated under the old max, with the
               // special-value rules of include/attnlab/online_softmax.hpp.
               const float m_new = std::max(m[r], tile_max);
-              float* a = acc + r * dim;
+              float* a = acc + r * dv;
               const float alpha = online_softmax::rescale<kNatural>(m[r], m_new);
               if (alpha != 1.f) {
                 l[r] *= alpha;
-                for (int64_t d = 0; d < dim; ++d) a[d] *= alpha;
+                for (int64_t d = 0; d < dv; ++d) a[d] *= alpha;
               }
               m[r] = m_new;
               const float sub = online_softmax::subtrahend(m_new);
@@ -113,7 +114,7 @@ class Blocked final : public Kernel {
                 const float pj = std::exp(srow[j - j0] - sub);
                 l[r] += pj;
                 const E* v = in.v.row(b, hk, j);
-                for (int64_t d = 0; d < dim; ++d) a[d] += pj * to_float(v[d]);
+                for (int64_t d = 0; d < dv; ++d) a[d] += pj * to_float(v[d]);
               }
             }
           }
@@ -122,7 +123,7 @@ class Blocked final : public Kernel {
             // Fully masked (empty interval) -> O = 0, LSE = -inf; else acc / l, m + log l.
             const bool empty = mask.row(i0 + r).empty();
             const float inv = online_softmax::out_scale(empty, l[r]);
-            for (int64_t d = 0; d < dim; ++d) o[d] = acc[r * dim + d] * inv;
+            for (int64_t d = 0; d < dv; ++d) o[d] = acc[r * dv + d] * inv;
             if (out.lse) {
               out.lse[(b * p.q_heads + h) * p.q_len + i0 + r] =
                   online_softmax::out_lse<kNatural>(empty, m[r], l[r]);

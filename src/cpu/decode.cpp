@@ -31,11 +31,13 @@
 // order is fixed, so the output is bitwise identical for any thread count (tested in
 // tests/test_threads.cpp).
 // Memory: partial states batch * q_heads * q_len * ceil(kv_len / chunk keys) rows of
-// (head_dim + 16) floats (1.2 MiB at q_heads 32, kv_len 32768, head_dim 128), plus one
+// (head_dim_v + 16) floats (1.2 MiB at q_heads 32, kv_len 32768, head_dim 128), plus one
 // tile-engine scratch per thread.
-// Expected cost: 2 * batch * kv_heads * kv_len * head_dim * 4 bytes of K/V streamed once
-// (Problem::kv_bytes()); compute is 4 * head_dim FLOP per (query row, key), i.e.
-// 2 * group * q_len / 4 FLOP per byte: memory-bound for small group * q_len.
+// Expected cost: batch * kv_heads * kv_len * (head_dim + head_dim_v) * 4 bytes of K/V streamed
+// once (Problem::kv_bytes()); compute is 2 * (head_dim + head_dim_v) FLOP per (query row, key),
+// i.e. group * q_len / 2 FLOP per f32 byte: memory-bound for small group * q_len. (MLA's absorbed
+// decode is MQA with d 576, d_v 512, and V the first 512 columns of K's cache in the model: here
+// V is its own tensor.)
 // Precision: K and V (and Q) stored as f32, bf16 or f16 are widened exactly to float32 where
 // loaded; float32 compute. A 16-bit cache is half the bytes to stream.
 // Measured: results/2026-11-30-flash32 (% of the read bandwidth measured in the same run),
@@ -71,7 +73,7 @@ constexpr int64_t kMaxQLen = 16;
 // L2: 1024-key chunks take ~4% less CPU time than 256-key ones (task overhead, prefetcher
 // restarts).
 int64_t decode_chunk_keys(const Problem& p) {
-  const int64_t row_bytes = 2 * ((p.head_dim + 15) / 16 * 16) * dtype_bytes(p.dtype);  // K + V, as stored
+  const int64_t row_bytes = ((p.head_dim + 15) / 16 * 16 + (p.dim_v() + 15) / 16 * 16) * dtype_bytes(p.dtype);  // K + V, as stored
   int64_t keys = 128;
   while (keys < 2048 && 2 * keys * row_bytes <= planning_l2_bytes() / 2) keys *= 2;
   return keys;
@@ -92,7 +94,7 @@ struct Plan {
     rows = p.group() * p.q_len;  // the engine's row order: (i, g) -> i * group + g
     chunk_keys = decode_chunk_keys(p);
     chunks = std::max<int64_t>(1, (p.kv_len + chunk_keys - 1) / chunk_keys);
-    dp = tiling.dim_pad;   // the engine's accumulator rows, whole vectors
+    dp = tiling.dim_v_pad;  // the engine's accumulator rows (head_dim_v), whole vectors
     row_stride = dp + 16;  // acc (dp floats), then m at [dp], l at [dp + 1]; vector-aligned rows
     // Rounded up to whole cache lines: the per-thread scratch that follows must stay 64-byte
     // aligned (with 1-lane rows, row_stride can be odd).
@@ -118,6 +120,7 @@ class Decode final : public Kernel {
     return Support::yes();
   }
   bool runs_patterns() const override { return true; }
+  bool runs_head_dim_v() const override { return true; }
   std::shared_ptr<const attnlab::Plan> make_plan(const Problem& p) const override {
     if (!p.sparse()) return nullptr;
     return std::make_shared<BlockPlan>(build_block_map(p, p.q_len));
@@ -195,7 +198,7 @@ class Decode final : public Kernel {
                     int64_t hk, float* partials) {
     using simd::Batch;
     using simd::kLanes;
-    const int64_t d = p.head_dim, group = p.group();
+    const int64_t d = p.dim_v(), group = p.group();
     const float* first = plan.partial(partials, b, hk, 0, p.kv_heads);
     const int64_t chunk_stride = plan.rows * plan.row_stride;
     const MaskSpec mask = p.mask_for_batch(b);

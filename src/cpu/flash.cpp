@@ -43,9 +43,9 @@
 // machine's L2 (planning_l2_bytes()): the largest multiple of 24 up to 120 whose rows
 // (packed Q + accumulators, ~2 d floats each) plus the packed K and V tiles fit half the L2,
 // then evened out over q_len in multiples of 6 (512 rows: 5 tiles of 108, not 4 x 120 + 32).
-// Memory: per thread R * (d + d_pad + 17) floats + R intervals + (d_pad + 6) * 64 floats
-// (~163 KiB at d = 128, G = 1), independent of q_len and kv_len.
-// Cost: 4 d FLOP per visible pair in the two GEMMs (AVX2: 12 FMAs per 2 vector loads + 6
+// Memory: per thread R * (d + dv_pad + 17) floats + R intervals + (d_pad + 6) * 64 floats
+// (~163 KiB at d = dv = 128, G = 1; dv = head_dim_v, of V and O), independent of q_len and kv_len.
+// Cost: 2 (d + dv) FLOP per visible pair in the two GEMMs (AVX2: 12 FMAs per 2 vector loads + 6
 // broadcasts; ~95% of the FMA peak in L1, measured in isolation), plus one exp2 per score
 // and the per-row max/sum; K packing is 1/R of GEMM 1's loads; each K/V byte comes from
 // memory once per query tile: R / 2 FLOP per byte (60 at d = 128, G = 1).
@@ -126,6 +126,7 @@ class Flash final : public Kernel {
     return simd::make_tiling(p).bytes * static_cast<size_t>(threads);
   }
   bool runs_patterns() const override { return true; }
+  bool runs_head_dim_v() const override { return true; }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
     return simd::prefill_plan(p, simd::make_tiling(p));
   }

@@ -78,6 +78,7 @@ class FlashBf16 final : public Kernel {
     return tiling(p).bytes * static_cast<size_t>(threads);
   }
   bool runs_patterns() const override { return true; }
+  bool runs_head_dim_v() const override { return true; }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return simd::prefill_plan(p, tiling(p)); }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     simd::run_prefill(p, in, out, ctx, tiling(p), amx_ ? "flash_amx" : "flash_bf16");

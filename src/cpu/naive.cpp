@@ -5,7 +5,7 @@
 // visible keys from the element rule), a stable softmax (subtract the max) and multiply by V. Exactly the arithmetic of textbook.hpp, which is also the
 // tolerance baseline.
 // Memory: q_len * kv_len floats of workspace (the O(n^2) the tiled kernels avoid).
-// Cost: 4 * d FLOP per visible pair plus one exp; no reuse of K/V across rows, so at
+// Cost: 2 * (d + d_v) FLOP per visible pair plus one exp; no reuse of K/V across rows, so at
 // large n it streams K and V from memory once per query row (memory bound, ~1-3% of peak).
 // Precision: f16/bf16 storage is widened exactly to float32 where read; float32 compute.
 #include <optional>
@@ -25,6 +25,7 @@ class Naive final : public Kernel {
     return "textbook float32: full score matrix, stable softmax, P*V; plain loops";
   }
   bool runs_patterns() const override { return true; }
+  bool runs_head_dim_v() const override { return true; }
   size_t workspace_bytes(const Problem& p, int) const override {
     return static_cast<size_t>(p.q_len * p.kv_len) * sizeof(float);
   }

@@ -61,6 +61,7 @@ class TargetKernel final : public Kernel {
   Support supports(const Problem& p) const override { return inner_.supports(p); }
   size_t workspace_bytes(const Problem& p, int threads) const override { return inner_.workspace_bytes(p, threads); }
   bool runs_patterns() const override { return inner_.runs_patterns(); }
+  bool runs_head_dim_v() const override { return inner_.runs_head_dim_v(); }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return inner_.make_plan(p); }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     inner_.run(p, in, out, ctx);

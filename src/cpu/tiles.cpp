@@ -76,23 +76,23 @@ template <int N, bool Pairs, class E, class Step>
 void pv_keys(const Tiling& t, const Scratch& s, int64_t rr0, int m0, const KeyTile<E>& kt, const float* alpha, int x,
              int y, Step& step) {
   const float* p = s.p + m0 * kTileKeys;
-  float* o = s.o + (rr0 + m0) * t.dim_pad;
+  float* o = s.o + (rr0 + m0) * t.dim_v_pad;
 #if defined(__AVX512BF16__)
   if constexpr (Pairs) {
     if (x < y && (x & 1)) {
-      pv_rows<N>(p, kTileKeys, kt.v, kt.ldv, o, t.dim_pad, alpha, x, x + 1, t.dim);
+      pv_rows<N>(p, kTileKeys, kt.v, kt.ldv, o, t.dim_v_pad, alpha, x, x + 1, t.dim_v);
       alpha = nullptr, ++x;
     }
     if (x < y && (y & 1)) {
-      pv_rows<N>(p, kTileKeys, kt.v, kt.ldv, o, t.dim_pad, alpha, y - 1, y, t.dim);
+      pv_rows<N>(p, kTileKeys, kt.v, kt.ldv, o, t.dim_v_pad, alpha, y - 1, y, t.dim_v);
       alpha = nullptr, --y;
     }
-    if (x < y || alpha) pv_pairs<N>(s.pw + m0 * (kTileKeys / 2), kTileKeys / 2, s.vp, t.dim_pad, o, t.dim_pad, alpha, x / 2, y / 2, t.dim, step);
+    if (x < y || alpha) pv_pairs<N>(s.pw + m0 * (kTileKeys / 2), kTileKeys / 2, s.vp, t.dim_v_pad, o, t.dim_v_pad, alpha, x / 2, y / 2, t.dim_v, step);
     return;
   }
 #endif
   static_assert(!Pairs || kPairsBuilt);
-  pv_rows<N>(p, kTileKeys, kt.v, kt.ldv, o, t.dim_pad, alpha, x, y, t.dim, step);
+  pv_rows<N>(p, kTileKeys, kt.v, kt.ldv, o, t.dim_v_pad, alpha, x, y, t.dim_v, step);
 }
 
 // The online softmax of MR rows (rows rr0.. of the task) on one key tile, their scores in p
@@ -289,7 +289,7 @@ void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, cons
 
 // One key tile of a task's sequence: its first key, its keys, and the rows' words (Words only);
 // k, v: its K and V rows when they are not rows j0.. of the inputs (the gathered tile: rows
-// dim_pad elements apart in Scratch::gather).
+// dim_pad / dim_v_pad elements apart in Scratch::gather).
 struct TileRef {
   int64_t j0 = 0;
   int nk = 0;
@@ -324,14 +324,14 @@ inline void amx_tile(const Tiling& t, const Scratch& s, int64_t rows) {
     float alpha[kAmxRows];
     const bool rescale = softmax_rows<kAmxRows, false>(s, s.p, rb, true, nullptr, nullptr, nullptr, alpha);
     round_p_rows<kAmxRows>(s.p, s.pw);
-    float* o = s.o + rb * t.dim_pad;
+    float* o = s.o + rb * t.dim_v_pad;
     for (int64_t m = 0; rescale && m < kAmxRows; ++m) {
       if (alpha[m] == 1.f) continue;
       const Batch a(alpha[m]);
-      float* row = o + m * t.dim_pad;
-      for (int64_t c = 0; c < t.dim_pad; c += kLanes) (Batch::load_aligned(row + c) * a).store_aligned(row + c);
+      float* row = o + m * t.dim_v_pad;
+      for (int64_t c = 0; c < t.dim_v_pad; c += kLanes) (Batch::load_aligned(row + c) * a).store_aligned(row + c);
     }
-    amx_pv(s.pw, s.vp, t.dim_pad, o, t.dim_pad, t.dim_pad);
+    amx_pv(s.pw, s.vp, t.dim_v_pad, o, t.dim_v_pad, t.dim_v_pad);
   }
 }
 #endif  // AMX
@@ -340,7 +340,7 @@ inline void amx_tile(const Tiling& t, const Scratch& s, int64_t rows) {
 template <bool Words, bool Pairs, class E, class At>
 void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
                   int64_t rows, int64_t n, const At& at) {
-  const int64_t d = t.dim;
+  const int64_t d = t.dim, dv = t.dim_v;
   const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
   // Next-tile prefetching. Many rows (prefill): the next tile's K and V rows a slice per
   // panel, so they arrive in L2 while this tile computes. Few rows (decode: R / 2 FLOP per
@@ -352,7 +352,7 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
   // (score_rows: no K^T packing); a flash task's short last query tile streams but packs.
   const bool stream = rows <= kStreamRows;
   const auto tile_of = [&](const TileRef& r) {
-    if (r.k) return KeyTile<E>{r.j0, r.nk, static_cast<const E*>(r.k), t.dim_pad, static_cast<const E*>(r.v), t.dim_pad};
+    if (r.k) return KeyTile<E>{r.j0, r.nk, static_cast<const E*>(r.k), t.dim_pad, static_cast<const E*>(r.v), t.dim_v_pad};
     return KeyTile<E>{r.j0, r.nk, in.k.row(b, hk, r.j0), in.k.stride_s, in.v.row(b, hk, r.j0), in.v.stride_s};
   };
   for (int64_t x = 0; x < n; ++x) {
@@ -360,12 +360,12 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
     const KeyTile<E> kt = tile_of(tile);
     if (stream && x == 0) {
       touch_rows(kt.k, kt.ldk, kt.nk, d);
-      touch_rows(kt.v, kt.ldv, kt.nk, d);
+      touch_rows(kt.v, kt.ldv, kt.nk, dv);
     }
 #if defined(__AVX512BF16__)
     if constexpr (Pairs) {
       pack_k_pairs(kt.k, kt.ldk, kt.nk, d, reinterpret_cast<uint32_t*>(s.kt));
-      pack_v_pairs(kt.v, kt.ldv, kt.nk, d, s.vp, t.dim_pad);
+      pack_v_pairs(kt.v, kt.ldv, kt.nk, dv, s.vp, t.dim_v_pad);
     } else
 #endif
     if (!s.qr) pack_k_transposed(kt.k, kt.ldk, kt.nk, d, s.kt);
@@ -376,14 +376,14 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
     if constexpr (Pairs) {
       if (t.amx && whole_tile<Words>(s, rows, kt, tile.words)) {
         prefetch_rows(kn.k, kn.ldk, 0, nn, d);
-        prefetch_rows(kn.v, kn.ldv, 0, nn, d);
+        prefetch_rows(kn.v, kn.ldv, 0, nn, dv);
         amx_tile(t, s, rows);
         continue;
       }
     }
 #endif
     if (stream) {
-      LineStream ahead(kn.k, kn.ldk, kn.v, kn.ldv, static_cast<int>(nn), d);
+      LineStream ahead(kn.k, kn.ldk, d, kn.v, kn.ldv, dv, static_cast<int>(nn));
       for (int64_t rr0 = 0; rr0 < rows; rr0 += kPanelRows) {
         const int mr = static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0));
         if constexpr (!Pairs) {
@@ -401,7 +401,7 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
       if (nn > 0) {
         const int64_t r0 = pi * nn / panels, r1 = (pi + 1) * nn / panels;
         prefetch_rows(kn.k, kn.ldk, r0, r1, d);
-        prefetch_rows(kn.v, kn.ldv, r0, r1, d);
+        prefetch_rows(kn.v, kn.ldv, r0, r1, dv);
       }
       const int64_t rr0 = pi * kPanelRows;
       process_panel_any<false, Words, Pairs>(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, s, rr0,
@@ -432,8 +432,10 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx) {
   t.group = p.group();
   t.dim = p.head_dim;
   t.dim_pad = padded_dim(p.head_dim);
-  const int64_t fixed = 2 * kTileKeys * t.dim_pad * int64_t{sizeof(float)};
-  const int64_t per_row = (2 * t.dim_pad + 2) * int64_t{sizeof(float)};
+  t.dim_v = p.dim_v();
+  t.dim_v_pad = padded_dim(t.dim_v);
+  const int64_t fixed = kTileKeys * (t.dim_pad + t.dim_v_pad) * int64_t{sizeof(float)};
+  const int64_t per_row = (t.dim_pad + t.dim_v_pad + 2) * int64_t{sizeof(float)};
   const int64_t budget = planning_l2_bytes() / 2;  // the running machine's L2 (isa.hpp)
   const int64_t fit = budget > fixed ? (budget - fixed) / per_row / t.group : 0;
   if (br > 0) {
@@ -456,7 +458,7 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx) {
   // AMX blocks run whole 16-row blocks: the rows past R are zero Q rows whose state is never read.
   const int64_t state_rows = amx ? amx_rows(t.rows) : t.rows, panel_rows = amx ? kAmxRows : kPanelRows;
   t.q_off = take(sizeof(float) * t.rows * t.dim);
-  t.o_off = take(sizeof(float) * state_rows * t.dim_pad);
+  t.o_off = take(sizeof(float) * state_rows * t.dim_v_pad);
   t.kt_off = take(sizeof(float) * t.dim_pad * kTileKeys);
   t.p_off = take(sizeof(float) * panel_rows * kTileKeys);
   t.m_off = take(sizeof(float) * state_rows);
@@ -466,13 +468,13 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx) {
   t.bf16_dot = bf16_dot;
   t.score_scale = p.effective_scale() * kLog2e;
   if (bf16_dot) {
-    t.vp_off = take(sizeof(uint32_t) * (kTileKeys / 2) * t.dim_pad);
+    t.vp_off = take(sizeof(uint32_t) * (kTileKeys / 2) * t.dim_v_pad);
     t.pw_off = take(sizeof(uint32_t) * panel_rows * (kTileKeys / 2));
   }
   t.amx = amx;
   if (amx) t.qa_off = take(sizeof(uint32_t) * state_rows * padded_words(t.dim));
   if (t.direct) t.qr_off = take(sizeof(float) * (t.rows + 1) * t.dim_pad);
-  if (gathered_columns(p) > 0) t.gather_off = take(sizeof(float) * 2 * kTileKeys * t.dim_pad);
+  if (gathered_columns(p) > 0) t.gather_off = take(sizeof(float) * kTileKeys * (t.dim_pad + t.dim_v_pad));
   t.bytes = off;
   return t;
 }
@@ -505,7 +507,7 @@ AmxScope::~AmxScope() {
 
 int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
                    int64_t hk, int64_t i0, int64_t nr) {
-  const int64_t G = t.group, dp = t.dim_pad;
+  const int64_t G = t.group, dp = t.dim_v_pad;
   const int64_t R = nr * G;
   const MaskSpec mask = p.mask_for_batch(b);
   for (int64_t r = 0; r < nr; ++r) std::fill_n(s.iv + r * G, G, mask.row(i0 + r));
@@ -565,16 +567,16 @@ void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Sc
                    e[x].words < 0 ? nullptr : map.bits.data() + e[x].words};
   };
   visit_inputs(in, [&](const auto& typed) {
-    if (ng) {  // the gathered K and V rows, zero padded to dim_pad, in the inputs' storage type
+    if (ng) {  // the gathered K and V rows, zero padded to dim_pad / dim_v_pad, in the inputs' storage type
       using E = std::remove_const_t<std::remove_pointer_t<decltype(typed.k.data)>>;
       E* const k = reinterpret_cast<E*>(gk);
       E* const vv = reinterpret_cast<E*>(gv);
       for (int64_t x = 0; x < ngk; ++x) {
         const int64_t j = std::min(map.gathered[x], lk - 1);  // a key past lk: no row sees it
         std::copy_n(typed.k.row(b, hk, j), t.dim, k + x * t.dim_pad);
-        std::copy_n(typed.v.row(b, hk, j), t.dim, vv + x * t.dim_pad);
+        std::copy_n(typed.v.row(b, hk, j), t.dim_v, vv + x * t.dim_v_pad);
         std::fill(k + x * t.dim_pad + t.dim, k + (x + 1) * t.dim_pad, E{});
-        std::fill(vv + x * t.dim_pad + t.dim, vv + (x + 1) * t.dim_pad, E{});
+        std::fill(vv + x * t.dim_v_pad + t.dim_v, vv + (x + 1) * t.dim_v_pad, E{});
       }
     }
     attend_tiles_as<true>(typed, t, s, b, hk, rows, n + ng, at);
@@ -592,7 +594,7 @@ void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Sc
     const int64_t h = hk * t.group + rr % t.group, i = i0 + rr / t.group;
     const float l = row_sum(s, rr);
     const bool empty = s.iv[rr].empty();
-    scale_row(s.o + rr * t.dim_pad, online_softmax::out_scale(empty, l), t.dim, out.o.row(b, h, i));
+    scale_row(s.o + rr * t.dim_v_pad, online_softmax::out_scale(empty, l), t.dim_v, out.o.row(b, h, i));
     if (out.lse) {
       out.lse[(b * p.q_heads + h) * p.q_len + i] = online_softmax::out_lse<kLog2>(empty, s.m[rr], l);
     }

@@ -45,6 +45,7 @@ struct DeviceArgs {
   const int64_t* kv_lens = nullptr;  // nullptr: every batch entry has kv_len keys
   Strides qs, ks, vs, os;
   int64_t batch = 0, q_heads = 0, kv_heads = 0, q_len = 0, kv_len = 0, head_dim = 0;
+  int64_t head_dim_v = 0;  // of V and O (Problem::dim_v())
   CausalAlign causal = CausalAlign::None;
   int64_t window_left = -1, window_right = -1;
   float scale = 1.f;  // the effective softmax scale (1/sqrt(head_dim) unless given)
@@ -52,6 +53,8 @@ struct DeviceArgs {
   BlockMapView map;     // set by device_args() from the plan when sparse
 
   ATTN_HD int64_t group() const { return q_heads / kv_heads; }
+  // The wider of head_dim and head_dim_v: what a tile's columns must hold.
+  ATTN_HD int64_t max_dim() const { return head_dim > head_dim_v ? head_dim : head_dim_v; }
   ATTN_HD MaskSpec mask(int64_t b) const {
     return MaskSpec{q_len, kv_lens ? kv_lens[b] : kv_len, causal, window_left, window_right};
   }

@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
   const int64_t group = a.group();
   const int64_t rows_total = group * a.q_len;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * C::kM;
-  const int dim = static_cast<int>(a.head_dim);
+  const int dim = static_cast<int>(a.head_dim), dim_v = static_cast<int>(a.head_dim_v);
   const int dim4 = (dim + 3) & ~3;
   const MaskSpec mask = a.mask(b);
 
@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
                                if (t >= rows_total) return nullptr;
                                return qa + a.qs.at(b, hk * group + t % group, t / group);
                              });
-  const bool k_vec4 = rows_are_float4(a.k, a.ks, dim), v_vec4 = rows_are_float4(a.v, a.vs, dim);
+  const bool k_vec4 = rows_are_float4(a.k, a.ks, dim), v_vec4 = rows_are_float4(a.v, a.vs, dim_v);
 
   // This thread's rows: running max (log2 domain) and sum, output accumulator.
   float m[C::kRM], l[C::kRM], acc[C::kRM][C::kCols];
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
     load_tile<C::kN, C::kD, E>(ks, C::kQK, dim, k_vec4, 1.f, [&](int n) -> const E* {
       return j0 + n < end ? ka + a.ks.at(b, hk, j0 + n) : nullptr;
     });
-    load_tile<C::kN, C::kD, E>(vs, C::kD, dim, v_vec4, 1.f, [&](int n) -> const E* {
+    load_tile<C::kN, C::kD, E>(vs, C::kD, dim_v, v_vec4, 1.f, [&](int n) -> const E* {
       return j0 + n < end ? va + a.vs.at(b, hk, j0 + n) : nullptr;
     });
     __syncthreads();
@@ -314,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
     ATTN_UNROLL
     for (int c = 0; c < C::kCols; ++c) {
       const int col = tx + kTX * c;
-      if (col < dim) o[col] = acc[r][c] * inv;
+      if (col < dim_v) o[col] = acc[r][c] * inv;
     }
     if (tx == 0 && a.lse) {
       a.lse[a.lse_index(b, h, i)] = online_softmax::out_lse<online_softmax::Units::Log2>(empty, m[r], l_row);
@@ -330,7 +330,7 @@ using C128 = Config<128, 64, 32>;
 using C256 = Config<256, 32, 16>;
 using C512 = Config<512, 16, 16>;
 
-// Calls f(Config{}) with the bucket of head_dim.
+// Calls f(Config{}) with the bucket of head_dim (of the wider of head_dim and head_dim_v).
 template <class F>
 auto with_config(int64_t head_dim, F&& f) {
   if (head_dim <= 32) return f(C32{});
@@ -346,24 +346,24 @@ constexpr int64_t kMaxGridY = 65535, kMaxGridZ = 65535, kMaxGridX = 2147483647;
 int64_t scratch_floats(const DeviceArgs&, int) { return 0; }
 
 int64_t smem_bytes(const DeviceArgs& a) {
-  return with_config(a.head_dim, [](auto c) {
+  return with_config(a.max_dim(), [](auto c) {
     return decltype(c)::kSmemFloats * static_cast<int64_t>(sizeof(float));
   });
 }
 
 int64_t block_rows(const DeviceArgs& a) {
-  return with_config(a.head_dim, [](auto c) { return int64_t{decltype(c)::kM}; });
+  return with_config(a.max_dim(), [](auto c) { return int64_t{decltype(c)::kM}; });
 }
 
 const char* unsupported(const DeviceArgs& a) {
-  if (a.head_dim > 512) return "head_dim above 512";
+  if (a.max_dim() > 512) return "head_dim or head_dim_v above 512 (the largest tile bucket; cuda_naive runs them)";
   if (a.sparse && block_rows(a) % a.group() != 0) {
     return "a sparse pattern with q_heads / kv_heads not dividing the block's rows (64 up to "
            "head_dim 128, 32 up to 256, 16 up to 512): the block map has one query tile per block";
   }
   if (a.kv_heads > kMaxGridY) return "kv_heads above 65535 (grid y)";
   if (a.batch > kMaxGridZ) return "batch above 65535 (grid z)";
-  const int64_t tiles = with_config(a.head_dim, [&](auto c) {
+  const int64_t tiles = with_config(a.max_dim(), [&](auto c) {
     return ceil_div(a.group() * a.q_len, decltype(c)::kM);
   });
   if (tiles > kMaxGridX) return "q_heads / kv_heads * q_len too large (grid x)";
@@ -371,7 +371,7 @@ const char* unsupported(const DeviceArgs& a) {
 }
 
 void launch(const DeviceArgs& a, const LaunchEnv& env) {
-  with_config(a.head_dim, [&](auto c) {
+  with_config(a.max_dim(), [&](auto c) {
     using C = decltype(c);
     const dim3 grid(static_cast<unsigned>(ceil_div(a.group() * a.q_len, C::kM)),
                     static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(a.batch));

@@ -39,6 +39,7 @@ DeviceArgs problem_args(const Problem& p) {
   a.q_len = p.q_len;
   a.kv_len = p.kv_len;
   a.head_dim = p.head_dim;
+  a.head_dim_v = p.dim_v();
   a.causal = p.causal;
   a.window_left = p.window_left;
   a.window_right = p.window_right;
@@ -134,6 +135,7 @@ class CudaKernel final : public Kernel {
              bool patterns)
       : name_(name), description_(description), ops_(ops), patterns_(patterns) {}
   bool runs_patterns() const override { return patterns_; }
+  bool runs_head_dim_v() const override { return true; }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
     return ops_ ? cuda_impl::block_plan(p, *ops_) : nullptr;
   }
@@ -150,7 +152,7 @@ class CudaKernel final : public Kernel {
       const int64_t smem = ops_->smem_bytes(a);
       if (smem > d->smem_per_block_optin) {
         return Support::no("needs " + std::to_string(smem) + " B of shared memory per block at "
-                           "head_dim " + std::to_string(p.head_dim) + "; the device allows " +
+                           "head_dim " + std::to_string(std::max(p.head_dim, p.dim_v())) + "; the device allows " +
                            std::to_string(d->smem_per_block_optin));
       }
     }

@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kThreads) naive_kernel(DeviceArgs a, float* sc
     __syncwarp();  // every lane's p_j visible to every lane
     const float inv = online_softmax::out_scale(iv.empty(), l);  // fully masked row -> O = 0
     float* o = a.o + a.os.at(b, h, i);
-    for (int64_t d = lane; d < a.head_dim; d += 32) {
+    for (int64_t d = lane; d < a.head_dim_v; d += 32) {
       float acc = 0.f;
       for (int64_t j = iv.lo; j < iv.hi; ++j) acc += s[j] * to_float(va[a.vs.at(b, hk, j) + d]);
       o[d] = acc * inv;

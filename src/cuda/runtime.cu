@@ -225,7 +225,7 @@ void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, con
   if (smem > pr.info.smem_per_block_optin) {
     throw std::runtime_error("the kernel needs " + std::to_string(smem) +
                              " bytes of shared memory per block for head_dim " +
-                             std::to_string(host.head_dim) + "; " + pr.info.name + " allows " +
+                             std::to_string(host.max_dim()) + "; " + pr.info.name + " allows " +
                              std::to_string(pr.info.smem_per_block_optin));
   }
 
@@ -284,13 +284,13 @@ void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, con
     for (int64_t b = 0; b < host.batch; ++b) {
       for (int64_t h = 0; h < host.q_heads; ++h) {
         const int64_t off = host.os.at(b, h, 0);
-        check(cudaMemcpy2DAsync(host.o + off, static_cast<size_t>(host.os.s) * f, d.o + off, static_cast<size_t>(host.os.s) * f, static_cast<size_t>(host.head_dim) * f,
+        check(cudaMemcpy2DAsync(host.o + off, static_cast<size_t>(host.os.s) * f, d.o + off, static_cast<size_t>(host.os.s) * f, static_cast<size_t>(host.head_dim_v) * f,
                                 static_cast<size_t>(host.q_len), cudaMemcpyDeviceToHost, s),
               "cudaMemcpy2D O to host");
       }
     }
   }
-  d2h += static_cast<size_t>(ext.o_dense ? ext.o : host.batch * host.q_heads * host.q_len * host.head_dim) * f;
+  d2h += static_cast<size_t>(ext.o_dense ? ext.o : host.batch * host.q_heads * host.q_len * host.head_dim_v) * f;
   if (d.lse) {
     check(cudaMemcpyAsync(host.lse, d.lse, static_cast<size_t>(ext.lse) * f, cudaMemcpyDeviceToHost, s), "cudaMemcpy LSE to host");
     d2h += static_cast<size_t>(ext.lse) * f;

@@ -180,20 +180,24 @@ struct LineStream {
   const char* base[2];
   int64_t ld_bytes[2];
   int rows[2];
-  int lines_per_row;
+  int lines_per_row[2];
   int which = 0, r = 0, c = 0;
+  // K rows of d elements (lda apart) and V rows of dv elements (ldb apart), n of each.
   template <class E>
-  LineStream(const E* a, int64_t lda, const E* b, int64_t ldb, int n, int64_t d)
+  LineStream(const E* a, int64_t lda, int64_t d, const E* b, int64_t ldb, int64_t dv, int n)
       : base{reinterpret_cast<const char*>(a), reinterpret_cast<const char*>(b)},
         ld_bytes{lda * int64_t{sizeof(E)}, ldb * int64_t{sizeof(E)}},
         rows{n, n},
-        lines_per_row(static_cast<int>((d * int64_t{sizeof(E)} + 63) / 64 + 1)) {  // + a straddled line
+        lines_per_row{lines(d, sizeof(E)), lines(dv, sizeof(E))} {
     if (n <= 0) which = 2;
+  }
+  static int lines(int64_t d, size_t bytes) {
+    return static_cast<int>((d * static_cast<int64_t>(bytes) + 63) / 64 + 1);  // + a straddled line
   }
   void operator()() {
     if (which == 2) return;
     __builtin_prefetch(base[which] + r * ld_bytes[which] + c * 64, 0, 3);
-    if (++c == lines_per_row) {
+    if (++c == lines_per_row[which]) {
       c = 0;
       if (++r == rows[which]) r = 0, ++which;
     }

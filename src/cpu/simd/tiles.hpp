@@ -30,8 +30,10 @@ struct Tiling {
   int64_t group = 1;     // G
   int64_t br = 1;        // query rows per task
   int64_t rows = 1;      // R = G * br (at most)
-  int64_t dim = 1;       // d
+  int64_t dim = 1;       // d, of Q and K
   int64_t dim_pad = 16;  // d rounded up to whole vectors
+  int64_t dim_v = 1;     // d_v, of V and O (head_dim_v)
+  int64_t dim_v_pad = 16;
   size_t q_off = 0, o_off = 0, kt_off = 0, p_off = 0, m_off = 0, l_off = 0, iv_off = 0;
   bool direct = false;   // rows few enough for unpacked scores (decode): q rows at qr_off
   size_t qr_off = 0;
@@ -58,7 +60,7 @@ struct Scratch {
   float* q;      // R x d, panels of kPanelRows rows, k-major in a panel, times scale*log2e
                  // (not written for a direct task, which uses qr; bf16_dot: R x d/2 words of
                  // unscaled bf16 pairs, word-major in a panel)
-  float* o;      // R x dim_pad unnormalized output accumulators
+  float* o;      // R x dim_v_pad unnormalized output accumulators
   float* kt;     // dim_pad x kTileKeys packed K tile
   float* p;      // kPanelRows x kTileKeys scores, then probabilities, of the current panel
   float* m;      // R running max (log2 units)
@@ -66,9 +68,9 @@ struct Scratch {
   Interval* iv;  // R visible intervals, one per row (the G rows of a query row share it)
   float* qr;     // (R + 1) x dim_pad: Q rows times scale*log2e, zero padded, then a zero
                  // row (Tiling::direct only, else nullptr)
-  float* gather; // 2 x 64 x dim_pad: the gathered K rows, then V rows (as the inputs' storage
-                 // type), or nullptr
-  uint32_t* vp;  // bf16_dot: 32 x dim_pad words, the V tile by key pairs (else nullptr)
+  float* gather; // 64 x dim_pad, then 64 x dim_v_pad: the gathered K rows, then V rows (as the
+                 // inputs' storage type), or nullptr
+  uint32_t* vp;  // bf16_dot: 32 x dim_v_pad words, the V tile by key pairs (else nullptr)
   uint32_t* pw;  // bf16_dot: kPanelRows (amx: 16) x 32 words, the panel's P rounded to bf16 pairs
   uint32_t* qa;  // amx: R rounded up to 16 rows of padded_words(d) words, Q rows as bf16 pairs
   Scratch(std::byte* base, const Tiling& t);

@@ -1,0 +1,437 @@
+// The generation loop (generation.hpp).
+#include "bench/generation.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "attnlab/kernel.hpp"
+#include "attnlab/limits.hpp"
+#include "attnlab/verify.hpp"
+#include "bench/bench_point.hpp"
+#include "bench/machine.hpp"
+#include "bench/stats.hpp"
+
+namespace attnlab::bench {
+
+namespace {
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Uniform [-1, 1) floats from a seed (xorshift64*): the values of one token's rows.
+void fill_uniform(float* x, int64_t n, uint64_t& state) {
+  for (int64_t i = 0; i < n; ++i) {
+    state ^= state >> 12, state ^= state << 25, state ^= state >> 27;
+    const uint64_t r = state * 0x2545F4914F6CDD1Dull;
+    x[i] = static_cast<float>(static_cast<double>(r >> 40) / double(1ull << 23) - 1.0);
+  }
+}
+
+template <class E>
+void store_row(const float* x, int64_t n, E* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<E, bf16>) dst[i] = to_bf16(x[i]);
+    else if constexpr (std::is_same_v<E, f16>) dst[i] = to_f16(x[i]);
+    else dst[i] = x[i];
+  }
+}
+
+// The cache and the query rows in the storage dtype, as raw bytes.
+struct Cache {
+  GenerationConfig c;
+  int64_t rows, eb;
+  std::unique_ptr<std::byte[], AlignedFree> k, v, q;  // q: prefill's P rows, or one token's
+  explicit Cache(const GenerationConfig& cfg) : c(cfg), rows(cfg.cache_rows()), eb(dtype_bytes(cfg.dtype)) {
+    k = alloc_bytes(static_cast<size_t>(c.kv_heads * rows * c.head_dim * eb));
+    v = alloc_bytes(static_cast<size_t>(c.kv_heads * rows * c.dim_v() * eb));
+    q = alloc_bytes(static_cast<size_t>(c.q_heads * std::max<int64_t>(1, std::min(c.prompt, c.prefill_max_tokens)) *
+                                        c.head_dim * eb));
+  }
+  size_t bytes() const {
+    return static_cast<size_t>((c.kv_heads * rows * (c.head_dim + c.dim_v()) +
+                                c.q_heads * std::max<int64_t>(1, std::min(c.prompt, c.prefill_max_tokens)) * c.head_dim) *
+                               eb);
+  }
+  // Row j of kv head h, from float values (converted to the storage dtype).
+  void put_kv(int64_t h, int64_t j, const float* kx, const float* vx) {
+    visit_dtype(c.dtype, [&](auto e) {
+      using E = decltype(e);
+      store_row(kx, c.head_dim, reinterpret_cast<E*>(k.get()) + (h * rows + j) * c.head_dim);
+      store_row(vx, c.dim_v(), reinterpret_cast<E*>(v.get()) + (h * rows + j) * c.dim_v());
+    });
+  }
+  void put_q(int64_t h, int64_t i, int64_t q_len, const float* qx) {
+    visit_dtype(c.dtype, [&](auto e) {
+      using E = decltype(e);
+      store_row(qx, c.head_dim, reinterpret_cast<E*>(q.get()) + (h * q_len + i) * c.head_dim);
+    });
+  }
+  // Q (q_len rows per head, BHSD) and the first `len` keys of the cache (rows `rows` apart).
+  Inputs inputs(int64_t q_len, int64_t len) const {
+    const auto view = [&](const std::byte* base, int64_t heads, int64_t seq, int64_t dim, int64_t stride_rows) {
+      return View4<const uint16_t>{reinterpret_cast<const uint16_t*>(base), 1, heads, seq, dim,
+                                   heads * stride_rows * dim, stride_rows * dim, dim};
+    };
+    const auto as_float = [](const View4<const uint16_t>& u) {
+      return ConstView{reinterpret_cast<const float*>(u.data), u.batch, u.heads, u.seq, u.dim,
+                       u.stride_b, u.stride_h, u.stride_s};
+    };
+    Inputs in;
+    in.dtype = c.dtype;
+    const auto qv = view(q.get(), c.q_heads, q_len, c.head_dim, q_len);
+    const auto kv = view(k.get(), c.kv_heads, len, c.head_dim, rows);
+    const auto vv = view(v.get(), c.kv_heads, len, c.dim_v(), rows);
+    if (c.dtype == DType::F32) {
+      in.q = as_float(qv), in.k = as_float(kv), in.v = as_float(vv);
+    } else {
+      in.q16 = qv, in.k16 = kv, in.v16 = vv;
+    }
+    return in;
+  }
+};
+
+Problem problem_of(const GenerationConfig& c, int64_t q_len, int64_t kv_len) {
+  Problem p;
+  p.q_heads = c.q_heads, p.kv_heads = c.kv_heads, p.head_dim = c.head_dim;
+  p.head_dim_v = c.dim_v() == c.head_dim ? 0 : c.dim_v();
+  p.q_len = q_len, p.kv_len = kv_len;
+  p.causal = CausalAlign::BottomRight;
+  p.dtype = c.dtype;
+  return p;
+}
+
+// The kernel's output on `rows` against the float64 reference: (verdict, error, tolerance).
+std::tuple<std::string, double, double> check(const Kernel& k, const Problem& p, const Inputs& in, const Outputs& out,
+                                              std::vector<RowId> rows) {
+  const Agreement a = prepare_agreement(p, in, std::move(rows));
+  const Errors e = measure(a.ref, as_const(out.o), out.lse, p);
+  const Tolerance t = tolerance_for(k, p, in, a);
+  return {t.passes(e) ? "PASS" : "FAIL", e.o_rel, t.o_rel};
+}
+
+[[noreturn]] void fail_file(const std::string& path, const std::string& what) {
+  throw InvalidInput("experiment " + path + ": " + what);
+}
+
+bool is_name(const std::string& s) {
+  return !s.empty() && s.size() <= 64 && std::all_of(s.begin(), s.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
+  });
+}
+}  // namespace
+
+double GenerationConfig::kv_bytes_per_token() const {
+  return static_cast<double>(kv_heads * (head_dim + dim_v()) * dtype_bytes(dtype));
+}
+
+void GenerationConfig::validate() const {
+  if (!is_name(name)) throw InvalidInput("name: '" + name + "'; allowed: 1 to 64 letters, digits, '.', '_' or '-'");
+  if (prompt < 0) throw InvalidInput("prompt: " + std::to_string(prompt) + "; allowed: an integer >= 0");
+  if (steps < 1) throw InvalidInput("steps: " + std::to_string(steps) + "; allowed: an integer >= 1");
+  if (capacity != 0 && capacity < prompt + steps) {
+    throw InvalidInput("capacity: " + std::to_string(capacity) + " is below prompt + steps (" +
+                       std::to_string(prompt + steps) + "); allowed: 0 (= prompt + steps) or at least that");
+  }
+  if (threads < 1) throw InvalidInput("threads: " + std::to_string(threads) + "; allowed: >= 1");
+  if (prefill_max_tokens < 0) throw InvalidInput("prefill_max_tokens: negative; allowed: an integer >= 0");
+  if (verify_steps < 0) throw InvalidInput("verify_steps: negative; allowed: an integer >= 0");
+  if (repetitions < 1) throw InvalidInput("repetitions: " + std::to_string(repetitions) + "; allowed: >= 1");
+  problem_of(*this, 1, cache_rows()).validate();  // heads, head dims and sizes
+}
+
+double GenerationResult::median_token_s() const {
+  std::vector<double> t;
+  for (const auto& s : steps) t.push_back(s.append_s + s.attention_s);
+  return median(t);
+}
+double GenerationResult::median_attention_s() const {
+  std::vector<double> t;
+  for (const auto& s : steps) t.push_back(s.attention_s);
+  return median(t);
+}
+double GenerationResult::median_append_s() const {
+  std::vector<double> t;
+  for (const auto& s : steps) t.push_back(s.append_s);
+  return median(t);
+}
+
+GenerationResult run_generation(const GenerationConfig& c) {
+  c.validate();
+  const Kernel& kernel = kernel_or_throw(c.kernel);
+  const Kernel& prefill = kernel_or_throw(c.prefill_kernel);
+  GenerationResult r;
+  r.config = c;
+  r.kernel = kernel_label(kernel);
+  r.prefill_kernel = kernel_label(prefill);
+  r.measured_at = now_iso8601();
+  const int64_t C = c.cache_rows();
+
+  // The step's session, made for the whole cache: the memory budget covers it and the cache.
+  const Problem full = problem_of(c, 1, C);
+  if (Support s = can_run(kernel, full, c.threads); !s) {
+    throw InvalidInput(std::string(kernel.name()) + " cannot run " + full.describe() + ": " + s.reason);
+  }
+  Cache cache(c);
+  if (const std::string why = over_memory_budget(static_cast<int64_t>(cache.bytes()) + tensor_bytes(full), "KV cache");
+      !why.empty()) {
+    throw InvalidInput("generation " + c.name + ": " + why);
+  }
+  Session session(kernel, full, c.threads);
+
+  uint64_t rng = c.seed * 0x9E3779B97F4A7C15ull + 1;
+  std::vector<float> kx(static_cast<size_t>(c.head_dim)), vx(static_cast<size_t>(c.dim_v()));
+  std::vector<float> qx(static_cast<size_t>(c.head_dim));
+  const auto draw_kv_row = [&](int64_t h, int64_t j) {
+    fill_uniform(kx.data(), c.head_dim, rng);
+    fill_uniform(vx.data(), c.dim_v(), rng);
+    cache.put_kv(h, j, kx.data(), vx.data());
+  };
+
+  // The prompt: its K/V rows, then (when short enough) its attention as one flash prefill.
+  for (int64_t h = 0; h < c.kv_heads; ++h)
+    for (int64_t j = 0; j < c.prompt; ++j) draw_kv_row(h, j);
+  if (c.prompt == 0) {
+    r.prefill_note = "no prompt";
+  } else if (c.prompt > c.prefill_max_tokens) {
+    r.prefill_note = "not run: a " + std::to_string(c.prompt) + "-token prompt is above prefill_max_tokens (" +
+                     std::to_string(c.prefill_max_tokens) + "); the cache holds its K/V rows without it";
+  } else {
+    const Problem pp = problem_of(c, c.prompt, c.prompt);
+    for (int64_t h = 0; h < c.q_heads; ++h)
+      for (int64_t i = 0; i < c.prompt; ++i) {
+        fill_uniform(qx.data(), c.head_dim, rng);
+        cache.put_q(h, i, c.prompt, qx.data());
+      }
+    if (Support s = can_run(prefill, pp, c.threads); !s) {
+      r.prefill_note = "not run: " + s.reason;
+    } else {
+      Session ps(prefill, pp, c.threads);
+      Tensors out = allocate_outputs(pp);
+      const Inputs in = cache.inputs(c.prompt, c.prompt);
+      const auto t0 = Clock::now();
+      ps.run(in, out.outputs);
+      r.prefill_s = seconds_since(t0);
+      r.prefill_verdict = std::get<0>(check(prefill, pp, in, out.outputs, sample_rows(pp, 64, c.seed)));
+    }
+  }
+
+  // The steps. Verified: the first and the last, and evenly between.
+  std::vector<int64_t> verify;
+  for (int v = 0; v < c.verify_steps; ++v) {
+    verify.push_back(c.verify_steps == 1 ? c.steps - 1 : v * (c.steps - 1) / (c.verify_steps - 1));
+  }
+  Tensors out = allocate_outputs(full);
+  for (int64_t s = 0; s < c.steps; ++s) {
+    const int64_t j = c.prompt + s;
+    GenerationStep st;
+    st.step = s;
+    st.context = j + 1;
+    // The token's values, before the clock (a model's projections make them).
+    std::vector<float> tk(static_cast<size_t>(c.kv_heads * c.head_dim)), tv(static_cast<size_t>(c.kv_heads * c.dim_v()));
+    fill_uniform(tk.data(), static_cast<int64_t>(tk.size()), rng);
+    fill_uniform(tv.data(), static_cast<int64_t>(tv.size()), rng);
+    for (int64_t h = 0; h < c.q_heads; ++h) {
+      fill_uniform(qx.data(), c.head_dim, rng);
+      cache.put_q(h, 0, 1, qx.data());
+    }
+    auto t0 = Clock::now();
+    for (int64_t h = 0; h < c.kv_heads; ++h) cache.put_kv(h, j, tk.data() + h * c.head_dim, tv.data() + h * c.dim_v());
+    st.append_s = seconds_since(t0);
+    session.resize_kv(st.context);
+    const Inputs in = cache.inputs(1, st.context);
+    t0 = Clock::now();
+    session.run(in, out.outputs);
+    st.attention_s = seconds_since(t0);
+    const Problem& p = session.problem();
+    st.kv_read_bytes = p.kv_bytes();
+    if (std::find(verify.begin(), verify.end(), s) != verify.end()) {
+      std::tie(st.verdict, st.err_o_rel, st.tol_o_rel) = check(kernel, p, in, out.outputs, all_rows(p));
+    }
+    r.steps.push_back(st);
+  }
+
+  // The same decode at the final context, without appending: what the loop's attention should cost.
+  const Inputs in = cache.inputs(1, c.prompt + c.steps);
+  for (int x = 0; x < c.repetitions; ++x) {
+    const auto t0 = Clock::now();
+    session.run(in, out.outputs);
+    r.steady_runs_s.push_back(seconds_since(t0));
+  }
+  r.steady_decode_s = median(r.steady_runs_s);
+  return r;
+}
+
+nlohmann::json GenerationResult::to_json() const {
+  const GenerationConfig& c = config;
+  Json steps_json = Json::array();
+  for (const auto& s : steps) {
+    steps_json.push_back({{"step", s.step}, {"context", s.context}, {"append_s", s.append_s},
+                          {"attention_s", s.attention_s}, {"kv_read_bytes", s.kv_read_bytes},
+                          {"verdict", s.verdict}, {"err_o_rel", s.err_o_rel}, {"tol_o_rel", s.tol_o_rel}});
+  }
+  return {{"name", c.name}, {"q_heads", c.q_heads}, {"kv_heads", c.kv_heads}, {"head_dim", c.head_dim},
+          {"head_dim_v", c.dim_v()}, {"dtype", to_string(c.dtype)}, {"prompt", c.prompt}, {"steps", c.steps},
+          {"capacity", c.cache_rows()}, {"threads", c.threads}, {"kernel", kernel}, {"prefill_kernel", prefill_kernel},
+          {"prefill_s", prefill_s}, {"prefill_note", prefill_note}, {"prefill_verdict", prefill_verdict},
+          {"kv_bytes_per_token", c.kv_bytes_per_token()}, {"steady_decode_s", steady_decode_s},
+          {"steady_runs_s", steady_runs_s}, {"read_bytes_per_s", read_bytes_per_s},
+          {"median_token_s", median_token_s()}, {"median_attention_s", median_attention_s()},
+          {"median_append_s", median_append_s()}, {"measured_at", measured_at}, {"steps_detail", steps_json}};
+}
+
+namespace {
+std::string num(double v) {
+  std::ostringstream s;
+  s.precision(9);
+  s << v;
+  return s.str();
+}
+}  // namespace
+
+std::string generation_steps_csv(const std::vector<GenerationResult>& results) {
+  std::ostringstream o;
+  o << "name,q_heads,kv_heads,head_dim,head_dim_v,dtype,prompt,step,context,append_s,attention_s,kv_read_bytes,"
+       "verdict,err_o_rel,tol_o_rel\n";
+  for (const auto& r : results) {
+    const auto& c = r.config;
+    for (const auto& s : r.steps) {
+      o << c.name << ',' << c.q_heads << ',' << c.kv_heads << ',' << c.head_dim << ',' << c.dim_v() << ','
+        << to_string(c.dtype) << ',' << c.prompt << ',' << s.step << ',' << s.context << ',' << num(s.append_s) << ','
+        << num(s.attention_s) << ',' << num(s.kv_read_bytes) << ',' << s.verdict << ','
+        << (s.verdict.empty() ? "" : num(s.err_o_rel)) << ',' << (s.verdict.empty() ? "" : num(s.tol_o_rel)) << '\n';
+    }
+  }
+  return o.str();
+}
+
+std::string generation_summary_csv(const std::vector<GenerationResult>& results) {
+  std::ostringstream o;
+  o << "name,q_heads,kv_heads,group,head_dim,head_dim_v,dtype,prompt,steps,context,threads,kernel,prefill_s,"
+       "prefill_note,kv_bytes_per_token,cache_bytes,kv_read_bytes_per_token,median_token_s,median_append_s,"
+       "median_attention_s,steady_decode_s,loop_vs_steady,tokens_per_s,read_bw_gbs,bw_fraction,verified,failed\n";
+  for (const auto& r : results) {
+    const auto& c = r.config;
+    const GenerationStep& mid = r.steps[r.steps.size() / 2];
+    int verified = 0, failed = 0;
+    for (const auto& s : r.steps) verified += !s.verdict.empty(), failed += s.verdict == "FAIL";
+    const double att = r.median_attention_s(), tok = r.median_token_s();
+    std::string note = r.prefill_note;
+    std::replace(note.begin(), note.end(), ',', ';');
+    o << c.name << ',' << c.q_heads << ',' << c.kv_heads << ',' << c.q_heads / c.kv_heads << ',' << c.head_dim << ','
+      << c.dim_v() << ',' << to_string(c.dtype) << ',' << c.prompt << ',' << c.steps << ',' << mid.context << ','
+      << c.threads << ',' << r.kernel << ',' << (r.prefill_s >= 0 ? num(r.prefill_s) : "") << ',' << note << ','
+      << num(c.kv_bytes_per_token()) << ',' << num(c.kv_bytes_per_token() * static_cast<double>(c.cache_rows())) << ','
+      << num(mid.kv_read_bytes) << ',' << num(tok) << ',' << num(r.median_append_s()) << ',' << num(att) << ','
+      << num(r.steady_decode_s) << ',' << num(att / r.steady_decode_s) << ',' << num(1.0 / tok) << ','
+      << (r.read_bytes_per_s > 0 ? num(r.read_bytes_per_s * 1e-9) : "") << ','
+      << (r.read_bytes_per_s > 0 ? num(mid.kv_read_bytes / att / r.read_bytes_per_s) : "") << ',' << verified << ','
+      << failed << '\n';
+  }
+  return o.str();
+}
+
+std::vector<GenerationConfig> load_generation_experiment(const std::string& path, int all_threads) {
+  std::ifstream f(path);
+  if (!f) throw InvalidInput("experiment " + path + ": cannot be read");
+  Json doc;
+  try {
+    doc = Json::parse(f);
+  } catch (const Json::exception& e) {
+    throw InvalidInput("experiment " + path + ": not valid JSON: " + e.what());
+  }
+  const auto fail = [&](const std::string& what) { fail_file(path, what); };
+  if (!doc.is_object() || doc.value("kind", std::string()) != "generation") {
+    fail("key 'kind' must be \"generation\" (attnlab generate runs generation experiments; sweeps run the others)");
+  }
+  static const std::vector<std::string> top = {"kind", "description", "q_heads", "kv_heads", "head_dim", "head_dim_v",
+                                               "dtype", "prompts", "steps", "capacity", "threads", "kernel",
+                                               "prefill_kernel", "prefill_max_tokens", "verify_steps", "repetitions",
+                                               "seed", "runs"};
+  static const std::vector<std::string> per_run = {"name", "q_heads", "kv_heads", "head_dim", "head_dim_v", "dtype",
+                                                   "steps", "prompts"};
+  const auto check_keys = [&](const Json& o, const std::vector<std::string>& allowed, const std::string& where) {
+    for (const auto& [k, v] : o.items()) {
+      if (std::find(allowed.begin(), allowed.end(), k) == allowed.end()) {
+        std::string list;
+        for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+        fail(where + "unknown key '" + k + "'; allowed: " + list);
+      }
+    }
+  };
+  check_keys(doc, top, "");
+  if (!doc.contains("description") || !doc["description"].is_string()) fail("missing key 'description' (a string)");
+  if (!doc.contains("runs") || !doc["runs"].is_array() || doc["runs"].empty()) {
+    fail("key 'runs': a non-empty list of objects with keys name, kv_heads, ... is required");
+  }
+  const auto int_at = [&](const Json& o, const char* key, int64_t dflt, int64_t lo) -> int64_t {
+    if (!o.contains(key)) return dflt;
+    const Json& v = o[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < lo) {
+      fail("key '" + std::string(key) + "': bad value " + v.dump() + "; allowed: an integer >= " + std::to_string(lo));
+    }
+    return v.get<int64_t>();
+  };
+  const auto prompts_at = [&](const Json& o, const std::vector<int64_t>& dflt) {
+    if (!o.contains("prompts")) return dflt;
+    const Json& v = o["prompts"];
+    std::vector<int64_t> out;
+    if (!v.is_array() || v.empty()) fail("key 'prompts': bad value " + v.dump() + "; allowed: a list of integers >= 0");
+    for (const Json& x : v) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0) {
+        fail("key 'prompts': bad value " + x.dump() + "; allowed: integers >= 0");
+      }
+      out.push_back(x.get<int64_t>());
+    }
+    return out;
+  };
+  GenerationConfig base;
+  base.q_heads = int_at(doc, "q_heads", base.q_heads, 1);
+  base.kv_heads = int_at(doc, "kv_heads", base.kv_heads, 1);
+  base.head_dim = int_at(doc, "head_dim", base.head_dim, 1);
+  base.head_dim_v = int_at(doc, "head_dim_v", 0, 0);
+  if (doc.contains("dtype")) base.dtype = parse_dtype(doc["dtype"].is_string() ? doc["dtype"].get<std::string>() : doc["dtype"].dump());
+  base.steps = int_at(doc, "steps", base.steps, 1);
+  base.capacity = int_at(doc, "capacity", 0, 0);
+  base.prefill_max_tokens = int_at(doc, "prefill_max_tokens", base.prefill_max_tokens, 0);
+  base.verify_steps = static_cast<int>(int_at(doc, "verify_steps", base.verify_steps, 0));
+  base.repetitions = static_cast<int>(int_at(doc, "repetitions", base.repetitions, 1));
+  base.seed = static_cast<uint64_t>(int_at(doc, "seed", 1, 0));
+  if (doc.contains("kernel")) base.kernel = doc["kernel"].get<std::string>();
+  if (doc.contains("prefill_kernel")) base.prefill_kernel = doc["prefill_kernel"].get<std::string>();
+  base.threads = all_threads;
+  if (doc.contains("threads") && doc["threads"] != "all") base.threads = static_cast<int>(int_at(doc, "threads", 1, 1));
+  const std::vector<int64_t> prompts = prompts_at(doc, {1024});
+
+  std::vector<GenerationConfig> out;
+  for (const Json& run : doc["runs"]) {
+    if (!run.is_object()) fail("key 'runs': bad entry " + run.dump() + "; allowed: objects");
+    check_keys(run, per_run, "a run: ");
+    GenerationConfig c = base;
+    if (!run.contains("name") || !run["name"].is_string()) fail("a run: missing key 'name' (a string)");
+    c.name = run["name"].get<std::string>();
+    c.q_heads = int_at(run, "q_heads", c.q_heads, 1);
+    c.kv_heads = int_at(run, "kv_heads", c.kv_heads, 1);
+    c.head_dim = int_at(run, "head_dim", c.head_dim, 1);
+    c.head_dim_v = int_at(run, "head_dim_v", c.head_dim_v, 0);
+    if (run.contains("dtype")) c.dtype = parse_dtype(run["dtype"].is_string() ? run["dtype"].get<std::string>() : run["dtype"].dump());
+    c.steps = int_at(run, "steps", c.steps, 1);
+    for (int64_t p : prompts_at(run, prompts)) {
+      GenerationConfig x = c;
+      x.prompt = p;
+      try {
+        x.validate();
+      } catch (const InvalidInput& e) {
+        fail("run '" + x.name + "' with prompt " + std::to_string(p) + ": " + e.what());
+      }
+      out.push_back(x);
+    }
+  }
+  return out;
+}
+
+}  // namespace attnlab::bench
