@@ -148,6 +148,7 @@ class Session {
   const Kernel& kernel_;
   Problem problem_;
   int threads_;
+  int64_t made_kv_len_;  // resize_kv's bound
   size_t workspace_size_ = 0;
   std::unique_ptr<std::byte[], AlignedFree> workspace_;
   std::shared_ptr<const Plan> plan_;

@@ -49,7 +49,7 @@ struct Session::Arena {
 };
 
 Session::Session(const Kernel& kernel, const Problem& problem, int threads)
-    : kernel_(kernel), problem_(problem), threads_(threads) {
+    : kernel_(kernel), problem_(problem), threads_(threads), made_kv_len_(problem.kv_len) {
   problem_.validate();
   if (threads < 1 || threads > 1024) {
     throw InvalidInput("threads: " + std::to_string(threads) +
@@ -77,6 +77,10 @@ Session::~Session() = default;
 void Session::resize_kv(int64_t kv_len) {
   if (problem_.sparse() || !problem_.kv_lens.empty()) {
     throw InvalidInput("resize_kv: the session's problem has a sparse pattern or kv_lens; allowed: interval masks only");
+  }
+  if (kv_len > made_kv_len_) {
+    throw InvalidInput("kv_len: " + std::to_string(kv_len) + " is above the session's " + std::to_string(made_kv_len_) +
+                       "; allowed: 1 to the kv_len the session was made for");
   }
   Problem p = problem_;
   p.kv_len = kv_len;

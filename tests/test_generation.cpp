@@ -1,0 +1,146 @@
+// The generation loop (src/bench/generation.hpp) and Session::resize_kv, which it rests on:
+// every step verified against the float64 reference, contexts and bytes as the steps run,
+// a shrunk session computing exactly what a fresh one does, and bad configurations refused
+// with the field named.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "attnlab/kernel.hpp"
+#include "bench/generation.hpp"
+#include "test_util.hpp"
+
+namespace attnlab {
+namespace {
+
+bench::GenerationConfig small(DType dtype = DType::F32) {
+  bench::GenerationConfig c;
+  c.name = "t";
+  c.q_heads = 6, c.kv_heads = 2, c.head_dim = 40;
+  c.dtype = dtype;
+  c.prompt = 700, c.steps = 9, c.capacity = 1000;  // decode's 512-key chunk crossed by the prompt
+  c.threads = 2;
+  c.verify_steps = 9;  // every step
+  c.repetitions = 2;
+  return c;
+}
+
+void expect_every_step_verified(const bench::GenerationResult& r) {
+  const auto& c = r.config;
+  ASSERT_EQ(static_cast<int64_t>(r.steps.size()), c.steps);
+  for (size_t s = 0; s < r.steps.size(); ++s) {
+    const auto& st = r.steps[s];
+    EXPECT_EQ(st.context, c.prompt + static_cast<int64_t>(s) + 1);
+    EXPECT_EQ(st.verdict, "PASS") << "step " << s << ": error " << st.err_o_rel << " > " << st.tol_o_rel;
+    // The bytes a step reads: the K and V rows of its context, once per kv head.
+    EXPECT_DOUBLE_EQ(st.kv_read_bytes, static_cast<double>(st.context) * c.kv_bytes_per_token());
+    EXPECT_GT(st.attention_s, 0.0);
+  }
+  EXPECT_GT(r.steady_decode_s, 0.0);
+  EXPECT_EQ(static_cast<int>(r.steady_runs_s.size()), c.repetitions);
+}
+
+TEST(Generation, EveryStepAgreesWithTheReference) {
+  const bench::GenerationResult r = bench::run_generation(small());
+  expect_every_step_verified(r);
+  EXPECT_EQ(r.prefill_verdict, "PASS");
+  EXPECT_GT(r.prefill_s, 0.0);
+}
+
+TEST(Generation, SixteenBitCacheAndHeadDimV) {
+  bench::GenerationConfig c = small(DType::BF16);
+  c.head_dim_v = 24;
+  c.kv_heads = 1;  // MQA
+  const bench::GenerationResult r = bench::run_generation(c);
+  expect_every_step_verified(r);
+  EXPECT_DOUBLE_EQ(c.kv_bytes_per_token(), 2.0 * (40 + 24));
+}
+
+TEST(Generation, LongPromptsAreNotPrefilledAndSaySo) {
+  bench::GenerationConfig c = small();
+  c.prefill_max_tokens = 100;
+  c.verify_steps = 1;
+  const bench::GenerationResult r = bench::run_generation(c);
+  EXPECT_LT(r.prefill_s, 0.0);
+  EXPECT_NE(r.prefill_note.find("prefill_max_tokens"), std::string::npos) << r.prefill_note;
+  EXPECT_EQ(r.steps.back().verdict, "PASS");
+  EXPECT_EQ(r.steps.front().verdict, "");
+}
+
+TEST(Generation, BadConfigurationsNameTheField) {
+  bench::GenerationConfig c = small();
+  c.capacity = 100;
+  EXPECT_THROW(
+      {
+        try {
+          c.validate();
+        } catch (const InvalidInput& e) {
+          EXPECT_EQ(std::string(e.what()).rfind("capacity:", 0), 0u) << e.what();
+          throw;
+        }
+      },
+      InvalidInput);
+  c = small();
+  c.kv_heads = 4;  // does not divide 6
+  EXPECT_THROW(c.validate(), InvalidInput);
+  c = small();
+  c.kernel = "flash_bf16";  // f32 cache: refused with the reason
+  EXPECT_THROW(bench::run_generation(c), InvalidInput);
+}
+
+TEST(Generation, ExperimentFilesExpandRunsTimesPrompts) {
+  const auto dir = std::filesystem::temp_directory_path() / ("attn_gen_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto write = [&](const std::string& text) {
+    std::ofstream(dir / "g.json") << text;
+    return (dir / "g.json").string();
+  };
+  const auto configs = bench::load_generation_experiment(
+      write(R"({"kind": "generation", "description": "d", "q_heads": 8, "head_dim": 64, "prompts": [10, 20],
+                "steps": 3, "runs": [{"name": "mha", "kv_heads": 8}, {"name": "mqa", "kv_heads": 1, "dtype": "bf16"}]})"),
+      2);
+  ASSERT_EQ(configs.size(), 4u);
+  EXPECT_EQ(configs[0].name, "mha");
+  EXPECT_EQ(configs[1].prompt, 20);
+  EXPECT_EQ(configs[3].kv_heads, 1);
+  EXPECT_EQ(configs[3].dtype, DType::BF16);
+  EXPECT_EQ(configs[3].threads, 2);
+  const auto refused = [&](const std::string& text, const std::string& want) {
+    try {
+      bench::load_generation_experiment(write(text), 2);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  refused(R"({"description": "d", "runs": [{"name": "a"}]})", "'kind'");
+  refused(R"({"kind": "generation", "description": "d", "runs": [{"name": "a", "colour": 1}]})", "unknown key 'colour'");
+  refused(R"({"kind": "generation", "description": "d", "steps": 0, "runs": [{"name": "a"}]})", "key 'steps'");
+  refused(R"({"kind": "generation", "description": "d", "runs": [{"name": "a/b"}]})", "name");
+  std::filesystem::remove_all(dir);
+}
+
+// A session shrunk with resize_kv computes bit for bit what a session made for that kv_len
+// does, and refuses to grow past what it was made for.
+TEST(Session, ResizeKvMatchesAFreshSession) {
+  Problem big = test::shape(1, 8, 2, 1, 1500, 64);
+  big.causal = CausalAlign::BottomRight;
+  Problem p = big;
+  p.kv_len = 777;
+  Tensors t = random_tensors(big, 3);
+  Inputs in = t.inputs;
+  in.k.seq = in.v.seq = p.kv_len;  // the first 777 keys of the bigger cache
+  const Kernel& k = kernel_or_throw("decode");
+  Session grown(k, big, 2), fresh(k, p, 2);
+  grown.resize_kv(p.kv_len);
+  Tensors a = allocate_outputs(p), b = allocate_outputs(p);
+  grown.run(in, a.outputs);
+  fresh.run(in, b.outputs);
+  for (int64_t n = 0; n < p.o_elems(); ++n) ASSERT_EQ(a.o[n], b.o[n]) << n;
+  EXPECT_THROW(grown.resize_kv(1501), InvalidInput);
+  EXPECT_THROW(grown.resize_kv(0), InvalidInput);
+}
+
+}  // namespace
+}  // namespace attnlab
