@@ -38,8 +38,9 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 # Shape parameters of a point (the tidy CSV columns plots slice on).
-DIMS = ["batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "mask", "layout", "dtype", "threads"]
-INT_COLS = {"batch", "q_heads", "kv_heads", "gqa_group", "q_len", "kv_len", "head_dim", "causal",
+DIMS = ["batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "head_dim_v", "mask", "layout", "dtype",
+        "threads", "model"]
+INT_COLS = {"batch", "q_heads", "kv_heads", "gqa_group", "q_len", "kv_len", "head_dim", "head_dim_v", "causal",
             "window_left", "window_right", "threads", "visible_pairs", "extra_bytes", "plan_bytes", "memory_bytes",
             "repetitions", "iterations", "verify_rows"}
 FLOAT_COLS = {"flops", "bytes", "kv_bytes", "time_median_s", "time_min_s", "time_max_s", "time_mean_s",
@@ -74,6 +75,10 @@ def load_results(folder):
                 row["err_o_rel_f32_inputs"] = row.get("err_o_rel")
             # Folders written before sparse patterns: interval masks only.
             row.setdefault("pattern", "")
+            # Folders written before d_v != d_qk and model labels.
+            if row.get("head_dim_v") is None:
+                row["head_dim_v"] = row["head_dim"]
+            row.setdefault("model", "")
             if row.get("plan_bytes") is None:
                 row["plan_bytes"] = 0
             rows.append(row)
@@ -221,10 +226,8 @@ def hold_fixed(rows, free):
 
 
 def describe_fixed(fixed):
-    names = {"batch": "batch", "q_heads": "q_heads", "kv_heads": "kv_heads", "q_len": "q_len",
-             "kv_len": "kv_len", "head_dim": "head_dim", "mask": "mask", "layout": "layout",
-             "dtype": "dtype", "threads": "threads"}
-    parts = [f"{names[k]} {v}" for k, v in fixed.items() if v is not None]
+    parts = [f"{k} {v}" for k, v in fixed.items()
+             if v not in (None, "") and not (k == "head_dim_v" and v == fixed.get("head_dim"))]
     return ", ".join(parts)
 
 
@@ -933,6 +936,63 @@ def agreement(rows_k):
     return "not verified"
 
 
+def kv_bytes_per_token(r):
+    """K and V bytes one token adds to the cache of one layer: kv_heads x (d + d_v) x element bytes."""
+    return r["kv_heads"] * (r["head_dim"] + r["head_dim_v"]) * (4 if r["dtype"] == "f32" else 2)
+
+
+def model_table(rows, experiment):
+    """Per model (rows with a model label, in the experiment's grid order): its configuration, prefill
+    GFLOP/s and % of peak at each measured context, decode time per token at 4k and 32k, the KV
+    bytes per token, and every point that did not run with its reason."""
+    labelled = list(dict.fromkeys(r["model"] for r in rows if r.get("model")))
+    if not labelled:
+        return []
+    in_file = [g["model"] for g in experiment.get("grids", []) if isinstance(g, dict) and g.get("model")]
+    models = list(dict.fromkeys([m for m in in_file if m in labelled] + labelled))
+    md = ["## Models", "",
+          "One attention layer of each configuration (batch 1, every head, float32). Prefill: q_len = kv_len "
+          "(causal unless the model is an encoder), or the cross-attention shape; decode: one new token "
+          "against a cache of 4k / 32k keys. KV bytes per token: what one token adds to one layer's cache "
+          "(kv_heads x (d_qk + d_v) x 4 bytes) - multiply by the layer count for the model. (MLA's real "
+          "cache keeps one 576-wide latent row per token, V being its first 512 columns: 2304 bytes; the lab "
+          "stores V apart, so its decode reads the 4352 listed.) A decode above 100% of the read bandwidth "
+          "had its cache in the CPU caches.", "",
+          "| model | heads q/kv | d_qk / d_v | mask | prefill (context: GFLOP/s, % of FMA peak) | decode at 4k: "
+          "ms/token (% of read bandwidth, % of FMA peak) | decode at 32k | KV bytes/token/layer |",
+          "|---|---|---|---|---|---|---|---|"]
+    skipped = []
+    for m in models:
+        rm = [r for r in rows if r.get("model") == m]
+        ok_m = [r for r in rm if r["status"] == "ok" and r.get("time_median_s")]
+        skipped += [r for r in rm if r["status"] != "ok"]
+        pre = sorted((r for r in ok_m if not is_decode(r)), key=lambda r: (r["kv_len"], r["q_len"]))
+        pre_text = "; ".join(
+            (f"{r['q_len']}x{r['kv_len']}" if r["q_len"] != r["kv_len"] else f"{r['q_len']}")
+            + f": {fmt(r['gflops'], '.0f')}, {fmt(None if r['peak_fraction'] is None else 100 * r['peak_fraction'], '.0f')}%"
+            for r in pre) or "-"
+        dec = {r["kv_len"]: r for r in ok_m if is_decode(r)}
+
+        def decode_cell(n):
+            if n not in dec:
+                return "-"
+            r = dec[n]
+            pct = [fmt(None if r[k] is None else 100 * r[k], ".0f") + "% " + w
+                   for k, w in (("bw_fraction", "BW"), ("peak_fraction", "peak"))]
+            return f"{fmt(r['time_median_s'] * 1e3, '.3g')} ({', '.join(pct)})"
+
+        masks = sorted({r["mask"] for r in rm})
+        md.append(f"| {m} | " + " ; ".join(dict.fromkeys(f"{r['q_heads']}/{r['kv_heads']}" for r in rm)) + " | "
+                  + " ; ".join(dict.fromkeys(f"{r['head_dim']} / {r['head_dim_v']}" for r in rm)) + " | "
+                  f"{', '.join(masks)} | {pre_text} | {decode_cell(4096)} | {decode_cell(32768)} | "
+                  + " ; ".join(str(x) for x in dict.fromkeys(kv_bytes_per_token(r) for r in rm)) + " |")
+    md.append("")
+    if skipped:
+        md += ["Model points that did not run (not shrunk to fit): "
+               + "; ".join(f"{shape_text(r)}: {r['status']} ({r['reason']})" for r in skipped), ""]
+    return md
+
+
 def summary_table(rows, ok, kernels, fits, fits_decode):
     lines = ["| kernel | fitted exponent | best GFLOP/s | best % of peak | best % of read bandwidth | agreement | "
              "points ok / failed / skipped |",
@@ -959,6 +1019,10 @@ def summary_table(rows, ok, kernels, fits, fits_decode):
 
 def shape_text(r):
     s = f"b{r['batch']} h{r['q_heads']}/{r['kv_heads']} q{r['q_len']} kv{r['kv_len']} d{r['head_dim']}"
+    if r.get("head_dim_v", r["head_dim"]) != r["head_dim"]:
+        s += f"/{r['head_dim_v']}"
+    if r.get("model"):
+        s = f"{r['model']}: " + s
     if r["layout"] != "bhsd":
         s += f" {r['layout']}"
     if r.get("dtype", "f32") != "f32":
@@ -1090,6 +1154,8 @@ def write_report(folder, out):
                "sweep runs (see the load average above), so absolute times and even the measured peaks move "
                "by tens of percent between runs. Read ratios measured in the same run (speed-ups, exponents, "
                "% of the peak measured in this run), and use the min-max spread in the table below.", ""]
+
+    md += model_table(rows, experiment)
 
     for title, fname, caption, extra in plots.items:
         md += [f"## {title}", "", f"![{title}]({fname})", "", f"*{caption}*", ""] + extra

@@ -11,6 +11,7 @@
 #include "bench/bench_point.hpp"
 #include "bench/experiment.hpp"
 #include "bench/files.hpp"
+#include "bench/generation.hpp"
 
 namespace attnlab::bench {
 namespace {
@@ -44,6 +45,11 @@ TEST(Experiment, ShippedExperimentsParseAndExpand) {
   }
   for (const std::string& f : files) {
     SCOPED_TRACE(f);
+    if (read_text_file(dir + "/" + f).find("\"kind\": \"generation\"") != std::string::npos) {
+      EXPECT_FALSE(load_generation_experiment(dir + "/" + f, 2).empty());  // attnlab generate's
+      EXPECT_THROW(load_experiment(dir + "/" + f, registry_kernel_names()), InvalidInput);
+      continue;
+    }
     const Experiment e = load_experiment(dir + "/" + f, registry_kernel_names());
     EXPECT_EQ(e.name + ".json", f);
     EXPECT_FALSE(e.description.empty());
@@ -279,7 +285,7 @@ TEST(Experiment, IsaAxisRunsEachPerTargetKernelOncePerTarget) {
   EXPECT_EQ(ids.size(), g.size());
   EXPECT_NE(isa_error_of(R"({"description": "d", "q_len": {"range": [1, 4000, 1]}, "kv_len": {"range": [1, 20, 1]},
                               "isa": ["scalar", "avx2"]})")
-                .find("x 2 values of implementations x batch x q_heads x kv_heads x q_len x kv_len x head_dim x causal "
+                .find("x 2 values of implementations x batch x q_heads x kv_heads x q_len x kv_len x head_dim x head_dim_v x causal "
                       "x window x layout x dtype x threads x isa"),
             std::string::npos);
 }

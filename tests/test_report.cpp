@@ -330,3 +330,36 @@ TEST_F(Report, CompareGivesPerPointSpeedups) {
 
 }  // namespace
 }  // namespace attnlab::bench
+
+namespace attnlab::bench {
+namespace {
+
+// attnlab generate writes its folder and generation_report.py reads it: two configurations
+// (MHA and MQA over the same query heads), the report's table, speed-up rows and both plots.
+TEST(GenerationReport, GenerateThenReport) {
+  if (!python_ready()) GTEST_SKIP() << "no matplotlib/numpy for " << kPython;
+  const std::string dir = fresh_dir("generation");
+  fs::create_directories(dir);
+  {
+    std::ofstream(dir + "/g.json") << R"({"kind": "generation", "description": "d", "q_heads": 8, "head_dim": 32,
+      "prompts": [200, 700], "steps": 4, "threads": 1, "verify_steps": 1, "repetitions": 1,
+      "runs": [{"name": "mha", "kv_heads": 8}, {"name": "mqa", "kv_heads": 1}]})";
+  }
+  std::string output;
+  ASSERT_EQ(run(std::string(ATTNLAB_EXE) + " generate --experiment '" + dir + "/g.json' --out '" + dir +
+                    "/out' --no-bandwidth",
+                &output),
+            0)
+      << output;
+  ASSERT_EQ(run(kPython + " " + kSource + "/scripts/generation_report.py '" + dir + "/out'", &output), 0) << output;
+  const std::string md = read_text_file(dir + "/out/report.md");
+  EXPECT_NE(md.find("| mha | 8/8 | f32 | 203 | 2048 |"), std::string::npos) << md;  // 8 heads x 64 x 4 B
+  EXPECT_NE(md.find("| mqa | 8/1 | f32 | 703 | 256 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| mqa | 703 |"), std::string::npos) << md;  // speed-up row, bytes ratio 8x
+  EXPECT_NE(md.find("| 8.0x |"), std::string::npos) << md;
+  expect_png(dir + "/out/generation_time.png");
+  expect_png(dir + "/out/generation_bytes.png");
+}
+
+}  // namespace
+}  // namespace attnlab::bench

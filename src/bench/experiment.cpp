@@ -369,11 +369,10 @@ Grid parse_grid(const Where& w, const Json& doc, const std::vector<std::string>&
   if (doc.contains("model")) {
     const Json& m = doc["model"];
     const auto name_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'; };
-    if (!m.is_string() || m.get<std::string>().empty() || m.get<std::string>().size() > 64 ||
-        !std::all_of(m.get<std::string>().begin(), m.get<std::string>().end(), name_char)) {
+    g.model = m.is_string() ? m.get<std::string>() : std::string();
+    if (g.model.empty() || g.model.size() > 64 || !std::all_of(g.model.begin(), g.model.end(), name_char)) {
       w.bad("model", m, "a name of 1 to 64 letters, digits, '.', '_' or '-'");
     }
-    g.model = m.get<std::string>();
   }
   g.causal = parse_causal(w, doc.value("causal", Json(false)));
   g.window = parse_window(w, doc.value("window", Json(nullptr)));
@@ -408,6 +407,10 @@ Experiment parse_experiment(const Json& doc, const std::string& name,
                             const std::vector<std::string>& known_kernels, const IsaChoices& isas) {
   const Where w{name};
   if (!doc.is_object()) w.fail("the document must be a JSON object with the keys: " + join(kGridKeys) + ", " + join(kRunKeys));
+  if (doc.contains("kind")) {  // generation experiments (src/bench/generation.hpp) are not sweeps
+    w.bad("kind", doc["kind"], "no 'kind' in a sweep experiment; a \"generation\" experiment runs with attnlab generate "
+                               "(scripts/lab report NAME picks it)");
+  }
   for (const auto& [key, value] : doc.items()) {
     if (std::find(kGridKeys.begin(), kGridKeys.end(), key) == kGridKeys.end() &&
         std::find(kRunKeys.begin(), kRunKeys.end(), key) == kRunKeys.end()) {
