@@ -77,16 +77,29 @@ def plot_time_vs_context(out, by_name):
     return os.path.basename(path)
 
 
-def plot_bytes_story(out, by_name, bw):
+def floor_s(r, bw, peak):
+    """The roofline's time for a step: its bytes at the read bandwidth or its FLOPs at the FMA
+    peak, whichever is longer (None when neither was measured)."""
+    t = [x for x in (r["kv_read_bytes_per_token"] / bw if bw else None,
+                     r["flops_per_token"] / peak if peak else None) if x is not None]
+    return max(t) if t else None
+
+
+def plot_bytes_story(out, by_name, bw, peak):
     """Left: KV bytes read per token vs context (falls with the group size). Right: time per token
-    against those bytes, with bytes / read bandwidth (the memory floor) as a line."""
+    against those bytes, with bytes / read bandwidth (the memory floor) as a line and each
+    configuration's roofline floor (memory or compute, whichever is longer) dotted."""
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5))
     allb = []
     for name, rows in by_name.items():
         label = f"{name} (group {rows[0]['group']}, {rows[0]['dtype']})"
         a1.plot([r["context"] for r in rows], [r["kv_read_bytes_per_token"] / 2**20 for r in rows], marker="o", label=label)
-        a2.plot([r["kv_read_bytes_per_token"] / 2**20 for r in rows], [r["median_attention_s"] * 1e3 for r in rows],
-                marker="o", label=label)
+        line, = a2.plot([r["kv_read_bytes_per_token"] / 2**20 for r in rows],
+                        [r["median_attention_s"] * 1e3 for r in rows], marker="o", label=label)
+        floors = [floor_s(r, bw, peak) for r in rows]
+        if all(f is not None for f in floors):
+            a2.plot([r["kv_read_bytes_per_token"] / 2**20 for r in rows], [f * 1e3 for f in floors], ":",
+                    color=line.get_color(), lw=1)
         allb += [r["kv_read_bytes_per_token"] for r in rows]
     a1.set_xscale("log", base=2)
     a1.set_yscale("log")
@@ -101,7 +114,7 @@ def plot_bytes_story(out, by_name, bw):
     a2.set_xscale("log")
     a2.set_yscale("log")
     a2.set_xlabel("KV-cache MiB read per token")
-    a2.set_ylabel("ms of attention per token")
+    a2.set_ylabel("ms of attention per token (dotted: roofline floor)")
     a2.grid(True, which="both", alpha=0.3)
     a2.legend(fontsize=8)
     fig.tight_layout()
@@ -126,8 +139,9 @@ def write_report(folder, out):
     by_name = series(summary)
     threads = summary[0]["threads"]
     bw = (machine.get("read_bandwidth") or {}).get(str(threads))
+    peak = (machine.get("fma_flops") or {}).get(str(threads))
     p1 = plot_time_vs_context(out, by_name)
-    p2 = plot_bytes_story(out, by_name, bw)
+    p2 = plot_bytes_story(out, by_name, bw, peak)
     git = machine.get("git", {})
     md = ["# attnlab report: generation loop", ""]
     if experiment:
@@ -135,12 +149,16 @@ def write_report(folder, out):
                f"`/usr/bin/python3 scripts/generation_report.py {os.path.basename(os.path.abspath(folder))}`.", ""]
     md += [f"Machine: {machine.get('cpu_model', '?')}, {machine.get('cores', '?')} cores; commit `{git.get('commit', '?')}`"
            + (" (uncommitted changes)" if git.get("dirty") else "") + "; read bandwidth measured in this run: "
-           + (f"{bw / 1e9:.1f} GB/s at {threads} thread(s)" if bw else "not measured") + ".", "",
+           + (f"{bw / 1e9:.1f} GB/s read bandwidth" if bw else "no read bandwidth")
+           + (f", {peak / 1e9:.0f} GFLOP/s FMA peak" if peak else "") + f" at {threads} thread(s).", "",
            f"Each configuration: a cache holding `prompt` tokens, then {summary[0]['steps']} generated tokens, each = append its "
            "K/V rows + decode against the whole cache (`attnlab generate`, src/bench/generation.hpp). Times "
            "are medians over the generated tokens; context is the median token's. The steady decode is the "
-           "same decode call repeated at the final context without appending: the loop's attention time "
-           "should match it (same work).", "",
+           "same decode call repeated right after each step without appending (interleaved, so the "
+           "machine's drift hits both): the loop's attention time should match it (same work). Roofline "
+           "floor: the step's KV bytes at the read bandwidth or its FLOPs at the FMA peak, whichever is "
+           "longer; with q_heads / kv_heads query rows per K/V row, decode does 2 (d + d_v) FLOP per "
+           "K/V element per query head, so large groups (MQA) meet the compute roof before the memory one.", "",
            "## Time per token follows the KV bytes read", "", f"![time per token]({p1})", "",
            f"![bytes per token]({p2})", "",
            "*Left: every generated token reads the whole cache, kv_heads x context x (d + d_v) x element bytes: "
@@ -150,20 +168,32 @@ def write_report(folder, out):
            "take at the measured read bandwidth.*", "",
            "| config | heads q/kv | dtype | context | KV bytes/token (cache memory) | cache | KV read per token | "
            "ms/token | append ms | attention ms | steady decode ms | loop / steady | tokens/s | % of read bandwidth | "
-           "prefill | verified |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "% of FMA peak | roofline floor ms (% reached) | prefill | verified |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
     for name, rows in by_name.items():
         for r in rows:
-            pre = f"{r['prefill_s'] * 1e3:.0f} ms" if r.get("prefill_s") is not None else (r.get("prefill_note") or "-")
+            if r.get("prefill_s") is not None:
+                pre = f"{r['prefill_s'] * 1e3:.0f} ms"
+            elif r.get("prefill_note"):
+                if r["prefill_note"] not in notes:
+                    notes.append(r["prefill_note"])
+                pre = f"[{notes.index(r['prefill_note']) + 1}]"
+            else:
+                pre = "-"
             bwf = f"{100 * r['bw_fraction']:.0f}" if r.get("bw_fraction") is not None else "-"
+            pkf = f"{100 * r['peak_fraction']:.0f}" if r.get("peak_fraction") is not None else "-"
+            fl = floor_s(r, bw, peak)
+            flt = f"{fl * 1e3:.3g} ({100 * fl / r['median_attention_s']:.0f}%)" if fl else "-"
             ver = f"{r['verified'] - r['failed']}/{r['verified']} PASS" if r["verified"] else "-"
             md.append(f"| {name} | {r['q_heads']}/{r['kv_heads']} | {r['dtype']} | {r['context']} | "
                       f"{r['kv_bytes_per_token']:.0f} | {fmt_bytes(r['cache_bytes'])} | "
                       f"{fmt_bytes(r['kv_read_bytes_per_token'])} | {r['median_token_s'] * 1e3:.3g} | "
                       f"{r['median_append_s'] * 1e3:.2g} | {r['median_attention_s'] * 1e3:.3g} | "
                       f"{r['steady_decode_s'] * 1e3:.3g} | {r['loop_vs_steady']:.2f} | {r['tokens_per_s']:.0f} | "
-                      f"{bwf} | {pre} | {ver} |")
+                      f"{bwf} | {pkf} | {flt} | {pre} | {ver} |")
     md.append("")
+    md += [f"[{i + 1}] prefill {n}" for i, n in enumerate(notes)] + ([""] if notes else [])
     # Speed-up of each config over the first (MHA) at the same context and dtype.
     names = list(by_name)
     base = by_name[names[0]]

@@ -144,20 +144,26 @@ void GenerationConfig::validate() const {
   problem_of(*this, 1, cache_rows()).validate();  // heads, head dims and sizes
 }
 
-double GenerationResult::median_token_s() const {
+namespace {
+template <class F>
+double median_over(const std::vector<GenerationStep>& steps, F f) {
   std::vector<double> t;
-  for (const auto& s : steps) t.push_back(s.append_s + s.attention_s);
+  for (const auto& s : steps) t.push_back(f(s));
   return median(t);
+}
+}  // namespace
+
+double GenerationResult::median_token_s() const {
+  return median_over(steps, [](const GenerationStep& s) { return s.append_s + s.attention_s; });
 }
 double GenerationResult::median_attention_s() const {
-  std::vector<double> t;
-  for (const auto& s : steps) t.push_back(s.attention_s);
-  return median(t);
+  return median_over(steps, [](const GenerationStep& s) { return s.attention_s; });
+}
+double GenerationResult::median_repeat_s() const {
+  return median_over(steps, [](const GenerationStep& s) { return s.repeat_s; });
 }
 double GenerationResult::median_append_s() const {
-  std::vector<double> t;
-  for (const auto& s : steps) t.push_back(s.append_s);
-  return median(t);
+  return median_over(steps, [](const GenerationStep& s) { return s.append_s; });
 }
 
 GenerationResult run_generation(const GenerationConfig& c) {
@@ -247,22 +253,21 @@ GenerationResult run_generation(const GenerationConfig& c) {
     t0 = Clock::now();
     session.run(in, out.outputs);
     st.attention_s = seconds_since(t0);
+    std::vector<double> again;
+    for (int x = 0; x < c.repetitions; ++x) {
+      t0 = Clock::now();
+      session.run(in, out.outputs);
+      again.push_back(seconds_since(t0));
+    }
+    st.repeat_s = median(again);
     const Problem& p = session.problem();
     st.kv_read_bytes = p.kv_bytes();
+    st.flops = p.flops();
     if (std::find(verify.begin(), verify.end(), s) != verify.end()) {
       std::tie(st.verdict, st.err_o_rel, st.tol_o_rel) = check(kernel, p, in, out.outputs, all_rows(p));
     }
     r.steps.push_back(st);
   }
-
-  // The same decode at the final context, without appending: what the loop's attention should cost.
-  const Inputs in = cache.inputs(1, c.prompt + c.steps);
-  for (int x = 0; x < c.repetitions; ++x) {
-    const auto t0 = Clock::now();
-    session.run(in, out.outputs);
-    r.steady_runs_s.push_back(seconds_since(t0));
-  }
-  r.steady_decode_s = median(r.steady_runs_s);
   return r;
 }
 
@@ -271,17 +276,19 @@ nlohmann::json GenerationResult::to_json() const {
   Json steps_json = Json::array();
   for (const auto& s : steps) {
     steps_json.push_back({{"step", s.step}, {"context", s.context}, {"append_s", s.append_s},
-                          {"attention_s", s.attention_s}, {"kv_read_bytes", s.kv_read_bytes},
+                          {"attention_s", s.attention_s}, {"repeat_s", s.repeat_s},
+                          {"kv_read_bytes", s.kv_read_bytes}, {"flops", s.flops},
                           {"verdict", s.verdict}, {"err_o_rel", s.err_o_rel}, {"tol_o_rel", s.tol_o_rel}});
   }
   return {{"name", c.name}, {"q_heads", c.q_heads}, {"kv_heads", c.kv_heads}, {"head_dim", c.head_dim},
           {"head_dim_v", c.dim_v()}, {"dtype", to_string(c.dtype)}, {"prompt", c.prompt}, {"steps", c.steps},
           {"capacity", c.cache_rows()}, {"threads", c.threads}, {"kernel", kernel}, {"prefill_kernel", prefill_kernel},
           {"prefill_s", prefill_s}, {"prefill_note", prefill_note}, {"prefill_verdict", prefill_verdict},
-          {"kv_bytes_per_token", c.kv_bytes_per_token()}, {"steady_decode_s", steady_decode_s},
-          {"steady_runs_s", steady_runs_s}, {"read_bytes_per_s", read_bytes_per_s},
+          {"kv_bytes_per_token", c.kv_bytes_per_token()}, {"repetitions", c.repetitions},
+          {"read_bytes_per_s", read_bytes_per_s}, {"peak_flops", peak_flops},
           {"median_token_s", median_token_s()}, {"median_attention_s", median_attention_s()},
-          {"median_append_s", median_append_s()}, {"measured_at", measured_at}, {"steps_detail", steps_json}};
+          {"median_append_s", median_append_s()}, {"median_repeat_s", median_repeat_s()},
+          {"measured_at", measured_at}, {"steps_detail", steps_json}};
 }
 
 namespace {
@@ -295,14 +302,15 @@ std::string num(double v) {
 
 std::string generation_steps_csv(const std::vector<GenerationResult>& results) {
   std::ostringstream o;
-  o << "name,q_heads,kv_heads,head_dim,head_dim_v,dtype,prompt,step,context,append_s,attention_s,kv_read_bytes,"
-       "verdict,err_o_rel,tol_o_rel\n";
+  o << "name,q_heads,kv_heads,head_dim,head_dim_v,dtype,prompt,step,context,append_s,attention_s,repeat_s,"
+       "kv_read_bytes,flops,verdict,err_o_rel,tol_o_rel\n";
   for (const auto& r : results) {
     const auto& c = r.config;
     for (const auto& s : r.steps) {
       o << c.name << ',' << c.q_heads << ',' << c.kv_heads << ',' << c.head_dim << ',' << c.dim_v() << ','
         << to_string(c.dtype) << ',' << c.prompt << ',' << s.step << ',' << s.context << ',' << num(s.append_s) << ','
-        << num(s.attention_s) << ',' << num(s.kv_read_bytes) << ',' << s.verdict << ','
+        << num(s.attention_s) << ',' << num(s.repeat_s) << ',' << num(s.kv_read_bytes) << ',' << num(s.flops) << ','
+        << s.verdict << ','
         << (s.verdict.empty() ? "" : num(s.err_o_rel)) << ',' << (s.verdict.empty() ? "" : num(s.tol_o_rel)) << '\n';
     }
   }
@@ -312,25 +320,27 @@ std::string generation_steps_csv(const std::vector<GenerationResult>& results) {
 std::string generation_summary_csv(const std::vector<GenerationResult>& results) {
   std::ostringstream o;
   o << "name,q_heads,kv_heads,group,head_dim,head_dim_v,dtype,prompt,steps,context,threads,kernel,prefill_s,"
-       "prefill_note,kv_bytes_per_token,cache_bytes,kv_read_bytes_per_token,median_token_s,median_append_s,"
-       "median_attention_s,steady_decode_s,loop_vs_steady,tokens_per_s,read_bw_gbs,bw_fraction,verified,failed\n";
+       "prefill_note,kv_bytes_per_token,cache_bytes,kv_read_bytes_per_token,flops_per_token,median_token_s,"
+       "median_append_s,median_attention_s,steady_decode_s,loop_vs_steady,tokens_per_s,read_bw_gbs,bw_fraction,"
+       "peak_gflops,peak_fraction,verified,failed\n";
   for (const auto& r : results) {
     const auto& c = r.config;
     const GenerationStep& mid = r.steps[r.steps.size() / 2];
     int verified = 0, failed = 0;
     for (const auto& s : r.steps) verified += !s.verdict.empty(), failed += s.verdict == "FAIL";
-    const double att = r.median_attention_s(), tok = r.median_token_s();
+    const double att = r.median_attention_s(), tok = r.median_token_s(), steady = r.median_repeat_s();
     std::string note = r.prefill_note;
     std::replace(note.begin(), note.end(), ',', ';');
     o << c.name << ',' << c.q_heads << ',' << c.kv_heads << ',' << c.q_heads / c.kv_heads << ',' << c.head_dim << ','
       << c.dim_v() << ',' << to_string(c.dtype) << ',' << c.prompt << ',' << c.steps << ',' << mid.context << ','
       << c.threads << ',' << r.kernel << ',' << (r.prefill_s >= 0 ? num(r.prefill_s) : "") << ',' << note << ','
       << num(c.kv_bytes_per_token()) << ',' << num(c.kv_bytes_per_token() * static_cast<double>(c.cache_rows())) << ','
-      << num(mid.kv_read_bytes) << ',' << num(tok) << ',' << num(r.median_append_s()) << ',' << num(att) << ','
-      << num(r.steady_decode_s) << ',' << num(att / r.steady_decode_s) << ',' << num(1.0 / tok) << ','
+      << num(mid.kv_read_bytes) << ',' << num(mid.flops) << ',' << num(tok) << ',' << num(r.median_append_s()) << ','
+      << num(att) << ',' << num(steady) << ',' << num(att / steady) << ',' << num(1.0 / tok) << ','
       << (r.read_bytes_per_s > 0 ? num(r.read_bytes_per_s * 1e-9) : "") << ','
-      << (r.read_bytes_per_s > 0 ? num(mid.kv_read_bytes / att / r.read_bytes_per_s) : "") << ',' << verified << ','
-      << failed << '\n';
+      << (r.read_bytes_per_s > 0 ? num(mid.kv_read_bytes / att / r.read_bytes_per_s) : "") << ','
+      << (r.peak_flops > 0 ? num(r.peak_flops * 1e-9) : "") << ','
+      << (r.peak_flops > 0 ? num(mid.flops / att / r.peak_flops) : "") << ',' << verified << ',' << failed << '\n';
   }
   return o.str();
 }

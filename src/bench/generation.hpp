@@ -12,9 +12,10 @@
 // step is a different problem). The token's Q/K/V values are drawn before the clock starts
 // (in a model they come from the projections, outside attention). Sampled steps are verified
 // against the float64 reference with the lab's tolerance policy, outside the timed parts.
-// At the end, the same decode at the final context is timed `repetitions` times without
-// appending (steady_decode_s): the loop's attention time should match it, since it is the
-// same work; the difference is what the loop adds.
+// After each step the same decode call is timed again `repetitions` times without appending
+// (GenerationStep::repeat_s, interleaved with the steps so that the machine's drift hits both
+// alike): the loop's attention time should match it, since it is the same work; the
+// difference is what the loop adds.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +40,7 @@ struct GenerationConfig {
   std::string prefill_kernel = "flash";   // the prompt's
   int64_t prefill_max_tokens = 4096;      // longer prompts are not prefilled (said in the result)
   int verify_steps = 2;         // steps checked against the reference: the first and last, evenly between
-  int repetitions = 5;          // steady decode calls at the final context
+  int repetitions = 1;          // repeated decode calls after each step (GenerationStep::repeat_s)
   uint64_t seed = 1;
   // Throws InvalidInput naming the field and the allowed values.
   void validate() const;
@@ -53,7 +54,9 @@ struct GenerationStep {
   int64_t step = 0;     // 0-based
   int64_t context = 0;  // keys the step's query sees: P + step + 1
   double append_s = 0, attention_s = 0;
+  double repeat_s = 0;       // median of the same decode call repeated, no append
   double kv_read_bytes = 0;  // the step's Problem::kv_bytes(): the cache bytes it reads
+  double flops = 0;          // the step's Problem::flops()
   std::string verdict;       // "" (not checked), "PASS", "FAIL"
   double err_o_rel = 0, tol_o_rel = 0;
 };
@@ -63,15 +66,15 @@ struct GenerationResult {
   std::string kernel, prefill_kernel;  // kernel labels (flash[avx512], ...)
   double prefill_s = -1;               // < 0: not run (prefill_note says why)
   std::string prefill_note, prefill_verdict;
-  double steady_decode_s = 0;          // median of config.repetitions decode calls at the final context
-  std::vector<double> steady_runs_s;
   double read_bytes_per_s = 0;         // the machine's read bandwidth measured in the same run (0 = not)
+  double peak_flops = 0;               // the default target's FMA peak measured in the same run (0 = not)
   std::vector<GenerationStep> steps;
   std::string measured_at;
 
   double median_token_s() const;      // median over steps of append + attention
   double median_attention_s() const;
   double median_append_s() const;
+  double median_repeat_s() const;      // the steady decode: the steps' repeat_s
   nlohmann::json to_json() const;
 };
 

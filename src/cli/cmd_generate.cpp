@@ -60,10 +60,10 @@ Command add_generate(CLI::App& app) {
   sub->add_option("--prefill-impl", a->one.prefill_kernel, "the prompt's kernel (default flash)");
   sub->add_option("--prefill-max", a->one.prefill_max_tokens, "longest prompt that is prefilled (default 4096)");
   sub->add_option("--verify-steps", a->one.verify_steps, "steps checked against the float64 reference");
-  sub->add_option("--repetitions", a->one.repetitions, "steady decode calls at the final context");
+  sub->add_option("--repetitions", a->one.repetitions, "the same decode call repeated after each step (steady decode)");
   sub->add_option("--seed", a->one.seed, "seed of the token values");
   sub->add_option("--threads", a->threads, "threads (0 = all cores; an experiment's own key wins)");
-  sub->add_flag("--no-bandwidth", a->no_bandwidth, "skip measuring the read bandwidth");
+  sub->add_flag("--no-bandwidth", a->no_bandwidth, "skip measuring the read bandwidth and the FMA peak");
   a->isa.add_to(*sub, false);
   return {sub, [a, sub] {
             a->isa.apply();
@@ -86,12 +86,17 @@ Command add_generate(CLI::App& app) {
             }
             std::filesystem::create_directories(a->out);
             nlohmann::json machine = bench::describe_machine();
-            std::map<int, double> bandwidth;  // per thread count
+            std::map<int, double> bandwidth, fma;  // per thread count
             if (!a->no_bandwidth) {
               for (const auto& c : configs) {
-                if (!bandwidth.count(c.threads)) bandwidth[c.threads] = read_bandwidth(c.threads);
+                if (bandwidth.count(c.threads)) continue;
+                bandwidth[c.threads] = read_bandwidth(c.threads);
+                std::vector<double> runs;
+                for (int r = 0; r < 3; ++r) runs.push_back(bench::measure_fma_flops(c.threads, 0.1));
+                fma[c.threads] = bench::median(runs);
               }
               for (const auto& [t, bw] : bandwidth) machine["read_bandwidth"][std::to_string(t)] = bw;
+              for (const auto& [t, f] : fma) machine["fma_flops"][std::to_string(t)] = f;
             }
             write_file_atomic(a->out + "/machine.json", machine.dump(2) + "\n");
             std::vector<bench::GenerationResult> results;
@@ -104,13 +109,14 @@ Command add_generate(CLI::App& app) {
               std::fflush(stdout);
               bench::GenerationResult r = bench::run_generation(c);
               r.read_bytes_per_s = bandwidth.count(c.threads) ? bandwidth[c.threads] : 0;
+              r.peak_flops = fma.count(c.threads) ? fma[c.threads] : 0;
               int bad = 0;
               for (const auto& s : r.steps) bad += s.verdict == "FAIL";
               failed += bad + (r.prefill_verdict == "FAIL");
               std::printf("  %.3f ms per token (append %.4f ms + attention %.3f ms; steady decode %.3f ms), "
                           "KV %.0f B/token, prefill %s%s\n",
                           r.median_token_s() * 1e3, r.median_append_s() * 1e3, r.median_attention_s() * 1e3,
-                          r.steady_decode_s * 1e3, c.kv_bytes_per_token(),
+                          r.median_repeat_s() * 1e3, c.kv_bytes_per_token(),
                           r.prefill_s >= 0 ? (std::to_string(r.prefill_s * 1e3) + " ms " + r.prefill_verdict).c_str()
                                            : r.prefill_note.c_str(),
                           bad ? ", VERIFICATION FAILED" : "");
