@@ -189,7 +189,7 @@ TEST_F(SweepRun, SweepWritesEveryPointAndTheTidyOutputs) {
   EXPECT_EQ(point_files(dir).size(), planned);
   const auto lines = csv_lines(dir);
   ASSERT_EQ(lines.size(), planned + 1);
-  EXPECT_EQ(lines[0].rfind("experiment,id,kernel,isa,model,status,reason,", 0), 0u);
+  EXPECT_EQ(lines[0].rfind("experiment,id,kernel,isa,status,reason,model,", 0), 0u);
   for (size_t i = 1; i < lines.size(); ++i) EXPECT_NE(lines[i].find(",ok,"), std::string::npos) << lines[i];
 
   const Json bench = Json::parse(read_text_file(dir + "/bench.json"));

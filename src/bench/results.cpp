@@ -310,7 +310,7 @@ PointFile died_point(const Json& marker, const PointRecord* base) {
 }
 
 std::vector<std::string> tidy_columns() {
-  return {"experiment", "id", "kernel", "isa", "model", "status", "reason", "batch", "q_heads", "kv_heads", "gqa_group",
+  return {"experiment", "id", "kernel", "isa", "status", "reason", "model", "batch", "q_heads", "kv_heads", "gqa_group",
           "q_len", "kv_len", "head_dim", "head_dim_v", "mask", "causal", "window_left", "window_right", "pattern", "density", "layout",
           "dtype", "threads", "flops", "bytes", "kv_bytes", "visible_pairs", "extra_bytes", "plan_bytes", "memory_bytes",
           "repetitions", "iterations", "time_median_s", "time_min_s", "time_max_s", "time_mean_s",
@@ -348,7 +348,7 @@ std::string tidy_csv(const std::string& experiment, const std::vector<PointRecor
     auto if_timed = [&](double v) { return timed ? num(v) : std::string(); };
     auto if_verified = [&](double v) { return r.verdict.empty() ? std::string() : num(v); };
     const std::vector<std::string> row = {
-        experiment, r.id, r.kernel, r.isa, r.model, to_string(r.status), r.reason, std::to_string(p.batch),
+        experiment, r.id, r.kernel, r.isa, to_string(r.status), r.reason, r.model, std::to_string(p.batch),
         std::to_string(p.q_heads), std::to_string(p.kv_heads), std::to_string(p.group()),
         std::to_string(p.q_len), std::to_string(p.kv_len), std::to_string(p.head_dim), std::to_string(p.dim_v()), mask_name(p),
         std::to_string(static_cast<int>(p.causal)), std::to_string(p.window_left),
