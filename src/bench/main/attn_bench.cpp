@@ -13,6 +13,9 @@
 //   ladder   q_len = kv_len = 2048, 8 heads, d 128                          threads all
 //   flash    4096, 8 heads, d 128, none and causal; GQA 32/8; d 64           threads all
 //   memory   32768, 8 heads, d 128 (extra memory of the tiled kernels)      threads all
+//   mla      DeepSeek-V3's MLA: prefill 4096, 128 heads, d_qk 192 / d_v 128, causal, and the
+//            absorbed decode q_len 1, kv_len 32768, 128 q heads on 1 kv head, d_qk 576 / d_v 512
+//                                                                           threads all
 // Points are registered in ascending FLOP count, so when a slow kernel reaches a shape it
 // cannot finish within the time cap, its earlier points give the estimate and the point is
 // reported as skipped (error_message says why) instead of running for minutes.
@@ -42,6 +45,7 @@ struct Shape {
   int64_t q_heads, kv_heads, q_len, kv_len, head_dim;
   CausalAlign causal;
   bool single_thread_too;  // also at 1 thread
+  int64_t head_dim_v = 0;  // 0 = head_dim
 };
 
 const Shape kShapes[] = {
@@ -53,6 +57,8 @@ const Shape kShapes[] = {
     {"flash", 32, 8, 4096, 4096, 128, CausalAlign::None, false},
     {"flash", 8, 8, 4096, 4096, 64, CausalAlign::None, false},
     {"memory", 8, 8, 32768, 32768, 128, CausalAlign::None, false},
+    {"mla", 128, 128, 4096, 4096, 192, CausalAlign::BottomRight, false, 128},
+    {"mla", 128, 1, 1, 32768, 576, CausalAlign::BottomRight, false, 512},
 };
 
 struct Flags {
@@ -183,12 +189,12 @@ int run(int argc, char** argv) {
         pt.threads = t;
         Problem& p = pt.problem;
         p.q_heads = s.q_heads, p.kv_heads = s.kv_heads, p.q_len = s.q_len, p.kv_len = s.kv_len;
-        p.head_dim = s.head_dim, p.causal = s.causal, p.dtype = dtype;
+        p.head_dim = s.head_dim, p.head_dim_v = s.head_dim_v, p.causal = s.causal, p.dtype = dtype;
         if (Support a = k->available(); !a) {
           std::fprintf(stderr, "not registered: %s (%s)\n", pt.name().c_str(), a.reason.c_str());
           continue;
         }
-        if (Support sup = k->supports(p); !sup) {
+        if (Support sup = supports_problem(*k, p); !sup) {
           std::fprintf(stderr, "not registered: %s (%s)\n", pt.name().c_str(), sup.reason.c_str());
           continue;
         }
