@@ -1,0 +1,294 @@
+// The Python module `attnlab` (pybind11): the kernels on numpy arrays, without copies.
+//
+//   import attnlab                      # PYTHONPATH=build/python (scripts/lab python)
+//   o = attnlab.attention(q, k, v, kernel="flash", causal=True)
+//   o, lse = attnlab.attention(q, k, v, return_lse=True, layout="bshd", threads=2)
+//   attnlab.kernels(); attnlab.verify(q, k, v, causal=True); attnlab.peak()
+//
+// Inputs are 4-D C-contiguous numpy arrays, read in place (never copied): float32, float16, or
+// uint16 holding bfloat16 bits with dtype="bf16". V's last dimension is head_dim_v. Anything
+// else is a TypeError or ValueError naming the argument and what is allowed; the lab's own
+// refusals (InvalidInput: shapes, masks, a kernel that cannot run the problem) are ValueError.
+// The GIL is released while a kernel runs.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attnlab/kernel.hpp"
+#include "attnlab/verify.hpp"
+#include "bench/bench_point.hpp"
+#include "bench/peak.hpp"
+
+namespace py = pybind11;
+using namespace attnlab;
+
+namespace {
+
+// One input array, as the lab sees it: its memory (not copied), storage dtype and 4 sizes.
+struct Arr {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  std::array<int64_t, 4> shape{};
+};
+
+std::string shape_text(const py::array& a) {
+  std::string s = "(";
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
+  return s + (a.ndim() == 1 ? ",)" : ")");
+}
+
+Arr as_input(const py::handle& obj, const char* name, const std::optional<std::string>& dtype, Layout layout) {
+  if (!py::isinstance<py::array>(obj)) {
+    throw py::type_error(std::string(name) + ": a numpy array is required, got " +
+                         std::string(py::str(py::type::of(obj).attr("__name__"))));
+  }
+  const auto a = py::reinterpret_borrow<py::array>(obj);
+  if (a.ndim() != 4) {
+    throw py::value_error(std::string(name) + ": shape " + shape_text(a) + " has " + std::to_string(a.ndim()) +
+                          " dimensions; allowed: 4, " +
+                          (layout == Layout::BHSD ? "(batch, heads, seq, head_dim) for layout bhsd"
+                                                  : "(batch, seq, heads, head_dim) for layout bshd"));
+  }
+  if (!(a.flags() & py::array::c_style)) {
+    throw py::value_error(std::string(name) + ": not C-contiguous; allowed: a C-contiguous array "
+                          "(np.ascontiguousarray(x): the module reads arrays in place and never copies)");
+  }
+  Arr r;
+  const char kind = a.dtype().kind();
+  const auto size = a.itemsize();
+  if (kind == 'f' && size == 4) {
+    r.dtype = DType::F32;
+  } else if (kind == 'f' && size == 2) {
+    r.dtype = DType::F16;
+  } else if (kind == 'u' && size == 2 && dtype == "bf16") {
+    r.dtype = DType::BF16;
+  } else {
+    throw py::type_error(std::string(name) + ": dtype " + std::string(py::str(a.dtype())) +
+                         " is not read in place; allowed: float32, float16, or uint16 bfloat16 bits with "
+                         "dtype=\"bf16\" (convert with x.astype(np.float32))");
+  }
+  if (dtype && *dtype != to_string(r.dtype)) {
+    throw py::type_error(std::string(name) + ": dtype=\"" + *dtype + "\" given for " + std::string(py::str(a.dtype())) +
+                         " data; allowed: float32 for \"f32\", float16 for \"f16\", uint16 bits for \"bf16\"");
+  }
+  r.data = a.data();
+  for (int i = 0; i < 4; ++i) r.shape[i] = a.shape(i);
+  return r;
+}
+
+// The problem Q, K, V describe, with the mask arguments; validated (InvalidInput -> ValueError).
+struct Call {
+  Problem p;
+  Inputs in;
+};
+
+Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, const py::object& causal,
+               const std::optional<std::pair<int64_t, int64_t>>& window, const std::optional<std::vector<int64_t>>& kv_lens,
+               const std::optional<float>& scale, const std::string& layout, const std::optional<std::string>& dtype) {
+  Call c;
+  Problem& p = c.p;
+  p.layout = parse_layout(layout);
+  const Arr aq = as_input(q, "q", dtype, p.layout), ak = as_input(k, "k", dtype, p.layout),
+            av = as_input(v, "v", dtype, p.layout);
+  if (ak.dtype != aq.dtype || av.dtype != aq.dtype) {
+    throw py::type_error("k, v: dtypes differ from q's; allowed: the same dtype for q, k and v");
+  }
+  const int hi = p.layout == Layout::BHSD ? 1 : 2, si = p.layout == Layout::BHSD ? 2 : 1;
+  for (int i : {0, hi, si}) {
+    if (ak.shape[i] != av.shape[i]) {
+      throw py::value_error("v: shape differs from k's but for the last dimension; allowed: v = k's shape with head_dim_v last");
+    }
+  }
+  if (ak.shape[0] != aq.shape[0]) throw py::value_error("k: batch differs from q's");
+  if (ak.shape[3] != aq.shape[3]) throw py::value_error("k: head_dim differs from q's");
+  p.batch = aq.shape[0], p.q_heads = aq.shape[hi], p.q_len = aq.shape[si], p.head_dim = aq.shape[3];
+  p.kv_heads = ak.shape[hi], p.kv_len = ak.shape[si];
+  p.head_dim_v = av.shape[3] == aq.shape[3] ? 0 : av.shape[3];
+  p.dtype = aq.dtype;
+  if (causal.is_none() || (py::isinstance<py::bool_>(causal) && !causal.cast<bool>())) {
+    p.causal = CausalAlign::None;
+  } else if (py::isinstance<py::bool_>(causal)) {
+    p.causal = CausalAlign::BottomRight;
+  } else if (py::isinstance<py::str>(causal) && causal.cast<std::string>() == "top_left") {
+    p.causal = CausalAlign::TopLeft;
+  } else if (py::isinstance<py::str>(causal) && causal.cast<std::string>() == "bottom_right") {
+    p.causal = CausalAlign::BottomRight;
+  } else {
+    throw py::value_error("causal: " + std::string(py::repr(causal)) +
+                          "; allowed: False, True (bottom-right, the KV-cache convention), \"bottom_right\", \"top_left\"");
+  }
+  if (window) p.window_left = window->first, p.window_right = window->second;
+  if (kv_lens) p.kv_lens = *kv_lens;
+  p.scale = scale;
+  p.validate();
+  const auto view = [&](const Arr& a, int64_t heads, int64_t seq, int64_t dim) {
+    return make_view<const uint16_t>(static_cast<const uint16_t*>(a.data), p.batch, heads, seq, dim, p.layout);
+  };
+  const auto as_float = [](const View4<const uint16_t>& u) {
+    return ConstView{reinterpret_cast<const float*>(u.data), u.batch, u.heads, u.seq, u.dim, u.stride_b, u.stride_h, u.stride_s};
+  };
+  c.in.dtype = p.dtype;
+  const auto vq = view(aq, p.q_heads, p.q_len, p.head_dim), vk = view(ak, p.kv_heads, p.kv_len, p.head_dim),
+             vv = view(av, p.kv_heads, p.kv_len, p.dim_v());
+  if (p.dtype == DType::F32) {
+    c.in.q = as_float(vq), c.in.k = as_float(vk), c.in.v = as_float(vv);
+  } else {
+    c.in.q16 = vq, c.in.k16 = vk, c.in.v16 = vv;
+  }
+  return c;
+}
+
+int thread_count(const std::optional<int>& threads) {
+  if (!threads) return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (*threads < 1) throw py::value_error("threads: " + std::to_string(*threads) + "; allowed: >= 1, or None for all cores");
+  return *threads;
+}
+
+const Kernel& kernel_named(const std::string& name, const std::optional<std::string>& isa) {
+  return kernel_or_throw(name, isa ? std::string_view(*isa) : std::string_view());
+}
+
+py::object attention(const py::handle& q, const py::handle& k, const py::handle& v, const std::string& kernel,
+                     const py::object& causal, const std::optional<std::pair<int64_t, int64_t>>& window,
+                     const std::optional<std::vector<int64_t>>& kv_lens, const std::optional<float>& scale,
+                     const std::string& layout, const std::optional<int>& threads, bool return_lse,
+                     const std::optional<std::string>& dtype, const std::optional<std::string>& isa) {
+  const Call c = make_call(q, k, v, causal, window, kv_lens, scale, layout, dtype);
+  const Problem& p = c.p;
+  const Kernel& kern = kernel_named(kernel, isa);
+  Session session(kern, p, thread_count(threads));
+  const bool bhsd = p.layout == Layout::BHSD;
+  py::array_t<float> o(bhsd ? std::vector<py::ssize_t>{p.batch, p.q_heads, p.q_len, p.dim_v()}
+                            : std::vector<py::ssize_t>{p.batch, p.q_len, p.q_heads, p.dim_v()});
+  py::array_t<float> lse(std::vector<py::ssize_t>{p.batch, p.q_heads, p.q_len});
+  Outputs out;
+  out.o = make_view<float>(o.mutable_data(), p.batch, p.q_heads, p.q_len, p.dim_v(), p.layout);
+  out.lse = return_lse ? lse.mutable_data() : nullptr;
+  {
+    py::gil_scoped_release unlocked;
+    session.run(c.in, out);
+  }
+  if (return_lse) return py::make_tuple(o, lse);
+  return o;
+}
+
+py::list kernels() {
+  py::list out;
+  std::vector<const Kernel*> defaults = registry();
+  for (const Kernel* k : variants()) {
+    const Support a = k->available();
+    py::dict d;
+    d["name"] = std::string(k->name());
+    d["isa"] = std::string(k->isa());
+    d["label"] = bench::kernel_label(*k);
+    d["description"] = std::string(k->description());
+    d["precision"] = std::string(k->precision());
+    d["available"] = a.ok;
+    d["reason"] = a.reason;
+    d["default"] = std::find(defaults.begin(), defaults.end(), k) != defaults.end();
+    out.append(d);
+  }
+  return out;
+}
+
+py::list verify(const py::handle& q, const py::handle& k, const py::handle& v, const py::object& kernel_names,
+                const py::object& causal, const std::optional<std::pair<int64_t, int64_t>>& window,
+                const std::optional<std::vector<int64_t>>& kv_lens, const std::optional<float>& scale,
+                const std::string& layout, const std::optional<int>& threads, int rows,
+                const std::optional<std::string>& dtype) {
+  const Call c = make_call(q, k, v, causal, window, kv_lens, scale, layout, dtype);
+  if (rows < 1) throw py::value_error("rows: " + std::to_string(rows) + "; allowed: >= 1");
+  const std::vector<std::string> names = py::isinstance<py::str>(kernel_names)
+                                             ? std::vector<std::string>{kernel_names.cast<std::string>()}
+                                             : kernel_names.cast<std::vector<std::string>>();
+  std::vector<const Kernel*> ks;
+  for (const std::string& n : names) {
+    if (n == "all") {
+      const auto r = registry();
+      ks.insert(ks.end(), r.begin(), r.end());
+    } else {
+      ks.push_back(&kernel_or_throw(n));
+    }
+  }
+  const int t = thread_count(threads);
+  py::list out;
+  py::gil_scoped_release unlocked;
+  const Agreement a = prepare_agreement(c.p, c.in, sample_rows(c.p, static_cast<size_t>(rows), 7));
+  for (const Kernel* kern : ks) {
+    const KernelCheck r = check_kernel(*kern, c.p, c.in, a, t);
+    py::gil_scoped_acquire locked;
+    py::dict d;
+    d["kernel"] = bench::kernel_label(*kern);
+    d["verdict"] = to_string(r.verdict);
+    d["o_rel"] = r.errors.o_rel;
+    d["lse"] = r.errors.lse;
+    d["tol_o_rel"] = r.tol.o_rel;
+    d["tol_lse"] = r.tol.lse;
+    d["reason"] = r.reason;
+    out.append(d);
+  }
+  return out;
+}
+
+py::dict peak(const std::optional<int>& threads, double seconds) {
+  const int t = thread_count(threads);
+  if (!(seconds > 0)) throw py::value_error("seconds: must be > 0");
+  const size_t count = (size_t{256} << 20) / sizeof(float);
+  auto buf = alloc_floats(count);
+  py::dict d;
+  double fma = 0, read = 0;
+  {
+    py::gil_scoped_release unlocked;
+    for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>(i & 1023);
+    fma = bench::measure_fma_flops(t, seconds);
+    read = bench::measure_read_bytes(t, buf.get(), count);
+  }
+  d["threads"] = t;
+  d["fma_flops"] = fma;
+  d["read_bytes"] = read;
+  return d;
+}
+
+// The data pointers of the views the kernels read (for the no-copy test).
+py::dict views(const py::handle& q, const py::handle& k, const py::handle& v, const std::string& layout,
+               const std::optional<std::string>& dtype) {
+  const Call c = make_call(q, k, v, py::bool_(false), std::nullopt, std::nullopt, std::nullopt, layout, dtype);
+  const bool f = c.in.dtype == DType::F32;
+  py::dict d;
+  d["q"] = reinterpret_cast<uintptr_t>(f ? static_cast<const void*>(c.in.q.data) : c.in.q16.data);
+  d["k"] = reinterpret_cast<uintptr_t>(f ? static_cast<const void*>(c.in.k.data) : c.in.k16.data);
+  d["v"] = reinterpret_cast<uintptr_t>(f ? static_cast<const void*>(c.in.v.data) : c.in.v16.data);
+  d["problem"] = c.p.describe();
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(attnlab, m) {
+  m.doc() = "attnlab: the lab's attention kernels on numpy arrays (no copies; see src/python/module.cpp)";
+  py::register_exception<InvalidInput>(m, "InvalidInput", PyExc_ValueError);
+  m.def("attention", &attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kernel") = "flash",
+        py::arg("causal") = false, py::arg("window") = py::none(), py::arg("kv_lens") = py::none(),
+        py::arg("scale") = py::none(), py::arg("layout") = "bhsd", py::arg("threads") = py::none(),
+        py::arg("return_lse") = false, py::arg("dtype") = py::none(), py::arg("isa") = py::none(),
+        "O (and LSE when return_lse) of scaled-dot-product attention by one of the lab's kernels.\n"
+        "q (batch, q_heads, q_len, d), k (batch, kv_heads, kv_len, d), v (..., d_v) for layout 'bhsd'\n"
+        "(seq before heads for 'bshd'); causal False | True (bottom-right) | 'top_left'; window (left, right)\n"
+        "with -1 unbounded; kv_lens per batch entry; threads None = all cores.");
+  m.def("kernels", &kernels, "Every kernel variant: name, isa, label, description, precision, available, reason, default.");
+  m.def("verify", &verify, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kernels") = "all",
+        py::arg("causal") = false, py::arg("window") = py::none(), py::arg("kv_lens") = py::none(),
+        py::arg("scale") = py::none(), py::arg("layout") = "bhsd", py::arg("threads") = py::none(),
+        py::arg("rows") = 256, py::arg("dtype") = py::none(),
+        "Each kernel against the float64 reference on sampled rows, with the lab's tolerance policy:\n"
+        "a list of dicts (kernel, verdict PASS/FAIL/SKIP, o_rel, lse, tol_o_rel, tol_lse, reason).");
+  m.def("peak", &peak, py::arg("threads") = py::none(), py::arg("seconds") = 0.1,
+        "The machine's float32 FMA peak (FLOP/s) and streaming read bandwidth (bytes/s), one run each.");
+  m.def("_views", &views, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("layout") = "bhsd",
+        py::arg("dtype") = py::none(), "The data pointers the kernels would read (tests: no copies).");
+}

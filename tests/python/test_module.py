@@ -1,0 +1,148 @@
+"""The Python module (src/python/module.cpp) against a float64 numpy implementation written here,
+its error paths, and that it reads numpy arrays in place. Run by ctest (Python.module) with
+PYTHONPATH=build/python; `scripts/lab python` prints that line."""
+
+import numpy as np
+import pytest
+
+import attnlab
+
+
+def reference(q, k, v, causal=False, window=None, kv_lens=None, scale=None):
+    """float64 attention, bhsd; causal bottom-right; window (left, right), -1 unbounded."""
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    b, hq, lq, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    g = hq // hkv
+    k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    s = scale * np.einsum("bhid,bhjd->bhij", q, k)
+    o = np.zeros((b, hq, lq, v.shape[3]))
+    lse = np.full((b, hq, lq), -np.inf)
+    for bi in range(b):
+        n = lk if kv_lens is None else kv_lens[bi]
+        i = np.arange(lq)[:, None]
+        j = np.arange(lk)[None, :]
+        off = n - lq
+        keep = np.ones((lq, lk), dtype=bool) & (j < n)
+        if causal:
+            keep &= j <= i + off
+        if window is not None:
+            left, right = window
+            if left >= 0:
+                keep &= j >= i + off - left
+            if right >= 0:
+                keep &= j <= i + off + right
+        sb = np.where(keep, s[bi], -np.inf)
+        m = sb.max(axis=-1, keepdims=True)
+        live = np.isfinite(m)
+        p = np.where(keep, np.exp(sb - np.where(live, m, 0)), 0)
+        l = p.sum(axis=-1, keepdims=True)
+        o[bi] = np.where(live, (p @ v[bi]) / np.where(live, l, 1), 0)
+        lse[bi] = np.where(live[..., 0], (m + np.log(np.where(live, l, 1)))[..., 0], -np.inf)
+    return o, lse
+
+
+def inputs(b=2, hq=6, hkv=2, lq=33, lk=70, d=40, dv=None, seed=0, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    q = rng.uniform(-1, 1, (b, hq, lq, d)).astype(dtype)
+    k = rng.uniform(-1, 1, (b, hkv, lk, d)).astype(dtype)
+    v = rng.uniform(-1, 1, (b, hkv, lk, dv or d)).astype(dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("kernel", ["naive", "blocked", "flash", "simd", "threaded"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_numpy(kernel, causal):
+    q, k, v = inputs()
+    o, lse = attnlab.attention(q, k, v, kernel=kernel, causal=causal, return_lse=True, threads=2)
+    ro, rl = reference(q, k, v, causal=causal)
+    assert o.dtype == np.float32 and o.shape == ro.shape
+    assert np.max(np.abs(o - ro)) < 1e-5
+    assert np.max(np.abs(lse - rl)) < 1e-5
+
+
+def test_masks_windows_kv_lens_scale_and_head_dim_v():
+    q, k, v = inputs(dv=24)  # d_v != d_qk (MLA)
+    kw = dict(causal=True, window=(9, 0), kv_lens=[70, 0], scale=0.3)
+    for kernel in ["naive", "flash"]:
+        o, lse = attnlab.attention(q, k, v, kernel=kernel, return_lse=True, **kw)
+        ro, rl = reference(q, k, v, **kw)
+        assert o.shape == (2, 6, 33, 24)
+        assert np.max(np.abs(o - ro)) < 1e-5
+        assert np.array_equal(np.isinf(lse), np.isinf(rl))  # kv_lens 0: fully masked rows, -inf
+        assert np.all(o[1] == 0)
+
+
+def test_decode_top_left_and_bshd():
+    q, k, v = inputs(lq=1, lk=600)
+    o = attnlab.attention(q, k, v, kernel="decode", causal=True)
+    assert np.max(np.abs(o - reference(q, k, v, causal=True)[0])) < 1e-5
+    q, k, v = inputs(lq=40, lk=30)
+    ro = reference(q, k, v, causal=True, window=None)[0]  # bottom-right: rows above see nothing
+    o = attnlab.attention(q, k, v, causal="bottom_right")
+    assert np.max(np.abs(o - ro)) < 1e-5
+    tl = attnlab.attention(q, k, v, causal="top_left")
+    assert not np.allclose(tl, o)  # top-left differs from bottom-right when q_len != kv_len
+    t = lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+    ob = attnlab.attention(t(q), t(k), t(v), causal=True, layout="bshd")
+    assert np.max(np.abs(t(ob) - o)) == 0 or np.max(np.abs(t(ob) - o)) < 1e-6
+
+
+def test_sixteen_bit_inputs_are_read_in_place():
+    q, k, v = inputs(dtype=np.float16)
+    o = attnlab.attention(q, k, v, kernel="flash")
+    assert np.max(np.abs(o - reference(q, k, v)[0])) < 1e-5  # f16 widened exactly: the same values
+    bits = lambda x: (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)  # truncation to bf16
+    qb, kb, vb = (bits(x) for x in inputs())
+    widen = lambda x: (x.astype(np.uint32) << 16).view(np.float32)
+    o = attnlab.attention(qb, kb, vb, dtype="bf16")
+    assert np.max(np.abs(o - reference(widen(qb), widen(kb), widen(vb))[0])) < 1e-5
+
+
+def test_no_copies_for_contiguous_inputs():
+    for dtype in (np.float32, np.float16):
+        q, k, v = inputs(dtype=dtype, dv=16)
+        views = attnlab._views(q, k, v)
+        assert views["q"] == q.ctypes.data and views["k"] == k.ctypes.data and views["v"] == v.ctypes.data
+        assert "head_dim_v=16" in views["problem"]
+
+
+def test_errors_name_the_argument():
+    q, k, v = inputs()
+    with pytest.raises(TypeError, match="^q: a numpy array is required"):
+        attnlab.attention(q.tolist(), k, v)
+    with pytest.raises(TypeError, match="^k: dtype float64"):
+        attnlab.attention(q, k.astype(np.float64), v)
+    with pytest.raises(ValueError, match="^v: not C-contiguous"):
+        attnlab.attention(q, k, v.transpose(0, 1, 3, 2).copy().transpose(0, 1, 3, 2))
+    with pytest.raises(ValueError, match="^q: shape \\(6, 33, 40\\) has 3 dimensions"):
+        attnlab.attention(q[0], k, v)
+    with pytest.raises(ValueError, match="^causal: 'diagonal'"):
+        attnlab.attention(q, k, v, causal="diagonal")
+    with pytest.raises(ValueError, match="kv_heads"):
+        attnlab.attention(q, k[:, :1].repeat(4, axis=1), v[:, :1].repeat(4, axis=1))  # 4 does not divide 6
+    with pytest.raises(ValueError, match="unknown kernel|allowed"):
+        attnlab.attention(q, k, v, kernel="fastest")
+    with pytest.raises(ValueError, match="head_dim_v != head_dim"):
+        attnlab.attention(*inputs(dv=8), kernel="simd")  # simd keeps one head_dim: says who runs it
+    with pytest.raises(ValueError, match="^threads"):
+        attnlab.attention(q, k, v, threads=0)
+    with pytest.raises(TypeError, match="dtype=\"bf16\""):
+        attnlab.attention(np.zeros(q.shape, np.uint16), k, v)  # bf16 bits need dtype="bf16"
+
+
+def test_kernels_verify_and_peak():
+    ks = attnlab.kernels()
+    names = {x["name"] for x in ks}
+    assert {"naive", "blocked", "simd", "threaded", "flash", "decode"} <= names
+    flash = [x for x in ks if x["name"] == "flash" and x["default"]]
+    assert len(flash) == 1 and flash[0]["available"]
+    q, k, v = inputs(lq=5, lk=50)
+    rows = attnlab.verify(q, k, v, kernels=["naive", "flash", "decode"], causal=True)
+    assert [r["verdict"] for r in rows] == ["PASS", "PASS", "PASS"]
+    assert all(r["o_rel"] <= r["tol_o_rel"] for r in rows)
+    skipped = attnlab.verify(*inputs(), kernels="decode")  # q_len 33 > 16
+    assert skipped[0]["verdict"] == "SKIP" and "q_len" in skipped[0]["reason"]
+    p = attnlab.peak(threads=1, seconds=0.02)
+    assert p["fma_flops"] > 1e9 and p["read_bytes"] > 1e8
