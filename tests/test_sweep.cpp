@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 
 #include "attnlab/isa.hpp"
@@ -215,6 +216,45 @@ TEST_F(SweepRun, SweepWritesEveryPointAndTheTidyOutputs) {
     EXPECT_GT(pf.record.peak_flops, 0);
     EXPECT_GT(pf.record.verify_rows, 0);
   }
+}
+
+// bench.json names carry the point, not the timing settings, and each point is its own family:
+// two sweeps with different repetitions and min_time line up in Google Benchmark's compare.py
+// (Debian's libbenchmark-tools; needs python3-scipy), point by point.
+TEST_F(SweepRun, BenchJsonNamesAreStableAcrossTimingSettings) {
+  const std::string a = fresh_dir("gb_a"), b = fresh_dir("gb_b");
+  const std::string shape = R"({"description": "d", "implementations": ["naive", "blocked"], "q_heads": 2,
+      "q_len": [8, 16], "head_dim": 16, "threads": 1, )";
+  ASSERT_EQ(run_sweep(parse_experiment(Json::parse(shape + R"("repetitions": 2, "min_time_s": 0.001})"), "gb", names),
+                      options(a)).ok, 4u) << log.str();
+  ASSERT_EQ(run_sweep(parse_experiment(Json::parse(shape + R"("repetitions": 3, "min_time_s": 0.002})"), "gb", names),
+                      options(b)).ok, 4u) << log.str();
+  std::set<std::string> names_a, names_b;
+  std::set<int64_t> families;
+  for (const auto& [dir, set] : {std::pair{a, &names_a}, std::pair{b, &names_b}}) {
+    const Json bench = Json::parse(read_text_file(dir + "/bench.json"));
+    EXPECT_EQ(bench["context"]["attnlab_repetitions"], dir == a ? 2 : 3);
+    for (const auto& r : bench["benchmarks"]) {
+      const std::string n = r["name"];
+      EXPECT_EQ(n.find("min_time"), std::string::npos) << n;
+      EXPECT_EQ(n.find("repeats"), std::string::npos) << n;
+      if (r["run_type"] == "iteration") set->insert(n), families.insert(r["family_index"].get<int64_t>());
+    }
+  }
+  EXPECT_EQ(names_a, names_b);
+  EXPECT_EQ(names_a.size(), 4u);
+  EXPECT_EQ(families, (std::set<int64_t>{0, 1, 2, 3}));  // one family per point, in plan order
+  const std::string compare = "/usr/share/benchmark/compare.py";
+  if (!fs::exists(compare) || std::system("/usr/bin/python3 -c 'import scipy' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << compare << " or scipy missing (scripts/setup.sh installs libbenchmark-tools, python3-scipy)";
+  }
+  const std::string out = ::testing::TempDir() + "/attn_gb_compare.txt";
+  ASSERT_EQ(std::system(("/usr/bin/python3 " + compare + " benchmarks " + a + "/bench.json " + b + "/bench.json > " +
+                         out + " 2>&1").c_str()),
+            0)
+      << read_text_file(out);
+  const std::string text = read_text_file(out);
+  for (const std::string& n : names_a) EXPECT_NE(text.find(n), std::string::npos) << n << " not lined up:\n" << text;
 }
 
 TEST_F(SweepRun, StoppedSweepResumesWithoutLosingOrRepeatingPoints) {

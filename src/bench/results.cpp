@@ -380,10 +380,17 @@ void write_outputs(const std::string& dir, const SweepPlan& plan, const std::vec
   });
   std::vector<PointRecord> records;
   Json bench = {{"context", Json::object()}, {"benchmarks", Json::array()}};
-  for (const PointFile* pf : sorted) {
+  // Each point ran alone (family 0 of its own run): its family index becomes its place in the
+  // plan, as if the sweep had been one Google Benchmark run.
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const PointFile* pf = sorted[i];
     records.push_back(pf->record);
     if (bench["context"].empty() && pf->gbench_context.is_object()) bench["context"] = pf->gbench_context;
-    for (const auto& run : pf->gbench_runs) bench["benchmarks"].push_back(run);
+    for (Json run : pf->gbench_runs) {
+      run["family_index"] = i;
+      run["per_family_instance_index"] = 0;
+      bench["benchmarks"].push_back(std::move(run));
+    }
   }
   write_file_atomic(dir + "/results.csv", tidy_csv(plan.experiment, records));
   // One benchmark per line: compact enough to commit, still readable and diffable.

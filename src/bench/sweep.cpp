@@ -71,7 +71,10 @@ void init_benchmark_once() {
   benchmark::Initialize(&argc, argv);
 }
 
-// Keeps Google Benchmark's own JSON (for bench.json) and the runs (for the record).
+// Keeps Google Benchmark's own JSON (for bench.json) and the runs (for the record). The names
+// drop the timing settings Google Benchmark appends (/min_time:0.050/repeats:3), so a point has
+// the same name in every sweep and in attn_bench (which takes them from its flags), and
+// Google Benchmark's compare.py lines runs up across settings.
 class CaptureReporter : public benchmark::BenchmarkReporter {
  public:
   CaptureReporter() {
@@ -80,7 +83,9 @@ class CaptureReporter : public benchmark::BenchmarkReporter {
   }
   bool ReportContext(const Context& c) override { return json_.ReportContext(c); }
   void ReportRuns(const std::vector<Run>& runs) override {
-    json_.ReportRuns(runs);
+    std::vector<Run> named = runs;
+    for (Run& r : named) r.run_name.min_time.clear(), r.run_name.repetitions.clear();
+    json_.ReportRuns(named);
     runs_.insert(runs_.end(), runs.begin(), runs.end());
   }
   void Finalize() override { json_.Finalize(); }
@@ -618,7 +623,9 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
   run.context_extra = {{"attnlab_experiment", e.name},
                        {"attnlab_git_commit", machine.value("git", Json::object()).value("commit", "unknown")},
                        {"attnlab_simd_arch", machine.value("isa", Json::object()).value("simd_arch", "")},
-                       {"attnlab_flags", machine.value("flags", "")}};
+                       {"attnlab_flags", machine.value("flags", "")},
+                       {"attnlab_min_time_s", e.min_time_s},  // the timing settings, not in the names
+                       {"attnlab_repetitions", e.repetitions}};
 
   run.timing.repetitions = e.repetitions;
   run.timing.min_time_s = e.min_time_s;
