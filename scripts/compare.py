@@ -5,13 +5,16 @@
 
 Joins the points both folders measured (status ok, same point id: kernel, shape, mask,
 threads) and reports speed-up = time(A) / time(B) (> 1: B is faster), with each side's
-min-max spread over repetitions, plus the geometric-mean speed-up per kernel. Prints the
-table as Markdown and writes compare.md and compare.png to --out (default:
-RUN_B/compare-vs-<name of RUN_A>). Reads only the two results.csv files (and machine.json
-for the commit of each run).
+min-max spread over repetitions, a two-sided Mann-Whitney U test over the repetitions (as
+Google Benchmark's compare.py; from points/<id>.json, scipy), plus the geometric-mean
+speed-up per kernel. Flags what differs between the two runs' machines (CPU, default ISA,
+measured peaks), since a speed-up across machines is not a code change. Prints the table as
+Markdown and writes compare.md and compare.png to --out (default: RUN_B/compare-vs-<name of
+RUN_A>). Reads the two results.csv files, points/ and machine.json.
 """
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -28,6 +31,59 @@ import matplotlib.pyplot as plt  # noqa: E402
 def label(folder, machine):
     git = machine.get("git", {}).get("commit", "?")[:10]
     return f"{os.path.basename(os.path.abspath(folder))} ({git})"
+
+
+ALPHA = 0.05  # significance level of the U test
+
+
+def repetition_times(folder, point_id):
+    """The point's per-repetition seconds (points/<id>.json), or None."""
+    path = os.path.join(folder, "points", point_id + ".json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        doc = json.load(f)
+    times = [t for t in doc.get("record", {}).get("times_s", []) if isinstance(t, (int, float))]
+    return times or None
+
+
+def u_test(ta, tb):
+    """Two-sided Mann-Whitney U p-value of two samples of repetition times; None without scipy or
+    with fewer than 2 repetitions on a side."""
+    if not ta or not tb or len(ta) < 2 or len(tb) < 2:
+        return None
+    try:
+        from scipy.stats import mannwhitneyu
+    except ImportError:
+        return None
+    return float(mannwhitneyu(ta, tb, alternative="two-sided").pvalue)
+
+
+def machine_differences(ma, mb):
+    """What differs between the two runs' machines (CPU, ISA, measured peaks > 10% apart)."""
+    out = []
+    for key in ("cpu_model", "cores"):
+        if ma.get(key) != mb.get(key):
+            out.append(f"{key}: {ma.get(key)} vs {mb.get(key)}")
+    ia, ib = ma.get("isa", {}), mb.get("isa", {})
+    if ia.get("default") != ib.get("default"):
+        out.append(f"default ISA: {ia.get('default')} vs {ib.get('default')}")
+
+    def peaks(m):
+        p = m.get("peaks", {})
+        rows = {}
+        for t in p.get("targets", []) or [{"isa": p.get("simd_arch"), "rows": p.get("rows", [])}]:
+            for r in t.get("rows", []):
+                rows[(t.get("isa"), r["threads"])] = r
+        return rows
+
+    pa, pb = peaks(ma), peaks(mb)
+    for key in sorted(set(pa) & set(pb), key=str):
+        for field, unit, scale in (("fma_flops", "GFLOP/s", 1e9), ("read_bytes", "GB/s", 1e9)):
+            x, y = pa[key].get(field), pb[key].get(field)
+            if x and y and abs(y / x - 1) > 0.10:
+                out.append(f"{key[0]} {key[1]} threads {field}: {x / scale:.1f} vs {y / scale:.1f} {unit}")
+    return out
 
 
 def overlaps(a, b):
@@ -48,17 +104,24 @@ def compare(run_a, run_b, out):
     common.sort(key=lambda i: (kernels.index(b[i]["kernel"]), b[i]["flops"], i))
 
     la, lb = label(run_a, mach_a), label(run_b, mach_b)
-    md = [f"# Compare: A = {la}, B = {lb}", "",
-          "Speed-up = time(A) / time(B): above 1 means B is faster. 'within noise' marks points whose min-max "
-          "ranges over repetitions overlap.", "",
-          "| point | A ms | B ms | speed-up | |", "|---|---|---|---|---|"]
-    speedups = {}
+    md = [f"# Compare: A = {la}, B = {lb}", ""]
+    diff = machine_differences(mach_a or {}, mach_b or {})
+    if diff:
+        md += ["**The two runs' machines differ** (a speed-up here is not only the code): " + "; ".join(diff) + ".", ""]
+    md += ["Speed-up = time(A) / time(B): above 1 means B is faster. p: two-sided Mann-Whitney U test over the "
+           f"repetitions (as Google Benchmark's compare.py); 'within noise' marks points with p >= {ALPHA}, or, "
+           "without a test (under 2 repetitions, no scipy), whose min-max ranges overlap.", "",
+           "| point | A ms | B ms | speed-up | p | |", "|---|---|---|---|---|---|"]
+    speedups, pvalues = {}, {}
     for i in common:
         ra, rb = a[i], b[i]
         s = ra["time_median_s"] / rb["time_median_s"]
         speedups.setdefault(rb["kernel"], []).append(s)
+        p = u_test(repetition_times(run_a, i), repetition_times(run_b, i))
+        pvalues[i] = p
+        noise = overlaps(ra, rb) if p is None else p >= ALPHA
         md.append(f"| {i} | {ra['time_median_s'] * 1e3:.4g} | {rb['time_median_s'] * 1e3:.4g} | {s:.3f} | "
-                  f"{'within noise' if overlaps(ra, rb) else ''} |")
+                  f"{'-' if p is None else f'{p:.3g}'} | {'within noise' if noise else ''} |")
     md += ["", "| kernel | points | geometric-mean speed-up | min | max |", "|---|---|---|---|---|"]
     for k in kernels:
         if k not in speedups:
@@ -77,7 +140,15 @@ def compare(run_a, run_b, out):
     vals = [a[i]["time_median_s"] / b[i]["time_median_s"] for i in common]
     cmap = plt.get_cmap("tab10")
     colors = [cmap(kernels.index(b[i]["kernel"]) % 10) for i in common]
-    ax.barh(list(ys), vals, color=colors)
+    # Solid: significant (p < ALPHA); faded: within noise. Whiskers: the ratio's range from the
+    # two sides' min-max times.
+    alphas = [1.0 if pvalues[i] is not None and pvalues[i] < ALPHA else 0.35 for i in common]
+    lo = [v - a[i]["time_min_s"] / b[i]["time_max_s"] for v, i in zip(vals, common)]
+    hi = [a[i]["time_max_s"] / b[i]["time_min_s"] - v for v, i in zip(vals, common)]
+    for y, v, c, al in zip(ys, vals, colors, alphas):
+        ax.barh(y, v, color=c, alpha=al)
+    ax.errorbar(vals, list(ys), xerr=[[max(0, x) for x in lo], [max(0, x) for x in hi]], fmt="none",
+                ecolor="black", elinewidth=0.6, capsize=1.5)
     ax.axvline(1, color="gray", linewidth=1)
     ax.set_xscale("log")
     ax.set_yticks(list(ys))
@@ -91,7 +162,8 @@ def compare(run_a, run_b, out):
     plt.close(fig)
     md += ["", "![speed-ups](compare.png)", "",
            "*Per-point speed-up of B over A, coloured by kernel, on a log axis: bars right of the line are points "
-           "where B is faster.*", ""]
+           f"where B is faster; solid bars are significant (U test p < {ALPHA}), faded ones within noise; whiskers "
+           "span the ratio's range from the two runs' min-max times.*", ""]
     text = "\n".join(md)
     with open(os.path.join(out, "compare.md"), "w") as f:
         f.write(text)

@@ -328,6 +328,44 @@ TEST_F(Report, CompareGivesPerPointSpeedups) {
   EXPECT_NE(output.find("no measured point in common"), std::string::npos) << output;
 }
 
+// compare.py's U test over the repetitions (points/<id>.json) and its machine check: the same
+// folder with one point's five repetitions made twice as fast, and another CPU in machine.json.
+TEST_F(Report, CompareTestsSignificanceAndFlagsMachineDifferences) {
+  if (!python_ready() || std::system((kPython + " -c 'import scipy' > /dev/null 2>&1").c_str()) != 0) {
+    GTEST_SKIP() << "no matplotlib/numpy/scipy for " << kPython;
+  }
+  const std::string fx = kSource + "/tests/fixtures/results_scaling";
+  const std::string a = fresh_dir("cmp_a"), b = fresh_dir("cmp_b"), out = fresh_dir("cmp_out");
+  for (const std::string& d : {a, b}) {
+    fs::copy(fx, d, fs::copy_options::recursive);
+    fs::create_directories(d + "/points");
+  }
+  const std::string fast = "naive-b1-hq2-hkv2-sq32-sk32-d16-causal-t1", same = "naive-b1-hq2-hkv2-sq32-sk32-d16-causal-t2";
+  const auto put = [](const std::string& dir, const std::string& id, double t) {
+    Json times = Json::array();
+    for (int r = 0; r < 5; ++r) times.push_back(t * (1 + 0.01 * r));
+    std::ofstream(dir + "/points/" + id + ".json") << Json{{"record", {{"times_s", times}}}}.dump();
+  };
+  put(a, fast, 2e-5), put(b, fast, 1e-5);
+  put(a, same, 1e-5), put(b, same, 1e-5);
+  Json machine = Json::parse(read_text_file(b + "/machine.json"));
+  machine["cpu_model"] = "Another CPU";
+  std::ofstream(b + "/machine.json") << machine.dump();
+  std::string output;
+  ASSERT_EQ(run(kPython + " " + kSource + "/scripts/compare.py '" + a + "' '" + b + "' --out '" + out + "'", &output), 0)
+      << output;
+  const std::string md = read_text_file(out + "/compare.md");
+  EXPECT_NE(md.find("machines differ"), std::string::npos) << md;
+  EXPECT_NE(md.find("Another CPU"), std::string::npos) << md;
+  // 5 vs 5 repetitions, all of B below all of A: exact two-sided p = 2/252.
+  EXPECT_NE(md.find("| " + fast + " | "), std::string::npos) << md;
+  const std::regex fast_row("\\| " + fast + " \\|[^\\n]*\\| 0\\.00794 \\|  \\|");
+  EXPECT_TRUE(std::regex_search(md, fast_row)) << md;
+  const std::regex same_row("\\| " + same + " \\|[^\\n]*\\| within noise \\|");
+  EXPECT_TRUE(std::regex_search(md, same_row)) << md;
+  expect_png(out + "/compare.png");
+}
+
 }  // namespace
 }  // namespace attnlab::bench
 
