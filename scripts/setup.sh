@@ -9,8 +9,8 @@
 set -euo pipefail
 
 case "${1:-}" in
-  ""|clang|qemu|cross-aarch64) ;;
-  *) echo "setup: unknown mode '$1'; allowed: (none), clang, qemu, cross-aarch64" >&2; exit 2 ;;
+  ""|clang|qemu|cross-aarch64|slurm) ;;
+  *) echo "setup: unknown mode '$1'; allowed: (none), clang, qemu, cross-aarch64, slurm" >&2; exit 2 ;;
 esac
 
 PKGS=(
@@ -31,6 +31,10 @@ if [[ "${1:-}" == qemu ]]; then
 fi
 if [[ "${1:-}" == cross-aarch64 ]]; then
   PKGS+=(g++-aarch64-linux-gnu qemu-user)
+fi
+# scripts/setup.sh slurm: Slurm and munge (scripts/lab slurm-test, scripts/slurm/).
+if [[ "${1:-}" == slurm ]]; then
+  PKGS+=(slurm-wlm munge)
 fi
 
 missing=()
