@@ -6,7 +6,7 @@
 Joins the points both folders measured (status ok, same point id: kernel, shape, mask,
 threads) and reports speed-up = time(A) / time(B) (> 1: B is faster), with each side's
 min-max spread over repetitions, a two-sided Mann-Whitney U test over the repetitions (as
-Google Benchmark's compare.py; from points/<id>.json, scipy), plus the geometric-mean
+Google Benchmark's compare.py; from points/<id>.json or bench.json, scipy), plus the geometric-mean
 speed-up per kernel. Flags what differs between the two runs' machines (CPU, default ISA,
 measured peaks), since a speed-up across machines is not a code change. Prints the table as
 Markdown and writes compare.md and compare.png to --out (default: RUN_B/compare-vs-<name of
@@ -36,15 +36,57 @@ def label(folder, machine):
 ALPHA = 0.05  # significance level of the U test
 
 
-def repetition_times(folder, point_id):
-    """The point's per-repetition seconds (points/<id>.json), or None."""
-    path = os.path.join(folder, "points", point_id + ".json")
-    if not os.path.isfile(path):
+UNIT_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def id_of_name(name):
+    """A Google Benchmark name (attn/flash/b:1/hq:8/hkv:8/sq:4096/sk:4096/d:128[/dv:64]/mask:none
+    [/layout:bshd][/dtype:bf16]/t:2[/isa:avx2][/min_time:..][/repeats:..]/real_time) as the
+    point id (flash-b1-hq8-hkv8-sq4096-sk4096-d128[v64]-none[-bshd][-bf16]-t2[-avx2]); None when
+    it is not a point's name."""
+    parts = name.split("/")
+    if len(parts) < 3 or parts[0] != "attn":
         return None
-    with open(path) as f:
-        doc = json.load(f)
-    times = [t for t in doc.get("record", {}).get("times_s", []) if isinstance(t, (int, float))]
-    return times or None
+    f = dict(p.split(":", 1) for p in parts[2:] if ":" in p)
+    try:
+        i = (f"{parts[1]}-b{f['b']}-hq{f['hq']}-hkv{f['hkv']}-sq{f['sq']}-sk{f['sk']}-d{f['d']}"
+             + (f"v{f['dv']}" if "dv" in f else "") + f"-{f['mask']}")
+    except KeyError:
+        return None
+    i += ("-bshd" if f.get("layout") == "bshd" else "") + (f"-{f['dtype']}" if "dtype" in f else "")
+    return i + f"-t{f['t']}" + (f"-{f['isa']}" if "isa" in f else "")
+
+
+_bench_cache = {}
+
+
+def bench_times(folder):
+    """Per point id, the repetitions' seconds per iteration from the folder's bench.json."""
+    if folder not in _bench_cache:
+        out = {}
+        path = os.path.join(folder, "bench.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                doc = json.load(f)
+            for r in doc.get("benchmarks", []):
+                i = id_of_name(r.get("run_name") or r.get("name", ""))
+                if i and r.get("run_type") == "iteration" and not r.get("error_occurred") and r.get("real_time"):
+                    out.setdefault(i, []).append(r["real_time"] * UNIT_S.get(r.get("time_unit", "ns"), 1e-9))
+        _bench_cache[folder] = out
+    return _bench_cache[folder]
+
+
+def repetition_times(folder, point_id):
+    """The point's per-repetition seconds: points/<id>.json, else the folder's bench.json (committed
+    runs keep no points/); None when neither has them."""
+    path = os.path.join(folder, "points", point_id + ".json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            doc = json.load(f)
+        times = [t for t in doc.get("record", {}).get("times_s", []) if isinstance(t, (int, float))]
+        if times:
+            return times
+    return bench_times(folder).get(point_id)
 
 
 def u_test(ta, tb):
