@@ -18,8 +18,10 @@
 
 #include "attnlab/kernel.hpp"
 #include "attnlab/npy.hpp"
+#include "bench/bench_point.hpp"
 #include "bench/files.hpp"
 #include "bench/results.hpp"
+#include "test_util.hpp"
 
 namespace attnlab::bench {
 namespace {
@@ -326,6 +328,26 @@ TEST_F(Report, CompareGivesPerPointSpeedups) {
                 &output),
             0);
   EXPECT_NE(output.find("no measured point in common"), std::string::npos) << output;
+}
+
+// compare.py reads the repetitions of committed runs (no points/) from bench.json: Google
+// Benchmark names map back to point ids exactly as point_id() writes them.
+TEST_F(Report, CompareMapsBenchmarkNamesToPointIds) {
+  Problem p = test::shape(1, 8, 2, 4096, 4096, 192);
+  p.head_dim_v = 128, p.layout = Layout::BSHD, p.dtype = DType::BF16, p.causal = CausalAlign::BottomRight;
+  const Problem q = test::shape(1, 32, 8, 1, 32768, 128);
+  std::string cases;
+  for (const auto& [k, pr, isa] : {std::tuple{"flash", p, "avx2"}, std::tuple{"decode", q, ""}, std::tuple{"naive", p, ""}}) {
+    cases += "(" + Json(point_name(k, pr, 2, isa) + "/min_time:0.050/repeats:3/real_time").dump() + ", " +
+             Json(point_id(k, pr, 2, isa)).dump() + "),";
+  }
+  std::string output;
+  const std::string py = "import sys; sys.path.insert(0, '" + kSource + "/scripts'); from compare import id_of_name; "
+                         "bad = [(n, i, id_of_name(n)) for n, i in [" + cases + "] if id_of_name(n) != i]; "
+                         "print(bad); sys.exit(1 if bad else 0)";
+  const std::string script = fresh_dir("id_of_name") + ".py";
+  std::ofstream(script) << py << "\n";
+  EXPECT_EQ(run(kPython + " '" + script + "'", &output), 0) << output;
 }
 
 // compare.py's U test over the repetitions (points/<id>.json) and its machine check: the same
