@@ -22,6 +22,7 @@ struct CudaArgs {
   std::string impl = "cuda_flash,cuda_naive";
   std::string seq = "512,1024,2048,4096,8192";
   std::string head_dim = "64,128";
+  int64_t head_dim_v = 0;  // 0 = head_dim
   std::string gqa = "1,4";
   int64_t batch = 2, q_heads = 16;
   bool no_causal = false;
@@ -52,7 +53,7 @@ int run_timing(const CudaArgs& a) {
   std::printf("%-11s %-44s %10s %9s %9s %9s %8s %7s %s\n", "kernel", "problem", "kernel_ms", "h2d_ms",
               "d2h_ms", "TFLOP/s", "%fp32", "verify", "");
   std::ostringstream csv;
-  csv << "kernel,batch,q_heads,kv_heads,q_len,kv_len,head_dim,causal,flops,kernel_ms,h2d_ms,d2h_ms,"
+  csv << "kernel,batch,q_heads,kv_heads,q_len,kv_len,head_dim,head_dim_v,causal,flops,kernel_ms,h2d_ms,d2h_ms,"
          "tflops,fp32_peak_tflops,fp32_fraction,verified\n";
   bool all_ok = true;
   for (int64_t d : parse_int_list("head-dim", a.head_dim))
@@ -61,15 +62,16 @@ int run_timing(const CudaArgs& a) {
         Problem p;
         p.batch = a.batch, p.q_heads = a.q_heads, p.kv_heads = a.q_heads / std::max<int64_t>(g, 1);
         p.q_len = s, p.kv_len = s, p.head_dim = d;
+        p.head_dim_v = a.head_dim_v == d ? 0 : a.head_dim_v;
         p.causal = a.no_causal ? CausalAlign::None : CausalAlign::BottomRight;
         p.validate();
         Tensors t = random_tensors(p, 1);
         const Agreement ag = prepare_agreement(p, t.inputs, sample_rows(p, static_cast<size_t>(a.verify_rows), 3));
         for (const Kernel* k : kernels) {
           char shape[96];
-          std::snprintf(shape, sizeof shape, "b%lld h%lld/%lld s%lld d%lld%s", (long long)p.batch,
+          std::snprintf(shape, sizeof shape, "b%lld h%lld/%lld s%lld d%lld/%lld%s", (long long)p.batch,
                         (long long)p.q_heads, (long long)p.kv_heads, (long long)s, (long long)d,
-                        a.no_causal ? "" : " causal");
+                        (long long)p.dim_v(), a.no_causal ? "" : " causal");
           if (k == &cuda::naive() && s > a.naive_max_seq) continue;
           const KernelCheck c = check_kernel(*k, p, t.inputs, ag, 1);
           all_ok &= c.verdict != Verdict::Fail;
@@ -89,7 +91,7 @@ int run_timing(const CudaArgs& a) {
                       c.reason.c_str());
           std::fflush(stdout);
           csv << k->name() << "," << p.batch << "," << p.q_heads << "," << p.kv_heads << "," << s << "," << s
-              << "," << d << "," << (a.no_causal ? 0 : 1) << "," << p.flops() << "," << ms << ","
+              << "," << d << "," << p.dim_v() << "," << (a.no_causal ? 0 : 1) << "," << p.flops() << "," << ms << ","
               << median(h2d) << "," << median(d2h) << "," << tflops << "," << info.fp32_peak_tflops << ","
               << frac << "," << to_string(c.verdict) << "\n";
         }
@@ -108,6 +110,7 @@ Command add_cuda(CLI::App& app) {
   sub->add_option("--impl", args->impl, "CUDA kernels, comma-separated");
   sub->add_option("--seq", args->seq, "q_len = kv_len values, comma-separated");
   sub->add_option("--head-dim", args->head_dim, "head dims, comma-separated");
+  sub->add_option("--head-dim-v", args->head_dim_v, "head dim of V and O at every point (default: each --head-dim)");
   sub->add_option("--gqa", args->gqa, "query heads per kv head, comma-separated (1 = MHA)");
   sub->add_option("--batch", args->batch, "batch");
   sub->add_option("--q-heads", args->q_heads, "query heads");
