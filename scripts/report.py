@@ -43,7 +43,7 @@ DIMS = ["batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "head_dim
 INT_COLS = {"batch", "q_heads", "kv_heads", "gqa_group", "q_len", "kv_len", "head_dim", "head_dim_v", "causal",
             "window_left", "window_right", "threads", "visible_pairs", "extra_bytes", "plan_bytes", "memory_bytes",
             "repetitions", "iterations", "verify_rows"}
-FLOAT_COLS = {"flops", "bytes", "kv_bytes", "time_median_s", "time_min_s", "time_max_s", "time_mean_s",
+FLOAT_COLS = {"flops", "bytes", "kv_bytes", "kv_bytes_per_token", "time_median_s", "time_min_s", "time_max_s", "time_mean_s",
               "time_stddev_s", "time_cv", "gflops", "gbytes_per_s", "peak_gflops", "peak_fraction",
               "read_bw_gbs", "bw_fraction", "err_o_rel", "tol_o_rel", "err_lse", "tol_lse", "seconds_spent",
               "err_o_rel_f32_inputs", "density"}
@@ -936,11 +936,6 @@ def agreement(rows_k):
     return "not verified"
 
 
-def kv_bytes_per_token(r):
-    """K and V bytes one token adds to the cache of one layer: kv_heads x (d + d_v) x element bytes."""
-    return r["kv_heads"] * (r["head_dim"] + r["head_dim_v"]) * (4 if r["dtype"] == "f32" else 2)
-
-
 def model_table(rows, experiment):
     """Per model (rows with a model label, in the experiment's grid order): its configuration, prefill
     GFLOP/s and % of peak at each measured context, decode time per token at 4k and 32k, the KV
@@ -985,7 +980,7 @@ def model_table(rows, experiment):
         md.append(f"| {m} | " + " ; ".join(dict.fromkeys(f"{r['q_heads']}/{r['kv_heads']}" for r in rm)) + " | "
                   + " ; ".join(dict.fromkeys(f"{r['head_dim']} / {r['head_dim_v']}" for r in rm)) + " | "
                   f"{', '.join(masks)} | {pre_text} | {decode_cell(4096)} | {decode_cell(32768)} | "
-                  + " ; ".join(str(x) for x in dict.fromkeys(kv_bytes_per_token(r) for r in rm)) + " |")
+                  + " ; ".join(fmt(x, ".0f") for x in dict.fromkeys(r.get("kv_bytes_per_token") for r in rm)) + " |")
     md.append("")
     if skipped:
         md += ["Model points that did not run (not shrunk to fit): "

@@ -304,6 +304,16 @@ TEST_F(Cli, BadInputGetsClearErrorsAndWritesNothing) {
   r = attnlab("run --impl naive --q " + path("q.npy") + " --k " + path("kd.npy") + " --v " + path("kd.npy") + out);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("head_dim 4 differs from Q's head_dim 8"), std::string::npos) << r.out;
+  // V may differ from K in its last dimension only (head_dim_v), and --head-dim-v is range-checked.
+  const float vx[2 * 2 * 8] = {};
+  write_npy(path("vs.npy"), vx, {1, 2, 2, 8});  // 2 keys, K has 3
+  r = attnlab("run --impl naive " + qkv().substr(0, qkv().find(" --v ")) + " --v " + path("vs.npy") + out);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("allowed: V has K's shape but for its last dimension (head_dim_v)"), std::string::npos) << r.out;
+  r = attnlab("verify --head-dim-v 577");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("head_dim_v: 577 is not supported; allowed: 1 to 576, or 0 (= head_dim)"), std::string::npos)
+      << r.out;
   const std::vector<float> q_data(1 * 2 * 3 * 8, 0.f);
   std::string q = encode_npy(q_data.data(), {1, 2, 3, 8});
   std::ofstream(path("qt.npy"), std::ios::binary) << q.substr(0, q.size() - 4);

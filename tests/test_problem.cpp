@@ -98,6 +98,7 @@ TEST(Problem, HeadDimVSplitsFlopsBytesAndShapes) {
   EXPECT_EQ(p.o_elems(), 4 * 3 * 128);
   EXPECT_EQ(p.v_elems(), 10 * 128);
   EXPECT_EQ(p.kv_elems(), 10 * 192);
+  EXPECT_DOUBLE_EQ(p.kv_bytes_per_token(), 4.0 * (192 + 128));  // one kv head
   EXPECT_NE(p.describe().find("head_dim_v=128"), std::string::npos) << p.describe();
   p.head_dim_v = 192;  // the same as head_dim: not named
   EXPECT_EQ(p.describe().find("head_dim_v"), std::string::npos) << p.describe();

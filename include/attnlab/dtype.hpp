@@ -106,6 +106,14 @@ ATTN_DT_HD f16 to_f16(float f) {
   return f16{static_cast<uint16_t>(h | sign)};
 }
 
+// x stored as E (float, bf16 or f16), rounded to nearest even.
+template <class E>
+ATTN_DT_HD E from_float(float x) {
+  if constexpr (std::is_same_v<E, bf16>) return to_bf16(x);
+  else if constexpr (std::is_same_v<E, f16>) return to_f16(x);
+  else return x;
+}
+
 // The value a float32 takes when stored as dtype d.
 inline float round_to(DType d, float x) {
   return d == DType::BF16 ? to_float(to_bf16(x)) : d == DType::F16 ? to_float(to_f16(x)) : x;

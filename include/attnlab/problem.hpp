@@ -97,6 +97,9 @@ struct Problem {
   double bytes_moved() const;     // compulsory Q, K, V (once per kv head), O, LSE bytes,
                                   // at their storage sizes (dtype for Q, K, V; float32 O, LSE)
   double kv_bytes() const;        // the K and V part of bytes_moved()
+  // K and V bytes one token adds to a KV cache of this layer (one batch entry, all kv heads):
+  // kv_heads * (head_dim + head_dim_v) * the stored element size.
+  double kv_bytes_per_token() const;
 
   int64_t q_elems() const { return batch * q_heads * q_len * head_dim; }
   int64_t o_elems() const { return batch * q_heads * q_len * dim_v(); }

@@ -58,6 +58,25 @@ struct Inputs {
   View4<const uint16_t> q16, k16, v16;
 };
 
+// Inputs over memory the caller owns (numpy arrays, a KV cache) holding `dtype` elements: each
+// view gives the sizes and element strides (View4<const void>: geometry only), read as float32
+// for f32 and as 16-bit patterns for bf16/f16.
+inline Inputs inputs_over(DType dtype, const View4<const void>& q, const View4<const void>& k,
+                          const View4<const void>& v) {
+  const auto as = [](auto tag, const View4<const void>& g) {
+    using T = decltype(tag);
+    return View4<const T>{static_cast<const T*>(g.data), g.batch, g.heads, g.seq, g.dim, g.stride_b, g.stride_h, g.stride_s};
+  };
+  Inputs in;
+  in.dtype = dtype;
+  if (dtype == DType::F32) {
+    in.q = as(float{}, q), in.k = as(float{}, k), in.v = as(float{}, v);
+  } else {
+    in.q16 = as(uint16_t{}, q), in.k16 = as(uint16_t{}, k), in.v16 = as(uint16_t{}, v);
+  }
+  return in;
+}
+
 template <class E>
 struct TypedInputs {
   View4<const E> q, k, v;
@@ -139,6 +158,9 @@ Tensors allocate_tensors(const Problem& p);
 Tensors allocate_outputs(const Problem& p);
 // Bytes of Q, K, V (at p.dtype), O and LSE of a valid problem.
 int64_t tensor_bytes(const Problem& p);
+// n uniform [-1, 1) floats from a seed (splitmix64; identical on every platform): the values
+// random_tensors draws.
+void fill_uniform(float* x, int64_t n, uint64_t seed);
 // Uniform [-1, 1) inputs from a seed (deterministic across platforms), rounded to p.dtype
 // (the same float32 values for every dtype before rounding), O and LSE zeroed.
 Tensors random_tensors(const Problem& p, uint64_t seed);

@@ -1,7 +1,6 @@
 #include "bench/experiment.hpp"
 
 #include <algorithm>
-#include <cctype>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -368,11 +367,8 @@ Grid parse_grid(const Where& w, const Json& doc, const std::vector<std::string>&
   g.head_dim_v = parse_ints(w, "head_dim_v", doc.value("head_dim_v", Json(0)), 0);
   if (doc.contains("model")) {
     const Json& m = doc["model"];
-    const auto name_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'; };
     g.model = m.is_string() ? m.get<std::string>() : std::string();
-    if (g.model.empty() || g.model.size() > 64 || !std::all_of(g.model.begin(), g.model.end(), name_char)) {
-      w.bad("model", m, "a name of 1 to 64 letters, digits, '.', '_' or '-'");
-    }
+    if (!is_label(g.model)) w.bad("model", m, std::string("a name of ") + kLabelAllowed);
   }
   g.causal = parse_causal(w, doc.value("causal", Json(false)));
   g.window = parse_window(w, doc.value("window", Json(nullptr)));

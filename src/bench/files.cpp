@@ -1,6 +1,7 @@
 #include "bench/files.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -46,6 +47,12 @@ std::vector<std::string> list_files(const std::string& dir, const std::string& s
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+bool is_label(const std::string& s) {
+  return !s.empty() && s.size() <= 64 && std::all_of(s.begin(), s.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
+  });
 }
 
 }  // namespace attnlab::bench

@@ -15,4 +15,8 @@ void make_dirs(const std::string& path);
 // Regular files in a folder (names only, sorted); empty when the folder is absent.
 std::vector<std::string> list_files(const std::string& dir, const std::string& suffix);
 
+// Whether s can label points and configurations (it goes into point ids and file names).
+bool is_label(const std::string& s);
+inline constexpr const char* kLabelAllowed = "1 to 64 letters, digits, '.', '_' or '-'";
+
 }  // namespace attnlab::bench

@@ -2,7 +2,6 @@
 #include "bench/generation.hpp"
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -12,6 +11,7 @@
 #include "attnlab/limits.hpp"
 #include "attnlab/verify.hpp"
 #include "bench/bench_point.hpp"
+#include "bench/files.hpp"
 #include "bench/machine.hpp"
 #include "bench/stats.hpp"
 
@@ -23,75 +23,43 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Uniform [-1, 1) floats from a seed (xorshift64*): the values of one token's rows.
-void fill_uniform(float* x, int64_t n, uint64_t& state) {
-  for (int64_t i = 0; i < n; ++i) {
-    state ^= state >> 12, state ^= state << 25, state ^= state >> 27;
-    const uint64_t r = state * 0x2545F4914F6CDD1Dull;
-    x[i] = static_cast<float>(static_cast<double>(r >> 40) / double(1ull << 23) - 1.0);
-  }
-}
-
-template <class E>
-void store_row(const float* x, int64_t n, E* dst) {
-  for (int64_t i = 0; i < n; ++i) {
-    if constexpr (std::is_same_v<E, bf16>) dst[i] = to_bf16(x[i]);
-    else if constexpr (std::is_same_v<E, f16>) dst[i] = to_f16(x[i]);
-    else dst[i] = x[i];
-  }
-}
-
 // The cache and the query rows in the storage dtype, as raw bytes.
 struct Cache {
   GenerationConfig c;
-  int64_t rows, eb;
-  std::unique_ptr<std::byte[], AlignedFree> k, v, q;  // q: prefill's P rows, or one token's
-  explicit Cache(const GenerationConfig& cfg) : c(cfg), rows(cfg.cache_rows()), eb(dtype_bytes(cfg.dtype)) {
-    k = alloc_bytes(static_cast<size_t>(c.kv_heads * rows * c.head_dim * eb));
-    v = alloc_bytes(static_cast<size_t>(c.kv_heads * rows * c.dim_v() * eb));
-    q = alloc_bytes(static_cast<size_t>(c.q_heads * std::max<int64_t>(1, std::min(c.prompt, c.prefill_max_tokens)) *
-                                        c.head_dim * eb));
+  int64_t rows;    // cache capacity C
+  int64_t q_rows;  // query rows per head held: the prefilled prompt's, or one token's
+  size_t k_bytes, v_bytes, q_bytes;
+  std::unique_ptr<std::byte[], AlignedFree> k, v, q;
+  explicit Cache(const GenerationConfig& cfg)
+      : c(cfg),
+        rows(cfg.cache_rows()),
+        q_rows(std::max<int64_t>(1, std::min(cfg.prompt, cfg.prefill_max_tokens))),
+        k_bytes(static_cast<size_t>(c.kv_heads * rows * c.head_dim * dtype_bytes(c.dtype))),
+        v_bytes(static_cast<size_t>(c.kv_heads * rows * c.dim_v() * dtype_bytes(c.dtype))),
+        q_bytes(static_cast<size_t>(c.q_heads * q_rows * c.head_dim * dtype_bytes(c.dtype))) {}
+  size_t bytes() const { return k_bytes + v_bytes + q_bytes; }
+  void allocate() { k = alloc_bytes(k_bytes), v = alloc_bytes(v_bytes), q = alloc_bytes(q_bytes); }
+  // n floats converted to the storage dtype at element `at` of `base`.
+  void put(std::byte* base, int64_t at, const float* x, int64_t n) const {
+    visit_dtype(c.dtype, [&](auto e) {
+      using E = decltype(e);
+      E* dst = reinterpret_cast<E*>(base) + at;
+      for (int64_t i = 0; i < n; ++i) dst[i] = from_float<E>(x[i]);
+    });
   }
-  size_t bytes() const {
-    return static_cast<size_t>((c.kv_heads * rows * (c.head_dim + c.dim_v()) +
-                                c.q_heads * std::max<int64_t>(1, std::min(c.prompt, c.prefill_max_tokens)) * c.head_dim) *
-                               eb);
-  }
-  // Row j of kv head h, from float values (converted to the storage dtype).
+  // Row j of kv head h.
   void put_kv(int64_t h, int64_t j, const float* kx, const float* vx) {
-    visit_dtype(c.dtype, [&](auto e) {
-      using E = decltype(e);
-      store_row(kx, c.head_dim, reinterpret_cast<E*>(k.get()) + (h * rows + j) * c.head_dim);
-      store_row(vx, c.dim_v(), reinterpret_cast<E*>(v.get()) + (h * rows + j) * c.dim_v());
-    });
+    put(k.get(), (h * rows + j) * c.head_dim, kx, c.head_dim);
+    put(v.get(), (h * rows + j) * c.dim_v(), vx, c.dim_v());
   }
-  void put_q(int64_t h, int64_t i, int64_t q_len, const float* qx) {
-    visit_dtype(c.dtype, [&](auto e) {
-      using E = decltype(e);
-      store_row(qx, c.head_dim, reinterpret_cast<E*>(q.get()) + (h * q_len + i) * c.head_dim);
-    });
-  }
+  void put_q(int64_t h, int64_t i, int64_t q_len, const float* qx) { put(q.get(), (h * q_len + i) * c.head_dim, qx, c.head_dim); }
   // Q (q_len rows per head, BHSD) and the first `len` keys of the cache (rows `rows` apart).
   Inputs inputs(int64_t q_len, int64_t len) const {
-    const auto view = [&](const std::byte* base, int64_t heads, int64_t seq, int64_t dim, int64_t stride_rows) {
-      return View4<const uint16_t>{reinterpret_cast<const uint16_t*>(base), 1, heads, seq, dim,
-                                   heads * stride_rows * dim, stride_rows * dim, dim};
+    const auto view = [](const std::byte* base, int64_t heads, int64_t seq, int64_t dim, int64_t stride_rows) {
+      return View4<const void>{base, 1, heads, seq, dim, heads * stride_rows * dim, stride_rows * dim, dim};
     };
-    const auto as_float = [](const View4<const uint16_t>& u) {
-      return ConstView{reinterpret_cast<const float*>(u.data), u.batch, u.heads, u.seq, u.dim,
-                       u.stride_b, u.stride_h, u.stride_s};
-    };
-    Inputs in;
-    in.dtype = c.dtype;
-    const auto qv = view(q.get(), c.q_heads, q_len, c.head_dim, q_len);
-    const auto kv = view(k.get(), c.kv_heads, len, c.head_dim, rows);
-    const auto vv = view(v.get(), c.kv_heads, len, c.dim_v(), rows);
-    if (c.dtype == DType::F32) {
-      in.q = as_float(qv), in.k = as_float(kv), in.v = as_float(vv);
-    } else {
-      in.q16 = qv, in.k16 = kv, in.v16 = vv;
-    }
-    return in;
+    return inputs_over(c.dtype, view(q.get(), c.q_heads, q_len, c.head_dim, q_len),
+                       view(k.get(), c.kv_heads, len, c.head_dim, rows), view(v.get(), c.kv_heads, len, c.dim_v(), rows));
   }
 };
 
@@ -117,20 +85,12 @@ std::tuple<std::string, double, double> check(const Kernel& k, const Problem& p,
 [[noreturn]] void fail_file(const std::string& path, const std::string& what) {
   throw InvalidInput("experiment " + path + ": " + what);
 }
-
-bool is_name(const std::string& s) {
-  return !s.empty() && s.size() <= 64 && std::all_of(s.begin(), s.end(), [](char ch) {
-    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
-  });
-}
 }  // namespace
 
-double GenerationConfig::kv_bytes_per_token() const {
-  return static_cast<double>(kv_heads * (head_dim + dim_v()) * dtype_bytes(dtype));
-}
+double GenerationConfig::kv_bytes_per_token() const { return problem_of(*this, 1, 1).kv_bytes_per_token(); }
 
 void GenerationConfig::validate() const {
-  if (!is_name(name)) throw InvalidInput("name: '" + name + "'; allowed: 1 to 64 letters, digits, '.', '_' or '-'");
+  if (!is_label(name)) throw InvalidInput("name: '" + name + "'; allowed: " + kLabelAllowed);
   if (prompt < 0) throw InvalidInput("prompt: " + std::to_string(prompt) + "; allowed: an integer >= 0");
   if (steps < 1) throw InvalidInput("steps: " + std::to_string(steps) + "; allowed: an integer >= 1");
   if (capacity != 0 && capacity < prompt + steps) {
@@ -187,14 +147,17 @@ GenerationResult run_generation(const GenerationConfig& c) {
       !why.empty()) {
     throw InvalidInput("generation " + c.name + ": " + why);
   }
+  cache.allocate();
   Session session(kernel, full, c.threads);
 
-  uint64_t rng = c.seed * 0x9E3779B97F4A7C15ull + 1;
+  // The values: uniform [-1, 1) (random_tensors' generator), a fresh seed per drawn row.
+  uint64_t draws = 0;
+  const auto draw = [&](float* x, int64_t n) { fill_uniform(x, n, c.seed * 0x9E3779B97F4A7C15ull + ++draws); };
   std::vector<float> kx(static_cast<size_t>(c.head_dim)), vx(static_cast<size_t>(c.dim_v()));
   std::vector<float> qx(static_cast<size_t>(c.head_dim));
   const auto draw_kv_row = [&](int64_t h, int64_t j) {
-    fill_uniform(kx.data(), c.head_dim, rng);
-    fill_uniform(vx.data(), c.dim_v(), rng);
+    draw(kx.data(), c.head_dim);
+    draw(vx.data(), c.dim_v());
     cache.put_kv(h, j, kx.data(), vx.data());
   };
 
@@ -210,7 +173,7 @@ GenerationResult run_generation(const GenerationConfig& c) {
     const Problem pp = problem_of(c, c.prompt, c.prompt);
     for (int64_t h = 0; h < c.q_heads; ++h)
       for (int64_t i = 0; i < c.prompt; ++i) {
-        fill_uniform(qx.data(), c.head_dim, rng);
+        draw(qx.data(), c.head_dim);
         cache.put_q(h, i, c.prompt, qx.data());
       }
     if (Support s = can_run(prefill, pp, c.threads); !s) {
@@ -232,17 +195,17 @@ GenerationResult run_generation(const GenerationConfig& c) {
     verify.push_back(c.verify_steps == 1 ? c.steps - 1 : v * (c.steps - 1) / (c.verify_steps - 1));
   }
   Tensors out = allocate_outputs(full);
+  std::vector<float> tk(static_cast<size_t>(c.kv_heads * c.head_dim)), tv(static_cast<size_t>(c.kv_heads * c.dim_v()));
   for (int64_t s = 0; s < c.steps; ++s) {
     const int64_t j = c.prompt + s;
     GenerationStep st;
     st.step = s;
     st.context = j + 1;
     // The token's values, before the clock (a model's projections make them).
-    std::vector<float> tk(static_cast<size_t>(c.kv_heads * c.head_dim)), tv(static_cast<size_t>(c.kv_heads * c.dim_v()));
-    fill_uniform(tk.data(), static_cast<int64_t>(tk.size()), rng);
-    fill_uniform(tv.data(), static_cast<int64_t>(tv.size()), rng);
+    draw(tk.data(), static_cast<int64_t>(tk.size()));
+    draw(tv.data(), static_cast<int64_t>(tv.size()));
     for (int64_t h = 0; h < c.q_heads; ++h) {
-      fill_uniform(qx.data(), c.head_dim, rng);
+      draw(qx.data(), c.head_dim);
       cache.put_q(h, 0, 1, qx.data());
     }
     auto t0 = Clock::now();

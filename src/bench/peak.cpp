@@ -90,6 +90,25 @@ double measure_fma_flops(int threads, double seconds, const std::string& isa) {
   return loop_flops(threads, seconds, tt.fma_chains, tt.fma_chain_count * tt.lanes * 2.0);
 }
 
+namespace {
+// About `bytes` of floats, a multiple of 4 vectors x 64 of `lanes` (the streaming loops' unroll),
+// written (page faults happen here, not in the timed runs).
+std::pair<std::unique_ptr<float[], AlignedFree>, size_t> read_buffer(size_t bytes, int lanes) {
+  const size_t unit = 4 * static_cast<size_t>(lanes) * 64;
+  const size_t count = std::max(unit, bytes / sizeof(float) / unit * unit);
+  auto buffer = alloc_floats(count);
+  for (size_t i = 0; i < count; ++i) buffer[i] = static_cast<float>(i & 1023) * 1e-3f;
+  return {std::move(buffer), count};
+}
+}  // namespace
+
+double measure_read_bandwidth(int threads, size_t bytes, int runs) {
+  const auto [buffer, count] = read_buffer(bytes, 16);
+  std::vector<double> v;
+  for (int r = 0; r < std::max(1, runs); ++r) v.push_back(measure_read_bytes(threads, buffer.get(), count));
+  return median(v);
+}
+
 double measure_read_bytes(int threads, const float* buffer, size_t count, const std::string& isa) {
   const TargetTable& tt = table_for(isa);
   // Slices are multiples of the unroll (4 vectors) so every load stays aligned.
@@ -183,11 +202,8 @@ Peaks measure_peaks(const PeakOptions& options) {
   // One buffer for every target: a multiple of the widest unroll.
   int max_lanes = 1;
   for (const TargetTable* tt : tables) max_lanes = std::max(max_lanes, tt->lanes);
-  const size_t unit = 4 * static_cast<size_t>(max_lanes) * 64;
-  const size_t count = std::max(unit, options.buffer_bytes / sizeof(float) / unit * unit);
+  const auto [buffer, count] = read_buffer(options.buffer_bytes, max_lanes);
   peaks.buffer_bytes = count * sizeof(float);
-  auto buffer = alloc_floats(count);
-  for (size_t i = 0; i < count; ++i) buffer[i] = static_cast<float>(i & 1023) * 1e-3f;
 
   const bool bf16 = bf16_dot_runnable(), amx = amx_bf16_runnable();
   size_t def = 0;  // the default target's index: its rows carry the bf16 dot-product peak

@@ -119,6 +119,10 @@ Peaks measure_peaks(const PeakOptions& options);
 // `isa` "" = default_isa(); count: a multiple of 4 * lanes; buffer 64-byte aligned.
 double measure_fma_flops(int threads, double seconds, const std::string& isa = {});
 double measure_read_bytes(int threads, const float* buffer, size_t count, const std::string& isa = {});
+// The read bandwidth (default target) at `threads` threads over a buffer of about `bytes`,
+// written before timing: the median of `runs` measure_read_bytes runs (attnlab generate, the
+// Python module; measure_peaks shares its buffer between targets instead).
+double measure_read_bandwidth(int threads, size_t bytes, int runs);
 double measure_exp_per_s(int threads, double seconds, const std::string& isa = {});
 // 0 when this build or CPU has no AVX512_BF16 (bf16_dot_runnable()), resp. no usable AMX-BF16.
 bool bf16_dot_runnable();

@@ -312,7 +312,7 @@ PointFile died_point(const Json& marker, const PointRecord* base) {
 std::vector<std::string> tidy_columns() {
   return {"experiment", "id", "kernel", "isa", "status", "reason", "model", "batch", "q_heads", "kv_heads", "gqa_group",
           "q_len", "kv_len", "head_dim", "head_dim_v", "mask", "causal", "window_left", "window_right", "pattern", "density", "layout",
-          "dtype", "threads", "flops", "bytes", "kv_bytes", "visible_pairs", "extra_bytes", "plan_bytes", "memory_bytes",
+          "dtype", "threads", "flops", "bytes", "kv_bytes", "kv_bytes_per_token", "visible_pairs", "extra_bytes", "plan_bytes", "memory_bytes",
           "repetitions", "iterations", "time_median_s", "time_min_s", "time_max_s", "time_mean_s",
           "time_stddev_s", "time_cv", "gflops", "gbytes_per_s", "peak_gflops", "peak_fraction",
           "read_bw_gbs", "bw_fraction", "verdict", "err_o_rel", "tol_o_rel", "err_lse", "tol_lse",
@@ -353,7 +353,7 @@ std::string tidy_csv(const std::string& experiment, const std::vector<PointRecor
         std::to_string(p.q_len), std::to_string(p.kv_len), std::to_string(p.head_dim), std::to_string(p.dim_v()), mask_name(p),
         std::to_string(static_cast<int>(p.causal)), std::to_string(p.window_left),
         std::to_string(p.window_right), p.pattern_name(), num(density(p)), to_string(p.layout), to_string(p.dtype), std::to_string(r.threads), num(flops),
-        num(bytes), num(p.kv_bytes()), std::to_string(p.visible_pairs()), std::to_string(r.extra_bytes), std::to_string(r.plan_bytes),
+        num(bytes), num(p.kv_bytes()), num(p.kv_bytes_per_token()), std::to_string(p.visible_pairs()), std::to_string(r.extra_bytes), std::to_string(r.plan_bytes),
         std::to_string(r.memory_bytes), std::to_string(r.times.size()), std::to_string(r.iterations),
         if_timed(t), if_timed(tmin), if_timed(tmax), if_timed(tmean), if_timed(tsd), if_timed(tsd / tmean),
         if_timed(gflops), if_timed(gbs), r.peak_flops > 0 ? num(r.peak_flops * 1e-9) : "",

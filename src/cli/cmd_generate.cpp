@@ -28,17 +28,6 @@ struct GenerateArgs {
   bool no_bandwidth = false;
   IsaFlag isa;
 };
-
-// The machine's read bandwidth at `threads` threads (median of 3 runs over 512 MiB): what the
-// steps' bytes per second are compared with, measured in the same run.
-double read_bandwidth(int threads) {
-  const size_t count = (size_t{512} << 20) / sizeof(float);
-  auto buf = alloc_floats(count);
-  for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>(i & 1023);
-  std::vector<double> runs;
-  for (int r = 0; r < 3; ++r) runs.push_back(bench::measure_read_bytes(threads, buf.get(), count));
-  return bench::median(runs);
-}
 }  // namespace
 
 Command add_generate(CLI::App& app) {
@@ -90,7 +79,8 @@ Command add_generate(CLI::App& app) {
             if (!a->no_bandwidth) {
               for (const auto& c : configs) {
                 if (bandwidth.count(c.threads)) continue;
-                bandwidth[c.threads] = read_bandwidth(c.threads);
+                // What the steps' bytes per second are compared with, measured in the same run.
+                bandwidth[c.threads] = bench::measure_read_bandwidth(c.threads, size_t{512} << 20, 3);
                 std::vector<double> runs;
                 for (int r = 0; r < 3; ++r) runs.push_back(bench::measure_fma_flops(c.threads, 0.1));
                 fma[c.threads] = bench::median(runs);

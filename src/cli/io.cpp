@@ -53,9 +53,7 @@ void store(const NpyArray& a, const View4<const E>& dst) {
       }
     }
     const float x = a.is16() ? to_float(f16{a.bits16[i]}) : a.data[i];  // '<u2' only reaches bf16
-    if constexpr (std::is_same_v<E, bf16>) out[i] = to_bf16(x);
-    else if constexpr (std::is_same_v<E, f16>) out[i] = to_f16(x);
-    else out[i] = x;
+    out[i] = from_float<E>(x);
   }
 }
 }  // namespace

@@ -271,6 +271,10 @@ double Problem::kv_bytes() const {
   return dtype_bytes(dtype) * keys * static_cast<double>(kv_heads) * row;
 }
 
+double Problem::kv_bytes_per_token() const {
+  return static_cast<double>(kv_heads * (head_dim + dim_v()) * dtype_bytes(dtype));
+}
+
 double Problem::bytes_moved() const {
   const double qo = dtype_bytes(dtype) * static_cast<double>(q_elems()) + sizeof(float) * static_cast<double>(o_elems());
   return qo + kv_bytes() + sizeof(float) * static_cast<double>(lse_elems());

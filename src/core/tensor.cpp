@@ -108,11 +108,7 @@ void store_as(const ConstView& src, const View4<const E>& dst) {
       for (int64_t s = 0; s < src.seq; ++s) {
         const float* x = src.row(b, h, s);
         E* y = const_cast<E*>(dst.row(b, h, s));
-        for (int64_t d = 0; d < src.dim; ++d) {
-          if constexpr (std::is_same_v<E, bf16>) y[d] = to_bf16(x[d]);
-          else if constexpr (std::is_same_v<E, f16>) y[d] = to_f16(x[d]);
-          else y[d] = x[d];
-        }
+        for (int64_t d = 0; d < src.dim; ++d) y[d] = from_float<E>(x[d]);
       }
 }
 }  // namespace
@@ -135,21 +131,22 @@ uint64_t next(uint64_t& s) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
-void fill(float* x, int64_t n, uint64_t seed) {
+}  // namespace
+
+void fill_uniform(float* x, int64_t n, uint64_t seed) {
   uint64_t s = seed;
   for (int64_t i = 0; i < n; ++i) {
     x[i] = static_cast<float>(static_cast<double>(next(s) >> 40) / double(1ull << 23) - 1.0);
   }
 }
-}  // namespace
 
 Tensors random_tensors(const Problem& p, uint64_t seed) {
   Problem f = p;
   f.dtype = DType::F32;
   Tensors t = allocate_tensors(f);
-  fill(t.q.get(), p.q_elems(), seed * 3 + 1);
-  fill(t.k.get(), p.kv_elems(), seed * 3 + 2);
-  fill(t.v.get(), p.v_elems(), seed * 3 + 3);
+  fill_uniform(t.q.get(), p.q_elems(), seed * 3 + 1);
+  fill_uniform(t.k.get(), p.kv_elems(), seed * 3 + 2);
+  fill_uniform(t.v.get(), p.v_elems(), seed * 3 + 3);
   return p.dtype == DType::F32 ? std::move(t) : convert_inputs(p, t.inputs);
 }
 

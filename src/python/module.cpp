@@ -127,19 +127,10 @@ Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, co
   p.scale = scale;
   p.validate();
   const auto view = [&](const Arr& a, int64_t heads, int64_t seq, int64_t dim) {
-    return make_view<const uint16_t>(static_cast<const uint16_t*>(a.data), p.batch, heads, seq, dim, p.layout);
+    return make_view<const void>(a.data, p.batch, heads, seq, dim, p.layout);
   };
-  const auto as_float = [](const View4<const uint16_t>& u) {
-    return ConstView{reinterpret_cast<const float*>(u.data), u.batch, u.heads, u.seq, u.dim, u.stride_b, u.stride_h, u.stride_s};
-  };
-  c.in.dtype = p.dtype;
-  const auto vq = view(aq, p.q_heads, p.q_len, p.head_dim), vk = view(ak, p.kv_heads, p.kv_len, p.head_dim),
-             vv = view(av, p.kv_heads, p.kv_len, p.dim_v());
-  if (p.dtype == DType::F32) {
-    c.in.q = as_float(vq), c.in.k = as_float(vk), c.in.v = as_float(vv);
-  } else {
-    c.in.q16 = vq, c.in.k16 = vk, c.in.v16 = vv;
-  }
+  c.in = inputs_over(p.dtype, view(aq, p.q_heads, p.q_len, p.head_dim), view(ak, p.kv_heads, p.kv_len, p.head_dim),
+                     view(av, p.kv_heads, p.kv_len, p.dim_v()));
   return c;
 }
 
@@ -238,15 +229,12 @@ py::list verify(const py::handle& q, const py::handle& k, const py::handle& v, c
 py::dict peak(const std::optional<int>& threads, double seconds) {
   const int t = thread_count(threads);
   if (!(seconds > 0)) throw py::value_error("seconds: must be > 0");
-  const size_t count = (size_t{256} << 20) / sizeof(float);
-  auto buf = alloc_floats(count);
   py::dict d;
   double fma = 0, read = 0;
   {
     py::gil_scoped_release unlocked;
-    for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>(i & 1023);
     fma = bench::measure_fma_flops(t, seconds);
-    read = bench::measure_read_bytes(t, buf.get(), count);
+    read = bench::measure_read_bandwidth(t, size_t{256} << 20, 1);
   }
   d["threads"] = t;
   d["fma_flops"] = fma;
