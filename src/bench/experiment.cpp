@@ -10,6 +10,7 @@
 #include "attnlab/limits.hpp"
 #include "bench/bench_point.hpp"
 #include "bench/files.hpp"
+#include "bench/peers.hpp"
 
 namespace attnlab::bench {
 
@@ -28,7 +29,7 @@ const std::vector<std::string> kGridKeys = {"implementations", "batch", "q_heads
                                             "doc_lens", "dilation", "bigbird"};
 // Keys allowed only at the top level.
 const std::vector<std::string> kRunKeys = {"description", "repetitions", "min_time_s", "time_cap_s",
-                                           "memory_budget_mib", "verify_rows", "seed", "grids"};
+                                           "memory_budget_mib", "verify_rows", "seed", "grids", "peers"};
 // A grid key that replaces the top-level one's alternative.
 const std::vector<std::pair<std::string, std::string>> kExclusive = {{"kv_heads", "gqa_groups"},
                                                                      {"head_dim", "d_model"}};
@@ -470,6 +471,23 @@ Experiment parse_experiment(const Json& doc, const std::string& name,
   if (doc.contains("memory_budget_mib")) e.memory_budget_mib = parse_positive(w, "memory_budget_mib", doc["memory_budget_mib"]);
   if (doc.contains("verify_rows")) e.verify_rows = static_cast<int>(parse_int_at_least(w, "verify_rows", doc["verify_rows"], 1, 1 << 20));
   if (doc.contains("seed")) e.seed = static_cast<uint64_t>(parse_int_at_least(w, "seed", doc["seed"], 0, INT64_MAX));
+  if (doc.contains("peers")) {
+    const Json& v = doc["peers"];
+    std::vector<std::string> items;
+    if (v.is_string()) items = split_list(v.get<std::string>());
+    if (v.is_array()) {
+      for (const Json& x : v) {
+        if (!x.is_string()) w.bad("peers", v, "a list of peer names (strings)");
+        items.push_back(x.get<std::string>());
+      }
+    }
+    if (!v.is_string() && !v.is_array()) w.bad("peers", v, "a list of peer names, or one comma-separated string");
+    try {
+      e.peers = parse_peers(items, "peers");
+    } catch (const InvalidInput& err) {
+      w.fail(std::string("key 'peers': ") + err.what());
+    }
+  }
 
   // The grid must be small enough to run and every combination valid: expand once now.
   (void)expand(e, 1);
@@ -595,8 +613,19 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
                         }
     }
   }
-  std::map<std::string, size_t> kernel_order;
+  // Peers run every distinct shape (problem, threads, model) of the grids once each.
+  const size_t lab_points = out.size();
+  for (const std::string& peer : e.peers) {
+    for (size_t i = 0; i < lab_points; ++i) {
+      GridPoint gp = out[i];
+      gp.kernel = peer;
+      gp.isa.clear();
+      if (seen.insert(gp.id()).second) out.push_back(std::move(gp));
+    }
+  }
+  std::map<std::string, size_t> kernel_order;  // the lab's kernels, then the peers
   for (size_t i = 0; i < e.implementations.size(); ++i) kernel_order[e.implementations[i]] = i;
+  for (size_t i = 0; i < e.peers.size(); ++i) kernel_order[e.peers[i]] = e.implementations.size() + i;
   std::map<std::string, size_t> isa_order;  // "" (default, built once) first, then narrowest first
   for (size_t i = 0; i < e.isa_choices.built.size(); ++i) isa_order[e.isa_choices.built[i]] = i + 1;
   std::stable_sort(out.begin(), out.end(), [&](const GridPoint& a, const GridPoint& b) {

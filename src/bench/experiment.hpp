@@ -31,6 +31,9 @@
 //     "memory_budget_mib": number > 0  skip a point needing more memory      default RAM / 2
 //     "verify_rows": int >= 1          rows checked against the reference per point  default 64
 //     "seed":        int >= 0          random inputs                                 default 1
+//     "peers":       [NAME, ...] | "a,b"  peers measured beside the kernels on every shape of
+//                    the grids (bench/peers.hpp: torch, ort, jax or their kernels torch_sdpa,
+//                    torch_flex, ort_mha, ort_gqa, jax_dpa)                          default none
 //     "grids": [ {GRID KEYS}, ... ]    several grids in one experiment (see below)
 //   }
 //   INTS = n | [n, ...] | {"pow2": [lo, hi]} (powers of two lo..hi) | {"range": [start, stop, step]}
@@ -117,6 +120,7 @@ struct Experiment {
   nlohmann::json source;    // the document as read (copied into the results folder)
 
   std::vector<std::string> implementations;  // every kernel of any grid, in known order
+  std::vector<std::string> peers;            // peer kernels (peers.hpp), report order
   std::vector<Grid> grids;                   // one, or one per "grids" entry
   IsaChoices isa_choices;                    // as parsed against
 

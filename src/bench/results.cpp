@@ -25,17 +25,6 @@ namespace attnlab::bench {
 namespace {
 using Json = nlohmann::json;
 
-Json problem_to_json(const Problem& p) {
-  return {{"batch", p.batch},       {"q_heads", p.q_heads},
-          {"kv_heads", p.kv_heads}, {"q_len", p.q_len},
-          {"kv_len", p.kv_len},     {"head_dim", p.head_dim}, {"head_dim_v", p.dim_v()},
-          {"causal", static_cast<int>(p.causal)},
-          {"window_left", p.window_left}, {"window_right", p.window_right},
-          {"layout", to_string(p.layout)}, {"dtype", to_string(p.dtype)},
-          {"sinks", p.sinks}, {"globals", p.globals}, {"doc_lens", p.doc_lens}, {"dilation", p.dilation},
-          {"bigbird", {p.bigbird.block, p.bigbird.random, p.bigbird.seed}}};
-}
-
 Problem problem_from_json(const Json& j) {
   Problem p;
   p.batch = j.at("batch").get<int64_t>();
@@ -113,6 +102,17 @@ std::string csv_field(const std::string& s) {
 
 }  // namespace
 
+nlohmann::json problem_to_json(const Problem& p) {
+  return {{"batch", p.batch},       {"q_heads", p.q_heads},
+          {"kv_heads", p.kv_heads}, {"q_len", p.q_len},
+          {"kv_len", p.kv_len},     {"head_dim", p.head_dim}, {"head_dim_v", p.dim_v()},
+          {"causal", static_cast<int>(p.causal)},
+          {"window_left", p.window_left}, {"window_right", p.window_right},
+          {"layout", to_string(p.layout)}, {"dtype", to_string(p.dtype)},
+          {"sinks", p.sinks}, {"globals", p.globals}, {"doc_lens", p.doc_lens}, {"dilation", p.dilation},
+          {"bigbird", {p.bigbird.block, p.bigbird.random, p.bigbird.seed}}};
+}
+
 const char* to_string(PointStatus s) {
   switch (s) {
     case PointStatus::Ok: return "ok";
@@ -139,6 +139,8 @@ Json PointRecord::to_json() const {
           {"kernel", kernel},
           {"isa", isa},
           {"model", model},
+          {"version", version},
+          {"how", how},
           {"status", to_string(status)},
           {"reason", reason},
           {"problem", problem_to_json(problem)},
@@ -169,6 +171,8 @@ PointRecord PointRecord::from_json(const Json& j) {
     r.kernel = j.at("kernel").get<std::string>();
     r.isa = j.value("isa", "");
     r.model = j.value("model", "");
+    r.version = j.value("version", "");  // absent before peers
+    r.how = j.value("how", "");
     r.status = parse_point_status(j.at("status").get<std::string>());
     r.reason = j.at("reason").get<std::string>();
     r.problem = problem_from_json(j.at("problem"));
@@ -310,7 +314,7 @@ PointFile died_point(const Json& marker, const PointRecord* base) {
 }
 
 std::vector<std::string> tidy_columns() {
-  return {"experiment", "id", "kernel", "isa", "status", "reason", "model", "batch", "q_heads", "kv_heads", "gqa_group",
+  return {"experiment", "id", "kernel", "isa", "status", "reason", "model", "version", "how", "batch", "q_heads", "kv_heads", "gqa_group",
           "q_len", "kv_len", "head_dim", "head_dim_v", "mask", "causal", "window_left", "window_right", "pattern", "density", "layout",
           "dtype", "threads", "flops", "bytes", "kv_bytes", "kv_bytes_per_token", "visible_pairs", "extra_bytes", "plan_bytes", "memory_bytes",
           "repetitions", "iterations", "time_median_s", "time_min_s", "time_max_s", "time_mean_s",
@@ -348,7 +352,7 @@ std::string tidy_csv(const std::string& experiment, const std::vector<PointRecor
     auto if_timed = [&](double v) { return timed ? num(v) : std::string(); };
     auto if_verified = [&](double v) { return r.verdict.empty() ? std::string() : num(v); };
     const std::vector<std::string> row = {
-        experiment, r.id, r.kernel, r.isa, to_string(r.status), r.reason, r.model, std::to_string(p.batch),
+        experiment, r.id, r.kernel, r.isa, to_string(r.status), r.reason, r.model, r.version, r.how, std::to_string(p.batch),
         std::to_string(p.q_heads), std::to_string(p.kv_heads), std::to_string(p.group()),
         std::to_string(p.q_len), std::to_string(p.kv_len), std::to_string(p.head_dim), std::to_string(p.dim_v()), mask_name(p),
         std::to_string(static_cast<int>(p.causal)), std::to_string(p.window_left),

@@ -31,6 +31,9 @@
 namespace attnlab::bench {
 
 enum class PointStatus { Ok, Failed, Skipped };
+
+// A problem as point records store it (also what peer servers read, scripts/peers/common.py).
+nlohmann::json problem_to_json(const Problem& p);
 const char* to_string(PointStatus s);
 PointStatus parse_point_status(const std::string& s);
 
@@ -41,6 +44,9 @@ struct PointRecord {
   // machine's default target, machine.json isa.default).
   std::string isa;
   std::string model;  // the experiment grid's "model" label ("" when none)
+  // Peers (peers.hpp; "" for the lab's kernels): the library and version that ran the point,
+  // and how it was driven (the op, how GQA and the mask were expressed).
+  std::string version, how;
   PointStatus status = PointStatus::Skipped;
   std::string reason;  // why failed or skipped
   Problem problem;

@@ -11,7 +11,9 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -28,7 +30,9 @@
 #include "bench/files.hpp"
 #include "bench/machine.hpp"
 #include "bench/peak.hpp"
+#include "bench/peers.hpp"
 #include "bench/results.hpp"
+#include "bench/stats.hpp"
 
 namespace attnlab::bench {
 
@@ -254,6 +258,7 @@ struct Runner {
   double memory_budget = 0;
   RateBook rates;
   Json context_extra;
+  std::unique_ptr<PeerPool> peers;  // started at the first peer point
 
   // The variant a point runs: its named target, or (none named) the default target's;
   // nullptr when the kernel (or that variant) is not in this build.
@@ -275,7 +280,7 @@ struct Runner {
     r.id = g.id();
     r.kernel = g.kernel;
     const Kernel* k = find(g);
-    r.isa = k ? std::string(k->isa()) : g.isa;
+    r.isa = is_peer_kernel(g.kernel) ? kPeerIsa : k ? std::string(k->isa()) : g.isa;
     r.model = g.model;
     r.problem = g.problem;
     r.threads = g.threads;
@@ -288,6 +293,7 @@ struct Runner {
   }
 
   PointFile decide(const GridPoint& g, const PointRecord& base) {
+    if (is_peer_kernel(g.kernel)) return decide_peer(g, base);
     const auto t0 = Clock::now();
     PointFile pf;
     pf.record = base;
@@ -381,6 +387,84 @@ struct Runner {
     }
     pf.record.seconds_spent = seconds_since(t0);
     return pf;
+  }
+
+  // A peer point (peers.hpp): the same random inputs as the kernels' points, run by the peer's
+  // server, O checked against the float64 reference with the float32 tolerance policy (a peer
+  // that disagrees is failed and its times dropped), the times recorded as Google Benchmark
+  // would (one iteration run per repetition plus the aggregates, so bench.json holds them too).
+  PointFile decide_peer(const GridPoint& g, const PointRecord& base) {
+    const auto t0 = Clock::now();
+    PointFile pf;
+    pf.record = base;
+    PointRecord& r = pf.record;
+    const Problem& p = g.problem;
+    auto decided = [&](PointStatus status, const std::string& why) -> PointFile& {
+      r.status = status;
+      r.reason = why;
+      if (status != PointStatus::Ok) r.times.clear();
+      r.seconds_spent = seconds_since(t0);
+      return pf;
+    };
+    r.memory_bytes = peer_memory_bytes(p) + verification_bytes(*find_kernel("naive"), p, e.verify_rows, 1);
+    if (static_cast<double>(r.memory_bytes) > memory_budget) {
+      return decided(PointStatus::Skipped, "memory: needs " + fmt_mib(static_cast<double>(r.memory_bytes)) +
+                                               " > budget " + fmt_mib(memory_budget));
+    }
+    try {
+      const Tensors t = random_tensors(p, e.seed);
+      const auto rows = sample_rows(p, static_cast<size_t>(e.verify_rows), e.seed);
+      const Agreement ag = prepare_agreement(p, t.inputs, rows);
+      if (!peers) peers = std::make_unique<PeerPool>(log, o.peers_python);
+      PeerAnswer a = peers->run(g.kernel, p, t.inputs, g.threads, {e.repetitions, e.min_time_s, e.time_cap_s});
+      r.version = a.version;
+      r.how = a.how;
+      if (a.status == PeerAnswer::Status::Skipped) return decided(PointStatus::Skipped, a.reason);
+      if (a.status == PeerAnswer::Status::Failed) return decided(PointStatus::Failed, "peer: " + a.reason);
+      const MutView ov = make_view<float>(a.o.data.data(), p.batch, p.q_heads, p.q_len, p.dim_v(), Layout::BHSD);
+      const Errors err = measure(ag.ref, as_const(ov), nullptr, p);  // peers give no LSE
+      r.err_o_rel = r.err_o_rel_f32_inputs = err.o_rel;
+      r.err_lse = std::numeric_limits<double>::quiet_NaN();
+      r.tol_o_rel = ag.tol.o_rel;
+      r.tol_lse = ag.tol.lse;
+      r.verify_rows = static_cast<int>(rows.size());
+      const std::string why = ag.tol.why_failed(err);
+      r.verdict = to_string(why.empty() ? Verdict::Pass : Verdict::Fail);
+      if (!why.empty()) return decided(PointStatus::Failed, "disagrees with the float64 reference: " + why);
+      r.times = a.times;
+      r.iterations = a.iterations;
+    } catch (const std::bad_alloc&) {
+      return decided(PointStatus::Skipped, "memory: allocation failed");
+    } catch (const std::exception& err) {
+      return decided(PointStatus::Failed, std::string("error: ") + err.what());
+    }
+    pf.gbench_context = context_extra;
+    pf.gbench_context["attnlab_timed_by"] = "scripts/peers/serve.py (time.perf_counter; " + r.version + ")";
+    const std::string name = r.name + "/real_time";
+    const double flops = p.flops();
+    auto run_json = [&](double seconds) {
+      return Json{{"name", name}, {"run_name", name}, {"repetitions", r.times.size()}, {"threads", 1},
+                  {"iterations", r.iterations}, {"real_time", seconds * 1e3}, {"cpu_time", seconds * 1e3},
+                  {"time_unit", "ms"}, {"flop_count", flops}, {"flops_per_second", flops / seconds},
+                  {"peak_fraction", r.peak_flops > 0 ? flops / seconds / r.peak_flops : 0.0}};
+    };
+    for (size_t i = 0; i < r.times.size(); ++i) {
+      Json run = run_json(r.times[i]);
+      run["run_type"] = "iteration";
+      run["repetition_index"] = i;
+      pf.gbench_runs.push_back(run);
+    }
+    const std::pair<const char*, double> aggregates[] = {
+        {"mean", mean(r.times)}, {"median", r.time_median()}, {"stddev", stddev(r.times)}};
+    for (const auto& [agg, value] : aggregates) {
+      Json run = run_json(value);
+      run["name"] = name + "_" + agg;
+      run["run_type"] = "aggregate";
+      run["aggregate_name"] = agg;
+      run["aggregate_unit"] = "time";
+      pf.gbench_runs.push_back(run);
+    }
+    return decided(PointStatus::Ok, "");
   }
 
   PointFile time_point(const BenchPoint& pt, const PointRecord& base, const RegisterHooks& hooks) {
@@ -515,7 +599,7 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
   plan.all_threads = all_threads;
   for (const auto& g : grid) plan.ids.push_back(g.id());
 
-  Runner run{e, o, log, choose_out_dir(e.name, o), {}, {}, 0, {}, {}};
+  Runner run{e, o, log, choose_out_dir(e.name, o), {}, {}, 0, {}, {}, nullptr};
   const std::string& dir = run.dir;
   const bool exists = file_exists(dir + "/sweep.json");
   std::map<std::string, PointFile> done;

@@ -51,6 +51,7 @@ struct SweepOptions {
   int stop_after = 0;                  // > 0: stop after deciding this many points (as if killed)
   int all_threads = 0;                 // what "all" threads means; 0 = every core
   std::vector<const Kernel*> kernels;  // empty = registry()
+  std::string peers_python;            // the peers' interpreter ("" = PeerPool::default_python())
   std::ostream* progress = nullptr;    // nullptr = std::cerr
 };
 

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "bench/experiment.hpp"
+#include "bench/peers.hpp"
 #include "bench/sweep.hpp"
 #include "common.hpp"
 
@@ -14,7 +15,7 @@ namespace attnlab::cli {
 
 namespace {
 struct SweepArgs {
-  std::string experiment, out, shard = "0/1", peak_json, results_root = "results";
+  std::string experiment, out, shard = "0/1", peak_json, results_root = "results", peers, peers_python;
   bool resume = false;
   bool force = false;
   bool dry_run = false;
@@ -56,14 +57,24 @@ Command add_sweep(CLI::App& app) {
   sub->add_option("--peak-json", args->peak_json, "use peaks from attnlab peak --json instead of measuring");
   sub->add_option("--peak-repeats", args->peak_repeats, "runs per peak figure when measuring");
   sub->add_option("--results-root", args->results_root, "folder for default results folders");
+  sub->add_option("--peers", args->peers,
+                  "measure peers beside the kernels on every shape: torch, ort, jax (families) or torch_sdpa, "
+                  "torch_flex, ort_mha, ort_gqa, jax_dpa, comma-separated; replaces the experiment's \"peers\" "
+                  "(recorded in the folder's experiment.json). They run in .venv-peers (scripts/lab peers-setup)");
+  sub->add_option("--peers-python", args->peers_python,
+                  "the peers' Python (default: $ATTN_PEERS_PYTHON, else .venv-peers/bin/python of the source tree)");
   sub->add_flag("--dry-run", args->dry_run, "print the planned points (FLOP count order) and exit");
   sub->add_option("--max-points", args->max_points, "stop after deciding this many points (a resumable partial run)");
   args->isa.add_to(*sub, false);
   return {sub, [args] {
             // The default target: what the SIMD kernels of an experiment without an "isa" key run.
             args->isa.apply();
-            const bench::Experiment e = bench::load_experiment(resolve_experiment(args->experiment),
-                                                               bench::registry_kernel_names());
+            bench::Experiment e = bench::load_experiment(resolve_experiment(args->experiment),
+                                                         bench::registry_kernel_names());
+            if (!args->peers.empty()) {
+              e.peers = bench::parse_peers(bench::split_list(args->peers), "peers");
+              e.source["peers"] = e.peers;  // the folder records what ran (and --resume compares it)
+            }
             if (args->dry_run) {
               const auto grid = bench::expand(e, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
               std::printf("%s: %zu points\n", e.name.c_str(), grid.size());
@@ -78,6 +89,7 @@ Command add_sweep(CLI::App& app) {
             o.force = args->force;
             o.peak_json = args->peak_json;
             o.peak_repeats = args->peak_repeats;
+            o.peers_python = args->peers_python;
             if (args->max_points < 0) throw InvalidInput("max-points: must be >= 0; allowed: 0 (all) or a count");
             o.stop_after = args->max_points;
             const bench::SweepSummary s = bench::run_sweep(e, o);

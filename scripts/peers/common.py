@@ -1,0 +1,112 @@
+"""What every peer runner shares: the request's problem, its dense mask, the timing loop.
+
+A request's "problem" is the lab's point record problem (src/bench/results.cpp
+problem_to_json) plus "kv_lens" and "scale" (the effective float32 scale). Inputs arrive as
+float32 .npy files in the problem's layout: (B, H, S, D) for bhsd, (B, S, H, D) for bshd.
+"""
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from numpy_attention import pattern_mask  # noqa: E402  the lab's independent dense mask builder
+
+CAUSAL = {0: "none", 1: "bottom-right", 2: "top-left"}
+
+
+class Skip(Exception):
+    """The peer cannot run this point as specified; the message says why (recorded as skipped)."""
+
+
+class Problem:
+    def __init__(self, d):
+        self.d = d
+        self.batch, self.q_heads, self.kv_heads = d["batch"], d["q_heads"], d["kv_heads"]
+        self.q_len, self.kv_len, self.head_dim = d["q_len"], d["kv_len"], d["head_dim"]
+        self.head_dim_v = d.get("head_dim_v") or self.head_dim
+        self.causal = CAUSAL[d["causal"]]
+        self.left, self.right = d["window_left"], d["window_right"]
+        self.layout, self.dtype = d["layout"], d["dtype"]
+        self.kv_lens = list(d.get("kv_lens") or [])
+        self.scale = float(d["scale"])
+        self.sinks, self.globals = d.get("sinks", 0), list(d.get("globals", []))
+        self.doc_lens, self.dilation = list(d.get("doc_lens", [])), d.get("dilation", 1)
+        bb = d.get("bigbird", [0, 0, 0])
+        self.bigbird = tuple(bb) if bb and bb[0] > 0 else None
+
+    @property
+    def gqa(self):
+        return self.q_heads != self.kv_heads
+
+    @property
+    def sparse(self):
+        return bool(self.sinks or self.globals or self.doc_lens or self.dilation > 1 or self.bigbird)
+
+    @property
+    def windowed(self):
+        return self.left >= 0 or self.right >= 0
+
+    def kv_len_of(self, b):
+        return self.kv_lens[b] if self.kv_lens else self.kv_len
+
+    @property
+    def causal_is_top_left(self):
+        """Causal, and top-left is the same rule as the problem's (PyTorch's and JAX's is_causal)."""
+        return self.causal == "top-left" or (self.causal == "bottom-right" and self.q_len == self.kv_len
+                                             and not self.kv_lens)
+
+    @property
+    def masked(self):
+        """Whether any key of any row is hidden (else no mask at all is needed)."""
+        return self.causal != "none" or self.windowed or self.sparse or any(
+            n != self.kv_len for n in self.kv_lens)
+
+    def keep(self):
+        """The dense mask, bool (B, 1, Sq, Skv): True = attend (numpy_attention.pattern_mask's rule)."""
+        return np.stack([pattern_mask(self.q_len, self.kv_len, self.kv_len_of(b), self.causal, self.left,
+                                      self.right, self.sinks, self.globals, self.doc_lens, self.dilation,
+                                      self.bigbird)[None] for b in range(self.batch)])
+
+    def mask_bytes(self):
+        return self.batch * self.q_len * self.kv_len
+
+
+def empty_rows(keep):
+    """How many rows see no key (the lab's O = 0 there; a peer that gives NaN or a uniform average
+    instead is skipped with this count rather than recorded as disagreeing)."""
+    return int((~keep.any(axis=-1)).sum())
+
+
+def load_inputs(folder, p):
+    """Q, K, V as (B, H, S, D) float32 views (bshd files: transposed views, no copy)."""
+    out = []
+    for name in ("q", "k", "v"):
+        a = np.load(os.path.join(folder, name + ".npy"))
+        out.append(a.transpose(0, 2, 1, 3) if p.layout == "bshd" else a)
+    return out
+
+
+def time_calls(fn, repetitions, min_time_s, time_cap_s):
+    """Google Benchmark's scheme: a warm-up call, then `repetitions` runs of n calls each, n fixed
+    after the first run so that one run lasts >= min_time_s. Returns (seconds per call for each
+    repetition, n). Raises Skip when the warm-up call alone says the point exceeds the time cap."""
+    t0 = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    fn()  # a second call: the first may include compilation (jit) or allocation
+    one = max(time.perf_counter() - t0, 1e-9)
+    estimate = max(one * repetitions, min_time_s * repetitions)
+    if estimate > time_cap_s:
+        raise Skip(f"time cap: one call took {one:.3g} s (first {first:.3g} s), timing estimated "
+                   f"{estimate:.0f} s > {time_cap_s:.0f} s")
+    n = max(1, int(np.ceil(min_time_s / one)))
+    times = []
+    for _ in range(repetitions):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        times.append((time.perf_counter() - t0) / n)
+    return times, n

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""A peer server for `attnlab sweep --peers`: one process per peer family and thread count,
+started by the sweep with the peers' Python (.venv-peers, scripts/lab peers-setup), speaking
+JSON lines on stdin/stdout:
+
+  {"cmd": "hello"}
+    -> {"status": "ok", "version": "onnxruntime 1.32.0", "kernels": [...]}
+     | {"status": "unavailable", "reason": "..."}           (the library cannot be imported)
+  {"cmd": "run", "kernel": K, "dir": D, "problem": {...}, "repetitions": R, "min_time_s": T,
+   "time_cap_s": C}
+    -> {"status": "ok", "times": [s per call, one per repetition], "iterations": n, "how": "..."}
+       with O written to D/o.npy, float32 (B, Hq, Sq, Dv)
+     | {"status": "skipped" | "failed", "reason": "..."}
+
+D holds q.npy, k.npy, v.npy (float32, the problem's layout). The sweep verifies O against its
+float64 reference and writes the row; this process only runs the peer. It is pinned to the
+first `threads` cores it may use (XLA sizes its pool from them) and each peer is told the
+thread count as well. Library chatter goes to stderr; stdout carries only the protocol.
+"""
+import argparse
+import importlib
+import json
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import Problem, Skip, load_inputs, time_calls  # noqa: E402
+
+FAMILIES = {"torch": "torch_peer", "ort": "ort_peer", "jax": "jax_peer"}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--family", choices=sorted(FAMILIES), required=True)
+    ap.add_argument("--threads", type=int, required=True)
+    a = ap.parse_args()
+    proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # native libraries printing to fd 1
+    sys.stdout = sys.stderr
+    cpus = sorted(os.sched_getaffinity(0))
+    if 0 < a.threads < len(cpus):
+        os.sched_setaffinity(0, cpus[:a.threads])
+
+    def reply(obj):
+        proto.write(json.dumps(obj) + "\n")
+
+    mod, version, unavailable = None, "", ""
+    try:
+        mod = importlib.import_module(FAMILIES[a.family])
+        version = mod.setup(a.threads)
+    except Exception as e:  # ImportError, or a library that fails to load
+        unavailable = f"{a.family} is not usable in {sys.prefix}: {type(e).__name__}: {e}"[:400]
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req.get("cmd") == "hello":
+            reply({"status": "unavailable", "reason": unavailable} if unavailable else
+                  {"status": "ok", "version": version, "kernels": list(mod.KERNELS)})
+            continue
+        if unavailable:
+            reply({"status": "skipped", "reason": unavailable})
+            continue
+        try:
+            p = Problem(req["problem"])
+            q, k, v = load_inputs(req["dir"], p)
+            fn, collect, how = mod.prepare(req["kernel"], p, q, k, v)
+            times, n = time_calls(fn, req["repetitions"], req["min_time_s"], req["time_cap_s"])
+            import numpy as np
+            np.save(os.path.join(req["dir"], "o.npy"), np.ascontiguousarray(collect(), dtype=np.float32))
+            del fn, collect
+            reply({"status": "ok", "times": times, "iterations": n, "how": how, "version": version})
+        except Skip as e:
+            reply({"status": "skipped", "reason": str(e), "version": version})
+        except MemoryError:
+            reply({"status": "skipped", "reason": "memory: allocation failed in the peer", "version": version})
+        except Exception as e:
+            traceback.print_exc()
+            reply({"status": "failed", "reason": f"{type(e).__name__}: {e}"[:400], "version": version})
+
+
+if __name__ == "__main__":
+    main()

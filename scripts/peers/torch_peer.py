@@ -1,0 +1,82 @@
+"""PyTorch: torch.nn.functional.scaled_dot_product_attention (torch_sdpa; its CPU backends pick
+the fused flash kernel where they can) and FlexAttention (torch_flex, sparse patterns: a
+BlockMask built from the pattern, flex_attention compiled by torch.compile for the CPU)."""
+from common import Skip, empty_rows
+
+KERNELS = ("torch_sdpa", "torch_flex")
+torch = None
+
+
+def setup(threads):
+    global torch
+    import torch as _torch
+    torch = _torch
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set in this process (only the first call may)
+        pass
+    return f"torch {torch.__version__}"
+
+
+def _tensors(p, q, k, v):
+    # torch takes (B, H, S, D) views: bshd files stay in their memory order (strided views).
+    return [torch.from_numpy(x) for x in (q, k, v)]
+
+
+def prepare(kernel, p, q, k, v):
+    if p.dtype != "f32":
+        raise Skip("peers run float32 points (a bf16/f16 peer rounds P and needs its own tolerance)")
+    qt, kt, vt = _tensors(p, q, k, v)
+    if kernel == "torch_sdpa":
+        return _sdpa(p, qt, kt, vt)
+    return _flex(p, qt, kt, vt)
+
+
+def _sdpa(p, qt, kt, vt):
+    F = torch.nn.functional
+    how = []
+    kwargs = {"scale": p.scale}
+    if p.gqa:
+        kwargs["enable_gqa"] = True
+        how.append("GQA by enable_gqa")
+    if not p.masked:
+        how.append("no mask")
+    elif p.causal_is_top_left and not p.windowed and not p.sparse:
+        kwargs["is_causal"] = True
+        how.append("is_causal")
+    else:
+        keep = p.keep()
+        kwargs["attn_mask"] = torch.from_numpy(keep)
+        how.append("boolean attn_mask (B,1,Sq,Skv)" + (f", {empty_rows(keep)} rows fully masked (O = 0)"
+                                                      if empty_rows(keep) else ""))
+    out = {}
+
+    def fn():
+        out["o"] = F.scaled_dot_product_attention(qt, kt, vt, **kwargs)
+
+    return fn, lambda: out["o"].numpy(), "; ".join(how)
+
+
+def _flex(p, qt, kt, vt):
+    if not (p.sparse or p.windowed):
+        raise Skip("torch_flex runs sparse patterns and windows (torch_sdpa runs the rest)")
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    keep = p.keep()
+    if empty_rows(keep):
+        raise Skip(f"{empty_rows(keep)} rows see no key: FlexAttention's output there is not the lab's O = 0")
+    keep_t = torch.from_numpy(keep[:, 0].copy())
+
+    def mask_mod(b, h, qi, kj):
+        return keep_t[b, qi, kj]
+
+    block = create_block_mask(mask_mod, p.batch, None, p.q_len, p.kv_len, device="cpu")
+    compiled = torch.compile(flex_attention, dynamic=False)
+    kwargs = {"block_mask": block, "scale": p.scale, "enable_gqa": p.gqa}
+    out = {}
+
+    def fn():
+        out["o"] = compiled(qt, kt, vt, **kwargs)
+
+    how = f"BlockMask from the dense mask (sparsity {block.sparsity():.0f}%), torch.compile"
+    return fn, lambda: out["o"].numpy(), how

@@ -1,0 +1,107 @@
+// Peers: what users run instead of the lab's kernels, measured in the same sweep on the same
+// inputs and verified the same way (`attnlab sweep --peers torch,ort,jax`, or an experiment's
+// "peers" key). A peer point is a grid point whose kernel is a peer name:
+//
+//   torch_sdpa  torch.nn.functional.scaled_dot_product_attention   family torch
+//   torch_flex  FlexAttention (sparse patterns and windows)         family torch
+//   ort_mha     ONNX Runtime com.microsoft.MultiHeadAttention       family ort
+//   ort_gqa     ONNX Runtime com.microsoft.GroupQueryAttention      family ort
+//   jax_dpa     jax.nn.dot_product_attention                         family jax
+//
+// The peers run in Python (scripts/peers/serve.py, one process per family and thread count,
+// kept for the sweep, in the virtual environment scripts/lab peers-setup makes: .venv-peers, or
+// $ATTN_PEERS_PYTHON). Per point the sweep writes the point's random inputs as float32 .npy
+// files, the peer server times its call (warm-up, then repetitions x min_time like Google
+// Benchmark) and writes O; the sweep checks O against the float64 reference with the
+// float32 tolerance policy (a peer that disagrees is recorded as failed, not timed) and writes
+// the row (isa "peer", the peer's version and how it was driven in `version` / `how`). A peer
+// that cannot run a point as specified says why and the point is skipped with that reason.
+#pragma once
+
+#include <sys/types.h>
+
+#include <iosfwd>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "attnlab/npy.hpp"
+#include "attnlab/problem.hpp"
+#include "attnlab/tensor.hpp"
+
+namespace attnlab::bench {
+
+// The isa column of a peer row (its % of peak is against the default target's FMA peak).
+inline constexpr const char* kPeerIsa = "peer";
+
+// Every peer kernel name, in report order, and the family (Python module) that runs it.
+const std::vector<std::pair<std::string, std::string>>& peer_kernels();
+bool is_peer_kernel(const std::string& name);
+// Families ("torch", "ort", "jax") or kernel names -> peer kernel names (report order,
+// deduplicated). `what` names the field in errors; throws InvalidInput listing the allowed names.
+std::vector<std::string> parse_peers(const std::vector<std::string>& items, const std::string& what);
+// "torch,ort" -> {"torch", "ort"} (empty items dropped).
+std::vector<std::string> split_list(const std::string& text);
+
+// Memory a peer point needs on top of nothing: the lab's inputs, their float32 copies in the
+// files and in the peer, O, and a dense mask (the largest a peer builds: float32 B x Sq x Skv).
+size_t peer_memory_bytes(const Problem& p);
+
+// What a peer server answered for one point.
+struct PeerAnswer {
+  enum class Status { Ok, Skipped, Failed } status = Status::Failed;
+  std::string reason, version, how;
+  std::vector<double> times;  // seconds per call, one per repetition
+  int64_t iterations = 0;
+  NpyArray o;                 // float32 (B, Hq, Sq, Dv) (status Ok)
+};
+
+struct PeerTiming {
+  int repetitions = 3;
+  double min_time_s = 0.05;
+  double time_cap_s = 60;
+};
+
+// The peer servers of one sweep and the scratch folder the inputs go through.
+class PeerPool {
+ public:
+  // `python`: the interpreter ("" = peers_python()); `serve_script`: scripts/peers/serve.py
+  // ("" = the source tree's).
+  explicit PeerPool(std::ostream& log, std::string python = "", std::string serve_script = "");
+  ~PeerPool();
+  PeerPool(const PeerPool&) = delete;
+  PeerPool& operator=(const PeerPool&) = delete;
+
+  // Runs `kernel` on the problem's inputs (`in`: float32, the problem's layout) with `threads`.
+  // Never throws for the peer's own trouble (missing environment, a crash, no answer within
+  // the time it may take): those come back as Skipped or Failed with the reason.
+  PeerAnswer run(const std::string& kernel, const Problem& p, const Inputs& in, int threads, const PeerTiming& t);
+
+  static std::string default_python();  // $ATTN_PEERS_PYTHON, else <source>/.venv-peers/bin/python
+
+ private:
+  struct Server {
+    pid_t pid = -1;
+    int to = -1, from = -1;
+    std::string buffer;       // read but not yet consumed
+    std::string unavailable;  // why this family cannot run here ("" = it can)
+    std::string version;
+  };
+  Server& server(const std::string& family, int threads);
+  bool start(Server& s, const std::string& family, int threads);
+  bool send(Server& s, const nlohmann::json& request);
+  // One answer line; null on timeout, EOF or an unparsable line (the server is then stopped).
+  nlohmann::json receive(Server& s, double timeout_s);
+  void stop(Server& s);
+  const std::string& scratch();
+
+  std::ostream& log_;
+  std::string python_, serve_;
+  std::string scratch_;
+  std::map<std::pair<std::string, int>, Server> servers_;
+};
+
+}  // namespace attnlab::bench

@@ -1,0 +1,110 @@
+"""The peer runners (scripts/peers/) against numpy_attention's float64 attention, on small
+problems covering how each peer is driven: no mask, causal (both alignments), windows, GQA,
+decode against a cache, kv_lens, d_v != d, bshd files, sparse patterns. A peer whose library is
+not installed in this Python is skipped (scripts/lab peers-setup installs them); a case the
+peer declares unsupported must say why (Skip), never return a wrong O."""
+import importlib
+import os
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts", "peers"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
+from common import Problem, Skip, time_calls  # noqa: E402
+from numpy_attention import attention  # noqa: E402
+
+MODULES = {"torch_sdpa": "torch_peer", "torch_flex": "torch_peer", "ort_mha": "ort_peer",
+           "ort_gqa": "ort_peer", "jax_dpa": "jax_peer"}
+
+
+def peer(kernel):
+    name = MODULES[kernel]
+    try:
+        mod = importlib.import_module(name)
+        mod.setup(1)
+    except ImportError as e:
+        pytest.skip(f"{name}: {e}")
+    return mod
+
+
+def problem(**kw):
+    d = dict(batch=1, q_heads=4, kv_heads=2, q_len=9, kv_len=9, head_dim=16, head_dim_v=16, causal=0,
+             window_left=-1, window_right=-1, layout="bhsd", dtype="f32", sinks=0, globals=[], doc_lens=[],
+             dilation=1, bigbird=[0, 0, 0], kv_lens=[])
+    d.update(kw)
+    d["scale"] = float(np.float32(1 / np.sqrt(d["head_dim"])))
+    return Problem(d)
+
+
+CASES = {
+    "dense": {},
+    "mha": dict(kv_heads=4),
+    "causal": dict(causal=1),
+    "causal_cross_bottom_right": dict(causal=1, q_len=5, kv_len=13),
+    "causal_top_left": dict(causal=2, q_len=5, kv_len=13),
+    "decode": dict(causal=1, q_len=1, kv_len=37, q_heads=8, kv_heads=2),
+    "chunk_window": dict(causal=1, q_len=4, kv_len=40, window_left=7, window_right=0),
+    "window": dict(causal=1, q_len=33, kv_len=33, window_left=5, window_right=0),
+    "window_both": dict(q_len=21, kv_len=21, window_left=3, window_right=2),
+    "kv_lens": dict(batch=2, causal=1, q_len=5, kv_len=11, kv_lens=[11, 7]),
+    "dv": dict(head_dim_v=24),
+    "bshd": dict(layout="bshd", causal=1, q_len=6, kv_len=10),
+    "sinks": dict(causal=1, q_len=40, kv_len=40, window_left=8, window_right=0, sinks=3),
+    "documents": dict(causal=1, q_len=24, kv_len=24, doc_lens=[5, 11, 8]),
+    "empty_rows": dict(causal=1, q_len=12, kv_len=12, batch=2, kv_lens=[12, 0]),
+}
+
+
+def inputs(p, seed=0):
+    rng = np.random.default_rng(seed)
+    dv = p.head_dim_v
+    q = rng.uniform(-1, 1, (p.batch, p.q_heads, p.q_len, p.head_dim)).astype(np.float32)
+    k = rng.uniform(-1, 1, (p.batch, p.kv_heads, p.kv_len, p.head_dim)).astype(np.float32)
+    v = rng.uniform(-1, 1, (p.batch, p.kv_heads, p.kv_len, dv)).astype(np.float32)
+    return q, k, v
+
+
+@pytest.mark.parametrize("kernel", sorted(MODULES))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_peer_matches_numpy(kernel, case):
+    mod = peer(kernel)
+    p = problem(**CASES[case])
+    q, k, v = inputs(p)
+    if p.layout == "bshd":  # the files are (B, S, H, D); load_inputs hands the peers (B, H, S, D) views
+        q, k, v = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3) for x in (q, k, v))
+    try:
+        fn, collect, how = mod.prepare(kernel, p, q, k, v)
+    except Skip as e:
+        assert str(e), "a skip must say why"
+        pytest.skip(f"{kernel} declares {case} unsupported: {e}")
+    fn()
+    o = np.asarray(collect(), dtype=np.float64)
+    kv_lens = p.kv_lens or [p.kv_len] * p.batch
+    want, _, _ = attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), p.scale, p.causal,
+                           p.left, p.right, kv_lens, p.sinks, p.globals, p.doc_lens, p.dilation, p.bigbird)
+    assert o.shape == want.shape, how
+    assert np.isfinite(o).all(), how
+    np.testing.assert_allclose(o, want, atol=2e-5, rtol=0, err_msg=f"{kernel} {case}: {how}")
+
+
+def test_planted_window_off_by_one_is_caught():
+    """The comparison above can fail: a window one key too wide disagrees."""
+    p = problem(**CASES["window"])
+    q, k, v = inputs(p)
+    want, _, _ = attention(*(x.astype(np.float64) for x in (q, k, v)), p.scale, p.causal, p.left, p.right,
+                           [p.kv_len], 0, [], [], 1, None)
+    wider, _, _ = attention(*(x.astype(np.float64) for x in (q, k, v)), p.scale, p.causal, p.left + 1, p.right,
+                            [p.kv_len], 0, [], [], 1, None)
+    assert np.abs(want - wider).max() > 2e-5
+
+
+def test_time_calls_counts_and_caps():
+    calls = []
+    times, n = time_calls(lambda: calls.append(1), repetitions=3, min_time_s=0.001, time_cap_s=10)
+    assert len(times) == 3 and n >= 1 and len(calls) == 2 + 3 * n
+    import time
+    with pytest.raises(Skip, match="time cap"):
+        time_calls(lambda: time.sleep(0.05), repetitions=3, min_time_s=0.001, time_cap_s=0.1)
