@@ -48,6 +48,12 @@ FLOAT_COLS = {"flops", "bytes", "kv_bytes", "kv_bytes_per_token", "time_median_s
               "read_bw_gbs", "bw_fraction", "err_o_rel", "tol_o_rel", "err_lse", "tol_lse", "seconds_spent",
               "err_o_rel_f32_inputs", "density"}
 DECODE_MAX_Q = 16  # q_len at most this (and below kv_len) counts as decode
+# What users run instead (attnlab sweep --peers; src/bench/peers.hpp), in report order.
+PEERS = ("torch_sdpa", "torch_flex", "ort_mha", "ort_gqa", "jax_dpa")
+
+
+def is_peer(kernel):
+    return kernel in PEERS
 
 
 # ----------------------------------------------------------------------------- loading
@@ -101,7 +107,7 @@ def kernel_order(rows, machine):
 
     def key(r):
         name = r.get("kernel_name", r["kernel"])
-        n = names.index(name) if name in names else len(names)
+        n = names.index(name) if name in names else len(names) + (PEERS.index(name) if name in PEERS else 0)
         t = targets.index(r.get("isa")) if r.get("isa") in targets else -1
         return (n, name, t)
 
@@ -290,7 +296,20 @@ class Plots:
         self.items = []  # (title, file, caption)
         cmap = plt.get_cmap("tab10")
         self.color = {k: cmap(i % 10) for i, k in enumerate(kernels)}
-        self.marker = {k: "osD^v<>ph*"[i % 10] for i, k in enumerate(kernels)}
+        # Peers (torch, ONNX Runtime, JAX) stand apart: dashed lines, their own markers, hatched bars.
+        lab = [k for k in kernels if not is_peer(k)]
+        peers = [k for k in kernels if is_peer(k)]
+        self.marker = {k: "osD^v<>ph*"[i % 10] for i, k in enumerate(lab)}
+        self.marker.update({k: "XP*dH"[i % 5] for i, k in enumerate(peers)})
+
+    def style(self, k):
+        """Line-plot style of a kernel: color and marker; peers dashed with larger markers."""
+        if is_peer(k):
+            return {"color": self.color[k], "marker": self.marker[k], "linestyle": "--", "markersize": 8}
+        return {"color": self.color[k], "marker": self.marker[k]}
+
+    def bar_style(self, k):
+        return {"color": self.color[k], "hatch": "//", "edgecolor": "white"} if is_peer(k) else {"color": self.color[k]}
 
     def save(self, fig, name, title, caption, extra=None):
         """`extra`: markdown lines placed after the caption (a table belonging to the plot)."""
@@ -328,7 +347,7 @@ def plot_scaling(plots, ok, kernels, fits):
         slope, used = fit_exponent(ns, ts)
         fits[k] = slope
         label = f"{k}: n^{slope:.2f}" if slope is not None else k
-        ax.plot(ns, ts, marker=plots.marker[k], color=plots.color[k], label=label)
+        ax.plot(ns, ts, **plots.style(k), label=label)
         # Spread over repetitions, as error bars.
         lo = [r["time_min_s"] * 1e3 for r in sorted(rows, key=lambda r: r["q_len"]) if r["kernel"] == k]
         hi = [r["time_max_s"] * 1e3 for r in sorted(rows, key=lambda r: r["q_len"]) if r["kernel"] == k]
@@ -364,9 +383,9 @@ def plot_throughput(plots, ok, kernels):
     p = series_by_kernel(rows, kernels, "q_len",
                          lambda r: 100 * r["peak_fraction"] if r["peak_fraction"] is not None else None)
     for k, pts in g.items():
-        a1.plot(*zip(*pts), marker=plots.marker[k], color=plots.color[k], label=k)
+        a1.plot(*zip(*pts), **plots.style(k), label=k)
     for k, pts in p.items():
-        a2.plot(*zip(*pts), marker=plots.marker[k], color=plots.color[k], label=k)
+        a2.plot(*zip(*pts), **plots.style(k), label=k)
     for a in (a1, a2):
         a.set_xscale("log", base=2)
         int_ticks(a, [r["q_len"] for r in rows])
@@ -401,7 +420,7 @@ def plot_ladder(plots, ok, kernels):
         t = {r["q_len"]: r["time_median_s"] for r in rows if r["kernel"] == k}
         xs = [j + (i - (len(others) - 1) / 2) * width for j, n in enumerate(ns) if n in t]
         ys = [base_t[n] / t[n] for n in ns if n in t]
-        bars = ax.bar(xs, ys, width=width, color=plots.color[k], label=k)
+        bars = ax.bar(xs, ys, width=width, **plots.bar_style(k), label=k)
         for b, y in zip(bars, ys):
             ax.annotate(f"{y:.0f}x" if y >= 10 else f"{y:.1f}x", (b.get_x() + b.get_width() / 2, y),
                         ha="center", va="bottom", fontsize=6)
@@ -434,7 +453,7 @@ def plot_memory(plots, rows_all, kernels):
             continue
         ns = [p[0] for p in pts]
         bs = [max(p[1], 1) for p in pts]
-        ax.plot(ns, bs, color=plots.color[k], marker=plots.marker[k], label=k)
+        ax.plot(ns, bs, **plots.style(k), label=k)
         skipped = [(n, b) for (n, _, s), b in zip(pts, bs) if s != "ok"]
         if skipped:
             ax.scatter(*zip(*skipped), s=80, facecolors="none", edgecolors=plots.color[k])
@@ -465,12 +484,12 @@ def plot_decode(plots, ok, kernels, machine, fits_decode):
     rows, fixed = hold_fixed(dec, {"kv_len"})
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.5))
     for k, pts in series_by_kernel(rows, kernels, "kv_len", lambda r: r["gbytes_per_s"]).items():
-        a1.plot(*zip(*pts), marker=plots.marker[k], color=plots.color[k], label=k)
+        a1.plot(*zip(*pts), **plots.style(k), label=k)
     for k, pts in series_by_kernel(rows, kernels, "kv_len", lambda r: r["time_median_s"] * 1e3).items():
         ns, ts = zip(*pts)
         slope, _ = fit_exponent(ns, ts)
         fits_decode[k] = slope
-        a2.plot(ns, ts, marker=plots.marker[k], color=plots.color[k],
+        a2.plot(ns, ts, **plots.style(k),
                 label=f"{k}: n^{slope:.2f}" if slope is not None else k)
     bw = {r["threads"]: r["read_bw_gbs"] for r in rows if r["read_bw_gbs"]}
     for t, v in sorted(bw.items()):
@@ -511,9 +530,9 @@ def plot_gqa(plots, ok, kernels):
             continue
         rows, fixed = hold_fixed(sub, {"kv_heads"})
         for k, pts in series_by_kernel(rows, kernels, "gqa_group", lambda r: r["time_median_s"] * 1e3).items():
-            axes[0][col].plot(*zip(*pts), marker=plots.marker[k], color=plots.color[k], label=k)
+            axes[0][col].plot(*zip(*pts), **plots.style(k), label=k)
         for k, pts in series_by_kernel(rows, kernels, "gqa_group", lambda r: r["gbytes_per_s"]).items():
-            axes[1][col].plot(*zip(*pts), marker=plots.marker[k], color=plots.color[k], label=k)
+            axes[1][col].plot(*zip(*pts), **plots.style(k), label=k)
         groups = sorted({r["gqa_group"] for r in rows})
         mb = {r["gqa_group"]: r["bytes"] / 1e6 for r in rows}
         twin = axes[1][col].twinx()
@@ -552,9 +571,9 @@ def plot_heads(plots, ok, kernels):
         return
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.5))
     for k, pts in series_by_kernel(rows, kernels, "q_heads", lambda r: r["time_median_s"] * 1e3).items():
-        a1.plot(*zip(*pts), marker=plots.marker[k], color=plots.color[k], label=k)
+        a1.plot(*zip(*pts), **plots.style(k), label=k)
     for k, pts in series_by_kernel(rows, kernels, "q_heads", lambda r: r["gflops"]).items():
-        a2.plot(*zip(*pts), marker=plots.marker[k], color=plots.color[k], label=k)
+        a2.plot(*zip(*pts), **plots.style(k), label=k)
     heads = sorted({r["q_heads"] for r in rows})
     dims = {r["q_heads"]: r["head_dim"] for r in rows}
     for a in (a1, a2):
@@ -592,8 +611,8 @@ def plot_threads(plots, ok, kernels):
             if len(pts) < 2:
                 continue
             t1 = pts[0][1]
-            ax.plot([p[0] for p in pts], [t1 / p[1] for p in pts], styles[i % 4], marker=plots.marker[k],
-                    color=plots.color[k], label=f"{k} ({m})" if len(masks) > 1 else k)
+            ax.plot([p[0] for p in pts], [t1 / p[1] for p in pts], **dict(plots.style(k), linestyle=styles[i % 4]),
+                    label=f"{k} ({m})" if len(masks) > 1 else k)
     ax.plot([1, tmax], [1, tmax], color="gray", linewidth=1, linestyle=":", label="ideal")
     int_ticks(ax, [r["threads"] for r in rows])
     ax.set_xlabel("threads")
@@ -614,10 +633,10 @@ def plot_head_dim(plots, ok, kernels):
     rows, fixed = hold_fixed(ok, {"head_dim"})
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.5))
     for k, pts in series_by_kernel(rows, kernels, "head_dim", lambda r: r["gflops"]).items():
-        a1.plot(*zip(*pts), marker=plots.marker[k], color=plots.color[k], label=k)
+        a1.plot(*zip(*pts), **plots.style(k), label=k)
     for k, pts in series_by_kernel(rows, kernels, "head_dim",
                                    lambda r: 100 * r["peak_fraction"] if r["peak_fraction"] else None).items():
-        a2.plot(*zip(*pts), marker=plots.marker[k], color=plots.color[k], label=k)
+        a2.plot(*zip(*pts), **plots.style(k), label=k)
     dims = sorted({r["head_dim"] for r in rows})
     for a in (a1, a2):
         a.set_xscale("log", base=2)
@@ -818,8 +837,8 @@ def plot_masks(plots, ok, kernels):
     for i, k in enumerate(present):
         t = {r["mask"]: r for r in rows if r["kernel"] == k}
         xs = [j + (i - (len(present) - 1) / 2) * width for j, m in enumerate(masks) if m in t]
-        a1.bar(xs, [t[m]["time_median_s"] * 1e3 for m in masks if m in t], width=width, color=plots.color[k], label=k)
-        a2.bar(xs, [t[m]["gflops"] for m in masks if m in t], width=width, color=plots.color[k], label=k)
+        a1.bar(xs, [t[m]["time_median_s"] * 1e3 for m in masks if m in t], width=width, **plots.bar_style(k), label=k)
+        a2.bar(xs, [t[m]["gflops"] for m in masks if m in t], width=width, **plots.bar_style(k), label=k)
     vis = {r["mask"]: r["visible_pairs"] / full for r in rows}
     labels = [f"{m}\n({100 * vis[m]:.0f}% visible)" for m in masks]
     for a in (a1, a2):
@@ -1005,11 +1024,66 @@ def summary_table(rows, ok, kernels, fits, fits_decode):
         best_p = max((r["peak_fraction"] for r in ok_k if r["peak_fraction"]), default=None)
         best_bw = max((r["bw_fraction"] for r in ok_k if r["bw_fraction"]), default=None)
         counts = collections.Counter(r["status"] for r in rk)
-        lines.append(f"| {k} | {exp} | {fmt(best_g, '.1f')} | "
+        name = f"{k} (peer)" if is_peer(k) else k
+        lines.append(f"| {name} | {exp} | {fmt(best_g, '.1f')} | "
                      f"{fmt(None if best_p is None else 100 * best_p, '.1f')} | "
                      f"{fmt(None if best_bw is None else 100 * best_bw, '.0f')} | {agreement(rk)} | "
                      f"{counts['ok']} / {counts['failed']} / {counts['skipped']} |")
     return lines
+
+
+def shape_key(r):
+    return tuple(r.get(d) for d in DIMS) + (r.get("pattern", ""),)
+
+
+def peer_section(rows, ok):
+    """Peers beside the lab: each peer's version and how it was driven, then per shape the best
+    lab kernel against the best peer (same run, same inputs, both verified), with the ratio."""
+    present = [k for k in PEERS if any(r["kernel"] == k for r in rows)]
+    if not present:
+        return []
+    md = ["## Peers: the lab's best against what users run", "",
+          "Peers ran in the same sweep on the same inputs (`attnlab sweep --peers`; scripts/peers/), at the "
+          "same thread count, timed like the lab's points (warm-up, then repetitions of >= min_time each; "
+          "medians), and their O was checked against the same float64 reference with the same tolerance "
+          "policy before its times were kept (a peer that disagrees is failed, not timed). % of peak is "
+          "against the default target's FMA peak.", "",
+          "| peer | version | points ok / failed / skipped | how it was driven (distinct settings) |",
+          "|---|---|---|---|"]
+    for k in present:
+        rk = [r for r in rows if r["kernel"] == k]
+        counts = collections.Counter(r["status"] for r in rk)
+        versions = sorted({r.get("version") for r in rk if r.get("version")})
+        hows = sorted({r.get("how") for r in rk if r["status"] == "ok" and r.get("how")})
+        md.append(f"| {k} | {', '.join(versions) or '-'} | {counts['ok']} / {counts['failed']} / "
+                  f"{counts['skipped']} | {'<br>'.join(h.replace('|', '/') for h in hows) or '-'} |")
+    md.append("")
+    best = collections.defaultdict(dict)  # shape -> {"lab": row, "peer": row}
+    for r in ok:
+        side = "peer" if is_peer(r["kernel"]) else "lab"
+        cur = best[shape_key(r)].get(side)
+        if cur is None or r["time_median_s"] < cur["time_median_s"]:
+            best[shape_key(r)][side] = r
+    pairs = [(v["lab"], v["peer"]) for v in best.values() if "lab" in v and "peer" in v]
+    if pairs:
+        pairs.sort(key=lambda lp: (lp[0]["flops"], lp[0]["mask"], lp[0]["threads"]))
+        ratios = [p["time_median_s"] / lab["time_median_s"] for lab, p in pairs]
+        gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+
+        def cell(r):
+            pf = r.get("peak_fraction")
+            return f"{fmt(r['gflops'], '.1f')} ({fmt(None if pf is None else 100 * pf, '.0f')}%)"
+
+        md += [f"Best lab kernel against the best peer, per shape ({len(pairs)} shapes where both ran): "
+               f"the lab is {gm:.2f}x the best peer's speed (geometric mean; from {min(ratios):.2f}x to "
+               f"{max(ratios):.2f}x). Speed-up = best peer's median time / best lab kernel's.", "",
+               "| shape | mask | threads | best lab kernel | GFLOP/s (% peak) | best peer | GFLOP/s (% peak) | "
+               "lab speed-up |", "|---|---|---|---|---|---|---|---|"]
+        for (lab, p), x in zip(pairs, ratios):
+            md.append(f"| {shape_text(lab)} | {lab['mask']} | {lab['threads']} | {lab['kernel']} | {cell(lab)} | "
+                      f"{p['kernel']} | {cell(p)} | {x:.2f}x |")
+        md.append("")
+    return md
 
 
 def shape_text(r):
@@ -1087,7 +1161,9 @@ def write_report(folder, out):
            "run. % of read bandwidth: compulsory bytes per second against the measured streaming read "
            "bandwidth (the figure of merit for decode; above 100% means the data sat in cache). "
            "Agreement: each point is checked against the float64 reference on sampled rows before it "
-           "is timed.", ""]
+           "is timed. Rows marked (peer) are PyTorch, ONNX Runtime or JAX run in the same sweep "
+           "(drawn dashed in the plots; next section).", ""]
+    md += peer_section(rows, ok)
 
     if machine:
         git = machine.get("git", {})

@@ -415,7 +415,7 @@ struct Runner {
       const Tensors t = random_tensors(p, e.seed);
       const auto rows = sample_rows(p, static_cast<size_t>(e.verify_rows), e.seed);
       const Agreement ag = prepare_agreement(p, t.inputs, rows);
-      if (!peers) peers = std::make_unique<PeerPool>(log, o.peers_python);
+      if (!peers) peers = std::make_unique<PeerPool>(log, o.peers_python, o.peers_serve);
       PeerAnswer a = peers->run(g.kernel, p, t.inputs, g.threads, {e.repetitions, e.min_time_s, e.time_cap_s});
       r.version = a.version;
       r.how = a.how;

@@ -52,6 +52,7 @@ struct SweepOptions {
   int all_threads = 0;                 // what "all" threads means; 0 = every core
   std::vector<const Kernel*> kernels;  // empty = registry()
   std::string peers_python;            // the peers' interpreter ("" = PeerPool::default_python())
+  std::string peers_serve;             // their server script ("" = scripts/peers/serve.py; tests)
   std::ostream* progress = nullptr;    // nullptr = std::cerr
 };
 

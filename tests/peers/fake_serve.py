@@ -1,0 +1,56 @@
+#!/usr/bin/python3
+"""A stand-in for scripts/peers/serve.py in the C++ sweep tests (test_sweep.cpp, SweepPeers):
+the same protocol, with each kernel's behaviour chosen by $ATTN_FAKE_PEER, e.g.
+"torch_sdpa=exact,ort_mha=wrong,ort_gqa=skip,jax_dpa=die":
+  exact  O from numpy_attention (float64, the lab's rule), timed as a no-op
+  wrong  that O plus 0.05 (the sweep must fail it, not time it)
+  skip   answers skipped with a reason
+  die    exits without answering (the sweep must record the point failed and go on)
+Kernels not named answer "exact". $ATTN_FAKE_PEER_UNAVAILABLE=1: hello answers unavailable."""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "peers"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from common import Problem, load_inputs  # noqa: E402
+from numpy_attention import attention  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--family", required=True)
+    ap.add_argument("--threads", type=int, required=True)
+    a = ap.parse_args()
+    modes = dict(x.split("=") for x in os.environ.get("ATTN_FAKE_PEER", "").split(",") if x)
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req["cmd"] == "hello":
+            if os.environ.get("ATTN_FAKE_PEER_UNAVAILABLE"):
+                print(json.dumps({"status": "unavailable", "reason": f"fake {a.family}: not installed"}), flush=True)
+            else:
+                print(json.dumps({"status": "ok", "version": "fake 1.0", "kernels": []}), flush=True)
+            continue
+        mode = modes.get(req["kernel"], "exact")
+        if mode == "die":
+            sys.exit(3)
+        if mode == "skip":
+            print(json.dumps({"status": "skipped", "reason": "fake: not this shape", "version": "fake 1.0"}), flush=True)
+            continue
+        p = Problem(req["problem"])
+        q, k, v = load_inputs(req["dir"], p)
+        kv_lens = p.kv_lens or [p.kv_len] * p.batch
+        o, _, _ = attention(*(x.astype(np.float64) for x in (q, k, v)), p.scale, p.causal, p.left, p.right,
+                            kv_lens, p.sinks, p.globals, p.doc_lens, p.dilation, p.bigbird)
+        if mode == "wrong":
+            o = o + 0.05
+        np.save(os.path.join(req["dir"], "o.npy"), o.astype(np.float32))
+        print(json.dumps({"status": "ok", "times": [1e-3, 1.2e-3][:req["repetitions"]] + [1.1e-3] * max(0, req["repetitions"] - 2),
+                          "iterations": 7, "how": f"fake {mode}; threads {a.threads}", "version": "fake 1.0"}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
