@@ -104,14 +104,18 @@ std::vector<std::string> parse_peers(const std::vector<std::string>& items, cons
   return out;
 }
 
-size_t peer_memory_bytes(const Problem& p) {
+size_t peer_memory_bytes(const std::string& kernel, const Problem& p) {
   const auto f32 = [](int64_t elems) { return static_cast<size_t>(elems) * sizeof(float); };
+  // ONNX Runtime's MultiHeadAttention and JAX's XLA attention materialize the scores: their
+  // peak RSS grew by 1.16 GB at 8 heads x 4096^2 (a 512 MiB float32 score matrix), ~2x it;
+  // torch's SDPA and ORT's GroupQueryAttention by 12 and 74 MB (flash-style).
+  const size_t scores = kernel == "ort_mha" || kernel == "jax_dpa" ? 2 * f32(p.batch * p.q_heads * p.q_len * p.kv_len) : 0;
   const size_t inputs = f32(p.q_elems() + p.kv_elems() + p.v_elems());
   const size_t mask = f32(p.batch * p.q_len * p.kv_len);
   // K/V repeated to every query head (ort_mha's GQA)
   const size_t repeated = p.group() > 1 ? f32(p.batch * p.q_heads * p.kv_len * (p.head_dim + p.dim_v())) : 0;
   // the lab's tensors, the files, the peer's arrays, O twice (the peer's and the one read back)
-  return static_cast<size_t>(tensor_bytes(p)) + 2 * inputs + repeated + 2 * f32(p.o_elems()) + mask;
+  return static_cast<size_t>(tensor_bytes(p)) + 2 * inputs + repeated + 2 * f32(p.o_elems()) + mask + scores;
 }
 
 std::string PeerPool::default_python() {

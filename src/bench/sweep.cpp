@@ -406,7 +406,7 @@ struct Runner {
       r.seconds_spent = seconds_since(t0);
       return pf;
     };
-    r.memory_bytes = peer_memory_bytes(p) + verification_bytes(*find_kernel("naive"), p, e.verify_rows, 1);
+    r.memory_bytes = peer_memory_bytes(g.kernel, p) + verification_bytes(*find_kernel("naive"), p, e.verify_rows, 1);
     if (static_cast<double>(r.memory_bytes) > memory_budget) {
       return decided(PointStatus::Skipped, "memory: needs " + fmt_mib(static_cast<double>(r.memory_bytes)) +
                                                " > budget " + fmt_mib(memory_budget));
