@@ -50,6 +50,8 @@ FLOAT_COLS = {"flops", "bytes", "kv_bytes", "kv_bytes_per_token", "time_median_s
 DECODE_MAX_Q = 16  # q_len at most this (and below kv_len) counts as decode
 # What users run instead (attnlab sweep --peers; src/bench/peers.hpp), in report order.
 PEERS = ("torch_sdpa", "torch_flex", "ort_mha", "ort_gqa", "jax_dpa")
+PEER_COLORS = {"torch_sdpa": "black", "torch_flex": "dimgray", "ort_mha": "darkgoldenrod", "ort_gqa": "saddlebrown",
+               "jax_dpa": "mediumvioletred"}
 
 
 def is_peer(kernel):
@@ -294,11 +296,13 @@ class Plots:
     def __init__(self, out, kernels):
         self.out = out
         self.items = []  # (title, file, caption)
-        cmap = plt.get_cmap("tab10")
-        self.color = {k: cmap(i % 10) for i, k in enumerate(kernels)}
-        # Peers (torch, ONNX Runtime, JAX) stand apart: dashed lines, their own markers, hatched bars.
+        # Peers (torch, ONNX Runtime, JAX) stand apart: their own colors (not tab10's), dashed
+        # lines, their own markers, hatched bars.
         lab = [k for k in kernels if not is_peer(k)]
         peers = [k for k in kernels if is_peer(k)]
+        cmap = plt.get_cmap("tab10")
+        self.color = {k: cmap(i % 10) for i, k in enumerate(lab)}
+        self.color.update({k: PEER_COLORS[k] for k in peers})
         self.marker = {k: "osD^v<>ph*"[i % 10] for i, k in enumerate(lab)}
         self.marker.update({k: "XP*dH"[i % 5] for i, k in enumerate(peers)})
 
@@ -440,8 +444,11 @@ def plot_ladder(plots, ok, kernels):
 
 
 def plot_memory(plots, rows_all, kernels):
+    # A peer's extra memory is measured (peak RSS growth over its inputs, scripts/peers/serve.py)
+    # on its timed points only; 0 there means it was not measured (folders from before).
     pre = [r for r in rows_all if is_prefill(r) and r["extra_bytes"] is not None and
-           (r["status"] == "ok" or r["reason"].startswith(("time cap", "memory")))]
+           (r["status"] == "ok" or r["reason"].startswith(("time cap", "memory"))) and
+           not (is_peer(r["kernel"]) and (r["status"] != "ok" or not r["extra_bytes"]))]
     if len({r["q_len"] for r in pre}) < 3:
         return
     rows, fixed = hold_fixed(pre, {"q_len", "kv_len"})
@@ -474,6 +481,7 @@ def plot_memory(plots, rows_all, kernels):
                "Workspace each kernel asks for beyond Q, K, V and O. A kernel that materializes the score "
                "matrix grows as n^2 (slope 2 here); tiled kernels need O(tile) per thread, flat in n. "
                "Hollow circles: points skipped by the time cap or memory budget (their memory is still known). "
+               "Peers (dashed): their measured peak RSS growth over the inputs during the timed calls. "
                f"Held fixed: {describe_fixed(fixed)}.")
 
 

@@ -8,7 +8,8 @@ JSON lines on stdin/stdout:
      | {"status": "unavailable", "reason": "..."}           (the library cannot be imported)
   {"cmd": "run", "kernel": K, "dir": D, "problem": {...}, "repetitions": R, "min_time_s": T,
    "time_cap_s": C}
-    -> {"status": "ok", "times": [s per call, one per repetition], "iterations": n, "how": "..."}
+    -> {"status": "ok", "times": [s per call, one per repetition], "iterations": n, "how": "...",
+        "extra_bytes": peak RSS growth over the loaded inputs (null where /proc refuses the reset)}
        with O written to D/o.npy, float32 (B, Hq, Sq, Dv)
      | {"status": "skipped" | "failed", "reason": "..."}
 
@@ -28,6 +29,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import Problem, Skip, load_inputs, time_calls  # noqa: E402
 
 FAMILIES = {"torch": "torch_peer", "ort": "ort_peer", "jax": "jax_peer"}
+
+
+def _status_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return None
+
+
+def reset_peak():
+    """Resets the process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0); False where refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def main():
@@ -63,12 +82,19 @@ def main():
         try:
             p = Problem(req["problem"])
             q, k, v = load_inputs(req["dir"], p)
+            # The peer's memory beyond its inputs: peak RSS during preparation and the calls
+            # (score matrices, masks, repeated K/V, the output) above the RSS once the inputs
+            # are loaded.
+            measured = reset_peak()
+            base = _status_kib("VmRSS")
             fn, collect, how = mod.prepare(req["kernel"], p, q, k, v)
             times, n = time_calls(fn, req["repetitions"], req["min_time_s"], req["time_cap_s"])
+            extra = max(0, _status_kib("VmHWM") - base) * 1024 if measured and base is not None else None
             import numpy as np
             np.save(os.path.join(req["dir"], "o.npy"), np.ascontiguousarray(collect(), dtype=np.float32))
             del fn, collect
-            reply({"status": "ok", "times": times, "iterations": n, "how": how, "version": version})
+            reply({"status": "ok", "times": times, "iterations": n, "how": how, "version": version,
+                   "extra_bytes": extra})
         except Skip as e:
             reply({"status": "skipped", "reason": str(e), "version": version})
         except MemoryError:

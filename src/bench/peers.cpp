@@ -203,7 +203,8 @@ bool PeerPool::send(Server& s, const Json& request) {
   return true;
 }
 
-Json PeerPool::receive(Server& s, double timeout_s) {
+Json PeerPool::receive(Server& s, double timeout_s, bool* eof) {
+  if (eof) *eof = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   for (;;) {
     if (const size_t nl = s.buffer.find('\n'); nl != std::string::npos) {
@@ -212,7 +213,7 @@ Json PeerPool::receive(Server& s, double timeout_s) {
       try {
         return Json::parse(line);
       } catch (const Json::exception&) {
-        log_ << "peer server sent an unparsable line: " << line.substr(0, 200) << "\n";
+        log_ << "\n  (peer server sent an unparsable line: " << line.substr(0, 200) << ")";
         return Json();
       }
     }
@@ -225,7 +226,10 @@ Json PeerPool::receive(Server& s, double timeout_s) {
     char buf[4096];
     const ssize_t n = ::read(s.from, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Json();  // EOF: the server died
+    if (n <= 0) {  // EOF: the server died (it may not be reapable yet)
+      if (eof) *eof = true;
+      return Json();
+    }
     s.buffer.append(buf, static_cast<size_t>(n));
   }
 }
@@ -249,12 +253,12 @@ PeerPool::Server& PeerPool::server(const std::string& family, int threads) {
       s.unavailable = hello.value("reason", std::string("unavailable"));
     } else {
       s.version = hello.value("version", "");
-      log_ << "peers: " << s.version << " at " << threads << " thread" << (threads > 1 ? "s" : "") << " (" << python_
-           << ")\n";
+      log_ << "\n  (peers: " << s.version << " at " << threads << " thread" << (threads > 1 ? "s" : "") << ", " << python_
+           << ")";
     }
     if (!s.unavailable.empty()) stop(s);
   }
-  if (!s.unavailable.empty()) log_ << "peers: " << family << " unavailable: " << s.unavailable << "\n";
+  if (!s.unavailable.empty()) log_ << "\n  (peers: " << family << " unavailable: " << s.unavailable << ")";
   return s;
 }
 
@@ -270,7 +274,7 @@ PeerAnswer PeerPool::run(const std::string& kernel, const Problem& p, const Inpu
   Server& s = server(family, threads);
   if (!s.unavailable.empty()) return answer(S::Skipped, s.unavailable);
   const std::string& dir = scratch();
-  for (const char* f : {"/o.npy"}) std::filesystem::remove(dir + f);
+  std::filesystem::remove(dir + "/o.npy");  // an O left from the point before is never read as this one's
   write_inputs(dir, p, in);
   Json problem = problem_to_json(p);
   problem["kv_lens"] = p.kv_lens;
@@ -279,13 +283,13 @@ PeerAnswer PeerPool::run(const std::string& kernel, const Problem& p, const Inpu
                         {"problem", problem}, {"repetitions", t.repetitions}, {"min_time_s", t.min_time_s},
                         {"time_cap_s", t.time_cap_s}};
   const double timeout = t.time_cap_s * 2 + kRunSlack;
-  const Json reply = send(s, request) ? receive(s, timeout) : Json();
+  bool died = false;
+  const Json reply = send(s, request) ? receive(s, timeout, &died) : (died = true, Json());
   if (reply.is_null()) {
-    const bool alive = s.pid > 0 && ::waitpid(s.pid, nullptr, WNOHANG) == 0;
     stop(s);  // a later point starts a fresh server
-    return alive ? answer(S::Skipped, "time cap: the peer did not answer within " +
-                                          std::to_string(static_cast<int>(timeout)) + " s (its server was stopped)")
-                 : answer(S::Failed, "the " + family + " peer server died (out of memory, or a crash: its stderr above)");
+    return died ? answer(S::Failed, "the " + family + " peer server died (out of memory, or a crash: its stderr above)")
+                : answer(S::Skipped, "time cap: the peer did not answer within " +
+                                         std::to_string(static_cast<int>(timeout)) + " s (its server was stopped)");
   }
   PeerAnswer a;
   a.version = reply.value("version", s.version);
@@ -304,6 +308,7 @@ PeerAnswer PeerPool::run(const std::string& kernel, const Problem& p, const Inpu
   try {
     a.times = reply.at("times").get<std::vector<double>>();
     a.iterations = reply.at("iterations").get<int64_t>();
+    if (reply.contains("extra_bytes") && reply["extra_bytes"].is_number()) a.extra_bytes = reply["extra_bytes"].get<int64_t>();
     a.o = read_npy(dir + "/o.npy");
     widen_to_float(a.o);
   } catch (const std::exception& e) {

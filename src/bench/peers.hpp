@@ -57,6 +57,7 @@ struct PeerAnswer {
   std::string reason, version, how;
   std::vector<double> times;  // seconds per call, one per repetition
   int64_t iterations = 0;
+  int64_t extra_bytes = -1;   // the peer's measured peak RSS growth over its inputs (-1: unknown)
   NpyArray o;                 // float32 (B, Hq, Sq, Dv) (status Ok)
 };
 
@@ -94,8 +95,8 @@ class PeerPool {
   Server& server(const std::string& family, int threads);
   bool start(Server& s, const std::string& family, int threads);
   bool send(Server& s, const nlohmann::json& request);
-  // One answer line; null on timeout, EOF or an unparsable line (the server is then stopped).
-  nlohmann::json receive(Server& s, double timeout_s);
+  // One answer line; null on timeout, EOF (then *eof = true) or an unparsable line.
+  nlohmann::json receive(Server& s, double timeout_s, bool* eof = nullptr);
   void stop(Server& s);
   const std::string& scratch();
 

@@ -419,6 +419,7 @@ struct Runner {
       PeerAnswer a = peers->run(g.kernel, p, t.inputs, g.threads, {e.repetitions, e.min_time_s, e.time_cap_s});
       r.version = a.version;
       r.how = a.how;
+      if (a.extra_bytes >= 0) r.extra_bytes = static_cast<size_t>(a.extra_bytes);  // measured, not declared
       if (a.status == PeerAnswer::Status::Skipped) return decided(PointStatus::Skipped, a.reason);
       if (a.status == PeerAnswer::Status::Failed) return decided(PointStatus::Failed, "peer: " + a.reason);
       const MutView ov = make_view<float>(a.o.data.data(), p.batch, p.q_heads, p.q_len, p.dim_v(), Layout::BHSD);
