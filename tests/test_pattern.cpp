@@ -5,12 +5,14 @@
 // that the check must catch, special values across tile holes, and bad input.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <functional>
 #include <random>
 
 #include "attnlab/kernel.hpp"
 #include "attnlab/pattern.hpp"
+#include "attnlab/phases.hpp"
 #include "attnlab/verify.hpp"
 #include "cuda_emu.hpp"
 #include "test_util.hpp"
@@ -257,6 +259,59 @@ TEST(PatternCount, EqualsTheElementCount) {
   }
 }
 
+// A dilated window's phases (phases.hpp) against the element rule: every row in exactly one
+// phase, and a phase's interval rule in its own coordinates sees exactly the keys the pattern
+// gives the row, for every alignment, window and length; other sparse terms never decompose.
+TEST(DilationPhases, CoverEveryRowOnceAndSeeExactlyThePatternsKeys) {
+  int64_t decomposed = 0;
+  const int64_t windows[][2] = {{-1, -1}, {5, -1}, {9, 0}, {3, 2}, {0, 0}, {12, 7}};
+  for (int64_t D : {2, 3, 4, 7})
+    for (const auto& lens : std::vector<std::array<int64_t, 2>>{{1, 1}, {7, 7}, {33, 33}, {64, 64}, {5, 29}, {20, 13}})
+      for (CausalAlign c : {CausalAlign::None, CausalAlign::BottomRight, CausalAlign::TopLeft})
+        for (const auto& w : windows)
+          for (int kv_case = 0; kv_case < 3; ++kv_case) {
+            Problem p = test::shape(2, 2, 1, lens[0], lens[1], 8);
+            p.dilation = D, p.causal = c, p.window_left = w[0], p.window_right = w[1];
+            if (kv_case == 1) p.kv_lens = {p.kv_len, p.kv_len / 2};
+            if (kv_case == 2) p.kv_lens = {0, p.kv_len};
+            const std::vector<DilationPhase> phases = dilation_phases(p);
+            ASSERT_FALSE(phases.empty()) << p.describe();
+            ++decomposed;
+            const Pattern pat(p);
+            std::vector<int> covered(static_cast<size_t>(p.batch * p.q_len), 0);
+            for (const DilationPhase& ph : phases) {
+              ASSERT_EQ(ph.sub.batch, 1);
+              ASSERT_FALSE(ph.sub.sparse());
+              const MaskSpec m = ph.sub.mask_for_batch(0);
+              for (int64_t ii = 0; ii < ph.sub.q_len; ++ii) {
+                const int64_t i = ph.first_q + D * ii;
+                ASSERT_LT(i, p.q_len);
+                ++covered[static_cast<size_t>(ph.b * p.q_len + i)];
+                const Interval iv = m.row(ii);
+                for (int64_t j = 0; j < p.kv_len; ++j) {
+                  const bool in_phase = j >= ph.first_k && (j - ph.first_k) % D == 0;
+                  const int64_t jj = (j - ph.first_k) / D;
+                  const bool sub_sees = in_phase && jj < ph.sub.kv_len && jj >= iv.lo && jj < iv.hi;
+                  ASSERT_EQ(sub_sees, pat.visible(ph.b, 0, i, j))
+                      << p.describe() << " phase b=" << ph.b << " first_q=" << ph.first_q << " i=" << i << " j=" << j;
+                }
+              }
+            }
+            for (int v : covered) ASSERT_EQ(v, 1) << p.describe() << ": every row in exactly one phase";
+          }
+  EXPECT_GT(decomposed, 1000);
+  Problem other = test::shape(1, 1, 1, 16, 16, 8);
+  other.dilation = 2, other.window_left = 4;
+  ASSERT_FALSE(dilation_phases(other).empty());
+  for (const auto& add : std::vector<std::function<void(Problem&)>>{
+           [](Problem& p) { p.sinks = 1; }, [](Problem& p) { p.globals = {3}; }, [](Problem& p) { p.doc_lens = {8, 8}; },
+           [](Problem& p) { p.bigbird = {4, 1, 1}; }, [](Problem& p) { p.dilation = 1; }}) {
+    Problem q = other;
+    add(q);
+    EXPECT_TRUE(dilation_phases(q).empty()) << q.describe();
+  }
+}
+
 // ---------------------------------------------------------------- kernels
 
 struct Param {
@@ -352,7 +407,11 @@ TEST_P(PatternAsMaskFile, GivesIdenticalOutputs) {
     Session(k, q, 2).run(t.inputs, u.outputs);
     const std::shared_ptr<const Plan> plan = k.make_plan(p);
     const auto* made = dynamic_cast<const BlockPlan*>(plan.get());
-    const auto near = [&](int64_t i) {  // a gathered tile, or i's query tile holds a solo position
+    const bool phased = dynamic_cast<const PhasePlan*>(plan.get()) != nullptr;
+    // a dilated window's phases (other tiles: the keys summed in another order), a gathered
+    // tile, or i's query tile holds a solo position
+    const auto near = [&](int64_t i) {
+      if (phased) return true;
       if (!made) return false;
       if (!made->map.gathered.empty()) return true;
       if (made->map.solo.empty()) return false;

@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "attnlab/phases.hpp"
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
 
@@ -45,6 +46,18 @@ struct BlockPlan final : Plan {
   BlockMap map;
   explicit BlockPlan(BlockMap m) : map(std::move(m)) {}
   size_t bytes() const override { return map.bytes(); }
+};
+
+// The plan of flash's dilated windows: the phases it runs as dense strided sub-problems
+// (phases.hpp), and per phase the index of its first task (query tiles of `br` rows x kv
+// heads; the last entry is the total).
+struct PhasePlan final : Plan {
+  std::vector<DilationPhase> phases;
+  std::vector<int64_t> first_task;
+  int64_t br = 0;
+  size_t bytes() const override {
+    return phases.size() * sizeof(DilationPhase) + first_task.size() * sizeof(int64_t);
+  }
 };
 
 // The arithmetic a kernel's results carry, which the tolerance baseline reproduces (verify.hpp):

@@ -33,7 +33,10 @@
 // global columns (up to 64) are gathered: their K/V rows are copied together once per task
 // (Scratch::gather) and run as one more partial tile, instead of one visible key in each of up
 // to 64 otherwise empty tiles. Plan memory: 16 bytes per non-empty tile + 8 R bytes per partial
-// tile + q_len G bytes.
+// tile + q_len G bytes. A dilated window (no other sparse term) skips the block map: its rows
+// and keys of one phase (positions congruent mod D) form an ordinary dense window problem on
+// strided rows (phases.hpp), so it runs as D interval problems per batch entry over strided
+// views, where the block map would find every tile partial at 1/D density.
 //   Special values follow include/attnlab/online_softmax.hpp.
 // Parallel: oneTBB over all (b, hk, query tile) tasks, grain 1, last query tiles first (the
 // most keys under causal); scratch is the running thread's slice of the workspace. Tiles and
@@ -56,6 +59,7 @@
 // issue 10) and results/2026-11-29-attn_bench (AVX-512, Zen 4).
 #include <algorithm>
 #include <optional>
+#include <tuple>
 
 #include <tbb/blocked_range.h>
 #include <tbb/partitioner.h>
@@ -68,8 +72,72 @@ namespace attnlab::ATTN_TARGET_NS {
 
 namespace simd {
 
+namespace {
+PhasePlan phase_plan(const Problem& p, const Tiling& t) {
+  PhasePlan plan;
+  plan.phases = dilation_phases(p);
+  plan.br = t.br;
+  int64_t tasks = 0;
+  for (const DilationPhase& ph : plan.phases) {
+    plan.first_task.push_back(tasks);
+    tasks += ph.sub.kv_heads * ((ph.sub.q_len + t.br - 1) / t.br);
+  }
+  plan.first_task.push_back(tasks);
+  return plan;
+}
+
+// Rows first, first + step, ... (count of them) of batch b, as a one-batch view.
+template <class T>
+View4<T> strided_rows(const View4<T>& v, int64_t b, int64_t first, int64_t step, int64_t count) {
+  View4<T> r = v;
+  r.data = v.data && count > 0 ? v.row(b, 0, first) : v.data;
+  r.batch = 1;
+  r.seq = count;
+  r.stride_s = v.stride_s * step;
+  return r;
+}
+
+// A dilated window as its dense phases (phases.hpp): per (phase, kv head, query tile of the
+// phase's rows) one task over strided views of Q, K, V and O, the interval path of the tile
+// engine (no block map, no masking words), LSE written through the phase's row stride.
+void run_phases(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx, const Tiling& t,
+                const PhasePlan& plan, const char* kernel) {
+  const int64_t D = p.dilation;
+  attnlab::parallel_tasks(
+      tbb::blocked_range<int64_t>(0, plan.first_task.back(), 1),
+      [&](const tbb::blocked_range<int64_t>& range) {
+        const Scratch s(thread_scratch(ctx, t.bytes, kernel), t);
+        const AmxScope amx(t);
+        for (int64_t task = range.begin(); task != range.end(); ++task) {
+          const size_t x = static_cast<size_t>(
+              std::upper_bound(plan.first_task.begin(), plan.first_task.end(), task) - plan.first_task.begin() - 1);
+          const DilationPhase& ph = plan.phases[x];
+          const Problem& sub = ph.sub;
+          const int64_t nq = (sub.q_len + t.br - 1) / t.br, local = task - plan.first_task[x];
+          const int64_t hk = local / nq, qt = nq - 1 - local % nq, i0 = qt * t.br;
+          Inputs sin = in;
+          sin.q = strided_rows(in.q, ph.b, ph.first_q, D, sub.q_len);
+          sin.q16 = strided_rows(in.q16, ph.b, ph.first_q, D, sub.q_len);
+          for (auto [view, view16, src, src16] : {std::tuple{&sin.k, &sin.k16, &in.k, &in.k16},
+                                                  std::tuple{&sin.v, &sin.v16, &in.v, &in.v16}}) {
+            *view = strided_rows(*src, ph.b, ph.first_k, D, sub.kv_len);
+            *view16 = strided_rows(*src16, ph.b, ph.first_k, D, sub.kv_len);
+          }
+          Outputs sout = out;
+          sout.o = strided_rows(out.o, ph.b, ph.first_q, D, sub.q_len);
+          const LseRows lse{out.lse ? out.lse + ph.b * p.q_heads * p.q_len + ph.first_q : nullptr, p.q_len, D};
+          const int64_t rows = begin_rows(sub, sin, t, s, 0, hk, i0, std::min(t.br, sub.q_len - i0));
+          attend_keys(sub, sin, t, s, 0, hk, rows, Interval{0, sub.kv_len});
+          finish_rows(sub, sout, t, s, 0, hk, i0, rows, &lse);
+        }
+      },
+      tbb::simple_partitioner());
+}
+}  // namespace
+
 std::shared_ptr<const Plan> prefill_plan(const Problem& p, const Tiling& t) {
   if (!p.sparse()) return nullptr;
+  if (PhasePlan plan = phase_plan(p, t); !plan.phases.empty()) return std::make_shared<PhasePlan>(std::move(plan));
   return std::make_shared<BlockPlan>(build_block_map(p, t.br, /*split_globals=*/true));
 }
 
@@ -80,6 +148,12 @@ void run_prefill(const Problem& p, const Inputs& in, const Outputs& out, RunCont
   const BlockMap* map = nullptr;
   std::optional<BlockMap> own;
   if (p.sparse()) {
+    // A dilated window runs as its dense phases (the plan's, or found here without a Session).
+    const auto* phased = dynamic_cast<const PhasePlan*>(ctx.plan);
+    if (phased && phased->br == t.br) return run_phases(p, in, out, ctx, t, *phased, kernel);
+    if (!phased) {
+      if (const PhasePlan plan = phase_plan(p, t); !plan.phases.empty()) return run_phases(p, in, out, ctx, t, plan, kernel);
+    }
     const auto* plan = dynamic_cast<const BlockPlan*>(ctx.plan);
     map = plan && plan->map.br == t.br ? &plan->map : &own.emplace(build_block_map(p, t.br, true));
   }

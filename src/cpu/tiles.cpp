@@ -586,7 +586,7 @@ void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Sc
 float row_sum(const Scratch& s, int64_t rr) { return reduce_sum(Batch::load_aligned(s.l + rr * kLanes)); }
 
 void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Scratch& s, int64_t b,
-                 int64_t hk, int64_t i0, int64_t rows) {
+                 int64_t hk, int64_t i0, int64_t rows, const LseRows* lse_rows) {
   // A row whose interval is empty gets O = 0, LSE = -inf; the others acc / l and m + log l
   // (NaN when l is 0 or NaN, as in the reference).
   for (int64_t rr = 0; rr < rows; ++rr) {
@@ -595,9 +595,9 @@ void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Sc
     const float l = row_sum(s, rr);
     const bool empty = s.iv[rr].empty();
     scale_row(s.o + rr * t.dim_v_pad, online_softmax::out_scale(empty, l), t.dim_v, out.o.row(b, h, i));
-    if (out.lse) {
-      out.lse[(b * p.q_heads + h) * p.q_len + i] = online_softmax::out_lse<kLog2>(empty, s.m[rr], l);
-    }
+    float* lse = lse_rows ? (lse_rows->base ? lse_rows->base + h * lse_rows->head_stride + i * lse_rows->step : nullptr)
+                 : out.lse ? out.lse + (b * p.q_heads + h) * p.q_len + i : nullptr;
+    if (lse) *lse = online_softmax::out_lse<kLog2>(empty, s.m[rr], l);
   }
 }
 

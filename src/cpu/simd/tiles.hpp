@@ -95,8 +95,15 @@ void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Sc
                    Interval keys = {0, std::numeric_limits<int64_t>::max()});
 // l of row rr (the sum of its lane partial sums).
 float row_sum(const Scratch& s, int64_t rr);
+// Where finish_rows writes LSE when p is a strided part of a larger problem (flash's dilation
+// phases, phases.hpp): row i of head h at base[h * head_stride + i * step]. Without it, out.lse
+// is p's contiguous (batch, q_heads, q_len) array.
+struct LseRows {
+  float* base = nullptr;
+  int64_t head_stride = 0, step = 1;
+};
 void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Scratch& s, int64_t b,
-                 int64_t hk, int64_t i0, int64_t rows);
+                 int64_t hk, int64_t i0, int64_t rows, const LseRows* lse_rows = nullptr);
 
 // flash's prefill driver (src/cpu/flash.cpp), shared with flash_bf16: oneTBB over (b, kv head,
 // query tile) tasks of tiling t, a sparse pattern through its block map (the plan's, or built
