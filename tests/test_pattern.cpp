@@ -168,13 +168,17 @@ std::vector<Problem> varied_patterns() {
     return h == 1 ? (i + j) % 5 == 0 : (rng() % 7 == 0);
   });
   out.push_back(per_head);
+  Problem many = test::shape(1, 2, 2, 150, 150, 8);  // more global rows than one solo tile holds
+  many.window_left = many.window_right = 4, many.causal = CausalAlign::BottomRight;
+  for (int64_t g = 1; g < 150; g += 9) many.globals.push_back(g);
+  out.push_back(many);
   return out;
 }
 
 // Every tile of the map against the element rule, with and without split globals: a br-row
 // tile's rows (but the solo positions' rows, which it drops) see exactly their keys through its
-// entries and its gathered tile, never one key through both; a solo tile's G rows see all of
-// theirs; emptiness follows the whole rule.
+// entries and its gathered tile, never one key through both; a solo tile's rows (up to br
+// global positions together) see all of theirs; emptiness follows the whole rule.
 TEST(BlockMap, EveryTileMatchesTheElementRule) {
   int solo_maps = 0, gathered_maps = 0;
   for (const Problem& p : varied_patterns()) {
@@ -195,8 +199,11 @@ TEST(BlockMap, EveryTileMatchesTheElementRule) {
             const int64_t v = m.variant(b, hk);
             for (int64_t qt = 0; qt < m.tiles(); ++qt) {
               const bool alone = qt >= m.query_tiles;
-              const int64_t i0 = alone ? m.solo[qt - m.query_tiles] : qt * br;
-              const int64_t n = alone ? 1 : std::min(br, p.q_len - i0);
+              const int64_t n = m.tile_positions(qt, p.q_len);
+              if (alone) {  // the solo positions, up to br per tile, in order, each once
+                ASSERT_EQ(m.solo_positions(qt), m.solo.data() + (qt - m.query_tiles) * br);
+                ASSERT_EQ(n, std::min<int64_t>(br, static_cast<int64_t>(m.solo.size()) - (qt - m.query_tiles) * br));
+              }
               std::vector<int64_t> words_at((p.kv_len + kB - 1) / kB, -2);  // -2: no entry
               for (int64_t e = m.start[v * m.tiles() + qt]; e < m.start[v * m.tiles() + qt + 1]; ++e) {
                 words_at[m.entries[e].key_tile] = m.entries[e].words;
@@ -206,7 +213,7 @@ TEST(BlockMap, EveryTileMatchesTheElementRule) {
                 ASSERT_EQ(gw, -1) << "a solo tile gathers nothing";
               }
               for (int64_t r = 0; r < n; ++r) {
-                const int64_t i = i0 + r;
+                const int64_t i = m.position(qt, r);
                 if (!alone && m.skip(i)) {  // run alone: no words here (it widens no panel)
                   for (int64_t w : words_at)
                     for (int64_t g = 0; g < G && w >= 0; ++g) ASSERT_EQ(m.bits[w + r * G + g], 0u) << i;
@@ -349,6 +356,13 @@ std::vector<Param> params() {
       if (q == 5) c.p.kv_lens = {1300, 700}, c.name += "_kvlens";
       cases.push_back(c);
     }
+  // More global rows than a solo tile holds (flash's Br is at most 120): several solo tiles;
+  // more than 64 global columns, so none are gathered, and the query tiles past position 250
+  // hold no global row (PatternAsMaskFile compares those bit for bit).
+  Named many{"globals_125_n400", test::shape(1, 4, 2, 400, 400, 40)};
+  many.p.window_left = many.p.window_right = 3;
+  for (int64_t g = 0; g < 250; g += 2) many.p.globals.push_back(g);
+  cases.push_back(many);
   std::vector<Param> out;
   for (const Kernel* k : variants()) {
     if (!k->runs_patterns()) continue;

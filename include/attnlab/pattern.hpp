@@ -121,12 +121,13 @@ struct BlockMap {
   std::vector<Entry> entries;
   std::vector<uint64_t> bits;
   std::vector<uint8_t> row_empty;  // per (variant, query row, g): no visible key at all
-  // Query positions run alone (build_block_map's solo_global_rows): a global row sees every
-  // key, so in a query tile it would make every key tile partial for all the tile's rows.
-  // In their br-row tile their rows get no words (so they widen no panel; a full tile still
-  // computes them: dropped, skip()), and the tile follows the rule without the global-row
-  // term; they are mapped again as query tile query_tiles + x (position solo[x], its G rows:
-  // the first G of each entry's words). Ascending; the same for every variant.
+  // Query positions run apart (build_block_map's split_globals): a global row sees every key,
+  // so in a query tile it would make every key tile partial for all the tile's rows. In their
+  // br-row tile their rows get no words (so they widen no panel; a full tile still computes
+  // them: dropped, skip()), and the tile follows the rule without the global-row term; they
+  // are mapped again together, up to br positions per solo tile: solo tile x is query tile
+  // query_tiles + x, positions solo[x * br ...], rows interleaved r * G + g like a br-row
+  // tile's, so K and V are read once for all of them. Ascending; the same for every variant.
   std::vector<int64_t> solo;
   // Key positions gathered into one extra key tile (build_block_map's split_globals: the global
   // columns, at most 64): each is one visible key of an otherwise empty 64-key tile, so the
@@ -137,8 +138,21 @@ struct BlockMap {
   std::vector<int64_t> gathered;
   std::vector<int64_t> gathered_words;
 
-  // Query tiles per variant: the br-row tiles, then one per solo position.
-  int64_t tiles() const { return query_tiles + static_cast<int64_t>(solo.size()); }
+  // Query tiles per variant: the br-row tiles, then the solo tiles.
+  int64_t solo_tiles() const { return br > 0 ? (static_cast<int64_t>(solo.size()) + br - 1) / br : 0; }
+  int64_t tiles() const { return query_tiles + solo_tiles(); }
+  // The positions of query tile qt: how many (q_len: the problem's), and the r-th of them.
+  int64_t tile_positions(int64_t qt, int64_t q_len) const {
+    return qt < query_tiles ? std::min(br, q_len - qt * br)
+                            : std::min(br, static_cast<int64_t>(solo.size()) - (qt - query_tiles) * br);
+  }
+  int64_t position(int64_t qt, int64_t r) const {
+    return qt < query_tiles ? qt * br + r : solo[static_cast<size_t>((qt - query_tiles) * br + r)];
+  }
+  // A solo tile's positions (nullptr for a br-row tile, whose positions are consecutive).
+  const int64_t* solo_positions(int64_t qt) const {
+    return qt < query_tiles ? nullptr : solo.data() + (qt - query_tiles) * br;
+  }
   // Whether position i's rows in their br-row tile are dropped (run alone instead).
   bool skip(int64_t i) const { return !solo.empty() && std::binary_search(solo.begin(), solo.end(), i); }
 

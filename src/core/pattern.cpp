@@ -3,6 +3,7 @@
 #include "attnlab/pattern.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -325,36 +326,43 @@ BlockMap build_block_map(const Problem& p, int64_t br, bool split_globals) {
   const int64_t kB = BlockMap::kBlockKeys;
   m.row_empty.assign(static_cast<size_t>(v.nb * v.nh * p.q_len * G), 1);
   m.start.push_back(0);
-  // One query tile: a br-row tile at i0 by `banded`, or (alone) solo position i0 by `full`.
+  // One query tile: the br-row tile at i0 by `banded`, or (alone) the solo tile of positions
+  // solo[i0 ...] by `full`.
   const auto map_tile = [&](bool alone, int64_t b, int64_t hk, int64_t i0, uint8_t* empty) {
     const Pattern& pat = alone ? full : banded;
-    const int64_t i1 = alone ? i0 + 1 : std::min(i0 + br, p.q_len), words = alone ? G : G * br;
+    const int64_t n = alone ? std::min(br, static_cast<int64_t>(m.solo.size()) - i0) : std::min(br, p.q_len - i0);
+    const int64_t words = G * n;
+    const auto pos = [&](int64_t r) { return alone ? m.solo[static_cast<size_t>(i0 + r)] : i0 + r; };
     const int64_t lk = p.kv_len_of(b);
     for (int64_t j0 = 0; j0 < lk; j0 += kB) {
       const int64_t j1 = std::min(j0 + kB, lk);
-      Block k = pat.classify(b, hk * G, i0, i1, j0, j1);
-      for (int64_t g = 1; g < G && v.nh > 1; ++g) {  // per-head masks: all heads of the group
-        const Block kg = pat.classify(b, hk * G + g, i0, i1, j0, j1);
-        if (kg != k) k = Block::Partial;
+      // A br-row tile's rows at once; a solo tile's positions one by one (not consecutive).
+      std::optional<Block> k;
+      for (int64_t g = 0; g < (v.nh > 1 ? G : 1); ++g) {  // per-head masks: all heads of the group
+        for (int64_t r = 0; r < (alone ? n : 1); ++r) {
+          const Block kg = alone ? pat.classify(b, hk * G + g, pos(r), pos(r) + 1, j0, j1)
+                                 : pat.classify(b, hk * G + g, i0, i0 + n, j0, j1);
+          k = !k || *k == kg ? kg : Block::Partial;
+        }
       }
-      if (k == Block::Empty) continue;
-      if (k == Block::Full) {
+      if (*k == Block::Empty) continue;
+      if (*k == Block::Full) {
         m.entries.push_back({j0 / kB, -1});
-        std::fill(empty + i0 * G, empty + i1 * G, 0);
+        for (int64_t r = 0; r < n; ++r) std::fill_n(empty + pos(r) * G, G, 0);
         continue;
       }
       const auto at = static_cast<int64_t>(m.bits.size());
       m.bits.resize(m.bits.size() + static_cast<size_t>(words), 0);
       bool any = false;
-      for (int64_t r = 0; r < i1 - i0; ++r) {
+      for (int64_t r = 0; r < n; ++r) {
         if (!alone && m.skip(i0 + r)) continue;  // dropped from a br-row tile: no keys there
         for (int64_t g = 0; g < G; ++g) {
           uint64_t w = 0;
           for (int64_t j = j0; j < j1; ++j) {
-            if (pat.visible(b, hk * G + g, i0 + r, j)) w |= uint64_t{1} << (j - j0);
+            if (pat.visible(b, hk * G + g, pos(r), j)) w |= uint64_t{1} << (j - j0);
           }
           m.bits[at + r * G + g] = w;
-          if (w) any = true, empty[(i0 + r) * G + g] = 0;
+          if (w) any = true, empty[pos(r) * G + g] = 0;
         }
       }
       if (any) {
@@ -370,7 +378,7 @@ BlockMap build_block_map(const Problem& p, int64_t br, bool split_globals) {
     const auto at = static_cast<int64_t>(m.bits.size());
     m.bits.resize(m.bits.size() + static_cast<size_t>(words), 0);
     bool any = false;
-    for (int64_t r = 0; r < i1 - i0 && !alone; ++r) {
+    for (int64_t r = 0; r < n && !alone; ++r) {
       if (m.skip(i0 + r)) continue;
       for (int64_t g = 0; g < G; ++g) {
         const int64_t h = hk * G + g, i = i0 + r;
@@ -392,10 +400,8 @@ BlockMap build_block_map(const Problem& p, int64_t br, bool split_globals) {
       for (int64_t qt = 0; qt < m.query_tiles; ++qt) {
         map_tile(false, b, hk, qt * br, empty);
       }
-      for (int64_t i : m.solo) {  // emptiness by the whole rule, not the banded one
-        std::fill(empty + i * G, empty + (i + 1) * G, 1);
-        map_tile(true, b, hk, i, empty);
-      }
+      for (int64_t i : m.solo) std::fill(empty + i * G, empty + (i + 1) * G, 1);  // by the whole rule
+      for (int64_t x = 0; x < m.solo_tiles(); ++x) map_tile(true, b, hk, x * br, empty);
     }
   }
   return m;

@@ -28,8 +28,9 @@
 // row). Empty tiles cost nothing, full tiles run the unmasked path, partial tiles mask their
 // holes and send each row's keys outside the panel's common ones through the 1-row P.V kernel
 // (a row never multiplies a V row it does not see). Globals (Longformer, BigBird) are split
-// off: a global row runs alone, one task per position over its own map tiles (in a query
-// tile, one row that sees every key would make every key tile partial for all its rows); the
+// off: the global rows run apart, up to Br of them together in one solo tile over their own map
+// tiles, so K and V are read once for all of them (in a query tile, one row that sees every
+// key would make every key tile partial for all its rows); the
 // global columns (up to 64) are gathered: their K/V rows are copied together once per task
 // (Scratch::gather) and run as one more partial tile, instead of one visible key in each of up
 // to 64 otherwise empty tiles. Plan memory: 16 bytes per non-empty tile + 8 R bytes per partial
@@ -157,9 +158,10 @@ void run_prefill(const Problem& p, const Inputs& in, const Outputs& out, RunCont
     const auto* plan = dynamic_cast<const BlockPlan*>(ctx.plan);
     map = plan && plan->map.br == t.br ? &plan->map : &own.emplace(build_block_map(p, t.br, true));
   }
-  // Per (b, kv head): the solo positions of a sparse pattern first (each sees every key),
-  // then the query tiles, the last (most keys under causal) first.
-  const int64_t nq = (p.q_len + t.br - 1) / t.br, ns = map ? static_cast<int64_t>(map->solo.size()) : 0;
+  // Per (b, kv head): the solo tiles of a sparse pattern first (global rows, which see every
+  // key, up to br of them together), then the query tiles, the last (most keys under causal)
+  // first.
+  const int64_t nq = (p.q_len + t.br - 1) / t.br, ns = map ? map->solo_tiles() : 0;
   const int64_t per_bh = ns + nq;
   const int64_t tasks = p.batch * p.kv_heads * per_bh;
   attnlab::parallel_tasks(
@@ -170,14 +172,15 @@ void run_prefill(const Problem& p, const Inputs& in, const Outputs& out, RunCont
         for (int64_t task = range.begin(); task != range.end(); ++task) {
           const int64_t bh = task / per_bh, b = bh / p.kv_heads, hk = bh % p.kv_heads, x = task % per_bh;
           const int64_t qt = x < ns ? nq + x : nq - 1 - (x - ns);
-          const int64_t i0 = x < ns ? map->solo[x] : qt * t.br;
-          const int64_t rows = begin_rows(p, in, t, s, b, hk, i0, x < ns ? 1 : std::min(t.br, p.q_len - i0));
+          const RowPositions at = x < ns ? RowPositions(map->solo_positions(qt)) : RowPositions(qt * t.br);
+          const int64_t n = x < ns ? map->tile_positions(qt, p.q_len) : std::min(t.br, p.q_len - qt * t.br);
+          const int64_t rows = begin_rows(p, in, t, s, b, hk, at, n);
           if (map) {
-            attend_blocks(p, in, t, s, *map, b, hk, qt, i0, rows);
+            attend_blocks(p, in, t, s, *map, b, hk, qt, at, rows);
           } else {
             attend_keys(p, in, t, s, b, hk, rows, Interval{0, p.kv_len});
           }
-          finish_rows(p, out, t, s, b, hk, i0, rows);
+          finish_rows(p, out, t, s, b, hk, at, rows);
         }
       },
       tbb::simple_partitioner());

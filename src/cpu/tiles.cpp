@@ -254,7 +254,7 @@ void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, c
 
 template <class E>
 void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, const Scratch& s, int64_t b,
-               int64_t hk, int64_t i0, int64_t R) {
+               int64_t hk, RowPositions at, int64_t R) {
   // Q scaled so that scores come out in log2 units: row-major, zero padded, then a zero row
   // for a direct task (score_rows); else panels of kPanelRows rows, k-major (score_panel).
   const int64_t G = t.group, d = t.dim;
@@ -262,7 +262,7 @@ void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, cons
   if (s.qr) std::fill(s.qr, s.qr + (t.rows + 1) * t.dim_pad, 0.f);
   if (s.qa) std::fill(s.qa, s.qa + amx_rows(R) * padded_words(d), 0u);
   for (int64_t rr = 0; rr < R; ++rr) {
-    const E* q = in.q.row(b, hk * G + rr % G, i0 + rr / G);
+    const E* q = in.q.row(b, hk * G + rr % G, at[rr / G]);
     if constexpr (std::is_same_v<E, bf16>) {
       if (t.bf16_dot) {  // unscaled bf16 pairs, word-major in a panel, odd d zero padded
         const int64_t nw = (d + 1) / 2, panel0 = rr / kPanelRows * kPanelRows;
@@ -506,13 +506,13 @@ AmxScope::~AmxScope() {
 }
 
 int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
-                   int64_t hk, int64_t i0, int64_t nr) {
+                   int64_t hk, RowPositions at, int64_t nr) {
   const int64_t G = t.group, dp = t.dim_v_pad;
   const int64_t R = nr * G;
   const MaskSpec mask = p.mask_for_batch(b);
-  for (int64_t r = 0; r < nr; ++r) std::fill_n(s.iv + r * G, G, mask.row(i0 + r));
+  for (int64_t r = 0; r < nr; ++r) std::fill_n(s.iv + r * G, G, mask.row(at[r]));
 
-  visit_inputs(in, [&](const auto& typed) { pack_rows(p, typed, t, s, b, hk, i0, R); });
+  visit_inputs(in, [&](const auto& typed) { pack_rows(p, typed, t, s, b, hk, at, R); });
   const int64_t state = t.amx ? amx_rows(R) : R;  // an AMX block's padding rows too
   std::fill(s.o, s.o + state * dp, 0.f);
   std::fill(s.m, s.m + state, kNegInf);
@@ -539,15 +539,16 @@ void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scra
 }
 
 void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, const BlockMap& map,
-                   int64_t b, int64_t hk, int64_t qt, int64_t i0, int64_t rows, Interval keys) {
+                   int64_t b, int64_t hk, int64_t qt, RowPositions pos, int64_t rows, Interval keys) {
   // The block map decides which rows are fully masked (begin_rows set the interval part only).
-  const int64_t v = map.variant(b, hk), lk = p.kv_len_of(b);
-  const uint8_t* empty = map.row_empty.data() + (v * p.q_len + i0) * t.group;
+  const int64_t v = map.variant(b, hk), lk = p.kv_len_of(b), G = t.group;
+  const uint8_t* empty = map.row_empty.data() + v * p.q_len * G;
   const bool tile = qt < map.query_tiles;
   for (int64_t rr = 0; rr < rows; ++rr) {
-    s.iv[rr] = tile && map.skip(i0 + rr / t.group) ? kNotThisTask
-               : empty[rr]                          ? Interval{0, 0}
-                                                    : Interval{0, lk};
+    const int64_t i = pos[rr / G];
+    s.iv[rr] = tile && map.skip(i)     ? kNotThisTask
+               : empty[i * G + rr % G] ? Interval{0, 0}
+                                       : Interval{0, lk};
   }
   // Not a structured binding: clang 14 cannot capture one in the lambda below.
   const std::pair<const BlockMap::Entry*, const BlockMap::Entry*> range =
@@ -586,12 +587,12 @@ void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Sc
 float row_sum(const Scratch& s, int64_t rr) { return reduce_sum(Batch::load_aligned(s.l + rr * kLanes)); }
 
 void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Scratch& s, int64_t b,
-                 int64_t hk, int64_t i0, int64_t rows, const LseRows* lse_rows) {
+                 int64_t hk, RowPositions at, int64_t rows, const LseRows* lse_rows) {
   // A row whose interval is empty gets O = 0, LSE = -inf; the others acc / l and m + log l
   // (NaN when l is 0 or NaN, as in the reference).
   for (int64_t rr = 0; rr < rows; ++rr) {
     if (s.iv[rr].lo == kNotThisTask.lo) continue;  // a solo position's row: its own task writes it
-    const int64_t h = hk * t.group + rr % t.group, i = i0 + rr / t.group;
+    const int64_t h = hk * t.group + rr % t.group, i = at[rr / t.group];
     const float l = row_sum(s, rr);
     const bool empty = s.iv[rr].empty();
     scale_row(s.o + rr * t.dim_v_pad, online_softmax::out_scale(empty, l), t.dim_v, out.o.row(b, h, i));

@@ -80,18 +80,28 @@ struct Scratch {
 // br-row tile): empty for the tile's arithmetic, and finish_rows does not write it.
 inline constexpr Interval kNotThisTask{-1, -1};
 
+// The query positions of a task's rows: i0, i0 + 1, ... (an int converts), or a list (a block
+// map's solo tile: global rows run together, BlockMap::solo_positions).
+struct RowPositions {
+  RowPositions(int64_t first) : i0(first) {}  // NOLINT: consecutive rows from first
+  explicit RowPositions(const int64_t* positions) : list(positions) {}
+  int64_t operator[](int64_t r) const { return list ? list[r] : i0 + r; }
+  int64_t i0 = 0;
+  const int64_t* list = nullptr;
+};
+
 // Returns R, the number of rows packed.
 int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
-                   int64_t hk, int64_t i0, int64_t nr);
+                   int64_t hk, RowPositions at, int64_t nr);
 void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
                  int64_t hk, int64_t rows, Interval keys);
 // A sparse pattern's attend_keys: the key tiles of the block map's entries for query tile qt
-// (a br-row tile at position i0 = qt * map.br, map.br == t.br, or a solo tile: position i0 =
-// map.solo[qt - map.query_tiles], rows = G) inside `keys` (bounds at multiples of 64), each
-// masked by its per-row words; also marks the rows the map finds fully masked, and in a
-// br-row tile the rows of solo positions as not this task's (finish_rows leaves them).
+// (a br-row tile at positions qt * map.br ..., map.br == t.br, or a solo tile: positions
+// map.solo_positions(qt)) inside `keys` (bounds at multiples of 64), each masked by its
+// per-row words; also marks the rows the map finds fully masked, and in a br-row tile the
+// rows of solo positions as not this task's (finish_rows leaves them).
 void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, const BlockMap& map,
-                   int64_t b, int64_t hk, int64_t qt, int64_t i0, int64_t rows,
+                   int64_t b, int64_t hk, int64_t qt, RowPositions at, int64_t rows,
                    Interval keys = {0, std::numeric_limits<int64_t>::max()});
 // l of row rr (the sum of its lane partial sums).
 float row_sum(const Scratch& s, int64_t rr);
@@ -103,7 +113,7 @@ struct LseRows {
   int64_t head_stride = 0, step = 1;
 };
 void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Scratch& s, int64_t b,
-                 int64_t hk, int64_t i0, int64_t rows, const LseRows* lse_rows = nullptr);
+                 int64_t hk, RowPositions at, int64_t rows, const LseRows* lse_rows = nullptr);
 
 // flash's prefill driver (src/cpu/flash.cpp), shared with flash_bf16: oneTBB over (b, kv head,
 // query tile) tasks of tiling t, a sparse pattern through its block map (the plan's, or built
