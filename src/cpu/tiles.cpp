@@ -564,8 +564,14 @@ void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Sc
   const auto at = [&](int64_t x) {
     if (x == n) return TileRef{0, static_cast<int>(ngk), map.bits.data() + gw, gk, gv};
     const int64_t j0 = e[x].key_tile * kTileKeys;
-    return TileRef{j0, static_cast<int>(std::min<int64_t>(kTileKeys, lk - j0)),
-                   e[x].words < 0 ? nullptr : map.bits.data() + e[x].words};
+    int nk = static_cast<int>(std::min<int64_t>(kTileKeys, lk - j0));
+    const uint64_t* words = e[x].words < 0 ? nullptr : map.bits.data() + e[x].words;
+    if (words) {  // a partial tile ends at the last key some row sees (sinks: 4 of 64 keys)
+      uint64_t seen = 0;
+      for (int64_t rr = 0; rr < rows; ++rr) seen |= words[rr];
+      nk = std::min(nk, std::max(1, 64 - std::countl_zero(seen)));
+    }
+    return TileRef{j0, nk, words};
   };
   visit_inputs(in, [&](const auto& typed) {
     if (ng) {  // the gathered K and V rows, zero padded to dim_pad / dim_v_pad, in the inputs' storage type
