@@ -27,7 +27,8 @@
 // query tile, its non-empty 64-key tiles, full or with one 64-bit word of visible keys per
 // row). Empty tiles cost nothing, full tiles run the unmasked path, partial tiles mask their
 // holes and send each row's keys outside the panel's common ones through the 1-row P.V kernel
-// (a row never multiplies a V row it does not see). Globals (Longformer, BigBird) are split
+// (a row never multiplies a V row it does not see), and end at the last key any of the task's
+// rows sees (the sinks' tile: 4 keys, not 64). Globals (Longformer, BigBird) are split
 // off: the global rows run apart, up to Br of them together in one solo tile over their own map
 // tiles, so K and V are read once for all of them (in a query tile, one row that sees every
 // key would make every key tile partial for all its rows); the
