@@ -73,6 +73,17 @@ class Problem:
         return self.batch * self.q_len * self.kv_len
 
 
+def mask_choice(p):
+    """How a peer whose causal flag is top-left (PyTorch's is_causal, JAX's, ORT's unidirectional
+    at q_len = kv_len) expresses the problem's mask: ("none", None), ("causal", None), or
+    ("mask", keep) with the dense mask from the lab's rule."""
+    if not p.masked:
+        return "none", None
+    if p.causal_is_top_left and not p.windowed and not p.sparse:
+        return "causal", None
+    return "mask", p.keep()
+
+
 def empty_rows(keep):
     """How many rows see no key (the lab's O = 0 there; a peer that gives NaN or a uniform average
     instead is skipped with this count rather than recorded as disagreeing)."""

@@ -2,7 +2,7 @@
 (B, S, H, D) as JAX takes them; GQA natively (key heads divide query heads)."""
 import os
 
-from common import Skip, empty_rows
+from common import Skip, empty_rows, mask_choice
 
 KERNELS = ("jax_dpa",)
 jax = jnp = None
@@ -31,13 +31,13 @@ def prepare(kernel, p, q, k, v):
     kwargs = {"scale": p.scale, "implementation": "xla"}
     how = ["GQA native" if p.gqa else "MHA"]
     mask = None
-    if not p.masked:
+    kind, keep = mask_choice(p)
+    if kind == "none":
         how.append("no mask")
-    elif p.causal_is_top_left and not p.windowed and not p.sparse:
+    elif kind == "causal":
         kwargs["is_causal"] = True
         how.append("is_causal")
     else:
-        keep = p.keep()
         if empty_rows(keep):
             raise Skip(f"{empty_rows(keep)} rows see no key: jax's masked softmax averages V there "
                        "(the lab: O = 0)")

@@ -7,7 +7,7 @@ buffer the op's present_key output shares, as in generation; left windows by
 local_window_size). Inputs are bound once (IO binding): a call is the op alone."""
 import numpy as np
 
-from common import Skip, empty_rows
+from common import Skip, empty_rows, mask_choice
 
 KERNELS = ("ort_mha", "ort_gqa")
 ort = onnx = None
@@ -79,13 +79,15 @@ def _mha(p, q, k, v):
               ("key", onnx.TensorProto.FLOAT, [p.batch, p.kv_len, p.q_heads * p.head_dim]),
               ("value", onnx.TensorProto.FLOAT, [p.batch, p.kv_len, p.q_heads * p.head_dim_v])]
     feeds = [("query", _bsh(q)), ("key", _bsh(k)), ("value", _bsh(v))]
-    if not p.masked:
+    kind, keep = mask_choice(p)
+    if kind == "causal" and p.q_len != p.kv_len:  # unidirectional: for self-attention shapes only
+        kind, keep = "mask", p.keep()
+    if kind == "none":
         how.append("no mask")
-    elif p.causal_is_top_left and not p.windowed and not p.sparse and p.q_len == p.kv_len:
+    elif kind == "causal":
         attrs["unidirectional"] = 1
         how.append("unidirectional")
     else:
-        keep = p.keep()
         if empty_rows(keep):
             raise Skip(f"{empty_rows(keep)} rows see no key: an additive -inf bias gives NaN there (the lab: O = 0)")
         names[5] = "attention_bias"

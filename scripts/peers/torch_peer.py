@@ -1,7 +1,7 @@
 """PyTorch: torch.nn.functional.scaled_dot_product_attention (torch_sdpa; its CPU backends pick
 the fused flash kernel where they can) and FlexAttention (torch_flex, sparse patterns: a
 BlockMask built from the pattern, flex_attention compiled by torch.compile for the CPU)."""
-from common import Skip, empty_rows
+from common import Skip, empty_rows, mask_choice
 
 KERNELS = ("torch_sdpa", "torch_flex")
 torch = None
@@ -40,13 +40,13 @@ def _sdpa(p, qt, kt, vt):
     if p.gqa:
         kwargs["enable_gqa"] = True
         how.append("GQA by enable_gqa")
-    if not p.masked:
+    kind, keep = mask_choice(p)
+    if kind == "none":
         how.append("no mask")
-    elif p.causal_is_top_left and not p.windowed and not p.sparse:
+    elif kind == "causal":
         kwargs["is_causal"] = True
         how.append("is_causal")
     else:
-        keep = p.keep()
         kwargs["attn_mask"] = torch.from_numpy(keep)
         how.append("boolean attn_mask (B,1,Sq,Skv)" + (f", {empty_rows(keep)} rows fully masked (O = 0)"
                                                       if empty_rows(keep) else ""))
