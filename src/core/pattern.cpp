@@ -331,7 +331,7 @@ BlockMap build_block_map(const Problem& p, int64_t br, bool split_globals) {
   const auto map_tile = [&](bool alone, int64_t b, int64_t hk, int64_t i0, uint8_t* empty) {
     const Pattern& pat = alone ? full : banded;
     const int64_t n = alone ? std::min(br, static_cast<int64_t>(m.solo.size()) - i0) : std::min(br, p.q_len - i0);
-    const int64_t words = G * n;
+    const int64_t words = G * br;  // whole tiles: a GPU block reads the words of all its rows
     const auto pos = [&](int64_t r) { return alone ? m.solo[static_cast<size_t>(i0 + r)] : i0 + r; };
     const int64_t lk = p.kv_len_of(b);
     for (int64_t j0 = 0; j0 < lk; j0 += kB) {
