@@ -25,6 +25,8 @@ import os
 import sys
 import traceback
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import Problem, Skip, load_inputs, time_calls  # noqa: E402
 
@@ -90,7 +92,6 @@ def main():
             fn, collect, how = mod.prepare(req["kernel"], p, q, k, v)
             times, n = time_calls(fn, req["repetitions"], req["min_time_s"], req["time_cap_s"])
             extra = max(0, _status_kib("VmHWM") - base) * 1024 if measured and base is not None else None
-            import numpy as np
             np.save(os.path.join(req["dir"], "o.npy"), np.ascontiguousarray(collect(), dtype=np.float32))
             del fn, collect
             reply({"status": "ok", "times": times, "iterations": n, "how": how, "version": version,
