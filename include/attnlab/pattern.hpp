@@ -68,7 +68,7 @@ class Pattern {
  public:
   // global_rows / global_cols = false: the rule without the global-row (a global position's
   // row sees what any other row sees) or the global-column term; the block map uses it for the
-  // rows it runs alone and the columns it gathers.
+  // rows it runs apart (solo tiles) and the columns it gathers.
   explicit Pattern(const Problem& p, bool global_rows = true, bool global_cols = true);
   bool visible(int64_t b, int64_t h, int64_t i, int64_t j) const;
   // Keys outside hull(b, i) are never visible to row i (a cheap bound for row-wise loops).
@@ -165,9 +165,10 @@ struct BlockMap {
   }
   size_t bytes() const;
 };
-// split_globals: run global rows alone (BlockMap::solo; not with per-batch kv_lens, whose
-// positions move per batch entry) and gather the global columns (BlockMap::gathered, when
-// gathered_columns(p) > 0). The tile kernel that asks for it runs the extra tiles.
+// split_globals: run global rows apart, together in solo tiles (BlockMap::solo; not with
+// per-batch kv_lens, whose positions move per batch entry) and gather the global columns
+// (BlockMap::gathered, when gathered_columns(p) > 0). The tile kernel that asks for it runs
+// the extra tiles.
 BlockMap build_block_map(const Problem& p, int64_t br, bool split_globals = false);
 // How many key positions build_block_map(p, br, true) gathers (sizes the kernel's buffer).
 int64_t gathered_columns(const Problem& p);
