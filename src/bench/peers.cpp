@@ -106,10 +106,14 @@ std::vector<std::string> parse_peers(const std::vector<std::string>& items, cons
 
 size_t peer_memory_bytes(const std::string& kernel, const Problem& p) {
   const auto f32 = [](int64_t elems) { return static_cast<size_t>(elems) * sizeof(float); };
-  // ONNX Runtime's MultiHeadAttention and JAX's XLA attention materialize the scores: their
-  // peak RSS grew by 1.16 GB at 8 heads x 4096^2 (a 512 MiB float32 score matrix), ~2x it;
-  // torch's SDPA and ORT's GroupQueryAttention by 12 and 74 MB (flash-style).
-  const size_t scores = kernel == "ort_mha" || kernel == "jax_dpa" ? 2 * f32(p.batch * p.q_heads * p.q_len * p.kv_len) : 0;
+  // JAX's XLA attention materializes the scores, and so does ONNX Runtime's MultiHeadAttention
+  // under a mask (unidirectional or the bias; without one it runs flash-style): their measured
+  // peak RSS growth (results.csv extra_bytes of results/2026-12-01-masks, 8 heads x 2048^2,
+  // a 128 MiB float32 score matrix) was 256-362 MiB, ~2x it, and ort_mha's without a mask 0;
+  // torch's SDPA 20 MiB at 8 x 4096^2 (2026-12-01-quick), ort_gqa < 1 MiB (decode).
+  const bool masked = p.visible_pairs() < p.batch * p.q_heads * p.q_len * p.kv_len;
+  const bool materializes = kernel == "jax_dpa" || (kernel == "ort_mha" && masked);
+  const size_t scores = materializes ? 2 * f32(p.batch * p.q_heads * p.q_len * p.kv_len) : 0;
   const size_t inputs = f32(p.q_elems() + p.kv_elems() + p.v_elems());
   const size_t mask = f32(p.batch * p.q_len * p.kv_len);
   // K/V repeated to every query head (ort_mha's GQA)
@@ -268,7 +272,7 @@ PeerAnswer PeerPool::run(const std::string& kernel, const Problem& p, const Inpu
   const std::string family = family_of(kernel);
   if (family.empty()) return answer(S::Failed, kernel + " is not a peer");
   if (p.mask) return answer(S::Skipped, "mask files are not handed to peers (patterns given by their terms are)");
-  if (in.dtype != DType::F32 || !in.q.data) {
+  if (in.dtype != DType::F32 || !in.q.data) {  // the one place this rule lives (the servers never see such points)
     return answer(S::Skipped, "peers run float32 points (a bf16/f16 peer rounds P and needs its own tolerance)");
   }
   Server& s = server(family, threads);

@@ -48,7 +48,8 @@ std::vector<std::string> split_list(const std::string& text);
 
 // Memory a peer point needs: the lab's inputs, their float32 copies in the files and in the
 // peer, O, a dense mask (the largest a peer builds: float32 B x Sq x Skv), and for the peers
-// that materialize the scores (measured: ort_mha, jax_dpa) twice the float32 score matrix.
+// that materialize the scores (measured: jax_dpa, ort_mha under a mask) twice the float32
+// score matrix.
 size_t peer_memory_bytes(const std::string& kernel, const Problem& p);
 
 // What a peer server answered for one point.
