@@ -3,14 +3,15 @@
 # Idempotent and quiet when everything is present. No downloads at build time.
 # Usage: scripts/setup.sh [clang]   (clang: also clang 14 with libFuzzer and the sanitizer
 # runtimes, for scripts/lab fuzz and tsan-test)
+#        scripts/setup.sh bundle   (also patchelf: scripts/lab gpu-bundle sets the bundle's RPATH)
 #        scripts/setup.sh cross-aarch64 [SYSROOT]   (also the aarch64 cross compiler, qemu-user and
 # Debian's arm64 builds of the libraries, unpacked into SYSROOT, default build-aarch64-sysroot/:
 # scripts/lab cross-test aarch64, cmake/aarch64-linux-gnu.cmake)
 set -euo pipefail
 
 case "${1:-}" in
-  ""|clang|qemu|cross-aarch64|slurm) ;;
-  *) echo "setup: unknown mode '$1'; allowed: (none), clang, qemu, cross-aarch64, slurm" >&2; exit 2 ;;
+  ""|clang|qemu|cross-aarch64|slurm|bundle) ;;
+  *) echo "setup: unknown mode '$1'; allowed: (none), clang, qemu, cross-aarch64, slurm, bundle" >&2; exit 2 ;;
 esac
 
 PKGS=(
@@ -31,6 +32,9 @@ if [[ "${1:-}" == qemu ]]; then
 fi
 if [[ "${1:-}" == cross-aarch64 ]]; then
   PKGS+=(g++-aarch64-linux-gnu qemu-user)
+fi
+if [[ "${1:-}" == bundle ]]; then
+  PKGS+=(patchelf)
 fi
 # scripts/setup.sh slurm: Slurm and munge (scripts/lab slurm-test, scripts/slurm/).
 if [[ "${1:-}" == slurm ]]; then

@@ -6,6 +6,9 @@
 #include "cuda/naive.cu"
 #include "cuda/flash.cu"
 
+#include <algorithm>
+#include <cmath>
+
 #include "cuda/host_args.hpp"
 #include "cuda_emu.hpp"
 
@@ -29,6 +32,14 @@ class EmulatedKernel final : public Kernel {
     return static_cast<size_t>(ops_.scratch_floats(cuda_impl::problem_args(p), kSms)) * sizeof(float);
   }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    // On a GPU, O, LSE and the scratch live in fresh device memory (cudaMalloc: anything):
+    // NaN here, so an output row the kernel leaves unwritten, or scratch read before it is
+    // written, fails the check instead of passing on what the host buffer happened to hold.
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.q_heads; ++h)
+        for (int64_t i = 0; i < p.q_len; ++i) std::fill_n(out.o.row(b, h, i), p.dim_v(), std::nanf(""));
+    if (out.lse) std::fill_n(out.lse, p.lse_elems(), std::nanf(""));
+    std::fill(ctx.workspace.begin(), ctx.workspace.end(), std::byte{0xff});
     cuda_impl::DeviceArgs a = cuda_impl::device_args(p, in, out);
     std::shared_ptr<const Plan> keep;
     cuda_impl::attach_plan(a, p, ops_, ctx.plan, keep);
@@ -82,12 +93,33 @@ __global__ void group_reductions(float* out) {
   out[2 * threadIdx.x + 1] = group_sum<16>(v);
 }
 
+// Every lane of the warp shuffles, but the mask names only lanes 0..15.
+__global__ void mask_leaves_out_lanes(float* out) {
+  out[threadIdx.x] = __shfl_xor_sync(0x0000ffffu, static_cast<float>(threadIdx.x), 1);
+}
+
+// Lanes 0..15 shuffle among themselves (the others have left), but lane 15 reads lane 16.
+__global__ void reads_outside_the_mask(float* out) {
+  if (threadIdx.x % 32 >= 16) return;
+  out[threadIdx.x] = __shfl_sync(0x0000ffffu, static_cast<float>(threadIdx.x), threadIdx.x % 32 + 1);
+}
+
+// Legal: each half-warp shuffles with its own mask.
+__global__ void half_warps_with_their_masks(float* out) {
+  const unsigned mask = threadIdx.x % 32 < 16 ? 0x0000ffffu : 0xffff0000u;
+  out[threadIdx.x] = __shfl_xor_sync(mask, static_cast<float>(threadIdx.x), 1);
+}
+
+// Multiplies shared memory that nothing wrote by 0 (as a kernel that loads no padding would).
+__global__ void zero_times_unwritten(float* out) {
+  out[threadIdx.x] = 0.f * dynamic_smem<float>()[threadIdx.x];
+}
+
 void run(int which, float* out, unsigned threads) {
-  void (*k)(float*) = which == 0 ? missing_barrier
-                      : which == 1 ? with_barrier
-                      : which == 2 ? divergent_barrier
-                                   : group_reductions;
-  launch_kernel(k, dim3(1), dim3(threads), threads * sizeof(float), nullptr, out);
+  void (*const kernels[])(float*) = {missing_barrier,       with_barrier,           divergent_barrier,
+                                     group_reductions,      mask_leaves_out_lanes,  reads_outside_the_mask,
+                                     half_warps_with_their_masks, zero_times_unwritten};
+  launch_kernel(kernels[which], dim3(1), dim3(threads), threads * sizeof(float), nullptr, out);
 }
 
 }  // namespace attnlab::cuda_emu::selftest

@@ -212,6 +212,14 @@ TEST_F(Cli, VerifyAgainstExpectedFile) {
   Result bad = attnlab("verify --impl naive " + qkv() + " --expect " + path("oc.npy"));
   EXPECT_EQ(bad.code, 1) << bad.out;
   EXPECT_NE(bad.out.find("FAIL"), std::string::npos) << bad.out;
+  // --sample-rows: the float64 reference on sampled rows only (large shapes); still both verdicts.
+  Result sampled = attnlab("verify --impl blocked --sample-rows 3 " + qkv() + " --expect " + path("o.npy"));
+  EXPECT_EQ(sampled.code, 0) << sampled.out;
+  Result sampled_bad = attnlab("verify --impl naive --sample-rows 3 " + qkv() + " --expect " + path("oc.npy"));
+  EXPECT_EQ(sampled_bad.code, 1) << sampled_bad.out;
+  Result negative = attnlab("verify --impl naive --sample-rows -1 " + qkv() + " --expect " + path("o.npy"));
+  EXPECT_EQ(negative.code, 2) << negative.out;
+  EXPECT_NE(negative.out.find("sample-rows"), std::string::npos) << negative.out;
 }
 
 TEST_F(Cli, VerifyRandomShapeAndDefaults) {

@@ -116,7 +116,7 @@ TEST(Cuda, RunningWithoutADeviceIsAClearErrorNotACrash) {
 
 TEST(Cuda, ListShowsTheCudaKernelsWithTheReason) {
   int rc = -1;
-  const std::string out = run_command(std::string(ATTNLAB_EXE) + " list", &rc);
+  const std::string out = run_command(test::attnlab_exe() + " list", &rc);
   EXPECT_EQ(rc, 0) << out;
   for (const char* name : {"cuda_naive", "cuda_flash"}) {
     EXPECT_NE(out.find(name), std::string::npos) << out;
@@ -131,10 +131,10 @@ TEST(Cuda, CudaCommandSaysWhyThereIsNoDevice) {
   const Support s = cuda::device_status();
   if (s) GTEST_SKIP() << "a CUDA device is present";
   int rc = -1;
-  std::string out = run_command(std::string(ATTNLAB_EXE) + " cuda", &rc);
+  std::string out = run_command(test::attnlab_exe() + " cuda", &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("CUDA: unavailable: " + s.reason), std::string::npos) << out;
-  out = run_command(std::string(ATTNLAB_EXE) + " cuda --time --seq 64", &rc);
+  out = run_command(test::attnlab_exe() + " cuda --time --seq 64", &rc);
   EXPECT_EQ(WEXITSTATUS(rc), 2) << out;  // bad input: no device to time
   EXPECT_NE(out.find(s.reason), std::string::npos) << out;
 }
@@ -263,6 +263,98 @@ TEST(CudaEmulation, NoticesAMissingBarrier) {
 TEST(CudaEmulation, ReportsADivergentBarrierInsteadOfHanging) {
   std::vector<float> out(64);
   EXPECT_THROW(cuda_emu::selftest::run(2, out.data(), 64), std::runtime_error);
+}
+
+TEST(CudaEmulation, ChecksShuffleMasks) {
+  constexpr unsigned kThreads = 64;
+  std::vector<float> out(kThreads, -1.f);
+  try {
+    cuda_emu::selftest::run(4, out.data(), kThreads);
+    ADD_FAILURE() << "a mask that leaves out lanes taking part was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("leaves out its own lane"), std::string::npos) << e.what();
+  }
+  try {
+    cuda_emu::selftest::run(5, out.data(), kThreads);
+    ADD_FAILURE() << "a read from a lane outside the mask was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("leaves out the lane it reads, 16"), std::string::npos) << e.what();
+  }
+  cuda_emu::selftest::run(6, out.data(), kThreads);  // legal: each half-warp with its own mask
+  for (unsigned t = 0; t < kThreads; ++t) EXPECT_EQ(out[t], static_cast<float>(t ^ 1u)) << t;
+}
+
+TEST(CudaEmulation, UnwrittenSharedMemoryIsNan) {
+  constexpr unsigned kThreads = 32;
+  std::vector<float> out(kThreads, 1.f);
+  cuda_emu::selftest::run(7, out.data(), kThreads);
+  for (unsigned t = 0; t < kThreads; ++t) EXPECT_TRUE(std::isnan(out[t])) << "0 x unwritten memory must stay visible, lane " << t;
+}
+
+// Fully masked rows are written (O = 0, LSE = -inf), not left to whatever the buffer held: the
+// emulated kernels start from NaN outputs, as fresh device memory could hold, and the host
+// buffer's zeros here would otherwise hide a missing write.
+TEST(CudaEmulation, FullyMaskedRowsAreWrittenFromANanStart) {
+  Problem p = test::shape(1, 2, 1, 12, 5, 16);
+  p.causal = CausalAlign::BottomRight;  // rows 0..6 see no key
+  Tensors t = random_tensors(p, 5);
+  for (const char* which : {"naive", "flash"}) {
+    std::fill_n(t.outputs.o.data, p.q_elems(), 0.f);
+    Session s(test::emulated_cuda(which), p, 1);
+    s.run(t.inputs, t.outputs);
+    for (int64_t i = 0; i < 7; ++i) {
+      EXPECT_EQ(t.outputs.o.row(0, 1, i)[0], 0.f) << which << " row " << i;
+      EXPECT_EQ(t.outputs.lse[p.q_len + i], -std::numeric_limits<float>::infinity()) << which << " row " << i;
+    }
+  }
+}
+
+// A non-dense O with one query row: the seq stride is never used (any value passes the view
+// check), so the 2-D copy back must not take it as its pitch (cudaMemcpy2D needs pitch >= width).
+TEST(Cuda, OneRowOutputCopiesBackWithAValidPitch) {
+  Problem p = test::shape(2, 3, 1, 1, 40, 24);
+  Tensors t = random_tensors(p, 2);
+  std::vector<float> o(static_cast<size_t>(p.batch * p.q_heads * (p.head_dim + 5)));
+  for (int64_t stride_s : {int64_t{0}, int64_t{1}, int64_t{7}}) {
+    const Outputs out{MutView{o.data(), p.batch, p.q_heads, p.q_len, p.head_dim, p.q_heads * (p.head_dim + 5),
+                              p.head_dim + 5, stride_s},
+                      t.outputs.lse};
+    const cuda_impl::DeviceArgs a = cuda_impl::device_args(p, t.inputs, out);
+    const cuda_impl::RowBlockCopy c = cuda_impl::o_row_blocks(a);
+    EXPECT_EQ(c.width, p.head_dim);
+    EXPECT_EQ(c.rows, 1);
+    EXPECT_GE(c.pitch, c.width) << "seq stride " << stride_s;
+  }
+  p.q_len = 5;
+  const int64_t pitch = 31;
+  std::vector<float> o5(static_cast<size_t>(p.batch * p.q_heads * p.q_len * pitch));
+  Tensors t5 = random_tensors(p, 2);
+  const Outputs out5{MutView{o5.data(), p.batch, p.q_heads, p.q_len, p.head_dim, p.q_heads * p.q_len * pitch,
+                             p.q_len * pitch, pitch},
+                     t5.outputs.lse};
+  const cuda_impl::RowBlockCopy c5 = cuda_impl::o_row_blocks(cuda_impl::device_args(p, t5.inputs, out5));
+  EXPECT_EQ(c5.pitch, pitch);
+  EXPECT_EQ(c5.rows, 5);
+}
+
+TEST(Cuda, TimeLaunchesRefusesWhatItCannotTime) {
+  Problem p = test::shape(1, 2, 1, 8, 8, 16);
+  Tensors t = random_tensors(p, 1);
+  try {
+    cuda::time_launches(*registry().front(), p, t.inputs, t.outputs, 3);
+    ADD_FAILURE() << "a CPU kernel was timed as a CUDA kernel";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a CUDA kernel"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(cuda::time_launches(cuda::flash(), p, t.inputs, t.outputs, 0), InvalidInput);
+  if (Support s = cuda::device_status(); !s) {
+    try {
+      cuda::time_launches(cuda::flash(), p, t.inputs, t.outputs, 3);
+      ADD_FAILURE() << "timed without a device";
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find(s.reason), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(CudaEmulation, GroupReductionsStayInTheirGroup) {
@@ -488,6 +580,50 @@ TEST_F(CudaDevice, StridedOutputViewWritesOnlyItsRows) {
     EXPECT_TRUE(a.tol.passes(e)) << k->name() << ": " << a.tol.why_failed(e);
     for (size_t n = 0; n < o.size(); ++n) {
       if (static_cast<int64_t>(n) % pitch >= p.head_dim) {
+        ASSERT_EQ(o[n], -7.f) << k->name() << " at " << n;
+      }
+    }
+  }
+}
+
+// Back-to-back launches between two events: the mean per launch, no host gap; the outputs are
+// those of the kernel (it rewrites the same O each launch).
+TEST_F(CudaDevice, TimeLaunchesTimesBackToBackLaunches) {
+  Problem p = test::shape(2, 8, 2, 512, 512, 64);
+  p.causal = CausalAlign::BottomRight;
+  Tensors t = random_tensors(p, 4);
+  const Agreement a = prepare_agreement(p, t.inputs, sample_rows(p, 64, 1));
+  for (const Kernel* k : {&cuda::naive(), &cuda::flash()}) {
+    std::fill_n(t.outputs.o.data, p.q_elems(), std::nanf(""));
+    const cuda::Timing tm = cuda::time_launches(*k, p, t.inputs, t.outputs, 7);
+    EXPECT_EQ(tm.launches, 7);
+    EXPECT_GT(tm.kernel_ms, 0.0);
+    EXPECT_GT(tm.first_launch_ms, 0.0);
+    EXPECT_LT(tm.kernel_ms, 10 * tm.first_launch_ms) << "the mean of 7 launches, not their sum";
+    const Errors e = measure(a.ref, as_const(t.outputs.o), t.outputs.lse, p);
+    EXPECT_TRUE(a.tol.passes(e)) << k->name() << ": " << a.tol.why_failed(e);
+  }
+}
+
+// A one-row O whose seq stride is 0, heads padded: the copy back must take the row's width as
+// its pitch (cuda_impl::o_row_blocks), and leave the padding alone.
+TEST_F(CudaDevice, OneRowStridedOutputCopiesBack) {
+  Problem p = test::shape(2, 4, 1, 1, 300, 64);
+  p.causal = CausalAlign::BottomRight;
+  Tensors t = random_tensors(p, 6);
+  const int64_t head_pitch = p.head_dim + 9;
+  std::vector<float> o(static_cast<size_t>(p.batch * p.q_heads * head_pitch), -7.f);
+  const Outputs out{MutView{o.data(), p.batch, p.q_heads, 1, p.head_dim, p.q_heads * head_pitch, head_pitch, 0},
+                    t.outputs.lse};
+  const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
+  for (const Kernel* k : {&cuda::naive(), &cuda::flash()}) {
+    std::fill(o.begin(), o.end(), -7.f);
+    Session s(*k, p, 1);
+    s.run(t.inputs, out);
+    const Errors e = measure(a.ref, as_const(out.o), out.lse, p);
+    EXPECT_TRUE(a.tol.passes(e)) << k->name() << ": " << a.tol.why_failed(e);
+    for (size_t n = 0; n < o.size(); ++n) {
+      if (static_cast<int64_t>(n) % head_pitch >= p.head_dim) {
         ASSERT_EQ(o[n], -7.f) << k->name() << " at " << n;
       }
     }

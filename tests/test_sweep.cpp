@@ -472,7 +472,20 @@ TEST(SweepPeaks, PerTargetPeaksRoundTripAndOldFilesRead) {
   const std::string narrow = built_isas().front();
   EXPECT_DOUBLE_EQ(p2.ref(narrow, 2).flops, 2e9) << "the narrowest target: 1 GFLOP/s per thread";
   EXPECT_DOUBLE_EQ(p2.ref("baseline", 2).flops, p2.at(default_isa(), 2)->fma_flops);
-  EXPECT_DOUBLE_EQ(p2.ref("cuda", 1).flops, p2.at(default_isa(), 1)->fma_flops);
+  // CUDA points: the GPU's FP32 peak and bandwidth, never the CPU's (0 = no device: no fraction).
+  EXPECT_DOUBLE_EQ(p2.ref("cuda", 1).flops, 0);
+  EXPECT_DOUBLE_EQ(p2.ref("cuda", 1).read_bytes, 0);
+  EXPECT_FALSE(p2.to_json().contains("gpu"));
+  Peaks pg = p2;
+  pg.gpu = GpuPeaks{"Test GPU", 6.0e13, 4.8e12};
+  EXPECT_DOUBLE_EQ(pg.ref("cuda", 2).flops, 6.0e13);
+  EXPECT_DOUBLE_EQ(pg.ref("cuda", 2).read_bytes, 4.8e12);
+  EXPECT_DOUBLE_EQ(pg.ref("baseline", 2).flops, p2.at(default_isa(), 2)->fma_flops) << "CPU points keep the CPU's";
+  EXPECT_EQ(pg.flops_name("cuda"), "GPU FP32 (Test GPU)");
+  const Peaks pg_back = Peaks::from_json(pg.to_json());
+  EXPECT_EQ(pg_back.gpu.name, "Test GPU");
+  EXPECT_DOUBLE_EQ(pg_back.gpu.fp32_flops, 6.0e13);
+  EXPECT_EQ(pg_back.to_json(), pg.to_json());
   EXPECT_DOUBLE_EQ(p2.ref(narrow, 1).read_bytes, p2.at(default_isa(), 1)->read_bytes);
   EXPECT_DOUBLE_EQ(p2.ref(narrow, 3).flops, 0) << "no row for 3 threads";
   // flash_bf16's points: the bf16 dot-product peak, the default target's read bandwidth.

@@ -33,6 +33,15 @@ inline std::optional<DType> case_dtype(const Kernel& k, DType dtype) {
   return DType::BF16;
 }
 
+#if defined(ATTNLAB_EXE)
+// The attnlab executable the CLI tests run: $ATTNLAB_EXE when set (the GPU bundle's copy, whose
+// build folder does not exist where it runs), else the one built beside these tests.
+inline std::string attnlab_exe() {
+  const char* e = std::getenv("ATTNLAB_EXE");
+  return e && *e ? e : ATTNLAB_EXE;
+}
+#endif
+
 inline Problem shape(int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d) {
   Problem p;
   p.batch = b, p.q_heads = hq, p.kv_heads = hkv, p.q_len = sq, p.kv_len = sk, p.head_dim = d;

@@ -25,9 +25,15 @@
 namespace attnlab {
 class Kernel;    // attnlab/kernel.hpp (not included: this header is also compiled by nvcc)
 struct Support;
+struct Problem;
+struct Inputs;
+struct Outputs;
 }  // namespace attnlab
 
 namespace attnlab::cuda {
+
+// Kernel::isa() of the CUDA kernels: their % of peak is against the GPU (bench/peak.hpp).
+inline constexpr const char* kIsa = "cuda";
 
 // The two kernels (also in registry(); here for direct use).
 const Kernel& naive();
@@ -57,9 +63,18 @@ std::optional<DeviceInfo> device_info();
 struct Timing {
   double h2d_ms = 0, kernel_ms = 0, d2h_ms = 0;
   double h2d_bytes = 0, d2h_bytes = 0;
+  double first_launch_ms = 0;  // the run's one launch, from the copies' end (may include the host's launch gap)
+  int launches = 0;            // back-to-back launches kernel_ms is the mean of (0: kernel_ms is the first launch's)
 };
 // Times of the most recent CUDA kernel run in this process (nullopt before the first).
 std::optional<Timing> last_timing();
+
+// For benchmarks: runs CUDA kernel `k` like Session::run (copies in, one launch, O and LSE back
+// into `out`), and between those `launches` more launches back to back between two CUDA events:
+// Timing::kernel_ms is their mean, without the host's launch gap or per-launch set-up.
+// Throws InvalidInput for a kernel that is not a CUDA kernel or launches < 1; what Session::run
+// throws otherwise. Also last_timing() afterwards.
+Timing time_launches(const Kernel& k, const Problem& p, const Inputs& in, const Outputs& out, int launches);
 
 // Frees the cached device buffers (they are also freed at exit).
 void release_device_memory();

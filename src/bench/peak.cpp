@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "attnlab/cuda.hpp"
 #include "attnlab/isa.hpp"
 #include "attnlab/kernel.hpp"
 #include "attnlab/problem.hpp"
@@ -199,6 +200,11 @@ Peaks measure_peaks(const PeakOptions& options) {
   }
   peaks.exp_function = exp_function_name();
   peaks.repeats = options.repeats;
+  if (const auto gpu = cuda::device_info()) {
+    peaks.gpu.name = gpu->name;
+    peaks.gpu.fp32_flops = gpu->fp32_peak_tflops * 1e12;
+    peaks.gpu.read_bytes = gpu->mem_bandwidth_gbs * 1e9;
+  }
   // One buffer for every target: a multiple of the widest unroll.
   int max_lanes = 1;
   for (const TargetTable* tt : tables) max_lanes = std::max(max_lanes, tt->lanes);
@@ -259,6 +265,7 @@ const PeakAtThreads* Peaks::at(std::string_view isa, int threads) const {
 
 PeakRef Peaks::ref(std::string_view kernel_isa, int threads) const {
   PeakRef ref;
+  if (kernel_isa == cuda::kIsa) return {gpu.fp32_flops, gpu.read_bytes};
   if (const PeakAtThreads* d = at(threads)) ref.read_bytes = d->read_bytes;
   if (kernel_isa == kBf16Isa || kernel_isa == kAmxIsa) {
     if (const PeakAtThreads* d = at(threads)) ref.flops = kernel_isa == kAmxIsa ? d->amx_bf16_flops : d->bf16_dot_flops;
@@ -272,6 +279,7 @@ PeakRef Peaks::ref(std::string_view kernel_isa, int threads) const {
 std::string Peaks::flops_name(std::string_view kernel_isa) const {
   if (kernel_isa == kBf16Isa) return std::string(kBf16Isa) + " dot-product";
   if (kernel_isa == kAmxIsa) return std::string(kAmxIsa) + " tile";
+  if (kernel_isa == cuda::kIsa) return "GPU FP32" + (gpu.name.empty() ? std::string() : " (" + gpu.name + ")");
   return is_per_target_isa(kernel_isa) ? std::string(kernel_isa) : simd_arch;
 }
 
@@ -348,6 +356,10 @@ nlohmann::json Peaks::to_json() const {
   for (const auto& t : targets) {
     j["targets"].push_back({{"isa", t.isa}, {"lanes", t.lanes}, {"fma_chains", t.fma_chains}, {"rows", rows_to_json(t.rows)}});
   }
+  if (!gpu.name.empty()) {
+    j["gpu"] = {{"name", gpu.name}, {"fp32_flops", gpu.fp32_flops}, {"read_bytes", gpu.read_bytes},
+                {"source", "device properties: SMs x FP32 lanes x 2 x peak clock; nominal memory bandwidth"}};
+  }
   return j;
 }
 
@@ -379,6 +391,12 @@ Peaks Peaks::from_json(const nlohmann::json& j) {
       tp.fma_chains = j.value("fma_chains", 0);
       tp.rows = rows_from_json(j.at("rows"));
       p.targets.push_back(std::move(tp));
+    }
+    if (j.contains("gpu")) {
+      const auto& g = j.at("gpu");
+      p.gpu.name = g.at("name").get<std::string>();
+      p.gpu.fp32_flops = g.at("fp32_flops").get<double>();
+      p.gpu.read_bytes = g.at("read_bytes").get<double>();
     }
     if (!p.target(p.simd_arch)) {
       throw InvalidInput("peak JSON: simd_arch '" + p.simd_arch + "' names none of its targets");

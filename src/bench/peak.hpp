@@ -31,7 +31,9 @@
 // point's own target (a SIMD kernel's isa()); for kernels built once ("baseline", "cuda")
 // the default target's; the bf16 dot-product peak for flash_bf16 (isa avx512_bf16), the AMX
 // bf16 peak for flash_amx (isa amx_bf16). Read bandwidth does not depend on the vector width: always the
-// default target's figure.
+// default target's figure. CUDA kernels (isa "cuda") are measured against the GPU, never the CPU: its
+// FP32 (non-tensor) peak and nominal memory bandwidth from the device's properties (Peaks::gpu,
+// recorded when a device is usable; without one their fractions are omitted).
 #pragma once
 
 #include <cstddef>
@@ -79,6 +81,13 @@ struct PeakRef {
   double read_bytes = 0;  // bytes/s
 };
 
+// The CUDA device's limits, from its properties (cuda::DeviceInfo): not measured, computed.
+struct GpuPeaks {
+  std::string name;          // empty: no usable device when the peaks were taken
+  double fp32_flops = 0;     // FLOP/s: SMs x FP32 lanes x 2 x peak clock
+  double read_bytes = 0;     // bytes/s: nominal memory bandwidth
+};
+
 // JSON (schema attnlab-peak-2): "targets": [{isa, lanes, fma_chains, rows}, ...] narrowest
 // first, and, as in schema attnlab-peak-1 (which from_json still reads: one target, named
 // by simd_arch), "simd_arch", "lanes", "fma_chains" and "rows" of the default target.
@@ -88,6 +97,7 @@ struct Peaks {
   std::string exp_function;          // which exp was measured
   size_t buffer_bytes = 0;
   int repeats = 0;
+  GpuPeaks gpu;                      // JSON "gpu", present only with a device
 
   // The target's peaks, or nullptr when it was not measured.
   const TargetPeaks* target(std::string_view isa) const;
@@ -98,7 +108,8 @@ struct Peaks {
   // The peaks a point of a kernel built for `kernel_isa` (Kernel::isa()) at `threads`
   // threads is measured against: the FMA peak of that target when it is a per-target
   // build (0 when that target was not measured), the default target's for kernels built
-  // once ("baseline", "cuda"); the default target's read bandwidth for all.
+  // once ("baseline"); the default target's read bandwidth for all; for "cuda" the GPU's
+  // FP32 peak and memory bandwidth (0 without a device: fractions omitted, never the CPU's).
   PeakRef ref(std::string_view kernel_isa, int threads) const;
   // What ref's flops is, in words: "avx512" (that target's FMA), "avx512_bf16 dot-product".
   std::string flops_name(std::string_view kernel_isa) const;

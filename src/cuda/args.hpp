@@ -88,6 +88,16 @@ struct KernelOps {
   void (*launch)(const DeviceArgs& a, const LaunchEnv& env);
 };
 
+// How O comes back when its view is not dense: per (batch, head), one 2-D copy of `rows` rows of
+// `width` floats, `pitch` floats apart. With one row the seq stride is never used (the view check
+// allows any value, 0 included), and a 2-D copy needs pitch >= width: the pitch is then the width.
+struct RowBlockCopy {
+  int64_t pitch = 0, width = 0, rows = 0;
+};
+inline RowBlockCopy o_row_blocks(const DeviceArgs& a) {
+  return {a.q_len > 1 ? a.os.s : a.head_dim_v, a.head_dim_v, a.q_len};
+}
+
 }  // namespace attnlab::cuda_impl
 
 namespace attnlab::cuda_dev {

@@ -11,6 +11,9 @@
 #define ATTN_CUDA_NS cuda_emu
 #else
 #include <cuda_runtime.h>
+
+#include <mutex>
+#include <unordered_map>
 #define ATTN_CUDA_NS cuda_dev
 #endif
 
@@ -56,6 +59,22 @@ __device__ __forceinline__ T* dynamic_smem() {
 #endif
 }
 
+#if !defined(ATTN_CUDA_EMU)
+// Above 48 KiB of dynamic shared memory a kernel must opt in (cudaFuncSetAttribute). Done once
+// per kernel and size, not per launch: the call costs microseconds of host time, which back-to-back
+// launches would otherwise put between kernels. A refusal surfaces at the launch (cudaGetLastError).
+inline void opt_in_smem(const void* kernel, size_t bytes) {
+  static std::mutex mutex;
+  static std::unordered_map<const void*, size_t> granted;
+  std::lock_guard<std::mutex> lock(mutex);
+  size_t& have = granted[kernel];
+  if (bytes <= have) return;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) == cudaSuccess) {
+    have = bytes;
+  }
+}
+#endif
+
 // kernel<<<grid, block, smem, stream>>>(args...), or its emulation.
 template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
@@ -64,11 +83,7 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
   (void)stream;
   cuda_emu::emulate_launch(grid, block, smem_bytes, [&] { kernel(args...); });
 #else
-  if (smem_bytes > 48 * 1024) {
-    // Above 48 KiB a kernel must opt in; a refusal surfaces at the launch (cudaGetLastError).
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(smem_bytes));
-  }
+  if (smem_bytes > 48 * 1024) opt_in_smem(reinterpret_cast<const void*>(kernel), smem_bytes);
   kernel<<<grid, block, smem_bytes, static_cast<cudaStream_t>(stream)>>>(args...);
 #endif
 }

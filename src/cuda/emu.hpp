@@ -8,7 +8,11 @@
 // slot exchange) and the scheduler resumes waiting fibers when their whole block / warp has
 // arrived. Fibers are resumed in a shuffled order at every round, so a missing barrier shows
 // up as a wrong or changing result instead of being hidden by a fixed order. A barrier that
-// can never complete (divergent __syncthreads) is reported as an error instead of hanging.
+// can never complete (divergent __syncthreads) is reported as an error instead of hanging, and
+// so is a shuffle whose mask does not name exactly the lanes that take part (or leaves out the
+// lane read). Shared memory starts as NaN, as the tests' outputs and scratch do
+// (tests/cuda_emu_kernels.cpp): memory a GPU leaves uninitialized may hold anything, so a
+// kernel that multiplies unwritten memory by 0 or leaves an output unwritten shows up.
 // What it cannot show: timing, memory-model subtleties beyond barrier ordering, bank conflicts,
 // and anything about the real compiler's register allocation.
 #pragma once
@@ -17,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -57,6 +62,7 @@ class BlockScheduler {
     fibers_.resize(threads);
     stacks_.reset(new std::byte[kStackBytes * threads]);
     slots_.assign(2 * ((threads + kWarp - 1) / kWarp) * kWarp, 0);
+    arrivals_.assign(slots_.size(), Arrival{});
   }
 
   // A fresh context for thread t starting at entry(). Its own frame, so no loop variable
@@ -65,6 +71,7 @@ class BlockScheduler {
     Fiber& f = fibers_[t];
     f.state = State::Ready;
     f.shuffle_phase = 0;
+    f.shuffles = 0;
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = stacks_.get() + kStackBytes * t;
     f.ctx.uc_stack.ss_size = kStackBytes;
@@ -75,6 +82,7 @@ class BlockScheduler {
   // Runs body() once per thread of the block (threadIdx.x = 0 .. threads-1).
   void run_block(const std::function<void()>& body) {
     body_ = &body;
+    std::fill(arrivals_.begin(), arrivals_.end(), Arrival{});
     const unsigned n = static_cast<unsigned>(fibers_.size());
     for (unsigned t = 0; t < n; ++t) prepare_fiber(t);
     std::vector<unsigned> order(n);
@@ -100,6 +108,7 @@ class BlockScheduler {
             "every thread of the block/warp reaches)");
       }
     }
+    if (!error_.empty()) throw std::runtime_error(error_);
   }
 
   // Called from fibers.
@@ -107,22 +116,27 @@ class BlockScheduler {
   void warp_barrier() { yield(State::AtWarpBarrier); }
 
   template <class T>
-  T shuffle(T value, unsigned src_lane_xor, bool is_xor) {
+  T shuffle(unsigned mask, T value, unsigned src_lane_xor, bool is_xor) {
     static_assert(sizeof(T) <= sizeof(uint64_t));
     Fiber& f = fibers_[current_];
     const unsigned t = current_;
     const unsigned warp = t / kWarp, lane = t % kWarp;
     // Two slot sets, alternating: a lane may write the next shuffle's slot while a slower
     // lane still reads this one, and the warp barrier between them orders the reuse.
-    uint64_t* slots = slots_.data() + (f.shuffle_phase * (slots_.size() / 2)) + warp * kWarp;
+    const size_t base = f.shuffle_phase * (slots_.size() / 2) + warp * kWarp;
+    uint64_t* slots = slots_.data() + base;
+    Arrival* arrivals = arrivals_.data() + base;
     f.shuffle_phase ^= 1;
+    const uint64_t seq = ++f.shuffles;
     uint64_t bits = 0;
     std::memcpy(&bits, &value, sizeof(T));
     slots[lane] = bits;
+    arrivals[lane] = Arrival{seq, mask};
     warp_barrier();
-    const unsigned src = is_xor ? (lane ^ src_lane_xor) : src_lane_xor;
+    const unsigned src = (is_xor ? (lane ^ src_lane_xor) : src_lane_xor) % kWarp;
+    check_mask(arrivals, lane, src, seq, mask);
     T out;
-    std::memcpy(&out, &slots[src % kWarp], sizeof(T));
+    std::memcpy(&out, &slots[src], sizeof(T));
     return out;
   }
 
@@ -133,7 +147,34 @@ class BlockScheduler {
     ucontext_t ctx{};
     State state = State::Ready;
     unsigned shuffle_phase = 0;
+    uint64_t shuffles = 0;  // shuffles this thread has called in this block
   };
+  // What a lane passed to its latest shuffle in a slot set: the shuffle's number and the mask.
+  struct Arrival {
+    uint64_t seq = 0;
+    unsigned mask = 0;
+  };
+
+  // After the warp barrier of shuffle number `seq`: `mask` must name this lane and the lane it
+  // reads, and every lane it names must be at this same shuffle with the same mask (CUDA's rule
+  // for *_sync; a partial warp that names an absent lane is undefined there). The first
+  // violation is kept and thrown by run_block once the block ends (not from inside a fiber).
+  void check_mask(const Arrival* arrivals, unsigned lane, unsigned src, uint64_t seq, unsigned mask) {
+    if (!error_.empty()) return;
+    char buf[160];
+    auto fail = [&](const char* what, unsigned other) {
+      std::snprintf(buf, sizeof buf, "cuda emulation: shuffle mask 0x%08x at lane %u: %s %u", mask, lane, what, other);
+      error_ = buf;
+    };
+    if (!(mask >> lane & 1u)) return fail("leaves out its own lane", lane);
+    if (!(mask >> src & 1u)) return fail("leaves out the lane it reads,", src);
+    const unsigned first = current_ - lane, n = static_cast<unsigned>(fibers_.size());
+    for (unsigned l = 0; l < static_cast<unsigned>(kWarp); ++l) {
+      if (!(mask >> l & 1u)) continue;
+      if (first + l >= n || arrivals[l].seq != seq) return fail("names a lane that is not at this shuffle:", l);
+      if (arrivals[l].mask != mask) return fail("differs from the mask of lane", l);
+    }
+  }
 
   static void entry() {
     BlockScheduler* s = t_current;
@@ -188,6 +229,8 @@ class BlockScheduler {
   std::vector<Fiber> fibers_;
   std::unique_ptr<std::byte[]> stacks_;
   std::vector<uint64_t> slots_;
+  std::vector<Arrival> arrivals_;
+  std::string error_;  // the first shuffle-mask violation of the block
   ucontext_t main_{};
   unsigned current_ = 0;
   const std::function<void()>* body_ = nullptr;
@@ -205,8 +248,9 @@ inline void emulate_launch(dim3 grid, dim3 block, size_t smem_bytes, const std::
     for (unsigned y = 0; y < grid.y; ++y) {
       for (unsigned x = 0; x < grid.x; ++x) {
         g_block_idx = uint3{x, y, z};
-        // Garbage, not zeros: shared memory is uninitialised on a GPU too.
-        std::memset(smem.data(), 0x7f, smem.size() * sizeof(float4));
+        // NaN (all bits set: NaN as f32, bf16 and f16), not zeros or a finite value: shared
+        // memory is uninitialized on a GPU, and 0 x NaN stays NaN where 0 x garbage would hide.
+        std::memset(smem.data(), 0xff, smem.size() * sizeof(float4));
         g_smem = reinterpret_cast<std::byte*>(smem.data());
         sched.run_block(body);
       }
@@ -233,10 +277,10 @@ inline BlockScheduler& current() { return *BlockScheduler::t_current; }
 inline void __syncthreads() { ::attnlab::cuda_emu::current().block_barrier(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { ::attnlab::cuda_emu::current().warp_barrier(); }
 template <class T>
-inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
-  return ::attnlab::cuda_emu::current().shuffle(v, static_cast<unsigned>(lane_mask), true);
+inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  return ::attnlab::cuda_emu::current().shuffle(mask, v, static_cast<unsigned>(lane_mask), true);
 }
 template <class T>
-inline T __shfl_sync(unsigned, T v, int src_lane) {
-  return ::attnlab::cuda_emu::current().shuffle(v, static_cast<unsigned>(src_lane), false);
+inline T __shfl_sync(unsigned mask, T v, int src_lane) {
+  return ::attnlab::cuda_emu::current().shuffle(mask, v, static_cast<unsigned>(src_lane), false);
 }

@@ -141,7 +141,7 @@ class CudaKernel final : public Kernel {
   }
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return description_; }
-  std::string_view isa() const override { return "cuda"; }
+  std::string_view isa() const override { return kIsa; }
   Support available() const override { return device_status(); }
   Support supports(const Problem& p) const override {
     if (!ops_) return Support::yes();  // unreachable: available() is no without CUDA
@@ -160,10 +160,14 @@ class CudaKernel final : public Kernel {
     return Support::yes();
   }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    execute(p, in, out, ctx.plan, 0);
+  }
+  // run(), with `timed_launches` more launches timed back to back (cuda_dev::run).
+  void execute(const Problem& p, const Inputs& in, const Outputs& out, const Plan* plan, int timed_launches) const {
 #if defined(ATTN_HAS_CUDA)
     cuda_impl::DeviceArgs a = cuda_impl::device_args(p, in, out);
     std::shared_ptr<const Plan> keep;
-    cuda_impl::attach_plan(a, p, *ops_, ctx.plan, keep);
+    cuda_impl::attach_plan(a, p, *ops_, plan, keep);
     const cuda_impl::InputExtents in_ext = cuda_impl::input_extents(in);
     cuda_dev::Extents ext;
     ext.q = in_ext.q;
@@ -173,11 +177,11 @@ class CudaKernel final : public Kernel {
     ext.o_dense = ext.o == out.o.elems();
     ext.lse = p.lse_elems();
     Timing t;
-    cuda_dev::run(*ops_, a, ext, t);
+    cuda_dev::run(*ops_, a, ext, t, timed_launches);
     std::lock_guard<std::mutex> lock(g_timing_mutex);
     g_last_timing = t;
 #else
-    (void)p, (void)in, (void)out, (void)ctx;
+    (void)p, (void)in, (void)out, (void)plan, (void)timed_launches;
     throw InvalidInput(std::string(name_) + " is not available: " + kBuiltWithout);
 #endif
   }
@@ -245,6 +249,21 @@ std::string DeviceInfo::describe() const {
 std::optional<Timing> last_timing() {
   std::lock_guard<std::mutex> lock(g_timing_mutex);
   return g_last_timing;
+}
+
+Timing time_launches(const Kernel& k, const Problem& p, const Inputs& in, const Outputs& out, int launches) {
+  const auto* ck = dynamic_cast<const CudaKernel*>(&k);
+  if (!ck) {
+    throw InvalidInput("time_launches: '" + std::string(k.name()) + "' is not a CUDA kernel; allowed: cuda_naive, cuda_flash");
+  }
+  if (launches < 1) throw InvalidInput("launches: " + std::to_string(launches) + " is not allowed; allowed: >= 1");
+  if (in.dtype != p.dtype) {
+    throw InvalidInput(std::string("inputs: dtype ") + to_string(in.dtype) + " given to a " + to_string(p.dtype) +
+                       " problem; allowed: the problem's dtype");
+  }
+  const Session checked(k, p, 1);  // the same refusals as Session::run (availability, support, memory)
+  ck->execute(p, in, out, nullptr, launches);
+  return *last_timing();
 }
 
 void release_device_memory() {

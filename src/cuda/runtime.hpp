@@ -24,10 +24,12 @@ const std::string& unavailable_reason();
 std::optional<cuda::DeviceInfo> info();
 
 // Copies the inputs named by `host` (host pointers) to the device, runs `ops`, copies O and
-// LSE back into `host`'s output pointers and returns when they are there. Throws
-// std::runtime_error naming the CUDA call and error on any failure (after draining the stream).
+// LSE back into `host`'s output pointers and returns when they are there. With timed_launches
+// > 0, that many more launches run back to back after the first, between two events, and
+// timing.kernel_ms is their mean. Throws std::runtime_error naming the CUDA call and error on
+// any failure (after draining the stream).
 void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, const Extents& ext,
-         cuda::Timing& timing);
+         cuda::Timing& timing, int timed_launches = 0);
 
 void release();
 
