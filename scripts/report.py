@@ -13,7 +13,8 @@ lengths, a GQA plot >= 2 group sizes, ...). Parameters that are not on a plot's 
 held at their most common value, and the caption says which values those are.
 
 Instruction-set targets: every row names the target its kernel ran (`isa`: scalar, avx2,
-avx512, neon for the SIMD kernels, "baseline" or "cuda" for kernels built once; rows of
+avx512, neon for the SIMD kernels, "baseline" or "cuda" for kernels built once (cuda rows are
+measured against the GPU's FP32 peak, machine.json's peaks "gpu"); rows of
 folders written before the column existed take the machine's default target). Every % of
 peak is against the FMA peak of the row's own target (peak_for, the rule of the C++
 Peaks::ref). When a kernel ran on several targets, it appears as kernel[isa] throughout,
@@ -174,10 +175,14 @@ def best_peaks(machine):
 def peak_for(row, best, machine):
     """The one rule for % of peak (src/bench/peak.hpp, Peaks::ref): (FMA FLOP/s, read bytes/s)
     a row is measured against at its thread count. FMA: the peak of the row's own target for
-    a kernel built per target, the default target's for kernels built once (baseline, cuda);
-    read bandwidth: the default target's. None where not measured."""
+    a kernel built per target, the default target's for kernels built once (baseline);
+    read bandwidth: the default target's. CUDA kernels (isa cuda): the GPU's FP32 peak and memory
+    bandwidth (machine.json's peaks "gpu"), never the CPU's. None where not measured."""
     default = default_target(machine)
     isa = row.get("isa") or default
+    if isa == "cuda":
+        gpu = machine.get("peaks", {}).get("gpu", {})
+        return gpu.get("fp32_flops") or None, gpu.get("read_bytes") or None
     fma_isa = isa if isa in built_targets(machine) or isa in PRODUCT_PEAKS else default
     f = best.get((fma_isa, row["threads"]), (None, None))[0]
     b = best.get((default, row["threads"]), (None, None))[1]

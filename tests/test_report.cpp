@@ -304,6 +304,30 @@ TEST_F(Report, TwoTargetsGetVectorWidthSectionAndPerTargetPeaks) {
   EXPECT_NE(fmd.find("| naive | "), std::string::npos) << "naive is built once: no target in its name";
 }
 
+// report.py's peak_for (the rule of Peaks::ref): a CUDA row is held to the GPU's FP32 peak from
+// machine.json's peaks "gpu", never to the CPU's; without a GPU figure it has none.
+TEST_F(Report, CudaRowsAreMeasuredAgainstTheGpuPeak) {
+  const std::string code =
+      "import sys; sys.path.insert(0, '" ATTNLAB_SOURCE_DIR "/scripts'); import report\n"
+      "rows = [{'threads': 2, 'fma_flops': 3e11, 'read_bytes': 2e10}]\n"
+      "m = {'isa': {'targets_built': ['avx512'], 'default': 'avx512'}, 'peaks': {'simd_arch': 'avx512',\n"
+      "     'targets': [{'isa': 'avx512', 'rows': rows}], 'gpu': {'fp32_flops': 6e13, 'read_bytes': 4.8e12}}}\n"
+      "best = report.best_peaks(m)\n"
+      "assert report.peak_for({'isa': 'cuda', 'threads': 2}, best, m) == (6e13, 4.8e12)\n"
+      "assert report.peak_for({'isa': 'avx512', 'threads': 2}, best, m) == (3e11, 2e10)\n"
+      "del m['peaks']['gpu']\n"
+      "assert report.peak_for({'isa': 'cuda', 'threads': 2}, best, m) == (None, None)\n"
+      "print('ok')\n";
+  const std::string file = fresh_dir("cuda_peak") + ".py";
+  write_file_atomic(file, code);
+  FILE* pipe = popen(("/usr/bin/python3 " + file + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  EXPECT_EQ(pclose(pipe), 0) << out;
+  EXPECT_EQ(out, "ok\n");
+}
+
 TEST_F(Report, MissingResultsAreAnError) {
   int rc = 0;
   const std::string output = report(fresh_dir("empty_in"), fresh_dir("empty_out"), &rc);

@@ -68,4 +68,9 @@ archs="$(python3 "$ROOT/scripts/gpu/fatbin_archs.py" "$DIR/bin/attnlab" | tr '\n
   (cd "$DIR" && find . -type f | sort | xargs du -b | awk '{printf "  %10d  %s\n", $1, $2}')
 } >"$DIR/MANIFEST"
 "$DIR/check.sh"
-echo "gpu-bundle: $DIR ($(du -sh "$DIR" | cut -f1)); on the GPU machine: $(basename "$DIR")/run.sh OUTDIR"
+# A device call carries the working tree and the bundle: 64 MiB in all.
+tree="$(git -C "$ROOT" ls-files -z --cached --others --exclude-standard | (cd "$ROOT" && xargs -0 du -cb 2>/dev/null) | tail -1 | cut -f1)"
+carry=$(( (tree + $(du -sb "$DIR" | cut -f1)) >> 20 ))
+echo "gpu-bundle: $DIR ($(du -sh "$DIR" | cut -f1)); with the working tree a device call carries ${carry} MiB of its 64"
+echo "gpu-bundle: on the GPU machine: $(basename "$DIR")/run.sh OUTDIR"
+((carry < 64)) || echo "gpu-bundle: WARNING: over the 64 MiB a device call may carry" >&2
