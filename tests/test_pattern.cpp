@@ -8,6 +8,8 @@
 #include <array>
 #include <cmath>
 #include <functional>
+#include <map>
+#include <tuple>
 #include <random>
 
 #include "attnlab/kernel.hpp"
@@ -316,6 +318,45 @@ TEST(DilationPhases, CoverEveryRowOnceAndSeeExactlyThePatternsKeys) {
     Problem q = other;
     add(q);
     EXPECT_TRUE(dilation_phases(q).empty()) << q.describe();
+  }
+}
+
+// flash's dilated plan on problems with several query tiles per phase and phases of unequal
+// length: every (phase, kv head, query tile) is one task, the D phases of a tile index are
+// adjacent (the cache-sharing order), and the result still agrees with the float64 reference.
+TEST(DilationPhases, FlashTasksCoverEveryTileOnceWithPhasesTogether) {
+  const Kernel& flash = *find_kernel("flash");
+  for (const auto& [n, D, kv_lens] : std::vector<std::tuple<int64_t, int64_t, std::vector<int64_t>>>{
+           {1000, 3, {}}, {725, 4, {725, 301}}, {2000, 7, {}}}) {
+    Problem p = test::shape(2, 4, 2, n, n, 32);
+    p.causal = CausalAlign::BottomRight, p.window_left = 200, p.dilation = D, p.kv_lens = kv_lens;
+    const std::shared_ptr<const Plan> made = flash.make_plan(p);
+    const auto* plan = dynamic_cast<const PhasePlan*>(made.get());
+    ASSERT_NE(plan, nullptr) << p.describe();
+    std::map<std::tuple<int32_t, int32_t, int64_t>, int> seen;
+    int64_t want = 0;
+    for (const DilationPhase& ph : plan->phases) want += p.kv_heads * ((ph.sub.q_len + plan->br - 1) / plan->br);
+    EXPECT_GT(want, static_cast<int64_t>(plan->phases.size()) * p.kv_heads) << "several query tiles per phase";
+    ASSERT_EQ(static_cast<int64_t>(plan->tasks.size()), want);
+    for (size_t x = 0; x < plan->tasks.size(); ++x) {
+      const PhasePlan::Task& t = plan->tasks[x];
+      const DilationPhase& ph = plan->phases[static_cast<size_t>(t.phase)];
+      ASSERT_LT(t.qt * plan->br, ph.sub.q_len);
+      ASSERT_EQ(++seen[std::make_tuple(t.phase, t.hk, t.qt)], 1);
+      if (x > 0) {  // the tile index changes only after every phase of the batch entry had it
+        const PhasePlan::Task& u = plan->tasks[x - 1];
+        if (plan->phases[static_cast<size_t>(u.phase)].b == ph.b && u.hk == t.hk) {
+          ASSERT_LE(t.qt, u.qt);
+          if (t.qt == u.qt) {
+            ASSERT_GT(t.phase, u.phase);
+          }
+        }
+      }
+    }
+    Tensors ts = random_tensors(p, 3);
+    const Agreement a = prepare_agreement(p, ts.inputs, sample_rows(p, 400, 5));
+    const KernelCheck c = check_kernel(flash, p, ts.inputs, a, 2);
+    EXPECT_EQ(c.verdict, Verdict::Pass) << p.describe() << ": " << c.reason;
   }
 }
 

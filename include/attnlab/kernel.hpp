@@ -49,15 +49,21 @@ struct BlockPlan final : Plan {
 };
 
 // The plan of flash's dilated windows: the phases it runs as dense strided sub-problems
-// (phases.hpp), and per phase the index of its first task (query tiles of `br` rows x kv
-// heads; the last entry is the total).
+// (phases.hpp) and its tasks in order.
 struct PhasePlan final : Plan {
   std::vector<DilationPhase> phases;
-  std::vector<int64_t> first_task;
+  // One task per (phase, kv head, query tile of br phase rows), in the order they are handed
+  // out: per batch entry and kv head, the query tiles from the last, and for each the D phases
+  // one after another. The phases of one tile index read the same stretch of K and V (every
+  // D-th row each), so the cache lines one phase's rows share with the others' are used while
+  // they are still cached, not fetched again D times.
+  struct Task {
+    int32_t phase = 0, hk = 0;
+    int64_t qt = 0;
+  };
+  std::vector<Task> tasks;
   int64_t br = 0;
-  size_t bytes() const override {
-    return phases.size() * sizeof(DilationPhase) + first_task.size() * sizeof(int64_t);
-  }
+  size_t bytes() const override { return phases.size() * sizeof(DilationPhase) + tasks.size() * sizeof(Task); }
 };
 
 // The arithmetic a kernel's results carry, which the tolerance baseline reproduces (verify.hpp):
