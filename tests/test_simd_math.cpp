@@ -260,6 +260,27 @@ TEST_P(SimdMath, PartialLoadsAndStoresStayInBounds) {
   }
 }
 
+// keep_bits: lane j keeps its value where bit j is set, else the fill (-inf for a masked score);
+// bits above the vector's lanes change nothing; NaN and Inf stay in their own lane.
+TEST_P(SimdMath, KeepBitsSelectsLanesByBit) {
+  const int kLanes = t_->lanes;
+  std::vector<float> in(kLanes), out(kLanes);
+  for (int i = 0; i < kLanes; ++i) in[i] = i % 5 == 3 ? std::nanf("") : i % 7 == 2 ? kInf : static_cast<float>(i + 1);
+  std::vector<uint32_t> patterns = {0u, 1u, 0x5555u, 0xAAAAu, 0xFFFFu, 0xFFFFFFFFu, 0x8001u, 0x10000u};
+  for (int j = 0; j < kLanes; ++j) patterns.push_back(1u << j);
+  for (const uint32_t bits : patterns) {
+    t_->keep_bits(in.data(), bits, -kInf, out.data());
+    for (int i = 0; i < kLanes; ++i) {
+      const float want = bits >> i & 1u ? in[i] : -kInf;
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(out[i])) << std::hex << bits << " lane " << i;
+      } else {
+        EXPECT_EQ(out[i], want) << std::hex << bits << " lane " << i;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Targets, SimdMath, ::testing::ValuesIn(built_isas()),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 

@@ -123,6 +123,9 @@ const TargetTable& target_table() {
         simd::load_partial(p, n, fill).store_unaligned(vec);
       },
       .store_partial = [](float* p, float value, int n) { simd::store_partial(p, Batch(value), n); },
+      .keep_bits = [](const float* v, uint32_t bits, float fill, float* out) {
+        simd::keep_bits(Batch::load_unaligned(v), bits, fill).store_unaligned(out);
+      },
       .tile_keys = simd::kTileKeys,
       .block_keys = simd::kBlockKeys,
       .pack_k_transposed = simd::pack_k_transposed,

@@ -41,6 +41,7 @@ struct TargetTable {
   void (*transpose_sum)(const float* rows, float* out);  // rows: lanes vectors
   void (*load_partial)(const float* p, int n, float fill, float* vec);
   void (*store_partial)(float* p, float value, int n);
+  void (*keep_bits)(const float* vec, uint32_t bits, float fill, float* out);
   int tile_keys;   // flash's keys per tile (kTileKeys)
   int block_keys;  // keys per register block (kBlockKeys): Kt is [dp][block_keys] per block
   void (*pack_k_transposed)(const float* k_rows, int64_t ldk, int nk, int64_t d, float* kt);

@@ -110,8 +110,12 @@ bool softmax_rows(const Scratch& s, float* p, int64_t rr0, bool full, const int*
     if (full) {
       for (int v = 0; v < kTileVecs; ++v) vmax = max(vmax, Batch::load_aligned(prow + v * kLanes));
     } else if constexpr (Words) {
-      for (uint64_t z = ~w[m]; z; z &= z - 1) prow[std::countr_zero(z)] = kNegInf;  // holes only
-      for (int v = 0; v < kTileVecs; ++v) vmax = max(vmax, Batch::load_aligned(prow + v * kLanes));
+      for (int v = 0; v < kTileVecs; ++v) {
+        const auto bits = static_cast<uint32_t>(w[m] >> (v * kLanes)) & ((uint32_t{1} << kLanes) - 1);
+        const Batch x = keep_bits(Batch::load_aligned(prow + v * kLanes), bits, kNegInf);
+        x.store_aligned(prow + v * kLanes);
+        vmax = max(vmax, x);
+      }
     } else {
       const Batch lo_b(static_cast<float>(lo[m])), hi_b(static_cast<float>(hi[m]));
       for (int v = 0; v < kTileVecs; ++v) {

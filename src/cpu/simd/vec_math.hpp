@@ -16,6 +16,7 @@
 //   transpose_sum(const Batch rows[kLanes])       lane i = reduce_sum(rows[i])
 //   rescale_log2(m_old, m_new)      online_softmax's rescale rule, kLanes rows at once
 //   scale_row(acc, scale, d, o)     o = acc * scale, d floats: a finished output row
+//   keep_bits(x, bits, fill)       lane j of x where bit j of bits is set, else fill
 //   load_partial(p, n[, fill]), store_partial(p, v, n)
 //                                   lanes [0, n) only, n in [0, kLanes]; never touch
 //                                   memory past p + n (masked loads/stores on AVX-512)
@@ -282,6 +283,26 @@ inline Batch load_partial(const float* p, int n, float fill = 0.f) {
 #else
   alignas(64) float lanes[kLanes];
   for (int i = 0; i < kLanes; ++i) lanes[i] = i < n ? p[i] : fill;
+  return Batch::load_aligned(lanes);
+#endif
+}
+
+// Lane j of x where bit j of `bits` is set, `fill` where it is clear (bits above kLanes ignored):
+// a block-map word's visible keys (pattern.hpp) applied to a vector of scores, by a select.
+inline Batch keep_bits(Batch x, uint32_t bits, float fill) {
+#if defined(__AVX512F__)
+  return _mm512_mask_mov_ps(_mm512_set1_ps(fill), static_cast<__mmask16>(bits), x);
+#elif defined(__AVX2__)
+  const __m256i lane = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(bits)), lane), lane);
+  return _mm256_blendv_ps(_mm256_set1_ps(fill), x, _mm256_castsi256_ps(on));
+#elif defined(__aarch64__) && !defined(ATTN_TARGET_SCALAR)
+  const uint32x4_t lane = {1u, 2u, 4u, 8u};
+  return vbslq_f32(vtstq_u32(vdupq_n_u32(bits), lane), x, vdupq_n_f32(fill));
+#else
+  alignas(64) float lanes[kLanes];
+  x.store_aligned(lanes);
+  for (int i = 0; i < kLanes; ++i) lanes[i] = bits >> i & 1u ? lanes[i] : fill;
   return Batch::load_aligned(lanes);
 #endif
 }
