@@ -145,7 +145,7 @@ def main():
     print(f"torch {torch.__version__} on {a.device}"
           + (f" ({torch.cuda.get_device_name(0)})" if a.device == "cuda" else ""), flush=True)
     for b, hq, hkv, s, d, causal, check in shapes(a.quick):
-        # Normal inputs, as the lab's random_tensors; float32 on the host, then on the device.
+        # Standard normal inputs (scores of unit scale after 1/sqrt(d)); float32 on the host, then on the device.
         q = rng.standard_normal((b, hq, s, d), dtype=np.float32)
         k = rng.standard_normal((b, hkv, s, d), dtype=np.float32)
         v = rng.standard_normal((b, hkv, s, d), dtype=np.float32)
