@@ -2,7 +2,8 @@
 # scripts/lab gpu-bundle [DIR]: the GPU check as a self-contained folder, built on this CPU
 # machine (nvcc is here), to be carried to a bare GPU machine (no package registry, none of our
 # -dev packages) and run there as one command: DIR/run.sh OUTDIR (scripts/gpu/run.sh says what
-# it does). Default DIR: build-gpu-bundle/ (ignored by git).
+# it does). Default DIR: build-gpu-bundle/ (ignored by git), and the same folder as DIR.tar.gz
+# (ignored too; relocatable: unpack it anywhere), the smaller thing to carry.
 #
 #   DIR/bin/attnlab, DIR/bin/attn_tests  the CUDA-enabled build of $ATTN_BUILD_DIR (default
 #       build/): the dispatched build (scalar/avx2/avx512 chosen at run time, baseline x86-64
@@ -68,9 +69,13 @@ archs="$(python3 "$ROOT/scripts/gpu/fatbin_archs.py" "$DIR/bin/attnlab" | tr '\n
   (cd "$DIR" && find . -type f | sort | xargs du -b | awk '{printf "  %10d  %s\n", $1, $2}')
 } >"$DIR/MANIFEST"
 "$DIR/check.sh"
-# A device call carries the working tree and the bundle: 64 MiB in all.
+# A device call carries the working tree and what it names, 64 MiB in all: the bundle also as
+# DIR.tar.gz (a third of the folder; gzip, which every machine has), to carry instead.
+archive="$DIR.tar.gz"
+tar -C "$(dirname "$DIR")" -czf "$archive.tmp" "$(basename "$DIR")" && mv "$archive.tmp" "$archive"
 tree="$(git -C "$ROOT" ls-files -z --cached --others --exclude-standard | (cd "$ROOT" && xargs -0 du -cb 2>/dev/null) | tail -1 | cut -f1)"
-carry=$(( (tree + $(du -sb "$DIR" | cut -f1)) >> 20 ))
-echo "gpu-bundle: $DIR ($(du -sh "$DIR" | cut -f1)); with the working tree a device call carries ${carry} MiB of its 64"
-echo "gpu-bundle: on the GPU machine: $(basename "$DIR")/run.sh OUTDIR"
+carry=$(( (tree + $(stat -c %s "$archive")) >> 20 ))
+echo "gpu-bundle: $DIR ($(du -sh "$DIR" | cut -f1)) and $archive ($(du -sh "$archive" | cut -f1));" \
+     "with the working tree a device call carrying the archive moves ${carry} MiB of its 64"
+echo "gpu-bundle: on the GPU machine: tar -xzf $(basename "$archive") -C /tmp && /tmp/$(basename "$DIR")/run.sh OUTDIR"
 ((carry < 64)) || echo "gpu-bundle: WARNING: over the 64 MiB a device call may carry" >&2
