@@ -53,11 +53,12 @@ status=0
 log() { echo "[run.sh +$((SECONDS - START))s] $*" | tee -a "$OUT/log.txt" >&2; }
 : >"$OUT/log.txt"
 
-# step NAME LIMIT_S CMD...: runs CMD with a time limit; records ok / FAILED / TIMED OUT.
+# step NAME LIMIT_S OUTFILE CMD...: runs CMD with a time limit, its output into OUTFILE; records
+# ok / FAILED / TIMED OUT in log.txt.
 step() {
-  local name="$1" limit="$2" t0=$SECONDS rc=0
-  shift 2
-  timeout --kill-after=10 "$limit" "$@" || rc=$?
+  local name="$1" limit="$2" file="$3" t0=$SECONDS rc=0
+  shift 3
+  timeout --kill-after=10 "$limit" "$@" >"$file" 2>&1 || rc=$?
   if ((rc == 0)); then
     log "step $name: ok ($((SECONDS - t0)) s)"
   elif ((rc == 124 || rc == 137)); then
@@ -104,7 +105,7 @@ facts() {
 }
 export EXE B PY
 export -f facts
-step facts 20 bash -c facts >"$OUT/device.txt" 2>&1
+step facts 20 "$OUT/device.txt" bash -c facts
 if ((!cpu_only)) && grep -q "^CUDA: unavailable" "$OUT/device.txt"; then
   log "no usable CUDA device: $(sed -n 's/^CUDA: unavailable: //p' "$OUT/device.txt"); the GPU steps cannot run"
   status=1
@@ -128,14 +129,14 @@ tests() {
 }
 export TESTS W
 export -f tests
-step tests 90 bash -c tests >"$OUT/tests.txt" 2>&1
+step tests 90 "$OUT/tests.txt" bash -c tests
 
 # 3. kernel-only times (needs the device).
 if ((!cpu_only)); then
   grid=(--seq 512,1024,2048,4096,8192,16384 --head-dim 64,128 --gqa 1,4 --batch 2 --q-heads 16 --reps 5
         --verify-rows 64 --naive-max-seq 4096)
-  step cuda-causal 100 "$EXE" cuda --time "${grid[@]}" --csv "$W/kt_causal.csv" >"$W/logs/cuda_causal.txt" 2>&1
-  step cuda-nomask 80 "$EXE" cuda --time "${grid[@]}" --no-causal --csv "$W/kt_nomask.csv" >"$W/logs/cuda_nomask.txt" 2>&1
+  step cuda-causal 100 "$W/logs/cuda_causal.txt" "$EXE" cuda --time "${grid[@]}" --csv "$W/kt_causal.csv"
+  step cuda-nomask 80 "$W/logs/cuda_nomask.txt" "$EXE" cuda --time "${grid[@]}" --no-causal --csv "$W/kt_nomask.csv"
   { cat "$W/kt_causal.csv" 2>/dev/null; tail -n +2 "$W/kt_nomask.csv" 2>/dev/null; } >"$OUT/kernel_times.csv"
 else
   echo "kernel,skipped" >"$OUT/kernel_times.csv"
@@ -146,11 +147,11 @@ fi
 # flash kernel), when a Python with torch is found; else the step says why it was left out.
 if "$PY" -c 'import torch, numpy' >/dev/null 2>&1; then
   if ((cpu_only)); then
-    step torch 90 "$PY" "$B/torch_compare.py" --attnlab "$EXE" --work "$W/torch" --csv "$OUT/torch.csv" \
-      --device cpu --impl flash --quick >"$W/logs/torch.txt" 2>&1
+    step torch 90 "$W/logs/torch.txt" "$PY" "$B/torch_compare.py" --attnlab "$EXE" --work "$W/torch" \
+      --csv "$OUT/torch.csv" --device cpu --impl flash --quick
   else
-    step torch 90 "$PY" "$B/torch_compare.py" --attnlab "$EXE" --work "$W/torch" --csv "$OUT/torch.csv" \
-      --device cuda --impl cuda_flash >"$W/logs/torch.txt" 2>&1
+    step torch 90 "$W/logs/torch.txt" "$PY" "$B/torch_compare.py" --attnlab "$EXE" --work "$W/torch" \
+      --csv "$OUT/torch.csv" --device cuda --impl cuda_flash
   fi
 else
   echo "impl,skipped" >"$OUT/torch.csv"
@@ -177,11 +178,12 @@ cat >"$W/threads.json" <<EOF
   "verify_rows": 32
 }
 EOF
-step threads 80 "$EXE" sweep --experiment "$W/threads.json" --out "$W/threads" --peak-repeats 1 >"$W/logs/threads.txt" 2>&1
+step threads 80 "$W/logs/threads.txt" "$EXE" sweep --experiment "$W/threads.json" --out "$W/threads" --peak-repeats 1
 cp "$W/threads/results.csv" "$OUT/threads.csv" 2>/dev/null || echo "kernel,skipped" >"$OUT/threads.csv"
 
 # 6. summary and details.
-step summary 20 "$PY" "$B/summarize.py" "$OUT" --manifest "$B/MANIFEST" --mode "$([[ $cpu_only == 1 ]] && echo cpu-only || echo gpu)"
+step summary 20 "$W/logs/summary.txt" "$PY" "$B/summarize.py" "$OUT" --manifest "$B/MANIFEST" \
+  --mode "$([[ $cpu_only == 1 ]] && echo cpu-only || echo gpu)"
 log "done: exit status $status"
 cp "$B/MANIFEST" "$W/"
 tar -czf "$OUT/details.tar.gz" -C "$W" --exclude='torch/*.npy' . 2>/dev/null || log "details.tar.gz: tar failed"
