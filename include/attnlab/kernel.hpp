@@ -54,9 +54,9 @@ struct PhasePlan final : Plan {
   std::vector<DilationPhase> phases;
   // One task per (phase, kv head, query tile of br phase rows), in the order they are handed
   // out: per batch entry and kv head, the query tiles from the last, and for each the D phases
-  // one after another. The phases of one tile index read the same stretch of K and V (every
-  // D-th row each), so the cache lines one phase's rows share with the others' are used while
-  // they are still cached, not fetched again D times.
+  // one after another. The phases of one tile index read interleaved rows (every D-th) of the
+  // same stretch of K and V, so the neighbouring rows the hardware prefetchers bring in around
+  // one phase's rows are the next phase's, still cached when it runs.
   struct Task {
     int32_t phase = 0, hk = 0;
     int64_t qt = 0;

@@ -40,7 +40,8 @@
 // strided rows (phases.hpp), so it runs as D interval problems per batch entry over strided
 // views, where the block map would find every tile partial at 1/D density; their tasks go
 // query tile by query tile, the D phases of one tile together (PhasePlan::tasks: they read
-// the same stretch of K and V; measured 1.12x at 16384 over running the phases one by one).
+// interleaved rows of the same stretch of K and V; measured 1.12x at 16384 over running the
+// phases one by one).
 //   Special values follow include/attnlab/online_softmax.hpp.
 // Parallel: oneTBB over all (b, hk, query tile) tasks, grain 1, last query tiles first (the
 // most keys under causal); scratch is the running thread's slice of the workspace. Tiles and
