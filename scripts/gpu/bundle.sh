@@ -73,7 +73,8 @@ archs="$(python3 "$ROOT/scripts/gpu/fatbin_archs.py" "$DIR/bin/attnlab" | tr '\n
 # DIR.tar.gz (a third of the folder; gzip, which every machine has), to carry instead.
 archive="$DIR.tar.gz"
 tar -C "$(dirname "$DIR")" -czf "$archive.tmp" "$(basename "$DIR")" && mv "$archive.tmp" "$archive"
-tree="$(git -C "$ROOT" ls-files -z --cached --others --exclude-standard | (cd "$ROOT" && xargs -0 du -cb 2>/dev/null) | tail -1 | cut -f1)"
+tree="$(git -C "$ROOT" ls-files -z --cached --others --exclude-standard | (cd "$ROOT" && xargs -0 stat -c %s 2>/dev/null) |
+        awk '{ s += $1 } END { printf "%d", s }')"
 carry=$(( (tree + $(stat -c %s "$archive")) >> 20 ))
 echo "gpu-bundle: $DIR ($(du -sh "$DIR" | cut -f1)) and $archive ($(du -sh "$archive" | cut -f1));" \
      "with the working tree a device call carrying the archive moves ${carry} MiB of its 64"
