@@ -340,21 +340,25 @@ TEST(Cuda, OneRowOutputCopiesBackWithAValidPitch) {
 TEST(Cuda, TimeLaunchesRefusesWhatItCannotTime) {
   Problem p = test::shape(1, 2, 1, 8, 8, 16);
   Tensors t = random_tensors(p, 1);
+  Session cpu(*registry().front(), p, 1);
   try {
-    cuda::time_launches(*registry().front(), p, t.inputs, t.outputs, 3);
+    cuda::time_launches(cpu, t.inputs, t.outputs, 3);
     ADD_FAILURE() << "a CPU kernel was timed as a CUDA kernel";
   } catch (const InvalidInput& e) {
     EXPECT_NE(std::string(e.what()).find("is not a CUDA kernel"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(cuda::time_launches(cuda::flash(), p, t.inputs, t.outputs, 0), InvalidInput);
+  // Without a device there is no CUDA session to time: the session says why.
   if (Support s = cuda::device_status(); !s) {
     try {
-      cuda::time_launches(cuda::flash(), p, t.inputs, t.outputs, 3);
-      ADD_FAILURE() << "timed without a device";
+      Session gpu(cuda::flash(), p, 1);
+      ADD_FAILURE() << "a CUDA session without a device";
     } catch (const InvalidInput& e) {
       EXPECT_NE(std::string(e.what()).find(s.reason), std::string::npos) << e.what();
     }
+    return;
   }
+  Session gpu(cuda::flash(), p, 1);
+  EXPECT_THROW(cuda::time_launches(gpu, t.inputs, t.outputs, 0), InvalidInput);
 }
 
 TEST(CudaEmulation, GroupReductionsStayInTheirGroup) {
@@ -595,7 +599,8 @@ TEST_F(CudaDevice, TimeLaunchesTimesBackToBackLaunches) {
   const Agreement a = prepare_agreement(p, t.inputs, sample_rows(p, 64, 1));
   for (const Kernel* k : {&cuda::naive(), &cuda::flash()}) {
     std::fill_n(t.outputs.o.data, p.q_elems(), std::nanf(""));
-    const cuda::Timing tm = cuda::time_launches(*k, p, t.inputs, t.outputs, 7);
+    Session s(*k, p, 1);
+    const cuda::Timing tm = cuda::time_launches(s, t.inputs, t.outputs, 7);
     EXPECT_EQ(tm.launches, 7);
     EXPECT_GT(tm.kernel_ms, 0.0);
     EXPECT_GT(tm.first_launch_ms, 0.0);

@@ -25,7 +25,7 @@
 namespace attnlab {
 class Kernel;    // attnlab/kernel.hpp (not included: this header is also compiled by nvcc)
 struct Support;
-struct Problem;
+class Session;
 struct Inputs;
 struct Outputs;
 }  // namespace attnlab
@@ -69,12 +69,12 @@ struct Timing {
 // Times of the most recent CUDA kernel run in this process (nullopt before the first).
 std::optional<Timing> last_timing();
 
-// For benchmarks: runs CUDA kernel `k` like Session::run (copies in, one launch, O and LSE back
-// into `out`), and between those `launches` more launches back to back between two CUDA events:
-// Timing::kernel_ms is their mean, without the host's launch gap or per-launch set-up.
-// Throws InvalidInput for a kernel that is not a CUDA kernel or launches < 1; what Session::run
-// throws otherwise. Also last_timing() afterwards.
-Timing time_launches(const Kernel& k, const Problem& p, const Inputs& in, const Outputs& out, int launches);
+// For benchmarks: s.run(in, out) of a CUDA kernel's session (copies in, one launch, O and LSE back
+// into `out`), with `launches` more launches back to back between two CUDA events after the
+// first: Timing::kernel_ms is their mean, without the host's launch gap or per-launch set-up.
+// Throws InvalidInput for a session of another kernel or launches < 1; what Session::run throws
+// otherwise. Also last_timing() afterwards.
+Timing time_launches(Session& s, const Inputs& in, const Outputs& out, int launches);
 
 // Frees the cached device buffers (they are also freed at exit).
 void release_device_memory();

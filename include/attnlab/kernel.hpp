@@ -77,6 +77,9 @@ struct RunContext {
   int threads = 1;                  // size of the arena the kernel runs in
   std::span<std::byte> workspace;   // workspace_bytes() bytes, 64-byte aligned
   const Plan* plan = nullptr;       // make_plan()'s, when the kernel made one
+  // CUDA kernels: this many more launches back to back between two events after the one whose
+  // results are copied back (cuda::time_launches; the others ignore it).
+  int timed_launches = 0;
 };
 
 class Kernel {
@@ -152,7 +155,8 @@ class Session {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  void run(const Inputs& in, const Outputs& out);
+  // timed_launches: RunContext::timed_launches (cuda::time_launches).
+  void run(const Inputs& in, const Outputs& out, int timed_launches = 0);
   // A growing KV cache (attnlab generate): the problem becomes the same one with kv_len keys,
   // at most the kv_len the session was made for, so the workspace and arena are reused.
   // Interval problems without per-batch kv_lens only; throws InvalidInput otherwise.

@@ -88,7 +88,7 @@ int run_timing(const CudaArgs& a) {
           const int launches = a.launches > 0 ? a.launches : std::clamp(static_cast<int>(std::ceil(20.0 / first_ms)), 1, 50);
           std::vector<double> kms, h2d, d2h;
           for (int r = 0; r < a.reps; ++r) {
-            const cuda::Timing tm = cuda::time_launches(*k, p, t.inputs, t.outputs, launches);
+            const cuda::Timing tm = cuda::time_launches(session, t.inputs, t.outputs, launches);
             kms.push_back(tm.kernel_ms), h2d.push_back(tm.h2d_ms), d2h.push_back(tm.d2h_ms);
           }
           const double ms = median(kms);

@@ -95,12 +95,12 @@ void Session::resize_kv(int64_t kv_len) {
   problem_ = p;
 }
 
-void Session::run(const Inputs& in, const Outputs& out) {
+void Session::run(const Inputs& in, const Outputs& out, int timed_launches) {
   if (in.dtype != problem_.dtype) {  // a kernel would read views the inputs do not have
     throw InvalidInput(std::string("inputs: dtype ") + to_string(in.dtype) + " given to a " +
                        to_string(problem_.dtype) + " problem; allowed: the problem's dtype");
   }
-  RunContext ctx{threads_, std::span<std::byte>(workspace_.get(), workspace_size_), plan_.get()};
+  RunContext ctx{threads_, std::span<std::byte>(workspace_.get(), workspace_size_), plan_.get(), timed_launches};
   arena_->arena.execute([&] { kernel_.run(problem_, in, out, ctx); });
 }
 

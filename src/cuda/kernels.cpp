@@ -160,14 +160,10 @@ class CudaKernel final : public Kernel {
     return Support::yes();
   }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
-    execute(p, in, out, ctx.plan, 0);
-  }
-  // run(), with `timed_launches` more launches timed back to back (cuda_dev::run).
-  void execute(const Problem& p, const Inputs& in, const Outputs& out, const Plan* plan, int timed_launches) const {
 #if defined(ATTN_HAS_CUDA)
     cuda_impl::DeviceArgs a = cuda_impl::device_args(p, in, out);
     std::shared_ptr<const Plan> keep;
-    cuda_impl::attach_plan(a, p, *ops_, plan, keep);
+    cuda_impl::attach_plan(a, p, *ops_, ctx.plan, keep);
     const cuda_impl::InputExtents in_ext = cuda_impl::input_extents(in);
     cuda_dev::Extents ext;
     ext.q = in_ext.q;
@@ -177,11 +173,11 @@ class CudaKernel final : public Kernel {
     ext.o_dense = ext.o == out.o.elems();
     ext.lse = p.lse_elems();
     Timing t;
-    cuda_dev::run(*ops_, a, ext, t, timed_launches);
+    cuda_dev::run(*ops_, a, ext, t, ctx.timed_launches);
     std::lock_guard<std::mutex> lock(g_timing_mutex);
     g_last_timing = t;
 #else
-    (void)p, (void)in, (void)out, (void)plan, (void)timed_launches;
+    (void)p, (void)in, (void)out, (void)ctx;
     throw InvalidInput(std::string(name_) + " is not available: " + kBuiltWithout);
 #endif
   }
@@ -251,18 +247,13 @@ std::optional<Timing> last_timing() {
   return g_last_timing;
 }
 
-Timing time_launches(const Kernel& k, const Problem& p, const Inputs& in, const Outputs& out, int launches) {
-  const auto* ck = dynamic_cast<const CudaKernel*>(&k);
-  if (!ck) {
-    throw InvalidInput("time_launches: '" + std::string(k.name()) + "' is not a CUDA kernel; allowed: cuda_naive, cuda_flash");
+Timing time_launches(Session& s, const Inputs& in, const Outputs& out, int launches) {
+  if (!is_cuda_kernel(s.kernel())) {
+    throw InvalidInput("time_launches: '" + std::string(s.kernel().name()) +
+                       "' is not a CUDA kernel; allowed: cuda_naive, cuda_flash");
   }
   if (launches < 1) throw InvalidInput("launches: " + std::to_string(launches) + " is not allowed; allowed: >= 1");
-  if (in.dtype != p.dtype) {
-    throw InvalidInput(std::string("inputs: dtype ") + to_string(in.dtype) + " given to a " + to_string(p.dtype) +
-                       " problem; allowed: the problem's dtype");
-  }
-  const Session checked(k, p, 1);  // the same refusals as Session::run (availability, support, memory)
-  ck->execute(p, in, out, nullptr, launches);
+  s.run(in, out, launches);
   return *last_timing();
 }
 
