@@ -13,8 +13,10 @@
 //      (causal does about half the work): pack K transposed, block-major (one [d][16] panel
 //      per AVX2 register block, [d][64] with AVX-512), then per panel of 6 rows:
 //        S = Q.K^T by register blocks (6 x 16 keys = 12 ymm accumulators on AVX2, 6 x 64 =
-//        24 zmm on AVX-512), stored to a 6 x 64 L1 buffer, so the epilogue works on whole
-//        64-key rows on every target: mask by a select (only on boundary tiles), row max,
+//        24 zmm on AVX-512; on a boundary tile only the 16-key vectors some row of the panel
+//        sees: a window's band edge, the diagonal, a 4-key sinks tile), stored to a 6 x 64 L1
+//        buffer, so the epilogue works on 64-key rows (the same vectors) on every target:
+//        mask by a select (only on boundary tiles), row max,
 //        one vector exp2 for the 6 rescale factors, P = exp2(S - m) in place, l update;
 //        O += P.V with 6 rows x 2 (AVX2) or 4 (AVX-512) output vectors per block, V rows
 //        read in place, the rescale fused into the accumulator load. On a boundary tile the
@@ -60,8 +62,9 @@
 // Precision: Q, K, V stored as f32, bf16 or f16 are widened exactly to float32 where they
 // are loaded (Q in its packing, K in pack_k_transposed, V rows in the P.V loads), so 16-bit
 // storage changes what is read, not the arithmetic; float32 compute and accumulation.
-// Measured: results/2026-11-30-flash32 (profile, % of peak per shape, the AVX2 numbers of
-// issue 10) and results/2026-11-29-attn_bench (AVX-512, Zen 4).
+// Measured: results/2026-12-01-flash32-2 (AVX-512 Xeon: % of peak per shape over four runs, a
+// perf profile of each, the GEMM loops in isolation), results/2026-11-30-flash32 (the same on
+// an AVX2 Zen 3) and results/2026-11-29-attn_bench (AVX-512, Zen 4).
 #include <algorithm>
 #include <optional>
 #include <tuple>

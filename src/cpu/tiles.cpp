@@ -96,21 +96,22 @@ void pv_keys(const Tiling& t, const Scratch& s, int64_t rr0, int m0, const KeyTi
 }
 
 // The online softmax of MR rows (rows rr0.. of the task) on one key tile, their scores in p
-// (MR x kTileKeys, log2 units): the masked keys (none when full; else the holes of words w, or
-// outside [lo, hi)) become -inf, then the new row max, the rescale factors alpha (one vector
-// exp2 for all rows), P = exp2(S - m) in place, l and m updated. Returns whether some alpha != 1.
+// (MR x kTileKeys, log2 units), over the tile's vectors [va, vb) (those score_panel wrote:
+// every key some row sees lies in them; P outside them is never read): the masked keys (none
+// when full; else the holes of words w, or outside [lo, hi)) become -inf, then the new row
+// max, the rescale factors alpha (one vector exp2 for all rows), P = exp2(S - m) in place, l
+// and m updated. Returns whether some alpha != 1.
 template <int MR, bool Words>
 bool softmax_rows(const Scratch& s, float* p, int64_t rr0, bool full, const int* lo, const int* hi, const uint64_t* w,
-                  float* alpha) {
-  constexpr int kTileVecs = kTileKeys / kLanes;
+                  float* alpha, int va = 0, int vb = kTileKeys / kLanes) {
   float m_old[MR], m_new[MR];
   for (int m = 0; m < MR; ++m) {
     float* prow = p + m * kTileKeys;
     Batch vmax(kNegInf);
     if (full) {
-      for (int v = 0; v < kTileVecs; ++v) vmax = max(vmax, Batch::load_aligned(prow + v * kLanes));
+      for (int v = va; v < vb; ++v) vmax = max(vmax, Batch::load_aligned(prow + v * kLanes));
     } else if constexpr (Words) {
-      for (int v = 0; v < kTileVecs; ++v) {
+      for (int v = va; v < vb; ++v) {
         const auto bits = static_cast<uint32_t>(w[m] >> (v * kLanes)) & ((uint32_t{1} << kLanes) - 1);
         const Batch x = keep_bits(Batch::load_aligned(prow + v * kLanes), bits, kNegInf);
         x.store_aligned(prow + v * kLanes);
@@ -118,7 +119,7 @@ bool softmax_rows(const Scratch& s, float* p, int64_t rr0, bool full, const int*
       }
     } else {
       const Batch lo_b(static_cast<float>(lo[m])), hi_b(static_cast<float>(hi[m]));
-      for (int v = 0; v < kTileVecs; ++v) {
+      for (int v = va; v < vb; ++v) {
         const Batch idx = lane_index(v);
         const Batch x = select(mask_and(idx >= lo_b, idx < hi_b), Batch::load_aligned(prow + v * kLanes), Batch(kNegInf));
         x.store_aligned(prow + v * kLanes);
@@ -142,7 +143,7 @@ bool softmax_rows(const Scratch& s, float* p, int64_t rr0, bool full, const int*
     float* prow = p + m * kTileKeys;
     const Batch mb(online_softmax::subtrahend(m_new[m]));
     Batch sum(0.f);
-    for (int v = 0; v < kTileVecs; ++v) {
+    for (int v = va; v < vb; ++v) {
       const Batch pv = exp2_nonpositive(Batch::load_aligned(prow + v * kLanes) - mb);  // s <= m_new
       pv.store_aligned(prow + v * kLanes);
       sum += pv;
@@ -199,7 +200,7 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
     score_panel<MR>(s.q + rr0 * t.dim, s.kt, t.dim, ja, jb, s.p, step);
   }
   float alpha[MR];
-  const bool rescale = softmax_rows<MR, Words>(s, s.p, rr0, full, lo, hi, w, alpha);
+  const bool rescale = softmax_rows<MR, Words>(s, s.p, rr0, full, lo, hi, w, alpha, ja / kLanes, (jb + kLanes - 1) / kLanes);
 #if defined(__AVX512BF16__)
   if constexpr (Pairs) round_p_rows<MR>(s.p, s.pw);  // l keeps the unrounded sum
 #endif

@@ -30,6 +30,7 @@
 // scalar (one float per "vector", 16 registers): 2 rows x 4 keys. NEON has 32 registers.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -204,32 +205,50 @@ struct LineStream {
   }
 };
 
+// GEMM 1 on NV of a register block's vectors of keys for one panel: kb points at the first
+// of them in the block's packed [d][kBlockKeys] K^T, s at their first score of row 0.
+template <int MR, int NV, class Step>
+inline void score_block(const float* qp, const float* kb, int64_t d, float* s, Step& step) {
+  Batch acc[MR][NV];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v) acc[m][v] = Batch(0.f);
+  for (int64_t k = 0; k < d; ++k) {
+    step();
+    const float* kr = kb + k * kBlockKeys;
+    Batch kv[NV];
+    for (int v = 0; v < NV; ++v) kv[v] = Batch::load_aligned(kr + v * kLanes);
+    for (int m = 0; m < MR; ++m) {
+      const Batch q(qp[k * MR + m]);
+      for (int v = 0; v < NV; ++v) acc[m][v] = simd::fma(q, kv[v], acc[m][v]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v) acc[m][v].store_aligned(s + m * kTileKeys + v * kLanes);
+}
+
+// score_block with nv <= NV vectors (a run-time count).
+template <int MR, int NV, class Step>
+inline void score_vectors(int nv, const float* qp, const float* kb, int64_t d, float* s, Step& step) {
+  if constexpr (NV > 1) {
+    if (nv < NV) return score_vectors<MR, NV - 1>(nv, qp, kb, d, s, step);
+  }
+  score_block<MR, NV>(qp, kb, d, s, step);
+}
+
 // GEMM 1 for one register panel: s[m * kTileKeys + j] = sum_k qp[k * MR + m] * Kt(k, j) for
-// the register blocks of kBlockKeys keys that overlap [ja, jb) (the others are not written).
-// qp is the panel of MR query rows packed k-major (the MR elements broadcast at step k are
-// adjacent). kt as written by pack_k_transposed; s 64-byte aligned. The scores go through
-// L1 (MR x 64 floats): the epilogue then works on a whole tile row, whatever the register
-// block of the target.
+// the vectors of keys that overlap [ja, jb) (the others are not written): a partial tile's
+// edges (a window's band, the causal diagonal, the 4 keys of a sinks tile) cost the vectors
+// they touch, not whole 64-key register blocks. qp is the panel of MR query rows packed
+// k-major (the MR elements broadcast at step k are adjacent). kt as written by
+// pack_k_transposed; s 64-byte aligned. The scores go through L1 (MR x 64 floats): the
+// epilogue then works on tile rows, whatever the register block of the target.
 template <int MR, class Step = NoStep>
 inline void score_panel(const float* qp, const float* kt, int64_t d, int ja, int jb, float* s, Step&& step = {}) {
   const int64_t dp = padded_dim(d);
   for (int j0 = ja / kBlockKeys * kBlockKeys; j0 < jb; j0 += kBlockKeys) {
-    const float* kb = kt + kt_offset(dp, 0, j0);
-    Batch acc[MR][kKeyVecs];
-    for (int m = 0; m < MR; ++m)
-      for (int v = 0; v < kKeyVecs; ++v) acc[m][v] = Batch(0.f);
-    for (int64_t k = 0; k < d; ++k) {
-      step();
-      const float* kr = kb + k * kBlockKeys;
-      Batch kv[kKeyVecs];
-      for (int v = 0; v < kKeyVecs; ++v) kv[v] = Batch::load_aligned(kr + v * kLanes);
-      for (int m = 0; m < MR; ++m) {
-        const Batch q(qp[k * MR + m]);
-        for (int v = 0; v < kKeyVecs; ++v) acc[m][v] = simd::fma(q, kv[v], acc[m][v]);
-      }
-    }
-    for (int m = 0; m < MR; ++m)
-      for (int v = 0; v < kKeyVecs; ++v) acc[m][v].store_aligned(s + m * kTileKeys + j0 + v * kLanes);
+    const int va = (std::max(ja, j0) - j0) / kLanes;
+    const int vb = (std::min(jb, j0 + kBlockKeys) - j0 + kLanes - 1) / kLanes;
+    score_vectors<MR, kKeyVecs>(vb - va, qp, kt + kt_offset(dp, 0, j0) + va * kLanes, d, s + j0 + va * kLanes, step);
   }
 }
 
