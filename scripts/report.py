@@ -43,7 +43,7 @@ DIMS = ["batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "head_dim
         "threads", "model"]
 INT_COLS = {"batch", "q_heads", "kv_heads", "gqa_group", "q_len", "kv_len", "head_dim", "head_dim_v", "causal",
             "window_left", "window_right", "threads", "visible_pairs", "extra_bytes", "plan_bytes", "memory_bytes",
-            "repetitions", "iterations", "verify_rows"}
+            "repetitions", "rounds", "iterations", "verify_rows"}
 FLOAT_COLS = {"flops", "bytes", "kv_bytes", "kv_bytes_per_token", "time_median_s", "time_min_s", "time_max_s", "time_mean_s",
               "time_stddev_s", "time_cv", "gflops", "gbytes_per_s", "peak_gflops", "peak_fraction",
               "read_bw_gbs", "bw_fraction", "err_o_rel", "tol_o_rel", "err_lse", "tol_lse", "seconds_spent",
@@ -1165,6 +1165,11 @@ def write_report(folder, out):
         shard = plan.get("shard", [0, 1])
         note = f" (shard {shard[0]}/{shard[1]})" if shard and shard[1] > 1 else ""
         md += [f"Points decided: {len(rows)} of {planned} planned{note}.", ""]
+    rounds = experiment.get("rounds", 1)
+    if rounds > 1:
+        md += [f"Timed in {rounds} passes (the experiment's `rounds`): every point once per pass, the passes one "
+               "after the other, so points compared with each other saw the same (drifting) machine; each "
+               "point's median is over all its passes' repetitions (results.csv `rounds`: the passes it has).", ""]
 
     md += ["## Summary", ""]
     md += summary_table(rows, ok, kernels, fits, fits_decode)

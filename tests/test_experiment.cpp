@@ -348,6 +348,8 @@ TEST(Experiment, MalformedFilesNameKeyValueAndAllowed) {
       {R"({"description": "d", "q_len": 8, "threads": 0})", {"'threads'", "bad value 0", "\"all\""}},
       {R"({"description": "d", "q_len": 8, "threads": "many"})", {"'threads'", "\"many\""}},
       {R"({"description": "d", "q_len": 8, "repetitions": 0})", {"'repetitions'", "bad value 0", "from 1"}},
+      {R"({"description": "d", "q_len": 8, "rounds": 0})", {"'rounds'", "bad value 0", "from 1 to 100"}},
+      {R"({"description": "d", "q_len": 8, "rounds": "3"})", {"'rounds'", "\"3\"", "from 1 to 100"}},
       {R"({"description": "d", "q_len": 8, "min_time_s": -1})", {"'min_time_s'", "> 0"}},
       {R"({"description": "d", "q_len": 8, "time_cap_s": "long"})", {"'time_cap_s'", "> 0"}},
       {R"({"description": "d", "q_len": 8, "verify_rows": 1.5})", {"'verify_rows'", "1.5"}},

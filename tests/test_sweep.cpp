@@ -31,6 +31,7 @@
 #include "bench/machine.hpp"
 #include "bench/results.hpp"
 #include "bench/peers.hpp"
+#include "bench/stats.hpp"
 #include "bench/sweep.hpp"
 
 namespace attnlab::bench {
@@ -296,6 +297,72 @@ TEST_F(SweepRun, StoppedSweepResumesWithoutLosingOrRepeatingPoints) {
 
   // Resuming with a different experiment is refused.
   EXPECT_THROW(run_sweep(experiment(R"(, "seed": 9)"), o), InvalidInput);
+}
+
+// "rounds": every timed point once per pass, passes in turn (so two points compared with each
+// other saw the same host), the record holding every pass's repetitions and bench.json's
+// aggregates recomputed over them; a sweep stopped between passes resumes the passes it lacks.
+TEST_F(SweepRun, RoundsTimeEveryPointOncePerPassAndResume) {
+  const std::string dir = fresh_dir("rounds");
+  const Experiment e = experiment(R"(, "rounds": 3)");
+  ASSERT_EQ(e.rounds, 3);
+  SweepOptions o = options(dir);
+  const size_t planned = 2 * 3 * 2 * 2;
+  o.stop_after = static_cast<int>(planned) + 5;  // the first pass and 5 points of the second
+  const SweepSummary first = run_sweep(e, o);
+  EXPECT_EQ(first.ok, planned) << log.str();
+  EXPECT_EQ(first.remaining, 0u);
+  EXPECT_EQ(first.passes_remaining, 2 * planned - 5);
+  // Pass 2 starts after the last point's first pass.
+  const std::string text = log.str();
+  const size_t last_first = text.rfind("[" + std::to_string(planned) + "/" + std::to_string(planned) + "]");
+  ASSERT_NE(last_first, std::string::npos) << text;
+  EXPECT_GT(text.find("[pass 2/3]"), last_first);
+  std::map<std::string, std::vector<double>> pass_one;
+  size_t with_two = 0;
+  for (const auto& pf : read_points(dir)) {
+    EXPECT_EQ(pf.record.times.size(), 2u * pf.record.rounds);
+    with_two += pf.record.rounds == 2;
+    pass_one[pf.record.id] = {pf.record.times.begin(), pf.record.times.begin() + 2};
+  }
+  EXPECT_EQ(with_two, 5u);
+
+  o.stop_after = 0;
+  o.resume = true;
+  const SweepSummary second = run_sweep(e, o);
+  EXPECT_EQ(second.already, planned);
+  EXPECT_EQ(second.passes_remaining, 0u);
+  const auto lines = csv_lines(dir);
+  ASSERT_EQ(lines.size(), planned + 1);
+  const std::string header = lines[0];
+  EXPECT_NE(header.find(",repetitions,rounds,iterations,"), std::string::npos) << header;
+  for (size_t i = 1; i < lines.size(); ++i) EXPECT_NE(lines[i].find(",6,3,"), std::string::npos) << lines[i];
+
+  const Json bench = Json::parse(read_text_file(dir + "/bench.json"));
+  std::map<std::string, std::vector<double>> real;
+  std::map<std::string, std::set<int>> passes;
+  for (const auto& b : bench["benchmarks"]) {
+    if (b["run_type"] != "iteration") continue;
+    real[b["name"]].push_back(b["real_time"].get<double>());
+    passes[b["name"]].insert(b["attnlab_round"].get<int>());
+    EXPECT_EQ(b["repetitions"], 6);
+  }
+  ASSERT_EQ(real.size(), planned);
+  for (const auto& b : bench["benchmarks"]) {
+    if (b["run_type"] != "aggregate" || b["aggregate_name"] != "median") continue;
+    std::string name = b["name"];
+    name = name.substr(0, name.size() - std::string("_median").size());
+    ASSERT_EQ(real[name].size(), 6u) << name;
+    EXPECT_EQ(passes[name], (std::set<int>{1, 2, 3})) << name;
+    EXPECT_DOUBLE_EQ(b["real_time"].get<double>(), median(real[name])) << name;
+    EXPECT_EQ(b["repetitions"], 6);
+  }
+  for (const auto& pf : read_points(dir)) {
+    EXPECT_EQ(pf.record.rounds, 3);
+    ASSERT_EQ(pf.record.times.size(), 6u);
+    EXPECT_EQ(std::vector<double>(pf.record.times.begin(), pf.record.times.begin() + 2), pass_one[pf.record.id])
+        << pf.record.id << ": the first pass's times are kept";
+  }
 }
 
 TEST_F(SweepRun, ShardsPartitionThePlanAndMergeBack) {

@@ -28,7 +28,7 @@ const std::vector<std::string> kGridKeys = {"implementations", "batch", "q_heads
                                             "layout", "dtype", "threads", "isa", "sinks", "global",
                                             "doc_lens", "dilation", "bigbird"};
 // Keys allowed only at the top level.
-const std::vector<std::string> kRunKeys = {"description", "repetitions", "min_time_s", "time_cap_s",
+const std::vector<std::string> kRunKeys = {"description", "repetitions", "rounds", "min_time_s", "time_cap_s",
                                            "memory_budget_mib", "verify_rows", "seed", "grids", "peers"};
 // A grid key that replaces the top-level one's alternative.
 const std::vector<std::pair<std::string, std::string>> kExclusive = {{"kv_heads", "gqa_groups"},
@@ -466,6 +466,7 @@ Experiment parse_experiment(const Json& doc, const std::string& name,
   }
 
   if (doc.contains("repetitions")) e.repetitions = static_cast<int>(parse_int_at_least(w, "repetitions", doc["repetitions"], 1, 1000));
+  if (doc.contains("rounds")) e.rounds = static_cast<int>(parse_int_at_least(w, "rounds", doc["rounds"], 1, 100));
   if (doc.contains("min_time_s")) e.min_time_s = parse_positive(w, "min_time_s", doc["min_time_s"]);
   if (doc.contains("time_cap_s")) e.time_cap_s = parse_positive(w, "time_cap_s", doc["time_cap_s"]);
   if (doc.contains("memory_budget_mib")) e.memory_budget_mib = parse_positive(w, "memory_budget_mib", doc["memory_budget_mib"]);

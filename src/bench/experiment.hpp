@@ -26,6 +26,10 @@
 //     "dilation":   int >= 1                                      default 1
 //     "bigbird":    [BLOCK, RANDOM, SEED]
 //     "repetitions": int >= 1          timed repetitions per point (median, spread)  default 3
+//     "rounds":      int 1..100        passes over the points: with N > 1 every point is timed
+//                    N times (its repetitions each time), pass after pass, so points compared
+//                    with each other (a pattern against dense, a kernel against a peer) saw the
+//                    same drifting host; medians are over all passes' repetitions   default 1
 //     "min_time_s":  number > 0        minimum time of one repetition                default 0.05
 //     "time_cap_s":  number > 0        skip a point estimated to take longer         default 60
 //     "memory_budget_mib": number > 0  skip a point needing more memory      default RAM / 2
@@ -125,6 +129,7 @@ struct Experiment {
   IsaChoices isa_choices;                    // as parsed against
 
   int repetitions = 3;
+  int rounds = 1;
   double min_time_s = 0.05;
   double time_cap_s = 60;
   double memory_budget_mib = 0;        // 0 = half the physical memory

@@ -150,6 +150,7 @@ Json PointRecord::to_json() const {
           {"memory_bytes", memory_bytes},
           {"times_s", times_json},
           {"iterations", iterations},
+          {"rounds", rounds},
           {"peak_flops", real_to_json(peak_flops)},
           {"peak_read_bytes", real_to_json(peak_read_bytes)},
           {"verdict", verdict},
@@ -182,6 +183,7 @@ PointRecord PointRecord::from_json(const Json& j) {
     r.memory_bytes = j.at("memory_bytes").get<size_t>();
     for (const Json& t : j.at("times_s")) r.times.push_back(real_from_json(t));
     r.iterations = j.at("iterations").get<int64_t>();
+    r.rounds = j.value("rounds", 1);  // absent before rounds: one pass
     r.peak_flops = real_at(j, "peak_flops");
     r.peak_read_bytes = real_at(j, "peak_read_bytes");
     r.verdict = j.at("verdict").get<std::string>();
@@ -317,7 +319,7 @@ std::vector<std::string> tidy_columns() {
   return {"experiment", "id", "kernel", "isa", "status", "reason", "model", "version", "how", "batch", "q_heads", "kv_heads", "gqa_group",
           "q_len", "kv_len", "head_dim", "head_dim_v", "mask", "causal", "window_left", "window_right", "pattern", "density", "layout",
           "dtype", "threads", "flops", "bytes", "kv_bytes", "kv_bytes_per_token", "visible_pairs", "extra_bytes", "plan_bytes", "memory_bytes",
-          "repetitions", "iterations", "time_median_s", "time_min_s", "time_max_s", "time_mean_s",
+          "repetitions", "rounds", "iterations", "time_median_s", "time_min_s", "time_max_s", "time_mean_s",
           "time_stddev_s", "time_cv", "gflops", "gbytes_per_s", "peak_gflops", "peak_fraction",
           "read_bw_gbs", "bw_fraction", "verdict", "err_o_rel", "tol_o_rel", "err_lse", "tol_lse",
           "err_o_rel_f32_inputs", "verify_rows", "seconds_spent", "measured_at"};
@@ -358,7 +360,7 @@ std::string tidy_csv(const std::string& experiment, const std::vector<PointRecor
         std::to_string(static_cast<int>(p.causal)), std::to_string(p.window_left),
         std::to_string(p.window_right), p.pattern_name(), num(density(p)), to_string(p.layout), to_string(p.dtype), std::to_string(r.threads), num(flops),
         num(bytes), num(p.kv_bytes()), num(p.kv_bytes_per_token()), std::to_string(p.visible_pairs()), std::to_string(r.extra_bytes), std::to_string(r.plan_bytes),
-        std::to_string(r.memory_bytes), std::to_string(r.times.size()), std::to_string(r.iterations),
+        std::to_string(r.memory_bytes), std::to_string(r.times.size()), std::to_string(r.rounds), std::to_string(r.iterations),
         if_timed(t), if_timed(tmin), if_timed(tmax), if_timed(tmean), if_timed(tsd), if_timed(tsd / tmean),
         if_timed(gflops), if_timed(gbs), r.peak_flops > 0 ? num(r.peak_flops * 1e-9) : "",
         r.peak_flops > 0 ? if_timed(flops / t / r.peak_flops) : "",

@@ -56,7 +56,8 @@ struct PointRecord {
   size_t memory_bytes = 0;  // everything the point allocated
   // timing (status ok): seconds per run, one entry per repetition
   std::vector<double> times;
-  int64_t iterations = 0;  // per repetition
+  int64_t iterations = 0;  // per repetition (of the first pass)
+  int rounds = 1;          // passes of the sweep whose repetitions are in times (Experiment::rounds)
   // machine peaks for this thread count (0 = not measured): the FMA peak of the point's
   // target, the default target's read bandwidth (Peaks::ref)
   double peak_flops = 0, peak_read_bytes = 0;

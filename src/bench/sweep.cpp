@@ -248,6 +248,71 @@ Json check_same_build(const std::string& dir, const Json& old_machine, bool forc
           {"build_type", now["build_type"]}, {"flags", now["flags"]}};
 }
 
+// Adds a later pass of the sweep (Experiment::rounds) to a point timed before: its times and
+// Google Benchmark's iteration runs (tagged attnlab_round, numbered on), and the aggregates
+// (mean, median, stddev, cv of every counter) recomputed over all passes, so bench.json
+// says what results.csv says. A pass that fails (it disagreed this time) fails the point; a
+// skipped one (the time cap's estimate moved) leaves it as it was, with fewer rounds.
+void add_round(PointFile& into, const PointFile& next, int round) {
+  PointRecord& r = into.record;
+  const PointRecord& n = next.record;
+  r.seconds_spent += n.seconds_spent;
+  if (n.status == PointStatus::Skipped) return;
+  if (n.status == PointStatus::Failed) {
+    into = next;
+    into.record.reason = "pass " + std::to_string(round) + " of the sweep: " + n.reason;
+    return;
+  }
+  for (const auto& [mine, theirs] : {std::pair{&r.err_o_rel, n.err_o_rel}, std::pair{&r.err_lse, n.err_lse},
+                                     std::pair{&r.err_o_rel_f32_inputs, n.err_o_rel_f32_inputs}}) {
+    if (!(*mine >= theirs)) *mine = theirs;  // the worst pass (NaN stays)
+  }
+  r.times.insert(r.times.end(), n.times.begin(), n.times.end());
+  r.rounds += 1;
+
+  Json iterations = Json::array(), aggregates = Json::array();
+  for (const Json& run : into.gbench_runs) (run.value("run_type", "") == "iteration" ? iterations : aggregates).push_back(run);
+  if (aggregates.empty() && !next.gbench_runs.empty()) {
+    for (const Json& run : next.gbench_runs) {
+      if (run.value("run_type", "") != "iteration") aggregates.push_back(run);
+    }
+  }
+  for (Json& run : iterations) {
+    if (!run.contains("attnlab_round")) run["attnlab_round"] = 1;
+  }
+  for (const Json& run : next.gbench_runs) {
+    if (run.value("run_type", "") != "iteration") continue;
+    Json added = run;
+    added["repetition_index"] = iterations.size();
+    added["attnlab_round"] = round;
+    iterations.push_back(added);
+  }
+  for (Json& run : iterations) run["repetitions"] = iterations.size();
+  // Fields that name or count rather than measure.
+  static const std::set<std::string> kNotMeasured = {"family_index", "per_family_instance_index", "repetition_index",
+                                                     "repetitions", "iterations", "threads", "attnlab_round"};
+  for (Json& agg : aggregates) {
+    const std::string what = agg.value("aggregate_name", "");
+    for (auto it = agg.begin(); it != agg.end(); ++it) {
+      if (!it.value().is_number() || kNotMeasured.count(it.key())) continue;
+      std::vector<double> v;
+      for (const Json& run : iterations) {
+        if (run.contains(it.key()) && run[it.key()].is_number()) v.push_back(run[it.key()].get<double>());
+      }
+      if (v.empty()) continue;
+      const double m = mean(v), sd = stddev(v);
+      const double value = what == "mean" ? m : what == "median" ? median(v) : what == "stddev" ? sd
+                         : what == "cv" ? (m != 0 ? sd / m : std::numeric_limits<double>::quiet_NaN())
+                                        : it.value().get<double>();
+      it.value() = std::isfinite(value) ? Json(value) : Json(nullptr);
+    }
+    agg["repetitions"] = iterations.size();
+    agg["iterations"] = iterations.size();
+  }
+  into.gbench_runs = iterations;
+  for (const Json& agg : aggregates) into.gbench_runs.push_back(agg);
+}
+
 struct Runner {
   const Experiment& e;
   const SweepOptions& o;
@@ -795,6 +860,45 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
     }
   }
   sum.remaining = todo.size() - decided;
+  // Later passes (Experiment::rounds): every timed point of this shard again, in plan order,
+  // pass after pass, until it has e.rounds (a resumed sweep finishes the passes it lacks).
+  std::map<std::string, size_t> where;
+  for (size_t x = 0; x < all.size(); ++x) where[all[x].record.id] = x;
+  for (int round = 2; round <= e.rounds && sum.remaining == 0; ++round) {
+    for (size_t i = 0; i < grid.size(); ++i) {
+      const auto at = where.find(grid[i].id());
+      if (!plan.in_shard(i) || at == where.end()) continue;
+      PointFile& pf = all[at->second];
+      if (pf.record.status != PointStatus::Ok || pf.record.rounds >= round) continue;
+      if (o.stop_after > 0 && static_cast<int>(decided) >= o.stop_after) {
+        ++sum.passes_remaining;
+        continue;
+      }
+      log << "[pass " << round << "/" << e.rounds << "] " << describe_point(grid[i], run.find(grid[i])) << std::flush;
+      const PointRecord base = run.base_record(grid[i]);
+      RunningPoint running(dir, base);
+      const PointFile next = run.decide(grid[i], base);
+      add_round(pf, next, round);
+      write_point(dir, pf);
+      running.finish();
+      write_outputs(dir, plan, all);
+      ++decided;
+      const PointRecord& n = next.record;
+      if (n.status == PointStatus::Ok) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, " -> ok %.3g ms (median of %zu: %.3g ms)\n", n.time_median() * 1e3,
+                      pf.record.times.size(), pf.record.time_median() * 1e3);
+        log << buf;
+      } else {
+        log << " -> " << to_string(n.status) << ": " << n.reason
+            << (n.status == PointStatus::Failed ? " (the point is failed)\n" : " (kept with the passes it has)\n");
+        if (n.status == PointStatus::Failed) {
+          ++sum.failed;
+          if (!done.count(pf.record.id)) --sum.ok;  // its first pass was counted ok by this run
+        }
+      }
+    }
+  }
   // The machine is shared: measure the peaks again at the end, so the report can show how
   // much they drifted while the points ran (fractions stay relative to the first
   // measurement). Not when the peaks were given (--peak-json).
@@ -818,6 +922,7 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
   }
   log << "sweep " << e.name << ": " << sum.ok << " ok, " << sum.failed << " failed, " << sum.skipped << " skipped"
       << (sum.remaining ? ", " + std::to_string(sum.remaining) + " not run (stopped; --resume continues)" : "")
+      << (sum.passes_remaining ? ", " + std::to_string(sum.passes_remaining) + " later passes not run (stopped; --resume continues)" : "")
       << " in " << fmt_duration(seconds_since(start)) << " -> " << dir << "\n";
   return sum;
 }

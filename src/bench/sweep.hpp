@@ -48,7 +48,8 @@ struct SweepOptions {
   std::string peak_json;               // reuse a measured peak (attnlab peak --json)
   int peak_repeats = 3;
   size_t peak_buffer_bytes = size_t{512} << 20;
-  int stop_after = 0;                  // > 0: stop after deciding this many points (as if killed)
+  int stop_after = 0;                  // > 0: stop after deciding this many points (as if killed;
+                                       // a later pass of a point counts as one)
   int all_threads = 0;                 // what "all" threads means; 0 = every core
   std::vector<const Kernel*> kernels;  // empty = registry()
   std::string peers_python;            // the peers' interpreter ("" = PeerPool::default_python())
@@ -62,6 +63,7 @@ struct SweepSummary {
   size_t already = 0;     // found done on resume
   size_t ok = 0, failed = 0, skipped = 0;  // decided by this run
   size_t remaining = 0;   // not decided (stop_after)
+  size_t passes_remaining = 0;  // later passes (Experiment::rounds) of timed points not run (stop_after)
 };
 
 // Throws InvalidInput for a bad shard spec, an existing folder without --resume, or a
