@@ -1,0 +1,125 @@
+// Paired measurements inside one process, for a host whose speed drifts by 20% over minutes.
+// A/B mode: the change under test reads the weak global `attn_ab_variant` (0 = before, 1 =
+// after; defined weakly in the source under test only while the experiment lasts, and here),
+// and this driver alternates the two on the same session and inputs, call by call, so each
+// pair of calls sees the same host. Prints per variant the median time, and the median and
+// the quartiles of the per-pair ratio before / after.
+// Efficiency mode (--efficiency): the pattern against the dense problem of the same n, in
+// turn, each pair = one dense call and as many pattern calls as take about as long (their
+// median); prints the skipping efficiency dense time x density / pattern time per pair
+// (the sparse report's, results/*-sparse), median and quartiles.
+//
+// Build (from the repository root, after the main build; the weak global in the file under test):
+//   g++ -std=c++20 -O2 -Iinclude results/2026-12-02-ab/ab_switch.cpp build/libattn_kernels.a
+//     build/libattn_cuda.a build/libattn_core.a -ltbb -L/usr/local/cuda/lib64 -lcudart_static -ldl -lrt -lpthread -o /tmp/ab_switch
+// Run: /tmp/ab_switch [--efficiency] PATTERN N LAYOUT [PAIRS] [THREADS]   (PATTERN: dense causal
+//   window sinks longformer bigbird docs dilated, the shapes of experiments/sparse.json at 8
+//   heads, d 128)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "attnlab/kernel.hpp"
+#include "attnlab/problem.hpp"
+#include "attnlab/tensor.hpp"
+
+extern "C" __attribute__((weak)) int attn_ab_variant = 1;
+
+using namespace attnlab;
+
+static double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
+}
+
+static double seconds(Session& session, const Tensors& t) {
+  const auto t0 = std::chrono::steady_clock::now();
+  session.run(t.inputs, t.outputs);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int main(int argc, char** argv) {
+  const bool efficiency = argc > 1 && std::string(argv[1]) == "--efficiency";
+  if (efficiency) --argc, ++argv;
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: ab_switch [--efficiency] PATTERN N LAYOUT [PAIRS] [THREADS]\n");
+    return 2;
+  }
+  const std::string pattern = argv[1];
+  const int64_t n = std::atoll(argv[2]);
+  const int pairs = argc > 4 ? std::atoi(argv[4]) : 20, threads = argc > 5 ? std::atoi(argv[5]) : 2;
+  Problem p;
+  p.q_heads = p.kv_heads = 8;
+  p.q_len = p.kv_len = n;
+  p.head_dim = 128;
+  p.layout = parse_layout(argv[3]);
+  const auto spread = [&](int k) { for (int g = 0; g < k; ++g) p.globals.push_back(g * n / k); };
+  if (pattern == "causal") {
+    p.causal = CausalAlign::BottomRight;
+  } else if (pattern == "window" || pattern == "sinks") {
+    p.causal = CausalAlign::BottomRight, p.window_left = 512, p.window_right = 0;
+    if (pattern == "sinks") p.sinks = 4;
+  } else if (pattern == "longformer") {
+    p.window_left = p.window_right = 256, spread(16);
+  } else if (pattern == "bigbird") {
+    p.window_left = p.window_right = 96, spread(8), p.bigbird = BigBird{64, 3, 1};
+  } else if (pattern == "docs") {
+    p.causal = CausalAlign::BottomRight;
+    const int64_t cycle[3] = {512, 1536, 1024};
+    for (int64_t at = 0, x = 0; at < n; ++x) p.doc_lens.push_back(std::min(cycle[x % 3], n - at)), at += p.doc_lens.back();
+  } else if (pattern == "dilated") {
+    p.causal = CausalAlign::BottomRight, p.window_left = 2048, p.window_right = 0, p.dilation = 4;
+  } else if (pattern != "dense") {
+    std::fprintf(stderr, "unknown pattern %s\n", pattern.c_str());
+    return 2;
+  }
+  p.validate();
+  const Kernel& k = kernel_or_throw("flash");
+  Session session(k, p, threads);
+  Tensors t = random_tensors(p, 1);
+  if (efficiency) {
+    Problem dense = p;
+    dense.causal = CausalAlign::None, dense.window_left = dense.window_right = -1, dense.sinks = 0, dense.dilation = 1;
+    dense.globals.clear(), dense.doc_lens.clear(), dense.bigbird = BigBird{};
+    Session whole(k, dense, threads);
+    Tensors td = random_tensors(dense, 1);
+    const double density = static_cast<double>(p.visible_pairs()) / static_cast<double>(dense.visible_pairs());
+    seconds(session, t), seconds(whole, td);  // warm-up
+    const int per = std::max(1, static_cast<int>(seconds(whole, td) / seconds(session, t) + 0.5));
+    std::vector<double> eff, dt, pt;
+    for (int x = 0; x < pairs; ++x) {
+      std::vector<double> mine;
+      const double d = seconds(whole, td);
+      for (int y = 0; y < per; ++y) mine.push_back(seconds(session, t));
+      dt.push_back(d), pt.push_back(quantile(mine, 0.5));
+      eff.push_back(d * density / pt.back());
+    }
+    std::printf("%-10s %6lld %s: density %.4f, dense %8.2f ms, pattern %8.2f ms (%d calls per pair); "
+                "efficiency per pair: median %.3f [q1 %.3f, q3 %.3f] (%d pairs)\n",
+                pattern.c_str(), static_cast<long long>(n), argv[3], density, quantile(dt, 0.5) * 1e3,
+                quantile(pt, 0.5) * 1e3, per, quantile(eff, 0.5), quantile(eff, 0.25), quantile(eff, 0.75), pairs);
+    return 0;
+  }
+  std::vector<double> time[2], ratio;
+  const auto once = [&](int variant) {
+    attn_ab_variant = variant;
+    return seconds(session, t);
+  };
+  once(0), once(1);  // warm-up
+  for (int x = 0; x < pairs; ++x) {
+    // Alternate which goes first, so a trend inside a pair favours neither.
+    const int first = x % 2;
+    double s[2];
+    s[first] = once(first);
+    s[1 - first] = once(1 - first);
+    time[0].push_back(s[0]), time[1].push_back(s[1]);
+    ratio.push_back(s[0] / s[1]);
+  }
+  std::printf("%-10s %6lld %s: before %8.2f ms, after %8.2f ms; before/after per pair: median %.3f [q1 %.3f, q3 %.3f] (%d pairs)\n",
+              pattern.c_str(), static_cast<long long>(n), argv[3], quantile(time[0], 0.5) * 1e3,
+              quantile(time[1], 0.5) * 1e3, quantile(ratio, 0.5), quantile(ratio, 0.25), quantile(ratio, 0.75), pairs);
+  return 0;
+}
