@@ -1189,7 +1189,10 @@ def write_report(folder, out):
         md += ["## Machine", "",
                f"- CPU: {machine.get('cpu_model', '?')}, {machine.get('cores', '?')} cores, "
                f"{fmt_bytes(machine.get('memory_bytes'))} RAM"
-               + (", virtual machine" if machine.get("virtual_machine") else ""),
+               + (", virtual machine" if machine.get("virtual_machine") else "")
+               + (f"; transparent huge pages `{machine['transparent_hugepages']}` (tensors of 4 MiB and more are "
+                  "advised as huge-page memory, as numpy does: used unless this says never)"
+                  if machine.get("transparent_hugepages") else ""),
                f"- SIMD: default target {isa.get('default', isa.get('simd_arch', '?'))} "
                f"({isa.get('float_lanes', '?')} float lanes)"
                + (f"; targets built: {', '.join(isa['targets_built'])}; this CPU runs: "

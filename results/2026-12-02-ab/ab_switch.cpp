@@ -4,6 +4,9 @@
 // and this driver alternates the two on the same session and inputs, call by call, so each
 // pair of calls sees the same host. Prints per variant the median time, and the median and
 // the quartiles of the per-pair ratio before / after.
+// Huge-page mode (--thp): variant 0 runs on inputs in 4 KiB pages, variant 1 on a copy made
+// while /sys/kernel/mm/transparent_hugepage/enabled said "always" (set here, then restored;
+// root only), same values, same Session.
 // Efficiency mode (--efficiency): the pattern against the dense problem of the same n, in
 // turn, each pair = one dense call and as many pattern calls as take about as long (their
 // median); prints the skipping efficiency dense time x density / pattern time per pair
@@ -12,13 +15,14 @@
 // Build (from the repository root, after the main build; the weak global in the file under test):
 //   g++ -std=c++20 -O2 -Iinclude results/2026-12-02-ab/ab_switch.cpp build/libattn_kernels.a
 //     build/libattn_cuda.a build/libattn_core.a -ltbb -L/usr/local/cuda/lib64 -lcudart_static -ldl -lrt -lpthread -o /tmp/ab_switch
-// Run: /tmp/ab_switch [--efficiency] PATTERN N LAYOUT [PAIRS] [THREADS]   (PATTERN: dense causal
+// Run: /tmp/ab_switch [--efficiency | --thp] PATTERN N LAYOUT [PAIRS] [THREADS]   (PATTERN: dense causal
 //   window sinks longformer bigbird docs dilated, the shapes of experiments/sparse.json at 8
 //   heads, d 128)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,9 +47,10 @@ static double seconds(Session& session, const Tensors& t) {
 
 int main(int argc, char** argv) {
   const bool efficiency = argc > 1 && std::string(argv[1]) == "--efficiency";
-  if (efficiency) --argc, ++argv;
+  const bool thp = argc > 1 && std::string(argv[1]) == "--thp";
+  if (efficiency || thp) --argc, ++argv;
   if (argc < 4) {
-    std::fprintf(stderr, "usage: ab_switch [--efficiency] PATTERN N LAYOUT [PAIRS] [THREADS]\n");
+    std::fprintf(stderr, "usage: ab_switch [--efficiency | --thp] PATTERN N LAYOUT [PAIRS] [THREADS]\n");
     return 2;
   }
   const std::string pattern = argv[1];
@@ -104,9 +109,28 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::vector<double> time[2], ratio;
+  std::optional<Tensors> huge;
+  if (thp) {
+    const char* knob = "/sys/kernel/mm/transparent_hugepage/enabled";
+    const auto put = [&](const char* mode) {
+      std::FILE* f = std::fopen(knob, "w");
+      if (!f || std::fputs(mode, f) < 0 || std::fclose(f) != 0) {
+        std::fprintf(stderr, "cannot write %s\n", knob);
+        std::exit(1);
+      }
+    };
+    put("always");
+    huge.emplace(random_tensors(p, 1));
+    put("madvise");
+    std::FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+    for (char line[256]; f && std::fgets(line, sizeof line, f);) {
+      if (std::string(line).rfind("AnonHugePages", 0) == 0) std::printf("%s", line);
+    }
+    if (f) std::fclose(f);
+  }
   const auto once = [&](int variant) {
     attn_ab_variant = variant;
-    return seconds(session, t);
+    return seconds(session, thp && variant ? *huge : t);
   };
   once(0), once(1);  // warm-up
   for (int x = 0; x < pairs; ++x) {

@@ -70,12 +70,13 @@ std::string kernel_label(std::string_view name, std::string_view isa) {
 std::string kernel_label(const Kernel& k) { return kernel_label(k.name(), k.isa()); }
 
 size_t fixture_bytes(const Problem& p) {
-  // random_tensors: Q, K, V (at p.dtype), O, LSE, each rounded up to 64-byte lines like
-  // alloc_bytes; a 16-bit problem also holds the float32 tensors its inputs are rounded
+  // random_tensors: Q, K, V (at p.dtype), O, LSE, each as alloc_bytes takes it
+  // (allocated_bytes); a 16-bit problem also holds the float32 tensors its inputs are rounded
   // from (while converting, and for the sweep's error on the unrounded inputs).
-  auto lines = [](int64_t elems, size_t size) { return (static_cast<size_t>(elems) * size + 63) / 64 * 64; };
+  auto bytes = [](int64_t elems, size_t size) { return allocated_bytes(static_cast<size_t>(elems) * size); };
   const size_t in = static_cast<size_t>(dtype_bytes(p.dtype));
-  const size_t own = lines(p.q_elems(), in) + 2 * lines(p.kv_elems(), in) + lines(p.q_elems(), 4) + lines(p.lse_elems(), 4);
+  const size_t own = bytes(p.q_elems(), in) + bytes(p.kv_elems(), in) + bytes(p.v_elems(), in) +
+                     bytes(p.o_elems(), 4) + bytes(p.lse_elems(), 4);
   if (p.dtype == DType::F32) return own;
   Problem f32 = p;
   f32.dtype = DType::F32;

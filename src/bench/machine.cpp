@@ -131,6 +131,15 @@ nlohmann::json describe_machine() {
   }
   m["virtual_machine"] = cpuinfo_field("flags").find("hypervisor") != std::string::npos;
   {
+    // The lab advises its large tensors as huge-page memory (attnlab/tensor.hpp); whether the
+    // kernel honours it: "always", "madvise" (yes) or "never" (4 KiB pages).
+    std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string modes, mode;
+    std::getline(thp, modes);
+    if (const auto a = modes.find('['), b = modes.find(']'); a != std::string::npos && b > a) mode = modes.substr(a + 1, b - a - 1);
+    m["transparent_hugepages"] = mode.empty() ? "unknown" : mode;
+  }
+  {
     // Instruction-set targets (include/attnlab/isa.hpp): what the SIMD kernels ran with.
     const std::string isa = default_isa();
     nlohmann::json flags = nlohmann::json::object();

@@ -1,5 +1,9 @@
 #include "attnlab/tensor.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -12,15 +16,31 @@ namespace attnlab {
 void AlignedFree::operator()(void* p) const { std::free(p); }
 
 namespace {
-// 64-byte aligned, whole lines (at least one), contents undefined.
+constexpr size_t kHugeFrom = size_t{4} << 20;  // numpy's threshold for the same advice
+
+// allocated_bytes(count), 64-byte aligned, contents undefined; from 4 MiB on advised as
+// huge-page memory (the whole 4 KiB pages inside it: the kernel backs each 2 MiB-aligned
+// stretch of them with one huge page).
 std::byte* alloc_lines(size_t count, size_t* rounded) {
-  *rounded = count == 0 ? 64 : (count + 63) / 64 * 64;
+  *rounded = allocated_bytes(count);
   if (*rounded < count) throw std::bad_alloc();
   void* p = std::aligned_alloc(64, *rounded);
   if (!p) throw std::bad_alloc();
+#if defined(MADV_HUGEPAGE)
+  if (*rounded >= kHugeFrom) {
+    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+    const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + *rounded) / page * page;
+    if (page > 0 && b > a) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_HUGEPAGE);  // advice only
+  }
+#endif
   return static_cast<std::byte*>(p);
 }
 }  // namespace
+
+size_t allocated_bytes(size_t count) {
+  return count == 0 ? 64 : (count + 63) / 64 * 64;  // wraps near SIZE_MAX: alloc_lines refuses that
+}
 
 std::unique_ptr<std::byte[], AlignedFree> alloc_bytes(size_t count) {
   size_t rounded = 0;

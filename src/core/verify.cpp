@@ -236,15 +236,10 @@ const char* to_string(Verdict v) {
   return "?";
 }
 
-namespace {
-// alloc_bytes rounds every buffer up to whole 64-byte lines.
-size_t lines64(size_t bytes) { return (bytes + 63) / 64 * 64; }
-}  // namespace
-
 // allocate_outputs: O and LSE.
 size_t check_output_bytes(const Problem& p) {
-  return lines64(static_cast<size_t>(p.o_elems()) * sizeof(float)) +
-         lines64(static_cast<size_t>(p.lse_elems()) * sizeof(float));
+  return allocated_bytes(static_cast<size_t>(p.o_elems()) * sizeof(float)) +
+         allocated_bytes(static_cast<size_t>(p.lse_elems()) * sizeof(float));
 }
 
 size_t verification_bytes(const Kernel& k, const Problem& p, size_t rows, int threads) {
@@ -258,7 +253,7 @@ size_t verification_bytes(const Kernel& k, const Problem& p, size_t rows, int th
   const size_t reference = n * (sizeof(RowId) + (dim + 2) * sizeof(double));
   // reference_row's scores (doubles) and baseline_errors' scores and O row (floats).
   const size_t row_scratch = kv * sizeof(double) + (kv + dim) * sizeof(float);
-  return sampling + reference + row_scratch + check_output_bytes(p) + lines64(k.workspace_bytes(p, threads)) +
+  return sampling + reference + row_scratch + check_output_bytes(p) + allocated_bytes(k.workspace_bytes(p, threads)) +
          kVerifyBookkeeping;
 }
 
