@@ -115,9 +115,9 @@ struct Outputs {
 // kernel as huge-page memory (madvise MADV_HUGEPAGE, what numpy does for its large arrays, so
 // the lab's tensors and a peer's numpy inputs are backed alike; honoured unless transparent
 // huge pages are "never", machine.json says which): strided rows (bshd, a dilated phase's
-// every D-th row) then cost no TLB miss per row. Measured on an AVX-512 Xeon with transparent huge pages in "madvise" mode:
-// causal window 512 bshd 1.06-1.07x, dilated 1.05x, Longformer 1.04x, contiguous bhsd
-// dense and window 0.98-1.01x (results/2026-12-02-ab, ab17).
+// every D-th row) then cost no TLB miss per row. Measured on an AVX-512 Xeon, transparent
+// huge pages "madvise": causal window 512 bshd 1.06-1.07x, dilated 1.05x, Longformer 1.04x,
+// contiguous bhsd dense and window 0.98-1.01x (results/2026-12-02-ab, ab17).
 struct AlignedFree {
   void operator()(void* p) const;
 };
