@@ -64,7 +64,9 @@
 // storage changes what is read, not the arithmetic; float32 compute and accumulation.
 // Measured: results/2026-12-01-flash32-2 (AVX-512 Xeon: % of peak per shape over four runs, a
 // perf profile of each, the GEMM loops in isolation), results/2026-11-30-flash32 (the same on
-// an AVX2 Zen 3) and results/2026-11-29-attn_bench (AVX-512, Zen 4).
+// an AVX2 Zen 3) and results/2026-11-29-attn_bench (AVX-512, Zen 4); sparse patterns:
+// results/2026-12-02-sparse-2 (5 passes) and results/2026-12-02-sparse-work (what the block
+// map computes against what is visible, efficiencies paired with dense in one process).
 #include <algorithm>
 #include <optional>
 #include <tuple>
