@@ -271,12 +271,9 @@ void add_round(PointFile& into, const PointFile& next, int round) {
   r.rounds += 1;
 
   Json iterations = Json::array(), aggregates = Json::array();
+  // Aggregates (Google Benchmark writes them from 2 repetitions on) are the first pass's,
+  // recomputed below; every pass has the same repetitions.
   for (const Json& run : into.gbench_runs) (run.value("run_type", "") == "iteration" ? iterations : aggregates).push_back(run);
-  if (aggregates.empty() && !next.gbench_runs.empty()) {
-    for (const Json& run : next.gbench_runs) {
-      if (run.value("run_type", "") != "iteration") aggregates.push_back(run);
-    }
-  }
   for (Json& run : iterations) {
     if (!run.contains("attnlab_round")) run["attnlab_round"] = 1;
   }
