@@ -222,6 +222,54 @@ TEST_F(Cli, VerifyAgainstExpectedFile) {
   EXPECT_NE(negative.out.find("sample-rows"), std::string::npos) << negative.out;
 }
 
+// A NaN row in the inputs gives a NaN row in O; an expected file holding finite values there
+// disagrees, element by element (a NaN relative error must not be dropped by a max).
+TEST_F(Cli, VerifyExpectRefusesFiniteWhereTheReferenceIsNaN) {
+  Problem p = test::shape(1, 4, 2, 9, 9, 16);
+  Tensors t = random_tensors(p, 9);
+  t.q.get()[(1 * p.q_len + 5) * p.head_dim + 3] = std::numeric_limits<float>::quiet_NaN();  // (h 1, i 5)
+  const std::vector<int64_t> qs{1, 4, 9, 16}, kvs{1, 2, 9, 16};
+  write_npy(path("q.npy"), t.q.get(), qs);
+  write_npy(path("k.npy"), t.k.get(), kvs);
+  write_npy(path("v.npy"), t.v.get(), kvs);
+  const Reference ref = reference(p, t.inputs);
+  std::vector<float> o(ref.o.begin(), ref.o.end()), lse(ref.lse.begin(), ref.lse.end());
+  const size_t row = 1 * p.q_len + 5;  // all_rows' order is (b, h, i)
+  ASSERT_TRUE(std::isnan(o[row * p.head_dim])) << "the reference row is NaN";
+  write_npy(path("o_nan.npy"), o.data(), qs);
+  write_npy(path("lse.npy"), lse.data(), {1, 4, 9});
+  const Result same = attnlab("verify --impl naive,flash " + qkv() + " --expect " + path("o_nan.npy") +
+                              " --expect-lse " + path("lse.npy"));
+  EXPECT_EQ(same.code, 0) << "NaN where the reference is NaN agrees\n" << same.out;
+  std::fill(o.begin() + row * p.head_dim, o.begin() + (row + 1) * p.head_dim, 0.25f);
+  write_npy(path("o.npy"), o.data(), qs);
+  const Result bad = attnlab("verify --impl naive,flash " + qkv() + " --expect " + path("o.npy"));
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("DISAGREES"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("FAIL"), std::string::npos) << "the kernels' NaN row disagrees with 0.25\n" << bad.out;
+  // LSE: a finite value where the reference's LSE is NaN.
+  lse[row] = 1.5f;
+  write_npy(path("lse_bad.npy"), lse.data(), {1, 4, 9});
+  const Result bad_lse = attnlab("verify --impl naive " + qkv() + " --expect " + path("o_nan.npy") +
+                                 " --expect-lse " + path("lse_bad.npy"));
+  EXPECT_EQ(bad_lse.code, 1) << bad_lse.out;
+}
+
+// measure(): a finite output where the reference row is NaN is an infinite error, not a NaN one.
+TEST(Measure, FiniteWhereReferenceIsNaNIsInfinite) {
+  Problem p = test::shape(1, 1, 1, 2, 2, 4);
+  Tensors t = random_tensors(p, 3);
+  t.q.get()[4] = std::numeric_limits<float>::quiet_NaN();  // row i = 1
+  const Reference ref = reference(p, t.inputs);
+  std::vector<float> o(ref.o.begin(), ref.o.end());
+  std::fill(o.begin() + 4, o.end(), 0.25f);
+  const MutView ov = make_view<float>(o.data(), 1, 1, 2, 4, Layout::BHSD);
+  const Errors e = measure(ref, as_const(ov), nullptr, p);
+  EXPECT_TRUE(std::isinf(e.o_rel)) << e.o_rel;
+  EXPECT_EQ(e.worst.i, 1);
+  EXPECT_FALSE(Tolerance::from_baseline(Errors{}).passes(e));
+}
+
 TEST_F(Cli, VerifyRandomShapeAndDefaults) {
   Result one = attnlab("verify --impl naive,blocked --batch 2 --q-heads 4 --kv-heads 1 --q-len 9 --kv-len 33 "
                        "--head-dim 20 --window 4,1 --kv-lens 0,30 --layout bshd");

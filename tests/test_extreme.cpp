@@ -342,6 +342,67 @@ INSTANTIATE_TEST_SUITE_P(Kernels, SpecialValues,
                            return kernel_name(std::get<0>(info.param)) + "_" + kValueName[std::get<1>(info.param)];
                          });
 
+// The comparison above can fail: naive with a planted NaN-handling bug of each common kind -
+// NaN outputs zeroed (a NaN row taken for a masked one), Inf outputs turned to NaN, an O NaN
+// column kept finite only in its last element - is caught on every case whose reference
+// holds such an element, by the element classes themselves ("got finite ... reference NaN").
+enum class Planted { NanToZero, InfToNan, LastNanColumnZero };
+class PlantedNanBug final : public Kernel {
+ public:
+  explicit PlantedNanBug(Planted bug) : bug_(bug) {}
+  std::string_view name() const override { return "planted_nan_bug"; }
+  std::string_view description() const override { return "test: naive with a NaN-handling bug"; }
+  size_t workspace_bytes(const Problem& p, int t) const override { return find_kernel("naive")->workspace_bytes(p, t); }
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    find_kernel("naive")->run(p, in, out, ctx);
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.q_heads; ++h)
+        for (int64_t i = 0; i < p.q_len; ++i) {
+          float* o = out.o.row(b, h, i);
+          for (int64_t d = 0; d < p.head_dim; ++d) {
+            if (bug_ == Planted::NanToZero && std::isnan(o[d])) o[d] = 0;
+            if (bug_ == Planted::InfToNan && std::isinf(o[d])) o[d] = kNan;
+            if (bug_ == Planted::LastNanColumnZero && d == p.head_dim - 1 && std::isnan(o[d])) o[d] = 0;
+          }
+        }
+  }
+
+ private:
+  Planted bug_;
+};
+
+TEST(SpecialValuesPlanted, EveryPlantedNanBugIsCaught) {
+  for (const Planted bug : {Planted::NanToZero, Planted::InfToNan, Planted::LastNanColumnZero}) {
+    const PlantedNanBug k(bug);
+    int affected = 0, caught = 0;
+    for (const Case& c : matrix()) {
+      if (c.value > 2) continue;  // NaN, +Inf, -Inf
+      Tensors t = random_tensors(c.p, 1000 + c.place * 10 + c.target);
+      plant(c, t);
+      // Whether the reference holds an element the bug changes.
+      const Agreement a = prepare_agreement(c.p, t.inputs, all_rows(c.p));
+      bool hit = false;
+      for (size_t r = 0; r < a.ref.rows.size(); ++r)
+        for (int64_t d = 0; d < c.p.head_dim; ++d) {
+          const double x = a.ref.o[r * c.p.head_dim + d];
+          hit |= bug == Planted::NanToZero ? std::isnan(x)
+                 : bug == Planted::InfToNan ? std::isinf(x)
+                                            : d == c.p.head_dim - 1 && std::isnan(x);
+        }
+      if (!hit) continue;
+      ++affected;
+      std::string skip;
+      const std::string why = run_and_compare(k, c.p, t.inputs, &skip);
+      ASSERT_TRUE(skip.empty()) << skip;
+      const bool by_class = why.find(bug == Planted::InfToNan ? "got NaN" : "got finite") != std::string::npos;
+      caught += by_class;
+      EXPECT_TRUE(by_class) << c.name() << ": the planted bug was not reported by class:" << why;
+    }
+    EXPECT_GT(affected, 10) << "the matrix must hold cases the planted bug changes";
+    EXPECT_EQ(caught, affected);
+  }
+}
+
 // The same matrix with 16-bit storage: the values are planted in float32, then Q, K, V are
 // rounded to the dtype (1e30 becomes inf in f16), and the kernel must match the reference on
 // the stored values. Every third case per value, to bound the time.

@@ -147,9 +147,14 @@ TEST(PatternRule, BigBirdPicksAreDistinctSortedAndSeeded) {
     EXPECT_EQ(v, bigbird_pick(bb, qb, 5));
   }
   EXPECT_EQ(bigbird_pick(bb, 0, 2).size(), 2u) << "at most the number of key blocks";
-  // Fixed values: scripts/numpy_attention.py draws the same blocks (its own code).
-  EXPECT_EQ(bigbird_pick(BigBird{64, 3, 1}, 0, 64), bigbird_pick(BigBird{64, 3, 1}, 0, 64));
-  EXPECT_NE(bigbird_pick(BigBird{64, 3, 1}, 0, 64), bigbird_pick(BigBird{64, 3, 2}, 0, 64));
+  // Fixed values, the same ones tests/python/test_numpy_attention.py pins for
+  // scripts/numpy_attention.py's own bigbird_picks: the two codes draw the same blocks.
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(bigbird_pick(BigBird{64, 3, 1}, 0, 64), (V{3, 30, 43}));
+  EXPECT_EQ(bigbird_pick(BigBird{64, 3, 2}, 0, 64), (V{5, 12, 52}));
+  EXPECT_EQ(bigbird_pick(BigBird{16, 3, 11}, 7, 5), (V{0, 2, 4}));
+  EXPECT_EQ(bigbird_pick(BigBird{16, 2, 9}, 3, 4), (V{1, 3}));
+  EXPECT_EQ(bigbird_pick(BigBird{64, 3, 1}, 0, 2), (V{0, 1}));
 }
 
 // ---------------------------------------------------------------- block map and count

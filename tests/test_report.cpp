@@ -83,6 +83,7 @@ TEST_F(Report, ScalingFixtureGetsSummaryAndEveryApplicablePlot) {
   const std::string md = read_text_file(out + "/report.md");
   EXPECT_NE(md.find("# attnlab report: results_scaling"), std::string::npos);
   EXPECT_NE(md.find("## Summary"), std::string::npos);
+  ASSERT_NE(md.find("!["), std::string::npos) << "no plot in the report";
   EXPECT_LT(md.find("## Summary"), md.find("![")) << "the summary table comes before the plots";
   EXPECT_NE(md.find("**Noise.**"), std::string::npos);
   for (const char* k : {"naive", "blocked", "flash"}) {

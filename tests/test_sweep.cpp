@@ -317,7 +317,9 @@ TEST_F(SweepRun, RoundsTimeEveryPointOncePerPassAndResume) {
   const std::string text = log.str();
   const size_t last_first = text.rfind("[" + std::to_string(planned) + "/" + std::to_string(planned) + "]");
   ASSERT_NE(last_first, std::string::npos) << text;
-  EXPECT_GT(text.find("[pass 2/3]"), last_first);
+  const size_t pass_two = text.find("[pass 2/3]");
+  ASSERT_NE(pass_two, std::string::npos) << text;
+  EXPECT_GT(pass_two, last_first);
   std::map<std::string, std::vector<double>> pass_one;
   size_t with_two = 0;
   for (const auto& pf : read_points(dir)) {
@@ -439,6 +441,30 @@ TEST_F(SweepRun, MemoryBudgetAndTimeCapSkipWithReasons) {
   for (const auto& pf : read_points(dir2)) {
     EXPECT_NE(pf.record.reason.find("time cap"), std::string::npos) << pf.record.reason;
   }
+}
+
+// A kernel's first point is not skipped on a constant rate: nothing measured for it, the
+// estimate is the least time at the machine's measured peak, and the point's first call (its
+// verification) measures it; the cap then applies to what that call took.
+TEST_F(SweepRun, FirstPointOfAKernelIsEstimatedFromThePeakNotAConstant) {
+  const std::string dir = fresh_dir("first_point");
+  // 8.4 MFLOP: 8 ms at the 1 GFLOP/s constant (over the cap), 42 us at the file's 200 GFLOP/s.
+  const Experiment e = parse_experiment(
+      Json::parse(R"({"description": "one point", "implementations": ["naive"], "q_heads": 2, "q_len": 256,
+                      "head_dim": 16, "threads": 2, "repetitions": 1, "min_time_s": 0.001, "time_cap_s": 0.01})"),
+      "one", names);
+  ASSERT_GT(estimate_point_seconds(RateBook().estimate_seconds(BenchPoint{find_kernel("naive"), expand(e, 2)[0].problem, 2, {}}),
+                                   TimingOptions{1, 0.001}, true),
+            e.time_cap_s)
+      << "the constant's estimate must exceed the cap, or this test shows nothing";
+  run_sweep(e, options(dir));
+  const auto points = read_points(dir);
+  ASSERT_EQ(points.size(), 1u);
+  const PointRecord& r = points[0].record;
+  EXPECT_EQ(r.reason.find("nothing measured"), std::string::npos) << r.reason;
+  EXPECT_TRUE(r.status == PointStatus::Ok || r.reason.find("verified, but") != std::string::npos)
+      << "run, or capped on its own measured call: " << r.reason;
+  EXPECT_EQ(r.verify_rows > 0, true) << "the call was made: " << r.reason;
 }
 
 // Peaks of every built target: FMA 1, 2, 3... GFLOP/s per thread in build order, read
@@ -612,10 +638,15 @@ TEST(SweepEstimate, RateBookUsesTheLargestPointAndFallsBack) {
   std::string basis;
   EXPECT_DOUBLE_EQ(rates.estimate_seconds(pt, &basis), p.flops() / RateBook::kDefaultRate);
   EXPECT_NE(basis.find("nothing measured"), std::string::npos);
+  // Nothing measured, the machine's peak known: the least time the call can take.
+  EXPECT_DOUBLE_EQ(rates.estimate_seconds(pt, &basis, 4e11), p.flops() / 4e11);
+  EXPECT_NE(basis.find("measured peak, 400.0 GFLOP/s"), std::string::npos) << basis;
   rates.record("blocked", 1, 1e6, 1e-3);  // 1 GFLOP/s
   rates.record("blocked", 1, 1e3, 1e-3);  // smaller point: ignored
   EXPECT_DOUBLE_EQ(rates.estimate_seconds(pt, &basis), p.flops() / 1e9);
   EXPECT_NE(basis.find("slowest"), std::string::npos);
+  EXPECT_DOUBLE_EQ(rates.estimate_seconds(pt, &basis, 4e11), p.flops() / 4e11)
+      << "another kernel's rate says nothing of this one's: the peak bound";
   rates.record("naive", 2, 1e6, 1e-2);
   EXPECT_DOUBLE_EQ(rates.estimate_seconds(pt), p.flops() / 1e8);
   rates.record("naive", 1, 1e6, 1e-4);

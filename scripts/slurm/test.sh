@@ -80,6 +80,8 @@ cat >"$tmp/tiny.json" <<'JSON'
  "q_heads": 2, "q_len": [16, 32, 64], "head_dim": 16, "threads": 1, "repetitions": 1, "min_time_s": 0.001}
 JSON
 mapfile -t planned < <("$BUILD/attnlab" sweep --experiment "$tmp/tiny.json" --dry-run 2>&1 | awk 'NR > 1 {print $1}' | sort)
+# An empty plan would match an empty merge: the dry run must list the 6 points.
+((${#planned[@]} == 6)) || { echo "slurm-test: the dry run planned ${#planned[@]} points, not 6: ${planned[*]}" >&2; exit 1; }
 cd "$ROOT"
 ATTNLAB="$BUILD/attnlab" "$ROOT/scripts/slurm/submit.sh" "$tmp/tiny.json" "$tmp/out" 3 --cpus-per-task=1 --mem=1G
 for _ in $(seq 300); do
@@ -96,6 +98,9 @@ if [[ "${planned[*]}" != "${merged[*]}" ]]; then
   echo "merged:  ${merged[*]}" >&2
   exit 1
 fi
+# Every merged point was measured: status ok (column "status" of results.csv), not failed or skipped.
+not_ok="$(awk -F, 'NR == 1 {for (i = 1; i <= NF; i++) if ($i == "status") c = i; next} $c != "ok" {print $2 ": " $c}' "$csv")"
+[[ -z "$not_ok" ]] || { echo "slurm-test: merged points not ok:" >&2; echo "$not_ok" >&2; exit 1; }
 [[ -f "$tmp/out/merged/report.md" ]] || { echo "slurm-test: no report in the merged folder" >&2; exit 1; }
 shards="$(ls -d "$tmp/out"/shard-* | wc -l)"
-echo "slurm-test: $shards shard tasks merged: ${#merged[@]} points, each planned point exactly once; report written"
+echo "slurm-test: $shards shard tasks merged: ${#merged[@]} points, each planned point exactly once, all ok; report written"

@@ -113,7 +113,7 @@ void RateBook::record(const std::string& kernel, int threads, double flops_per_r
   if (flops_per_run >= e.flops) e = Entry{flops_per_run, flops_per_run / seconds_per_run};
 }
 
-double RateBook::estimate_seconds(const BenchPoint& pt, std::string* basis) const {
+double RateBook::estimate_seconds(const BenchPoint& pt, std::string* basis, double peak_flops) const {
   const std::string kname = kernel_label(*pt.kernel);
   const double flops = pt.problem.flops();
   auto say = [&](const std::string& s) {
@@ -137,6 +137,16 @@ double RateBook::estimate_seconds(const BenchPoint& pt, std::string* basis) cons
                   same_kernel->rate * 1e-9);
     say(buf);
     return flops / same_kernel->rate;
+  }
+  // Nothing measured for this kernel: the least time it can take, at the machine's measured
+  // peak. The point's verification is then its first call, and the time cap is checked again
+  // on that call (run_point), so a slow kernel is caught after one call, a fast one never
+  // skipped for what another kernel or a constant would have taken.
+  if (peak_flops > 0) {
+    std::snprintf(buf, sizeof buf, "no %s point yet; at least this at the measured peak, %.1f GFLOP/s",
+                  kname.c_str(), peak_flops * 1e-9);
+    say(buf);
+    return flops / peak_flops;
   }
   if (slowest) {
     std::snprintf(buf, sizeof buf, "no %s point yet; slowest kernel so far, %.2f GFLOP/s", kname.c_str(),

@@ -99,14 +99,16 @@ std::unique_ptr<PointFixture> make_fixture(const BenchPoint& pt, uint64_t seed);
 // cap). Kernels are told apart by kernel_label (each target of a SIMD kernel has its own
 // rate: scalar is many times slower than avx512). The estimate for a kernel uses the rate
 // it reached on its largest point so far at the same thread count, else at any thread
-// count, else the slowest rate of any kernel, else kDefaultRate.
+// count, else (nothing measured for it) the machine's measured peak `peak_flops` - a lower
+// bound: the point's first call then measures it -, else the slowest rate of any kernel, else
+// kDefaultRate.
 class RateBook {
  public:
   static constexpr double kDefaultRate = 1e9;  // FLOP/s, the naive kernel's order
   // One run of a point: its FLOP count and how long the run took. `kernel`: kernel_label.
   void record(const std::string& kernel, int threads, double flops_per_run, double seconds_per_run);
   // Seconds one run of the point should take, and what the estimate rests on.
-  double estimate_seconds(const BenchPoint& pt, std::string* basis = nullptr) const;
+  double estimate_seconds(const BenchPoint& pt, std::string* basis = nullptr, double peak_flops = 0) const;
 
  private:
   struct Entry {

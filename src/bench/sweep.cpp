@@ -381,7 +381,7 @@ struct Runner {
                   fmt_mib(memory_budget));
     }
     std::string basis;
-    const double run_est = rates.estimate_seconds(pt, &basis);
+    const double run_est = rates.estimate_seconds(pt, &basis, r.peak_flops);
     const double point_est = estimate_point_seconds(run_est, timing, true);
     if (point_est > e.time_cap_s) {
       char buf[64];

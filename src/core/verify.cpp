@@ -25,13 +25,17 @@ double value_error(double got, double want) {
 
 void accumulate(Errors& e, const Reference& ref, size_t r, const float* o_row, const float* lse) {
   const double* want = &ref.o[r * ref.dim];
-  const double scale = std::max(ref.row_scale[r], 1e-30);
+  // A row whose reference is NaN has a NaN scale (its inputs hold NaN); its finite elements are
+  // then compared absolutely, so that no NaN reaches the max below (std::max and `>` drop it).
+  const double row_scale = ref.row_scale[r];
+  const double scale = std::isnan(row_scale) ? 1.0 : std::max(row_scale, 1e-30);
   double worst_abs = 0;
   for (int64_t d = 0; d < ref.dim; ++d) {
     worst_abs = std::max(worst_abs, value_error(o_row[d], want[d]));
   }
   e.o_abs = std::max(e.o_abs, worst_abs);
-  const double rel = worst_abs == 0 ? 0.0 : worst_abs / scale;
+  // A non-finite/finite mismatch (value_error's kInf) stays infinite whatever the scale.
+  const double rel = worst_abs == 0 ? 0.0 : (std::isinf(worst_abs) ? kInf : worst_abs / scale);
   if (r == 0 || rel > e.o_rel) {
     e.o_rel = std::max(e.o_rel, rel);
     e.worst = ref.rows[r];
@@ -187,10 +191,12 @@ Tolerance Tolerance::from_baseline(const Errors& baseline, double o_floor) {
   return t;
 }
 
+// Only by a finite error: an expected file with a NaN/finite mismatch already fails on its own,
+// and an infinite widening would let every kernel pass against it.
 Tolerance Tolerance::widened_by(const Errors& external) const {
   Tolerance t = *this;
-  t.o_rel += external.o_rel;
-  t.lse += external.lse;
+  if (std::isfinite(external.o_rel)) t.o_rel += external.o_rel;
+  if (std::isfinite(external.lse)) t.lse += external.lse;
   return t;
 }
 

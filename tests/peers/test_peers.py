@@ -67,11 +67,8 @@ def inputs(p, seed=0):
     return q, k, v
 
 
-@pytest.mark.parametrize("kernel", sorted(MODULES))
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_peer_matches_numpy(kernel, case):
-    mod = peer(kernel)
-    p = problem(**CASES[case])
+def run_peer(mod, kernel, p, case):
+    """The peer's O for p on inputs(p) (bshd as load_inputs hands it), and how it ran."""
     q, k, v = inputs(p)
     if p.layout == "bshd":  # the files are (B, S, H, D); load_inputs hands the peers (B, H, S, D) views
         q, k, v = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3) for x in (q, k, v))
@@ -81,24 +78,40 @@ def test_peer_matches_numpy(kernel, case):
         assert str(e), "a skip must say why"
         pytest.skip(f"{kernel} declares {case} unsupported: {e}")
     fn()
-    o = np.asarray(collect(), dtype=np.float64)
+    return np.asarray(collect(), dtype=np.float64), how
+
+
+def check_against_numpy(o, p, how, what):
+    """The comparison every peer must pass: O against numpy_attention's float64 on p."""
+    q, k, v = inputs(p)
     kv_lens = p.kv_lens or [p.kv_len] * p.batch
     want, _, _ = attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), p.scale, p.causal,
                            p.left, p.right, kv_lens, p.sinks, p.globals, p.doc_lens, p.dilation, p.bigbird)
     assert o.shape == want.shape, how
     assert np.isfinite(o).all(), how
-    np.testing.assert_allclose(o, want, atol=2e-5, rtol=0, err_msg=f"{kernel} {case}: {how}")
+    np.testing.assert_allclose(o, want, atol=2e-5, rtol=0, err_msg=f"{what}: {how}")
 
 
-def test_planted_window_off_by_one_is_caught():
-    """The comparison above can fail: a window one key too wide disagrees."""
+@pytest.mark.parametrize("kernel", sorted(MODULES))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_peer_matches_numpy(kernel, case):
+    mod = peer(kernel)
+    p = problem(**CASES[case])
+    o, how = run_peer(mod, kernel, p, case)
+    check_against_numpy(o, p, how, f"{kernel} {case}")
+
+
+@pytest.mark.parametrize("kernel", sorted(MODULES))
+def test_planted_window_off_by_one_is_caught(kernel):
+    """The comparison above can fail: the peer run on a window one key wider than the problem
+    it is checked against (what an off-by-one in a peer's mask would do) disagrees."""
+    mod = peer(kernel)
     p = problem(**CASES["window"])
-    q, k, v = inputs(p)
-    want, _, _ = attention(*(x.astype(np.float64) for x in (q, k, v)), p.scale, p.causal, p.left, p.right,
-                           [p.kv_len], 0, [], [], 1, None)
-    wider, _, _ = attention(*(x.astype(np.float64) for x in (q, k, v)), p.scale, p.causal, p.left + 1, p.right,
-                            [p.kv_len], 0, [], [], 1, None)
-    assert np.abs(want - wider).max() > 2e-5
+    wider = problem(**dict(CASES["window"], window_left=CASES["window"]["window_left"] + 1))
+    o, how = run_peer(mod, kernel, wider, "window")
+    check_against_numpy(o, wider, how, f"{kernel} on the wider window itself")  # the peer is right...
+    with pytest.raises(AssertionError):
+        check_against_numpy(o, p, how, f"{kernel} wider window")  # ...and the check sees the difference
 
 
 def test_time_calls_counts_and_caps():
