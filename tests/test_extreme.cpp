@@ -1,5 +1,5 @@
 // Special values, for every registered kernel and for the CUDA kernels' device code under the
-// host emulation (tests/cuda_emu.hpp). The rule (README "The operation",
+// host emulation (tests/cuda_emu.hpp). The rule (docs/operation.md,
 // include/attnlab/online_softmax.hpp): NaN and Inf reach O and LSE exactly as in the float64
 // reference, row by row and element by element; a fully masked row is O = 0, LSE = -inf
 // whatever its inputs hold; values a row does not see never reach it.

@@ -1,4 +1,4 @@
-// The one operation the lab measures, described precisely (see docs/architecture.md):
+// The one operation the lab measures, described precisely (docs/operation.md):
 //
 //   O[b,h,i,:]  = sum_j P[b,h,i,j] * V[b,g(h),j,:]         (Q, K: head_dim; V, O: head_dim_v)
 //   P[b,h,i,:]  = softmax_j(scale * <Q[b,h,i,:], K[b,g(h),j,:]>) over visible j

@@ -14,6 +14,7 @@
 #include "attnlab/kernel.hpp"
 #include "attnlab/npy.hpp"
 #include "attnlab/verify.hpp"
+#include "bench/stats.hpp"
 #include "common.hpp"
 
 namespace attnlab::cli {
@@ -36,11 +37,7 @@ struct CudaArgs {
   std::string csv;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::median;  // src/bench/stats.hpp: the one median the lab reports
 
 int run_timing(const CudaArgs& a) {
   const Support status = cuda::device_status();

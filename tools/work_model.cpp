@@ -4,8 +4,8 @@
 //   scores: pairs GEMM 1 computes (MR rows x the 16-key vectors [ja, jb) the panel's rows see;
 //           whole tiles when full), pv6: pairs through the MR-row P.V kernel, pv1: pairs through
 //           the 1-row kernel, tiles: key tiles packed (one K^T packing each per task), tasks, rows.
-// Build (from the repository root, after the main build):
-//   g++ -std=c++20 -O2 -Iinclude results/2026-12-02-sparse-work/work_model.cpp build/libattn_core.a -o /tmp/work_model
+// Built by CMake as build/attn_work_model (tools/, ctest Tools.work_model runs it); run:
+// build/attn_work_model [PATTERN [N [ROWS_PER_TILE]]] (default bigbird 4096 120).
 #include <bit>
 #include <cstdio>
 #include <cstdlib>

@@ -12,10 +12,9 @@
 // median); prints the skipping efficiency dense time x density / pattern time per pair
 // (the sparse report's, results/*-sparse), median and quartiles.
 //
-// Build (from the repository root, after the main build):
-//   g++ -std=c++20 -O2 -Iinclude results/2026-12-02-ab/ab_switch.cpp build/libattn_kernels.a
-//     build/libattn_cuda.a build/libattn_core.a -ltbb -L/usr/local/cuda/lib64 -lcudart_static -ldl -lrt -lpthread -o /tmp/ab_switch
-// Run: /tmp/ab_switch [--efficiency | --thp] PATTERN N LAYOUT [PAIRS] [THREADS]   (PATTERN: dense causal
+// Built by CMake as build/attn_ab_switch (tools/, ctest Tools.ab_switch runs it); the committed
+// runs (results/2026-12-02-ab, -sparse-work) ran the same source as /tmp/ab_switch.
+// Run: build/attn_ab_switch [--efficiency | --thp] PATTERN N LAYOUT [PAIRS] [THREADS]   (PATTERN: dense causal
 //   window sinks longformer bigbird docs dilated, the shapes of experiments/sparse.json at 8
 //   heads, d 128)
 #include <algorithm>
