@@ -20,7 +20,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import load_results, ok_rows, kernel_order  # noqa: E402
+from report import LEGACY_SCHEMA, kernel_order, load_results, load_schema, ok_rows  # noqa: E402
 
 import matplotlib  # noqa: E402
 
@@ -39,22 +39,19 @@ ALPHA = 0.05  # significance level of the U test
 UNIT_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
-def id_of_name(name):
-    """A Google Benchmark name (attn/flash/b:1/hq:8/hkv:8/sq:4096/sk:4096/d:128[/dv:64]/mask:none
-    [/layout:bshd][/dtype:bf16]/t:2[/isa:avx2][/min_time:..][/repeats:..]/real_time) as the
-    point id (flash-b1-hq8-hkv8-sq4096-sk4096-d128[v64]-none[-bshd][-bf16]-t2[-avx2]); None when
-    it is not a point's name."""
+def id_of_name(name, schema=None):
+    """A Google Benchmark name (attn/flash/b:1/hq:8/.../mask:none/t:2[/isa:avx2][/min_time:..]
+    [/repeats:..]/real_time) as the point id (flash-b1-hq8-...-none-t2[-avx2]), segment by
+    segment in the order the schema's "id" gives (schema.json, src/bench/point_schema.hpp;
+    default: report.LEGACY_SCHEMA); None when it is not a point's name."""
     parts = name.split("/")
     if len(parts) < 3 or parts[0] != "attn":
         return None
     f = dict(p.split(":", 1) for p in parts[2:] if ":" in p)
-    try:
-        i = (f"{parts[1]}-b{f['b']}-hq{f['hq']}-hkv{f['hkv']}-sq{f['sq']}-sk{f['sk']}-d{f['d']}"
-             + (f"v{f['dv']}" if "dv" in f else "") + f"-{f['mask']}")
-    except KeyError:
+    segments = (schema or LEGACY_SCHEMA)["id"]
+    if not all(s["key"] in f for s in segments[:6]):  # batch .. head_dim are in every name
         return None
-    i += ("-bshd" if f.get("layout") == "bshd" else "") + (f"-{f['dtype']}" if "dtype" in f else "")
-    return i + f"-t{f['t']}" + (f"-{f['isa']}" if "isa" in f else "")
+    return parts[1] + "".join(s["id_prefix"] + f[s["key"]] for s in segments if s["key"] in f)
 
 
 _bench_cache = {}
@@ -68,8 +65,9 @@ def bench_times(folder):
         if os.path.isfile(path):
             with open(path) as f:
                 doc = json.load(f)
+            schema = load_schema(folder)
             for r in doc.get("benchmarks", []):
-                i = id_of_name(r.get("run_name") or r.get("name", ""))
+                i = id_of_name(r.get("run_name") or r.get("name", ""), schema)
                 if i and r.get("run_type") == "iteration" and not r.get("error_occurred") and r.get("real_time"):
                     out.setdefault(i, []).append(r["real_time"] * UNIT_S.get(r.get("time_unit", "ns"), 1e-9))
         _bench_cache[folder] = out

@@ -38,16 +38,54 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
-# Shape parameters of a point (the tidy CSV columns plots slice on).
-DIMS = ["batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "head_dim_v", "mask", "layout", "dtype",
-        "threads", "model"]
-INT_COLS = {"batch", "q_heads", "kv_heads", "gqa_group", "q_len", "kv_len", "head_dim", "head_dim_v", "causal",
-            "window_left", "window_right", "threads", "visible_pairs", "extra_bytes", "plan_bytes", "memory_bytes",
-            "repetitions", "rounds", "iterations", "verify_rows"}
-FLOAT_COLS = {"flops", "bytes", "kv_bytes", "kv_bytes_per_token", "time_median_s", "time_min_s", "time_max_s", "time_mean_s",
-              "time_stddev_s", "time_cv", "gflops", "gbytes_per_s", "peak_gflops", "peak_fraction",
-              "read_bw_gbs", "bw_fraction", "err_o_rel", "tol_o_rel", "err_lse", "tol_lse", "seconds_spent",
-              "err_o_rel_f32_inputs", "density"}
+# A point's fields come from the folder's schema.json (src/bench/point_schema.hpp: the one
+# table the sweep writes ids, names, counters and results.csv from). Folders written before
+# schema.json held these fields, frozen here as they were:
+LEGACY_SCHEMA = {
+    "schema": "attnlab-point-1",
+    "fields": [{"name": n, "type": t, "shape": sh} for n, t, sh in (
+        ("batch", "int", True), ("q_heads", "int", True), ("kv_heads", "int", True), ("gqa_group", "int", False),
+        ("q_len", "int", True), ("kv_len", "int", True), ("head_dim", "int", True), ("head_dim_v", "int", True),
+        ("mask", "text", True), ("causal", "int", False), ("window_left", "int", False),
+        ("window_right", "int", False), ("pattern", "text", False), ("density", "real", False),
+        ("layout", "text", True), ("dtype", "text", True), ("threads", "int", True), ("model", "text", True))],
+    "id": [{"key": k, "id_prefix": i, "name_prefix": f"/{k}:"} for k, i in (
+        ("b", "-b"), ("hq", "-hq"), ("hkv", "-hkv"), ("sq", "-sq"), ("sk", "-sk"), ("d", "-d"), ("dv", "v"),
+        ("mask", "-"), ("layout", "-"), ("dtype", "-"), ("t", "-t"), ("isa", "-"), ("model", "-"))],
+}
+# The measurement's columns (not point fields).
+MEASURED_INT_COLS = {"visible_pairs", "extra_bytes", "plan_bytes", "memory_bytes", "repetitions", "rounds",
+                     "iterations", "verify_rows"}
+MEASURED_FLOAT_COLS = {"flops", "bytes", "kv_bytes", "kv_bytes_per_token", "time_median_s", "time_min_s",
+                       "time_max_s", "time_mean_s", "time_stddev_s", "time_cv", "gflops", "gbytes_per_s",
+                       "peak_gflops", "peak_fraction", "read_bw_gbs", "bw_fraction", "err_o_rel", "tol_o_rel",
+                       "err_lse", "tol_lse", "seconds_spent", "err_o_rel_f32_inputs"}
+
+
+def load_schema(folder):
+    """The folder's schema.json, else LEGACY_SCHEMA."""
+    path = os.path.join(folder, "schema.json")
+    if not os.path.isfile(path):
+        return LEGACY_SCHEMA
+    with open(path) as f:
+        schema = json.load(f)
+    if not str(schema.get("schema", "")).startswith("attnlab-point-") or "fields" not in schema:
+        raise SystemExit(f"report: {path} is not a point schema (written by attnlab sweep)")
+    return schema
+
+
+def use_schema(schema):
+    """Sets DIMS (the shape fields plots slice on and hold fixed), SHAPE_KEYS (the same, for
+    grouping rows of one shape) and the typed columns from a schema."""
+    global DIMS, SHAPE_KEYS, INT_COLS, FLOAT_COLS
+    fields = schema["fields"]
+    DIMS = [f["name"] for f in fields if f.get("shape")]
+    SHAPE_KEYS = tuple(DIMS)
+    INT_COLS = MEASURED_INT_COLS | {f["name"] for f in fields if f.get("type") == "int"}
+    FLOAT_COLS = MEASURED_FLOAT_COLS | {f["name"] for f in fields if f.get("type") == "real"}
+
+
+use_schema(LEGACY_SCHEMA)
 DECODE_MAX_Q = 16  # q_len at most this (and below kv_len) counts as decode
 # What users run instead (attnlab sweep --peers; src/bench/peers.hpp), in report order.
 PEERS = ("torch_sdpa", "torch_flex", "ort_mha", "ort_gqa", "jax_dpa")
@@ -66,6 +104,7 @@ def load_results(folder):
     path = os.path.join(folder, "results.csv")
     if not os.path.isfile(path):
         raise SystemExit(f"report: {path} not found; allowed: a folder written by attnlab sweep")
+    use_schema(load_schema(folder))
     rows = []
     with open(path, newline="") as f:
         for raw in csv.DictReader(f):
@@ -407,7 +446,7 @@ def plot_throughput(plots, ok, kernels):
     a2.set_title("Fraction of peak")
     a1.legend(fontsize=8)
     plots.save(fig, "scaling_gflops.png", "Throughput and fraction of peak",
-               "Left: GFLOP/s (4 * head_dim FLOP per visible query-key pair, from the Problem), log scale. "
+               "Left: GFLOP/s (2 (head_dim + head_dim_v) FLOP per visible query-key pair, Problem::flops), log scale. "
                "Right: the same as a percentage of the FMA peak measured by `attnlab peak` for the thread "
                "count and instruction-set target of the point. Curves that rise with n are amortizing per-call or per-row overheads. "
                f"Held fixed: {describe_fixed(fixed)}.")
@@ -662,12 +701,9 @@ def plot_head_dim(plots, ok, kernels):
     a2.set_ylabel("% of measured FMA peak")
     a1.legend(fontsize=8)
     plots.save(fig, "head_dim.png", "head_dim",
-               "GFLOP/s and % of peak against head_dim. Each score costs 4 * head_dim FLOP but one exp, so "
+               "GFLOP/s and % of peak against head_dim. Each score costs 2 (head_dim + head_dim_v) FLOP but one exp, so "
                "larger heads spend a smaller share on the softmax; sizes that are not a multiple of the "
                f"vector width (16 floats) need tails. Held fixed: {describe_fixed(fixed)}.")
-
-
-SHAPE_KEYS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "mask", "layout", "dtype", "threads")
 
 
 def plot_vector_width(plots, ok, machine):

@@ -362,13 +362,21 @@ TEST_F(Report, CompareMapsBenchmarkNamesToPointIds) {
   p.head_dim_v = 128, p.layout = Layout::BSHD, p.dtype = DType::BF16, p.causal = CausalAlign::BottomRight;
   const Problem q = test::shape(1, 32, 8, 1, 32768, 128);
   std::string cases;
-  for (const auto& [k, pr, isa] : {std::tuple{"flash", p, "avx2"}, std::tuple{"decode", q, ""}, std::tuple{"naive", p, ""}}) {
-    cases += "(" + Json(point_name(k, pr, 2, isa) + "/min_time:0.050/repeats:3/real_time").dump() + ", " +
-             Json(point_id(k, pr, 2, isa)).dump() + "),";
+  for (const auto& [k, pr, isa, model] : {std::tuple{"flash", p, "avx2", ""}, std::tuple{"decode", q, "", ""},
+                                          std::tuple{"naive", p, "", ""}, std::tuple{"flash", q, "", "llama-3"}}) {
+    const PointView v{k, pr, 2, isa, model};
+    cases += "(" + Json(point_name(v) + "/min_time:0.050/repeats:3/real_time").dump() + ", " +
+             Json(point_id(v)).dump() + "),";
   }
+  // With this build's schema.json (what a new folder holds), every case; without one (the
+  // folders from before it), those that have no model label.
+  const std::string schema = fresh_dir("id_of_name_schema") + ".json";
+  std::ofstream(schema) << schema_json().dump();
   std::string output;
-  const std::string py = "import sys; sys.path.insert(0, '" + kSource + "/scripts'); from compare import id_of_name; "
-                         "bad = [(n, i, id_of_name(n)) for n, i in [" + cases + "] if id_of_name(n) != i]; "
+  const std::string py = "import json, sys; sys.path.insert(0, '" + kSource + "/scripts'); from compare import id_of_name; "
+                         "s = json.load(open('" + schema + "')); cases = [" + cases + "]; "
+                         "bad = [(n, i, id_of_name(n, s)) for n, i in cases if id_of_name(n, s) != i]; "
+                         "bad += [(n, i, id_of_name(n)) for n, i in cases[:3] if id_of_name(n) != i]; "
                          "print(bad); sys.exit(1 if bad else 0)";
   const std::string script = fresh_dir("id_of_name") + ".py";
   std::ofstream(script) << py << "\n";

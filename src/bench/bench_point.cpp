@@ -9,54 +9,14 @@ namespace attnlab::bench {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-
-std::string bound(int64_t v) { return v < 0 ? "inf" : std::to_string(v); }
-}  // namespace
-
-std::string mask_name(const Problem& p) {
-  std::string m;
-  if (p.causal == CausalAlign::BottomRight) m = "causal";
-  if (p.causal == CausalAlign::TopLeft) m = "causal_tl";
-  if (p.window_left >= 0 || p.window_right >= 0) {
-    m += (m.empty() ? "" : "_");
-    m += "window_" + bound(p.window_left) + "_" + bound(p.window_right);
-  }
-  if (p.sparse()) {
-    if (!m.empty()) m += '_';
-    m += p.pattern_name();
-  }
-  return m.empty() ? "none" : m;
-}
-
-namespace {
-// head_dim_v in ids and names only when it differs (ids of d_v == d_qk points stay as they were).
-std::string dv_name(const char* prefix, const Problem& p) {
-  return p.dim_v() == p.head_dim ? std::string() : prefix + std::to_string(p.dim_v());
-}
 }  // namespace
 
 std::string point_name(std::string_view kernel, const Problem& p, int threads, std::string_view named_isa) {
-  std::string n = "attn/" + std::string(kernel) + "/b:" + std::to_string(p.batch) +
-                  "/hq:" + std::to_string(p.q_heads) + "/hkv:" + std::to_string(p.kv_heads) +
-                  "/sq:" + std::to_string(p.q_len) + "/sk:" + std::to_string(p.kv_len) +
-                  "/d:" + std::to_string(p.head_dim) + dv_name("/dv:", p) + "/mask:" + mask_name(p);
-  if (p.layout == Layout::BSHD) n += "/layout:bshd";
-  if (p.dtype != DType::F32) (n += "/dtype:") += to_string(p.dtype);
-  n += "/t:" + std::to_string(threads);
-  if (!named_isa.empty()) n += "/isa:" + std::string(named_isa);
-  return n;
+  return point_name(PointView{kernel, p, threads, named_isa, {}});
 }
 
 std::string point_id(std::string_view kernel, const Problem& p, int threads, std::string_view named_isa) {
-  std::string n = std::string(kernel) + "-b" + std::to_string(p.batch) + "-hq" +
-                  std::to_string(p.q_heads) + "-hkv" + std::to_string(p.kv_heads) + "-sq" +
-                  std::to_string(p.q_len) + "-sk" + std::to_string(p.kv_len) + "-d" +
-                  std::to_string(p.head_dim) + dv_name("v", p) + "-" + mask_name(p);
-  if (p.layout == Layout::BSHD) n += "-bshd";
-  if (p.dtype != DType::F32) (n += '-') += to_string(p.dtype);
-  n += "-t" + std::to_string(threads);
-  if (!named_isa.empty()) n += "-" + std::string(named_isa);
-  return n;
+  return point_id(PointView{kernel, p, threads, named_isa, {}});
 }
 
 std::string BenchPoint::name() const { return point_name(kernel->name(), problem, threads, named_isa); }
@@ -182,19 +142,11 @@ void set_point_counters(benchmark::State& state, const BenchPoint& pt, const Pea
   c["flop_count"] = C(flops);
   c["byte_count"] = C(bytes);
   c["kv_byte_count"] = C(p.kv_bytes());
-  c["batch"] = C(static_cast<double>(p.batch));
-  c["q_heads"] = C(static_cast<double>(p.q_heads));
-  c["kv_heads"] = C(static_cast<double>(p.kv_heads));
-  c["q_len"] = C(static_cast<double>(p.q_len));
-  c["kv_len"] = C(static_cast<double>(p.kv_len));
-  c["head_dim"] = C(static_cast<double>(p.head_dim));
-  c["head_dim_v"] = C(static_cast<double>(p.dim_v()));
-  c["causal"] = C(static_cast<double>(static_cast<int>(p.causal)));
-  c["window_left"] = C(static_cast<double>(p.window_left));
-  c["window_right"] = C(static_cast<double>(p.window_right));
-  c["bshd"] = C(p.layout == Layout::BSHD ? 1.0 : 0.0);
-  c["dtype_bytes"] = C(dtype_bytes(p.dtype));
-  c["threads"] = C(static_cast<double>(pt.threads));
+  // The point's fields (point_schema.cpp), so plots read counters and never parse names.
+  const PointView view{pt.kernel->name(), p, pt.threads, pt.named_isa, {}};
+  for (const PointField& f : point_fields()) {
+    if (f.counter) c[f.counter] = C(f.counter_value(view));
+  }
 }
 
 benchmark::internal::Benchmark* register_point(const BenchPoint& pt, const PeakRef& peak,

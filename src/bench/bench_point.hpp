@@ -13,9 +13,9 @@
 //   bw_fraction        bytes/s / measured read bandwidth for this thread count
 //   extra_bytes        the kernel's workspace for this problem and thread count
 //   flop_count, byte_count, kv_byte_count   per run
-//   batch, q_heads, kv_heads, q_len, kv_len, head_dim, causal (0 none, 1 bottom-right,
-//   2 top-left), window_left, window_right, bshd (0/1), threads
-// so plots read fields and never parse names.
+//   and each point field's counter (point_schema.cpp: batch, q_heads, kv_heads, q_len,
+//   kv_len, head_dim, head_dim_v, causal, window_left, window_right, bshd, dtype_bytes,
+//   threads), so plots read fields and never parse names.
 #pragma once
 
 #include <chrono>
@@ -31,6 +31,7 @@
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
 #include "bench/peak.hpp"  // PeakRef: what a point's fractions are relative to
+#include "bench/point_schema.hpp"
 
 namespace attnlab::bench {
 
@@ -51,7 +52,8 @@ struct BenchPoint {
   std::string id() const;
 };
 
-// The id and name of a point given the kernel's name (BenchPoint::id/name call these).
+// The id and name of a point given the kernel's name (point_schema.hpp; BenchPoint::id/name
+// call these).
 std::string point_id(std::string_view kernel, const Problem& p, int threads, std::string_view named_isa = {});
 std::string point_name(std::string_view kernel, const Problem& p, int threads, std::string_view named_isa = {});
 
@@ -59,9 +61,6 @@ std::string point_name(std::string_view kernel, const Problem& p, int threads, s
 // isa() is one of built_isas()), the plain name ("naive", "cuda_flash") otherwise.
 std::string kernel_label(std::string_view name, std::string_view isa);
 std::string kernel_label(const Kernel& k);
-
-// "none", "causal", "causal_tl", "window_L_R", "causal_window_L_R" (L/R: -1 = unbounded).
-std::string mask_name(const Problem& p);
 
 // Memory a point needs while it is verified (on up to `verify_rows` sampled rows) and
 // timed: its Q, K, V, O, LSE (fixture_bytes) plus verification_bytes (verify.hpp), which

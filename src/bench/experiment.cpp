@@ -533,7 +533,7 @@ void PatternKeys::apply(Problem& p) const {
   }
 }
 
-std::string GridPoint::id() const { return point_id(kernel, problem, threads, isa) + (model.empty() ? "" : "-" + model); }
+std::string GridPoint::id() const { return point_id(PointView{kernel, problem, threads, isa, model}); }
 
 std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
   const Where w{e.name};

@@ -16,6 +16,7 @@
 //     "causal":     MASK | [MASK, ...]  with MASK = false | true | "top_left"   default false
 //     "window":     null | [L, R] | [null | [L, R], ...]  (-1 = unbounded)   default null
 //     "layout":     "bhsd" | "bshd" | [...]                       default "bhsd"
+//     "dtype":      "f32" | "bf16" | "f16" | [...]  storage of Q, K, V   default "f32"
 //     "threads":    INTS | "all" | [int or "all", ...]            default "all"
 //     "isa":        "all" | NAME | [NAME, ...]                    default: not an axis
 //   A grid's sparse pattern (include/attnlab/pattern.hpp; one per grid, not an axis: use

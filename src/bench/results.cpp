@@ -18,6 +18,7 @@
 #include "bench/bench_point.hpp"
 #include "bench/files.hpp"
 #include "bench/machine.hpp"
+#include "bench/point_schema.hpp"
 #include "bench/stats.hpp"
 
 namespace attnlab::bench {
@@ -316,23 +317,64 @@ PointFile died_point(const Json& marker, const PointRecord* base) {
 }
 
 std::vector<std::string> tidy_columns() {
-  return {"experiment", "id", "kernel", "isa", "status", "reason", "model", "version", "how", "batch", "q_heads", "kv_heads", "gqa_group",
-          "q_len", "kv_len", "head_dim", "head_dim_v", "mask", "causal", "window_left", "window_right", "pattern", "density", "layout",
-          "dtype", "threads", "flops", "bytes", "kv_bytes", "kv_bytes_per_token", "visible_pairs", "extra_bytes", "plan_bytes", "memory_bytes",
-          "repetitions", "rounds", "iterations", "time_median_s", "time_min_s", "time_max_s", "time_mean_s",
-          "time_stddev_s", "time_cv", "gflops", "gbytes_per_s", "peak_gflops", "peak_fraction",
-          "read_bw_gbs", "bw_fraction", "verdict", "err_o_rel", "tol_o_rel", "err_lse", "tol_lse",
-          "err_o_rel_f32_inputs", "verify_rows", "seconds_spent", "measured_at"};
+  std::vector<std::string> out;
+  PointRecord none;
+  for (const auto& c : tidy_row("", none)) out.push_back(c.name);
+  return out;
 }
 
-namespace {
-// Visible pairs over all (b, h, i, j) pairs: what a kernel that pays only for visible pairs
-// saves against the dense problem.
-double density(const Problem& p) {
-  return static_cast<double>(p.visible_pairs()) /
-         (static_cast<double>(p.batch * p.q_heads) * static_cast<double>(p.q_len) * static_cast<double>(p.kv_len));
+std::vector<TidyCell> tidy_row(const std::string& experiment, const PointRecord& r) {
+  const Problem& p = r.problem;
+  const bool timed = r.status == PointStatus::Ok && !r.times.empty();
+  const double t = timed ? r.time_median() : NAN;
+  const double tmean = timed ? mean(r.times) : NAN;
+  const double tsd = timed ? stddev(r.times) : NAN;
+  const double flops = p.flops(), bytes = p.bytes_moved();
+  // Time columns apply to timed points only; verification columns to verified ones.
+  auto if_timed = [&](double v) { return timed ? num(v) : std::string(); };
+  auto if_verified = [&](double v) { return r.verdict.empty() ? std::string() : num(v); };
+  std::vector<TidyCell> row = {{"experiment", experiment}, {"id", r.id},         {"kernel", r.kernel},
+                               {"isa", r.isa},             {"status", to_string(r.status)},
+                               {"reason", r.reason},       {"model", r.model},   {"version", r.version},
+                               {"how", r.how}};
+  const PointView view{r.kernel, p, r.threads, {}, r.model};
+  for (const PointField& f : point_fields()) row.push_back({f.name, f.value(view)});
+  const std::vector<TidyCell> measured = {
+      {"flops", num(flops)},
+      {"bytes", num(bytes)},
+      {"kv_bytes", num(p.kv_bytes())},
+      {"kv_bytes_per_token", num(p.kv_bytes_per_token())},
+      {"visible_pairs", std::to_string(p.visible_pairs())},
+      {"extra_bytes", std::to_string(r.extra_bytes)},
+      {"plan_bytes", std::to_string(r.plan_bytes)},
+      {"memory_bytes", std::to_string(r.memory_bytes)},
+      {"repetitions", std::to_string(r.times.size())},
+      {"rounds", std::to_string(r.rounds)},
+      {"iterations", std::to_string(r.iterations)},
+      {"time_median_s", if_timed(t)},
+      {"time_min_s", timed ? num(*std::min_element(r.times.begin(), r.times.end())) : ""},
+      {"time_max_s", timed ? num(*std::max_element(r.times.begin(), r.times.end())) : ""},
+      {"time_mean_s", if_timed(tmean)},
+      {"time_stddev_s", if_timed(tsd)},
+      {"time_cv", if_timed(tsd / tmean)},
+      {"gflops", if_timed(flops / t * 1e-9)},
+      {"gbytes_per_s", if_timed(bytes / t * 1e-9)},
+      {"peak_gflops", r.peak_flops > 0 ? num(r.peak_flops * 1e-9) : ""},
+      {"peak_fraction", r.peak_flops > 0 ? if_timed(flops / t / r.peak_flops) : ""},
+      {"read_bw_gbs", r.peak_read_bytes > 0 ? num(r.peak_read_bytes * 1e-9) : ""},
+      {"bw_fraction", r.peak_read_bytes > 0 ? if_timed(bytes / t / r.peak_read_bytes) : ""},
+      {"verdict", r.verdict},
+      {"err_o_rel", if_verified(r.err_o_rel)},
+      {"tol_o_rel", if_verified(r.tol_o_rel)},
+      {"err_lse", if_verified(r.err_lse)},
+      {"tol_lse", if_verified(r.tol_lse)},
+      {"err_o_rel_f32_inputs", if_verified(r.err_o_rel_f32_inputs)},
+      {"verify_rows", std::to_string(r.verify_rows)},
+      {"seconds_spent", num(r.seconds_spent)},
+      {"measured_at", r.measured_at}};
+  row.insert(row.end(), measured.begin(), measured.end());
+  return row;
 }
-}  // namespace
 
 std::string tidy_csv(const std::string& experiment, const std::vector<PointRecord>& records) {
   std::ostringstream out;
@@ -340,35 +382,8 @@ std::string tidy_csv(const std::string& experiment, const std::vector<PointRecor
   for (size_t i = 0; i < cols.size(); ++i) out << (i ? "," : "") << cols[i];
   out << "\n";
   for (const PointRecord& r : records) {
-    const Problem& p = r.problem;
-    const bool timed = r.status == PointStatus::Ok && !r.times.empty();
-    const double t = timed ? r.time_median() : NAN;
-    const double tmin = timed ? *std::min_element(r.times.begin(), r.times.end()) : NAN;
-    const double tmax = timed ? *std::max_element(r.times.begin(), r.times.end()) : NAN;
-    const double tmean = timed ? mean(r.times) : NAN;
-    const double tsd = timed ? stddev(r.times) : NAN;
-    const double flops = p.flops(), bytes = p.bytes_moved();
-    const double gflops = flops / t * 1e-9;
-    const double gbs = bytes / t * 1e-9;
-    // Time columns apply to timed points only; verification columns to verified ones.
-    auto if_timed = [&](double v) { return timed ? num(v) : std::string(); };
-    auto if_verified = [&](double v) { return r.verdict.empty() ? std::string() : num(v); };
-    const std::vector<std::string> row = {
-        experiment, r.id, r.kernel, r.isa, to_string(r.status), r.reason, r.model, r.version, r.how, std::to_string(p.batch),
-        std::to_string(p.q_heads), std::to_string(p.kv_heads), std::to_string(p.group()),
-        std::to_string(p.q_len), std::to_string(p.kv_len), std::to_string(p.head_dim), std::to_string(p.dim_v()), mask_name(p),
-        std::to_string(static_cast<int>(p.causal)), std::to_string(p.window_left),
-        std::to_string(p.window_right), p.pattern_name(), num(density(p)), to_string(p.layout), to_string(p.dtype), std::to_string(r.threads), num(flops),
-        num(bytes), num(p.kv_bytes()), num(p.kv_bytes_per_token()), std::to_string(p.visible_pairs()), std::to_string(r.extra_bytes), std::to_string(r.plan_bytes),
-        std::to_string(r.memory_bytes), std::to_string(r.times.size()), std::to_string(r.rounds), std::to_string(r.iterations),
-        if_timed(t), if_timed(tmin), if_timed(tmax), if_timed(tmean), if_timed(tsd), if_timed(tsd / tmean),
-        if_timed(gflops), if_timed(gbs), r.peak_flops > 0 ? num(r.peak_flops * 1e-9) : "",
-        r.peak_flops > 0 ? if_timed(flops / t / r.peak_flops) : "",
-        r.peak_read_bytes > 0 ? num(r.peak_read_bytes * 1e-9) : "",
-        r.peak_read_bytes > 0 ? if_timed(bytes / t / r.peak_read_bytes) : "", r.verdict,
-        if_verified(r.err_o_rel), if_verified(r.tol_o_rel), if_verified(r.err_lse), if_verified(r.tol_lse),
-        if_verified(r.err_o_rel_f32_inputs), std::to_string(r.verify_rows), num(r.seconds_spent), r.measured_at};
-    for (size_t i = 0; i < row.size(); ++i) out << (i ? "," : "") << csv_field(row[i]);
+    const auto row = tidy_row(experiment, r);
+    for (size_t i = 0; i < row.size(); ++i) out << (i ? "," : "") << csv_field(row[i].text);
     out << "\n";
   }
   return out.str();
@@ -399,6 +414,9 @@ void write_outputs(const std::string& dir, const SweepPlan& plan, const std::vec
     }
   }
   write_file_atomic(dir + "/results.csv", tidy_csv(plan.experiment, records));
+  Json schema = schema_json();
+  schema["columns"] = tidy_columns();
+  write_file_atomic(dir + "/schema.json", schema.dump(1) + "\n");
   // One benchmark per line: compact enough to commit, still readable and diffable.
   std::string text = "{\n\"context\": " + bench["context"].dump() + ",\n\"benchmarks\": [";
   for (size_t i = 0; i < bench["benchmarks"].size(); ++i) {

@@ -120,11 +120,19 @@ std::map<std::string, nlohmann::json> read_attempts(const std::string& dir);
 // reason "process died while measuring this point: started <when> by pid <pid> on <host>...".
 PointFile died_point(const nlohmann::json& marker, const PointRecord* base = nullptr);
 
-// The tidy CSV (header + one row per record, in the order given).
+// The tidy CSV (header + one row per record, in the order given): the record's labels, the
+// point's fields (point_schema.hpp, in its order), the measurement. tidy_row names each
+// column beside its text, so the header and the rows cannot drift apart.
+struct TidyCell {
+  const char* name;
+  std::string text;
+};
+std::vector<TidyCell> tidy_row(const std::string& experiment, const PointRecord& r);
 std::string tidy_csv(const std::string& experiment, const std::vector<PointRecord>& records);
 std::vector<std::string> tidy_columns();
 
-// Rewrites results.csv and bench.json from the point files, ordered by the plan.
+// Rewrites results.csv, bench.json and schema.json (point_schema.hpp: the fields results.csv
+// holds, which the reports read) from the point files, ordered by the plan.
 void write_outputs(const std::string& dir, const SweepPlan& plan, const std::vector<PointFile>& points);
 
 // Joins shard folders of one experiment into `out`: same experiment.json required; a point

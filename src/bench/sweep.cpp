@@ -130,14 +130,8 @@ std::string sanitize_gbench_json(const std::string& text) {
 
 // `k`: the kernel variant the point runs (nullptr: not in this build).
 std::string describe_point(const GridPoint& g, const Kernel* k) {
-  const Problem& p = g.problem;
-  std::ostringstream s;
-  s << (k ? kernel_label(*k) : g.kernel) << " b" << p.batch << " h" << p.q_heads << "/" << p.kv_heads << " q"
-    << p.q_len << " kv" << p.kv_len << " d" << p.head_dim
-    << (p.dim_v() != p.head_dim ? "/" + std::to_string(p.dim_v()) : std::string()) << " " << mask_name(p)
-    << (p.layout == Layout::BSHD ? " bshd" : "") << (p.dtype != DType::F32 ? std::string(" ") + to_string(p.dtype) : "")
-    << " t" << g.threads;
-  return s.str();
+  return bench::describe_point(PointView{g.kernel, g.problem, g.threads, g.isa, g.model},
+                               k ? kernel_label(*k) : g.kernel);
 }
 
 // Ctrl-C or a batch system's SIGTERM stops a sweep, which is not the running point's fault:
@@ -346,7 +340,7 @@ struct Runner {
     r.model = g.model;
     r.problem = g.problem;
     r.threads = g.threads;
-    r.name = point_name(g.kernel, g.problem, g.threads, g.isa) + (g.model.empty() ? "" : "/model:" + g.model);
+    r.name = point_name(PointView{g.kernel, g.problem, g.threads, g.isa, g.model});
     r.measured_at = now_iso8601();
     const PeakRef ref = peaks.ref(r.isa, g.threads);
     r.peak_flops = ref.flops;

@@ -1,0 +1,181 @@
+#include "bench/point_schema.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace attnlab::bench {
+
+namespace {
+
+std::string bound(int64_t v) { return v < 0 ? "inf" : std::to_string(v); }
+
+std::string real_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+bool never(const PointView&) { return false; }
+
+// One row per field. Lambdas without captures convert to the table's function pointers.
+#define ATTN_INT(expr) [](const PointView& v) { return std::to_string(expr); }
+#define ATTN_NUM(expr) [](const PointView& v) { return static_cast<double>(expr); }
+
+std::vector<PointField> make_fields() {
+  using V = const PointView&;
+  return {
+      {"batch", "int", "batch entries", true, 1, "-b", "/b:", never, ATTN_INT(v.problem.batch), "batch",
+       ATTN_NUM(v.problem.batch)},
+      {"q_heads", "int", "query heads", true, 2, "-hq", "/hq:", never, ATTN_INT(v.problem.q_heads), "q_heads",
+       ATTN_NUM(v.problem.q_heads)},
+      {"kv_heads", "int", "key/value heads (GQA: q_heads / kv_heads query heads share one)", true, 3, "-hkv",
+       "/hkv:", never, ATTN_INT(v.problem.kv_heads), "kv_heads", ATTN_NUM(v.problem.kv_heads)},
+      {"gqa_group", "int", "q_heads / kv_heads (derived)", false, 0, "", "", never, ATTN_INT(v.problem.group()),
+       nullptr, nullptr},
+      {"q_len", "int", "query rows per head", true, 4, "-sq", "/sq:", never, ATTN_INT(v.problem.q_len), "q_len",
+       ATTN_NUM(v.problem.q_len)},
+      {"kv_len", "int", "keys per head (the cache length for decode)", true, 5, "-sk", "/sk:", never,
+       ATTN_INT(v.problem.kv_len), "kv_len", ATTN_NUM(v.problem.kv_len)},
+      {"head_dim", "int", "d of Q and K", true, 6, "-d", "/d:", never, ATTN_INT(v.problem.head_dim), "head_dim",
+       ATTN_NUM(v.problem.head_dim)},
+      // In ids and names only when it differs from head_dim (then "...-d192v128-...").
+      {"head_dim_v", "int", "d of V and O (MLA's d_v != d_qk)", true, 7, "v", "/dv:",
+       [](V v) { return v.problem.dim_v() == v.problem.head_dim; }, ATTN_INT(v.problem.dim_v()), "head_dim_v",
+       ATTN_NUM(v.problem.dim_v())},
+      {"mask", "text", "causal alignment, window and sparse pattern, as one name", true, 8, "-", "/mask:", never,
+       [](V v) { return mask_name(v.problem); }, nullptr, nullptr},
+      {"causal", "int", "0 none, 1 bottom-right, 2 top-left", false, 0, "", "", never,
+       ATTN_INT(static_cast<int>(v.problem.causal)), "causal", ATTN_NUM(static_cast<int>(v.problem.causal))},
+      {"window_left", "int", "keys before the diagonal a row sees (-1: unbounded)", false, 0, "", "", never,
+       ATTN_INT(v.problem.window_left), "window_left", ATTN_NUM(v.problem.window_left)},
+      {"window_right", "int", "keys after the diagonal a row sees (-1: unbounded)", false, 0, "", "", never,
+       ATTN_INT(v.problem.window_right), "window_right", ATTN_NUM(v.problem.window_right)},
+      {"pattern", "text", "the sparse pattern's name (\"\" dense)", false, 0, "", "", never,
+       [](V v) { return v.problem.pattern_name(); }, nullptr, nullptr},
+      {"density", "real", "visible pairs / all pairs", false, 0, "", "", never,
+       [](V v) { return real_text(density(v.problem)); }, nullptr, nullptr},
+      {"layout", "text", "bhsd or bshd", true, 9, "-", "/layout:",
+       [](V v) { return v.problem.layout == Layout::BHSD; }, [](V v) { return std::string(to_string(v.problem.layout)); },
+       "bshd", ATTN_NUM(v.problem.layout == Layout::BSHD ? 1 : 0)},
+      {"dtype", "text", "storage of Q, K, V: f32, bf16, f16", true, 10, "-", "/dtype:",
+       [](V v) { return v.problem.dtype == DType::F32; }, [](V v) { return std::string(to_string(v.problem.dtype)); },
+       "dtype_bytes", ATTN_NUM(dtype_bytes(v.problem.dtype))},
+      {"threads", "int", "threads the kernel ran on", true, 11, "-t", "/t:", never, ATTN_INT(v.threads), "threads",
+       ATTN_NUM(v.threads)},
+  };
+}
+
+#undef ATTN_INT
+#undef ATTN_NUM
+
+// The grid's extras in the id and name after the table's fields; model's column is written
+// with the record's labels (results.cpp), so it is not in the table.
+struct Extra {
+  const char* id_prefix;
+  const char* name_prefix;
+  std::string_view PointView::*member;
+};
+constexpr Extra kExtras[] = {{"-", "/isa:", &PointView::isa}, {"-", "/model:", &PointView::model}};
+
+std::vector<const PointField*> in_id_order() {
+  std::vector<const PointField*> out;
+  for (const PointField& f : point_fields()) {
+    if (f.id_rank > 0) out.push_back(&f);
+  }
+  std::sort(out.begin(), out.end(), [](const PointField* a, const PointField* b) { return a->id_rank < b->id_rank; });
+  return out;
+}
+
+std::string joined(const PointView& v, std::string head, bool id) {
+  static const std::vector<const PointField*> order = in_id_order();
+  for (const PointField* f : order) {
+    if (!f->omitted(v)) (head += id ? f->id_prefix : f->name_prefix) += f->value(v);
+  }
+  for (const Extra& e : kExtras) {
+    const std::string_view value = v.*e.member;
+    if (!value.empty()) (head += id ? e.id_prefix : e.name_prefix) += value;
+  }
+  return head;
+}
+
+}  // namespace
+
+std::string mask_name(const Problem& p) {
+  std::string m;
+  if (p.causal == CausalAlign::BottomRight) m = "causal";
+  if (p.causal == CausalAlign::TopLeft) m = "causal_tl";
+  if (p.window_left >= 0 || p.window_right >= 0) {
+    m += (m.empty() ? "" : "_");
+    m += "window_" + bound(p.window_left) + "_" + bound(p.window_right);
+  }
+  if (p.sparse()) {
+    if (!m.empty()) m += '_';
+    m += p.pattern_name();
+  }
+  return m.empty() ? "none" : m;
+}
+
+double density(const Problem& p) {
+  return static_cast<double>(p.visible_pairs()) /
+         (static_cast<double>(p.batch * p.q_heads) * static_cast<double>(p.q_len) * static_cast<double>(p.kv_len));
+}
+
+const std::vector<PointField>& point_fields() {
+  static const std::vector<PointField> fields = make_fields();
+  return fields;
+}
+
+std::string point_id(const PointView& v) { return joined(v, std::string(v.kernel), true); }
+
+std::string point_name(const PointView& v) { return joined(v, "attn/" + std::string(v.kernel), false); }
+
+std::string describe_point(const PointView& v, std::string_view label) {
+  const Problem& p = v.problem;
+  std::string s = std::string(label) + " b" + std::to_string(p.batch) + " h" + std::to_string(p.q_heads) + "/" +
+                  std::to_string(p.kv_heads) + " q" + std::to_string(p.q_len) + " kv" + std::to_string(p.kv_len) +
+                  " d" + std::to_string(p.head_dim);
+  if (p.dim_v() != p.head_dim) (s += '/') += std::to_string(p.dim_v());
+  (s += ' ') += mask_name(p);
+  // Every id field after the mask but threads (layout, dtype, a new axis), as its value when
+  // not at its default; then the threads.
+  static const std::vector<const PointField*> order = in_id_order();
+  bool after_mask = false;
+  for (const PointField* f : order) {
+    const std::string_view name = f->name;
+    if (after_mask && name != "threads" && !f->omitted(v)) (s += ' ') += f->value(v);
+    after_mask = after_mask || name == "mask";
+  }
+  return (s += " t") += std::to_string(v.threads);
+}
+
+nlohmann::json schema_json() {
+  nlohmann::json fields = nlohmann::json::array();
+  for (const PointField& f : point_fields()) {
+    fields.push_back({{"name", f.name},
+                      {"type", f.type},
+                      {"describe", f.describe},
+                      {"shape", f.shape},
+                      {"in_id", f.id_rank > 0}});
+  }
+  fields.push_back({{"name", "model"},
+                    {"type", "text"},
+                    {"describe", "the experiment grid's model label (\"\" none)"},
+                    {"shape", true},
+                    {"in_id", true}});
+  // The id's and name's segments in order (after the kernel), so a reader maps a Google
+  // Benchmark name to its id (scripts/compare.py): a segment absent from the name is absent
+  // from the id.
+  nlohmann::json id = nlohmann::json::array();
+  const auto key = [](std::string_view name_prefix) {  // "/hq:" -> "hq"
+    return std::string(name_prefix.substr(1, name_prefix.size() - 2));
+  };
+  for (const PointField* f : in_id_order()) {
+    id.push_back({{"key", key(f->name_prefix)}, {"id_prefix", f->id_prefix}, {"name_prefix", f->name_prefix}});
+  }
+  for (const Extra& e : kExtras) {
+    id.push_back({{"key", key(e.name_prefix)}, {"id_prefix", e.id_prefix}, {"name_prefix", e.name_prefix}});
+  }
+  return {{"schema", "attnlab-point-1"}, {"fields", fields}, {"id", id}};
+}
+
+}  // namespace attnlab::bench

@@ -1,0 +1,74 @@
+// The point schema: what a measured point is, field by field, described once. A field's row
+// says its results.csv column (and schema.json name), its type, whether it is part of the
+// point's shape (reports group and hold fixed on shape fields), its segment in the point id
+// and in the Google Benchmark name (left out at its default, so the ids of points from before
+// an axis existed stay as they were and old folders still resume), and its Google Benchmark
+// counter. Point ids and names, the counters, the point columns of results.csv, the sweep's
+// one-line description and each results folder's schema.json (which scripts/report.py and
+// scripts/compare.py read) all come from this table.
+//
+// Adding an axis: its field in Problem (or the grid extras below), then one row in
+// point_schema.cpp; the experiment key that sets it (experiment.cpp) and the kernels that use
+// it are the rest (docs/architecture.md).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "attnlab/problem.hpp"
+
+namespace attnlab::bench {
+
+// A point as the schema sees it: the problem and the grid's extras.
+struct PointView {
+  std::string_view kernel;
+  const Problem& problem;
+  int threads = 1;
+  std::string_view isa;    // the target named by an experiment's "isa" key ("" = default)
+  std::string_view model;  // the grid's "model" label ("" = none)
+};
+
+struct PointField {
+  const char* name;      // results.csv column, schema.json name, counter name unless `counter` says
+  const char* type;      // "int", "real" or "text"
+  const char* describe;  // one line: what it is
+  bool shape;            // part of the shape (a report's held-fixed set); false: derived or a label
+  // The point id's segment: id_prefix + value, after the kernel, in id_rank order (0: not in
+  // the id or name); name_prefix the same in the Google Benchmark name. `omitted` true: the
+  // field is at the default that ids have always left out.
+  int id_rank;
+  const char* id_prefix;
+  const char* name_prefix;
+  bool (*omitted)(const PointView&);
+  std::string (*value)(const PointView&);  // the column's text (and the segment's value)
+  // A Google Benchmark counter (plots read counters, never names): its name, and its value;
+  // nullptr: none.
+  const char* counter;
+  double (*counter_value)(const PointView&);
+};
+
+// The table, in results.csv column order.
+const std::vector<PointField>& point_fields();
+
+// "flash-b1-hq8-hkv8-sq4096-sk4096-d128-none-t2" (+ "-bshd", "-bf16", "-avx2", "-MODEL", ...).
+std::string point_id(const PointView& v);
+// "attn/flash/b:1/hq:8/hkv:8/sq:4096/sk:4096/d:128/mask:none/t:2" (+ "/isa:avx2", ...).
+std::string point_name(const PointView& v);
+// "flash[avx2] b1 h8/8 q4096 kv4096 d128 none t2": the sweep's progress line; `label` is the
+// kernel as output names it (kernel_label).
+std::string describe_point(const PointView& v, std::string_view label);
+
+// What schema.json holds: {"schema": "attnlab-point-1", "fields": [{name, type, describe,
+// shape, in_id}, ...]}.
+nlohmann::json schema_json();
+
+// "none", "causal", "causal_tl", "window_L_R", "causal_window_L_R" (L/R: -1 = unbounded),
+// then the sparse pattern's name.
+std::string mask_name(const Problem& p);
+// Visible pairs over all (b, h, i, j) pairs.
+double density(const Problem& p);
+
+}  // namespace attnlab::bench
