@@ -111,14 +111,12 @@ __global__ void half_warps_with_their_masks(float* out) {
 }
 
 // Multiplies shared memory that nothing wrote by 0 (as a kernel that loads no padding would).
-__global__ void zero_times_unwritten(float* out) {
-  out[threadIdx.x] = 0.f * dynamic_smem<float>()[threadIdx.x];
-}
+__global__ void zero_times_unwritten(float* out) { out[threadIdx.x] = 0.f * dynamic_smem<float>()[threadIdx.x]; }
 
 void run(int which, float* out, unsigned threads) {
-  void (*const kernels[])(float*) = {missing_barrier,       with_barrier,           divergent_barrier,
-                                     group_reductions,      mask_leaves_out_lanes,  reads_outside_the_mask,
-                                     half_warps_with_their_masks, zero_times_unwritten};
+  void (*const kernels[])(float*) = {
+      missing_barrier,       with_barrier,           divergent_barrier,           group_reductions,
+      mask_leaves_out_lanes, reads_outside_the_mask, half_warps_with_their_masks, zero_times_unwritten};
   launch_kernel(kernels[which], dim3(1), dim3(threads), threads * sizeof(float), nullptr, out);
 }
 

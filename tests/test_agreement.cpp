@@ -1,11 +1,10 @@
 // Every registered kernel against the float64 reference over a grid of shapes: odd sizes,
 // q_len != kv_len both ways, head dims that are and are not multiples of the vector width,
 // MHA / GQA / MQA, batch 1-3, causal (both alignments), windows, kv_lens with zeros and
-// both layouts; head_dim_v != head_dim (MLA); vector tails (head dims 1 to 512 that are not multiples of 16) and decode's
-// chunk merge (kv_len around its 512-key chunk, q_len 1..16, kv_lens cutting inside a chunk).
-// A quarter of the cases also run with bf16 and another quarter with f16 storage.
-// Kernels are taken from the registry, so a new kernel is tested with no change here.
-// Unavailable kernels (e.g. CUDA without a device) are skipped with the reason.
+// both layouts; head_dim_v != head_dim (MLA); vector tails (head dims 1 to 512 that are not multiples of 16) and
+// decode's chunk merge (kv_len around its 512-key chunk, q_len 1..16, kv_lens cutting inside a chunk). A quarter of the
+// cases also run with bf16 and another quarter with f16 storage. Kernels are taken from the registry, so a new kernel
+// is tested with no change here. Unavailable kernels (e.g. CUDA without a device) are skipped with the reason.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,15 +35,21 @@ constexpr int64_t kSplitDims[][2] = {{192, 128}, {576, 512}, {64, 128}, {40, 24}
 constexpr int64_t kChunkLens[] = {511, 512, 513, 1500, 4097};
 
 enum class MaskKind {
-  None, Causal, CausalTopLeft, WindowCausal, WindowBoth, KvLens, KvLensCausal,
-  WindowWide,                 // a window of 2/3 of kv_len: its left edge falls inside a chunk
-  KvLensCut, KvLensCutCausal  // kv_lens {kv_len - 1, 0, min(kv_len, 513)}: cut inside chunks
+  None,
+  Causal,
+  CausalTopLeft,
+  WindowCausal,
+  WindowBoth,
+  KvLens,
+  KvLensCausal,
+  WindowWide,  // a window of 2/3 of kv_len: its left edge falls inside a chunk
+  KvLensCut,
+  KvLensCutCausal  // kv_lens {kv_len - 1, 0, min(kv_len, 513)}: cut inside chunks
 };
-constexpr MaskKind kMasks[] = {MaskKind::None,       MaskKind::Causal,   MaskKind::CausalTopLeft,
-                               MaskKind::WindowCausal, MaskKind::WindowBoth, MaskKind::KvLens,
-                               MaskKind::KvLensCausal};
-constexpr MaskKind kChunkMasks[] = {MaskKind::None,       MaskKind::Causal,    MaskKind::CausalTopLeft,
-                                    MaskKind::WindowWide, MaskKind::WindowBoth, MaskKind::KvLensCut,
+constexpr MaskKind kMasks[] = {MaskKind::None,       MaskKind::Causal, MaskKind::CausalTopLeft, MaskKind::WindowCausal,
+                               MaskKind::WindowBoth, MaskKind::KvLens, MaskKind::KvLensCausal};
+constexpr MaskKind kChunkMasks[] = {MaskKind::None,           MaskKind::Causal,     MaskKind::CausalTopLeft,
+                                    MaskKind::WindowWide,     MaskKind::WindowBoth, MaskKind::KvLensCut,
                                     MaskKind::KvLensCutCausal};
 const char* mask_name(MaskKind m) {
   switch (m) {
@@ -67,8 +72,7 @@ struct Case {
   std::string name;
 };
 
-Case make_case(int64_t sq, int64_t sk, int64_t d, int hi, int64_t batch, MaskKind mask, Layout layout,
-               int64_t dv = 0) {
+Case make_case(int64_t sq, int64_t sk, int64_t d, int hi, int64_t batch, MaskKind mask, Layout layout, int64_t dv = 0) {
   Case c;
   Problem& p = c.p;
   p.batch = batch, p.q_heads = kHeads[hi][0], p.kv_heads = kHeads[hi][1];
@@ -97,8 +101,7 @@ Case make_case(int64_t sq, int64_t sk, int64_t d, int hi, int64_t batch, MaskKin
   std::ostringstream name;  // (a stream: GCC 12 warns falsely on chained string +)
   name << "q" << sq << "_k" << sk << "_d" << d;
   if (dv) name << "v" << dv;
-  name << "_h" << p.q_heads << "x" << p.kv_heads << "_b"
-       << batch << "_";
+  name << "_h" << p.q_heads << "x" << p.kv_heads << "_b" << batch << "_";
   if (mask == MaskKind::WindowWide) {
     name << "win" << p.window_left << "_" << p.window_right;
   } else {

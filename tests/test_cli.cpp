@@ -46,9 +46,8 @@ class Cli : public ::testing::Test {
  protected:
   fs::path dir;
   void SetUp() override {
-    dir = fs::temp_directory_path() /
-          ("attn_cli_" + std::to_string(::getpid()) + "_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir = fs::temp_directory_path() / ("attn_cli_" + std::to_string(::getpid()) + "_" +
+                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir);
   }
   void TearDown() override { fs::remove_all(dir); }
@@ -84,7 +83,8 @@ TEST_F(Cli, ListShowsEveryKernel) {
   EXPECT_TRUE(std::regex_search(r.out, flash_row)) << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex("\\nnaive +yes +baseline +baseline +baseline "))) << r.out;
   // Each kernel's precision: the storage dtypes it reads and what it computes in.
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("\\nflash .* f32/bf16/f16 in, widened exactly; f32 compute"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("\\nflash .* f32/bf16/f16 in, widened exactly; f32 compute")))
+      << r.out;
 }
 
 // --isa on run, verify, peak and sweep: a target is used and named in the output; one this
@@ -93,11 +93,12 @@ TEST_F(Cli, IsaFlagSelectsTargetsAndRefusesOthers) {
   const std::string shape = " --q-len 9 --kv-len 17 --head-dim 16 --q-heads 2 --kv-heads 1";
   const Result all = attnlab("verify --impl naive,flash --isa all" + shape);
   ASSERT_EQ(all.code, 0) << all.out;
-  for (const auto& t : runnable_isas()) EXPECT_NE(all.out.find("  flash[" + t + "] "), std::string::npos) << t << all.out;
+  for (const auto& t : runnable_isas())
+    EXPECT_NE(all.out.find("  flash[" + t + "] "), std::string::npos) << t << all.out;
   EXPECT_NE(all.out.find("  naive "), std::string::npos) << all.out;
   const size_t n = runnable_isas().size() + 1;
-  EXPECT_NE(all.out.find("verified " + std::to_string(n) + " of " + std::to_string(n) + " kernels"),
-            std::string::npos) << all.out;
+  EXPECT_NE(all.out.find("verified " + std::to_string(n) + " of " + std::to_string(n) + " kernels"), std::string::npos)
+      << all.out;
 
   const Result scalar = attnlab("verify --impl flash,decode --isa scalar" + shape);
   EXPECT_EQ(scalar.code, 0) << scalar.out;
@@ -134,7 +135,8 @@ TEST_F(Cli, IsaFlagSelectsTargetsAndRefusesOthers) {
     const Result env_l2 = attnlab("list", std::string("ATTN_L2_BYTES=") + l2 + " ");
     EXPECT_EQ(env_l2.code, 2) << l2 << "\n" << env_l2.out;
     EXPECT_NE(env_l2.out.find(std::string("ATTN_L2_BYTES: '") + l2 + "' is not allowed; allowed: 65536 to "),
-              std::string::npos) << env_l2.out;
+              std::string::npos)
+        << env_l2.out;
   }
   EXPECT_EQ(attnlab("list", "ATTN_L2_BYTES=2097152 ").code, 0);
 
@@ -144,12 +146,13 @@ TEST_F(Cli, IsaFlagSelectsTargetsAndRefusesOthers) {
     if (!cpu_runs_isa(t)) missing = t;
   }
   if (missing.empty()) GTEST_SKIP() << "this CPU runs every built target";
-  for (const std::string& cmd : std::vector<std::string>{"verify --impl flash" + shape,
-                                                          "run --impl flash " + qkv() + " --out " + path("o3.npy"),
-                                                          "peak --threads 1 --repeats 1", "sweep --experiment quick --dry-run"}) {
+  for (const std::string& cmd :
+       std::vector<std::string>{"verify --impl flash" + shape, "run --impl flash " + qkv() + " --out " + path("o3.npy"),
+                                "peak --threads 1 --repeats 1", "sweep --experiment quick --dry-run"}) {
     const Result r = attnlab(cmd + " --isa " + missing);
     EXPECT_EQ(r.code, 2) << cmd << "\n" << r.out;
-    EXPECT_NE(r.out.find("isa: this CPU cannot run " + missing + "; it runs "), std::string::npos) << cmd << "\n" << r.out;
+    EXPECT_NE(r.out.find("isa: this CPU cannot run " + missing + "; it runs "), std::string::npos) << cmd << "\n"
+                                                                                                   << r.out;
     EXPECT_NE(r.out.find("CPU features: "), std::string::npos) << r.out;
   }
   EXPECT_FALSE(fs::exists(path("o3.npy")));
@@ -168,7 +171,8 @@ TEST_F(Cli, PeakMeasuresEveryTarget) {
     measured.push_back(t["isa"]);
     EXPECT_GT(t["rows"][0]["fma_flops"].get<double>(), 0) << t.dump();
     EXPECT_NE(all.out.find(t["isa"].get<std::string>() + ": " + std::to_string(t["lanes"].get<int>()) + " float lanes"),
-              std::string::npos) << all.out;
+              std::string::npos)
+        << all.out;
   }
   EXPECT_EQ(measured, runnable_isas());
   EXPECT_EQ(j["simd_arch"], default_isa());
@@ -186,8 +190,8 @@ TEST_F(Cli, RunRoundTripMatchesReference) {
   p.causal = CausalAlign::BottomRight;
   p.kv_lens = {19, 5};
   Tensors t = write_inputs(p);
-  const Result r = attnlab("run --impl blocked " + qkv() + " --out " + path("o.npy") + " --lse " +
-                           path("lse.npy") + " --layout bshd --causal --kv-lens 19,5 --threads 1");
+  const Result r = attnlab("run --impl blocked " + qkv() + " --out " + path("o.npy") + " --lse " + path("lse.npy") +
+                           " --layout bshd --causal --kv-lens 19,5 --threads 1");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("time "), std::string::npos) << r.out;
   NpyArray o = read_npy(path("o.npy"));
@@ -250,8 +254,8 @@ TEST_F(Cli, VerifyExpectRefusesFiniteWhereTheReferenceIsNaN) {
   // LSE: a finite value where the reference's LSE is NaN.
   lse[row] = 1.5f;
   write_npy(path("lse_bad.npy"), lse.data(), {1, 4, 9});
-  const Result bad_lse = attnlab("verify --impl naive " + qkv() + " --expect " + path("o_nan.npy") +
-                                 " --expect-lse " + path("lse_bad.npy"));
+  const Result bad_lse = attnlab("verify --impl naive " + qkv() + " --expect " + path("o_nan.npy") + " --expect-lse " +
+                                 path("lse_bad.npy"));
   EXPECT_EQ(bad_lse.code, 1) << bad_lse.out;
 }
 
@@ -271,8 +275,9 @@ TEST(Measure, FiniteWhereReferenceIsNaNIsInfinite) {
 }
 
 TEST_F(Cli, VerifyRandomShapeAndDefaults) {
-  Result one = attnlab("verify --impl naive,blocked --batch 2 --q-heads 4 --kv-heads 1 --q-len 9 --kv-len 33 "
-                       "--head-dim 20 --window 4,1 --kv-lens 0,30 --layout bshd");
+  Result one = attnlab(
+      "verify --impl naive,blocked --batch 2 --q-heads 4 --kv-heads 1 --q-len 9 --kv-len 33 "
+      "--head-dim 20 --window 4,1 --kv-lens 0,30 --layout bshd");
   EXPECT_EQ(one.code, 0) << one.out;
   EXPECT_NE(one.out.find("kv_lens=0,30"), std::string::npos) << one.out;
   Result all = attnlab("verify --impl naive");
@@ -318,7 +323,8 @@ TEST_F(Cli, VerifyAllSkipsWithReasonsAndCounts) {
     runnable += k->available() && k->supports(p);
   }
   ASSERT_LT(runnable, total);  // decode at least is skipped
-  const std::string line = "verified " + std::to_string(runnable) + " of " + std::to_string(total) + " kernels; not run: ";
+  const std::string line =
+      "verified " + std::to_string(runnable) + " of " + std::to_string(total) + " kernels; not run: ";
   EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
   EXPECT_NE(r.out.find("all kernels that ran agree"), std::string::npos) << r.out;
 }
@@ -348,7 +354,8 @@ TEST_F(Cli, BadInputGetsClearErrorsAndWritesNothing) {
   }
   // Bad .npy files: bad magic, wrong dtype, truncated, shapes that do not fit.
   std::ofstream(path("junk.npy")) << "definitely not numpy";
-  Result r = attnlab("run --impl naive --q " + path("junk.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out);
+  Result r =
+      attnlab("run --impl naive --q " + path("junk.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("bad magic"), std::string::npos) << r.out;
   const float x[8] = {};
@@ -417,7 +424,8 @@ TEST_F(Cli, MaskFileVerifiesAndBadMasksAreRefused) {
   write_npy(path("float.npy"), std::vector<float>(n * n, 1.f).data(), {n, n});
   const Result f = attnlab("verify --impl naive " + shape + "--mask " + path("float.npy"));
   EXPECT_NE(f.code, 0);
-  EXPECT_NE(f.out.find("dtype '<f4' is not a mask; allowed: bool ('|b1') or uint8 ('|u1')"), std::string::npos) << f.out;
+  EXPECT_NE(f.out.find("dtype '<f4' is not a mask; allowed: bool ('|b1') or uint8 ('|u1')"), std::string::npos)
+      << f.out;
 
   bool_npy("rank3.npy", {1, n, n}, [](int64_t) { return true; });
   const Result r3 = attnlab("verify --impl naive " + shape + "--mask " + path("rank3.npy"));
@@ -443,14 +451,16 @@ TEST_F(Cli, SixteenBitInputs) {
     write_npy16(path("q" + ext + ".npy"), t.inputs.q16.data, qs, d);
     write_npy16(path("k" + ext + ".npy"), t.inputs.k16.data, ks, d);
     write_npy16(path("v" + ext + ".npy"), t.inputs.v16.data, ks, d);
-    const std::string files = "--q " + path("q" + ext + ".npy") + " --k " + path("k" + ext + ".npy") + " --v " +
-                              path("v" + ext + ".npy");
+    const std::string files =
+        "--q " + path("q" + ext + ".npy") + " --k " + path("k" + ext + ".npy") + " --v " + path("v" + ext + ".npy");
     const std::string flag = d == DType::BF16 ? " --dtype bf16" : "";  // f16 is inferred from '<f2'
-    const Result r = attnlab("run --impl flash " + files + flag + " --out " + path("o.npy") + " --lse " + path("l.npy"));
+    const Result r =
+        attnlab("run --impl flash " + files + flag + " --out " + path("o.npy") + " --lse " + path("l.npy"));
     ASSERT_EQ(r.code, 0) << r.out;
     NpyArray o = read_npy(path("o.npy")), l = read_npy(path("l.npy"));
     const Agreement a = prepare_agreement(pd, t.inputs, all_rows(pd));
-    const Errors e = measure(a.ref, as_const(make_view<float>(o.data.data(), 1, 4, 6, 24, Layout::BHSD)), l.data.data(), pd);
+    const Errors e =
+        measure(a.ref, as_const(make_view<float>(o.data.data(), 1, 4, 6, 24, Layout::BHSD)), l.data.data(), pd);
     EXPECT_TRUE(a.tol.passes(e)) << to_string(d) << ": " << a.tol.why_failed(e);
     // The float32 files rounded on load give the same output, bit for bit.
     const Result r2 = attnlab("run --impl flash " + qkv() + " --dtype " + to_string(d) + " --out " + path("o2.npy"));
@@ -458,7 +468,8 @@ TEST_F(Cli, SixteenBitInputs) {
     NpyArray o2 = read_npy(path("o2.npy"));
     EXPECT_EQ(0, std::memcmp(o.data.data(), o2.data.data(), o.data.size() * 4)) << to_string(d);
     // verify runs every kernel on the stored values.
-    const Result v = attnlab("verify --impl all --dtype " + std::string(to_string(d)) + " --q-len 9 --kv-len 40 --head-dim 20");
+    const Result v =
+        attnlab("verify --impl all --dtype " + std::string(to_string(d)) + " --q-len 9 --kv-len 40 --head-dim 20");
     EXPECT_EQ(v.code, 0) << v.out;
     EXPECT_NE(v.out.find(std::string("dtype=") + to_string(d)), std::string::npos) << v.out;
   }
@@ -494,7 +505,9 @@ TEST_F(Cli, F16OverflowIsReported) {
   const Result r = attnlab("run --impl naive " + qkv() + " --dtype f16 --out " + path("o.npy"));
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("warning: K holds 1 NaN/Inf value(s), first at flat index 2 (1 of them overflowed to inf "
-                       "when rounded to f16)"), std::string::npos) << r.out;
+                       "when rounded to f16)"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST_F(Cli, NanInputsAreReported) {
@@ -554,11 +567,11 @@ TEST_F(Cli, HugeWindowBoundsAreUnbounded) {
   Problem p = test::shape(1, 2, 1, 5, 9, 8);
   write_inputs(p);
   ASSERT_EQ(attnlab("run --impl naive " + qkv() + " --out " + path("o.npy") + " --lse " + path("l.npy")).code, 0);
-  for (const char* w : {"-1,9223372036854775807", "9223372036854775807,-1", "9223372036854775807,9223372036854775807",
-                        "14,14"}) {
+  for (const char* w :
+       {"-1,9223372036854775807", "9223372036854775807,-1", "9223372036854775807,9223372036854775807", "14,14"}) {
     SCOPED_TRACE(w);
-    const Result r = attnlab("run --impl flash " + qkv() + " --out " + path("ow.npy") + " --lse " +
-                             path("lw.npy") + " --window " + w);
+    const Result r = attnlab("run --impl flash " + qkv() + " --out " + path("ow.npy") + " --lse " + path("lw.npy") +
+                             " --window " + w);
     ASSERT_EQ(r.code, 0) << r.out;
     const NpyArray o = read_npy(path("o.npy")), ow = read_npy(path("ow.npy"));
     const NpyArray l = read_npy(path("l.npy")), lw = read_npy(path("lw.npy"));
@@ -582,7 +595,8 @@ TEST_F(Cli, MemoryBudgetRefusesOversizedWorkspaces) {
       << naive.out;
   EXPECT_NE(naive.out.find("memory: needs 289.0 KiB (295936 bytes: workspace 256.0 KiB + Q, K, V, O, LSE 33.0 KiB), "
                            "above the memory budget of 128.0 KiB (131072 bytes, set by ATTN_MEMORY_BUDGET)"),
-            std::string::npos) << naive.out;
+            std::string::npos)
+      << naive.out;
   EXPECT_FALSE(fs::exists(path("o.npy")));
   const Result flash = attnlab("run --impl flash --threads 1 " + qkv() + " --out " + path("o.npy"), budget);
   EXPECT_EQ(flash.code, 0) << flash.out;
@@ -590,8 +604,8 @@ TEST_F(Cli, MemoryBudgetRefusesOversizedWorkspaces) {
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("ATTN_MEMORY_BUDGET: 'lots' is not a memory size"), std::string::npos) << bad.out;
   // verify refuses before building inputs and a float64 reference over 2^34 rows x keys.
-  const Result huge = attnlab("verify --impl naive --q-len 131072 --kv-len 131072 --head-dim 8",
-                              "ATTN_MEMORY_BUDGET=1G timeout 30 ");
+  const Result huge =
+      attnlab("verify --impl naive --q-len 131072 --kv-len 131072 --head-dim 8", "ATTN_MEMORY_BUDGET=1G timeout 30 ");
   EXPECT_EQ(huge.code, 3) << huge.out;
   EXPECT_NE(huge.out.find("SKIP (memory: needs 64.1 GiB"), std::string::npos) << huge.out;
 }

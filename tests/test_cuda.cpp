@@ -186,8 +186,7 @@ TEST(Cuda, FlashRefusesShapesBeyondTheGridLimits) {
   const char* why = cuda_emu::flash_ops.unsupported(cuda_impl::problem_args(p));
   EXPECT_NE(std::string(why).find("kv_heads"), std::string::npos) << why;
   p = test::shape(70000, 1, 1, 4, 4, 64);
-  EXPECT_NE(std::string(cuda_emu::flash_ops.unsupported(cuda_impl::problem_args(p))).find("batch"),
-            std::string::npos);
+  EXPECT_NE(std::string(cuda_emu::flash_ops.unsupported(cuda_impl::problem_args(p))).find("batch"), std::string::npos);
   p = test::shape(2, 8, 2, 300, 300, 64);
   EXPECT_STREQ(cuda_emu::flash_ops.unsupported(cuda_impl::problem_args(p)), "");
   // Shared memory stays within what sm_86/89 parts allow (99 KiB) for every head_dim bucket.
@@ -236,8 +235,8 @@ TEST(Cuda, FlashTilePlanCoversEveryKeyAndMasksEveryCutTile) {
                         ASSERT_LT(t, rows_total) << "a block with absent rows has no mask-free tile";
                         const Interval iv = mask.row(t / group);
                         ASSERT_TRUE(iv.lo <= j0 && j0 + width <= iv.hi)
-                            << "tile [" << j0 << ", " << j0 + width << ") row " << t / group << " sees ["
-                            << iv.lo << ", " << iv.hi << ")";
+                            << "tile [" << j0 << ", " << j0 + width << ") row " << t / group << " sees [" << iv.lo
+                            << ", " << iv.hi << ")";
                       }
                     }
                   }
@@ -288,7 +287,8 @@ TEST(CudaEmulation, UnwrittenSharedMemoryIsNan) {
   constexpr unsigned kThreads = 32;
   std::vector<float> out(kThreads, 1.f);
   cuda_emu::selftest::run(7, out.data(), kThreads);
-  for (unsigned t = 0; t < kThreads; ++t) EXPECT_TRUE(std::isnan(out[t])) << "0 x unwritten memory must stay visible, lane " << t;
+  for (unsigned t = 0; t < kThreads; ++t)
+    EXPECT_TRUE(std::isnan(out[t])) << "0 x unwritten memory must stay visible, lane " << t;
 }
 
 // Fully masked rows are written (O = 0, LSE = -inf), not left to whatever the buffer held: the
@@ -329,9 +329,9 @@ TEST(Cuda, OneRowOutputCopiesBackWithAValidPitch) {
   const int64_t pitch = 31;
   std::vector<float> o5(static_cast<size_t>(p.batch * p.q_heads * p.q_len * pitch));
   Tensors t5 = random_tensors(p, 2);
-  const Outputs out5{MutView{o5.data(), p.batch, p.q_heads, p.q_len, p.head_dim, p.q_heads * p.q_len * pitch,
-                             p.q_len * pitch, pitch},
-                     t5.outputs.lse};
+  const Outputs out5{
+      MutView{o5.data(), p.batch, p.q_heads, p.q_len, p.head_dim, p.q_heads * p.q_len * pitch, p.q_len * pitch, pitch},
+      t5.outputs.lse};
   const cuda_impl::RowBlockCopy c5 = cuda_impl::o_row_blocks(cuda_impl::device_args(p, t5.inputs, out5));
   EXPECT_EQ(c5.pitch, pitch);
   EXPECT_EQ(c5.rows, 5);
@@ -424,8 +424,8 @@ std::vector<EmuCase> emu_cases() {
   std::vector<Shape> random_shapes;
   for (int n = 0; n < 24; ++n) {
     const auto& h = heads[pick(0, 4)];
-    Shape s{pick(1, 2), h[0], h[1], pick(1, 80), pick(1, 140), n % 8 == 7 ? pick(129, 512) : pick(1, 128),
-            N, -1, -1, {}, pick(0, 1) ? H : S, nullptr};
+    Shape s{pick(1, 2), h[0], h[1], pick(1, 80), pick(1, 140),       n % 8 == 7 ? pick(129, 512) : pick(1, 128),
+            N,          -1,   -1,   {},          pick(0, 1) ? H : S, nullptr};
     switch (pick(0, 5)) {
       case 0: break;
       case 1: s.causal = BR; break;
@@ -572,9 +572,9 @@ TEST_F(CudaDevice, StridedOutputViewWritesOnlyItsRows) {
   // O rows padded to 47 floats; the padding holds a sentinel that must survive.
   const int64_t pitch = 47;
   std::vector<float> o(static_cast<size_t>(p.batch * p.q_heads * p.q_len * pitch), -7.f);
-  Outputs out{MutView{o.data(), p.batch, p.q_heads, p.q_len, p.head_dim, p.q_heads * p.q_len * pitch,
-                      p.q_len * pitch, pitch},
-              t.outputs.lse};
+  Outputs out{
+      MutView{o.data(), p.batch, p.q_heads, p.q_len, p.head_dim, p.q_heads * p.q_len * pitch, p.q_len * pitch, pitch},
+      t.outputs.lse};
   for (const Kernel* k : {&cuda::naive(), &cuda::flash()}) {
     std::fill(o.begin(), o.end(), -7.f);
     Session s(*k, p, 1);

@@ -46,8 +46,10 @@ TEST(Dtype, F16WideningIsExactForEveryPattern) {
     const float f = to_float(f16{static_cast<uint16_t>(h)});
     const int exp = (h >> 10) & 31;
     if (exp == 31) {
-      if ((h & 1023) == 0) EXPECT_EQ(f, (h >> 15) ? -INFINITY : INFINITY);
-      else EXPECT_TRUE(std::isnan(f)) << h;
+      if ((h & 1023) == 0)
+        EXPECT_EQ(f, (h >> 15) ? -INFINITY : INFINITY);
+      else
+        EXPECT_TRUE(std::isnan(f)) << h;
       continue;
     }
     ASSERT_EQ(static_cast<double>(f), f16_value(static_cast<uint16_t>(h))) << h;
@@ -110,8 +112,8 @@ TEST(Dtype, SpecialValuesAndBoundaries) {
   EXPECT_EQ(to_float(to_f16(65520.f)), inf);      // the tie rounds to even: inf
   EXPECT_EQ(to_float(to_f16(0x1p-25f)), 0.f);     // half the smallest subnormal: tie to 0
   EXPECT_EQ(to_float(to_f16(0x1.8p-25f)), 0x1p-24f);
-  EXPECT_EQ(to_bf16(3.0e38f).bits, 0x7f62);      // 0x7f61b1e6: the dropped half is above the midpoint
-  EXPECT_EQ(to_float(to_bf16(3.4e38f)), inf);     // past bf16's largest finite: inf
+  EXPECT_EQ(to_bf16(3.0e38f).bits, 0x7f62);    // 0x7f61b1e6: the dropped half is above the midpoint
+  EXPECT_EQ(to_float(to_bf16(3.4e38f)), inf);  // past bf16's largest finite: inf
   EXPECT_EQ(bits(to_float(to_f16(-0.f))), 0x80000000u);
 }
 

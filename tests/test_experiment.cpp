@@ -36,8 +36,8 @@ std::string error_of(const std::string& text, Experiment (*parser)(const std::st
 
 TEST(Experiment, ShippedExperimentsParseAndExpand) {
   const std::string dir = std::string(ATTNLAB_SOURCE_DIR) + "/experiments";
-  const std::vector<std::string> required = {"quick", "seq_len_scaling", "heads", "gqa_groups",
-                                             "decode", "head_dim", "threads", "masks"};
+  const std::vector<std::string> required = {"quick",  "seq_len_scaling", "heads",   "gqa_groups",
+                                             "decode", "head_dim",        "threads", "masks"};
   const auto files = list_files(dir, ".json");
   for (const std::string& name : required) {
     SCOPED_TRACE(name);
@@ -130,7 +130,8 @@ TEST(Experiment, MasksWindowsAndLayouts) {
   EXPECT_EQ(e.grids[0].window[0], (Window{-1, -1}));
   EXPECT_EQ(e.grids[0].window[2], (Window{-1, 4}));
   e = parse(R"({"description": "d", "q_len": 8, "causal": [false, true, "top_left"], "layout": ["bhsd", "bshd"]})");
-  EXPECT_EQ(e.grids[0].causal, (std::vector<CausalAlign>{CausalAlign::None, CausalAlign::BottomRight, CausalAlign::TopLeft}));
+  EXPECT_EQ(e.grids[0].causal,
+            (std::vector<CausalAlign>{CausalAlign::None, CausalAlign::BottomRight, CausalAlign::TopLeft}));
   EXPECT_EQ(e.grids[0].layout, (std::vector<Layout>{Layout::BHSD, Layout::BSHD}));
   const auto g = expand(e, 1);
   EXPECT_EQ(g.size(), kKernels.size() * 3 * 2);
@@ -147,7 +148,8 @@ TEST(Experiment, DtypeAxis) {
   EXPECT_EQ(ids.size(), g.size()) << "the dtype is part of a point's id";
   EXPECT_EQ(g.front().problem.flops(), g.back().problem.flops());
   EXPECT_NE(error_of(R"({"description": "d", "q_len": 8, "dtype": "fp8"})").find("key 'dtype'"), std::string::npos);
-  EXPECT_NE(error_of(R"({"description": "d", "q_len": 8, "dtype": []})").find("\"f32\", \"bf16\", \"f16\""), std::string::npos);
+  EXPECT_NE(error_of(R"({"description": "d", "q_len": 8, "dtype": []})").find("\"f32\", \"bf16\", \"f16\""),
+            std::string::npos);
 }
 
 TEST(Experiment, SparsePatternKeysResolvePerPoint) {
@@ -178,7 +180,8 @@ TEST(Experiment, SparsePatternKeysResolvePerPoint) {
   EXPECT_EQ(ids.size(), g.size()) << "the pattern is part of a point's id";
   EXPECT_NE(error_of(R"({"description": "d", "q_len": 8, "window": [2, 0], "sinks": -1})").find("key 'sinks'"),
             std::string::npos);
-  EXPECT_NE(error_of(R"({"description": "d", "q_len": 8, "window": [2, 0], "bigbird": [8, 2]})").find("[BLOCK, RANDOM, SEED]"),
+  EXPECT_NE(error_of(R"({"description": "d", "q_len": 8, "window": [2, 0], "bigbird": [8, 2]})")
+                .find("[BLOCK, RANDOM, SEED]"),
             std::string::npos);
   EXPECT_NE(error_of(R"({"description": "d", "q_len": 8, "global": {"every": 2}})").find("spread"), std::string::npos);
   // A pattern the problem refuses names the point and the field.
@@ -259,7 +262,8 @@ TEST(Experiment, IsaAxisRunsEachPerTargetKernelOncePerTarget) {
 
   // A list: build order, duplicates dropped; a target this CPU cannot run is planned (the
   // sweep skips it with the reason). One name alone is a list of one.
-  e = parse_isa(R"({"description": "d", "implementations": ["flash"], "q_len": 16, "isa": ["avx512", "scalar", "avx512"]})");
+  e = parse_isa(
+      R"({"description": "d", "implementations": ["flash"], "q_len": 16, "isa": ["avx512", "scalar", "avx512"]})");
   EXPECT_EQ(e.grids[0].isa, (std::vector<std::string>{"scalar", "avx512"}));
   EXPECT_EQ(expand(e, 2).size(), 2u);
   e = parse_isa(R"({"description": "d", "implementations": ["flash"], "q_len": 16, "isa": "avx2"})");
@@ -285,7 +289,8 @@ TEST(Experiment, IsaAxisRunsEachPerTargetKernelOncePerTarget) {
   EXPECT_EQ(ids.size(), g.size());
   EXPECT_NE(isa_error_of(R"({"description": "d", "q_len": {"range": [1, 4000, 1]}, "kv_len": {"range": [1, 20, 1]},
                               "isa": ["scalar", "avx2"]})")
-                .find("x 2 values of implementations x batch x q_heads x kv_heads x q_len x kv_len x head_dim x head_dim_v x causal "
+                .find("x 2 values of implementations x batch x q_heads x kv_heads x q_len x kv_len x head_dim x "
+                      "head_dim_v x causal "
                       "x window x layout x dtype x threads x isa"),
             std::string::npos);
 }
@@ -296,7 +301,8 @@ TEST(Experiment, IsaErrorsNameTheAllowedTargets) {
       "or a list of them";
   const std::vector<BadCaseIsa> cases = {
       {R"({"description": "d", "q_len": 8, "isa": "avx1024"})", {"key 'isa': bad value \"avx1024\"", allowed.c_str()}},
-      {R"({"description": "d", "q_len": 8, "isa": ["scalar", "neon"]})", {"key 'isa'", "[\"scalar\",\"neon\"]", allowed.c_str()}},
+      {R"({"description": "d", "q_len": 8, "isa": ["scalar", "neon"]})",
+       {"key 'isa'", "[\"scalar\",\"neon\"]", allowed.c_str()}},
       {R"({"description": "d", "q_len": 8, "isa": ["all"]})", {"key 'isa'", allowed.c_str()}},
       {R"({"description": "d", "q_len": 8, "isa": []})", {"key 'isa'", "not an empty list"}},
       {R"({"description": "d", "q_len": 8, "isa": 2})", {"key 'isa': bad value 2", allowed.c_str()}},
@@ -309,7 +315,8 @@ TEST(Experiment, IsaErrorsNameTheAllowedTargets) {
     const std::string msg = isa_error_of(c.doc);
     ASSERT_FALSE(msg.empty()) << "must be rejected";
     EXPECT_NE(msg.find("t.json"), std::string::npos) << msg;
-    for (const std::string& x : c.expect) EXPECT_NE(msg.find(x), std::string::npos) << "missing '" << x << "' in: " << msg;
+    for (const std::string& x : c.expect)
+      EXPECT_NE(msg.find(x), std::string::npos) << "missing '" << x << "' in: " << msg;
   }
 }
 
@@ -320,7 +327,8 @@ struct BadCase {
 
 TEST(Experiment, MalformedFilesNameKeyValueAndAllowed) {
   const std::vector<BadCase> cases = {
-      {R"({"description": "d", "q_len": 8, "q_lens": 8})", {"unknown key 'q_lens'", "allowed keys:", "q_len", "gqa_groups"}},
+      {R"({"description": "d", "q_len": 8, "q_lens": 8})",
+       {"unknown key 'q_lens'", "allowed keys:", "q_len", "gqa_groups"}},
       {R"({"q_len": 8})", {"missing key 'description'"}},
       {R"({"description": "", "q_len": 8})", {"'description'", "non-empty string"}},
       {R"({"description": "d"})", {"missing key 'q_len'", "pow2"}},
@@ -330,10 +338,13 @@ TEST(Experiment, MalformedFilesNameKeyValueAndAllowed) {
       {R"({"description": "d", "q_len": {"pow2": [100, 200]}})", {"'q_len'", "{\"pow2\":[100,200]}", "powers of two"}},
       {R"({"description": "d", "q_len": {"range": [1, 10, 0]}})", {"'q_len'", "step >= 1"}},
       {R"({"description": "d", "q_len": {"steps": [1, 2]}})", {"'q_len'", "{\"steps\":[1,2]}"}},
-      {R"({"description": "d", "q_len": 8, "implementations": ["fast"]})", {"'implementations'", "\"fast\"", "naive, blocked, flash"}},
+      {R"({"description": "d", "q_len": 8, "implementations": ["fast"]})",
+       {"'implementations'", "\"fast\"", "naive, blocked, flash"}},
       {R"({"description": "d", "q_len": 8, "implementations": "some"})", {"'implementations'", "\"all\""}},
-      {R"({"description": "d", "q_len": 8, "kv_heads": 2, "gqa_groups": 2})", {"'kv_heads' and 'gqa_groups' exclude each other"}},
-      {R"({"description": "d", "q_len": 8, "q_heads": 32, "gqa_groups": [4, 3]})", {"'gqa_groups'", "bad value 3", "divisors"}},
+      {R"({"description": "d", "q_len": 8, "kv_heads": 2, "gqa_groups": 2})",
+       {"'kv_heads' and 'gqa_groups' exclude each other"}},
+      {R"({"description": "d", "q_len": 8, "q_heads": 32, "gqa_groups": [4, 3]})",
+       {"'gqa_groups'", "bad value 3", "divisors"}},
       {R"({"description": "d", "q_len": 8, "q_heads": 3, "d_model": 256})", {"'d_model'", "256", "q_heads"}},
       {R"({"description": "d", "q_len": 8, "head_dim": 64, "d_model": 256})", {"'head_dim' and 'd_model'"}},
       {R"({"description": "d", "q_len": 8, "causal": "yes"})", {"'causal'", "\"yes\"", "top_left"}},
@@ -357,7 +368,8 @@ TEST(Experiment, MalformedFilesNameKeyValueAndAllowed) {
       {R"([1, 2])", {"JSON object"}},
       {R"({"description": "d", "q_len": 8, "grids": []})", {"'grids'", "non-empty list"}},
       {R"({"description": "d", "q_len": 8, "grids": [5]})", {"grids[0]", "'grids'", "bad value 5"}},
-      {R"({"description": "d", "q_len": 8, "grids": [{"seed": 1}]})", {"grids[0]", "unknown key 'seed'", "allowed keys in a grid"}},
+      {R"({"description": "d", "q_len": 8, "grids": [{"seed": 1}]})",
+       {"grids[0]", "unknown key 'seed'", "allowed keys in a grid"}},
       {R"({"description": "d", "grids": [{"q_len": 8}, {"head_dim": 8}]})", {"grids[1]", "missing key 'q_len'"}},
       {R"({"description": "d", "q_len": 8, "grids": [{"causal": "no"}]})", {"grids[0]", "'causal'", "\"no\""}},
   };
@@ -388,8 +400,8 @@ TEST(Experiment, SyntaxErrorsAndMissingFilesNameTheFile) {
 TEST(Experiment, GridSizeIsBounded) {
   const std::string msg = error_of(R"({"description": "d", "q_len": {"range": [1, 4000, 1]},
                                        "kv_len": {"range": [1, 4000, 1]}})");
-  EXPECT_NE(msg.find("the grids have 4.8e+07 points (this grid: 3 x 1 x 1 x 1 x 4000 x 4000 x 1"),
-            std::string::npos) << msg;
+  EXPECT_NE(msg.find("the grids have 4.8e+07 points (this grid: 3 x 1 x 1 x 1 x 4000 x 4000 x 1"), std::string::npos)
+      << msg;
   EXPECT_NE(msg.find("allowed: at most 100000 points"), std::string::npos) << msg;
   // Points of several grids add up; sizes whose product wraps size_t are still counted.
   EXPECT_NE(error_of(R"({"description": "d", "implementations": ["naive"],

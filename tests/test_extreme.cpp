@@ -112,8 +112,7 @@ std::string run_and_compare(const Kernel& k, const Problem& p, const Inputs& in,
     if (shown++ < 4) {
       why << "\n    row (b=" << id.b << ", h=" << id.h << ", i=" << id.i << ") " << what;
       if (d >= 0) why << "[" << d << "]";
-      why << ": got " << to_string(classify(got)) << " (" << got << "), reference "
-          << to_string(classify(want));
+      why << ": got " << to_string(classify(got)) << " (" << got << "), reference " << to_string(classify(want));
     }
   };
   for (size_t r = 0; r < a.ref.rows.size(); ++r) {
@@ -154,9 +153,8 @@ struct Case {
   std::string name() const {
     std::ostringstream s;
     s << kValueName[value] << " in " << kTargetName[target] << "[b=" << b << ", h=" << h
-      << (target == 0 ? ", i=" : ", j=") << pos << ", d=" << d << "] (" << kPlaceName[place]
-      << "), mask " << kMaskName[mask] << ", q_len " << p.q_len << ", kv_len " << p.kv_len
-      << ", head_dim " << p.head_dim;
+      << (target == 0 ? ", i=" : ", j=") << pos << ", d=" << d << "] (" << kPlaceName[place] << "), mask "
+      << kMaskName[mask] << ", q_len " << p.q_len << ", kv_len " << p.kv_len << ", head_dim " << p.head_dim;
     return s.str();
   }
 };
@@ -219,8 +217,8 @@ int64_t position_of(const Problem& p, Target target, Place place) {
     case Place::Tail: return m.kv_len - 1;
     case Place::Masked: {
       if (!diagonal && p.kv_lens.empty()) return -1;
-      const int64_t j = decode ? (p.kv_lens.empty() ? 460 : 800)
-                               : (p.kv_lens.empty() ? (p.window_left >= 0 ? 90 : 100) : 110);
+      const int64_t j =
+          decode ? (p.kv_lens.empty() ? 460 : 800) : (p.kv_lens.empty() ? (p.window_left >= 0 ? 90 : 100) : 110);
       return masked_in_partly_visible_tile(p, b, j) ? j : -1;
     }
     case Place::LoneKey: {  // the only key some row sees (its running max is -inf before)
@@ -385,7 +383,7 @@ TEST(SpecialValuesPlanted, EveryPlantedNanBugIsCaught) {
       for (size_t r = 0; r < a.ref.rows.size(); ++r)
         for (int64_t d = 0; d < c.p.head_dim; ++d) {
           const double x = a.ref.o[r * c.p.head_dim + d];
-          hit |= bug == Planted::NanToZero ? std::isnan(x)
+          hit |= bug == Planted::NanToZero  ? std::isnan(x)
                  : bug == Planted::InfToNan ? std::isinf(x)
                                             : d == c.p.head_dim - 1 && std::isnan(x);
         }
@@ -543,7 +541,8 @@ TEST_P(Extreme, ZeroWeightKeysStillMultiplyTheirValues) {
       // block's first key 24 holds only them; q_len 1: decode's second chunk) ...
       const int64_t from = s.q_len == 1 ? 512 : 0, to = s.q_len == 1 ? 1024 : 88;
       for (int64_t k = from; k < to; ++k) const_cast<float*>(t.inputs.k.row(0, 0, k))[0] = low;
-      expect_reference(p, t, "keys " + std::to_string(from) + ".." + std::to_string(to - 1) + " scored " + std::to_string(low));
+      expect_reference(
+          p, t, "keys " + std::to_string(from) + ".." + std::to_string(to - 1) + " scored " + std::to_string(low));
       // ... then every key: rows with visible keys are NaN throughout.
       for (int64_t k = 0; k < p.kv_len; ++k) const_cast<float*>(t.inputs.k.row(0, 0, k))[0] = low;
       expect_reference(p, t, "every key scored " + std::to_string(low));
@@ -553,9 +552,7 @@ TEST_P(Extreme, ZeroWeightKeysStillMultiplyTheirValues) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, Extreme, ::testing::ValuesIn(kernels_under_test()),
-                         [](const ::testing::TestParamInfo<const Kernel*>& info) {
-                           return kernel_name(info.param);
-                         });
+                         [](const ::testing::TestParamInfo<const Kernel*>& info) { return kernel_name(info.param); });
 
 }  // namespace
 }  // namespace attnlab

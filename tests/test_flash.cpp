@@ -104,14 +104,14 @@ TEST(Flash, PackKTransposedMatchesPlainTranspose) {
 
 TEST(Flash, LengthsAroundTileBoundariesAgree) {
   for (const Kernel* kp : runnable_flash())
-  for (int64_t sq : {23, 24, 25, 119, 120, 121, 241})
-    for (int64_t sk : {63, 64, 65, 129, 200}) {
-      Problem p = test::shape(1, 4, 2, sq, sk, 48);
-      p.causal = CausalAlign::BottomRight;
-      Tensors t = random_tensors(p, 17);
-      const KernelCheck c = check_kernel(*kp, p, t.inputs, prepare_agreement(p, t.inputs, all_rows(p)), 2);
-      EXPECT_EQ(c.verdict, Verdict::Pass) << kp->isa() << " " << p.describe() << ": " << c.reason;
-    }
+    for (int64_t sq : {23, 24, 25, 119, 120, 121, 241})
+      for (int64_t sk : {63, 64, 65, 129, 200}) {
+        Problem p = test::shape(1, 4, 2, sq, sk, 48);
+        p.causal = CausalAlign::BottomRight;
+        Tensors t = random_tensors(p, 17);
+        const KernelCheck c = check_kernel(*kp, p, t.inputs, prepare_agreement(p, t.inputs, all_rows(p)), 2);
+        EXPECT_EQ(c.verdict, Verdict::Pass) << kp->isa() << " " << p.describe() << ": " << c.reason;
+      }
 }
 
 std::vector<float> run_flash(const Kernel& k, const Problem& p, int threads, std::vector<float>* lse) {
@@ -131,8 +131,10 @@ TEST(Flash, BitwiseIdenticalForAnyThreadCount) {
     const std::vector<float> one = run_flash(*k, p, 1, &lse1);
     for (int threads : {2, 3}) {
       const std::vector<float> many = run_flash(*k, p, threads, &lse_n);
-      EXPECT_EQ(std::memcmp(one.data(), many.data(), one.size() * sizeof(float)), 0) << k->isa() << " " << threads << " threads";
-      EXPECT_EQ(std::memcmp(lse1.data(), lse_n.data(), lse1.size() * sizeof(float)), 0) << k->isa() << " " << threads << " threads";
+      EXPECT_EQ(std::memcmp(one.data(), many.data(), one.size() * sizeof(float)), 0)
+          << k->isa() << " " << threads << " threads";
+      EXPECT_EQ(std::memcmp(lse1.data(), lse_n.data(), lse1.size() * sizeof(float)), 0)
+          << k->isa() << " " << threads << " threads";
     }
   }
 }

@@ -40,8 +40,8 @@ TEST(FuzzCorpus, MaskFlags) { replay("mask_flags", fuzz::check_mask_flags); }
 
 // Found by fuzz_npy: a (0, 4) array passed a null pointer to memcpy (UB, UBSan's nonnull check).
 TEST(FuzzFindings, EmptyNpyArrayParses) {
-  const NpyArray a = parse_npy(read_bytes(std::filesystem::path(ATTNLAB_SOURCE_DIR) / "tests/fuzz/corpus/npy/f4_empty.npy"),
-                               "f4_empty.npy");
+  const NpyArray a = parse_npy(
+      read_bytes(std::filesystem::path(ATTNLAB_SOURCE_DIR) / "tests/fuzz/corpus/npy/f4_empty.npy"), "f4_empty.npy");
   EXPECT_EQ(a.shape, (std::vector<int64_t>{0, 4}));
   EXPECT_EQ(a.data.size(), 0u);
 }
@@ -49,9 +49,9 @@ TEST(FuzzFindings, EmptyNpyArrayParses) {
 // Found by fuzz_npy: the reader accepts a 0-element array whatever its other dimensions
 // (numpy writes such); the writer refused to write it back (its product overflowed 2^36).
 TEST(FuzzFindings, EmptyArrayWithWideShapeRoundTrips) {
-  const NpyArray a = parse_npy(read_bytes(std::filesystem::path(ATTNLAB_SOURCE_DIR) /
-                                          "tests/fuzz/corpus/npy/found_empty_wide_shape.npy"),
-                               "wide.npy");
+  const NpyArray a = parse_npy(
+      read_bytes(std::filesystem::path(ATTNLAB_SOURCE_DIR) / "tests/fuzz/corpus/npy/found_empty_wide_shape.npy"),
+      "wide.npy");
   const std::vector<int64_t> shape = {100000, 100000, 100000, 0};
   EXPECT_EQ(a.shape, shape);
   EXPECT_EQ(parse_npy(encode_npy(a.data.data(), a.shape), "again.npy").shape, shape);

@@ -116,7 +116,8 @@ TEST(Generation, ExperimentFilesExpandRunsTimesPrompts) {
     }
   };
   refused(R"({"description": "d", "runs": [{"name": "a"}]})", "'kind'");
-  refused(R"({"kind": "generation", "description": "d", "runs": [{"name": "a", "colour": 1}]})", "unknown key 'colour'");
+  refused(R"({"kind": "generation", "description": "d", "runs": [{"name": "a", "colour": 1}]})",
+          "unknown key 'colour'");
   refused(R"({"kind": "generation", "description": "d", "steps": 0, "runs": [{"name": "a"}]})", "key 'steps'");
   refused(R"({"kind": "generation", "description": "d", "runs": [{"name": "a/b"}]})", "name");
   std::filesystem::remove_all(dir);

@@ -20,7 +20,7 @@ TEST(Limits, CheckedProductRefusesOverflowNegativesAndTheLimit) {
   EXPECT_EQ(checked_product({kMax, 1}), kMax);
   EXPECT_EQ(checked_product({int64_t{1} << 32, int64_t{1} << 32}), std::nullopt);  // wraps to 0
   EXPECT_EQ(checked_product({kMax, 2}), std::nullopt);
-  EXPECT_EQ(checked_product({0, kMax, kMax}), 0);  // a zero factor makes 0, whatever follows
+  EXPECT_EQ(checked_product({0, kMax, kMax}), 0);             // a zero factor makes 0, whatever follows
   EXPECT_EQ(checked_product({kMax, kMax, 0}), std::nullopt);  // ... but not once it has wrapped
   EXPECT_EQ(checked_product({-1, 4}), std::nullopt);
   EXPECT_EQ(checked_product({8, 8}, 64), 64);
@@ -61,7 +61,8 @@ TEST_F(Budget, EnvironmentOverrideIsParsedStrictly) {
       ADD_FAILURE() << "accepted " << bad;
     } catch (const InvalidInput& e) {
       EXPECT_NE(std::string(e.what()).find("ATTN_MEMORY_BUDGET: '" + std::string(bad) + "' is not a memory size"),
-                std::string::npos) << e.what();
+                std::string::npos)
+          << e.what();
     }
   }
   unsetenv("ATTN_MEMORY_BUDGET");
@@ -77,9 +78,11 @@ TEST_F(Budget, KernelsOverTheBudgetSayWhyBeforeAllocating) {
   const Support s = can_run(naive, p, 1);
   ASSERT_FALSE(s);
   EXPECT_NE(s.reason.find("memory: needs 4.3 MiB (4460544 bytes: workspace 4.0 MiB + Q, K, V, O, LSE 260.0 KiB)"),
-            std::string::npos) << s.reason;
+            std::string::npos)
+      << s.reason;
   EXPECT_NE(s.reason.find("above the memory budget of 2.0 MiB (2097152 bytes, set by ATTN_MEMORY_BUDGET)"),
-            std::string::npos) << s.reason;
+            std::string::npos)
+      << s.reason;
   try {
     Session session(naive, p, 1);
     ADD_FAILURE() << "Session allocated past the budget";

@@ -127,19 +127,21 @@ TEST(Npy, HostileHeadersAreRefusedBeforeAnyDataIsRead) {
   for (const char* dtype : {">f4", "=f4", "f4", "|f4", ">f8", "=f8", ">f2", "f2", "<i2", "|u1", "<c8"}) {
     expect_reject(header_v1("{'descr': '" + std::string(dtype) + "', 'fortran_order': False, 'shape': (2, 2), }") +
                       std::string(16, '\0'),
-                  "dtype '" + std::string(dtype) + "' is not supported; allowed: float32 ('<f4'), float64 ('<f8'), "
-                  "float16 ('<f2') or raw bfloat16 bits ('<u2'), little-endian");
+                  "dtype '" + std::string(dtype) +
+                      "' is not supported; allowed: float32 ('<f4'), float64 ('<f8'), "
+                      "float16 ('<f2') or raw bfloat16 bits ('<u2'), little-endian");
   }
   // Shapes whose element count wraps or exceeds 2^36, and entries that are not integers.
   expect_reject(header_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296), }"),
                 "has more than 2^36 (68719476736) elements");
-  expect_reject(header_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (68719476737,), }"),
-                "has more than 2^36");
+  expect_reject(header_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (68719476737,), }"), "has more than 2^36");
   expect_reject(header_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }"),
                 "malformed shape entry '99999999999999999999'");
   expect_reject(header_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (-4,), }"), "malformed shape entry '-4'");
   // A zero dimension makes an empty array, however large the others are.
-  EXPECT_EQ(parse_npy(header_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 68719476737), }"), "e").data.size(), 0u);
+  EXPECT_EQ(
+      parse_npy(header_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 68719476737), }"), "e").data.size(),
+      0u);
   // A huge declared shape over a short file is "truncated", not a huge allocation.
   expect_reject(header_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000,), }") + "abcd",
                 "truncated data: shape needs 4000000000 bytes of <f4 after the header, file has 4");
@@ -155,9 +157,8 @@ class NpyFiles : public ::testing::Test {
  protected:
   std::filesystem::path dir;
   void SetUp() override {
-    dir = std::filesystem::temp_directory_path() /
-          ("attn_npyf_" + std::to_string(::getpid()) + "_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir = std::filesystem::temp_directory_path() / ("attn_npyf_" + std::to_string(::getpid()) + "_" +
+                                                    ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::create_directories(dir);
   }
   void TearDown() override { std::filesystem::remove_all(dir); }
@@ -206,8 +207,9 @@ TEST_F(NpyFiles, ReadsIntoAlignedBuffersAndConvertsFloat64) {
   const size_t n = (size_t{1} << 17) + 5;
   std::vector<double> d(n);
   for (size_t i = 0; i < n; ++i) d[i] = static_cast<double>(i) + 0.5;
-  const std::string bytes = header_v1("{'descr': '<f8', 'fortran_order': False, 'shape': (" + std::to_string(n) + ",), }") +
-                            std::string(reinterpret_cast<const char*>(d.data()), n * 8);
+  const std::string bytes =
+      header_v1("{'descr': '<f8', 'fortran_order': False, 'shape': (" + std::to_string(n) + ",), }") +
+      std::string(reinterpret_cast<const char*>(d.data()), n * 8);
   const NpyArray b = read_npy(file("f8.npy", bytes));
   EXPECT_EQ(b.source_dtype, "<f8");
   ASSERT_EQ(b.data.size(), n);

@@ -34,11 +34,11 @@ TEST_P(NumpyCrossCheck, EveryKernelAgreesWithNumpy) {
   const Case& c = GetParam();
   const fs::path dir = fs::temp_directory_path() / ("attn_np_" + std::to_string(::getpid()) + c.name);
   std::string out;
-  const std::string gen = std::string("/usr/bin/python3 ") + ATTNLAB_SOURCE_DIR +
-                          "/scripts/numpy_attention.py " + dir.string() + " " + c.shape + " " + c.mask;
+  const std::string gen = std::string("/usr/bin/python3 ") + ATTNLAB_SOURCE_DIR + "/scripts/numpy_attention.py " +
+                          dir.string() + " " + c.shape + " " + c.mask;
   ASSERT_EQ(run(gen, &out), 0) << gen << "\n" << out;
-  const std::string files = " --q " + (dir / "q.npy").string() + " --k " + (dir / "k.npy").string() +
-                            " --v " + (dir / "v.npy").string() + " --expect " + (dir / "o.npy").string();
+  const std::string files = " --q " + (dir / "q.npy").string() + " --k " + (dir / "k.npy").string() + " --v " +
+                            (dir / "v.npy").string() + " --expect " + (dir / "o.npy").string();
   const std::string verify = std::string(ATTNLAB_EXE) + " verify --impl all" + files + " --expect-lse " +
                              (dir / "lse.npy").string() + " " + c.mask;
   out.clear();
@@ -55,10 +55,12 @@ TEST_P(NumpyCrossCheck, EveryKernelAgreesWithNumpy) {
 INSTANTIATE_TEST_SUITE_P(
     Semantics, NumpyCrossCheck,
     ::testing::Values(
-        Case{"causal_short_query_gqa", "--batch 2 --q-heads 6 --kv-heads 2 --q-len 5 --kv-len 37 --head-dim 24", "--causal"},
+        Case{"causal_short_query_gqa", "--batch 2 --q-heads 6 --kv-heads 2 --q-len 5 --kv-len 37 --head-dim 24",
+             "--causal"},
         Case{"causal_long_query_kvlens_bshd", "--batch 3 --q-heads 4 --kv-heads 1 --q-len 40 --kv-len 17 --head-dim 80",
              "--causal --kv-lens 17,0,9 --layout bshd"},
-        Case{"top_left_pytorch", "--batch 1 --q-heads 2 --kv-heads 2 --q-len 7 --kv-len 30 --head-dim 32", "--causal-top-left"},
+        Case{"top_left_pytorch", "--batch 1 --q-heads 2 --kv-heads 2 --q-len 7 --kv-len 30 --head-dim 32",
+             "--causal-top-left"},
         Case{"window_both_sides", "--batch 2 --q-heads 8 --kv-heads 2 --q-len 33 --kv-len 65 --head-dim 64",
              "--window 6,2 --kv-lens 65,20"},
         Case{"decode_mqa_scale", "--batch 1 --q-heads 8 --kv-heads 1 --q-len 1 --kv-len 500 --head-dim 128",

@@ -34,7 +34,8 @@ int64_t brute_pairs(const Problem& p) {
 }
 
 // A mask file holding exactly p's pattern (per batch and head), built by the element rule.
-std::shared_ptr<const BoolMask> as_mask(const Problem& p, const std::function<bool(int64_t, int64_t, int64_t, int64_t)>& f) {
+std::shared_ptr<const BoolMask> as_mask(const Problem& p,
+                                        const std::function<bool(int64_t, int64_t, int64_t, int64_t)>& f) {
   auto m = std::make_shared<BoolMask>();
   m->batch = p.batch, m->heads = p.q_heads, m->q_len = p.q_len, m->kv_len = p.kv_len, m->source = "test";
   m->data.resize(static_cast<size_t>(p.batch * p.q_heads * p.q_len * p.kv_len));
@@ -78,13 +79,13 @@ std::vector<Named> patterns(int64_t b, int64_t hq, int64_t hkv, int64_t n, int64
   });
   add("dilated", [](Problem& p) { p.causal = CausalAlign::BottomRight, p.window_left = 70, p.dilation = 3; });
   add("dilated_both", [](Problem& p) { p.window_left = 33, p.window_right = 33, p.dilation = 4; });
-  add("bigbird", [](Problem& p) {
-    p.window_left = p.window_right = 8, p.globals = {0}, p.bigbird = {16, 2, 5};
-  });
+  add("bigbird", [](Problem& p) { p.window_left = p.window_right = 8, p.globals = {0}, p.bigbird = {16, 2, 5}; });
   add("bigbird_causal_tl", [](Problem& p) {
     p.causal = CausalAlign::TopLeft, p.window_left = 8, p.bigbird = {7, 3, 1};
   });
-  add("global_causal_tl", [n](Problem& p) { p.causal = CausalAlign::TopLeft, p.window_left = 6, p.globals = {2, n - 3}; });
+  add("global_causal_tl", [n](Problem& p) {
+    p.causal = CausalAlign::TopLeft, p.window_left = 6, p.globals = {2, n - 3};
+  });
   return out;
 }
 
@@ -171,9 +172,8 @@ std::vector<Problem> varied_patterns() {
   out.push_back(cross);
   Problem per_head = test::shape(2, 4, 2, 70, 90, 8);  // a per-head mask file
   std::mt19937_64 rng(5);
-  per_head.mask = as_mask(per_head, [&](int64_t, int64_t h, int64_t i, int64_t j) {
-    return h == 1 ? (i + j) % 5 == 0 : (rng() % 7 == 0);
-  });
+  per_head.mask = as_mask(
+      per_head, [&](int64_t, int64_t h, int64_t i, int64_t j) { return h == 1 ? (i + j) % 5 == 0 : (rng() % 7 == 0); });
   out.push_back(per_head);
   Problem many = test::shape(1, 2, 2, 150, 150, 8);  // more global rows than one solo tile holds
   many.window_left = many.window_right = 4, many.causal = CausalAlign::BottomRight;
@@ -234,11 +234,11 @@ TEST(BlockMap, EveryTileMatchesTheElementRule) {
                     const bool vis = pat.visible(b, h, i, j);
                     any = any || vis;
                     const int64_t w = words_at[j / kB];
-                    const bool in_tiles = w == -1 ? j < p.kv_len_of(b)
-                                                  : (w >= 0 && (m.bits[w + r * G + g] >> (j % kB) & 1));
+                    const bool in_tiles =
+                        w == -1 ? j < p.kv_len_of(b) : (w >= 0 && (m.bits[w + r * G + g] >> (j % kB) & 1));
                     const auto x = std::find(m.gathered.begin(), m.gathered.end(), j) - m.gathered.begin();
-                    const bool in_gathered = gw >= 0 && x < static_cast<int64_t>(m.gathered.size()) &&
-                                             (m.bits[gw + r * G + g] >> x & 1);
+                    const bool in_gathered =
+                        gw >= 0 && x < static_cast<int64_t>(m.gathered.size()) && (m.bits[gw + r * G + g] >> x & 1);
                     ASSERT_FALSE(in_tiles && in_gathered) << p.describe() << " i=" << i << " j=" << j << " twice";
                     ASSERT_EQ(in_tiles || in_gathered, vis)
                         << p.describe() << " br=" << br << " split=" << solo << " b=" << b << " h=" << h << " i=" << i
@@ -317,9 +317,15 @@ TEST(DilationPhases, CoverEveryRowOnceAndSeeExactlyThePatternsKeys) {
   Problem other = test::shape(1, 1, 1, 16, 16, 8);
   other.dilation = 2, other.window_left = 4;
   ASSERT_FALSE(dilation_phases(other).empty());
-  for (const auto& add : std::vector<std::function<void(Problem&)>>{
-           [](Problem& p) { p.sinks = 1; }, [](Problem& p) { p.globals = {3}; }, [](Problem& p) { p.doc_lens = {8, 8}; },
-           [](Problem& p) { p.bigbird = {4, 1, 1}; }, [](Problem& p) { p.dilation = 1; }}) {
+  for (const auto& add :
+       std::vector<std::function<void(Problem&)>>{[](Problem& p) { p.sinks = 1; }, [](Problem& p) { p.globals = {3}; },
+                                                  [](Problem& p) {
+                                                    p.doc_lens = {8, 8};
+                                                  },
+                                                  [](Problem& p) {
+                                                    p.bigbird = {4, 1, 1};
+                                                  },
+                                                  [](Problem& p) { p.dilation = 1; }}) {
     Problem q = other;
     add(q);
     EXPECT_TRUE(dilation_phases(q).empty()) << q.describe();
@@ -542,7 +548,8 @@ std::vector<Named> emulated_cases() {
     }
   Named m = patterns(2, 4, 1, 130, 40)[0];
   const Pattern pat(m.p);
-  m.p = mask_only(m.p, [&](int64_t b, int64_t h, int64_t i, int64_t j) { return pat.visible(b, h, i, j) && (i + j) % 5 != 0; });
+  m.p = mask_only(
+      m.p, [&](int64_t b, int64_t h, int64_t i, int64_t j) { return pat.visible(b, h, i, j) && (i + j) % 5 != 0; });
   m.name = "mask_file_h4_1_d40";
   out.push_back(m);
   return out;
@@ -623,9 +630,8 @@ TEST(PatternPlantedBugs, AreCaught) {
   EXPECT_EQ(check(phase, dil), Verdict::Fail);
 
   // The rule itself passes (the check is not vacuous).
-  const Planted honest("honest", [](const Pattern& pat, int64_t b, int64_t h, int64_t i, int64_t j) {
-    return pat.visible(b, h, i, j);
-  });
+  const Planted honest(
+      "honest", [](const Pattern& pat, int64_t b, int64_t h, int64_t i, int64_t j) { return pat.visible(b, h, i, j); });
   EXPECT_EQ(check(honest, sinks), Verdict::Pass);
   EXPECT_EQ(check(honest, docs), Verdict::Pass);
   EXPECT_EQ(check(honest, dil), Verdict::Pass);
@@ -699,16 +705,20 @@ TEST(PatternValidation, NamesTheFieldAndTheAllowedValues) {
   fails_with([](Problem& p) { p.window_left = 4, p.bigbird = {0, 2, 1}; }, "bigbird");
   fails_with([](Problem& p) { p.window_left = 4, p.bigbird = {16, 65, 1}; }, "bigbird");
   fails_with([](Problem& p) { p.bigbird = {16, 2, 1}; }, "bigbird");
-  fails_with([](Problem& p) {
-    auto m = std::make_shared<BoolMask>();
-    m->q_len = 64, m->kv_len = 63, m->data.resize(64 * 63), m->source = "m.npy";
-    p.mask = m;
-  }, "mask");
-  fails_with([](Problem& p) {
-    auto m = std::make_shared<BoolMask>();
-    m->heads = 3, m->q_len = 64, m->kv_len = 64, m->data.resize(3 * 64 * 64), m->source = "m.npy";
-    p.mask = m;
-  }, "mask");
+  fails_with(
+      [](Problem& p) {
+        auto m = std::make_shared<BoolMask>();
+        m->q_len = 64, m->kv_len = 63, m->data.resize(64 * 63), m->source = "m.npy";
+        p.mask = m;
+      },
+      "mask");
+  fails_with(
+      [](Problem& p) {
+        auto m = std::make_shared<BoolMask>();
+        m->heads = 3, m->q_len = 64, m->kv_len = 64, m->data.resize(3 * 64 * 64), m->source = "m.npy";
+        p.mask = m;
+      },
+      "mask");
 }
 
 TEST(PatternValidation, OtherKernelsRefuseWithTheReason) {

@@ -112,7 +112,8 @@ TEST(PointSchema, EveryFieldReachesTheIdOrIsDerivedAndIsAColumn) {
   Problem base = test::shape(1, 8, 8, 64, 64, 64);
   const std::string base_id = point_id(PointView{"flash", base, 2, {}, {}});
   EXPECT_EQ(base_id, "flash-b1-hq8-hkv8-sq64-sk64-d64-none-t2");
-  EXPECT_EQ(point_name(PointView{"flash", base, 2, {}, {}}), "attn/flash/b:1/hq:8/hkv:8/sq:64/sk:64/d:64/mask:none/t:2");
+  EXPECT_EQ(point_name(PointView{"flash", base, 2, {}, {}}),
+            "attn/flash/b:1/hq:8/hkv:8/sq:64/sk:64/d:64/mask:none/t:2");
   struct Variant {
     const char* field;
     Problem p;
@@ -229,23 +230,27 @@ TEST(PointSchema, PointsSurviveExperimentToReport) {
     Json one = {{"id", r.id}, {"model", r.model}};
     for (const PointField& f : point_fields()) {
       const std::string v = f.value(view);
-      if (std::string(f.type) == "int") one[f.name] = std::stoll(v);
-      else if (std::string(f.type) == "real") one[f.name] = std::stod(v);
-      else one[f.name] = v;
+      if (std::string(f.type) == "int")
+        one[f.name] = std::stoll(v);
+      else if (std::string(f.type) == "real")
+        one[f.name] = std::stod(v);
+      else
+        one[f.name] = v;
     }
     expected.push_back(one);
   }
   std::ofstream(dir + "/expected.json") << expected.dump();
   const std::string py = dir + "/check.py";
-  std::ofstream(py) << "import json, sys\nsys.path.insert(0, '" << kSource << "/scripts')\n"
-                    << "import report\n"
-                    << "rows, *_ = report.load_results('" << dir << "')\n"
-                    << "want = json.load(open('" << dir << "/expected.json'))\n"
-                    << "bad = [(w['id'], k, r.get(k), v) for w, r in zip(want, rows) for k, v in w.items()\n"
-                    << "       if (abs(r.get(k) - v) > 1e-6 * abs(v) if isinstance(v, float) else r.get(k) != v)]\n"
-                    << "shape = [f['name'] for f in json.load(open('" << dir << "/schema.json'))['fields'] if f['shape']]\n"
-                    << "if report.DIMS != shape or list(report.SHAPE_KEYS) != shape: bad.append(('DIMS', report.DIMS))\n"
-                    << "print(bad); sys.exit(1 if bad or len(rows) != len(want) else 0)\n";
+  std::ofstream(py)
+      << "import json, sys\nsys.path.insert(0, '" << kSource << "/scripts')\n"
+      << "import report\n"
+      << "rows, *_ = report.load_results('" << dir << "')\n"
+      << "want = json.load(open('" << dir << "/expected.json'))\n"
+      << "bad = [(w['id'], k, r.get(k), v) for w, r in zip(want, rows) for k, v in w.items()\n"
+      << "       if (abs(r.get(k) - v) > 1e-6 * abs(v) if isinstance(v, float) else r.get(k) != v)]\n"
+      << "shape = [f['name'] for f in json.load(open('" << dir << "/schema.json'))['fields'] if f['shape']]\n"
+      << "if report.DIMS != shape or list(report.SHAPE_KEYS) != shape: bad.append(('DIMS', report.DIMS))\n"
+      << "print(bad); sys.exit(1 if bad or len(rows) != len(want) else 0)\n";
   if (std::system("/usr/bin/python3 -c 'import matplotlib, numpy' > /dev/null 2>&1") != 0) {
     GTEST_SKIP() << "no /usr/bin/python3 with matplotlib and numpy (scripts/setup.sh)";
   }

@@ -32,15 +32,12 @@ TEST(Interval, BottomRightVsTopLeftShortQuery) {
 
 TEST(Interval, BottomRightLongQueryHasFullyMaskedRows) {
   // Sq = 5, Sk = 2: rows 0..2 see nothing under bottom-right alignment.
-  EXPECT_EQ(keep({5, 2, CausalAlign::BottomRight, -1, -1}),
-            (std::vector<std::string>{"00", "00", "00", "10", "11"}));
-  EXPECT_EQ(keep({5, 2, CausalAlign::TopLeft, -1, -1}),
-            (std::vector<std::string>{"10", "11", "11", "11", "11"}));
+  EXPECT_EQ(keep({5, 2, CausalAlign::BottomRight, -1, -1}), (std::vector<std::string>{"00", "00", "00", "10", "11"}));
+  EXPECT_EQ(keep({5, 2, CausalAlign::TopLeft, -1, -1}), (std::vector<std::string>{"10", "11", "11", "11", "11"}));
 }
 
 TEST(Interval, WindowIsInclusiveAndBottomRightAligned) {
-  EXPECT_EQ(keep({4, 6, CausalAlign::None, 1, 0}),
-            (std::vector<std::string>{"011000", "001100", "000110", "000011"}));
+  EXPECT_EQ(keep({4, 6, CausalAlign::None, 1, 0}), (std::vector<std::string>{"011000", "001100", "000110", "000011"}));
   EXPECT_EQ(keep({3, 3, CausalAlign::None, 0, 1}), (std::vector<std::string>{"110", "011", "001"}));
   // Causal clips a window's right side to 0.
   EXPECT_EQ(keep({3, 3, CausalAlign::BottomRight, 1, 2}), (std::vector<std::string>{"100", "110", "011"}));
@@ -227,7 +224,8 @@ TEST(Problem, OversizedShapesNameTheLimit) {
     FAIL();
   } catch (const InvalidInput& e) {
     EXPECT_NE(std::string(e.what()).find("batch * q_heads * q_len * head_dim = 3 * 5 * 1099511627776 * 8"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   // The largest allowed tensor is accepted.
   EXPECT_NO_THROW(shape(1, 1, 1, int64_t{1} << 27, 1, 512).validate());

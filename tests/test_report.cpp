@@ -32,16 +32,14 @@ using Json = nlohmann::json;
 const std::string kSource = ATTNLAB_SOURCE_DIR;
 const std::string kPython = "/usr/bin/python3";
 
-bool python_ready() {
-  return std::system((kPython + " -c 'import matplotlib, numpy' > /dev/null 2>&1").c_str()) == 0;
-}
+bool python_ready() { return std::system((kPython + " -c 'import matplotlib, numpy' > /dev/null 2>&1").c_str()) == 0; }
 
 // Runs a command; returns its exit status and leaves stdout+stderr in *output.
 int run(const std::string& cmd, std::string* output) {
   // One log per process and call: ctest runs the tests of this file in parallel processes.
   static int calls = 0;
-  const std::string log = ::testing::TempDir() + "/attn_report_cmd." + std::to_string(::getpid()) + "." +
-                          std::to_string(++calls) + ".log";
+  const std::string log =
+      ::testing::TempDir() + "/attn_report_cmd." + std::to_string(::getpid()) + "." + std::to_string(++calls) + ".log";
   const int rc = std::system((cmd + " > '" + log + "' 2>&1").c_str());
   *output = read_text_file(log);
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
@@ -67,7 +65,8 @@ class Report : public ::testing::Test {
   }
   std::string report(const std::string& folder, const std::string& out, int* rc = nullptr) {
     std::string output;
-    const int status = run(kPython + " " + kSource + "/scripts/report.py '" + folder + "' --out '" + out + "'", &output);
+    const int status =
+        run(kPython + " " + kSource + "/scripts/report.py '" + folder + "' --out '" + out + "'", &output);
     if (rc) {
       *rc = status;
     } else {
@@ -87,11 +86,12 @@ TEST_F(Report, ScalingFixtureGetsSummaryAndEveryApplicablePlot) {
   EXPECT_LT(md.find("## Summary"), md.find("![")) << "the summary table comes before the plots";
   EXPECT_NE(md.find("**Noise.**"), std::string::npos);
   for (const char* k : {"naive", "blocked", "flash"}) {
-    const std::regex row(std::string("\\| ") + k + " \\| -?[0-9]+\\.[0-9]+ \\(time vs n\\) \\| [0-9.]+ \\| [0-9.]+ \\| [0-9]+ \\| PASS");
+    const std::regex row(std::string("\\| ") + k +
+                         " \\| -?[0-9]+\\.[0-9]+ \\(time vs n\\) \\| [0-9.]+ \\| [0-9.]+ \\| [0-9]+ \\| PASS");
     EXPECT_TRUE(std::regex_search(md, row)) << k << " summary row missing or malformed";
   }
-  for (const char* png : {"scaling_time.png", "scaling_gflops.png", "ladder.png", "extra_memory.png",
-                          "threads.png", "masks.png"}) {
+  for (const char* png :
+       {"scaling_time.png", "scaling_gflops.png", "ladder.png", "extra_memory.png", "threads.png", "masks.png"}) {
     expect_png(out + "/" + png);
     EXPECT_NE(md.find(std::string("](") + png + ")"), std::string::npos) << png << " not in report.md";
   }
@@ -160,7 +160,7 @@ TEST_F(Report, SparsePatternFamiliesGetOneExponentEach) {
       p.q_len = p.kv_len = n;
       p.head_dim = 16;
       double t = 1e-9 * static_cast<double>(n) * static_cast<double>(n);  // dense: n^2
-      if (which == 1) {  // Longformer-like: 16 globals spread over n
+      if (which == 1) {                                                   // Longformer-like: 16 globals spread over n
         p.window_left = p.window_right = 64;
         for (int64_t g = 0; g < 16; ++g) p.globals.push_back(g * n / 16);
         t = 1e-6 * static_cast<double>(n);
@@ -238,7 +238,8 @@ TEST_F(Report, TwoTargetsGetVectorWidthSectionAndPerTargetPeaks) {
   make_dirs(dir);
   std::vector<PointRecord> records;
   for (const auto& [kernel, isa, rate] : {std::tuple<std::string, std::string, double>{"naive", "baseline", 8e9},
-                                          {"flash", "scalar", 5e9}, {"flash", "avx2", 40e9}}) {
+                                          {"flash", "scalar", 5e9},
+                                          {"flash", "avx2", 40e9}}) {
     for (int64_t n : {64, 128}) {
       PointRecord r;
       r.kernel = kernel;
@@ -256,15 +257,24 @@ TEST_F(Report, TwoTargetsGetVectorWidthSectionAndPerTargetPeaks) {
   }
   write_file_atomic(dir + "/results.csv", tidy_csv("isa", records));
   auto target = [](const std::string& isa, double fma) {
-    return Json{{"isa", isa}, {"lanes", 1}, {"fma_chains", 1},
-                {"rows", Json::array({{{"threads", 1}, {"fma_flops", fma}, {"read_bytes", 2e10}, {"exp_per_s", 1e9}}})}};
+    return Json{
+        {"isa", isa},
+        {"lanes", 1},
+        {"fma_chains", 1},
+        {"rows", Json::array({{{"threads", 1}, {"fma_flops", fma}, {"read_bytes", 2e10}, {"exp_per_s", 1e9}}})}};
   };
-  const Json machine = {
-      {"isa", {{"default", "avx2"}, {"simd_arch", "avx2"}, {"targets_built", {"scalar", "avx2", "avx512"}},
-               {"targets_cpu_runs", {"scalar", "avx2"}}}},
-      {"kernels", Json::array({{{"name", "naive"}}, {{"name", "flash"}}})},
-      {"peaks", {{"schema", "attnlab-peak-2"}, {"simd_arch", "avx2"}, {"repeats", 1}, {"exp_function", "test"},
-                 {"targets", Json::array({target("scalar", 1e10), target("avx2", 8e10)})}}}};
+  const Json machine = {{"isa",
+                         {{"default", "avx2"},
+                          {"simd_arch", "avx2"},
+                          {"targets_built", {"scalar", "avx2", "avx512"}},
+                          {"targets_cpu_runs", {"scalar", "avx2"}}}},
+                        {"kernels", Json::array({{{"name", "naive"}}, {{"name", "flash"}}})},
+                        {"peaks",
+                         {{"schema", "attnlab-peak-2"},
+                          {"simd_arch", "avx2"},
+                          {"repeats", 1},
+                          {"exp_function", "test"},
+                          {"targets", Json::array({target("scalar", 1e10), target("avx2", 8e10)})}}}};
   write_file_atomic(dir + "/machine.json", machine.dump());
   const std::string out = fresh_dir("isa_out");
   report(dir, out);
@@ -276,10 +286,12 @@ TEST_F(Report, TwoTargetsGetVectorWidthSectionAndPerTargetPeaks) {
     const std::string shape = std::string("b1 h1/1 q") + n + " kv" + n + " d16 none | 1 | ";
     // GB/s and % of the read bandwidth (20 GB/s) sit between % of peak and the speed-up: 8x
     // apart, as the times are.
-    const std::regex row_scalar("\\| flash \\| " + std::regex_replace(shape, std::regex("\\|"), "\\|") +
-                                "scalar \\| 5\\.0 \\| 50\\.0 \\| ([0-9.]+) \\| ([0-9.]+) \\| 1\\.00x \\| 1\\.00x \\| 100% \\|");
-    const std::regex row_avx2("\\| flash \\| " + std::regex_replace(shape, std::regex("\\|"), "\\|") +
-                              "avx2 \\| 40\\.0 \\| 50\\.0 \\| ([0-9.]+) \\| ([0-9.]+) \\| 8\\.00x \\| 8\\.00x \\| 100% \\|");
+    const std::regex row_scalar(
+        "\\| flash \\| " + std::regex_replace(shape, std::regex("\\|"), "\\|") +
+        "scalar \\| 5\\.0 \\| 50\\.0 \\| ([0-9.]+) \\| ([0-9.]+) \\| 1\\.00x \\| 1\\.00x \\| 100% \\|");
+    const std::regex row_avx2(
+        "\\| flash \\| " + std::regex_replace(shape, std::regex("\\|"), "\\|") +
+        "avx2 \\| 40\\.0 \\| 50\\.0 \\| ([0-9.]+) \\| ([0-9.]+) \\| 8\\.00x \\| 8\\.00x \\| 100% \\|");
     std::smatch ms, ma;
     ASSERT_TRUE(std::regex_search(md, ms, row_scalar)) << md;
     ASSERT_TRUE(std::regex_search(md, ma, row_avx2)) << md;
@@ -309,7 +321,8 @@ TEST_F(Report, TwoTargetsGetVectorWidthSectionAndPerTargetPeaks) {
 // machine.json's peaks "gpu", never to the CPU's; without a GPU figure it has none.
 TEST_F(Report, CudaRowsAreMeasuredAgainstTheGpuPeak) {
   const std::string code =
-      "import sys; sys.path.insert(0, '" ATTNLAB_SOURCE_DIR "/scripts'); import report\n"
+      "import sys; sys.path.insert(0, '" ATTNLAB_SOURCE_DIR
+      "/scripts'); import report\n"
       "rows = [{'threads': 2, 'fma_flops': 3e11, 'read_bytes': 2e10}]\n"
       "m = {'isa': {'targets_built': ['avx512'], 'default': 'avx512'}, 'peaks': {'simd_arch': 'avx512',\n"
       "     'targets': [{'isa': 'avx512', 'rows': rows}], 'gpu': {'fp32_flops': 6e13, 'read_bytes': 4.8e12}}}\n"
@@ -340,7 +353,8 @@ TEST_F(Report, CompareGivesPerPointSpeedups) {
   const std::string out = fresh_dir("compare");
   const std::string fx = kSource + "/tests/fixtures/results_scaling";
   std::string output;
-  ASSERT_EQ(run(kPython + " " + kSource + "/scripts/compare.py '" + fx + "' '" + fx + "' --out '" + out + "'", &output), 0)
+  ASSERT_EQ(run(kPython + " " + kSource + "/scripts/compare.py '" + fx + "' '" + fx + "' --out '" + out + "'", &output),
+            0)
       << output;
   const std::string md = read_text_file(out + "/compare.md");
   EXPECT_NE(md.find("| naive | 16 | 1.000 | 1.000 | 1.000 |"), std::string::npos) << md;
@@ -373,8 +387,11 @@ TEST_F(Report, CompareMapsBenchmarkNamesToPointIds) {
   const std::string schema = fresh_dir("id_of_name_schema") + ".json";
   std::ofstream(schema) << schema_json().dump();
   std::string output;
-  const std::string py = "import json, sys; sys.path.insert(0, '" + kSource + "/scripts'); from compare import id_of_name; "
-                         "s = json.load(open('" + schema + "')); cases = [" + cases + "]; "
+  const std::string py = "import json, sys; sys.path.insert(0, '" + kSource +
+                         "/scripts'); from compare import id_of_name; "
+                         "s = json.load(open('" +
+                         schema + "')); cases = [" + cases +
+                         "]; "
                          "bad = [(n, i, id_of_name(n, s)) for n, i in cases if id_of_name(n, s) != i]; "
                          "bad += [(n, i, id_of_name(n)) for n, i in cases[:3] if id_of_name(n) != i]; "
                          "print(bad); sys.exit(1 if bad else 0)";
@@ -395,7 +412,8 @@ TEST_F(Report, CompareTestsSignificanceAndFlagsMachineDifferences) {
     fs::copy(fx, d, fs::copy_options::recursive);
     fs::create_directories(d + "/points");
   }
-  const std::string fast = "naive-b1-hq2-hkv2-sq32-sk32-d16-causal-t1", same = "naive-b1-hq2-hkv2-sq32-sk32-d16-causal-t2";
+  const std::string fast = "naive-b1-hq2-hkv2-sq32-sk32-d16-causal-t1",
+                    same = "naive-b1-hq2-hkv2-sq32-sk32-d16-causal-t2";
   const auto put = [](const std::string& dir, const std::string& id, double t) {
     Json times = Json::array();
     for (int r = 0; r < 5; ++r) times.push_back(t * (1 + 0.01 * r));
@@ -407,7 +425,8 @@ TEST_F(Report, CompareTestsSignificanceAndFlagsMachineDifferences) {
   machine["cpu_model"] = "Another CPU";
   std::ofstream(b + "/machine.json") << machine.dump();
   std::string output;
-  ASSERT_EQ(run(kPython + " " + kSource + "/scripts/compare.py '" + a + "' '" + b + "' --out '" + out + "'", &output), 0)
+  ASSERT_EQ(run(kPython + " " + kSource + "/scripts/compare.py '" + a + "' '" + b + "' --out '" + out + "'", &output),
+            0)
       << output;
   const std::string md = read_text_file(out + "/compare.md");
   EXPECT_NE(md.find("machines differ"), std::string::npos) << md;

@@ -28,8 +28,7 @@ int64_t float_order(float f) {
 }
 
 float from_order(int64_t o) {
-  const int32_t i = o < 0 ? static_cast<int32_t>(static_cast<uint32_t>(-o) | 0x80000000u)
-                          : static_cast<int32_t>(o);
+  const int32_t i = o < 0 ? static_cast<int32_t>(static_cast<uint32_t>(-o) | 0x80000000u) : static_cast<int32_t>(o);
   float f;
   std::memcpy(&f, &i, sizeof f);
   return f;
@@ -108,23 +107,21 @@ Accuracy sweep(float lo, float hi, int stride, void (*f)(const float*, float*, s
 constexpr int kStride = 61;
 
 TEST_P(SimdMath, Exp2AccuracyOnSoftmaxRange) {
-  const Accuracy a = sweep(-126.f, 0.f, kStride, t_->exp2_n,
-                           [](double x) { return std::exp2(x); });
+  const Accuracy a = sweep(-126.f, 0.f, kStride, t_->exp2_n, [](double x) { return std::exp2(x); });
   EXPECT_GT(a.points, 1000000);
   EXPECT_LE(a.max_ulp, 1) << "at x = " << a.worst;
   EXPECT_LE(a.max_rel, 0x1p-23);  // 1 ulp; ~8e-8 measured at -O3, ~1.03e-7 at -O2
 }
 
 TEST_P(SimdMath, Exp2AccuracyAboveZero) {
-  const Accuracy a = sweep(0.f, 127.9f, kStride, t_->exp2_n,
-                           [](double x) { return std::exp2(x); });
+  const Accuracy a = sweep(0.f, 127.9f, kStride, t_->exp2_n, [](double x) { return std::exp2(x); });
   EXPECT_LE(a.max_ulp, 1) << "at x = " << a.worst;
 }
 
 // The softmax's exp2 (x <= 0 or NaN) gives exp2's bits on that whole domain: every 997th
 // float of [-200, 0], and the special values.
 TEST_P(SimdMath, Exp2NonpositiveIsExp2BitForBit) {
-  std::vector<float> xs = {-kInf, -0.f, 0.f, std::numeric_limits<float>::quiet_NaN(), -126.f, -126.5f,
+  std::vector<float> xs = {-kInf,  -0.f,   0.f,    std::numeric_limits<float>::quiet_NaN(),  -126.f, -126.5f,
                            -127.f, -149.f, -1e30f, -std::numeric_limits<float>::denorm_min()};
   uint32_t bits;
   const float lo = -200.f;
@@ -142,22 +139,21 @@ TEST_P(SimdMath, Exp2NonpositiveIsExp2BitForBit) {
     if (std::isnan(want[i])) {
       ASSERT_TRUE(std::isnan(got[i])) << "x = " << xs[i];
     } else {
-      ASSERT_EQ(std::memcmp(&want[i], &got[i], sizeof(float)), 0) << "x = " << xs[i] << ": " << got[i] << " vs " << want[i];
+      ASSERT_EQ(std::memcmp(&want[i], &got[i], sizeof(float)), 0)
+          << "x = " << xs[i] << ": " << got[i] << " vs " << want[i];
     }
   }
 }
 
 TEST_P(SimdMath, ExpAccuracyOnSoftmaxRange) {
-  const Accuracy a = sweep(-87.336f, 0.f, kStride, t_->exp_n,
-                           [](double x) { return std::exp(x); });
+  const Accuracy a = sweep(-87.336f, 0.f, kStride, t_->exp_n, [](double x) { return std::exp(x); });
   EXPECT_GT(a.points, 1000000);
   EXPECT_LE(a.max_ulp, 1) << "at x = " << a.worst;
   EXPECT_LE(a.max_rel, 0x1p-23);
 }
 
 TEST_P(SimdMath, ExpAccuracyAboveZero) {
-  const Accuracy a = sweep(0.f, 88.72f, kStride, t_->exp_n,
-                           [](double x) { return std::exp(x); });
+  const Accuracy a = sweep(0.f, 88.72f, kStride, t_->exp_n, [](double x) { return std::exp(x); });
   EXPECT_LE(a.max_ulp, 1) << "at x = " << a.worst;
   EXPECT_LE(a.max_rel, 0x1p-23);
 }

@@ -126,21 +126,22 @@ std::string peak_file() {
     rows.push_back({{"threads", t}, {"fma_flops", 1e11 * t}, {"read_bytes", 1e10}, {"exp_per_s", 1e9}});
   }
   const Json j = {{"schema", "attnlab-peak-1"}, {"simd_arch", "test"}, {"lanes", 16}, {"exp_function", "test"},
-                  {"buffer_bytes", 0},           {"repeats", 1},        {"rows", rows}};
+                  {"buffer_bytes", 0},          {"repeats", 1},        {"rows", rows}};
   write_file_atomic(path, j.dump());
   return path;
 }
 
 struct SweepRun : ::testing::Test {
-  std::vector<const Kernel*> kernels = {find_kernel("naive"), find_kernel("blocked"), &kBroken, &kPicky,
-                                        &kNanOut, &kDoomed, &kProbe};
+  std::vector<const Kernel*> kernels = {
+      find_kernel("naive"), find_kernel("blocked"), &kBroken, &kPicky, &kNanOut, &kDoomed, &kProbe};
   std::vector<std::string> names = {"naive", "blocked", "broken", "picky", "nanout", "doomed", "probe"};
   std::ostringstream log;
 
   Experiment experiment(const std::string& extra = "") {
     const std::string doc = R"({"description": "tiny", "implementations": ["naive", "blocked"],
         "q_heads": 2, "q_len": [8, 16, 32], "head_dim": 16, "causal": [false, true], "threads": [1, 2],
-        "repetitions": 2, "min_time_s": 0.001, "time_cap_s": 30)" + extra + "}";
+        "repetitions": 2, "min_time_s": 0.001, "time_cap_s": 30)" +
+                            extra + "}";
     return parse_experiment(Json::parse(doc), "tiny", names);
   }
   SweepOptions options(const std::string& dir) {
@@ -228,9 +229,15 @@ TEST_F(SweepRun, BenchJsonNamesAreStableAcrossTimingSettings) {
   const std::string shape = R"({"description": "d", "implementations": ["naive", "blocked"], "q_heads": 2,
       "q_len": [8, 16], "head_dim": 16, "threads": 1, )";
   ASSERT_EQ(run_sweep(parse_experiment(Json::parse(shape + R"("repetitions": 2, "min_time_s": 0.001})"), "gb", names),
-                      options(a)).ok, 4u) << log.str();
+                      options(a))
+                .ok,
+            4u)
+      << log.str();
   ASSERT_EQ(run_sweep(parse_experiment(Json::parse(shape + R"("repetitions": 3, "min_time_s": 0.002})"), "gb", names),
-                      options(b)).ok, 4u) << log.str();
+                      options(b))
+                .ok,
+            4u)
+      << log.str();
   std::set<std::string> names_a, names_b;
   std::set<int64_t> families;
   for (const auto& [dir, set] : {std::pair{a, &names_a}, std::pair{b, &names_b}}) {
@@ -252,7 +259,8 @@ TEST_F(SweepRun, BenchJsonNamesAreStableAcrossTimingSettings) {
   }
   const std::string out = ::testing::TempDir() + "/attn_gb_compare.txt";
   ASSERT_EQ(std::system(("/usr/bin/python3 " + compare + " benchmarks " + a + "/bench.json " + b + "/bench.json > " +
-                         out + " 2>&1").c_str()),
+                         out + " 2>&1")
+                            .c_str()),
             0)
       << read_text_file(out);
   const std::string text = read_text_file(out);
@@ -379,7 +387,8 @@ TEST_F(SweepRun, ShardsPartitionThePlanAndMergeBack) {
     o.shard_count = 3;
     const SweepSummary s = run_sweep(e, o);
     total += s.planned;
-    for (const auto& [name, text] : point_files(dirs.back())) EXPECT_TRUE(ids.insert(name).second) << name << " in two shards";
+    for (const auto& [name, text] : point_files(dirs.back()))
+      EXPECT_TRUE(ids.insert(name).second) << name << " in two shards";
   }
   EXPECT_EQ(total, expand(e, 2).size());
   EXPECT_EQ(ids.size(), total);
@@ -453,8 +462,9 @@ TEST_F(SweepRun, FirstPointOfAKernelIsEstimatedFromThePeakNotAConstant) {
       Json::parse(R"({"description": "one point", "implementations": ["naive"], "q_heads": 2, "q_len": 256,
                       "head_dim": 16, "threads": 2, "repetitions": 1, "min_time_s": 0.001, "time_cap_s": 0.01})"),
       "one", names);
-  ASSERT_GT(estimate_point_seconds(RateBook().estimate_seconds(BenchPoint{find_kernel("naive"), expand(e, 2)[0].problem, 2, {}}),
-                                   TimingOptions{1, 0.001}, true),
+  ASSERT_GT(estimate_point_seconds(
+                RateBook().estimate_seconds(BenchPoint{find_kernel("naive"), expand(e, 2)[0].problem, 2, {}}),
+                TimingOptions{1, 0.001}, true),
             e.time_cap_s)
       << "the constant's estimate must exceed the cap, or this test shows nothing";
   run_sweep(e, options(dir));
@@ -476,14 +486,21 @@ std::string per_target_peak_file() {
   for (size_t i = 0; i < built_isas().size(); ++i) {
     Json rows = Json::array();
     for (int t : {1, 2}) {
-      rows.push_back({{"threads", t}, {"fma_flops", 1e9 * static_cast<double>(i + 1) * t},
-                      {"read_bytes", 1e10 + 1e9 * static_cast<double>(i)}, {"exp_per_s", 1e9}});
-      if (built_isas()[i] == default_isa()) rows.back()["bf16_dot_flops"] = 5e9 * t, rows.back()["amx_bf16_flops"] = 7e10 * t;
+      rows.push_back({{"threads", t},
+                      {"fma_flops", 1e9 * static_cast<double>(i + 1) * t},
+                      {"read_bytes", 1e10 + 1e9 * static_cast<double>(i)},
+                      {"exp_per_s", 1e9}});
+      if (built_isas()[i] == default_isa())
+        rows.back()["bf16_dot_flops"] = 5e9 * t, rows.back()["amx_bf16_flops"] = 7e10 * t;
     }
     targets.push_back({{"isa", built_isas()[i]}, {"lanes", 1}, {"fma_chains", 1}, {"rows", rows}});
   }
-  const Json j = {{"schema", "attnlab-peak-2"}, {"simd_arch", default_isa()}, {"exp_function", "test"},
-                  {"buffer_bytes", 0}, {"repeats", 1}, {"targets", targets}};
+  const Json j = {{"schema", "attnlab-peak-2"},
+                  {"simd_arch", default_isa()},
+                  {"exp_function", "test"},
+                  {"buffer_bytes", 0},
+                  {"repeats", 1},
+                  {"targets", targets}};
   write_file_atomic(path, j.dump());
   return path;
 }
@@ -537,7 +554,8 @@ TEST(SweepIsa, EveryTargetRunsOrIsSkippedWithTheReason) {
     } else {
       ++skipped;
       EXPECT_EQ(r.status, PointStatus::Skipped);
-      EXPECT_NE(r.reason.find("unavailable: this CPU cannot run " + r.isa + "; it runs "), std::string::npos) << r.reason;
+      EXPECT_NE(r.reason.find("unavailable: this CPU cannot run " + r.isa + "; it runs "), std::string::npos)
+          << r.reason;
     }
   }
   EXPECT_EQ(seen, first.planned);
@@ -560,8 +578,9 @@ TEST(SweepPeaks, PerTargetPeaksRoundTripAndOldFilesRead) {
   EXPECT_EQ(Peaks::from_json(again).to_json(), again);
   // The default target's figures also where schema 1 kept them.
   EXPECT_EQ(again["simd_arch"], default_isa());
-  EXPECT_EQ(again["rows"], again["targets"][std::distance(
-                               built_isas().begin(), std::find(built_isas().begin(), built_isas().end(), default_isa()))]["rows"]);
+  EXPECT_EQ(again["rows"],
+            again["targets"][std::distance(
+                built_isas().begin(), std::find(built_isas().begin(), built_isas().end(), default_isa()))]["rows"]);
   const std::string narrow = built_isas().front();
   EXPECT_DOUBLE_EQ(p2.ref(narrow, 2).flops, 2e9) << "the narrowest target: 1 GFLOP/s per thread";
   EXPECT_DOUBLE_EQ(p2.ref("baseline", 2).flops, p2.at(default_isa(), 2)->fma_flops);
@@ -867,8 +886,8 @@ TEST_F(SweepRun, ResumeRefusesAnotherBuildUnlessForced) {
     ADD_FAILURE() << "resumed a folder of another build";
   } catch (const InvalidInput& err) {
     const std::string msg = err.what();
-    for (const std::string& want : {std::string("0123456789abcdef"), commit, std::string("-O0 -g"), flags,
-                                    std::string("--force")}) {
+    for (const std::string& want :
+         {std::string("0123456789abcdef"), commit, std::string("-O0 -g"), flags, std::string("--force")}) {
       EXPECT_NE(msg.find(want), std::string::npos) << "'" << want << "' missing from: " << msg;
     }
   }
@@ -957,7 +976,8 @@ TEST_F(SweepRun, MemoryEstimateCoversWhatVerificationAndTimingAllocate) {
         R"("q_len": 96, "kv_len": 2000, "q_heads": 6, "kv_heads": 2, "head_dim": 40, "layout": "bshd")"}) {
     const Experiment e = parse_experiment(
         Json::parse(R"({"description": "m", "implementations": ["probe"], "threads": 1, "repetitions": 1,
-                        "min_time_s": 0.001, "verify_rows": 64, )" + shape + "}"),
+                        "min_time_s": 0.001, "verify_rows": 64, )" +
+                    shape + "}"),
         "memory", names);
     const std::string dir = fresh_dir("memory");
     g_probe_peak = 0;
@@ -1102,8 +1122,8 @@ TEST_F(SweepPeers, VerifiedTimedFailedSkippedAndDiedPeersAreRecordedAsSuch) {
       EXPECT_NE(r.reason.find("server died"), std::string::npos) << r.reason;
     }
   }
-  EXPECT_EQ(seen, (std::map<std::string, int>{{"naive", 4}, {"torch_sdpa", 4}, {"ort_mha", 4}, {"ort_gqa", 4},
-                                              {"jax_dpa", 4}}));
+  EXPECT_EQ(seen, (std::map<std::string, int>{
+                      {"naive", 4}, {"torch_sdpa", 4}, {"ort_mha", 4}, {"ort_gqa", 4}, {"jax_dpa", 4}}));
   const std::string csv = read_text_file(dir + "/results.csv");
   EXPECT_NE(csv.find(",torch_sdpa,peer,ok,,,fake 1.0,fake exact; threads 1,"), std::string::npos) << csv.substr(0, 600);
   EXPECT_NE(read_text_file(dir + "/bench.json").find("attn/torch_sdpa/"), std::string::npos);

@@ -19,7 +19,13 @@ namespace attnlab {
 namespace {
 
 enum class Bug {
-  None, WrongScale, CausalOffByOne, IgnoresKvLens, DropsGqaMapping, RoundsPToBf16, MisreadsStorage,
+  None,
+  WrongScale,
+  CausalOffByOne,
+  IgnoresKvLens,
+  DropsGqaMapping,
+  RoundsPToBf16,
+  MisreadsStorage,
   RoundsPTo3Bits  // P with 3 significant bits: below even the bf16-products regime (bf16 has 8)
 };
 
@@ -46,7 +52,8 @@ class Planted final : public Kernel {
     visit_inputs(in, [&]<class E>(const TypedInputs<E>& t) {
       if constexpr (!std::is_same_v<E, float>) {
         using Other = std::conditional_t<std::is_same_v<E, bf16>, f16, bf16>;
-        if (bug_ == Bug::MisreadsStorage) return run_typed(p, TypedInputs<Other>{swapped(t.q), swapped(t.k), swapped(t.v)}, out);
+        if (bug_ == Bug::MisreadsStorage)
+          return run_typed(p, TypedInputs<Other>{swapped(t.q), swapped(t.k), swapped(t.v)}, out);
       }
       run_typed(p, t, out);
     });
@@ -63,8 +70,7 @@ class Planted final : public Kernel {
           if (bug_ == Bug::IgnoresKvLens) q.kv_lens.clear();
           Interval iv = q.visible(b, i);
           if (bug_ == Bug::CausalOffByOne) iv.hi = std::min(iv.hi + 1, p.kv_len_of(b));
-          const float scale = bug_ == Bug::WrongScale ? 1.0f / static_cast<float>(p.head_dim)
-                                                      : p.effective_scale();
+          const float scale = bug_ == Bug::WrongScale ? 1.0f / static_cast<float>(p.head_dim) : p.effective_scale();
           const int64_t hk = bug_ == Bug::DropsGqaMapping ? h % p.kv_heads : p.kv_head_of(h);
           textbook::scores(in.q.row(b, h, i), in.k, b, hk, iv, scale, s.data());
           float* o = out.o.row(b, h, i);
@@ -100,8 +106,14 @@ Problem bug_revealing_shape() {
 }
 
 std::string bug_name(const ::testing::TestParamInfo<std::tuple<Bug, DType>>& info) {
-  static const char* const kNames[] = {"none", "wrong_scale", "causal_off_by_one", "ignores_kv_lens",
-                                       "drops_gqa_mapping", "rounds_p_to_bf16", "misreads_storage", "rounds_p_to_3_bits"};
+  static const char* const kNames[] = {"none",
+                                       "wrong_scale",
+                                       "causal_off_by_one",
+                                       "ignores_kv_lens",
+                                       "drops_gqa_mapping",
+                                       "rounds_p_to_bf16",
+                                       "misreads_storage",
+                                       "rounds_p_to_3_bits"};
   return std::string(kNames[static_cast<int>(std::get<0>(info.param))]) + "_" + to_string(std::get<1>(info.param));
 }
 

@@ -60,7 +60,9 @@ int main(int argc, char** argv) {
   p.q_len = p.kv_len = n;
   p.head_dim = 128;
   p.layout = parse_layout(argv[3]);
-  const auto spread = [&](int k) { for (int g = 0; g < k; ++g) p.globals.push_back(g * n / k); };
+  const auto spread = [&](int k) {
+    for (int g = 0; g < k; ++g) p.globals.push_back(g * n / k);
+  };
   if (pattern == "causal") {
     p.causal = CausalAlign::BottomRight;
   } else if (pattern == "window" || pattern == "sinks") {
@@ -73,7 +75,8 @@ int main(int argc, char** argv) {
   } else if (pattern == "docs") {
     p.causal = CausalAlign::BottomRight;
     const int64_t cycle[3] = {512, 1536, 1024};
-    for (int64_t at = 0, x = 0; at < n; ++x) p.doc_lens.push_back(std::min(cycle[x % 3], n - at)), at += p.doc_lens.back();
+    for (int64_t at = 0, x = 0; at < n; ++x)
+      p.doc_lens.push_back(std::min(cycle[x % 3], n - at)), at += p.doc_lens.back();
   } else if (pattern == "dilated") {
     p.causal = CausalAlign::BottomRight, p.window_left = 2048, p.window_right = 0, p.dilation = 4;
   } else if (pattern != "dense") {
@@ -101,10 +104,11 @@ int main(int argc, char** argv) {
       dt.push_back(d), pt.push_back(quantile(mine, 0.5));
       eff.push_back(d * density / pt.back());
     }
-    std::printf("%-10s %6lld %s: density %.4f, dense %8.2f ms, pattern %8.2f ms (%d calls per pair); "
-                "efficiency per pair: median %.3f [q1 %.3f, q3 %.3f] (%d pairs)\n",
-                pattern.c_str(), static_cast<long long>(n), argv[3], density, quantile(dt, 0.5) * 1e3,
-                quantile(pt, 0.5) * 1e3, per, quantile(eff, 0.5), quantile(eff, 0.25), quantile(eff, 0.75), pairs);
+    std::printf(
+        "%-10s %6lld %s: density %.4f, dense %8.2f ms, pattern %8.2f ms (%d calls per pair); "
+        "efficiency per pair: median %.3f [q1 %.3f, q3 %.3f] (%d pairs)\n",
+        pattern.c_str(), static_cast<long long>(n), argv[3], density, quantile(dt, 0.5) * 1e3, quantile(pt, 0.5) * 1e3,
+        per, quantile(eff, 0.5), quantile(eff, 0.25), quantile(eff, 0.75), pairs);
     return 0;
   }
   std::vector<double> time[2], ratio;
@@ -141,8 +145,10 @@ int main(int argc, char** argv) {
     time[0].push_back(s[0]), time[1].push_back(s[1]);
     ratio.push_back(s[0] / s[1]);
   }
-  std::printf("%-10s %6lld %s: before %8.2f ms, after %8.2f ms; before/after per pair: median %.3f [q1 %.3f, q3 %.3f] (%d pairs)\n",
-              pattern.c_str(), static_cast<long long>(n), argv[3], quantile(time[0], 0.5) * 1e3,
-              quantile(time[1], 0.5) * 1e3, quantile(ratio, 0.5), quantile(ratio, 0.25), quantile(ratio, 0.75), pairs);
+  std::printf(
+      "%-10s %6lld %s: before %8.2f ms, after %8.2f ms; before/after per pair: median %.3f [q1 %.3f, q3 %.3f] (%d "
+      "pairs)\n",
+      pattern.c_str(), static_cast<long long>(n), argv[3], quantile(time[0], 0.5) * 1e3, quantile(time[1], 0.5) * 1e3,
+      quantile(ratio, 0.5), quantile(ratio, 0.25), quantile(ratio, 0.75), pairs);
   return 0;
 }

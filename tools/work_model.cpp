@@ -15,7 +15,9 @@
 
 using namespace attnlab;
 
-struct Count { double visits = 0, full_visits = 0, scores = 0, pv6 = 0, pv1 = 0, tiles = 0, tasks = 0, rows = 0, visible = 0; };
+struct Count {
+  double visits = 0, full_visits = 0, scores = 0, pv6 = 0, pv1 = 0, tiles = 0, tasks = 0, rows = 0, visible = 0;
+};
 
 static Count walk(const Problem& p, int64_t br) {
   const BlockMap map = build_block_map(p, br, true);
@@ -30,7 +32,8 @@ static Count walk(const Problem& p, int64_t br) {
     const int64_t n = (e1 - e0) + (gw >= 0 ? 1 : 0);
     for (int64_t x = 0; x < n; ++x) {
       const bool gathered = x == e1 - e0;
-      const uint64_t* words = gathered ? map.bits.data() + gw : (e0[x].words < 0 ? nullptr : map.bits.data() + e0[x].words);
+      const uint64_t* words =
+          gathered ? map.bits.data() + gw : (e0[x].words < 0 ? nullptr : map.bits.data() + e0[x].words);
       int nk = gathered ? static_cast<int>(map.gathered.size())
                         : static_cast<int>(std::min<int64_t>(64, p.kv_len - e0[x].key_tile * 64));
       if (words && !gathered) {
@@ -91,10 +94,12 @@ int main(int argc, char** argv) {
   p.validate();
   const Count c = walk(p, br);
   const double vis = static_cast<double>(count_pattern(p).pairs);
-  std::printf("%s n %lld br %lld: visible %.0f; scores computed %.3fx visible; P.V %.3fx visible (6-row %.3f, 1-row %.3f);"
-              " panel visits per row %.2f (full %.2f), score keys per visit %.1f;"
-              " tiles %.0f (%.2f per row-tile of %lld rows: %.1f key tiles, %.1f visible per row); tasks %.0f\n",
-              pattern.c_str(), (long long)n, (long long)br, vis, c.scores / vis, (c.pv6 + c.pv1) / vis, c.pv6 / vis,
-              c.pv1 / vis, c.visits * 6 / c.rows, c.full_visits * 6 / c.rows, c.scores / c.visits / 6, c.tiles, c.tiles / c.tasks, (long long)br, c.tiles / c.tasks, vis / n / 64, c.tasks);
+  std::printf(
+      "%s n %lld br %lld: visible %.0f; scores computed %.3fx visible; P.V %.3fx visible (6-row %.3f, 1-row %.3f);"
+      " panel visits per row %.2f (full %.2f), score keys per visit %.1f;"
+      " tiles %.0f (%.2f per row-tile of %lld rows: %.1f key tiles, %.1f visible per row); tasks %.0f\n",
+      pattern.c_str(), (long long)n, (long long)br, vis, c.scores / vis, (c.pv6 + c.pv1) / vis, c.pv6 / vis,
+      c.pv1 / vis, c.visits * 6 / c.rows, c.full_visits * 6 / c.rows, c.scores / c.visits / 6, c.tiles,
+      c.tiles / c.tasks, (long long)br, c.tiles / c.tasks, vis / n / 64, c.tasks);
   return 0;
 }

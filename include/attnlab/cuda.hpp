@@ -23,7 +23,7 @@
 #include <string>
 
 namespace attnlab {
-class Kernel;    // attnlab/kernel.hpp (not included: this header is also compiled by nvcc)
+class Kernel;  // attnlab/kernel.hpp (not included: this header is also compiled by nvcc)
 struct Support;
 class Session;
 struct Inputs;
@@ -46,16 +46,16 @@ Support device_status();
 bool is_cuda_kernel(const Kernel& k);
 
 struct DeviceInfo {
-  std::string name;               // e.g. "NVIDIA H200"
-  int cc_major = 0, cc_minor = 0; // compute capability
+  std::string name;                // e.g. "NVIDIA H200"
+  int cc_major = 0, cc_minor = 0;  // compute capability
   int sm_count = 0;
-  double clock_ghz = 0;           // peak SM clock
-  int fp32_lanes_per_sm = 0;      // 64 on sm_80 (A100), 128 on sm_86+ and sm_90 (H100/H200)
-  double fp32_peak_tflops = 0;    // sm_count * lanes * 2 FLOP (FMA) * clock: the non-tensor peak
-  double mem_bandwidth_gbs = 0;   // nominal: 2 * memory clock * bus width
+  double clock_ghz = 0;          // peak SM clock
+  int fp32_lanes_per_sm = 0;     // 64 on sm_80 (A100), 128 on sm_86+ and sm_90 (H100/H200)
+  double fp32_peak_tflops = 0;   // sm_count * lanes * 2 FLOP (FMA) * clock: the non-tensor peak
+  double mem_bandwidth_gbs = 0;  // nominal: 2 * memory clock * bus width
   long long global_mem_bytes = 0;
-  int smem_per_block_optin = 0;   // bytes of dynamic shared memory a block may opt in to
-  std::string describe() const;   // one line for reports
+  int smem_per_block_optin = 0;  // bytes of dynamic shared memory a block may opt in to
+  std::string describe() const;  // one line for reports
 };
 // The device the kernels run on (device 0), when device_status() is yes.
 std::optional<DeviceInfo> device_info();

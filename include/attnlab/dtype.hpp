@@ -42,11 +42,22 @@ struct f16 {
 };
 static_assert(sizeof(bf16) == 2 && sizeof(f16) == 2 && std::is_trivially_copyable_v<bf16>);
 
-template <class E> struct dtype_of;
-template <> struct dtype_of<float> { static constexpr DType value = DType::F32; };
-template <> struct dtype_of<bf16> { static constexpr DType value = DType::BF16; };
-template <> struct dtype_of<f16> { static constexpr DType value = DType::F16; };
-template <class E> inline constexpr DType dtype_of_v = dtype_of<std::remove_const_t<E>>::value;
+template <class E>
+struct dtype_of;
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::F32;
+};
+template <>
+struct dtype_of<bf16> {
+  static constexpr DType value = DType::BF16;
+};
+template <>
+struct dtype_of<f16> {
+  static constexpr DType value = DType::F16;
+};
+template <class E>
+inline constexpr DType dtype_of_v = dtype_of<std::remove_const_t<E>>::value;
 
 namespace dtype_detail {
 ATTN_DT_HD uint32_t bits_of(float f) {
@@ -109,9 +120,12 @@ ATTN_DT_HD f16 to_f16(float f) {
 // x stored as E (float, bf16 or f16), rounded to nearest even.
 template <class E>
 ATTN_DT_HD E from_float(float x) {
-  if constexpr (std::is_same_v<E, bf16>) return to_bf16(x);
-  else if constexpr (std::is_same_v<E, f16>) return to_f16(x);
-  else return x;
+  if constexpr (std::is_same_v<E, bf16>)
+    return to_bf16(x);
+  else if constexpr (std::is_same_v<E, f16>)
+    return to_f16(x);
+  else
+    return x;
 }
 
 // The value a float32 takes when stored as dtype d.

@@ -22,7 +22,6 @@
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
 
-
 namespace attnlab {
 
 // "yes", or "no" with the reason.
@@ -74,9 +73,9 @@ enum class Arithmetic { F32, Bf16Products };
 const char* to_string(Arithmetic a);  // "f32", "bf16_products"
 
 struct RunContext {
-  int threads = 1;                  // size of the arena the kernel runs in
-  std::span<std::byte> workspace;   // workspace_bytes() bytes, 64-byte aligned
-  const Plan* plan = nullptr;       // make_plan()'s, when the kernel made one
+  int threads = 1;                 // size of the arena the kernel runs in
+  std::span<std::byte> workspace;  // workspace_bytes() bytes, 64-byte aligned
+  const Plan* plan = nullptr;      // make_plan()'s, when the kernel made one
   // CUDA kernels: this many more launches back to back between two events after the one whose
   // results are copied back (cuda::time_launches; the others ignore it).
   int timed_launches = 0;
@@ -114,8 +113,7 @@ class Kernel {
   // what it needs itself, inside the run).
   virtual std::shared_ptr<const Plan> make_plan(const Problem&) const;
   // Computes O (and LSE when outputs.lse is set). Called inside the run's task_arena.
-  virtual void run(const Problem& p, const Inputs& in, const Outputs& out,
-                   RunContext& ctx) const = 0;
+  virtual void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const = 0;
 };
 
 // All kernels, in ladder order, each once: a SIMD kernel as its variant for default_isa()

@@ -21,8 +21,7 @@ inline constexpr int64_t kMaxPairs = int64_t{1} << 56;
 
 // The product of the factors when every factor is >= 0 and the product is at most `limit`;
 // std::nullopt otherwise (including when it would overflow int64).
-inline std::optional<int64_t> checked_product(std::initializer_list<int64_t> factors,
-                                              int64_t limit = INT64_MAX) {
+inline std::optional<int64_t> checked_product(std::initializer_list<int64_t> factors, int64_t limit = INT64_MAX) {
   int64_t product = 1;
   for (int64_t f : factors) {
     if (f < 0 || __builtin_mul_overflow(product, f, &product)) return std::nullopt;

@@ -24,10 +24,10 @@ namespace attnlab {
 
 struct NpyArray {
   std::vector<int64_t> shape;
-  FloatBuffer data;          // '<f4' / '<f8': 64-byte aligned; writable (a mapping copies on write)
+  FloatBuffer data;              // '<f4' / '<f8': 64-byte aligned; writable (a mapping copies on write)
   std::vector<uint16_t> bits16;  // '<f2' / '<u2': the 16-bit patterns (data is then empty)
   std::vector<uint8_t> bytes8;   // '|b1' / '|u1' (read_npy_mask only)
-  std::string source_dtype;  // "<f4", "<f8", "<f2", "<u2" (or "|b1", "|u1" from read_npy_mask)
+  std::string source_dtype;      // "<f4", "<f8", "<f2", "<u2" (or "|b1", "|u1" from read_npy_mask)
   bool is16() const { return source_dtype == "<f2" || source_dtype == "<u2"; }
 };
 

@@ -86,14 +86,14 @@ class Pattern {
 
  private:
   const Problem& p_;
-  bool bounded_ = false;            // a window or a dilation: the ANY terms matter
+  bool bounded_ = false;  // a window or a dilation: the ANY terms matter
   bool global_rows_ = true, global_cols_ = true;
-  std::vector<int32_t> doc_;        // document of each index (documents only)
-  std::vector<int64_t> doc_start_;  // first index of each document, then q_len
-  std::vector<uint8_t> global_;     // per key position (globals only)
+  std::vector<int32_t> doc_;            // document of each index (documents only)
+  std::vector<int64_t> doc_start_;      // first index of each document, then q_len
+  std::vector<uint8_t> global_;         // per key position (globals only)
   std::vector<int64_t> global_prefix_;  // globals among positions < x
   int64_t query_blocks_ = 0, key_blocks_ = 0;
-  std::vector<int64_t> picks_;      // R' sorted key blocks per query block (BigBird only)
+  std::vector<int64_t> picks_;  // R' sorted key blocks per query block (BigBird only)
   int64_t picks_per_ = 0;
   int64_t off(int64_t b) const;
   int64_t globals_in(int64_t lo, int64_t hi) const;  // global positions in [lo, hi)
@@ -103,8 +103,8 @@ class Pattern {
 // What a pattern costs, counted once per problem (cached): the FLOP count and the compulsory
 // K/V reads of Problem use it.
 struct PatternCount {
-  int64_t pairs = 0;         // visible (b, h, i, j) pairs
-  double kv_keys = 0;        // sum over (b, kv head) of the keys any of its rows sees
+  int64_t pairs = 0;   // visible (b, h, i, j) pairs
+  double kv_keys = 0;  // sum over (b, kv head) of the keys any of its rows sees
 };
 PatternCount count_pattern(const Problem& p);
 
@@ -116,8 +116,8 @@ struct BlockMap {
   int64_t br = 0, group = 1, query_tiles = 0;
   int64_t variants_b = 1, variants_h = 1;  // the map differs per batch / per kv head only when
                                            // kv_lens or the mask file make it so
-  using Entry = BlockEntry;  // interval.hpp
-  std::vector<int64_t> start;   // entries of (variant, query tile) t: [start[t], start[t + 1])
+  using Entry = BlockEntry;                // interval.hpp
+  std::vector<int64_t> start;              // entries of (variant, query tile) t: [start[t], start[t + 1])
   std::vector<Entry> entries;
   std::vector<uint64_t> bits;
   std::vector<uint8_t> row_empty;  // per (variant, query row, g): no visible key at all
@@ -160,9 +160,7 @@ struct BlockMap {
   std::pair<const Entry*, const Entry*> entries_in(int64_t v, int64_t qt, int64_t j0, int64_t j1) const;
   // Whether row rr of that query tile sees a key of those entries.
   bool row_sees(int64_t v, int64_t qt, int64_t rr, int64_t j0, int64_t j1) const;
-  int64_t variant(int64_t b, int64_t hk) const {
-    return block_variant(variants_b, variants_h, b, hk);
-  }
+  int64_t variant(int64_t b, int64_t hk) const { return block_variant(variants_b, variants_h, b, hk); }
   size_t bytes() const;
 };
 // split_globals: run global rows apart, together in solo tiles (BlockMap::solo; not with

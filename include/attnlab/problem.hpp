@@ -52,15 +52,15 @@ struct Problem {
   int64_t kv_heads = 1;
   int64_t q_len = 1;
   int64_t kv_len = 1;
-  int64_t head_dim = 64;         // of Q and K
-  int64_t head_dim_v = 0;        // of V and O; 0 = head_dim (MLA: d_qk 192 / d_v 128)
+  int64_t head_dim = 64;   // of Q and K
+  int64_t head_dim_v = 0;  // of V and O; 0 = head_dim (MLA: d_qk 192 / d_v 128)
   CausalAlign causal = CausalAlign::None;
-  int64_t window_left = -1;   // -1 = unbounded
-  int64_t window_right = -1;  // -1 = unbounded
+  int64_t window_left = -1;      // -1 = unbounded
+  int64_t window_right = -1;     // -1 = unbounded
   std::vector<int64_t> kv_lens;  // empty, or one entry per batch in [0, kv_len]
   std::optional<float> scale;    // default 1/sqrt(head_dim)
   Layout layout = Layout::BHSD;
-  DType dtype = DType::F32;      // storage of Q, K and V (O and LSE are float32)
+  DType dtype = DType::F32;  // storage of Q, K and V (O and LSE are float32)
   // Sparse pattern terms (pattern.hpp); none set = the interval rule alone.
   int64_t sinks = 0;              // keys j < sinks are seen by every row (with a window)
   std::vector<int64_t> globals;   // global positions, ascending, distinct

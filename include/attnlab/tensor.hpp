@@ -19,9 +19,7 @@ struct View4 {
   int64_t batch = 0, heads = 0, seq = 0, dim = 0;
   int64_t stride_b = 0, stride_h = 0, stride_s = 0;  // in elements; stride_d == 1
 
-  T* row(int64_t b, int64_t h, int64_t s) const {
-    return data + b * stride_b + h * stride_h + s * stride_s;
-  }
+  T* row(int64_t b, int64_t h, int64_t s) const { return data + b * stride_b + h * stride_h + s * stride_s; }
   int64_t elems() const { return batch * heads * seq * dim; }
 };
 
@@ -30,8 +28,7 @@ using MutView = View4<float>;
 
 // Strides of a densely packed tensor in the given layout.
 template <class T>
-View4<T> make_view(T* data, int64_t batch, int64_t heads, int64_t seq, int64_t dim,
-                   Layout layout) {
+View4<T> make_view(T* data, int64_t batch, int64_t heads, int64_t seq, int64_t dim, Layout layout) {
   View4<T> v{data, batch, heads, seq, dim, 0, 0, 0};
   if (layout == Layout::BHSD) {
     v.stride_s = dim;
@@ -65,7 +62,8 @@ inline Inputs inputs_over(DType dtype, const View4<const void>& q, const View4<c
                           const View4<const void>& v) {
   const auto as = [](auto tag, const View4<const void>& g) {
     using T = decltype(tag);
-    return View4<const T>{static_cast<const T*>(g.data), g.batch, g.heads, g.seq, g.dim, g.stride_b, g.stride_h, g.stride_s};
+    return View4<const T>{
+        static_cast<const T*>(g.data), g.batch, g.heads, g.seq, g.dim, g.stride_b, g.stride_h, g.stride_s};
   };
   Inputs in;
   in.dtype = dtype;
@@ -107,8 +105,8 @@ decltype(auto) visit_inputs(const Inputs& in, F&& f) {
 }
 
 struct Outputs {
-  MutView o;                 // same shape and layout as q
-  float* lse = nullptr;      // optional, contiguous (batch, q_heads, q_len)
+  MutView o;             // same shape and layout as q
+  float* lse = nullptr;  // optional, contiguous (batch, q_heads, q_len)
 };
 
 // 64-byte aligned storage, zero-initialised. Buffers of 4 MiB and more are advised to the

@@ -51,12 +51,9 @@ std::vector<RowId> all_rows(const Problem& p);
 std::vector<RowId> sample_rows(const Problem& p, size_t max_rows, uint64_t seed);
 
 // The float64 reference: the specification, computed row by row, never optimized.
-double reference_row(const Problem& p, const Inputs& in, const RowId& r, double* o_row,
-                     double* row_scale);
+double reference_row(const Problem& p, const Inputs& in, const RowId& r, double* o_row, double* row_scale);
 Reference reference(const Problem& p, const Inputs& in, std::vector<RowId> rows);
-inline Reference reference(const Problem& p, const Inputs& in) {
-  return reference(p, in, all_rows(p));
-}
+inline Reference reference(const Problem& p, const Inputs& in) { return reference(p, in, all_rows(p)); }
 
 struct Errors {
   double o_abs = 0, o_rel = 0, lse = 0;
@@ -116,8 +113,7 @@ struct KernelCheck {
 // Runs the kernel (through a Session with `threads`) on outputs pre-filled with NaN, so a
 // row the kernel forgets to write fails, and measures it against a.ref with a.tol.
 // Allocates O and LSE (check_output_bytes) and the session's workspace.
-KernelCheck check_kernel(const Kernel& k, const Problem& p, const Inputs& in,
-                         const Agreement& a, int threads);
+KernelCheck check_kernel(const Kernel& k, const Problem& p, const Inputs& in, const Agreement& a, int threads);
 
 // Memory a verification allocates on top of the inputs it is given, an upper bound summed
 // over its steps: sample_rows(p, rows, seed) (`rows` = the max_rows asked for),

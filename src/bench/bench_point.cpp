@@ -35,8 +35,8 @@ size_t fixture_bytes(const Problem& p) {
   // from (while converting, and for the sweep's error on the unrounded inputs).
   auto bytes = [](int64_t elems, size_t size) { return allocated_bytes(static_cast<size_t>(elems) * size); };
   const size_t in = static_cast<size_t>(dtype_bytes(p.dtype));
-  const size_t own = bytes(p.q_elems(), in) + bytes(p.kv_elems(), in) + bytes(p.v_elems(), in) +
-                     bytes(p.o_elems(), 4) + bytes(p.lse_elems(), 4);
+  const size_t own = bytes(p.q_elems(), in) + bytes(p.kv_elems(), in) + bytes(p.v_elems(), in) + bytes(p.o_elems(), 4) +
+                     bytes(p.lse_elems(), 4);
   if (p.dtype == DType::F32) return own;
   Problem f32 = p;
   f32.dtype = DType::F32;
@@ -103,8 +103,8 @@ double RateBook::estimate_seconds(const BenchPoint& pt, std::string* basis, doub
   // on that call (run_point), so a slow kernel is caught after one call, a fast one never
   // skipped for what another kernel or a constant would have taken.
   if (peak_flops > 0) {
-    std::snprintf(buf, sizeof buf, "no %s point yet; at least this at the measured peak, %.1f GFLOP/s",
-                  kname.c_str(), peak_flops * 1e-9);
+    std::snprintf(buf, sizeof buf, "no %s point yet; at least this at the measured peak, %.1f GFLOP/s", kname.c_str(),
+                  peak_flops * 1e-9);
     say(buf);
     return flops / peak_flops;
   }
@@ -127,8 +127,7 @@ double estimate_point_seconds(double run_seconds, const TimingOptions& t, bool w
   return (with_verify ? run_seconds : 0.0) + std::max(1, t.repetitions) * per_rep + std::min(run_seconds, min_time);
 }
 
-void set_point_counters(benchmark::State& state, const BenchPoint& pt, const PeakRef& peak,
-                        size_t workspace_bytes) {
+void set_point_counters(benchmark::State& state, const BenchPoint& pt, const PeakRef& peak, size_t workspace_bytes) {
   using C = benchmark::Counter;
   const Problem& p = pt.problem;
   const double flops = p.flops();
@@ -149,8 +148,8 @@ void set_point_counters(benchmark::State& state, const BenchPoint& pt, const Pea
   }
 }
 
-benchmark::internal::Benchmark* register_point(const BenchPoint& pt, const PeakRef& peak,
-                                               const TimingOptions& timing, RegisterHooks hooks) {
+benchmark::internal::Benchmark* register_point(const BenchPoint& pt, const PeakRef& peak, const TimingOptions& timing,
+                                               RegisterHooks hooks) {
   const uint64_t seed = timing.seed;
   auto* b = benchmark::RegisterBenchmark(pt.name().c_str(), [pt, peak, seed, hooks](benchmark::State& state) {
     if (hooks.skip_reason) {

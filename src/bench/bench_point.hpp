@@ -69,8 +69,8 @@ size_t fixture_bytes(const Problem& p);
 size_t point_memory_bytes(const BenchPoint& pt, size_t verify_rows);
 
 struct TimingOptions {
-  int repetitions = 1;     // <= 1: Google Benchmark's --benchmark_repetitions applies
-  double min_time_s = 0.5; // <= 0: --benchmark_min_time applies
+  int repetitions = 1;      // <= 1: Google Benchmark's --benchmark_repetitions applies
+  double min_time_s = 0.5;  // <= 0: --benchmark_min_time applies
   uint64_t seed = 1;
 };
 
@@ -128,11 +128,10 @@ struct RegisterHooks {
   std::function<std::string(const BenchPoint&)> skip_reason;
 };
 
-benchmark::internal::Benchmark* register_point(const BenchPoint& pt, const PeakRef& peak,
-                                               const TimingOptions& timing, RegisterHooks hooks);
+benchmark::internal::Benchmark* register_point(const BenchPoint& pt, const PeakRef& peak, const TimingOptions& timing,
+                                               RegisterHooks hooks);
 
 // The counters above, for `iterations`-independent per-run values.
-void set_point_counters(benchmark::State& state, const BenchPoint& pt, const PeakRef& peak,
-                        size_t workspace_bytes);
+void set_point_counters(benchmark::State& state, const BenchPoint& pt, const PeakRef& peak, size_t workspace_bytes);
 
 }  // namespace attnlab::bench

@@ -23,13 +23,13 @@ constexpr int64_t kMaxGridPoints = 100000;  // points of all grids together
 constexpr int64_t kMaxListLength = 4096;    // values of one key (after expanding pow2 / range)
 
 // Keys of one grid (allowed at the top level and inside "grids" entries).
-const std::vector<std::string> kGridKeys = {"implementations", "batch", "q_heads", "kv_heads", "gqa_groups",
-                                            "q_len", "kv_len", "head_dim", "head_dim_v", "d_model", "model", "causal", "window",
-                                            "layout", "dtype", "threads", "isa", "sinks", "global",
-                                            "doc_lens", "dilation", "bigbird"};
+const std::vector<std::string> kGridKeys = {
+    "implementations", "batch",    "q_heads",  "kv_heads", "gqa_groups", "q_len", "kv_len",  "head_dim", "head_dim_v",
+    "d_model",         "model",    "causal",   "window",   "layout",     "dtype", "threads", "isa",      "sinks",
+    "global",          "doc_lens", "dilation", "bigbird"};
 // Keys allowed only at the top level.
-const std::vector<std::string> kRunKeys = {"description", "repetitions", "rounds", "min_time_s", "time_cap_s",
-                                           "memory_budget_mib", "verify_rows", "seed", "grids", "peers"};
+const std::vector<std::string> kRunKeys = {"description",       "repetitions", "rounds", "min_time_s", "time_cap_s",
+                                           "memory_budget_mib", "verify_rows", "seed",   "grids",      "peers"};
 // A grid key that replaces the top-level one's alternative.
 const std::vector<std::pair<std::string, std::string>> kExclusive = {{"kv_heads", "gqa_groups"},
                                                                      {"head_dim", "d_model"}};
@@ -51,9 +51,7 @@ struct Where {
     throw InvalidInput("experiment " + file + ": key '" + key + "': bad value " + value.dump() +
                        "; allowed: " + allowed);
   }
-  [[noreturn]] void fail(const std::string& what) const {
-    throw InvalidInput("experiment " + file + ": " + what);
-  }
+  [[noreturn]] void fail(const std::string& what) const { throw InvalidInput("experiment " + file + ": " + what); }
 };
 
 // An integer that fits int64 (nlohmann keeps larger ones as uint64).
@@ -64,8 +62,8 @@ bool is_int(const Json& v) {
 // A list `key` may not have more than kMaxListLength values; `count` is how many it has.
 void check_list_length(const Where& w, const std::string& key, const Json& v, uint64_t count) {
   if (count > static_cast<uint64_t>(kMaxListLength)) {
-    w.bad(key, v, "at most " + std::to_string(kMaxListLength) + " values per key (this gives " +
-                      std::to_string(count) + ")");
+    w.bad(key, v,
+          "at most " + std::to_string(kMaxListLength) + " values per key (this gives " + std::to_string(count) + ")");
   }
 }
 
@@ -156,7 +154,8 @@ std::vector<Window> parse_window(const Where& w, const Json& v) {
   return {one(v)};
 }
 
-int64_t parse_one_int(const Where& w, const std::string& key, const Json& v, int64_t min_value, const std::string& allowed) {
+int64_t parse_one_int(const Where& w, const std::string& key, const Json& v, int64_t min_value,
+                      const std::string& allowed) {
   if (!is_int(v) || v.get<int64_t>() < min_value) w.bad(key, v, allowed);
   return v.get<int64_t>();
 }
@@ -264,8 +263,7 @@ std::vector<std::string> parse_isa(const Where& w, const Json& v, const IsaChoic
   if (v.is_string() && v.get<std::string>() == "all") return isas.runnable;
   std::vector<std::string> named;
   auto one = [&](const Json& x) {
-    if (!x.is_string() ||
-        std::find(isas.built.begin(), isas.built.end(), x.get<std::string>()) == isas.built.end()) {
+    if (!x.is_string() || std::find(isas.built.begin(), isas.built.end(), x.get<std::string>()) == isas.built.end()) {
       w.bad("isa", v, allowed);
     }
     named.push_back(x.get<std::string>());
@@ -324,14 +322,16 @@ Grid parse_grid(const Where& w, const Json& doc, const std::vector<std::string>&
   g.q_heads = parse_ints(w, "q_heads", doc.value("q_heads", Json(8)), 1);
 
   if (doc.contains("kv_heads") && doc.contains("gqa_groups")) {
-    w.fail("keys 'kv_heads' and 'gqa_groups' exclude each other; allowed: one of them (gqa_groups = q_heads / kv_heads)");
+    w.fail(
+        "keys 'kv_heads' and 'gqa_groups' exclude each other; allowed: one of them (gqa_groups = q_heads / kv_heads)");
   }
   if (doc.contains("gqa_groups")) {
     g.gqa_groups = parse_ints(w, "gqa_groups", doc["gqa_groups"], 1);
     for (int64_t group : g.gqa_groups) {
       for (int64_t h : g.q_heads) {
         if (h % group != 0) {
-          w.bad("gqa_groups", Json(group), "divisors of every q_heads value (" + std::to_string(h) + " is not divisible)");
+          w.bad("gqa_groups", Json(group),
+                "divisors of every q_heads value (" + std::to_string(h) + " is not divisible)");
         }
       }
     }
@@ -389,7 +389,8 @@ IsaChoices IsaChoices::here() {
   c.built = built_isas();
   c.runnable = runnable_isas();
   for (const Kernel* k : registry()) {
-    if (std::find(c.built.begin(), c.built.end(), k->isa()) != c.built.end()) c.per_target_kernels.emplace_back(k->name());
+    if (std::find(c.built.begin(), c.built.end(), k->isa()) != c.built.end())
+      c.per_target_kernels.emplace_back(k->name());
   }
   return c;
 }
@@ -400,13 +401,15 @@ std::vector<std::string> registry_kernel_names() {
   return names;
 }
 
-Experiment parse_experiment(const Json& doc, const std::string& name,
-                            const std::vector<std::string>& known_kernels, const IsaChoices& isas) {
+Experiment parse_experiment(const Json& doc, const std::string& name, const std::vector<std::string>& known_kernels,
+                            const IsaChoices& isas) {
   const Where w{name};
-  if (!doc.is_object()) w.fail("the document must be a JSON object with the keys: " + join(kGridKeys) + ", " + join(kRunKeys));
+  if (!doc.is_object())
+    w.fail("the document must be a JSON object with the keys: " + join(kGridKeys) + ", " + join(kRunKeys));
   if (doc.contains("kind")) {  // generation experiments (src/bench/generation.hpp) are not sweeps
-    w.bad("kind", doc["kind"], "no 'kind' in a sweep experiment; a \"generation\" experiment runs with attnlab generate "
-                               "(scripts/lab report NAME picks it)");
+    w.bad("kind", doc["kind"],
+          "no 'kind' in a sweep experiment; a \"generation\" experiment runs with attnlab generate "
+          "(scripts/lab report NAME picks it)");
   }
   for (const auto& [key, value] : doc.items()) {
     if (std::find(kGridKeys.begin(), kGridKeys.end(), key) == kGridKeys.end() &&
@@ -421,7 +424,8 @@ Experiment parse_experiment(const Json& doc, const std::string& name,
   e.source = doc;
   e.isa_choices = isas;
 
-  if (!doc.contains("description")) w.fail("missing key 'description'; allowed: a string saying what the experiment asks");
+  if (!doc.contains("description"))
+    w.fail("missing key 'description'; allowed: a string saying what the experiment asks");
   if (!doc["description"].is_string() || doc["description"].get<std::string>().empty()) {
     w.bad("description", doc["description"], "a non-empty string");
   }
@@ -465,12 +469,15 @@ Experiment parse_experiment(const Json& doc, const std::string& name,
     }
   }
 
-  if (doc.contains("repetitions")) e.repetitions = static_cast<int>(parse_int_at_least(w, "repetitions", doc["repetitions"], 1, 1000));
+  if (doc.contains("repetitions"))
+    e.repetitions = static_cast<int>(parse_int_at_least(w, "repetitions", doc["repetitions"], 1, 1000));
   if (doc.contains("rounds")) e.rounds = static_cast<int>(parse_int_at_least(w, "rounds", doc["rounds"], 1, 100));
   if (doc.contains("min_time_s")) e.min_time_s = parse_positive(w, "min_time_s", doc["min_time_s"]);
   if (doc.contains("time_cap_s")) e.time_cap_s = parse_positive(w, "time_cap_s", doc["time_cap_s"]);
-  if (doc.contains("memory_budget_mib")) e.memory_budget_mib = parse_positive(w, "memory_budget_mib", doc["memory_budget_mib"]);
-  if (doc.contains("verify_rows")) e.verify_rows = static_cast<int>(parse_int_at_least(w, "verify_rows", doc["verify_rows"], 1, 1 << 20));
+  if (doc.contains("memory_budget_mib"))
+    e.memory_budget_mib = parse_positive(w, "memory_budget_mib", doc["memory_budget_mib"]);
+  if (doc.contains("verify_rows"))
+    e.verify_rows = static_cast<int>(parse_int_at_least(w, "verify_rows", doc["verify_rows"], 1, 1 << 20));
   if (doc.contains("seed")) e.seed = static_cast<uint64_t>(parse_int_at_least(w, "seed", doc["seed"], 0, INT64_MAX));
   if (doc.contains("peers")) {
     const Json& v = doc["peers"];
@@ -547,10 +554,20 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
     const auto& groups_or_kv = !gr.gqa_groups.empty() ? gr.gqa_groups : (gr.kv_heads_from_q_heads ? none : gr.kv_heads);
     const auto& dims = !gr.d_model.empty() ? gr.d_model : gr.head_dim;
     const auto& kv_lens = gr.kv_len_from_q_len ? none : gr.kv_len;
-    const std::initializer_list<size_t> sizes = {
-        gr.implementations.size(), gr.batch.size(), gr.q_heads.size(), groups_or_kv.size(),
-        gr.q_len.size(), kv_lens.size(), dims.size(), gr.head_dim_v.size(), gr.causal.size(), gr.window.size(),
-        gr.layout.size(), gr.dtype.size(), gr.threads.size(), std::max<size_t>(1, gr.isa.size())};
+    const std::initializer_list<size_t> sizes = {gr.implementations.size(),
+                                                 gr.batch.size(),
+                                                 gr.q_heads.size(),
+                                                 groups_or_kv.size(),
+                                                 gr.q_len.size(),
+                                                 kv_lens.size(),
+                                                 dims.size(),
+                                                 gr.head_dim_v.size(),
+                                                 gr.causal.size(),
+                                                 gr.window.size(),
+                                                 gr.layout.size(),
+                                                 gr.dtype.size(),
+                                                 gr.threads.size(),
+                                                 std::max<size_t>(1, gr.isa.size())};
     std::optional<int64_t> points = 1;
     double shown = 1;  // for the message only: never wraps
     std::string product;
@@ -564,8 +581,8 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
       std::snprintf(count, sizeof count, "%.6g", shown + static_cast<double>(combos));
       w.fail("the grids have " + std::string(count) + " points (this grid: " + product +
              " values of implementations x batch x q_heads x kv_heads x q_len x kv_len x head_dim x "
-             "head_dim_v x causal x window x layout x dtype x threads x isa); allowed: at most " + std::to_string(kMaxGridPoints) +
-             " points");
+             "head_dim_v x causal x window x layout x dtype x threads x isa); allowed: at most " +
+             std::to_string(kMaxGridPoints) + " points");
     }
     combos += *points;
     for (const auto& kernel : gr.implementations) {
@@ -573,45 +590,45 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
       const bool per = std::find(per_target.begin(), per_target.end(), kernel) != per_target.end();
       const auto& isas = per && !gr.isa.empty() ? gr.isa : default_isa;
       for (const std::string& isa : isas)
-      for (int64_t b : gr.batch)
-        for (int64_t hq : gr.q_heads)
-          for (int64_t g : groups_or_kv)
-            for (int64_t sq : gr.q_len)
-              for (int64_t sk : kv_lens)
-                for (int64_t d : dims)
-                 for (int64_t dv : gr.head_dim_v)
-                  for (CausalAlign c : gr.causal)
-                    for (const Window& win : gr.window)
-                      for (Layout lay : gr.layout)
-                        for (DType dt : gr.dtype)
-                        for (int t : gr.threads) {
-                          GridPoint gp;
-                          gp.kernel = kernel;
-                          gp.isa = isa;
-                          gp.model = gr.model;
-                          gp.threads = t == 0 ? all_threads : t;
-                          Problem& p = gp.problem;
-                          p.batch = b;
-                          p.q_heads = hq;
-                          p.kv_heads = !gr.gqa_groups.empty() ? hq / g : (gr.kv_heads_from_q_heads ? hq : g);
-                          p.q_len = sq;
-                          p.kv_len = gr.kv_len_from_q_len ? sq : sk;
-                          p.head_dim = !gr.d_model.empty() ? d / hq : d;
-                          p.head_dim_v = dv == p.head_dim ? 0 : dv;
-                          p.causal = c;
-                          p.window_left = win.left;
-                          p.window_right = win.right;
-                          p.layout = lay;
-                          p.dtype = dt;
-                          gr.pattern.apply(p);
-                          try {
-                            p.validate();
-                          } catch (const InvalidInput& err) {
-                            w.fail("grid point " + p.describe() + " is invalid: " + err.what());
-                          }
-                          gp.flops = p.flops();
-                          if (seen.insert(gp.id()).second) out.push_back(std::move(gp));
-                        }
+        for (int64_t b : gr.batch)
+          for (int64_t hq : gr.q_heads)
+            for (int64_t g : groups_or_kv)
+              for (int64_t sq : gr.q_len)
+                for (int64_t sk : kv_lens)
+                  for (int64_t d : dims)
+                    for (int64_t dv : gr.head_dim_v)
+                      for (CausalAlign c : gr.causal)
+                        for (const Window& win : gr.window)
+                          for (Layout lay : gr.layout)
+                            for (DType dt : gr.dtype)
+                              for (int t : gr.threads) {
+                                GridPoint gp;
+                                gp.kernel = kernel;
+                                gp.isa = isa;
+                                gp.model = gr.model;
+                                gp.threads = t == 0 ? all_threads : t;
+                                Problem& p = gp.problem;
+                                p.batch = b;
+                                p.q_heads = hq;
+                                p.kv_heads = !gr.gqa_groups.empty() ? hq / g : (gr.kv_heads_from_q_heads ? hq : g);
+                                p.q_len = sq;
+                                p.kv_len = gr.kv_len_from_q_len ? sq : sk;
+                                p.head_dim = !gr.d_model.empty() ? d / hq : d;
+                                p.head_dim_v = dv == p.head_dim ? 0 : dv;
+                                p.causal = c;
+                                p.window_left = win.left;
+                                p.window_right = win.right;
+                                p.layout = lay;
+                                p.dtype = dt;
+                                gr.pattern.apply(p);
+                                try {
+                                  p.validate();
+                                } catch (const InvalidInput& err) {
+                                  w.fail("grid point " + p.describe() + " is invalid: " + err.what());
+                                }
+                                gp.flops = p.flops();
+                                if (seen.insert(gp.id()).second) out.push_back(std::move(gp));
+                              }
     }
   }
   // Peers run every distinct shape (problem, threads, model) of the grids once each.

@@ -83,10 +83,10 @@ struct Window {
 // every point, with the sizes that depend on the sequence length resolved per point.
 struct PatternKeys {
   int64_t sinks = 0;
-  std::vector<int64_t> globals;  // positions, or
-  int64_t global_spread = 0;     // {"spread": N}: N positions i * kv_len / N
-  std::vector<int64_t> doc_lens; // lengths, or
-  int64_t doc_mean = 0;          // {"mean": M}: lengths M/2, 3M/2, M, ... (repeating), the last cut to fit
+  std::vector<int64_t> globals;   // positions, or
+  int64_t global_spread = 0;      // {"spread": N}: N positions i * kv_len / N
+  std::vector<int64_t> doc_lens;  // lengths, or
+  int64_t doc_mean = 0;           // {"mean": M}: lengths M/2, 3M/2, M, ... (repeating), the last cut to fit
   int64_t dilation = 1;
   BigBird bigbird;
   // Sets the pattern fields of p (its lengths already set).
@@ -101,11 +101,11 @@ struct Grid {
   bool kv_heads_from_q_heads = false;  // kv_heads absent or "q_heads"
   bool kv_len_from_q_len = false;      // kv_len absent or "q_len"
   std::vector<CausalAlign> causal;
-  std::vector<Window> window;          // {-1, -1} = none
+  std::vector<Window> window;  // {-1, -1} = none
   std::vector<Layout> layout;
-  std::vector<DType> dtype;            // storage of Q, K, V
-  std::vector<int> threads;            // 0 = all cores
-  std::vector<std::string> isa;        // targets named by "isa", narrowest first; empty = key absent
+  std::vector<DType> dtype;      // storage of Q, K, V
+  std::vector<int> threads;      // 0 = all cores
+  std::vector<std::string> isa;  // targets named by "isa", narrowest first; empty = key absent
   PatternKeys pattern;
 };
 
@@ -120,9 +120,9 @@ struct IsaChoices {
 };
 
 struct Experiment {
-  std::string name;         // file stem
+  std::string name;  // file stem
   std::string description;
-  nlohmann::json source;    // the document as read (copied into the results folder)
+  nlohmann::json source;  // the document as read (copied into the results folder)
 
   std::vector<std::string> implementations;  // every kernel of any grid, in known order
   std::vector<std::string> peers;            // peer kernels (peers.hpp), report order
@@ -133,7 +133,7 @@ struct Experiment {
   int rounds = 1;
   double min_time_s = 0.05;
   double time_cap_s = 60;
-  double memory_budget_mib = 0;        // 0 = half the physical memory
+  double memory_budget_mib = 0;  // 0 = half the physical memory
   int verify_rows = 64;
   uint64_t seed = 1;
 };
@@ -141,8 +141,7 @@ struct Experiment {
 // `known_kernels`: the names "all" expands to and that implementations may list; `isas`:
 // what "isa" may name (tests pass their own).
 Experiment parse_experiment(const nlohmann::json& doc, const std::string& name,
-                            const std::vector<std::string>& known_kernels,
-                            const IsaChoices& isas = IsaChoices::here());
+                            const std::vector<std::string>& known_kernels, const IsaChoices& isas = IsaChoices::here());
 // Parses JSON text (the file reader's core; `name` appears in messages); syntax errors name
 // the position.
 Experiment parse_experiment_text(const std::string& text, const std::string& name,
@@ -156,8 +155,8 @@ std::vector<std::string> registry_kernel_names();
 
 struct GridPoint {
   std::string kernel;
-  std::string isa;   // the target named by "isa" (BenchPoint::named_isa); "" = the default / built once
-  std::string model; // the grid's "model" label, in the id and name when set ("" = none)
+  std::string isa;    // the target named by "isa" (BenchPoint::named_isa); "" = the default / built once
+  std::string model;  // the grid's "model" label, in the id and name when set ("" = none)
   Problem problem;
   int threads = 1;
   double flops = 0;  // problem.flops(), the sort key

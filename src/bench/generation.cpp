@@ -52,14 +52,17 @@ struct Cache {
     put(k.get(), (h * rows + j) * c.head_dim, kx, c.head_dim);
     put(v.get(), (h * rows + j) * c.dim_v(), vx, c.dim_v());
   }
-  void put_q(int64_t h, int64_t i, int64_t q_len, const float* qx) { put(q.get(), (h * q_len + i) * c.head_dim, qx, c.head_dim); }
+  void put_q(int64_t h, int64_t i, int64_t q_len, const float* qx) {
+    put(q.get(), (h * q_len + i) * c.head_dim, qx, c.head_dim);
+  }
   // Q (q_len rows per head, BHSD) and the first `len` keys of the cache (rows `rows` apart).
   Inputs inputs(int64_t q_len, int64_t len) const {
     const auto view = [](const std::byte* base, int64_t heads, int64_t seq, int64_t dim, int64_t stride_rows) {
       return View4<const void>{base, 1, heads, seq, dim, heads * stride_rows * dim, stride_rows * dim, dim};
     };
     return inputs_over(c.dtype, view(q.get(), c.q_heads, q_len, c.head_dim, q_len),
-                       view(k.get(), c.kv_heads, len, c.head_dim, rows), view(v.get(), c.kv_heads, len, c.dim_v(), rows));
+                       view(k.get(), c.kv_heads, len, c.head_dim, rows),
+                       view(v.get(), c.kv_heads, len, c.dim_v(), rows));
   }
 };
 
@@ -238,20 +241,42 @@ nlohmann::json GenerationResult::to_json() const {
   const GenerationConfig& c = config;
   Json steps_json = Json::array();
   for (const auto& s : steps) {
-    steps_json.push_back({{"step", s.step}, {"context", s.context}, {"append_s", s.append_s},
-                          {"attention_s", s.attention_s}, {"repeat_s", s.repeat_s},
-                          {"kv_read_bytes", s.kv_read_bytes}, {"flops", s.flops},
-                          {"verdict", s.verdict}, {"err_o_rel", s.err_o_rel}, {"tol_o_rel", s.tol_o_rel}});
+    steps_json.push_back({{"step", s.step},
+                          {"context", s.context},
+                          {"append_s", s.append_s},
+                          {"attention_s", s.attention_s},
+                          {"repeat_s", s.repeat_s},
+                          {"kv_read_bytes", s.kv_read_bytes},
+                          {"flops", s.flops},
+                          {"verdict", s.verdict},
+                          {"err_o_rel", s.err_o_rel},
+                          {"tol_o_rel", s.tol_o_rel}});
   }
-  return {{"name", c.name}, {"q_heads", c.q_heads}, {"kv_heads", c.kv_heads}, {"head_dim", c.head_dim},
-          {"head_dim_v", c.dim_v()}, {"dtype", to_string(c.dtype)}, {"prompt", c.prompt}, {"steps", c.steps},
-          {"capacity", c.cache_rows()}, {"threads", c.threads}, {"kernel", kernel}, {"prefill_kernel", prefill_kernel},
-          {"prefill_s", prefill_s}, {"prefill_note", prefill_note}, {"prefill_verdict", prefill_verdict},
-          {"kv_bytes_per_token", c.kv_bytes_per_token()}, {"repetitions", c.repetitions},
-          {"read_bytes_per_s", read_bytes_per_s}, {"peak_flops", peak_flops},
-          {"median_token_s", median_token_s()}, {"median_attention_s", median_attention_s()},
-          {"median_append_s", median_append_s()}, {"median_repeat_s", median_repeat_s()},
-          {"measured_at", measured_at}, {"steps_detail", steps_json}};
+  return {{"name", c.name},
+          {"q_heads", c.q_heads},
+          {"kv_heads", c.kv_heads},
+          {"head_dim", c.head_dim},
+          {"head_dim_v", c.dim_v()},
+          {"dtype", to_string(c.dtype)},
+          {"prompt", c.prompt},
+          {"steps", c.steps},
+          {"capacity", c.cache_rows()},
+          {"threads", c.threads},
+          {"kernel", kernel},
+          {"prefill_kernel", prefill_kernel},
+          {"prefill_s", prefill_s},
+          {"prefill_note", prefill_note},
+          {"prefill_verdict", prefill_verdict},
+          {"kv_bytes_per_token", c.kv_bytes_per_token()},
+          {"repetitions", c.repetitions},
+          {"read_bytes_per_s", read_bytes_per_s},
+          {"peak_flops", peak_flops},
+          {"median_token_s", median_token_s()},
+          {"median_attention_s", median_attention_s()},
+          {"median_append_s", median_append_s()},
+          {"median_repeat_s", median_repeat_s()},
+          {"measured_at", measured_at},
+          {"steps_detail", steps_json}};
 }
 
 namespace {
@@ -273,8 +298,8 @@ std::string generation_steps_csv(const std::vector<GenerationResult>& results) {
       o << c.name << ',' << c.q_heads << ',' << c.kv_heads << ',' << c.head_dim << ',' << c.dim_v() << ','
         << to_string(c.dtype) << ',' << c.prompt << ',' << s.step << ',' << s.context << ',' << num(s.append_s) << ','
         << num(s.attention_s) << ',' << num(s.repeat_s) << ',' << num(s.kv_read_bytes) << ',' << num(s.flops) << ','
-        << s.verdict << ','
-        << (s.verdict.empty() ? "" : num(s.err_o_rel)) << ',' << (s.verdict.empty() ? "" : num(s.tol_o_rel)) << '\n';
+        << s.verdict << ',' << (s.verdict.empty() ? "" : num(s.err_o_rel)) << ','
+        << (s.verdict.empty() ? "" : num(s.tol_o_rel)) << '\n';
     }
   }
   return o.str();
@@ -321,12 +346,12 @@ std::vector<GenerationConfig> load_generation_experiment(const std::string& path
   if (!doc.is_object() || doc.value("kind", std::string()) != "generation") {
     fail("key 'kind' must be \"generation\" (attnlab generate runs generation experiments; sweeps run the others)");
   }
-  static const std::vector<std::string> top = {"kind", "description", "q_heads", "kv_heads", "head_dim", "head_dim_v",
-                                               "dtype", "prompts", "steps", "capacity", "threads", "kernel",
-                                               "prefill_kernel", "prefill_max_tokens", "verify_steps", "repetitions",
-                                               "seed", "runs"};
-  static const std::vector<std::string> per_run = {"name", "q_heads", "kv_heads", "head_dim", "head_dim_v", "dtype",
-                                                   "steps", "prompts"};
+  static const std::vector<std::string> top = {
+      "kind",         "description", "q_heads",  "kv_heads", "head_dim", "head_dim_v",     "dtype",
+      "prompts",      "steps",       "capacity", "threads",  "kernel",   "prefill_kernel", "prefill_max_tokens",
+      "verify_steps", "repetitions", "seed",     "runs"};
+  static const std::vector<std::string> per_run = {"name",       "q_heads", "kv_heads", "head_dim",
+                                                   "head_dim_v", "dtype",   "steps",    "prompts"};
   const auto check_keys = [&](const Json& o, const std::vector<std::string>& allowed, const std::string& where) {
     for (const auto& [k, v] : o.items()) {
       if (std::find(allowed.begin(), allowed.end(), k) == allowed.end()) {
@@ -367,7 +392,8 @@ std::vector<GenerationConfig> load_generation_experiment(const std::string& path
   base.kv_heads = int_at(doc, "kv_heads", base.kv_heads, 1);
   base.head_dim = int_at(doc, "head_dim", base.head_dim, 1);
   base.head_dim_v = int_at(doc, "head_dim_v", 0, 0);
-  if (doc.contains("dtype")) base.dtype = parse_dtype(doc["dtype"].is_string() ? doc["dtype"].get<std::string>() : doc["dtype"].dump());
+  if (doc.contains("dtype"))
+    base.dtype = parse_dtype(doc["dtype"].is_string() ? doc["dtype"].get<std::string>() : doc["dtype"].dump());
   base.steps = int_at(doc, "steps", base.steps, 1);
   base.capacity = int_at(doc, "capacity", 0, 0);
   base.prefill_max_tokens = int_at(doc, "prefill_max_tokens", base.prefill_max_tokens, 0);
@@ -391,7 +417,8 @@ std::vector<GenerationConfig> load_generation_experiment(const std::string& path
     c.kv_heads = int_at(run, "kv_heads", c.kv_heads, 1);
     c.head_dim = int_at(run, "head_dim", c.head_dim, 1);
     c.head_dim_v = int_at(run, "head_dim_v", c.head_dim_v, 0);
-    if (run.contains("dtype")) c.dtype = parse_dtype(run["dtype"].is_string() ? run["dtype"].get<std::string>() : run["dtype"].dump());
+    if (run.contains("dtype"))
+      c.dtype = parse_dtype(run["dtype"].is_string() ? run["dtype"].get<std::string>() : run["dtype"].dump());
     c.steps = int_at(run, "steps", c.steps, 1);
     for (int64_t p : prompts_at(run, prompts)) {
       GenerationConfig x = c;

@@ -29,18 +29,18 @@
 namespace attnlab::bench {
 
 struct GenerationConfig {
-  std::string name = "run";     // label of the configuration (letters, digits, . _ -)
+  std::string name = "run";  // label of the configuration (letters, digits, . _ -)
   int64_t q_heads = 32, kv_heads = 8, head_dim = 128, head_dim_v = 0;  // head_dim_v 0 = head_dim
-  DType dtype = DType::F32;     // storage of Q and of the K/V cache
-  int64_t prompt = 1024;        // P: tokens in the cache before the first step (>= 0)
-  int64_t steps = 16;           // S: generated tokens (>= 1)
-  int64_t capacity = 0;         // C: cache rows (0 = P + S; else >= P + S)
+  DType dtype = DType::F32;                                            // storage of Q and of the K/V cache
+  int64_t prompt = 1024;  // P: tokens in the cache before the first step (>= 0)
+  int64_t steps = 16;     // S: generated tokens (>= 1)
+  int64_t capacity = 0;   // C: cache rows (0 = P + S; else >= P + S)
   int threads = 1;
-  std::string kernel = "decode";          // the step's attention
-  std::string prefill_kernel = "flash";   // the prompt's
-  int64_t prefill_max_tokens = 4096;      // longer prompts are not prefilled (said in the result)
-  int verify_steps = 2;         // steps checked against the reference: the first and last, evenly between
-  int repetitions = 1;          // repeated decode calls after each step (GenerationStep::repeat_s)
+  std::string kernel = "decode";         // the step's attention
+  std::string prefill_kernel = "flash";  // the prompt's
+  int64_t prefill_max_tokens = 4096;     // longer prompts are not prefilled (said in the result)
+  int verify_steps = 2;                  // steps checked against the reference: the first and last, evenly between
+  int repetitions = 1;                   // repeated decode calls after each step (GenerationStep::repeat_s)
   uint64_t seed = 1;
   // Throws InvalidInput naming the field and the allowed values.
   void validate() const;
@@ -66,15 +66,15 @@ struct GenerationResult {
   std::string kernel, prefill_kernel;  // kernel labels (flash[avx512], ...)
   double prefill_s = -1;               // < 0: not run (prefill_note says why)
   std::string prefill_note, prefill_verdict;
-  double read_bytes_per_s = 0;         // the machine's read bandwidth measured in the same run (0 = not)
-  double peak_flops = 0;               // the default target's FMA peak measured in the same run (0 = not)
+  double read_bytes_per_s = 0;  // the machine's read bandwidth measured in the same run (0 = not)
+  double peak_flops = 0;        // the default target's FMA peak measured in the same run (0 = not)
   std::vector<GenerationStep> steps;
   std::string measured_at;
 
-  double median_token_s() const;      // median over steps of append + attention
+  double median_token_s() const;  // median over steps of append + attention
   double median_attention_s() const;
   double median_append_s() const;
-  double median_repeat_s() const;      // the steady decode: the steps' repeat_s
+  double median_repeat_s() const;  // the steady decode: the steps' repeat_s
   nlohmann::json to_json() const;
 };
 

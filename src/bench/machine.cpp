@@ -136,7 +136,8 @@ nlohmann::json describe_machine() {
     std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
     std::string modes, mode;
     std::getline(thp, modes);
-    if (const auto a = modes.find('['), b = modes.find(']'); a != std::string::npos && b > a) mode = modes.substr(a + 1, b - a - 1);
+    if (const auto a = modes.find('['), b = modes.find(']'); a != std::string::npos && b > a)
+      mode = modes.substr(a + 1, b - a - 1);
     m["transparent_hugepages"] = mode.empty() ? "unknown" : mode;
   }
   {
@@ -153,20 +154,23 @@ nlohmann::json describe_machine() {
                 {"cpu_features", cpu_isa_features()},
                 {"cpu_simd_flags", simd_flags()}};
     const CacheSizes& c = cache();
-    m["caches"] = {{"l1d_bytes", c.l1d}, {"l2_bytes", c.l2}, {"l3_bytes", c.l3}, {"source", c.source},
+    m["caches"] = {{"l1d_bytes", c.l1d},
+                   {"l2_bytes", c.l2},
+                   {"l3_bytes", c.l3},
+                   {"source", c.source},
                    {"planning_l2_bytes", planning_l2_bytes()}};
   }
   m["compiler"] = compiler();
   m["build_type"] = ATTN_BUILD_TYPE;
   m["flags"] = ATTN_BUILD_FLAGS;
-  m["libraries"] = {
-      {"xsimd", std::to_string(XSIMD_VERSION_MAJOR) + "." + std::to_string(XSIMD_VERSION_MINOR) + "." +
-                    std::to_string(XSIMD_VERSION_PATCH)},
-      {"oneTBB", std::string(TBB_VERSION_STRING) + " (runtime " + TBB_runtime_version() + ")"},
-      {"google_benchmark", ATTN_BENCHMARK_VERSION},
-      {"nlohmann_json", std::to_string(NLOHMANN_JSON_VERSION_MAJOR) + "." + std::to_string(NLOHMANN_JSON_VERSION_MINOR) +
-                            "." + std::to_string(NLOHMANN_JSON_VERSION_PATCH)},
-      {"CLI11", CLI11_VERSION}};
+  m["libraries"] = {{"xsimd", std::to_string(XSIMD_VERSION_MAJOR) + "." + std::to_string(XSIMD_VERSION_MINOR) + "." +
+                                  std::to_string(XSIMD_VERSION_PATCH)},
+                    {"oneTBB", std::string(TBB_VERSION_STRING) + " (runtime " + TBB_runtime_version() + ")"},
+                    {"google_benchmark", ATTN_BENCHMARK_VERSION},
+                    {"nlohmann_json", std::to_string(NLOHMANN_JSON_VERSION_MAJOR) + "." +
+                                          std::to_string(NLOHMANN_JSON_VERSION_MINOR) + "." +
+                                          std::to_string(NLOHMANN_JSON_VERSION_PATCH)},
+                    {"CLI11", CLI11_VERSION}};
   const std::string src = ATTN_SOURCE_DIR;
   const std::string commit = command_output("git -C '" + src + "' rev-parse HEAD 2>/dev/null");
   const std::string dirty = command_output("git -C '" + src + "' status --porcelain --untracked-files=no 2>/dev/null");
@@ -174,8 +178,12 @@ nlohmann::json describe_machine() {
   m["kernels"] = nlohmann::json::array();
   for (const Kernel* k : registry()) {
     const Support a = k->available();
-    m["kernels"].push_back({{"name", k->name()}, {"description", k->description()}, {"available", a.ok},
-                            {"why_not", a.reason}, {"isa", k->isa()}, {"targets", kernel_isas(k->name())}});
+    m["kernels"].push_back({{"name", k->name()},
+                            {"description", k->description()},
+                            {"available", a.ok},
+                            {"why_not", a.reason},
+                            {"isa", k->isa()},
+                            {"targets", kernel_isas(k->name())}});
   }
   return m;
 }
@@ -193,7 +201,8 @@ void add_benchmark_context(const nlohmann::json& m) {
   benchmark::AddCustomContext("attnlab_compiler", str(m["compiler"]));
   benchmark::AddCustomContext("attnlab_flags", str(m["flags"]));
   benchmark::AddCustomContext("attnlab_build_type", str(m["build_type"]));
-  benchmark::AddCustomContext("attnlab_git_commit", str(m["git"]["commit"]) + (m["git"]["dirty"].get<bool>() ? "+dirty" : ""));
+  benchmark::AddCustomContext("attnlab_git_commit",
+                              str(m["git"]["commit"]) + (m["git"]["dirty"].get<bool>() ? "+dirty" : ""));
   if (m.contains("peaks")) {
     // The default target's peaks (as before per-target peaks), then every target's FMA peak.
     for (const auto& r : m["peaks"]["rows"]) {
@@ -203,9 +212,9 @@ void add_benchmark_context(const nlohmann::json& m) {
     }
     for (const auto& target : m["peaks"].value("targets", nlohmann::json::array())) {
       for (const auto& r : target["rows"]) {
-        benchmark::AddCustomContext("attnlab_peak_gflops_" + target["isa"].get<std::string>() + "_t" +
-                                        std::to_string(r["threads"].get<int>()),
-                                    std::to_string(r["fma_flops"].get<double>() * 1e-9));
+        benchmark::AddCustomContext(
+            "attnlab_peak_gflops_" + target["isa"].get<std::string>() + "_t" + std::to_string(r["threads"].get<int>()),
+            std::to_string(r["fma_flops"].get<double>() * 1e-9));
       }
     }
   }

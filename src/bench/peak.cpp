@@ -28,9 +28,7 @@ const TargetTable& table_for(const std::string& isa) {
   return *target_table_for(name);
 }
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Runs body(thread_index) on `threads` threads that start together; returns the time from
 // the first start to the last finish.
@@ -115,9 +113,8 @@ double measure_read_bytes(int threads, const float* buffer, size_t count, const 
   // Slices are multiples of the unroll (4 vectors) so every load stays aligned.
   const size_t unit = 4 * static_cast<size_t>(tt.lanes);
   const size_t per_thread = count / unit / static_cast<size_t>(threads) * unit;
-  const double t = timed_parallel(threads, [&](int th) {
-    g_sink = tt.stream_sum(buffer + static_cast<size_t>(th) * per_thread, per_thread);
-  });
+  const double t = timed_parallel(
+      threads, [&](int th) { g_sink = tt.stream_sum(buffer + static_cast<size_t>(th) * per_thread, per_thread); });
   return static_cast<double>(per_thread) * static_cast<double>(threads) * sizeof(float) / t;
 }
 
@@ -132,16 +129,14 @@ double measure_exp_per_s(int threads, double seconds, const std::string& isa) {
   };
   auto in0 = make_input();
   auto out0 = alloc_floats(kExpElems);
-  const int64_t rounds =
-      calibrate([&](int64_t n) { g_sink = tt.exp_rounds(in0.get(), out0.get(), n); }, seconds);
+  const int64_t rounds = calibrate([&](int64_t n) { g_sink = tt.exp_rounds(in0.get(), out0.get(), n); }, seconds);
   std::vector<std::unique_ptr<float[], AlignedFree>> ins, outs;
   for (int t = 0; t < threads; ++t) {
     ins.push_back(make_input());
     outs.push_back(alloc_floats(kExpElems));
   }
-  const double t = timed_parallel(threads, [&](int th) {
-    g_sink = tt.exp_rounds(ins[th].get(), outs[th].get(), rounds);
-  });
+  const double t =
+      timed_parallel(threads, [&](int th) { g_sink = tt.exp_rounds(ins[th].get(), outs[th].get(), rounds); });
   return static_cast<double>(threads) * static_cast<double>(rounds) * kExpElems / t;
 }
 
@@ -354,10 +349,13 @@ nlohmann::json Peaks::to_json() const {
   j["rows"] = rows_to_json(d ? d->rows : std::vector<PeakAtThreads>{});
   j["targets"] = nlohmann::json::array();
   for (const auto& t : targets) {
-    j["targets"].push_back({{"isa", t.isa}, {"lanes", t.lanes}, {"fma_chains", t.fma_chains}, {"rows", rows_to_json(t.rows)}});
+    j["targets"].push_back(
+        {{"isa", t.isa}, {"lanes", t.lanes}, {"fma_chains", t.fma_chains}, {"rows", rows_to_json(t.rows)}});
   }
   if (!gpu.name.empty()) {
-    j["gpu"] = {{"name", gpu.name}, {"fp32_flops", gpu.fp32_flops}, {"read_bytes", gpu.read_bytes},
+    j["gpu"] = {{"name", gpu.name},
+                {"fp32_flops", gpu.fp32_flops},
+                {"read_bytes", gpu.read_bytes},
                 {"source", "device properties: SMs x FP32 lanes x 2 x peak clock; nominal memory bandwidth"}};
   }
   return j;
@@ -367,8 +365,9 @@ Peaks Peaks::from_json(const nlohmann::json& j) {
   try {
     const std::string schema = j.value("schema", "");
     if (schema != "attnlab-peak-1" && schema != "attnlab-peak-2") {
-      throw InvalidInput("peak JSON: schema '" + schema +
-                         "' is not allowed; allowed: attnlab-peak-1 or attnlab-peak-2 (the output of attnlab peak --json)");
+      throw InvalidInput(
+          "peak JSON: schema '" + schema +
+          "' is not allowed; allowed: attnlab-peak-1 or attnlab-peak-2 (the output of attnlab peak --json)");
     }
     Peaks p;
     p.simd_arch = j.at("simd_arch").get<std::string>();
@@ -458,10 +457,12 @@ std::string format_peaks(const Peaks& peaks) {
     };
     for (const auto& r : d->rows) {
       if (r.bf16_dot_flops > 0) {
-        bf16_line("bf16 dot products (vdpbf16ps, flash_bf16's peak)", r.threads, r.bf16_dot_flops, r.bf16_dot_runs, r.fma_flops);
+        bf16_line("bf16 dot products (vdpbf16ps, flash_bf16's peak)", r.threads, r.bf16_dot_flops, r.bf16_dot_runs,
+                  r.fma_flops);
       }
       if (r.amx_bf16_flops > 0) {
-        bf16_line("AMX bf16 tiles (tdpbf16ps, flash_amx's peak)", r.threads, r.amx_bf16_flops, r.amx_bf16_runs, r.fma_flops);
+        bf16_line("AMX bf16 tiles (tdpbf16ps, flash_amx's peak)", r.threads, r.amx_bf16_flops, r.amx_bf16_runs,
+                  r.fma_flops);
       }
     }
   }

@@ -46,10 +46,10 @@
 namespace attnlab::bench {
 
 struct PeakOptions {
-  std::vector<int> threads;       // thread counts to measure; empty = {1, all cores}
-  int repeats = 5;                // runs per figure (median reported)
+  std::vector<int> threads;                 // thread counts to measure; empty = {1, all cores}
+  int repeats = 5;                          // runs per figure (median reported)
   size_t buffer_bytes = size_t{512} << 20;  // read-bandwidth buffer
-  double seconds_per_run = 0.1;   // target length of one run
+  double seconds_per_run = 0.1;             // target length of one run
   // Targets whose loops run (each checked: built and run by this CPU); empty = the
   // default target only. The default target (default_isa()) is always measured too.
   std::vector<std::string> isas;
@@ -67,8 +67,8 @@ struct PeakAtThreads {
 
 // The peaks of one target.
 struct TargetPeaks {
-  std::string isa;                  // e.g. "avx2"
-  int lanes = 0;                    // floats per vector
+  std::string isa;  // e.g. "avx2"
+  int lanes = 0;    // floats per vector
   int fma_chains = 0;
   std::vector<PeakAtThreads> rows;  // ascending thread count
   // The row for exactly this thread count, or nullptr.
@@ -83,9 +83,9 @@ struct PeakRef {
 
 // The CUDA device's limits, from its properties (cuda::DeviceInfo): not measured, computed.
 struct GpuPeaks {
-  std::string name;          // empty: no usable device when the peaks were taken
-  double fp32_flops = 0;     // FLOP/s: SMs x FP32 lanes x 2 x peak clock
-  double read_bytes = 0;     // bytes/s: nominal memory bandwidth
+  std::string name;       // empty: no usable device when the peaks were taken
+  double fp32_flops = 0;  // FLOP/s: SMs x FP32 lanes x 2 x peak clock
+  double read_bytes = 0;  // bytes/s: nominal memory bandwidth
 };
 
 // JSON (schema attnlab-peak-2): "targets": [{isa, lanes, fma_chains, rows}, ...] narrowest
@@ -97,7 +97,7 @@ struct Peaks {
   std::string exp_function;          // which exp was measured
   size_t buffer_bytes = 0;
   int repeats = 0;
-  GpuPeaks gpu;                      // JSON "gpu", present only with a device
+  GpuPeaks gpu;  // JSON "gpu", present only with a device
 
   // The target's peaks, or nullptr when it was not measured.
   const TargetPeaks* target(std::string_view isa) const;

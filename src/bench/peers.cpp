@@ -130,7 +130,8 @@ std::string PeerPool::default_python() {
 PeerPool::PeerPool(std::ostream& log, std::string python, std::string serve_script)
     : log_(log),
       python_(python.empty() ? default_python() : std::move(python)),
-      serve_(serve_script.empty() ? std::string(ATTN_SOURCE_DIR) + "/scripts/peers/serve.py" : std::move(serve_script)) {
+      serve_(serve_script.empty() ? std::string(ATTN_SOURCE_DIR) + "/scripts/peers/serve.py"
+                                  : std::move(serve_script)) {
   // A server that dies makes our next write fail with EPIPE, not kill the sweep.
   ::signal(SIGPIPE, SIG_IGN);
 }
@@ -147,7 +148,8 @@ const std::string& PeerPool::scratch() {
   if (scratch_.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/attnlab-peers-XXXXXX";
-    if (!::mkdtemp(pattern.data())) throw IoError(pattern + ": creating the peers' scratch folder failed: " + std::strerror(errno));
+    if (!::mkdtemp(pattern.data()))
+      throw IoError(pattern + ": creating the peers' scratch folder failed: " + std::strerror(errno));
     scratch_ = pattern;
   }
   return scratch_;
@@ -165,7 +167,8 @@ bool PeerPool::start(Server& s, const std::string& family, int threads) {
   if (pid == 0) {
     ::dup2(to[0], 0);
     ::dup2(from[1], 1);
-    const char* argv[] = {python_.c_str(), "-u", serve_.c_str(), "--family", family.c_str(), "--threads", t.c_str(), nullptr};
+    const char* argv[] = {python_.c_str(), "-u",        serve_.c_str(), "--family",
+                          family.c_str(),  "--threads", t.c_str(),      nullptr};
     ::execv(python_.c_str(), const_cast<char* const*>(argv));
     ::_exit(127);
   }
@@ -242,7 +245,8 @@ PeerPool::Server& PeerPool::server(const std::string& family, int threads) {
   Server& s = servers_[{family, threads}];
   if (s.pid > 0 || !s.unavailable.empty()) return s;
   if (!file_exists(python_)) {
-    s.unavailable = "no peers environment: " + python_ + " does not exist (scripts/lab peers-setup makes it; "
+    s.unavailable = "no peers environment: " + python_ +
+                    " does not exist (scripts/lab peers-setup makes it; "
                     "or set ATTN_PEERS_PYTHON)";
   } else if (!file_exists(serve_)) {
     s.unavailable = "the peer server " + serve_ + " does not exist";
@@ -257,8 +261,8 @@ PeerPool::Server& PeerPool::server(const std::string& family, int threads) {
       s.unavailable = hello.value("reason", std::string("unavailable"));
     } else {
       s.version = hello.value("version", "");
-      log_ << "\n  (peers: " << s.version << " at " << threads << " thread" << (threads > 1 ? "s" : "") << ", " << python_
-           << ")";
+      log_ << "\n  (peers: " << s.version << " at " << threads << " thread" << (threads > 1 ? "s" : "") << ", "
+           << python_ << ")";
     }
     if (!s.unavailable.empty()) stop(s);
   }
@@ -283,8 +287,12 @@ PeerAnswer PeerPool::run(const std::string& kernel, const Problem& p, const Inpu
   Json problem = problem_to_json(p);
   problem["kv_lens"] = p.kv_lens;
   problem["scale"] = p.effective_scale();
-  const Json request = {{"cmd", "run"},       {"kernel", kernel},          {"dir", dir},
-                        {"problem", problem}, {"repetitions", t.repetitions}, {"min_time_s", t.min_time_s},
+  const Json request = {{"cmd", "run"},
+                        {"kernel", kernel},
+                        {"dir", dir},
+                        {"problem", problem},
+                        {"repetitions", t.repetitions},
+                        {"min_time_s", t.min_time_s},
                         {"time_cap_s", t.time_cap_s}};
   const double timeout = t.time_cap_s * 2 + kRunSlack;
   bool died = false;
@@ -312,7 +320,8 @@ PeerAnswer PeerPool::run(const std::string& kernel, const Problem& p, const Inpu
   try {
     a.times = reply.at("times").get<std::vector<double>>();
     a.iterations = reply.at("iterations").get<int64_t>();
-    if (reply.contains("extra_bytes") && reply["extra_bytes"].is_number()) a.extra_bytes = reply["extra_bytes"].get<int64_t>();
+    if (reply.contains("extra_bytes") && reply["extra_bytes"].is_number())
+      a.extra_bytes = reply["extra_bytes"].get<int64_t>();
     a.o = read_npy(dir + "/o.npy");
     widen_to_float(a.o);
   } catch (const std::exception& e) {

@@ -58,8 +58,8 @@ struct PeerAnswer {
   std::string reason, version, how;
   std::vector<double> times;  // seconds per call, one per repetition
   int64_t iterations = 0;
-  int64_t extra_bytes = -1;   // the peer's measured peak RSS growth over its inputs (-1: unknown)
-  NpyArray o;                 // float32 (B, Hq, Sq, Dv) (status Ok)
+  int64_t extra_bytes = -1;  // the peer's measured peak RSS growth over its inputs (-1: unknown)
+  NpyArray o;                // float32 (B, Hq, Sq, Dv) (status Ok)
 };
 
 struct PeerTiming {

@@ -39,8 +39,8 @@ std::vector<PointField> make_fields() {
       {"head_dim", "int", "d of Q and K", true, 6, "-d", "/d:", never, ATTN_INT(v.problem.head_dim), "head_dim",
        ATTN_NUM(v.problem.head_dim)},
       // In ids and names only when it differs from head_dim (then "...-d192v128-...").
-      {"head_dim_v", "int", "d of V and O (MLA's d_v != d_qk)", true, 7, "v", "/dv:",
-       [](V v) { return v.problem.dim_v() == v.problem.head_dim; }, ATTN_INT(v.problem.dim_v()), "head_dim_v",
+      {"head_dim_v", "int", "d of V and O (MLA's d_v != d_qk)", true, 7, "v",
+       "/dv:", [](V v) { return v.problem.dim_v() == v.problem.head_dim; }, ATTN_INT(v.problem.dim_v()), "head_dim_v",
        ATTN_NUM(v.problem.dim_v())},
       {"mask", "text", "causal alignment, window and sparse pattern, as one name", true, 8, "-", "/mask:", never,
        [](V v) { return mask_name(v.problem); }, nullptr, nullptr},
@@ -54,9 +54,9 @@ std::vector<PointField> make_fields() {
        [](V v) { return v.problem.pattern_name(); }, nullptr, nullptr},
       {"density", "real", "visible pairs / all pairs", false, 0, "", "", never,
        [](V v) { return real_text(density(v.problem)); }, nullptr, nullptr},
-      {"layout", "text", "bhsd or bshd", true, 9, "-", "/layout:",
-       [](V v) { return v.problem.layout == Layout::BHSD; }, [](V v) { return std::string(to_string(v.problem.layout)); },
-       "bshd", ATTN_NUM(v.problem.layout == Layout::BSHD ? 1 : 0)},
+      {"layout", "text", "bhsd or bshd", true, 9, "-", "/layout:", [](V v) { return v.problem.layout == Layout::BHSD; },
+       [](V v) { return std::string(to_string(v.problem.layout)); }, "bshd",
+       ATTN_NUM(v.problem.layout == Layout::BSHD ? 1 : 0)},
       {"dtype", "text", "storage of Q, K, V: f32, bf16, f16", true, 10, "-", "/dtype:",
        [](V v) { return v.problem.dtype == DType::F32; }, [](V v) { return std::string(to_string(v.problem.dtype)); },
        "dtype_bytes", ATTN_NUM(dtype_bytes(v.problem.dtype))},
@@ -151,11 +151,8 @@ std::string describe_point(const PointView& v, std::string_view label) {
 nlohmann::json schema_json() {
   nlohmann::json fields = nlohmann::json::array();
   for (const PointField& f : point_fields()) {
-    fields.push_back({{"name", f.name},
-                      {"type", f.type},
-                      {"describe", f.describe},
-                      {"shape", f.shape},
-                      {"in_id", f.id_rank > 0}});
+    fields.push_back(
+        {{"name", f.name}, {"type", f.type}, {"describe", f.describe}, {"shape", f.shape}, {"in_id", f.id_rank > 0}});
   }
   fields.push_back({{"name", "model"},
                     {"type", "text"},

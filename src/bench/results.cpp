@@ -43,7 +43,7 @@ Problem problem_from_json(const Json& j) {
   p.window_right = j.at("window_right").get<int64_t>();
   p.layout = parse_layout(j.at("layout").get<std::string>());
   if (j.contains("dtype")) p.dtype = parse_dtype(j.at("dtype").get<std::string>());  // absent before 16-bit
-  if (j.contains("sinks")) {  // absent before sparse patterns
+  if (j.contains("sinks")) {                                                         // absent before sparse patterns
     p.sinks = j.at("sinks").get<int64_t>();
     p.globals = j.at("globals").get<std::vector<int64_t>>();
     p.doc_lens = j.at("doc_lens").get<std::vector<int64_t>>();
@@ -104,13 +104,22 @@ std::string csv_field(const std::string& s) {
 }  // namespace
 
 nlohmann::json problem_to_json(const Problem& p) {
-  return {{"batch", p.batch},       {"q_heads", p.q_heads},
-          {"kv_heads", p.kv_heads}, {"q_len", p.q_len},
-          {"kv_len", p.kv_len},     {"head_dim", p.head_dim}, {"head_dim_v", p.dim_v()},
+  return {{"batch", p.batch},
+          {"q_heads", p.q_heads},
+          {"kv_heads", p.kv_heads},
+          {"q_len", p.q_len},
+          {"kv_len", p.kv_len},
+          {"head_dim", p.head_dim},
+          {"head_dim_v", p.dim_v()},
           {"causal", static_cast<int>(p.causal)},
-          {"window_left", p.window_left}, {"window_right", p.window_right},
-          {"layout", to_string(p.layout)}, {"dtype", to_string(p.dtype)},
-          {"sinks", p.sinks}, {"globals", p.globals}, {"doc_lens", p.doc_lens}, {"dilation", p.dilation},
+          {"window_left", p.window_left},
+          {"window_right", p.window_right},
+          {"layout", to_string(p.layout)},
+          {"dtype", to_string(p.dtype)},
+          {"sinks", p.sinks},
+          {"globals", p.globals},
+          {"doc_lens", p.doc_lens},
+          {"dilation", p.dilation},
           {"bigbird", {p.bigbird.block, p.bigbird.random, p.bigbird.seed}}};
 }
 
@@ -205,9 +214,8 @@ PointRecord PointRecord::from_json(const Json& j) {
 
 void SweepPlan::set_created_now() {
   created = now_iso8601();
-  created_unix_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count();
+  created_unix_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 Json SweepPlan::to_json() const {
@@ -307,11 +315,11 @@ PointFile died_point(const Json& marker, const PointRecord* base) {
   pf.record = base ? *base : PointRecord::from_json(marker.at("record"));
   PointRecord& r = pf.record;
   r.status = PointStatus::Failed;
-  r.reason = "process died while measuring this point: started " + marker.value("started_at", std::string("?")) +
-             " by pid " + std::to_string(marker.value("pid", int64_t{0})) + " on " +
-             marker.value("host", std::string("?")) +
-             ", no result written (an out-of-memory kill, SIGKILL, power loss or a crash in the kernel); delete points/" +
-             r.id + ".json to measure it again";
+  r.reason =
+      "process died while measuring this point: started " + marker.value("started_at", std::string("?")) + " by pid " +
+      std::to_string(marker.value("pid", int64_t{0})) + " on " + marker.value("host", std::string("?")) +
+      ", no result written (an out-of-memory kill, SIGKILL, power loss or a crash in the kernel); delete points/" +
+      r.id + ".json to measure it again";
   r.times.clear();
   return pf;
 }
@@ -333,9 +341,14 @@ std::vector<TidyCell> tidy_row(const std::string& experiment, const PointRecord&
   // Time columns apply to timed points only; verification columns to verified ones.
   auto if_timed = [&](double v) { return timed ? num(v) : std::string(); };
   auto if_verified = [&](double v) { return r.verdict.empty() ? std::string() : num(v); };
-  std::vector<TidyCell> row = {{"experiment", experiment}, {"id", r.id},         {"kernel", r.kernel},
-                               {"isa", r.isa},             {"status", to_string(r.status)},
-                               {"reason", r.reason},       {"model", r.model},   {"version", r.version},
+  std::vector<TidyCell> row = {{"experiment", experiment},
+                               {"id", r.id},
+                               {"kernel", r.kernel},
+                               {"isa", r.isa},
+                               {"status", to_string(r.status)},
+                               {"reason", r.reason},
+                               {"model", r.model},
+                               {"version", r.version},
                                {"how", r.how}};
   const PointView view{r.kernel, p, r.threads, {}, r.model};
   for (const PointField& f : point_fields()) row.push_back({f.name, f.value(view)});
@@ -437,11 +450,13 @@ size_t merge_results(const std::string& out, const std::vector<std::string>& sha
   for (size_t s = 0; s < shards.size(); ++s) {
     const std::string& dir = shards[s];
     if (!file_exists(dir + "/sweep.json")) {
-      throw InvalidInput("merge: " + dir + " is not a sweep results folder (no sweep.json); allowed: folders written by attnlab sweep");
+      throw InvalidInput("merge: " + dir +
+                         " is not a sweep results folder (no sweep.json); allowed: folders written by attnlab sweep");
     }
     const Json exp = Json::parse(read_text_file(dir + "/experiment.json"));
     const SweepPlan sp = SweepPlan::from_json(Json::parse(read_text_file(dir + "/sweep.json")));
-    const Json mach = file_exists(dir + "/machine.json") ? Json::parse(read_text_file(dir + "/machine.json")) : Json::object();
+    const Json mach =
+        file_exists(dir + "/machine.json") ? Json::parse(read_text_file(dir + "/machine.json")) : Json::object();
     if (s == 0) {
       experiment = exp;
       machine = mach;

@@ -41,9 +41,7 @@ namespace {
 using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 std::string fmt_duration(double s) {
   char buf[32];
@@ -110,7 +108,7 @@ std::string sanitize_gbench_json(const std::string& text) {
   size_t i = 0;
   while (i < text.size()) {
     bool replaced = false;
-    if (text[i] == ':' ) {
+    if (text[i] == ':') {
       size_t j = i + 1;
       while (j < text.size() && text[j] == ' ') ++j;
       for (const char* tok : {"-NaN", "NaN", "-nan", "nan", "-Infinity", "Infinity", "-inf", "inf"}) {
@@ -161,8 +159,7 @@ class StopSignals {
       now.sa_handler = on_stop_signal;
       sigemptyset(&now.sa_mask);
       installed_[i] = ::sigaction(kStopSignals[i], nullptr, &g_previous_action[i]) == 0 &&
-                      g_previous_action[i].sa_handler != SIG_IGN &&
-                      ::sigaction(kStopSignals[i], &now, nullptr) == 0;
+                      g_previous_action[i].sa_handler != SIG_IGN && ::sigaction(kStopSignals[i], &now, nullptr) == 0;
     }
   }
   ~StopSignals() {
@@ -238,8 +235,11 @@ Json check_same_build(const std::string& dir, const Json& old_machine, bool forc
                        "resume anyway (recorded in machine.json as forced_resumes), or a new --out folder");
   }
   log << "note: --force: resuming " << dir << " measured by another build (" << diffs << ")\n";
-  return {{"date", now_iso8601()}, {"differences", diffs}, {"git", now["git"]},
-          {"build_type", now["build_type"]}, {"flags", now["flags"]}};
+  return {{"date", now_iso8601()},
+          {"differences", diffs},
+          {"git", now["git"]},
+          {"build_type", now["build_type"]},
+          {"flags", now["flags"]}};
 }
 
 // Adds a later pass of the sweep (Experiment::rounds) to a point timed before: its times and
@@ -267,7 +267,8 @@ void add_round(PointFile& into, const PointFile& next, int round) {
   Json iterations = Json::array(), aggregates = Json::array();
   // Aggregates (Google Benchmark writes them from 2 repetitions on) are the first pass's,
   // recomputed below; every pass has the same repetitions.
-  for (const Json& run : into.gbench_runs) (run.value("run_type", "") == "iteration" ? iterations : aggregates).push_back(run);
+  for (const Json& run : into.gbench_runs)
+    (run.value("run_type", "") == "iteration" ? iterations : aggregates).push_back(run);
   for (Json& run : iterations) {
     if (!run.contains("attnlab_round")) run["attnlab_round"] = 1;
   }
@@ -280,8 +281,9 @@ void add_round(PointFile& into, const PointFile& next, int round) {
   }
   for (Json& run : iterations) run["repetitions"] = iterations.size();
   // Fields that name or count rather than measure.
-  static const std::set<std::string> kNotMeasured = {"family_index", "per_family_instance_index", "repetition_index",
-                                                     "repetitions", "iterations", "threads", "attnlab_round"};
+  static const std::set<std::string> kNotMeasured = {
+      "family_index", "per_family_instance_index", "repetition_index", "repetitions", "iterations", "threads",
+      "attnlab_round"};
   for (Json& agg : aggregates) {
     const std::string what = agg.value("aggregate_name", "");
     for (auto it = agg.begin(); it != agg.end(); ++it) {
@@ -292,9 +294,11 @@ void add_round(PointFile& into, const PointFile& next, int round) {
       }
       if (v.empty()) continue;
       const double m = mean(v), sd = stddev(v);
-      const double value = what == "mean" ? m : what == "median" ? median(v) : what == "stddev" ? sd
-                         : what == "cv" ? (m != 0 ? sd / m : std::numeric_limits<double>::quiet_NaN())
-                                        : it.value().get<double>();
+      const double value = what == "mean"     ? m
+                           : what == "median" ? median(v)
+                           : what == "stddev" ? sd
+                           : what == "cv"     ? (m != 0 ? sd / m : std::numeric_limits<double>::quiet_NaN())
+                                              : it.value().get<double>();
       it.value() = std::isfinite(value) ? Json(value) : Json(nullptr);
     }
     agg["repetitions"] = iterations.size();
@@ -500,9 +504,16 @@ struct Runner {
     const std::string name = r.name + "/real_time";
     const double flops = p.flops();
     auto run_json = [&](double seconds) {
-      return Json{{"name", name}, {"run_name", name}, {"repetitions", r.times.size()}, {"threads", 1},
-                  {"iterations", r.iterations}, {"real_time", seconds * 1e3}, {"cpu_time", seconds * 1e3},
-                  {"time_unit", "ms"}, {"flop_count", flops}, {"flops_per_second", flops / seconds},
+      return Json{{"name", name},
+                  {"run_name", name},
+                  {"repetitions", r.times.size()},
+                  {"threads", 1},
+                  {"iterations", r.iterations},
+                  {"real_time", seconds * 1e3},
+                  {"cpu_time", seconds * 1e3},
+                  {"time_unit", "ms"},
+                  {"flop_count", flops},
+                  {"flops_per_second", flops / seconds},
                   {"peak_fraction", r.peak_flops > 0 ? flops / seconds / r.peak_flops : 0.0}};
     };
     for (size_t i = 0; i < r.times.size(); ++i) {
@@ -605,9 +616,9 @@ std::optional<std::pair<std::string, long>> parse_folder_name(const std::string&
 std::string choose_out_dir(const std::string& experiment, const SweepOptions& o) {
   if (!o.out_dir.empty()) return o.out_dir;
   namespace fs = std::filesystem;
-  const std::string body = experiment + (o.shard_count > 1 ? "-shard" + std::to_string(o.shard_index) + "of" +
-                                                                 std::to_string(o.shard_count)
-                                                           : "");
+  const std::string body =
+      experiment +
+      (o.shard_count > 1 ? "-shard" + std::to_string(o.shard_index) + "of" + std::to_string(o.shard_count) : "");
   if (o.resume) {
     // Newest by the creation time sweep.json records, then by name date and sequence
     // number (numerically: -10 is newer than -2); lexical order would put -10 first.
@@ -646,7 +657,8 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
                        " is not allowed; allowed: i/n with 0 <= i < n");
   }
   std::ostream& log = o.progress ? *o.progress : std::cerr;
-  const int all_threads = o.all_threads > 0 ? o.all_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int all_threads =
+      o.all_threads > 0 ? o.all_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const std::vector<GridPoint> grid = expand(e, all_threads);
 
   SweepPlan plan;
@@ -670,8 +682,9 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
                          "'; allowed: --resume to continue it, or another --out folder");
     }
     if (old_exp != e.source) {
-      throw InvalidInput("resume: " + dir + "/experiment.json differs from " + e.name +
-                         " (the experiment changed since the sweep started); allowed: the same experiment, or a new --out");
+      throw InvalidInput(
+          "resume: " + dir + "/experiment.json differs from " + e.name +
+          " (the experiment changed since the sweep started); allowed: the same experiment, or a new --out");
     }
     if (old.shard_index != o.shard_index || old.shard_count != o.shard_count) {
       throw InvalidInput("resume: " + dir + " is shard " + std::to_string(old.shard_index) + "/" +
@@ -771,8 +784,8 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
   run.timing.repetitions = e.repetitions;
   run.timing.min_time_s = e.min_time_s;
   run.timing.seed = e.seed;
-  run.memory_budget = e.memory_budget_mib > 0 ? e.memory_budget_mib * (1 << 20)
-                                              : static_cast<double>(memory_budget_bytes());
+  run.memory_budget =
+      e.memory_budget_mib > 0 ? e.memory_budget_mib * (1 << 20) : static_cast<double>(memory_budget_bytes());
   // Rates of points finished earlier (resume) inform the time estimates.
   for (const auto& [id, pf] : done) {
     const PointRecord& r = pf.record;
@@ -913,7 +926,9 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
   }
   log << "sweep " << e.name << ": " << sum.ok << " ok, " << sum.failed << " failed, " << sum.skipped << " skipped"
       << (sum.remaining ? ", " + std::to_string(sum.remaining) + " not run (stopped; --resume continues)" : "")
-      << (sum.passes_remaining ? ", " + std::to_string(sum.passes_remaining) + " later passes not run (stopped; --resume continues)" : "")
+      << (sum.passes_remaining
+              ? ", " + std::to_string(sum.passes_remaining) + " later passes not run (stopped; --resume continues)"
+              : "")
       << " in " << fmt_duration(seconds_since(start)) << " -> " << dir << "\n";
   return sum;
 }

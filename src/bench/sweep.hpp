@@ -40,12 +40,12 @@
 namespace attnlab::bench {
 
 struct SweepOptions {
-  std::string out_dir;                 // empty: <results_root>/<date>-<experiment>
+  std::string out_dir;  // empty: <results_root>/<date>-<experiment>
   std::string results_root = "results";
   int shard_index = 0, shard_count = 1;
   bool resume = false;
-  bool force = false;                  // resume a folder measured by another build
-  std::string peak_json;               // reuse a measured peak (attnlab peak --json)
+  bool force = false;     // resume a folder measured by another build
+  std::string peak_json;  // reuse a measured peak (attnlab peak --json)
   int peak_repeats = 3;
   size_t peak_buffer_bytes = size_t{512} << 20;
   int stop_after = 0;                  // > 0: stop after deciding this many points (as if killed;
@@ -59,11 +59,11 @@ struct SweepOptions {
 
 struct SweepSummary {
   std::string out_dir;
-  size_t planned = 0;     // points in this shard
-  size_t already = 0;     // found done on resume
+  size_t planned = 0;                      // points in this shard
+  size_t already = 0;                      // found done on resume
   size_t ok = 0, failed = 0, skipped = 0;  // decided by this run
-  size_t remaining = 0;   // not decided (stop_after)
-  size_t passes_remaining = 0;  // later passes (Experiment::rounds) of timed points not run (stop_after)
+  size_t remaining = 0;                    // not decided (stop_after)
+  size_t passes_remaining = 0;             // later passes (Experiment::rounds) of timed points not run (stop_after)
 };
 
 // Throws InvalidInput for a bad shard spec, an existing folder without --resume, or a

@@ -50,12 +50,13 @@ int run_timing(const CudaArgs& a) {
   std::vector<const Kernel*> kernels;
   for (const auto& name : CLI::detail::split(a.impl, ',')) {
     const Kernel& k = kernel_or_throw(name);
-    if (!cuda::is_cuda_kernel(k)) throw InvalidInput("impl: '" + name + "' is not a CUDA kernel; allowed: cuda_naive, cuda_flash");
+    if (!cuda::is_cuda_kernel(k))
+      throw InvalidInput("impl: '" + name + "' is not a CUDA kernel; allowed: cuda_naive, cuda_flash");
     kernels.push_back(&k);
   }
   std::printf("device: %s\n", info.describe().c_str());
-  std::printf("%-11s %-44s %10s %8s %9s %9s %9s %8s %7s %s\n", "kernel", "problem", "kernel_ms", "launches",
-              "h2d_ms", "d2h_ms", "TFLOP/s", "%fp32", "verify", "");
+  std::printf("%-11s %-44s %10s %8s %9s %9s %9s %8s %7s %s\n", "kernel", "problem", "kernel_ms", "launches", "h2d_ms",
+              "d2h_ms", "TFLOP/s", "%fp32", "verify", "");
   std::ostringstream csv;
   csv << "kernel,batch,q_heads,kv_heads,q_len,kv_len,head_dim,head_dim_v,causal,flops,kernel_ms,launches,h2d_ms,"
          "d2h_ms,tflops,fp32_peak_tflops,fp32_fraction,verified\n";
@@ -74,15 +75,16 @@ int run_timing(const CudaArgs& a) {
         for (const Kernel* k : kernels) {
           char shape[96];
           std::snprintf(shape, sizeof shape, "b%lld h%lld/%lld s%lld d%lld/%lld%s", (long long)p.batch,
-                        (long long)p.q_heads, (long long)p.kv_heads, (long long)s, (long long)d,
-                        (long long)p.dim_v(), a.no_causal ? "" : " causal");
+                        (long long)p.q_heads, (long long)p.kv_heads, (long long)s, (long long)d, (long long)p.dim_v(),
+                        a.no_causal ? "" : " causal");
           if (k == &cuda::naive() && s > a.naive_max_seq) continue;
           const KernelCheck c = check_kernel(*k, p, t.inputs, ag, 1);
           all_ok &= c.verdict != Verdict::Fail;
           Session session(*k, p, 1);
           session.run(t.inputs, t.outputs);  // warm-up (buffers, module load)
           const double first_ms = std::max(cuda::last_timing()->kernel_ms, 1e-3);
-          const int launches = a.launches > 0 ? a.launches : std::clamp(static_cast<int>(std::ceil(20.0 / first_ms)), 1, 50);
+          const int launches =
+              a.launches > 0 ? a.launches : std::clamp(static_cast<int>(std::ceil(20.0 / first_ms)), 1, 50);
           std::vector<double> kms, h2d, d2h;
           for (int r = 0; r < a.reps; ++r) {
             const cuda::Timing tm = cuda::time_launches(session, t.inputs, t.outputs, launches);
@@ -95,10 +97,10 @@ int run_timing(const CudaArgs& a) {
                       shape, ms, launches, median(h2d), median(d2h), tflops, 100 * frac, to_string(c.verdict),
                       c.reason.c_str());
           std::fflush(stdout);
-          csv << k->name() << "," << p.batch << "," << p.q_heads << "," << p.kv_heads << "," << s << "," << s
-              << "," << d << "," << p.dim_v() << "," << (a.no_causal ? 0 : 1) << "," << p.flops() << "," << ms << "," << launches << ","
-              << median(h2d) << "," << median(d2h) << "," << tflops << "," << info.fp32_peak_tflops << ","
-              << frac << "," << to_string(c.verdict) << "\n";
+          csv << k->name() << "," << p.batch << "," << p.q_heads << "," << p.kv_heads << "," << s << "," << s << ","
+              << d << "," << p.dim_v() << "," << (a.no_causal ? 0 : 1) << "," << p.flops() << "," << ms << ","
+              << launches << "," << median(h2d) << "," << median(d2h) << "," << tflops << "," << info.fp32_peak_tflops
+              << "," << frac << "," << to_string(c.verdict) << "\n";
           // Whole after every point: a run stopped by a time limit keeps what it measured.
           if (!a.csv.empty()) write_file_atomic(a.csv, csv.str());
         }
@@ -111,8 +113,8 @@ int run_timing(const CudaArgs& a) {
 
 Command add_cuda(CLI::App& app) {
   auto args = std::make_shared<CudaArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "cuda", "the CUDA device (or why none is usable); --time: kernel-only CUDA-event timings");
+  CLI::App* sub =
+      app.add_subcommand("cuda", "the CUDA device (or why none is usable); --time: kernel-only CUDA-event timings");
   sub->add_flag("--time", args->time, "verify and time the CUDA kernels over a grid (needs a device)");
   sub->add_option("--impl", args->impl, "CUDA kernels, comma-separated");
   sub->add_option("--seq", args->seq, "q_len = kv_len values, comma-separated");

@@ -103,21 +103,22 @@ Command add_generate(CLI::App& app) {
               int bad = 0;
               for (const auto& s : r.steps) bad += s.verdict == "FAIL";
               failed += bad + (r.prefill_verdict == "FAIL");
-              std::printf("  %.3f ms per token (append %.4f ms + attention %.3f ms; steady decode %.3f ms), "
-                          "KV %.0f B/token, prefill %s%s\n",
-                          r.median_token_s() * 1e3, r.median_append_s() * 1e3, r.median_attention_s() * 1e3,
-                          r.median_repeat_s() * 1e3, c.kv_bytes_per_token(),
-                          r.prefill_s >= 0 ? (std::to_string(r.prefill_s * 1e3) + " ms " + r.prefill_verdict).c_str()
-                                           : r.prefill_note.c_str(),
-                          bad ? ", VERIFICATION FAILED" : "");
+              std::printf(
+                  "  %.3f ms per token (append %.4f ms + attention %.3f ms; steady decode %.3f ms), "
+                  "KV %.0f B/token, prefill %s%s\n",
+                  r.median_token_s() * 1e3, r.median_append_s() * 1e3, r.median_attention_s() * 1e3,
+                  r.median_repeat_s() * 1e3, c.kv_bytes_per_token(),
+                  r.prefill_s >= 0 ? (std::to_string(r.prefill_s * 1e3) + " ms " + r.prefill_verdict).c_str()
+                                   : r.prefill_note.c_str(),
+                  bad ? ", VERIFICATION FAILED" : "");
               results.push_back(std::move(r));
               nlohmann::json all_json = nlohmann::json::array();
               for (const auto& x : results) all_json.push_back(x.to_json());
-              write_file_atomic(a->out + "/generation.json",
-                                nlohmann::json{{"schema", "attnlab-generation-1"},
-                                               {"experiment", a->experiment},
-                                               {"results", all_json}}
-                                        .dump(1) + "\n");
+              write_file_atomic(a->out + "/generation.json", nlohmann::json{{"schema", "attnlab-generation-1"},
+                                                                            {"experiment", a->experiment},
+                                                                            {"results", all_json}}
+                                                                     .dump(1) +
+                                                                 "\n");
               write_file_atomic(a->out + "/steps.csv", bench::generation_steps_csv(results));
               write_file_atomic(a->out + "/summary.csv", bench::generation_summary_csv(results));
             }

@@ -40,12 +40,13 @@ Command add_list(CLI::App& app) {
             std::cout << "CPU features: " << cpu_isa_features() << "\n"
                       << "caches: L1d " << kib(c.l1d) << ", L2 " << kib(c.l2) << ", L3 " << kib(c.l3) << " ("
                       << c.source << "); tiles planned for L2 " << kib(planning_l2_bytes()) << "\n"
-                      << "targets built: " << join(built_isas(), ", ") << "; this CPU runs: "
-                      << join(runnable_isas(), ", ") << "; default: " << def
+                      << "targets built: " << join(built_isas(), ", ")
+                      << "; this CPU runs: " << join(runnable_isas(), ", ") << "; default: " << def
                       << " (--isa NAME or ATTN_ISA=NAME to force one)\n\n";
             std::cout << std::left << std::setw(12) << "kernel" << std::setw(11) << "available" << std::setw(22)
                       << "targets" << std::setw(22) << "runs here" << std::setw(13) << "default" << std::setw(58)
-                      << "precision (storage in; compute)" << std::setw(10) << "patterns" << "description\n";
+                      << "precision (storage in; compute)" << std::setw(10) << "patterns"
+                      << "description\n";
             for (const Kernel* k : registry()) {
               const Support a = k->available();
               std::vector<std::string> runs;

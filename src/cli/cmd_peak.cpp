@@ -31,9 +31,10 @@ Command add_peak(CLI::App& app) {
   sub->add_option("--buffer-mib", args->buffer_mib, "read-bandwidth buffer in MiB (far above the L3 size)");
   sub->add_option("--seconds", args->seconds, "target length of one FMA/exp run in seconds");
   args->isa.add_to(*sub, true);
-  sub->footer("--isa: the targets to measure (default: every target this CPU runs). One target is measured "
-              "alone (it becomes the default); with several, the default target (ATTN_ISA, else the widest) is "
-              "measured too: its read bandwidth is what % of read bandwidth is against.");
+  sub->footer(
+      "--isa: the targets to measure (default: every target this CPU runs). One target is measured "
+      "alone (it becomes the default); with several, the default target (ATTN_ISA, else the widest) is "
+      "measured too: its read bandwidth is what % of read bandwidth is against.");
   return {sub, [args] {
             bench::PeakOptions o;
             o.isas = args->isa.apply();
@@ -42,7 +43,8 @@ Command add_peak(CLI::App& app) {
               for (int64_t t : parse_int_list("threads", args->threads)) o.threads.push_back(static_cast<int>(t));
             }
             if (args->buffer_mib < 1 || args->buffer_mib > 65536) {
-              throw InvalidInput("buffer-mib: " + std::to_string(args->buffer_mib) + " is not allowed; allowed: 1 to 65536");
+              throw InvalidInput("buffer-mib: " + std::to_string(args->buffer_mib) +
+                                 " is not allowed; allowed: 1 to 65536");
             }
             if (args->seconds <= 0 || args->seconds > 60) {
               throw InvalidInput("seconds: " + std::to_string(args->seconds) + " is not allowed; allowed: (0, 60]");

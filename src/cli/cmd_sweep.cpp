@@ -32,19 +32,23 @@ std::string resolve_experiment(const std::string& arg) {
     const std::string candidate = "experiments/" + arg + (arg.ends_with(".json") ? "" : ".json");
     if (fs::exists(candidate)) return candidate;
   }
-  throw InvalidInput("experiment: '" + arg + "' is not a file; allowed: a path to an experiment .json, or the name of "
+  throw InvalidInput("experiment: '" + arg +
+                     "' is not a file; allowed: a path to an experiment .json, or the name of "
                      "one in experiments/ (e.g. quick)");
 }
 }  // namespace
 
 Command add_sweep(CLI::App& app) {
   auto args = std::make_shared<SweepArgs>();
-  CLI::App* sub = app.add_subcommand("sweep", "run an experiment grid (verify, then time with Google Benchmark) into a results folder");
-  sub->footer("Exit codes: 0 every point ok or skipped, 1 some point failed (disagreed with the reference, timing "
-              "failed, or the process died measuring it), 2 bad input (experiment, flags, a folder that cannot be "
-              "resumed), 3 other error, 4 I/O error (a file could not be written: full disk, read-only or missing "
-              "folder; the message names the file and the system's reason).");
-  sub->add_option("--experiment", args->experiment, "experiment file, or a name in experiments/ (e.g. quick)")->required();
+  CLI::App* sub = app.add_subcommand(
+      "sweep", "run an experiment grid (verify, then time with Google Benchmark) into a results folder");
+  sub->footer(
+      "Exit codes: 0 every point ok or skipped, 1 some point failed (disagreed with the reference, timing "
+      "failed, or the process died measuring it), 2 bad input (experiment, flags, a folder that cannot be "
+      "resumed), 3 other error, 4 I/O error (a file could not be written: full disk, read-only or missing "
+      "folder; the message names the file and the system's reason).");
+  sub->add_option("--experiment", args->experiment, "experiment file, or a name in experiments/ (e.g. quick)")
+      ->required();
   sub->add_option("--out", args->out, "results folder (default: results/<date>-<experiment>)");
   sub->add_option("--shard", args->shard, "run only points with index % n == i (0-based), e.g. 2/8");
   sub->add_flag("--resume", args->resume,
@@ -52,8 +56,9 @@ Command add_sweep(CLI::App& app) {
                 "time its sweep.json records): finished points are kept, a point the process died on is recorded "
                 "as failed (delete its points/<id>.json to measure it again), the rest run; refused when the "
                 "folder holds another experiment, shard, git commit, build type or compiler flags");
-  sub->add_flag("--force", args->force, "with --resume: resume a folder measured by another commit or build flags "
-                                        "(recorded in its machine.json)");
+  sub->add_flag("--force", args->force,
+                "with --resume: resume a folder measured by another commit or build flags "
+                "(recorded in its machine.json)");
   sub->add_option("--peak-json", args->peak_json, "use peaks from attnlab peak --json instead of measuring");
   sub->add_option("--peak-repeats", args->peak_repeats, "runs per peak figure when measuring");
   sub->add_option("--results-root", args->results_root, "folder for default results folders");
@@ -69,8 +74,8 @@ Command add_sweep(CLI::App& app) {
   return {sub, [args] {
             // The default target: what the SIMD kernels of an experiment without an "isa" key run.
             args->isa.apply();
-            bench::Experiment e = bench::load_experiment(resolve_experiment(args->experiment),
-                                                         bench::registry_kernel_names());
+            bench::Experiment e =
+                bench::load_experiment(resolve_experiment(args->experiment), bench::registry_kernel_names());
             if (!args->peers.empty()) {
               e.peers = bench::parse_peers(bench::split_list(args->peers), "peers");
               e.source["peers"] = e.peers;  // the folder records what ran (and --resume compares it)

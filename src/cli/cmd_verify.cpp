@@ -95,9 +95,8 @@ void print_check(const KernelCheck& c) {
     std::printf("  %-18s %12s %12s %12s  SKIP (%s)\n", c.kernel.c_str(), "-", "-", "-", c.reason.c_str());
     return;
   }
-  std::printf("  %-18s %12.3g %12.3g %12.3g  %s%s%s\n", c.kernel.c_str(), c.errors.o_abs,
-              c.errors.o_rel, c.errors.lse, to_string(c.verdict),
-              c.reason.empty() ? "" : ": ", c.reason.c_str());
+  std::printf("  %-18s %12.3g %12.3g %12.3g  %s%s%s\n", c.kernel.c_str(), c.errors.o_abs, c.errors.o_rel, c.errors.lse,
+              to_string(c.verdict), c.reason.empty() ? "" : ": ", c.reason.c_str());
 }
 
 // Per selected kernel over all shapes: whether it ran (passed or failed) on at least one,
@@ -141,8 +140,8 @@ class Tally {
       for (const std::string& r : s.skips) why += (why.empty() ? "" : "; ") + r;
       not_run += (not_run.empty() ? "" : ", ") + bench::kernel_label(*kernels_[i]) + " (" + why + ")";
     }
-    std::printf("\nverified %zu of %zu kernels%s%s\n", ran, kernels_.size(), not_run.empty() ? "" : "; not run: ",
-                not_run.c_str());
+    std::printf("\nverified %zu of %zu kernels%s%s\n", ran, kernels_.size(),
+                not_run.empty() ? "" : "; not run: ", not_run.c_str());
     if (failed) {
       std::printf("%s\n", disagree);
       return 1;
@@ -213,17 +212,16 @@ int verify_expect(const VerifyArgs& a) {
     expect_lse = read_npy(a.expect_lse);
     widen_to_float(expect_lse);
     if (expect_lse.shape != std::vector<int64_t>{p.batch, p.q_heads, p.q_len}) {
-      throw InvalidInput(a.expect_lse + ": shape must be (batch, q_heads, q_len) = (" +
-                         std::to_string(p.batch) + ", " + std::to_string(p.q_heads) + ", " +
-                         std::to_string(p.q_len) + ")");
+      throw InvalidInput(a.expect_lse + ": shape must be (batch, q_heads, q_len) = (" + std::to_string(p.batch) + ", " +
+                         std::to_string(p.q_heads) + ", " + std::to_string(p.q_len) + ")");
     }
   }
   const Agreement ag = prepare_agreement(p, li.inputs, a.rows(p));
   const MutView ev = make_view<float>(expect.data.data(), p.batch, p.q_heads, p.q_len, p.dim_v(), p.layout);
   const Errors external = measure(ag.ref, as_const(ev), expect_lse.data.empty() ? nullptr : expect_lse.data.data(), p);
   print_header(p, ag.baseline, ag.tol);
-  std::printf("  expected file vs float64 reference: O %.3g, LSE %.3g -> %s\n", external.o_rel,
-              external.lse, ag.tol.passes(external) ? "agrees" : "DISAGREES (different semantics or precision?)");
+  std::printf("  expected file vs float64 reference: O %.3g, LSE %.3g -> %s\n", external.o_rel, external.lse,
+              ag.tol.passes(external) ? "agrees" : "DISAGREES (different semantics or precision?)");
   print_columns();
   // Kernels are compared with the expected outputs, allowing the file's own error.
   Agreement vs_file = ag;
@@ -250,12 +248,13 @@ int verify_expect(const VerifyArgs& a) {
 Command add_verify(CLI::App& app) {
   auto args = std::make_shared<VerifyArgs>();
   CLI::App* sub = app.add_subcommand("verify", "check kernels against the float64 reference or expected .npy outputs");
-  sub->footer("Exit codes: 0 every kernel that ran agrees, 1 a kernel (or the --expect file) disagrees, 2 bad "
-              "input, 3 not verified: a kernel named in --impl ran on no shape (unavailable, e.g. no CUDA device, "
-              "or unsupported for every shape; the reason is printed), with --impl all no kernel ran, or another "
-              "error. --impl all skips what cannot run, with the reason, and ends with \"verified N of M kernels\". "
-              "Rows name the target a SIMD kernel ran (flash[avx2]); --isa all (or a list) verifies each SIMD kernel "
-              "once per target, as separate kernels in that count.");
+  sub->footer(
+      "Exit codes: 0 every kernel that ran agrees, 1 a kernel (or the --expect file) disagrees, 2 bad "
+      "input, 3 not verified: a kernel named in --impl ran on no shape (unavailable, e.g. no CUDA device, "
+      "or unsupported for every shape; the reason is printed), with --impl all no kernel ran, or another "
+      "error. --impl all skips what cannot run, with the reason, and ends with \"verified N of M kernels\". "
+      "Rows name the target a SIMD kernel ran (flash[avx2]); --isa all (or a list) verifies each SIMD kernel "
+      "once per target, as separate kernels in that count.");
   sub->add_option("--impl", args->impl, "kernel name(s), comma separated, or all (default)");
   sub->add_option("--q", args->q, "Q .npy (with --k, --v, --expect)");
   sub->add_option("--k", args->k, "K .npy");
@@ -275,13 +274,14 @@ Command add_verify(CLI::App& app) {
             const bool files = !a.q.empty() || !a.k.empty() || !a.v.empty() || !a.expect.empty();
             if (files) {
               if (a.q.empty() || a.k.empty() || a.v.empty() || a.expect.empty()) {
-                throw InvalidInput("verify: --q, --k, --v and --expect go together; allowed: all four, or none (random inputs)");
+                throw InvalidInput(
+                    "verify: --q, --k, --v and --expect go together; allowed: all four, or none (random inputs)");
               }
               return verify_expect(a);
             }
-            const bool mask_given = sub->count("--causal") + sub->count("--causal-top-left") +
-                                        sub->count("--window") + sub->count("--kv-lens") +
-                                        sub->count("--scale") + sub->count("--layout") > 0;
+            const bool mask_given = sub->count("--causal") + sub->count("--causal-top-left") + sub->count("--window") +
+                                        sub->count("--kv-lens") + sub->count("--scale") + sub->count("--layout") >
+                                    0;
             if (!a.shape.any_given(*sub) && !mask_given) {
               std::vector<Problem> shapes = default_shapes();
               for (Problem& p : shapes) p.dtype = a.mask.dtype.empty() ? DType::F32 : parse_dtype(a.mask.dtype);

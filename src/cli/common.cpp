@@ -30,8 +30,7 @@ std::vector<int64_t> parse_int_list(const std::string& field, const std::string&
 void IsaFlag::add_to(CLI::App& app, bool accept_lists) {
   lists = accept_lists;
   const std::string help = std::string("instruction-set target of the SIMD kernels (this CPU runs: ") +
-                           isa_names(runnable_isas()) +
-                           "; default: ATTN_ISA, else " + best_isa() + ")" +
+                           isa_names(runnable_isas()) + "; default: ATTN_ISA, else " + best_isa() + ")" +
                            (lists ? "; or several, comma separated, or all" : "");
   app.add_option("--isa", value, help);
 }
@@ -51,13 +50,11 @@ std::vector<std::string> IsaFlag::targets() const {
     if (out.empty()) require_isa("");
   }
   if (!lists && (value == "all" || out.size() > 1)) {
-    throw InvalidInput("isa: '" + value + "' names several targets; allowed: one target this CPU runs (" +
-                       [] {
-                         std::string r;
-                         for (const auto& t : runnable_isas()) r += (r.empty() ? "" : ", ") + t;
-                         return r;
-                       }() +
-                       ")");
+    throw InvalidInput("isa: '" + value + "' names several targets; allowed: one target this CPU runs (" + [] {
+      std::string r;
+      for (const auto& t : runnable_isas()) r += (r.empty() ? "" : ", ") + t;
+      return r;
+    }() + ")");
   }
   return out;
 }
@@ -74,14 +71,19 @@ void MaskFlags::add_to(CLI::App& app) {
   app.add_option("--window", window, "sliding window L,R (inclusive bounds, -1 = unbounded)");
   app.add_option("--kv-lens", kv_lens, "per-batch kv lengths a,b,... (each in [0, kv_len])");
   app.add_option("--sinks", sinks, "sparse: keys j < N are seen by every row (with --window: StreamingLLM)");
-  app.add_option("--global", globals, "sparse: global positions i,j,... (their keys seen by every row, their rows see "
-                                      "every key; with --window: Longformer)");
-  app.add_option("--doc-lens", doc_lens, "sparse: packed documents a,b,... (sum = q_len = kv_len); a token sees only "
-                                         "its own document's keys");
-  app.add_option("--dilation", dilation, "sparse: window keys only at distances from the diagonal that are multiples of D");
-  app.add_option("--bigbird", bigbird, "sparse: BLOCK,RANDOM,SEED: RANDOM random key blocks per query block (with --window)");
-  app.add_option("--mask", mask_file, "sparse: boolean mask .npy (bool or uint8, nonzero = attend) of shape (q_len, "
-                                      "kv_len), (batch|1, 1, q_len, kv_len) or (batch|1, q_heads, q_len, kv_len)");
+  app.add_option("--global", globals,
+                 "sparse: global positions i,j,... (their keys seen by every row, their rows see "
+                 "every key; with --window: Longformer)");
+  app.add_option("--doc-lens", doc_lens,
+                 "sparse: packed documents a,b,... (sum = q_len = kv_len); a token sees only "
+                 "its own document's keys");
+  app.add_option("--dilation", dilation,
+                 "sparse: window keys only at distances from the diagonal that are multiples of D");
+  app.add_option("--bigbird", bigbird,
+                 "sparse: BLOCK,RANDOM,SEED: RANDOM random key blocks per query block (with --window)");
+  app.add_option("--mask", mask_file,
+                 "sparse: boolean mask .npy (bool or uint8, nonzero = attend) of shape (q_len, "
+                 "kv_len), (batch|1, 1, q_len, kv_len) or (batch|1, q_heads, q_len, kv_len)");
   app.add_option("--scale", scale, "softmax scale (default 1/sqrt(head_dim))");
   app.add_option("--layout", layout, "memory layout: bhsd (batch, heads, seq, dim) or bshd")
       ->check(CLI::IsMember({"bhsd", "bshd"}));
@@ -113,8 +115,7 @@ void MaskFlags::apply(Problem& p) const {
   if (causal && causal_top_left) {
     throw InvalidInput("causal: --causal and --causal-top-left exclude each other; allowed: one of them");
   }
-  p.causal = causal ? CausalAlign::BottomRight
-                    : (causal_top_left ? CausalAlign::TopLeft : CausalAlign::None);
+  p.causal = causal ? CausalAlign::BottomRight : (causal_top_left ? CausalAlign::TopLeft : CausalAlign::None);
   if (!window.empty()) {
     const auto w = parse_int_list("window", window);
     if (w.size() != 2) throw InvalidInput("window: '" + window + "' must be two integers L,R (-1 = unbounded)");
@@ -142,7 +143,8 @@ void MaskFlags::apply(Problem& p) const {
 
 int MaskFlags::thread_count() const {
   if (threads > 0) return threads;
-  if (threads < 0) throw InvalidInput("threads: " + std::to_string(threads) + " is not allowed; allowed: >= 1, or 0 for all cores");
+  if (threads < 0)
+    throw InvalidInput("threads: " + std::to_string(threads) + " is not allowed; allowed: >= 1, or 0 for all cores");
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 

@@ -15,18 +15,18 @@ namespace attnlab::cli {
 struct MaskFlags {
   bool causal = false;
   bool causal_top_left = false;
-  std::string window;   // "L,R"
-  std::string kv_lens;  // "a,b,..."
-  int64_t sinks = 0;       // sparse pattern terms (pattern.hpp)
-  std::string globals;     // "i,j,..."
-  std::string doc_lens;    // "a,b,..."
+  std::string window;    // "L,R"
+  std::string kv_lens;   // "a,b,..."
+  int64_t sinks = 0;     // sparse pattern terms (pattern.hpp)
+  std::string globals;   // "i,j,..."
+  std::string doc_lens;  // "a,b,..."
   int64_t dilation = 1;
-  std::string bigbird;     // "BLOCK,RANDOM,SEED"
-  std::string mask_file;   // boolean .npy
+  std::string bigbird;    // "BLOCK,RANDOM,SEED"
+  std::string mask_file;  // boolean .npy
   std::optional<float> scale;
   std::string layout = "bhsd";
   std::string dtype;  // "" = f32, or inferred from .npy inputs ('<f2' files: f16)
-  int threads = 0;  // 0 = all cores
+  int threads = 0;    // 0 = all cores
   void add_to(CLI::App& app);
   // Fills the mask/scale/layout fields of p (throws InvalidInput on malformed text).
   void apply(Problem& p) const;
@@ -53,7 +53,7 @@ std::vector<int64_t> parse_int_list(const std::string& field, const std::string&
 
 // --isa (include/attnlab/isa.hpp): which instruction-set target the SIMD kernels run.
 struct IsaFlag {
-  std::string value;  // "" = not given
+  std::string value;   // "" = not given
   bool lists = false;  // whether "all" and comma-separated lists are accepted (verify, peak)
   void add_to(CLI::App& app, bool accept_lists);
   // The targets named, each checked (InvalidInput, exit 2: not a target of this build, or
@@ -76,10 +76,10 @@ struct Command {
 Command add_list(CLI::App& app);
 Command add_run(CLI::App& app);
 Command add_verify(CLI::App& app);
-Command add_peak(CLI::App& app);   // cmd_peak.cpp
-Command add_sweep(CLI::App& app);  // cmd_sweep.cpp
-Command add_merge(CLI::App& app);  // cmd_merge.cpp
-Command add_cuda(CLI::App& app);   // cmd_cuda.cpp
+Command add_peak(CLI::App& app);      // cmd_peak.cpp
+Command add_sweep(CLI::App& app);     // cmd_sweep.cpp
+Command add_merge(CLI::App& app);     // cmd_merge.cpp
+Command add_cuda(CLI::App& app);      // cmd_cuda.cpp
 Command add_generate(CLI::App& app);  // cmd_generate.cpp
 
 }  // namespace attnlab::cli

@@ -16,7 +16,8 @@ std::string shape_text(const std::vector<int64_t>& s) {
 }
 
 // The dtype Q, K and V are stored in: --dtype, else what the files hold ('<f2': f16).
-DType storage_dtype(const MaskFlags& flags, std::initializer_list<std::pair<const std::string*, const NpyArray*>> files) {
+DType storage_dtype(const MaskFlags& flags,
+                    std::initializer_list<std::pair<const std::string*, const NpyArray*>> files) {
   const auto& [p0, a0] = *files.begin();
   for (const auto& [path, arr] : files) {
     if (flags.dtype.empty() && (arr->source_dtype == "<f2") != (a0->source_dtype == "<f2")) {
@@ -25,7 +26,8 @@ DType storage_dtype(const MaskFlags& flags, std::initializer_list<std::pair<cons
     }
     if (arr->source_dtype == "<u2" && flags.dtype != "bf16") {
       throw InvalidInput(*path + ": '<u2' data is read as raw bfloat16 bits, which needs --dtype bf16 (given: " +
-                         (flags.dtype.empty() ? std::string("none") : flags.dtype) + "); allowed: --dtype bf16, or float data");
+                         (flags.dtype.empty() ? std::string("none") : flags.dtype) +
+                         "); allowed: --dtype bf16, or float data");
     }
   }
   if (!flags.dtype.empty()) return parse_dtype(flags.dtype);
@@ -43,8 +45,8 @@ template <class E>
 void store(const NpyArray& a, const View4<const E>& dst) {
   E* out = const_cast<E*>(dst.data);
   const auto n = static_cast<size_t>(dst.elems());
-  const bool same = (a.source_dtype == "<f2" && std::is_same_v<E, f16>) ||
-                    (a.source_dtype == "<u2" && std::is_same_v<E, bf16>);
+  const bool same =
+      (a.source_dtype == "<f2" && std::is_same_v<E, f16>) || (a.source_dtype == "<u2" && std::is_same_v<E, bf16>);
   for (size_t i = 0; i < n; ++i) {
     if constexpr (!std::is_same_v<E, float>) {
       if (same) {
@@ -58,8 +60,7 @@ void store(const NpyArray& a, const View4<const E>& dst) {
 }
 }  // namespace
 
-LoadedInputs load_inputs(const std::string& qp, const std::string& kp, const std::string& vp,
-                         const MaskFlags& flags) {
+LoadedInputs load_inputs(const std::string& qp, const std::string& kp, const std::string& vp, const MaskFlags& flags) {
   LoadedInputs li;
   li.q = read_npy(qp);
   li.k = read_npy(kp);
@@ -67,15 +68,16 @@ LoadedInputs load_inputs(const std::string& qp, const std::string& kp, const std
   Problem& p = li.problem;
   flags.apply(p);
   const bool bhsd = p.layout == Layout::BHSD;
-  const char* dims = bhsd ? "(batch, heads, seq, head_dim) for layout bhsd"
-                          : "(batch, seq, heads, head_dim) for layout bshd";
+  const char* dims =
+      bhsd ? "(batch, heads, seq, head_dim) for layout bhsd" : "(batch, seq, heads, head_dim) for layout bshd";
   for (auto [path, arr] : {std::pair{&qp, &li.q}, {&kp, &li.k}, {&vp, &li.v}}) {
     if (arr->shape.size() != 4) {
-      throw InvalidInput(*path + ": shape " + shape_text(arr->shape) + " has " +
-                         std::to_string(arr->shape.size()) + " dimensions; allowed: 4 " + dims);
+      throw InvalidInput(*path + ": shape " + shape_text(arr->shape) + " has " + std::to_string(arr->shape.size()) +
+                         " dimensions; allowed: 4 " + dims);
     }
     for (int64_t s : arr->shape) {
-      if (s == 0) throw InvalidInput(*path + ": shape " + shape_text(arr->shape) + " has a zero dimension; allowed: all >= 1");
+      if (s == 0)
+        throw InvalidInput(*path + ": shape " + shape_text(arr->shape) + " has a zero dimension; allowed: all >= 1");
     }
   }
   const auto& qs = li.q.shape;
@@ -86,8 +88,11 @@ LoadedInputs load_inputs(const std::string& qp, const std::string& kp, const std
                        "; allowed: V has K's shape but for its last dimension (head_dim_v)");
   }
   const int hi = bhsd ? 1 : 2, si = bhsd ? 2 : 1;
-  if (ks[0] != qs[0]) throw InvalidInput(kp + ": batch " + std::to_string(ks[0]) + " differs from Q's batch " + std::to_string(qs[0]));
-  if (ks[3] != qs[3]) throw InvalidInput(kp + ": head_dim " + std::to_string(ks[3]) + " differs from Q's head_dim " + std::to_string(qs[3]));
+  if (ks[0] != qs[0])
+    throw InvalidInput(kp + ": batch " + std::to_string(ks[0]) + " differs from Q's batch " + std::to_string(qs[0]));
+  if (ks[3] != qs[3])
+    throw InvalidInput(kp + ": head_dim " + std::to_string(ks[3]) + " differs from Q's head_dim " +
+                       std::to_string(qs[3]));
   p.batch = qs[0];
   p.q_heads = qs[hi];
   p.q_len = qs[si];

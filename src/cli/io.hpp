@@ -22,8 +22,7 @@ struct LoadedInputs {
 // Float data is rounded to a 16-bit dtype (nearest even; a warning counts the values that
 // overflowed to inf), '<f2' data is used as is for f16 and widened exactly for f32, '<u2'
 // data is raw bf16 bits and needs --dtype bf16.
-LoadedInputs load_inputs(const std::string& q, const std::string& k, const std::string& v,
-                         const MaskFlags& flags);
+LoadedInputs load_inputs(const std::string& q, const std::string& k, const std::string& v, const MaskFlags& flags);
 
 // Counts NaN/Inf values of the stored inputs and prints a warning per tensor naming the
 // first index (and how many of them rounding to a 16-bit dtype made).

@@ -8,14 +8,8 @@ int main(int argc, char** argv) {
   CLI::App app{"attnlab: a performance lab for scaled-dot-product attention"};
   app.require_subcommand(1);
   std::vector<cli::Command> commands = {
-      cli::add_list(app),
-      cli::add_run(app),
-      cli::add_verify(app),
-      cli::add_peak(app),
-      cli::add_sweep(app),
-      cli::add_merge(app),
-      cli::add_cuda(app),
-      cli::add_generate(app),
+      cli::add_list(app),  cli::add_run(app),   cli::add_verify(app), cli::add_peak(app),
+      cli::add_sweep(app), cli::add_merge(app), cli::add_cuda(app),   cli::add_generate(app),
   };
   try {
     app.parse(argc, argv);

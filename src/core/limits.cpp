@@ -72,9 +72,9 @@ std::string over_memory_budget(int64_t bytes, const std::string& what) {
   const int64_t budget = memory_budget_bytes();
   if (bytes <= budget) return {};
   const bool from_env = budget_from_env().has_value();
-  return "needs " + bytes_text(static_cast<double>(bytes)) + " (" + std::to_string(bytes) +
-         " bytes: " + what + "), above the memory budget of " +
-         bytes_text(static_cast<double>(budget)) + " (" + std::to_string(budget) + " bytes, " +
+  return "needs " + bytes_text(static_cast<double>(bytes)) + " (" + std::to_string(bytes) + " bytes: " + what +
+         "), above the memory budget of " + bytes_text(static_cast<double>(budget)) + " (" + std::to_string(budget) +
+         " bytes, " +
          (from_env ? std::string("set by ") + kBudgetEnv
                    : std::string("half the physical memory; set ") + kBudgetEnv + " to change it") +
          ")";

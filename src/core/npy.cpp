@@ -21,9 +21,7 @@
 namespace attnlab {
 
 namespace {
-[[noreturn]] void fail(const std::string& name, const std::string& what) {
-  throw InvalidInput(name + ": " + what);
-}
+[[noreturn]] void fail(const std::string& name, const std::string& what) { throw InvalidInput(name + ": " + what); }
 
 std::string trim(std::string s) {
   const auto a = s.find_first_not_of(" \t\n");
@@ -89,8 +87,7 @@ std::pair<size_t, size_t> read_preamble(std::string_view head, uint64_t file_siz
   return {start, len};
 }
 
-NpyHeader parse_header(const std::string& header, size_t data_start, const std::string& name,
-                       bool booleans = false) {
+NpyHeader parse_header(const std::string& header, size_t data_start, const std::string& name, bool booleans = false) {
   NpyHeader h;
   h.data_start = data_start;
   std::string descr = dict_value(header, "descr", name);
@@ -107,7 +104,8 @@ NpyHeader parse_header(const std::string& header, size_t data_start, const std::
     h.dtype = descr;
     h.elem = descr == "<f4" ? 4 : descr == "<f8" ? 8 : 2;
   } else {
-    fail(name, "dtype '" + descr + "' is not supported; allowed: float32 ('<f4'), float64 ('<f8'), "
+    fail(name, "dtype '" + descr +
+                   "' is not supported; allowed: float32 ('<f4'), float64 ('<f8'), "
                    "float16 ('<f2') or raw bfloat16 bits ('<u2'), little-endian with the byte order "
                    "written out (np.save(f, a.astype('<f4')))");
   }
@@ -138,8 +136,8 @@ NpyHeader parse_header(const std::string& header, size_t data_start, const std::
     if (fits) count = *next;
   }
   if (!fits) {
-    fail(name, "shape " + text + " has more than " + pow2_text(kMaxTensorElems) +
-                   " elements; allowed: at most " + pow2_text(kMaxTensorElems) + " elements");
+    fail(name, "shape " + text + " has more than " + pow2_text(kMaxTensorElems) + " elements; allowed: at most " +
+                   pow2_text(kMaxTensorElems) + " elements");
   }
   h.count = static_cast<size_t>(count);
   return h;
@@ -154,15 +152,16 @@ void check_data_size(const NpyHeader& h, uint64_t file_size, const std::string& 
                    " after the header, file has " + std::to_string(have));
   }
   if (have > need) {
-    fail(name, std::to_string(have - need) + " trailing bytes after the data (shape needs " +
-                   std::to_string(need) + " bytes of " + h.dtype + "); allowed: exactly the shape's data");
+    fail(name, std::to_string(have - need) + " trailing bytes after the data (shape needs " + std::to_string(need) +
+                   " bytes of " + h.dtype + "); allowed: exactly the shape's data");
   }
 }
 
 // The array without its data, once the memory budget allows the data.
 NpyArray empty_array(const NpyHeader& h, const std::string& name) {
   const size_t kept = h.elem <= 2 ? h.elem : sizeof(float);  // 8- and 16-bit data stay as they are
-  const std::string why = over_memory_budget(static_cast<int64_t>(h.count * kept), h.elem == 2 ? "the array" : "the array as float32");
+  const std::string why =
+      over_memory_budget(static_cast<int64_t>(h.count * kept), h.elem == 2 ? "the array" : "the array as float32");
   if (!why.empty()) fail(name, why);
   NpyArray arr;
   arr.shape = h.shape;
@@ -197,8 +196,9 @@ void on_sigbus(int sig, siginfo_t* info, void* context) {
     if (at >= lo[i].load() && at < hi[i].load()) {
       write_err("error: ");
       write_err(names[i]);
-      write_err(": the file shrank while it was in use (truncated by another process); allowed: "
-                "input files that stay unchanged while attnlab runs\n");
+      write_err(
+          ": the file shrank while it was in use (truncated by another process); allowed: "
+          "input files that stay unchanged while attnlab runs\n");
       ::_exit(2);
     }
   }
@@ -340,8 +340,10 @@ NpyArray read_npy_file(const std::string& path, bool booleans) {
   if (::fstat(f.fd, &st) != 0) fail(path, std::string("cannot stat: ") + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) {
     fail(path, std::string("is not a regular file (") +
-                   (S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a pipe" :
-                    S_ISCHR(st.st_mode) ? "a character device" : "a special file") +
+                   (S_ISDIR(st.st_mode)    ? "a directory"
+                    : S_ISFIFO(st.st_mode) ? "a pipe"
+                    : S_ISCHR(st.st_mode)  ? "a character device"
+                                           : "a special file") +
                    "); allowed: a regular .npy file");
   }
   const auto size = static_cast<uint64_t>(st.st_size);

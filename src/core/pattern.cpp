@@ -29,9 +29,7 @@ Block any_of(Block a, Block b) {
 }
 
 // `n` of `total` members of a range are in a set: the range's block status for that term.
-Block share(int64_t n, int64_t total) {
-  return n == 0 ? Block::Empty : (n == total ? Block::Full : Block::Partial);
-}
+Block share(int64_t n, int64_t total) { return n == 0 ? Block::Empty : (n == total ? Block::Full : Block::Partial); }
 
 }  // namespace
 
@@ -88,9 +86,7 @@ bool Pattern::global_row(int64_t b, int64_t i) const {
   return bounded_ && global_rows_ && !global_.empty() && pos >= 0 && pos < p_.kv_len && global_[pos];
 }
 
-int64_t Pattern::off(int64_t b) const {
-  return p_.causal == CausalAlign::TopLeft ? 0 : p_.kv_len_of(b) - p_.q_len;
-}
+int64_t Pattern::off(int64_t b) const { return p_.causal == CausalAlign::TopLeft ? 0 : p_.kv_len_of(b) - p_.q_len; }
 
 int64_t Pattern::globals_in(int64_t lo, int64_t hi) const {
   lo = std::clamp<int64_t>(lo, 0, p_.kv_len), hi = std::clamp<int64_t>(hi, 0, p_.kv_len);
@@ -118,7 +114,8 @@ bool Pattern::visible(int64_t b, int64_t h, int64_t i, int64_t j) const {
     return true;
   }
   if (j < p_.sinks) return true;
-  if (!global_.empty() && ((global_cols_ && global_[j]) || (global_rows_ && pos >= 0 && pos < p_.kv_len && global_[pos]))) {
+  if (!global_.empty() &&
+      ((global_cols_ && global_[j]) || (global_rows_ && pos >= 0 && pos < p_.kv_len && global_[pos]))) {
     return true;
   }
   return !picks_.empty() && pos >= 0 && picked(pos / p_.bigbird.block, j / p_.bigbird.block);
@@ -249,8 +246,8 @@ PatternCount count_uncached(const Problem& p) {
 }
 
 uint64_t content_hash(const BoolMask& m) {
-  uint64_t h = mix64(static_cast<uint64_t>(m.batch * 31 + m.heads) ^ mix64(static_cast<uint64_t>(m.q_len) << 32 ^
-                                                                           static_cast<uint64_t>(m.kv_len)));
+  uint64_t h = mix64(static_cast<uint64_t>(m.batch * 31 + m.heads) ^
+                     mix64(static_cast<uint64_t>(m.q_len) << 32 ^ static_cast<uint64_t>(m.kv_len)));
   size_t k = 0;
   for (; k + 8 <= m.data.size(); k += 8) {
     uint64_t w;
@@ -288,7 +285,7 @@ size_t BlockMap::bytes() const {
 }
 
 std::pair<const BlockMap::Entry*, const BlockMap::Entry*> BlockMap::entries_in(int64_t v, int64_t qt, int64_t j0,
-                                                                              int64_t j1) const {
+                                                                               int64_t j1) const {
   const Entry* first = entries.data() + start[v * tiles() + qt];
   const Entry* last = entries.data() + start[v * tiles() + qt + 1];
   const auto tile_below = [](const Entry& e, int64_t t) { return e.key_tile < t; };

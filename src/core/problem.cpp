@@ -44,8 +44,7 @@ const char* to_string(CausalAlign causal) {
 namespace {
 void require_positive(const char* field, int64_t value) {
   if (value < 1) {
-    throw InvalidInput(std::string(field) + ": " + std::to_string(value) +
-                       " is not allowed; allowed: an integer >= 1");
+    throw InvalidInput(std::string(field) + ": " + std::to_string(value) + " is not allowed; allowed: an integer >= 1");
   }
 }
 void require_window(const char* field, int64_t value) {
@@ -69,8 +68,8 @@ void require_product(const std::string& what, std::initializer_list<std::pair<co
     if (ok) product = *next;
   }
   if (!ok) {
-    throw InvalidInput(what + ": " + names + " = " + values + " is more than " + pow2_text(limit) +
-                       " " + unit + "; allowed: at most " + pow2_text(limit) + " " + unit);
+    throw InvalidInput(what + ": " + names + " = " + values + " is more than " + pow2_text(limit) + " " + unit +
+                       "; allowed: at most " + pow2_text(limit) + " " + unit);
   }
 }
 
@@ -141,9 +140,9 @@ void validate_pattern(const Problem& p) {
   }
   for (size_t g = 0; g < p.globals.size(); ++g) {
     if (p.globals[g] < 0 || p.globals[g] >= p.kv_len || (g > 0 && p.globals[g] <= p.globals[g - 1])) {
-      throw InvalidInput("global[" + std::to_string(g) + "]: " + std::to_string(p.globals[g]) +
-                         " is not allowed; allowed: distinct ascending positions in [0, kv_len = " +
-                         std::to_string(p.kv_len) + ")");
+      throw InvalidInput(
+          "global[" + std::to_string(g) + "]: " + std::to_string(p.globals[g]) +
+          " is not allowed; allowed: distinct ascending positions in [0, kv_len = " + std::to_string(p.kv_len) + ")");
     }
   }
   needs_window("global", !p.globals.empty());
@@ -166,7 +165,8 @@ void validate_pattern(const Problem& p) {
   if (bb.block != 0 || bb.random != 0) {
     if (bb.block < 1 || bb.block > p.kv_len || bb.random < 0 || bb.random > 64 || bb.seed < 0) {
       throw InvalidInput("bigbird: " + std::to_string(bb.block) + "," + std::to_string(bb.random) + "," +
-                         std::to_string(bb.seed) + " is not allowed; allowed: BLOCK,RANDOM,SEED with BLOCK 1 to "
+                         std::to_string(bb.seed) +
+                         " is not allowed; allowed: BLOCK,RANDOM,SEED with BLOCK 1 to "
                          "kv_len, RANDOM 0 to 64 key blocks per query block, SEED >= 0");
     }
     needs_window("bigbird", bb.on());
@@ -177,9 +177,11 @@ void validate_pattern(const Problem& p) {
         (m.heads != 1 && m.heads != p.q_heads)) {
       throw InvalidInput("mask: shape (" + std::to_string(m.batch) + ", " + std::to_string(m.heads) + ", " +
                          std::to_string(m.q_len) + ", " + std::to_string(m.kv_len) + ") of " + m.source +
-                         " does not fit the problem; allowed: (q_len, kv_len) = (" + std::to_string(p.q_len) +
-                         ", " + std::to_string(p.kv_len) + "), (batch or 1, 1, q_len, kv_len) or (batch or 1, "
-                         "q_heads = " + std::to_string(p.q_heads) + ", q_len, kv_len)");
+                         " does not fit the problem; allowed: (q_len, kv_len) = (" + std::to_string(p.q_len) + ", " +
+                         std::to_string(p.kv_len) +
+                         "), (batch or 1, 1, q_len, kv_len) or (batch or 1, "
+                         "q_heads = " +
+                         std::to_string(p.q_heads) + ", q_len, kv_len)");
     }
   }
 }
@@ -202,29 +204,25 @@ void Problem::validate() const {
   }
   if (head_dim_v != 0 && (head_dim_v < kMinHeadDim || head_dim_v > kMaxHeadDim)) {
     throw InvalidInput("head_dim_v: " + std::to_string(head_dim_v) + " is not supported; allowed: " +
-                       std::to_string(kMinHeadDim) + " to " + std::to_string(kMaxHeadDim) +
-                       ", or 0 (= head_dim)");
+                       std::to_string(kMinHeadDim) + " to " + std::to_string(kMaxHeadDim) + ", or 0 (= head_dim)");
   }
   require_window("window_left", window_left);
   require_window("window_right", window_right);
   if (!kv_lens.empty()) {
     if (static_cast<int64_t>(kv_lens.size()) != batch) {
-      throw InvalidInput("kv_lens: " + std::to_string(kv_lens.size()) +
-                         " entries given; allowed: exactly batch (" + std::to_string(batch) +
-                         ") entries, or none");
+      throw InvalidInput("kv_lens: " + std::to_string(kv_lens.size()) + " entries given; allowed: exactly batch (" +
+                         std::to_string(batch) + ") entries, or none");
     }
     for (size_t b = 0; b < kv_lens.size(); ++b) {
       if (kv_lens[b] < 0 || kv_lens[b] > kv_len) {
         throw InvalidInput("kv_lens[" + std::to_string(b) + "]: " + std::to_string(kv_lens[b]) +
-                           " is out of range; allowed: 0 to kv_len (" + std::to_string(kv_len) +
-                           ")");
+                           " is out of range; allowed: 0 to kv_len (" + std::to_string(kv_len) + ")");
       }
     }
   }
   validate_pattern(*this);
   if (scale && !std::isfinite(*scale)) {
-    throw InvalidInput("scale: " + std::to_string(*scale) +
-                       " is not allowed; allowed: a finite number");
+    throw InvalidInput("scale: " + std::to_string(*scale) + " is not allowed; allowed: a finite number");
   }
   // Every size below is checked once here; element, pair and byte counts of a valid
   // problem then fit int64 with room (limits.hpp).
@@ -276,7 +274,8 @@ double Problem::kv_bytes_per_token() const {
 }
 
 double Problem::bytes_moved() const {
-  const double qo = dtype_bytes(dtype) * static_cast<double>(q_elems()) + sizeof(float) * static_cast<double>(o_elems());
+  const double qo =
+      dtype_bytes(dtype) * static_cast<double>(q_elems()) + sizeof(float) * static_cast<double>(o_elems());
   return qo + kv_bytes() + sizeof(float) * static_cast<double>(lse_elems());
 }
 
@@ -316,8 +315,8 @@ std::string Problem::pattern_name() const {
 
 std::string Problem::describe() const {
   std::ostringstream s;
-  s << "batch=" << batch << " q_heads=" << q_heads << " kv_heads=" << kv_heads
-    << " q_len=" << q_len << " kv_len=" << kv_len << " head_dim=" << head_dim;
+  s << "batch=" << batch << " q_heads=" << q_heads << " kv_heads=" << kv_heads << " q_len=" << q_len
+    << " kv_len=" << kv_len << " head_dim=" << head_dim;
   if (dim_v() != head_dim) s << " head_dim_v=" << dim_v();
   if (causal != CausalAlign::None) s << " causal=" << to_string(causal);
   if (window_left >= 0 || window_right >= 0) s << " window=" << window_left << "," << window_right;

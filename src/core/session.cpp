@@ -19,11 +19,13 @@ std::shared_ptr<const Plan> Kernel::make_plan(const Problem&) const { return nul
 
 Support supports_problem(const Kernel& kernel, const Problem& problem) {
   if (problem.sparse() && !kernel.runs_patterns()) {
-    return Support::no("a sparse pattern (naive, flash, decode and cuda_flash run them; this kernel takes interval masks only)");
+    return Support::no(
+        "a sparse pattern (naive, flash, decode and cuda_flash run them; this kernel takes interval masks only)");
   }
   if (problem.dim_v() != problem.head_dim && !kernel.runs_head_dim_v()) {
-    return Support::no("head_dim_v != head_dim (naive, blocked, flash, flash_bf16, flash_amx, decode, cuda_naive and "
-                       "cuda_flash run it; this kernel keeps one head_dim for Q, K and V)");
+    return Support::no(
+        "head_dim_v != head_dim (naive, blocked, flash, flash_bf16, flash_amx, decode, cuda_naive and "
+        "cuda_flash run it; this kernel keeps one head_dim for Q, K and V)");
   }
   return kernel.supports(problem);
 }
@@ -31,9 +33,9 @@ Support supports_problem(const Kernel& kernel, const Problem& problem) {
 Support fits_memory_budget(const Kernel& kernel, const Problem& problem, int threads) {
   const auto workspace = static_cast<int64_t>(kernel.workspace_bytes(problem, threads));
   const int64_t tensors = tensor_bytes(problem);
-  const std::string why = over_memory_budget(
-      workspace + tensors, "workspace " + bytes_text(static_cast<double>(workspace)) +
-                               " + Q, K, V, O, LSE " + bytes_text(static_cast<double>(tensors)));
+  const std::string why =
+      over_memory_budget(workspace + tensors, "workspace " + bytes_text(static_cast<double>(workspace)) +
+                                                  " + Q, K, V, O, LSE " + bytes_text(static_cast<double>(tensors)));
   return why.empty() ? Support::yes() : Support::no("memory: " + why);
 }
 
@@ -52,19 +54,16 @@ Session::Session(const Kernel& kernel, const Problem& problem, int threads)
     : kernel_(kernel), problem_(problem), threads_(threads), made_kv_len_(problem.kv_len) {
   problem_.validate();
   if (threads < 1 || threads > 1024) {
-    throw InvalidInput("threads: " + std::to_string(threads) +
-                       " is not allowed; allowed: 1 to 1024");
+    throw InvalidInput("threads: " + std::to_string(threads) + " is not allowed; allowed: 1 to 1024");
   }
   if (Support a = kernel.available(); !a) {
     throw InvalidInput(std::string(kernel.name()) + " is not available: " + a.reason);
   }
   if (Support s = supports_problem(kernel, problem_); !s) {
-    throw InvalidInput(std::string(kernel.name()) + " does not support " + problem_.describe() +
-                       ": " + s.reason);
+    throw InvalidInput(std::string(kernel.name()) + " does not support " + problem_.describe() + ": " + s.reason);
   }
   if (Support m = fits_memory_budget(kernel, problem_, threads); !m) {
-    throw InvalidInput(std::string(kernel.name()) + " cannot run " + problem_.describe() + ": " +
-                       m.reason);
+    throw InvalidInput(std::string(kernel.name()) + " cannot run " + problem_.describe() + ": " + m.reason);
   }
   workspace_size_ = kernel.workspace_bytes(problem_, threads);
   workspace_ = alloc_bytes(workspace_size_);
@@ -76,7 +75,8 @@ Session::~Session() = default;
 
 void Session::resize_kv(int64_t kv_len) {
   if (problem_.sparse() || !problem_.kv_lens.empty()) {
-    throw InvalidInput("resize_kv: the session's problem has a sparse pattern or kv_lens; allowed: interval masks only");
+    throw InvalidInput(
+        "resize_kv: the session's problem has a sparse pattern or kv_lens; allowed: interval masks only");
   }
   if (kv_len > made_kv_len_) {
     throw InvalidInput("kv_len: " + std::to_string(kv_len) + " is above the session's " + std::to_string(made_kv_len_) +
@@ -89,7 +89,8 @@ void Session::resize_kv(int64_t kv_len) {
     throw InvalidInput(std::string(kernel_.name()) + " does not support " + p.describe() + ": " + s.reason);
   }
   if (kernel_.workspace_bytes(p, threads_) > workspace_size_) {
-    throw InvalidInput("resize_kv: kv_len " + std::to_string(kv_len) + " needs more workspace than the session has; "
+    throw InvalidInput("resize_kv: kv_len " + std::to_string(kv_len) +
+                       " needs more workspace than the session has; "
                        "allowed: at most the kv_len the session was made for");
   }
   problem_ = p;

@@ -135,8 +135,7 @@ double reference_row_typed(const Problem& p, const TypedInputs<E>& in, const Row
 }  // namespace
 
 // On the values the kernel receives: 16-bit storage widened exactly, then float64.
-double reference_row(const Problem& p, const Inputs& in, const RowId& r, double* o_row,
-                     double* row_scale) {
+double reference_row(const Problem& p, const Inputs& in, const RowId& r, double* o_row, double* row_scale) {
   return visit_inputs(in, [&](const auto& typed) { return reference_row_typed(p, typed, r, o_row, row_scale); });
 }
 
@@ -171,9 +170,9 @@ Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref,
     for (size_t r = 0; r < ref.rows.size(); ++r) {
       const RowId& id = ref.rows[r];
       const std::vector<int64_t> keys = reference_keys(p, id);
-      const float lse = textbook::row(p, typed, id.b, id.h, id.i,
-                                      textbook::KeyList{keys.data(), static_cast<int64_t>(keys.size())}, s.data(),
-                                      o.data(), round_p);
+      const float lse =
+          textbook::row(p, typed, id.b, id.h, id.i, textbook::KeyList{keys.data(), static_cast<int64_t>(keys.size())},
+                        s.data(), o.data(), round_p);
       accumulate(e, ref, r, o.data(), &lse);
     }
   });
@@ -205,8 +204,8 @@ bool Tolerance::passes(const Errors& e) const { return why_failed(e).empty(); }
 std::string Tolerance::why_failed(const Errors& e) const {
   std::ostringstream s;
   if (!(e.o_rel <= o_rel)) {
-    s << "O error " << e.o_rel << " (relative to row scale) > tolerance " << o_rel
-      << " at row (b=" << e.worst.b << ", h=" << e.worst.h << ", i=" << e.worst.i << ")";
+    s << "O error " << e.o_rel << " (relative to row scale) > tolerance " << o_rel << " at row (b=" << e.worst.b
+      << ", h=" << e.worst.h << ", i=" << e.worst.i << ")";
   }
   if (e.lse_checked && !(e.lse <= lse)) {
     if (s.tellp() > 0) s << "; ";
@@ -263,8 +262,7 @@ size_t verification_bytes(const Kernel& k, const Problem& p, size_t rows, int th
          kVerifyBookkeeping;
 }
 
-KernelCheck check_kernel(const Kernel& k, const Problem& p, const Inputs& in,
-                         const Agreement& a, int threads) {
+KernelCheck check_kernel(const Kernel& k, const Problem& p, const Inputs& in, const Agreement& a, int threads) {
   KernelCheck c;
   c.kernel = std::string(k.name());
   if (Support s = can_run(k, p, threads); !s) {

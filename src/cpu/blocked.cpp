@@ -38,11 +38,11 @@ class Blocked final : public Kernel {
  public:
   std::string_view name() const override { return "blocked"; }
   std::string_view description() const override {
-    return "cache-tiled float32 (32 rows x 64 keys, K tile packed transposed), online softmax across tiles; no explicit SIMD";
+    return "cache-tiled float32 (32 rows x 64 keys, K tile packed transposed), online softmax across tiles; no "
+           "explicit SIMD";
   }
   size_t workspace_bytes(const Problem& p, int) const override {
-    return static_cast<size_t>(kBr * kBc + kBc * p.head_dim + kBr * p.dim_v() + 2 * kBr) *
-           sizeof(float);
+    return static_cast<size_t>(kBr * kBc + kBc * p.head_dim + kBr * p.dim_v() + 2 * kBr) * sizeof(float);
   }
   bool runs_head_dim_v() const override { return true; }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
@@ -125,8 +125,7 @@ class Blocked final : public Kernel {
             const float inv = online_softmax::out_scale(empty, l[r]);
             for (int64_t d = 0; d < dv; ++d) o[d] = acc[r * dv + d] * inv;
             if (out.lse) {
-              out.lse[(b * p.q_heads + h) * p.q_len + i0 + r] =
-                  online_softmax::out_lse<kNatural>(empty, m[r], l[r]);
+              out.lse[(b * p.q_heads + h) * p.q_len + i0 + r] = online_softmax::out_lse<kNatural>(empty, m[r], l[r]);
             }
           }
         }

@@ -73,7 +73,8 @@ constexpr int64_t kMaxQLen = 16;
 // L2: 1024-key chunks take ~4% less CPU time than 256-key ones (task overhead, prefetcher
 // restarts).
 int64_t decode_chunk_keys(const Problem& p) {
-  const int64_t row_bytes = ((p.head_dim + 15) / 16 * 16 + (p.dim_v() + 15) / 16 * 16) * dtype_bytes(p.dtype);  // K + V, as stored
+  const int64_t row_bytes =
+      ((p.head_dim + 15) / 16 * 16 + (p.dim_v() + 15) / 16 * 16) * dtype_bytes(p.dtype);  // K + V, as stored
   int64_t keys = 128;
   while (keys < 2048 && 2 * keys * row_bytes <= planning_l2_bytes() / 2) keys *= 2;
   return keys;
@@ -95,10 +96,11 @@ struct Plan {
     chunk_keys = decode_chunk_keys(p);
     chunks = std::max<int64_t>(1, (p.kv_len + chunk_keys - 1) / chunk_keys);
     dp = tiling.dim_v_pad;  // the engine's accumulator rows (head_dim_v), whole vectors
-    row_stride = dp + 16;  // acc (dp floats), then m at [dp], l at [dp + 1]; vector-aligned rows
+    row_stride = dp + 16;   // acc (dp floats), then m at [dp], l at [dp + 1]; vector-aligned rows
     // Rounded up to whole cache lines: the per-thread scratch that follows must stay 64-byte
     // aligned (with 1-lane rows, row_stride can be odd).
-    partial_bytes = (static_cast<size_t>(p.batch * p.kv_heads * chunks * rows * row_stride) * sizeof(float) + 63) / 64 * 64;
+    partial_bytes =
+        (static_cast<size_t>(p.batch * p.kv_heads * chunks * rows * row_stride) * sizeof(float) + 63) / 64 * 64;
   }
   float* partial(float* base, int64_t b, int64_t hk, int64_t chunk, int64_t kv_heads) const {
     return base + ((b * kv_heads + hk) * chunks + chunk) * rows * row_stride;
@@ -155,11 +157,11 @@ class Decode final : public Kernel {
 
     // 2. Exact merge of the chunks of every query row, in chunk order.
     attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, p.batch * p.kv_heads, 1),
-                      [&](const tbb::blocked_range<int64_t>& range) {
-                        for (int64_t bh = range.begin(); bh != range.end(); ++bh) {
-                          merge(p, out, plan, map, bh / p.kv_heads, bh % p.kv_heads, partials);
-                        }
-                      });
+                            [&](const tbb::blocked_range<int64_t>& range) {
+                              for (int64_t bh = range.begin(); bh != range.end(); ++bh) {
+                                merge(p, out, plan, map, bh / p.kv_heads, bh % p.kv_heads, partials);
+                              }
+                            });
   }
 
  private:
@@ -186,7 +188,8 @@ class Decode final : public Kernel {
                    const Interval& iv, int64_t chunk) {
     const int64_t lk = p.kv_len_of(b);
     if (!map) return sees_chunk(iv, chunk, plan.chunk_keys, lk);
-    return map->row_sees(map->variant(b, hk), 0, r, chunk * plan.chunk_keys, std::min((chunk + 1) * plan.chunk_keys, lk));
+    return map->row_sees(map->variant(b, hk), 0, r, chunk * plan.chunk_keys,
+                         std::min((chunk + 1) * plan.chunk_keys, lk));
   }
 
   static std::vector<uint8_t>& seen_scratch() {
@@ -194,8 +197,8 @@ class Decode final : public Kernel {
     return v;
   }
 
-  static void merge(const Problem& p, const Outputs& out, const Plan& plan, const BlockMap* map, int64_t b,
-                    int64_t hk, float* partials) {
+  static void merge(const Problem& p, const Outputs& out, const Plan& plan, const BlockMap* map, int64_t b, int64_t hk,
+                    float* partials) {
     using simd::Batch;
     using simd::kLanes;
     const int64_t d = p.dim_v(), group = p.group();
@@ -234,7 +237,8 @@ class Decode final : public Kernel {
         big_l += static_cast<double>(w) * pc[plan.dp + 1];
         const Batch wv(w);
         for (int64_t v = 0; v < nv; ++v) {
-          simd::fma(wv, Batch::load_aligned(pc + v * kLanes), Batch::load_aligned(acc + v * kLanes)).store_aligned(acc + v * kLanes);
+          simd::fma(wv, Batch::load_aligned(pc + v * kLanes), Batch::load_aligned(acc + v * kLanes))
+              .store_aligned(acc + v * kLanes);
         }
       }
       simd::scale_row(acc, static_cast<float>(online_softmax::out_scale(false, big_l)), d, o);

@@ -91,7 +91,8 @@ PhasePlan phase_plan(const Problem& p, const Tiling& t) {
   for (size_t x0 = 0; x0 < plan.phases.size();) {  // the phases of one batch entry: [x0, x1)
     size_t x1 = x0;
     int64_t nq = 0;
-    for (; x1 < plan.phases.size() && plan.phases[x1].b == plan.phases[x0].b; ++x1) nq = std::max(nq, tiles(plan.phases[x1]));
+    for (; x1 < plan.phases.size() && plan.phases[x1].b == plan.phases[x0].b; ++x1)
+      nq = std::max(nq, tiles(plan.phases[x1]));
     for (int64_t hk = 0; hk < p.kv_heads; ++hk)
       for (int64_t qt = nq - 1; qt >= 0; --qt)
         for (size_t x = x0; x < x1; ++x) {
@@ -132,8 +133,8 @@ void run_phases(const Problem& p, const Inputs& in, const Outputs& out, RunConte
           Inputs sin = in;
           sin.q = strided_rows(in.q, ph.b, ph.first_q, D, sub.q_len);
           sin.q16 = strided_rows(in.q16, ph.b, ph.first_q, D, sub.q_len);
-          for (auto [view, view16, src, src16] : {std::tuple{&sin.k, &sin.k16, &in.k, &in.k16},
-                                                  std::tuple{&sin.v, &sin.v16, &in.v, &in.v16}}) {
+          for (auto [view, view16, src, src16] :
+               {std::tuple{&sin.k, &sin.k16, &in.k, &in.k16}, std::tuple{&sin.v, &sin.v16, &in.v, &in.v16}}) {
             *view = strided_rows(*src, ph.b, ph.first_k, D, sub.kv_len);
             *view16 = strided_rows(*src16, ph.b, ph.first_k, D, sub.kv_len);
           }
@@ -166,7 +167,8 @@ void run_prefill(const Problem& p, const Inputs& in, const Outputs& out, RunCont
     const auto* phased = dynamic_cast<const PhasePlan*>(ctx.plan);
     if (phased && phased->br == t.br) return run_phases(p, in, out, ctx, t, *phased, kernel);
     if (!phased) {
-      if (const PhasePlan plan = phase_plan(p, t); !plan.phases.empty()) return run_phases(p, in, out, ctx, t, plan, kernel);
+      if (const PhasePlan plan = phase_plan(p, t); !plan.phases.empty())
+        return run_phases(p, in, out, ctx, t, plan, kernel);
     }
     const auto* plan = dynamic_cast<const BlockPlan*>(ctx.plan);
     map = plan && plan->map.br == t.br ? &plan->map : &own.emplace(build_block_map(p, t.br, true));

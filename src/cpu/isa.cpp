@@ -24,8 +24,8 @@
 #error "ATTN_TARGET_LIST must name the targets (CMakeLists.txt)"
 #endif
 
-#define ATTN_DECLARE_TABLE(ns) \
-  namespace attnlab::ns {      \
+#define ATTN_DECLARE_TABLE(ns)       \
+  namespace attnlab::ns {            \
   const TargetTable& target_table(); \
   }
 #define X ATTN_DECLARE_TABLE
@@ -54,9 +54,9 @@ const std::vector<Built>& built() {
 
 // What the CPU (and the OS, for the AVX register state) supports.
 struct Features {
-  bool sse2 = false, avx = false, fma = false, f16c = false, avx2 = false, bmi1 = false, bmi2 = false,
-       lzcnt = false, movbe = false, avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false,
-       avx512cd = false, avx512_bf16 = false, amx_bf16 = false, neon = false;
+  bool sse2 = false, avx = false, fma = false, f16c = false, avx2 = false, bmi1 = false, bmi2 = false, lzcnt = false,
+       movbe = false, avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false, avx512cd = false,
+       avx512_bf16 = false, amx_bf16 = false, neon = false;
   std::string text() const {
     std::string t;
     auto add = [&](bool on, const char* name) {
@@ -102,8 +102,8 @@ Features detect() {
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     xcr0 = (uint64_t{hi} << 32) | lo;
   }
-  const bool os_ymm = (xcr0 & 0x6) == 0x6;     // SSE and AVX state
-  const bool os_zmm = (xcr0 & 0xe6) == 0xe6;   // plus opmask, ZMM_Hi256, Hi16_ZMM
+  const bool os_ymm = (xcr0 & 0x6) == 0x6;    // SSE and AVX state
+  const bool os_zmm = (xcr0 & 0xe6) == 0xe6;  // plus opmask, ZMM_Hi256, Hi16_ZMM
   f.avx = avx_cpu && os_ymm;
   f.fma = f.fma && f.avx;
   f.f16c = f.f16c && f.avx;
@@ -195,8 +195,8 @@ const std::string& best_isa() {
 void require_isa(std::string_view isa, std::string_view field) {
   const auto& b = built_isas();
   if (std::find(b.begin(), b.end(), isa) == b.end()) {
-    throw InvalidInput(std::string(field) + ": '" + std::string(isa) + "' is not a target of this build; allowed: " +
-                       isa_names(b));
+    throw InvalidInput(std::string(field) + ": '" + std::string(isa) +
+                       "' is not a target of this build; allowed: " + isa_names(b));
   }
   if (!cpu_runs_isa(isa)) {
     throw InvalidInput(std::string(field) + ": " + cannot_run_reason(isa));
@@ -314,7 +314,8 @@ int64_t planning_l2_bytes() {
       char* end = nullptr;
       const long long v = std::strtoll(env, &end, 10);
       if (end && *end == '\0' && v >= (64 << 10) && v <= (int64_t{1} << 32)) return static_cast<int64_t>(v);
-      throw InvalidInput("ATTN_L2_BYTES: '" + std::string(env) + "' is not allowed; allowed: 65536 to 4294967296 (bytes)");
+      throw InvalidInput("ATTN_L2_BYTES: '" + std::string(env) +
+                         "' is not allowed; allowed: 65536 to 4294967296 (bytes)");
     }
     // Clamped: a VM may report an absurd L2 (or a shared one); tiles assume a per-core L2.
     const int64_t l2 = cache().l2 > 0 ? cache().l2 : int64_t{1} << 20;

@@ -2,12 +2,11 @@
 //
 // Idea: for each (batch, head), materialize the whole scaled score matrix S (q_len x
 // kv_len), then for each row take the visible interval (or, for a sparse pattern, the list of
-// visible keys from the element rule), a stable softmax (subtract the max) and multiply by V. Exactly the arithmetic of textbook.hpp, which is also the
-// tolerance baseline.
-// Memory: q_len * kv_len floats of workspace (the O(n^2) the tiled kernels avoid).
-// Cost: 2 * (d + d_v) FLOP per visible pair plus one exp; no reuse of K/V across rows, so at
-// large n it streams K and V from memory once per query row (memory bound, ~1-3% of peak).
-// Precision: f16/bf16 storage is widened exactly to float32 where read; float32 compute.
+// visible keys from the element rule), a stable softmax (subtract the max) and multiply by V. Exactly the arithmetic of
+// textbook.hpp, which is also the tolerance baseline. Memory: q_len * kv_len floats of workspace (the O(n^2) the tiled
+// kernels avoid). Cost: 2 * (d + d_v) FLOP per visible pair plus one exp; no reuse of K/V across rows, so at large n it
+// streams K and V from memory once per query row (memory bound, ~1-3% of peak). Precision: f16/bf16 storage is widened
+// exactly to float32 where read; float32 compute.
 #include <optional>
 #include <vector>
 

@@ -56,8 +56,7 @@ void parallel_tasks(const Range& range, const Body& body, Partitioner&&... parti
 // The calling thread's slice of the run's workspace (bytes_per_thread each, after `offset`
 // bytes shared by all threads): tasks index scratch by their arena slot, so a kernel run
 // outside an arena of ctx.threads threads would share a slice - an error, not a race.
-inline std::byte* thread_scratch(RunContext& ctx, size_t bytes_per_thread, const char* kernel,
-                                 size_t offset = 0) {
+inline std::byte* thread_scratch(RunContext& ctx, size_t bytes_per_thread, const char* kernel, size_t offset = 0) {
   const int slot = tbb::this_task_arena::current_thread_index();
   if (slot < 0 || slot >= ctx.threads) {
     throw std::logic_error(std::string(kernel) + ": run outside an arena of ctx.threads threads");

@@ -34,8 +34,9 @@ class UnbuiltFlashBf16 final : public Kernel {
   }
   Arithmetic arithmetic() const override { return Arithmetic::Bf16Products; }
   Support available() const override {
-    return Support::no("not in this build: the avx512_bf16 object is built only by x86-64 builds with run-time "
-                       "dispatch (not ATTN_NATIVE)");
+    return Support::no(
+        "not in this build: the avx512_bf16 object is built only by x86-64 builds with run-time "
+        "dispatch (not ATTN_NATIVE)");
   }
   void run(const Problem&, const Inputs&, const Outputs&, RunContext&) const override {
     throw std::logic_error(std::string(name_) + ": not built");
@@ -83,8 +84,8 @@ const std::vector<Entry>& entries() {
     std::vector<Entry> list;
     list.push_back({{&cpu::naive()}});
     list.push_back({{&cpu::blocked()}});
-    const Kernel* TargetTable::*const simd_kernels[] = {&TargetTable::simd, &TargetTable::threaded,
-                                                         &TargetTable::flash, &TargetTable::decode};
+    const Kernel* TargetTable::*const simd_kernels[] = {&TargetTable::simd, &TargetTable::threaded, &TargetTable::flash,
+                                                        &TargetTable::decode};
     for (auto member : simd_kernels) {
       Entry entry;
       for (const TargetTable* t : target_tables()) {
@@ -172,8 +173,8 @@ const Kernel& kernel_or_throw(std::string_view name, std::string_view isa) {
   if (find_kernel(name) == nullptr) {
     throw InvalidInput("impl: '" + std::string(name) + "' is not a kernel; allowed: " + kernel_names());
   }
-  throw InvalidInput("isa: " + std::string(name) + " has no '" + std::string(isa) + "' variant; allowed: " +
-                     isa_names(kernel_isas(name)));
+  throw InvalidInput("isa: " + std::string(name) + " has no '" + std::string(isa) +
+                     "' variant; allowed: " + isa_names(kernel_isas(name)));
 }
 
 }  // namespace attnlab

@@ -5,8 +5,9 @@
 //      keeps 16 vector accumulators running down head_dim (each loaded K vector feeds 4
 //      rows, each Q vector 4 keys: 8 loads per 16 FMAs, and 16 independent FMA chains
 //      hide the FMA latency), then one transposed reduction (simd::transpose_sum, about
-//      45 shuffle/add instructions) turns the 16 accumulators into the 16 scores. Q is copied once per block, pre-multiplied by scale * log2(e), so scores
-//      come out in log2 units and the softmax uses exp2 (one multiply per score saved).
+//      45 shuffle/add instructions) turns the 16 accumulators into the 16 scores. Q is copied once per block,
+//      pre-multiplied by scale * log2(e), so scores come out in log2 units and the softmax uses exp2 (one multiply per
+//      score saved).
 //   2. online softmax per row, vectorized: masked-off keys set to -inf (a select, so a
 //      NaN in a key this row must not see cannot leak), vector max, vector exp2
 //      (vec_math.hpp: 1 ulp), vector sum, accumulator rescaled by 2^(m_old - m_new).
@@ -111,8 +112,8 @@ inline void score_tile(const float* const* q, const E* const* k, int64_t d, floa
 // own, GCC 12 keeps a stack copy of the accumulator array and stores all 16 of them every
 // iteration (measured: 1.5x slower kernel).
 template <int NV, class E>
-__attribute__((always_inline)) inline void pv_tile(const float* const* p, float* const* acc, const E* v, int64_t v_stride,
-                    int64_t n, int last_lanes) {
+__attribute__((always_inline)) inline void pv_tile(const float* const* p, float* const* acc, const E* v,
+                                                   int64_t v_stride, int64_t n, int last_lanes) {
   Batch a[kMr * NV];
   for (int r = 0; r < kMr; ++r)
     for (int x = 0; x < NV; ++x) a[r * NV + x] = Batch::load_aligned(acc[r] + x * kLanes);
@@ -133,8 +134,8 @@ __attribute__((always_inline)) inline void pv_tile(const float* const* p, float*
 // P*V for up to kMr rows over keys [ja, jb) of the tile (relative to the tile start),
 // all of head_dim. Missing rows point at a zero P row and a sink accumulator.
 template <class E>
-void pv_dot_rows(const float* const* p, float* const* acc, const E* v_tile, int64_t v_stride,
-             int64_t ja, int64_t jb, int64_t d, int64_t dp) {
+void pv_dot_rows(const float* const* p, float* const* acc, const E* v_tile, int64_t v_stride, int64_t ja, int64_t jb,
+                 int64_t d, int64_t dp) {
   const float* pj[kMr];
   for (int r = 0; r < kMr; ++r) pj[r] = p[r] + ja;
   for (int64_t c0 = 0; c0 < dp; c0 += kPvVecs * kLanes) {
@@ -211,8 +212,7 @@ RowState attend_rows(const Problem& p, int64_t rows, const E* const* q_rows, con
     lo[r] = std::max(visible[r].lo, keys.lo);
     hi[r] = std::min(visible[r].hi, keys.hi);
     if (lo[r] < hi[r]) {
-      span = span.empty() ? Interval{lo[r], hi[r]}
-                          : Interval{std::min(span.lo, lo[r]), std::max(span.hi, hi[r])};
+      span = span.empty() ? Interval{lo[r], hi[r]} : Interval{std::min(span.lo, lo[r]), std::max(span.hi, hi[r])};
     }
     float* qs = q + r * dp;
     for (int64_t c = 0; c < d; ++c) qs[c] = to_float(q_rows[r][c]) * q_scale;
@@ -327,15 +327,15 @@ RowState attend_rows(const Problem& p, int64_t rows, const E* const* q_rows, con
   return RowState{acc, dp, m, l};
 }
 
-template RowState attend_rows(const Problem&, int64_t, const float* const*, const Interval*,
-                              const KvHead<float>&, Interval, std::byte*);
-template RowState attend_rows(const Problem&, int64_t, const bf16* const*, const Interval*,
-                              const KvHead<bf16>&, Interval, std::byte*);
-template RowState attend_rows(const Problem&, int64_t, const f16* const*, const Interval*,
-                              const KvHead<f16>&, Interval, std::byte*);
+template RowState attend_rows(const Problem&, int64_t, const float* const*, const Interval*, const KvHead<float>&,
+                              Interval, std::byte*);
+template RowState attend_rows(const Problem&, int64_t, const bf16* const*, const Interval*, const KvHead<bf16>&,
+                              Interval, std::byte*);
+template RowState attend_rows(const Problem&, int64_t, const f16* const*, const Interval*, const KvHead<f16>&, Interval,
+                              std::byte*);
 
-void attend_row_block(const Problem& p, const Inputs& in, const Outputs& out, int64_t b,
-                      int64_t h, int64_t i0, std::byte* scratch) {
+void attend_row_block(const Problem& p, const Inputs& in, const Outputs& out, int64_t b, int64_t h, int64_t i0,
+                      std::byte* scratch) {
   const int64_t d = p.head_dim;
   const int64_t rows = std::min(kRowBlock, p.q_len - i0);
   const int64_t hk = p.kv_head_of(h);

@@ -75,7 +75,8 @@ template <Batch (*F)(Batch)>
 void map_n(const float* in, float* out, size_t n) {
   size_t i = 0;
   for (; i + kLanes <= n; i += kLanes) F(Batch::load_unaligned(in + i)).store_unaligned(out + i);
-  if (i < n) simd::store_partial(out + i, F(simd::load_partial(in + i, static_cast<int>(n - i))), static_cast<int>(n - i));
+  if (i < n)
+    simd::store_partial(out + i, F(simd::load_partial(in + i, static_cast<int>(n - i))), static_cast<int>(n - i));
 }
 
 }  // namespace
@@ -119,13 +120,11 @@ const TargetTable& target_table() {
             for (int i = 0; i < kLanes; ++i) r[i] = Batch::load_unaligned(rows + i * kLanes);
             simd::transpose_sum(r).store_unaligned(out);
           },
-      .load_partial = [](const float* p, int n, float fill, float* vec) {
-        simd::load_partial(p, n, fill).store_unaligned(vec);
-      },
+      .load_partial = [](const float* p, int n, float fill,
+                         float* vec) { simd::load_partial(p, n, fill).store_unaligned(vec); },
       .store_partial = [](float* p, float value, int n) { simd::store_partial(p, Batch(value), n); },
-      .keep_bits = [](const float* v, uint32_t bits, float fill, float* out) {
-        simd::keep_bits(Batch::load_unaligned(v), bits, fill).store_unaligned(out);
-      },
+      .keep_bits = [](const float* v, uint32_t bits, float fill,
+                      float* out) { simd::keep_bits(Batch::load_unaligned(v), bits, fill).store_unaligned(out); },
       .tile_keys = simd::kTileKeys,
       .block_keys = simd::kBlockKeys,
       .pack_k_transposed = simd::pack_k_transposed,

@@ -18,18 +18,18 @@ namespace attnlab {
 class Kernel;
 
 struct TargetTable {
-  const char* isa;    // "scalar", "avx2", "avx512", "neon" (native builds: what is enabled)
-  int lanes;          // floats per vector
+  const char* isa;  // "scalar", "avx2", "avx512", "neon" (native builds: what is enabled)
+  int lanes;        // floats per vector
   // The SIMD kernels of this target, in ladder order.
   const Kernel* simd;
   const Kernel* threaded;
   const Kernel* flash;
   const Kernel* decode;
   // Measurement loops for `attnlab peak` (src/bench/peak.cpp), at this target's width.
-  int fma_chain_count;                                  // independent FMA chains
-  float (*fma_chains)(int64_t iters);                   // fma_chain_count chains x iters FMAs
-  float (*stream_sum)(const float* data, size_t count); // count: multiple of 4 * lanes, 64-byte aligned
-  size_t exp_elems;                                     // elements per exp round (L1-resident)
+  int fma_chain_count;                                   // independent FMA chains
+  float (*fma_chains)(int64_t iters);                    // fma_chain_count chains x iters FMAs
+  float (*stream_sum)(const float* data, size_t count);  // count: multiple of 4 * lanes, 64-byte aligned
+  size_t exp_elems;                                      // elements per exp round (L1-resident)
   float (*exp_rounds)(const float* in, float* out, int64_t rounds);
   // Test probes (tests/test_simd_math.cpp, tests/test_flash.cpp): the building blocks of
   // src/cpu/simd/ on plain arrays; a "vector" is `lanes` floats.
@@ -56,8 +56,8 @@ inline constexpr const char* kAmxIsa = "amx_bf16";
 struct Bf16Table {
   const Kernel* flash_bf16;
   const Kernel* flash_amx;
-  int dot_chain_count;                  // independent vdpbf16ps chains
-  float (*dot_chains)(int64_t iters);   // dot_chain_count chains x iters vdpbf16ps (64 FLOP each)
+  int dot_chain_count;                 // independent vdpbf16ps chains
+  float (*dot_chains)(int64_t iters);  // dot_chain_count chains x iters vdpbf16ps (64 FLOP each)
   // iters rounds of kAmxTiles independent TDPBF16PS (16 x 16 x 32 products, 16384 FLOP each);
   // the caller has the AMX permission (flash_amx's available()).
   int amx_tiles;

@@ -28,9 +28,7 @@
 namespace attnlab::ATTN_TARGET_NS::cpu {
 namespace {
 
-size_t per_thread_bytes(const Problem& p) {
-  return (simd::row_block_scratch_bytes(p) + 63) / 64 * 64;
-}
+size_t per_thread_bytes(const Problem& p) { return (simd::row_block_scratch_bytes(p) + 63) / 64 * 64; }
 
 class Threaded final : public Kernel {
  public:
@@ -50,8 +48,7 @@ class Threaded final : public Kernel {
       std::byte* scratch = thread_scratch(ctx, stride, "threaded");
       for (int64_t t = range.begin(); t != range.end(); ++t) {
         const int64_t bh = t / blocks;
-        simd::attend_row_block(p, in, out, bh / p.q_heads, bh % p.q_heads,
-                               (t % blocks) * simd::kRowBlock, scratch);
+        simd::attend_row_block(p, in, out, bh / p.q_heads, bh % p.q_heads, (t % blocks) * simd::kRowBlock, scratch);
       }
     });
   }

@@ -21,8 +21,8 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr auto kLog2 = online_softmax::Units::Log2;
-constexpr int64_t kRowStep = 24;   // Br granularity: R = G * Br is a multiple of 6 rows
-constexpr int64_t kMaxRows = 120;  // Br cap: causal waste ~ Br/2 keys per row, task count
+constexpr int64_t kRowStep = 24;     // Br granularity: R = G * Br is a multiple of 6 rows
+constexpr int64_t kMaxRows = 120;    // Br cap: causal waste ~ Br/2 keys per row, task count
 constexpr int64_t kStreamRows = 16;  // up to this many rows a task streams its K/V tiles
 #if defined(__AVX512BF16__)
 constexpr bool kPairsBuilt = true;  // this target has the bf16 dot-product engine (flash_bf16)
@@ -42,12 +42,12 @@ inline size_t align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 // One key tile as a task sees it; E is the storage type of V (float, bf16, f16).
 template <class E>
 struct KeyTile {
-  int64_t j0;       // first key
-  int nk;           // keys in the tile (<= kTileKeys)
-  const E* k;       // K row j0 (read by the unpacked scores of a direct task)
-  int64_t ldk;      // K row stride
-  const E* v;       // V row j0
-  int64_t ldv;      // V row stride
+  int64_t j0;   // first key
+  int nk;       // keys in the tile (<= kTileKeys)
+  const E* k;   // K row j0 (read by the unpacked scores of a direct task)
+  int64_t ldk;  // K row stride
+  const E* v;   // V row j0
+  int64_t ldv;  // V row stride
 };
 
 // Lane index of each score in vector v of a tile row, as floats (exact: < 64).
@@ -87,7 +87,9 @@ void pv_keys(const Tiling& t, const Scratch& s, int64_t rr0, int m0, const KeyTi
       pv_rows<N>(p, kTileKeys, kt.v, kt.ldv, o, t.dim_v_pad, alpha, y - 1, y, t.dim_v);
       alpha = nullptr, --y;
     }
-    if (x < y || alpha) pv_pairs<N>(s.pw + m0 * (kTileKeys / 2), kTileKeys / 2, s.vp, t.dim_v_pad, o, t.dim_v_pad, alpha, x / 2, y / 2, t.dim_v, step);
+    if (x < y || alpha)
+      pv_pairs<N>(s.pw + m0 * (kTileKeys / 2), kTileKeys / 2, s.vp, t.dim_v_pad, o, t.dim_v_pad, alpha, x / 2, y / 2,
+                  t.dim_v, step);
     return;
   }
 #endif
@@ -121,7 +123,8 @@ bool softmax_rows(const Scratch& s, float* p, int64_t rr0, bool full, const int*
       const Batch lo_b(static_cast<float>(lo[m])), hi_b(static_cast<float>(hi[m]));
       for (int v = va; v < vb; ++v) {
         const Batch idx = lane_index(v);
-        const Batch x = select(mask_and(idx >= lo_b, idx < hi_b), Batch::load_aligned(prow + v * kLanes), Batch(kNegInf));
+        const Batch x =
+            select(mask_and(idx >= lo_b, idx < hi_b), Batch::load_aligned(prow + v * kLanes), Batch(kNegInf));
         x.store_aligned(prow + v * kLanes);
         vmax = max(vmax, x);
       }
@@ -190,7 +193,8 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
   // S through L1; masked keys become -inf by a select (never arithmetic, so NaN/Inf in a
   // masked K row never leaks), the blocks outside [ja, jb) are never read unmasked.
   if constexpr (Direct) {
-    score_rows<MR>(s.qr + rr0 * t.dim_pad, t.dim_pad, s.qr + t.rows * t.dim_pad, kt.k, kt.ldk, t.dim, ja, jb, s.p, step);
+    score_rows<MR>(s.qr + rr0 * t.dim_pad, t.dim_pad, s.qr + t.rows * t.dim_pad, kt.k, kt.ldk, t.dim, ja, jb, s.p,
+                   step);
 #if defined(__AVX512BF16__)
   } else if constexpr (Pairs) {
     const auto* qw = reinterpret_cast<const uint32_t*>(s.q) + rr0 * pair_words(t.dim);
@@ -200,7 +204,8 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
     score_panel<MR>(s.q + rr0 * t.dim, s.kt, t.dim, ja, jb, s.p, step);
   }
   float alpha[MR];
-  const bool rescale = softmax_rows<MR, Words>(s, s.p, rr0, full, lo, hi, w, alpha, ja / kLanes, (jb + kLanes - 1) / kLanes);
+  const bool rescale =
+      softmax_rows<MR, Words>(s, s.p, rr0, full, lo, hi, w, alpha, ja / kLanes, (jb + kLanes - 1) / kLanes);
 #if defined(__AVX512BF16__)
   if constexpr (Pairs) round_p_rows<MR>(s.p, s.pw);  // l keeps the unrounded sum
 #endif
@@ -258,8 +263,8 @@ void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, c
 }
 
 template <class E>
-void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, const Scratch& s, int64_t b,
-               int64_t hk, RowPositions at, int64_t R) {
+void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
+               RowPositions at, int64_t R) {
   // Q scaled so that scores come out in log2 units: row-major, zero padded, then a zero row
   // for a direct task (score_rows); else panels of kPanelRows rows, k-major (score_panel).
   const int64_t G = t.group, d = t.dim;
@@ -325,7 +330,8 @@ inline void amx_tile(const Tiling& t, const Scratch& s, int64_t rows) {
   for (int64_t rb = 0; rb < rows; rb += kAmxRows) {
     amx_scores(s.qa + rb * dw, dw, reinterpret_cast<const uint32_t*>(s.kt), dw, s.p);
     const Batch scale(t.score_scale);
-    for (int64_t v = 0; v < kAmxRows * kTileKeys; v += kLanes) (Batch::load_aligned(s.p + v) * scale).store_aligned(s.p + v);
+    for (int64_t v = 0; v < kAmxRows * kTileKeys; v += kLanes)
+      (Batch::load_aligned(s.p + v) * scale).store_aligned(s.p + v);
     float alpha[kAmxRows];
     const bool rescale = softmax_rows<kAmxRows, false>(s, s.p, rb, true, nullptr, nullptr, nullptr, alpha);
     round_p_rows<kAmxRows>(s.p, s.pw);
@@ -343,8 +349,8 @@ inline void amx_tile(const Tiling& t, const Scratch& s, int64_t rows) {
 
 // Tiles at(0) .. at(n - 1) of a task, in that order.
 template <bool Words, bool Pairs, class E, class At>
-void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
-                  int64_t rows, int64_t n, const At& at) {
+void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk, int64_t rows,
+                  int64_t n, const At& at) {
   const int64_t d = t.dim, dv = t.dim_v;
   const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
   // Next-tile prefetching. Many rows (prefill): the next tile's K and V rows a slice per
@@ -357,7 +363,8 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
   // (score_rows: no K^T packing); a flash task's short last query tile streams but packs.
   const bool stream = rows <= kStreamRows;
   const auto tile_of = [&](const TileRef& r) {
-    if (r.k) return KeyTile<E>{r.j0, r.nk, static_cast<const E*>(r.k), t.dim_pad, static_cast<const E*>(r.v), t.dim_v_pad};
+    if (r.k)
+      return KeyTile<E>{r.j0, r.nk, static_cast<const E*>(r.k), t.dim_pad, static_cast<const E*>(r.v), t.dim_v_pad};
     return KeyTile<E>{r.j0, r.nk, in.k.row(b, hk, r.j0), in.k.stride_s, in.v.row(b, hk, r.j0), in.v.stride_s};
   };
   for (int64_t x = 0; x < n; ++x) {
@@ -373,7 +380,8 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
       pack_v_pairs(kt.v, kt.ldv, kt.nk, dv, s.vp, t.dim_v_pad);
     } else
 #endif
-    if (!s.qr) pack_k_transposed(kt.k, kt.ldk, kt.nk, d, s.kt);
+        if (!s.qr)
+      pack_k_transposed(kt.k, kt.ldk, kt.nk, d, s.kt);
     const TileRef next = x + 1 < n ? at(x + 1) : TileRef{};
     const int64_t nn = next.nk;
     const KeyTile<E> kn = nn > 0 ? tile_of(next) : KeyTile<E>{0, 0, nullptr, 0, nullptr, 0};
@@ -409,8 +417,8 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
         prefetch_rows(kn.v, kn.ldv, r0, r1, dv);
       }
       const int64_t rr0 = pi * kPanelRows;
-      process_panel_any<false, Words, Pairs>(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, s, rr0,
-                                             kt, tile.words, none);
+      process_panel_any<false, Words, Pairs>(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, s, rr0, kt,
+                                             tile.words, none);
     }
   }
 }
@@ -418,8 +426,8 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
 // attend_tiles with the tiling's arithmetic: bf16 pairs (flash_bf16: bf16 inputs only, and only
 // in a target with AVX512_BF16) or float32.
 template <bool Words, class E, class At>
-void attend_tiles_as(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
-                     int64_t rows, int64_t n, const At& at) {
+void attend_tiles_as(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk, int64_t rows,
+                     int64_t n, const At& at) {
   if constexpr (kPairsBuilt && std::is_same_v<E, bf16>) {
     if (t.bf16_dot) return attend_tiles<Words, true>(in, t, s, b, hk, rows, n, at);
   }
@@ -432,7 +440,8 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx) {
   if (bf16_dot && (!kPairsBuilt || p.dtype != DType::BF16)) {
     throw std::logic_error("make_tiling: bf16 dot products need bf16 inputs and a target with AVX512_BF16");
   }
-  if (amx && (!bf16_dot || !kAmxBuilt)) throw std::logic_error("make_tiling: AMX needs bf16_dot and a target with AMX-BF16");
+  if (amx && (!bf16_dot || !kAmxBuilt))
+    throw std::logic_error("make_tiling: AMX needs bf16_dot and a target with AMX-BF16");
   Tiling t;
   t.group = p.group();
   t.dim = p.head_dim;
@@ -510,8 +519,8 @@ AmxScope::~AmxScope() {
 #endif
 }
 
-int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
-                   int64_t hk, RowPositions at, int64_t nr) {
+int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
+                   RowPositions at, int64_t nr) {
   const int64_t G = t.group, dp = t.dim_v_pad;
   const int64_t R = nr * G;
   const MaskSpec mask = p.mask_for_batch(b);
@@ -525,8 +534,8 @@ int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Sc
   return R;
 }
 
-void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
-                 int64_t hk, int64_t rows, Interval keys) {
+void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
+                 int64_t rows, Interval keys) {
   // Key tiles inside keys and the union of the rows' visible intervals.
   Interval span{keys.hi, keys.lo};
   for (int64_t rr = 0; rr < rows; rr += t.group) {
@@ -551,13 +560,10 @@ void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Sc
   const bool tile = qt < map.query_tiles;
   for (int64_t rr = 0; rr < rows; ++rr) {
     const int64_t i = pos[rr / G];
-    s.iv[rr] = tile && map.skip(i)     ? kNotThisTask
-               : empty[i * G + rr % G] ? Interval{0, 0}
-                                       : Interval{0, lk};
+    s.iv[rr] = tile && map.skip(i) ? kNotThisTask : empty[i * G + rr % G] ? Interval{0, 0} : Interval{0, lk};
   }
   // Not a structured binding: clang 14 cannot capture one in the lambda below.
-  const std::pair<const BlockMap::Entry*, const BlockMap::Entry*> range =
-      map.entries_in(v, qt, keys.lo, keys.hi);
+  const std::pair<const BlockMap::Entry*, const BlockMap::Entry*> range = map.entries_in(v, qt, keys.lo, keys.hi);
   const BlockMap::Entry* e = range.first;
   const int64_t n = range.second - e;
   // Then the gathered tile (BlockMap::gathered), when some row of this tile sees one of its keys.
@@ -597,8 +603,8 @@ void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Sc
 
 float row_sum(const Scratch& s, int64_t rr) { return reduce_sum(Batch::load_aligned(s.l + rr * kLanes)); }
 
-void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Scratch& s, int64_t b,
-                 int64_t hk, RowPositions at, int64_t rows, const LseRows* lse_rows) {
+void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
+                 RowPositions at, int64_t rows, const LseRows* lse_rows) {
   // A row whose interval is empty gets O = 0, LSE = -inf; the others acc / l and m + log l
   // (NaN when l is 0 or NaN, as in the reference).
   for (int64_t rr = 0; rr < rows; ++rr) {
@@ -608,7 +614,8 @@ void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Sc
     const bool empty = s.iv[rr].empty();
     scale_row(s.o + rr * t.dim_v_pad, online_softmax::out_scale(empty, l), t.dim_v, out.o.row(b, h, i));
     float* lse = lse_rows ? (lse_rows->base ? lse_rows->base + h * lse_rows->head_stride + i * lse_rows->step : nullptr)
-                 : out.lse ? out.lse + (b * p.q_heads + h) * p.q_len + i : nullptr;
+                 : out.lse ? out.lse + (b * p.q_heads + h) * p.q_len + i
+                           : nullptr;
     if (lse) *lse = online_softmax::out_lse<kLog2>(empty, s.m[rr], l);
   }
 }

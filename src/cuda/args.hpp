@@ -28,9 +28,7 @@ struct BlockMapView {
   int64_t query_tiles = 0, variants_b = 1, variants_h = 1;
   int64_t n_start = 0, n_entries = 0, n_bits = 0, n_empty = 0;  // element counts, for the copies
 
-  ATTN_HD int64_t variant(int64_t b, int64_t hk) const {
-    return block_variant(variants_b, variants_h, b, hk);
-  }
+  ATTN_HD int64_t variant(int64_t b, int64_t hk) const { return block_variant(variants_b, variants_h, b, hk); }
 };
 
 struct DeviceArgs {
@@ -48,7 +46,7 @@ struct DeviceArgs {
   int64_t head_dim_v = 0;  // of V and O (Problem::dim_v())
   CausalAlign causal = CausalAlign::None;
   int64_t window_left = -1, window_right = -1;
-  float scale = 1.f;  // the effective softmax scale (1/sqrt(head_dim) unless given)
+  float scale = 1.f;    // the effective softmax scale (1/sqrt(head_dim) unless given)
   bool sparse = false;  // a sparse pattern (Problem::sparse()): the kernel follows `map`
   BlockMapView map;     // set by device_args() from the plan when sparse
 
@@ -58,9 +56,7 @@ struct DeviceArgs {
   ATTN_HD MaskSpec mask(int64_t b) const {
     return MaskSpec{q_len, kv_lens ? kv_lens[b] : kv_len, causal, window_left, window_right};
   }
-  ATTN_HD int64_t lse_index(int64_t b, int64_t h, int64_t i) const {
-    return (b * q_heads + h) * q_len + i;
-  }
+  ATTN_HD int64_t lse_index(int64_t b, int64_t h, int64_t i) const { return (b * q_heads + h) * q_len + i; }
 };
 
 // How a launch is placed: the stream (a cudaStream_t, opaque here), the SM count that sizes

@@ -198,8 +198,10 @@ class BlockScheduler {
     for (unsigned t = 0; t < n; ++t) {
       const State s = fibers_[t].state;
       if (s == State::Done) continue;
-      if (s == State::AtBlockBarrier) any_block = true;
-      else block_ready = false;
+      if (s == State::AtBlockBarrier)
+        any_block = true;
+      else
+        block_ready = false;
     }
     if (any_block && block_ready) {
       for (auto& f : fibers_) {
@@ -213,8 +215,10 @@ class BlockScheduler {
       for (unsigned t = w0; t < w1; ++t) {
         const State s = fibers_[t].state;
         if (s == State::Done) continue;
-        if (s == State::AtWarpBarrier) any = true;
-        else ready = false;
+        if (s == State::AtWarpBarrier)
+          any = true;
+        else
+          ready = false;
       }
       if (any && ready) {
         for (unsigned t = w0; t < w1; ++t) {

@@ -68,8 +68,7 @@ struct Config {
   static constexpr int kCols = D / kTX;
   static constexpr int kQK = D + 4;  // Q, K row stride: float4 aligned, conflict-free float4 reads
   static constexpr int kPN = p_row_floats(kRM, N);
-  static constexpr int64_t kSmemFloats = int64_t{M} * kQK + int64_t{N} * kQK + int64_t{N} * D +
-                                         int64_t{M} * kPN;
+  static constexpr int64_t kSmemFloats = int64_t{M} * kQK + int64_t{N} * kQK + int64_t{N} * D + int64_t{M} * kPN;
   static_assert(M % kTY == 0 && N % kTX == 0 && D % kTX == 0, "tile shape");
 };
 
@@ -87,9 +86,8 @@ __device__ __forceinline__ uint64_t key_bits(int64_t lo, int64_t hi) {
 // the tile; row_bits(row of the block) gives the keys it sees (bit n: key j0 + n), so each
 // score is checked against them and P * V skips the others.
 template <class C, bool kMasked, class RowBits>
-__device__ __forceinline__ void tile_step(const float* qs, const float* ks, const float* vs,
-                                          float* ps, int tx, int ty, int dim4, int n_keys,
-                                          const RowBits& row_bits, float (&m)[C::kRM],
+__device__ __forceinline__ void tile_step(const float* qs, const float* ks, const float* vs, float* ps, int tx, int ty,
+                                          int dim4, int n_keys, const RowBits& row_bits, float (&m)[C::kRM],
                                           float (&l)[C::kRM], float (&acc)[C::kRM][C::kCols]) {
   // S = Q K^T for this thread's kRM x kRN scores (log2 domain: Q carries scale * log2 e).
   float s[C::kRM][C::kRN];
@@ -101,11 +99,9 @@ __device__ __forceinline__ void tile_step(const float* qs, const float* ks, cons
   for (int d = 0; d < dim4; d += 4) {
     float4 qv[C::kRM], kv[C::kRN];
     ATTN_UNROLL
-    for (int r = 0; r < C::kRM; ++r)
-      qv[r] = *reinterpret_cast<const float4*>(qs + (ty * C::kRM + r) * C::kQK + d);
+    for (int r = 0; r < C::kRM; ++r) qv[r] = *reinterpret_cast<const float4*>(qs + (ty * C::kRM + r) * C::kQK + d);
     ATTN_UNROLL
-    for (int c = 0; c < C::kRN; ++c)
-      kv[c] = *reinterpret_cast<const float4*>(ks + (tx + kTX * c) * C::kQK + d);
+    for (int c = 0; c < C::kRN; ++c) kv[c] = *reinterpret_cast<const float4*>(ks + (tx + kTX * c) * C::kQK + d);
     ATTN_UNROLL
     for (int r = 0; r < C::kRM; ++r) {
       ATTN_UNROLL
@@ -183,8 +179,7 @@ __device__ __forceinline__ void tile_step(const float* qs, const float* ks, cons
 // aligned, head_dim % 4 == 0) consecutive threads load consecutive float4s: 16-byte
 // coalesced loads and a quarter of the index arithmetic.
 template <int kRows, int kD, class E, class RowFn>
-__device__ __forceinline__ void load_tile(float* dst, int stride, int dim, bool vec4, float scale,
-                                          RowFn row) {
+__device__ __forceinline__ void load_tile(float* dst, int stride, int dim, bool vec4, float scale, RowFn row) {
   if constexpr (std::is_same_v<E, float>) {
     if (vec4) {
       constexpr int kD4 = kD / 4;
@@ -209,10 +204,8 @@ __device__ __forceinline__ void load_tile(float* dst, int stride, int dim, bool 
 }
 
 // Whether every row of a float view starts 16-byte aligned and holds whole float4s.
-__device__ __forceinline__ bool rows_are_float4(const void* base, const cuda_impl::Strides& s,
-                                                int dim) {
-  return dim % 4 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0 && s.b % 4 == 0 &&
-         s.h % 4 == 0 && s.s % 4 == 0;
+__device__ __forceinline__ bool rows_are_float4(const void* base, const cuda_impl::Strides& s, int dim) {
+  return dim % 4 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0 && s.b % 4 == 0 && s.h % 4 == 0 && s.s % 4 == 0;
 }
 
 // E: the storage type of Q, K, V (float, bf16, f16), widened exactly into the shared tiles.
@@ -257,12 +250,10 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
   // NaN either), then the step, masked by row_bits when `masked`.
   const auto visit = [&](int64_t j0, int64_t end, bool masked, const auto& row_bits) {
     __syncthreads();  // the previous tile's P V is done with ks, vs, ps (and Q is stored)
-    load_tile<C::kN, C::kD, E>(ks, C::kQK, dim, k_vec4, 1.f, [&](int n) -> const E* {
-      return j0 + n < end ? ka + a.ks.at(b, hk, j0 + n) : nullptr;
-    });
-    load_tile<C::kN, C::kD, E>(vs, C::kD, dim_v, v_vec4, 1.f, [&](int n) -> const E* {
-      return j0 + n < end ? va + a.vs.at(b, hk, j0 + n) : nullptr;
-    });
+    load_tile<C::kN, C::kD, E>(ks, C::kQK, dim, k_vec4, 1.f,
+                               [&](int n) -> const E* { return j0 + n < end ? ka + a.ks.at(b, hk, j0 + n) : nullptr; });
+    load_tile<C::kN, C::kD, E>(vs, C::kD, dim_v, v_vec4, 1.f,
+                               [&](int n) -> const E* { return j0 + n < end ? va + a.vs.at(b, hk, j0 + n) : nullptr; });
     __syncthreads();
     const int n_keys = end - j0 < C::kN ? static_cast<int>(end - j0) : C::kN;
     if (!masked) {
@@ -307,8 +298,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
     if (t >= rows_total) continue;
     const int64_t i = t / group, h = hk * group + t % group;
     // A fully masked row (by the interval, or the map for a pattern): O = 0, LSE = -inf.
-    const bool empty = a.sparse ? a.map.row_empty[(v * a.q_len + i) * group + t % group] != 0
-                                : mask.row(i).empty();
+    const bool empty = a.sparse ? a.map.row_empty[(v * a.q_len + i) * group + t % group] != 0 : mask.row(i).empty();
     const float inv = online_softmax::out_scale(empty, l_row);
     float* o = a.o + a.os.at(b, h, i);
     ATTN_UNROLL
@@ -346,9 +336,8 @@ constexpr int64_t kMaxGridY = 65535, kMaxGridZ = 65535, kMaxGridX = 2147483647;
 int64_t scratch_floats(const DeviceArgs&, int) { return 0; }
 
 int64_t smem_bytes(const DeviceArgs& a) {
-  return with_config(a.max_dim(), [](auto c) {
-    return decltype(c)::kSmemFloats * static_cast<int64_t>(sizeof(float));
-  });
+  return with_config(a.max_dim(),
+                     [](auto c) { return decltype(c)::kSmemFloats * static_cast<int64_t>(sizeof(float)); });
 }
 
 int64_t block_rows(const DeviceArgs& a) {
@@ -363,9 +352,8 @@ const char* unsupported(const DeviceArgs& a) {
   }
   if (a.kv_heads > kMaxGridY) return "kv_heads above 65535 (grid y)";
   if (a.batch > kMaxGridZ) return "batch above 65535 (grid z)";
-  const int64_t tiles = with_config(a.max_dim(), [&](auto c) {
-    return ceil_div(a.group() * a.q_len, decltype(c)::kM);
-  });
+  const int64_t tiles =
+      with_config(a.max_dim(), [&](auto c) { return ceil_div(a.group() * a.q_len, decltype(c)::kM); });
   if (tiles > kMaxGridX) return "q_heads / kv_heads * q_len too large (grid x)";
   return "";
 }
@@ -373,8 +361,8 @@ const char* unsupported(const DeviceArgs& a) {
 void launch(const DeviceArgs& a, const LaunchEnv& env) {
   with_config(a.max_dim(), [&](auto c) {
     using C = decltype(c);
-    const dim3 grid(static_cast<unsigned>(ceil_div(a.group() * a.q_len, C::kM)),
-                    static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(a.batch));
+    const dim3 grid(static_cast<unsigned>(ceil_div(a.group() * a.q_len, C::kM)), static_cast<unsigned>(a.kv_heads),
+                    static_cast<unsigned>(a.batch));
     const size_t smem = static_cast<size_t>(C::kSmemFloats * sizeof(float));
     switch (a.dtype) {
       case DType::BF16: launch_kernel(flash_kernel<C, bf16>, grid, dim3(kThreads), smem, env.stream, a); break;
@@ -386,8 +374,7 @@ void launch(const DeviceArgs& a, const LaunchEnv& env) {
 
 }  // namespace flash_impl
 
-const cuda_impl::KernelOps flash_ops = {flash_impl::scratch_floats, flash_impl::smem_bytes,
-                                        flash_impl::unsupported, flash_impl::block_rows,
-                                        flash_impl::launch};
+const cuda_impl::KernelOps flash_ops = {flash_impl::scratch_floats, flash_impl::smem_bytes, flash_impl::unsupported,
+                                        flash_impl::block_rows, flash_impl::launch};
 
 }  // namespace attnlab::ATTN_CUDA_NS

@@ -10,7 +10,8 @@ namespace attnlab::cuda_impl {
 
 // The problem's shape, mask and scale; no pointers, no strides.
 DeviceArgs problem_args(const Problem& p);
-// Also the host pointers and strides. Throws InvalidInput for views the CUDA path cannot copy (negative strides, overlapping rows).
+// Also the host pointers and strides. Throws InvalidInput for views the CUDA path cannot copy (negative strides,
+// overlapping rows).
 DeviceArgs device_args(const Problem& p, const Inputs& in, const Outputs& out);
 
 // For a sparse problem, the kernel's block map (one query tile per thread block: br =

@@ -18,17 +18,19 @@ namespace {
 template <class T>
 void check_view(const char* name, const View4<T>& v) {
   if (v.stride_b < 0 || v.stride_h < 0 || v.stride_s < 0) {
-    throw InvalidInput(std::string(name) + ": negative strides are not supported by the CUDA "
+    throw InvalidInput(std::string(name) +
+                       ": negative strides are not supported by the CUDA "
                        "kernels; allowed: strides >= 0 (bhsd, bshd or sub-views of them)");
   }
   if (v.seq > 1 && v.stride_s < v.dim) {
     throw InvalidInput(std::string(name) + ": seq stride " + std::to_string(v.stride_s) +
-                       " overlaps rows of head_dim " + std::to_string(v.dim) +
-                       "; allowed: seq stride >= head_dim");
+                       " overlaps rows of head_dim " + std::to_string(v.dim) + "; allowed: seq stride >= head_dim");
   }
 }
 template <class T>
-Strides strides_of(const View4<T>& v) { return {v.stride_b, v.stride_h, v.stride_s}; }
+Strides strides_of(const View4<T>& v) {
+  return {v.stride_b, v.stride_h, v.stride_s};
+}
 }  // namespace
 
 DeviceArgs problem_args(const Problem& p) {
@@ -62,8 +64,8 @@ void attach_plan(DeviceArgs& a, const Problem& p, const KernelOps& ops, const Pl
   // A plan for this kernel's block shape only (one query tile per thread block; no solo rows or
   // gathered columns, which the CUDA kernel does not run).
   const auto* made = dynamic_cast<const BlockPlan*>(plan);
-  if (made && (made->map.br * p.group() != ops.block_rows(a) || !made->map.solo.empty() ||
-               !made->map.gathered.empty())) {
+  if (made &&
+      (made->map.br * p.group() != ops.block_rows(a) || !made->map.solo.empty() || !made->map.gathered.empty())) {
     made = nullptr;
   }
   if (!made) {
@@ -131,8 +133,7 @@ constexpr const char* kBuiltWithout =
 
 class CudaKernel final : public Kernel {
  public:
-  CudaKernel(std::string_view name, std::string_view description, const cuda_impl::KernelOps* ops,
-             bool patterns)
+  CudaKernel(std::string_view name, std::string_view description, const cuda_impl::KernelOps* ops, bool patterns)
       : name_(name), description_(description), ops_(ops), patterns_(patterns) {}
   bool runs_patterns() const override { return patterns_; }
   bool runs_head_dim_v() const override { return true; }
@@ -151,8 +152,10 @@ class CudaKernel final : public Kernel {
     if (auto d = device_info()) {
       const int64_t smem = ops_->smem_bytes(a);
       if (smem > d->smem_per_block_optin) {
-        return Support::no("needs " + std::to_string(smem) + " B of shared memory per block at "
-                           "head_dim " + std::to_string(std::max(p.head_dim, p.dim_v())) + "; the device allows " +
+        return Support::no("needs " + std::to_string(smem) +
+                           " B of shared memory per block at "
+                           "head_dim " +
+                           std::to_string(std::max(p.head_dim, p.dim_v())) + "; the device allows " +
                            std::to_string(d->smem_per_block_optin));
       }
     }
@@ -199,9 +202,8 @@ constexpr const cuda_impl::KernelOps* kFlashOps = nullptr;
 }  // namespace
 
 const Kernel& naive() {
-  static const CudaKernel k("cuda_naive",
-                            "CUDA textbook: one warp per query row, scores in global memory",
-                            kNaiveOps, false);
+  static const CudaKernel k("cuda_naive", "CUDA textbook: one warp per query row, scores in global memory", kNaiveOps,
+                            false);
   return k;
 }
 
@@ -236,9 +238,9 @@ std::optional<DeviceInfo> device_info() {
 std::string DeviceInfo::describe() const {
   std::ostringstream s;
   s.precision(3);
-  s << name << " (sm_" << cc_major << cc_minor << ", " << sm_count << " SMs, " << clock_ghz
-    << " GHz, FP32 peak " << fp32_peak_tflops << " TFLOP/s, " << mem_bandwidth_gbs
-    << " GB/s nominal, " << global_mem_bytes / (1024 * 1024 * 1024) << " GiB)";
+  s << name << " (sm_" << cc_major << cc_minor << ", " << sm_count << " SMs, " << clock_ghz << " GHz, FP32 peak "
+    << fp32_peak_tflops << " TFLOP/s, " << mem_bandwidth_gbs << " GB/s nominal, "
+    << global_mem_bytes / (1024 * 1024 * 1024) << " GiB)";
   return s.str();
 }
 

@@ -24,8 +24,7 @@ constexpr int kResidentWarpsPerSm = 64;  // 2048 threads per SM on sm_80 / sm_90
 
 // E: the storage type of Q, K, V (float, bf16, f16), widened exactly where read.
 template <class E>
-__global__ void __launch_bounds__(kThreads) naive_kernel(DeviceArgs a, float* scratch,
-                                                         int64_t warps) {
+__global__ void __launch_bounds__(kThreads) naive_kernel(DeviceArgs a, float* scratch, int64_t warps) {
   const E* qa = static_cast<const E*>(a.q);
   const E* ka = static_cast<const E*>(a.k);
   const E* va = static_cast<const E*>(a.v);
@@ -58,7 +57,7 @@ __global__ void __launch_bounds__(kThreads) naive_kernel(DeviceArgs a, float* sc
       l += p;
     }
     l = group_sum<32>(l);
-    __syncwarp();  // every lane's p_j visible to every lane
+    __syncwarp();                                                // every lane's p_j visible to every lane
     const float inv = online_softmax::out_scale(iv.empty(), l);  // fully masked row -> O = 0
     float* o = a.o + a.os.at(b, h, i);
     for (int64_t d = lane; d < a.head_dim_v; d += 32) {
@@ -91,16 +90,21 @@ void launch(const DeviceArgs& a, const LaunchEnv& env) {
   const int64_t warps = grid_warps(a, env.sm_count);
   const dim3 grid(static_cast<unsigned>(warps / kWarpsPerBlock));
   switch (a.dtype) {
-    case DType::BF16: launch_kernel(naive_kernel<bf16>, grid, dim3(kThreads), 0, env.stream, a, env.scratch, warps); break;
-    case DType::F16: launch_kernel(naive_kernel<f16>, grid, dim3(kThreads), 0, env.stream, a, env.scratch, warps); break;
-    case DType::F32: launch_kernel(naive_kernel<float>, grid, dim3(kThreads), 0, env.stream, a, env.scratch, warps); break;
+    case DType::BF16:
+      launch_kernel(naive_kernel<bf16>, grid, dim3(kThreads), 0, env.stream, a, env.scratch, warps);
+      break;
+    case DType::F16:
+      launch_kernel(naive_kernel<f16>, grid, dim3(kThreads), 0, env.stream, a, env.scratch, warps);
+      break;
+    case DType::F32:
+      launch_kernel(naive_kernel<float>, grid, dim3(kThreads), 0, env.stream, a, env.scratch, warps);
+      break;
   }
 }
 
 }  // namespace naive_impl
 
-const cuda_impl::KernelOps naive_ops = {naive_impl::scratch_floats, naive_impl::smem_bytes,
-                                       naive_impl::unsupported, naive_impl::block_rows,
-                                       naive_impl::launch};
+const cuda_impl::KernelOps naive_ops = {naive_impl::scratch_floats, naive_impl::smem_bytes, naive_impl::unsupported,
+                                        naive_impl::block_rows, naive_impl::launch};
 
 }  // namespace attnlab::ATTN_CUDA_NS

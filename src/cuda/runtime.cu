@@ -23,9 +23,7 @@
 namespace attnlab::cuda_dev {
 namespace {
 
-std::string error_text(cudaError_t e) {
-  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
-}
+std::string error_text(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
@@ -91,9 +89,8 @@ Probe probe_device() {
   d.smem_per_block_optin = attr(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   if (d.cc_major < 8) {
     // The binary holds sm_80 and sm_90 code (+ sm_90 PTX); older GPUs cannot run it.
-    p.reason = "no supported CUDA device (" + d.name + " is compute capability " +
-               std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor) +
-               "; this build needs 8.0 or newer)";
+    p.reason = "no supported CUDA device (" + d.name + " is compute capability " + std::to_string(d.cc_major) + "." +
+               std::to_string(d.cc_minor) + "; this build needs 8.0 or newer)";
   }
   return p;
 }
@@ -166,7 +163,8 @@ struct Resources {
   DeviceBuffer q, k, v, o, lse, kv_lens, scratch;
   DeviceBuffer map_start, map_entries, map_bits, map_empty;  // a sparse pattern's block map
   void release_buffers() {
-    for (DeviceBuffer* b : {&q, &k, &v, &o, &lse, &kv_lens, &scratch, &map_start, &map_entries, &map_bits, &map_empty}) {
+    for (DeviceBuffer* b :
+         {&q, &k, &v, &o, &lse, &kv_lens, &scratch, &map_start, &map_entries, &map_bits, &map_empty}) {
       b->reset();
     }
   }
@@ -210,8 +208,8 @@ void release() {
   if (auto& r = resources_slot()) r->release_buffers();
 }
 
-void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, const Extents& ext,
-         cuda::Timing& timing, int timed_launches) {
+void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, const Extents& ext, cuda::Timing& timing,
+         int timed_launches) {
   std::lock_guard<std::mutex> lock(g_mutex);
   const Probe& pr = probe();
   if (!pr.reason.empty()) throw std::runtime_error(pr.reason);
@@ -224,9 +222,8 @@ void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, con
   const int64_t smem = ops.smem_bytes(host);
   if (smem > pr.info.smem_per_block_optin) {
     throw std::runtime_error("the kernel needs " + std::to_string(smem) +
-                             " bytes of shared memory per block for head_dim " +
-                             std::to_string(host.max_dim()) + "; " + pr.info.name + " allows " +
-                             std::to_string(pr.info.smem_per_block_optin));
+                             " bytes of shared memory per block for head_dim " + std::to_string(host.max_dim()) + "; " +
+                             pr.info.name + " allows " + std::to_string(pr.info.smem_per_block_optin));
   }
 
   cuda_impl::DeviceArgs d = host;
@@ -247,11 +244,15 @@ void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, con
   DrainOnExit drain{s};
   const size_t f = sizeof(float);
   check(cudaEventRecord(r.start.get(), s), "cudaEventRecord");
-  check(cudaMemcpyAsync(dq, host.q, static_cast<size_t>(ext.q) * in_size, cudaMemcpyHostToDevice, s), "cudaMemcpy Q to device");
-  check(cudaMemcpyAsync(dk, host.k, static_cast<size_t>(ext.k) * in_size, cudaMemcpyHostToDevice, s), "cudaMemcpy K to device");
-  check(cudaMemcpyAsync(dv, host.v, static_cast<size_t>(ext.v) * in_size, cudaMemcpyHostToDevice, s), "cudaMemcpy V to device");
+  check(cudaMemcpyAsync(dq, host.q, static_cast<size_t>(ext.q) * in_size, cudaMemcpyHostToDevice, s),
+        "cudaMemcpy Q to device");
+  check(cudaMemcpyAsync(dk, host.k, static_cast<size_t>(ext.k) * in_size, cudaMemcpyHostToDevice, s),
+        "cudaMemcpy K to device");
+  check(cudaMemcpyAsync(dv, host.v, static_cast<size_t>(ext.v) * in_size, cudaMemcpyHostToDevice, s),
+        "cudaMemcpy V to device");
   if (dlens) {
-    check(cudaMemcpyAsync(dlens, host.kv_lens, static_cast<size_t>(host.batch) * sizeof(int64_t), cudaMemcpyHostToDevice, s),
+    check(cudaMemcpyAsync(dlens, host.kv_lens, static_cast<size_t>(host.batch) * sizeof(int64_t),
+                          cudaMemcpyHostToDevice, s),
           "cudaMemcpy kv_lens to device");
   }
   size_t map_bytes = 0;
@@ -286,7 +287,8 @@ void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, con
   }
   size_t d2h = 0;
   if (ext.o_dense) {
-    check(cudaMemcpyAsync(host.o, d.o, static_cast<size_t>(ext.o) * f, cudaMemcpyDeviceToHost, s), "cudaMemcpy O to host");
+    check(cudaMemcpyAsync(host.o, d.o, static_cast<size_t>(ext.o) * f, cudaMemcpyDeviceToHost, s),
+          "cudaMemcpy O to host");
   } else {
     // O's rows are interleaved with memory that is not O: copy row blocks, leave the rest.
     const cuda_impl::RowBlockCopy blk = cuda_impl::o_row_blocks(host);
@@ -302,7 +304,8 @@ void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, con
   }
   d2h += static_cast<size_t>(ext.o_dense ? ext.o : host.batch * host.q_heads * host.q_len * host.head_dim_v) * f;
   if (d.lse) {
-    check(cudaMemcpyAsync(host.lse, d.lse, static_cast<size_t>(ext.lse) * f, cudaMemcpyDeviceToHost, s), "cudaMemcpy LSE to host");
+    check(cudaMemcpyAsync(host.lse, d.lse, static_cast<size_t>(ext.lse) * f, cudaMemcpyDeviceToHost, s),
+          "cudaMemcpy LSE to host");
     d2h += static_cast<size_t>(ext.lse) * f;
   }
   check(cudaEventRecord(r.copied_out.get(), s), "cudaEventRecord");
@@ -313,10 +316,11 @@ void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, con
   timing.h2d_ms = elapsed_ms(r.start, r.copied_in);
   timing.first_launch_ms = elapsed_ms(r.copied_in, r.computed);
   timing.launches = timed_launches;
-  timing.kernel_ms = timed_launches > 0 ? elapsed_ms(r.timed_start, r.timed_end) / timed_launches : timing.first_launch_ms;
+  timing.kernel_ms =
+      timed_launches > 0 ? elapsed_ms(r.timed_start, r.timed_end) / timed_launches : timing.first_launch_ms;
   timing.d2h_ms = elapsed_ms(timed_launches > 0 ? r.timed_end : r.computed, r.copied_out);
   timing.h2d_bytes = static_cast<double>(static_cast<size_t>(ext.q + ext.k + ext.v) * in_size +
-                                          (dlens ? static_cast<size_t>(host.batch) * sizeof(int64_t) : 0) + map_bytes);
+                                         (dlens ? static_cast<size_t>(host.batch) * sizeof(int64_t) : 0) + map_bytes);
   timing.d2h_bytes = static_cast<double>(d2h);
 }
 

@@ -13,7 +13,8 @@
 namespace attnlab::cuda_dev {
 
 // Elements each host view spans from its first element to its last (the contiguous range a
-// copy must move; Q, K, V elements are of host.dtype's size), and whether O is dense (its span holds only O: one copy back suffices).
+// copy must move; Q, K, V elements are of host.dtype's size), and whether O is dense (its span holds only O: one copy
+// back suffices).
 struct Extents {
   int64_t q = 0, k = 0, v = 0, o = 0, lse = 0;
   bool o_dense = true;
@@ -28,8 +29,8 @@ std::optional<cuda::DeviceInfo> info();
 // > 0, that many more launches run back to back after the first, between two events, and
 // timing.kernel_ms is their mean. Throws std::runtime_error naming the CUDA call and error on
 // any failure (after draining the stream).
-void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, const Extents& ext,
-         cuda::Timing& timing, int timed_launches = 0);
+void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, const Extents& ext, cuda::Timing& timing,
+         int timed_launches = 0);
 
 void release();
 

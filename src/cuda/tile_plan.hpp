@@ -20,13 +20,10 @@ struct TilePlan {
   Interval inner;  // intersection; empty if any row of the block is masked or absent
 
   // Tile [j0, j0 + width): true when some row of the block does not see all of it.
-  ATTN_HD bool needs_mask(int64_t j0, int64_t width) const {
-    return !(j0 >= inner.lo && j0 + width <= inner.hi);
-  }
+  ATTN_HD bool needs_mask(int64_t j0, int64_t width) const { return !(j0 >= inner.lo && j0 + width <= inner.hi); }
 };
 
-ATTN_HD TilePlan plan_block(const MaskSpec& mask, int64_t t0, int64_t rows, int64_t rows_total,
-                            int64_t group) {
+ATTN_HD TilePlan plan_block(const MaskSpec& mask, int64_t t0, int64_t rows, int64_t rows_total, int64_t group) {
   const int64_t t_end = t0 + rows < rows_total ? t0 + rows : rows_total;
   const int64_t i_first = t0 / group, i_last = (t_end - 1) / group;
   TilePlan plan;

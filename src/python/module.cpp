@@ -55,7 +55,8 @@ Arr as_input(const py::handle& obj, const char* name, const std::optional<std::s
                                                   : "(batch, seq, heads, head_dim) for layout bshd"));
   }
   if (!(a.flags() & py::array::c_style)) {
-    throw py::value_error(std::string(name) + ": not C-contiguous; allowed: a C-contiguous array "
+    throw py::value_error(std::string(name) +
+                          ": not C-contiguous; allowed: a C-contiguous array "
                           "(np.ascontiguousarray(x): the module reads arrays in place and never copies)");
   }
   Arr r;
@@ -88,8 +89,9 @@ struct Call {
 };
 
 Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, const py::object& causal,
-               const std::optional<std::pair<int64_t, int64_t>>& window, const std::optional<std::vector<int64_t>>& kv_lens,
-               const std::optional<float>& scale, const std::string& layout, const std::optional<std::string>& dtype) {
+               const std::optional<std::pair<int64_t, int64_t>>& window,
+               const std::optional<std::vector<int64_t>>& kv_lens, const std::optional<float>& scale,
+               const std::string& layout, const std::optional<std::string>& dtype) {
   Call c;
   Problem& p = c.p;
   p.layout = parse_layout(layout);
@@ -101,7 +103,8 @@ Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, co
   const int hi = p.layout == Layout::BHSD ? 1 : 2, si = p.layout == Layout::BHSD ? 2 : 1;
   for (int i : {0, hi, si}) {
     if (ak.shape[i] != av.shape[i]) {
-      throw py::value_error("v: shape differs from k's but for the last dimension; allowed: v = k's shape with head_dim_v last");
+      throw py::value_error(
+          "v: shape differs from k's but for the last dimension; allowed: v = k's shape with head_dim_v last");
     }
   }
   if (ak.shape[0] != aq.shape[0]) throw py::value_error("k: batch differs from q's");
@@ -119,8 +122,9 @@ Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, co
   } else if (py::isinstance<py::str>(causal) && causal.cast<std::string>() == "bottom_right") {
     p.causal = CausalAlign::BottomRight;
   } else {
-    throw py::value_error("causal: " + std::string(py::repr(causal)) +
-                          "; allowed: False, True (bottom-right, the KV-cache convention), \"bottom_right\", \"top_left\"");
+    throw py::value_error(
+        "causal: " + std::string(py::repr(causal)) +
+        "; allowed: False, True (bottom-right, the KV-cache convention), \"bottom_right\", \"top_left\"");
   }
   if (window) p.window_left = window->first, p.window_right = window->second;
   if (kv_lens) p.kv_lens = *kv_lens;
@@ -136,7 +140,8 @@ Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, co
 
 int thread_count(const std::optional<int>& threads) {
   if (!threads) return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (*threads < 1) throw py::value_error("threads: " + std::to_string(*threads) + "; allowed: >= 1, or None for all cores");
+  if (*threads < 1)
+    throw py::value_error("threads: " + std::to_string(*threads) + "; allowed: >= 1, or None for all cores");
   return *threads;
 }
 
@@ -268,7 +273,8 @@ PYBIND11_MODULE(attnlab, m) {
         "q (batch, q_heads, q_len, d), k (batch, kv_heads, kv_len, d), v (..., d_v) for layout 'bhsd'\n"
         "(seq before heads for 'bshd'); causal False | True (bottom-right) | 'top_left'; window (left, right)\n"
         "with -1 unbounded; kv_lens per batch entry; threads None = all cores.");
-  m.def("kernels", &kernels, "Every kernel variant: name, isa, label, description, precision, available, reason, default.");
+  m.def("kernels", &kernels,
+        "Every kernel variant: name, isa, label, description, precision, available, reason, default.");
   m.def("verify", &verify, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kernels") = "all",
         py::arg("causal") = false, py::arg("window") = py::none(), py::arg("kv_lens") = py::none(),
         py::arg("scale") = py::none(), py::arg("layout") = "bhsd", py::arg("threads") = py::none(),

@@ -28,13 +28,15 @@ __attribute__((target("avx512f,avx512vl"), noinline)) float evex_ymm(const float
 
 // Control: a template instantiated with a lambda of this namespace.
 float with_lambda(const float* x, int n) {
-  return fixture::apply([](const float* p, int m) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i + 8 <= m; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(p + i), acc, acc);
-    float lanes[8];
-    _mm256_storeu_ps(lanes, acc);
-    return lanes[0] + lanes[7];
-  }, x, n);
+  return fixture::apply(
+      [](const float* p, int m) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int i = 0; i + 8 <= m; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(p + i), acc, acc);
+        float lanes[8];
+        _mm256_storeu_ps(lanes, acc);
+        return lanes[0] + lanes[7];
+      },
+      x, n);
 }
 
 }  // namespace attnlab::avx2

@@ -18,13 +18,25 @@ int main() {
   const int N = 200000;
   for (int rep = 0; rep < 2; ++rep) {
     auto t0 = std::chrono::steady_clock::now();
-    for (int it = 0; it < N; ++it) { score_panel<6>(q, kt, d, 0, 64, s); asm volatile("" ::: "memory"); }
+    for (int it = 0; it < N; ++it) {
+      score_panel<6>(q, kt, d, 0, 64, s);
+      asm volatile("" ::: "memory");
+    }
     auto t1 = std::chrono::steady_clock::now();
-    for (int it = 0; it < N; ++it) { pv_rows<6>(s, 64, v, d, o, dp, nullptr, 0, 64, d); asm volatile("" ::: "memory"); }
+    for (int it = 0; it < N; ++it) {
+      pv_rows<6>(s, 64, v, d, o, dp, nullptr, 0, 64, d);
+      asm volatile("" ::: "memory");
+    }
     auto t2 = std::chrono::steady_clock::now();
-    for (int it = 0; it < N; ++it) { score_panel<6>(q, kt, d, 0, 64, s); asm volatile("" ::: "memory"); pv_rows<6>(s, 64, v, d, o, dp, nullptr, 0, 64, d); asm volatile("" ::: "memory"); }
+    for (int it = 0; it < N; ++it) {
+      score_panel<6>(q, kt, d, 0, 64, s);
+      asm volatile("" ::: "memory");
+      pv_rows<6>(s, 64, v, d, o, dp, nullptr, 0, 64, d);
+      asm volatile("" ::: "memory");
+    }
     auto t3 = std::chrono::steady_clock::now();
-    printf("interleaved %.1f GFLOP/s\n", 2 * 2.0 * 6 * 64 * d * N / std::chrono::duration<double>(t3 - t2).count() / 1e9);
+    printf("interleaved %.1f GFLOP/s\n",
+           2 * 2.0 * 6 * 64 * d * N / std::chrono::duration<double>(t3 - t2).count() / 1e9);
     double f = 2.0 * 6 * 64 * d * N;
     printf("score %.1f GFLOP/s  pv %.1f GFLOP/s\n", f / std::chrono::duration<double>(t1 - t0).count() / 1e9,
            f / std::chrono::duration<double>(t2 - t1).count() / 1e9);

@@ -19,13 +19,23 @@ int main(int argc, char** argv) {
   double f = 2 * 2.0 * 6 * 64 * d * N * P;
   for (int rep = 0; rep < 3; ++rep) {
     auto t0 = std::chrono::steady_clock::now();
-    for (int it = 0; it < N; ++it) for (int p = 0; p < P; ++p) {
-      score_panel<6>(q + p * 6 * d, kt, d, 0, 64, s + p * 384); asm volatile("" ::: "memory");
-      pv_rows<6>(s + p * 384, 64, v, d, o + p * 6 * dp, dp, nullptr, 0, 64, d); asm volatile("" ::: "memory"); }
+    for (int it = 0; it < N; ++it)
+      for (int p = 0; p < P; ++p) {
+        score_panel<6>(q + p * 6 * d, kt, d, 0, 64, s + p * 384);
+        asm volatile("" ::: "memory");
+        pv_rows<6>(s + p * 384, 64, v, d, o + p * 6 * dp, dp, nullptr, 0, 64, d);
+        asm volatile("" ::: "memory");
+      }
     auto t1 = std::chrono::steady_clock::now();
     for (int it = 0; it < N; ++it) {
-      for (int p = 0; p < P; ++p) { score_panel<6>(q + p * 6 * d, kt, d, 0, 64, s + p * 384); asm volatile("" ::: "memory"); }
-      for (int p = 0; p < P; ++p) { pv_rows<6>(s + p * 384, 64, v, d, o + p * 6 * dp, dp, nullptr, 0, 64, d); asm volatile("" ::: "memory"); }
+      for (int p = 0; p < P; ++p) {
+        score_panel<6>(q + p * 6 * d, kt, d, 0, 64, s + p * 384);
+        asm volatile("" ::: "memory");
+      }
+      for (int p = 0; p < P; ++p) {
+        pv_rows<6>(s + p * 384, 64, v, d, o + p * 6 * dp, dp, nullptr, 0, 64, d);
+        asm volatile("" ::: "memory");
+      }
     }
     auto t2 = std::chrono::steady_clock::now();
     printf("interleaved %.1f  two-phase %.1f GFLOP/s\n", f / std::chrono::duration<double>(t1 - t0).count() / 1e9,

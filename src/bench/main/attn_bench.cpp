@@ -112,7 +112,8 @@ Flags take_flags(int& argc, char** argv) {
       f.dtypes.clear();
       for (const auto& d : split(v)) f.dtypes.push_back(parse_dtype(d, "attn_dtypes"));
     } else if (a.rfind("--attn_", 0) == 0) {
-      throw InvalidInput("unknown flag '" + a + "'; allowed: --attn_kernels, --attn_groups, --attn_threads, "
+      throw InvalidInput("unknown flag '" + a +
+                         "'; allowed: --attn_kernels, --attn_groups, --attn_threads, "
                          "--attn_time_cap_s, --attn_memory_budget_mib, --attn_peak_json, --attn_peak_repeats, "
                          "--attn_dtypes");
     } else {
@@ -133,7 +134,8 @@ int run(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
 
-  const int all = flags.threads > 0 ? flags.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int all =
+      flags.threads > 0 ? flags.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<const Kernel*> kernels;
   if (flags.kernels.empty()) {
     kernels = registry();
@@ -153,8 +155,8 @@ int run(int argc, char** argv) {
   std::fputs(format_peaks(peaks).c_str(), stderr);
   add_benchmark_context(describe_machine(peaks));
 
-  const double budget = flags.memory_budget_mib > 0 ? flags.memory_budget_mib * (1 << 20)
-                                                    : static_cast<double>(memory_budget_bytes());
+  const double budget =
+      flags.memory_budget_mib > 0 ? flags.memory_budget_mib * (1 << 20) : static_cast<double>(memory_budget_bytes());
   auto rates = std::make_shared<RateBook>();
   RegisterHooks hooks;
   hooks.slot = std::make_shared<FixtureSlot>();
@@ -164,13 +166,15 @@ int run(int argc, char** argv) {
     char buf[320];
     const double mem = static_cast<double>(point_memory_bytes(pt, 0));  // attn_bench times without verifying
     if (mem > budget) {
-      std::snprintf(buf, sizeof buf, "skipped: needs %.0f MiB > memory budget %.0f MiB", mem / (1 << 20), budget / (1 << 20));
+      std::snprintf(buf, sizeof buf, "skipped: needs %.0f MiB > memory budget %.0f MiB", mem / (1 << 20),
+                    budget / (1 << 20));
       return buf;
     }
     std::string basis;
     const double est = rates->estimate_seconds(pt, &basis);
     if (est > cap) {
-      std::snprintf(buf, sizeof buf, "skipped: one run estimated %.0f s > time cap %.0f s (%s)", est, cap, basis.c_str());
+      std::snprintf(buf, sizeof buf, "skipped: one run estimated %.0f s > time cap %.0f s (%s)", est, cap,
+                    basis.c_str());
       return buf;
     }
     return "";
@@ -178,28 +182,29 @@ int run(int argc, char** argv) {
 
   std::vector<BenchPoint> points;
   for (const Shape& s : kShapes) {
-    if (!flags.groups.empty() && std::find(flags.groups.begin(), flags.groups.end(), s.group) == flags.groups.end()) continue;
+    if (!flags.groups.empty() && std::find(flags.groups.begin(), flags.groups.end(), s.group) == flags.groups.end())
+      continue;
     std::vector<int> counts = {all};
     if (s.single_thread_too && all != 1) counts.insert(counts.begin(), 1);
     for (const Kernel* k : kernels)
       for (DType dtype : flags.dtypes)
-      for (int t : counts) {
-        BenchPoint pt;
-        pt.kernel = k;
-        pt.threads = t;
-        Problem& p = pt.problem;
-        p.q_heads = s.q_heads, p.kv_heads = s.kv_heads, p.q_len = s.q_len, p.kv_len = s.kv_len;
-        p.head_dim = s.head_dim, p.head_dim_v = s.head_dim_v, p.causal = s.causal, p.dtype = dtype;
-        if (Support a = k->available(); !a) {
-          std::fprintf(stderr, "not registered: %s (%s)\n", pt.name().c_str(), a.reason.c_str());
-          continue;
+        for (int t : counts) {
+          BenchPoint pt;
+          pt.kernel = k;
+          pt.threads = t;
+          Problem& p = pt.problem;
+          p.q_heads = s.q_heads, p.kv_heads = s.kv_heads, p.q_len = s.q_len, p.kv_len = s.kv_len;
+          p.head_dim = s.head_dim, p.head_dim_v = s.head_dim_v, p.causal = s.causal, p.dtype = dtype;
+          if (Support a = k->available(); !a) {
+            std::fprintf(stderr, "not registered: %s (%s)\n", pt.name().c_str(), a.reason.c_str());
+            continue;
+          }
+          if (Support sup = supports_problem(*k, p); !sup) {
+            std::fprintf(stderr, "not registered: %s (%s)\n", pt.name().c_str(), sup.reason.c_str());
+            continue;
+          }
+          points.push_back(pt);
         }
-        if (Support sup = supports_problem(*k, p); !sup) {
-          std::fprintf(stderr, "not registered: %s (%s)\n", pt.name().c_str(), sup.reason.c_str());
-          continue;
-        }
-        points.push_back(pt);
-      }
   }
   std::stable_sort(points.begin(), points.end(),
                    [](const BenchPoint& a, const BenchPoint& b) { return a.problem.flops() < b.problem.flops(); });

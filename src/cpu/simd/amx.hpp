@@ -1,8 +1,8 @@
 // AMX-BF16 blocks of `flash_amx` (src/cpu/flash_bf16.cpp): the two GEMMs of a full key tile for
 // 16 query rows at once on the tile unit (TDPBF16PS: a 16 x 16 float32 tile += a 16 x 32 bf16
 // tile times a 32 x 16 bf16 tile, 8192 products per instruction; `attnlab peak` measured 6-14x
-// the float32 FMA peak on the AMX Xeon of results/2026-12-01-precision). The operands are the layouts of src/cpu/simd/bf16_dot.hpp, which are exactly what
-// TDPBF16PS wants: B interleaved by pairs along the reduction axis.
+// the float32 FMA peak on the AMX Xeon of results/2026-12-01-precision). The operands are the layouts of
+// src/cpu/simd/bf16_dot.hpp, which are exactly what TDPBF16PS wants: B interleaved by pairs along the reduction axis.
 //   S (16 x 64) = Q (16 x d) . K^T:  A = Q rows as bf16 words (16 words = 32 elements of d per
 //       step), B = K^T words (pack_k_pairs: 16 word rows x 16 keys), C = 4 tiles of 16 keys;
 //   O (16 x d) += P (16 x 64) . V:   A = P rows rounded to bf16 (round_p_rows, two halves of 32
@@ -81,17 +81,20 @@ inline void amx_pv(const uint32_t* pw, const uint32_t* vp, int64_t ldw, float* o
   const uint32_t* v2 = vp + 16 * ldw;
   const int64_t ldo_b = ldo * 4, ldw_b = ldw * 4;
   // One column tile c (tile register C) of 16 columns at c0: both key halves.
-#define ATTN_AMX_PV(C, c0)                    \
-  ATTN_TILE_LOAD(C, o + (c0), ldo_b);             \
-  ATTN_TILE_LOAD(6, vp + (c0), ldw_b);            \
-  _tile_dpbf16ps(C, 4, 6);                     \
-  ATTN_TILE_LOAD(7, v2 + (c0), ldw_b);            \
+#define ATTN_AMX_PV(C, c0)             \
+  ATTN_TILE_LOAD(C, o + (c0), ldo_b);  \
+  ATTN_TILE_LOAD(6, vp + (c0), ldw_b); \
+  _tile_dpbf16ps(C, 4, 6);             \
+  ATTN_TILE_LOAD(7, v2 + (c0), ldw_b); \
   _tile_dpbf16ps(C, 5, 7);
 #define ATTN_AMX_ST(C, c0) _tile_stored(C, o + (c0), ldo_b);
   int64_t c0 = 0;
   for (; c0 + 64 <= dim_pad; c0 += 64) {
+    // Statement macros, four column tiles to a line.
+    // clang-format off
     ATTN_AMX_PV(0, c0) ATTN_AMX_PV(1, c0 + 16) ATTN_AMX_PV(2, c0 + 32) ATTN_AMX_PV(3, c0 + 48)
     ATTN_AMX_ST(0, c0) ATTN_AMX_ST(1, c0 + 16) ATTN_AMX_ST(2, c0 + 32) ATTN_AMX_ST(3, c0 + 48)
+    // clang-format on
   }
   for (; c0 < dim_pad; c0 += 16) {
     ATTN_AMX_PV(0, c0)

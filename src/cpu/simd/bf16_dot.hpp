@@ -120,7 +120,8 @@ inline void round_p_rows(float* p, uint32_t* pw) {
   for (int m = 0; m < MR; ++m) {
     float* row = p + m * kTileKeys;
     for (int h = 0; h < kTileKeys; h += 32) {
-      const __m512i w = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_load_ps(row + h + 16), _mm512_load_ps(row + h)));
+      const __m512i w =
+          reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_load_ps(row + h + 16), _mm512_load_ps(row + h)));
       _mm512_store_si512(pw + m * (kTileKeys / 2) + h / 2, w);
       const __m512i lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(w));
       const __m512i hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(w, 1));

@@ -39,13 +39,13 @@
 namespace attnlab::ATTN_TARGET_NS::simd {
 
 inline constexpr bool kNarrowPanels = kVectorRegisters == 16 && kLanes > 1;  // AVX2
-inline constexpr int kKeyVecs = kNarrowPanels ? 2 : 4;     // vectors per score row of a register block
-inline constexpr int kBlockKeys = kKeyVecs * kLanes;       // keys per register block: 64 AVX-512, 16 AVX2 and NEON, 4 scalar
-inline constexpr int kTileKeys = 64;                       // Bc, every target: whole register blocks
+inline constexpr int kKeyVecs = kNarrowPanels ? 2 : 4;  // vectors per score row of a register block
+inline constexpr int kBlockKeys = kKeyVecs * kLanes;  // keys per register block: 64 AVX-512, 16 AVX2 and NEON, 4 scalar
+inline constexpr int kTileKeys = 64;                  // Bc, every target: whole register blocks
 static_assert(kTileKeys % kBlockKeys == 0, "a key tile is whole register blocks");
-inline constexpr int kPanelRows =                          // MR: query rows per register panel
+inline constexpr int kPanelRows =                                      // MR: query rows per register panel
     kNarrowPanels ? 6 : (kVectorRegisters - kKeyVecs - 2) / kKeyVecs;  // 6; scalar 2
-inline constexpr int kOutVecs = kNarrowPanels ? 2 : 4;     // GEMM 2 column block, in vectors
+inline constexpr int kOutVecs = kNarrowPanels ? 2 : 4;                 // GEMM 2 column block, in vectors
 
 // Number of floats of a row of d floats padded to whole vectors.
 inline int64_t padded_dim(int64_t d) { return (d + kLanes - 1) / kLanes * kLanes; }
@@ -90,8 +90,8 @@ inline void transpose_block(__m256 r[8]) {
     t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);  // a2 b2 a3 b3 | a6 b6 a7 b7
   }
   for (int i = 0; i < 2; ++i) {
-    u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));  // col 0 | 4
-    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));  // col 1 | 5
+    u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));      // col 0 | 4
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));      // col 1 | 5
     u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));  // 2 | 6
     u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));  // 3 | 7
   }
@@ -311,8 +311,8 @@ inline void score_rows(const float* qr, int64_t ldq, const float* zero, const E*
 // only tail_lanes columns of V: it is loaded with a masked load (never reads past the row)
 // and its other lanes stay 0.
 template <int MR, int NV, bool Tail, class Step, class E>
-inline void pv_panel(const float* p, int64_t ldp, const E* v, int64_t ldv, float* o,
-                     int64_t ldo, const float* alpha, int ja, int jb, int tail_lanes, Step& step) {
+inline void pv_panel(const float* p, int64_t ldp, const E* v, int64_t ldv, float* o, int64_t ldo, const float* alpha,
+                     int ja, int jb, int tail_lanes, Step& step) {
   Batch acc[MR][NV];
   for (int m = 0; m < MR; ++m) {
     for (int c = 0; c < NV; ++c) acc[m][c] = Batch::load_aligned(o + m * ldo + c * kLanes);
@@ -326,8 +326,7 @@ inline void pv_panel(const float* p, int64_t ldp, const E* v, int64_t ldv, float
     const E* vr = v + j * ldv;
     Batch vv[NV];
     for (int c = 0; c < NV; ++c) {
-      vv[c] = (Tail && c == NV - 1) ? load_partial(vr + c * kLanes, tail_lanes)
-                                    : load_unaligned(vr + c * kLanes);
+      vv[c] = (Tail && c == NV - 1) ? load_partial(vr + c * kLanes, tail_lanes) : load_unaligned(vr + c * kLanes);
     }
     for (int m = 0; m < MR; ++m) {
       const Batch pb(p[m * ldp + j]);
@@ -341,8 +340,8 @@ inline void pv_panel(const float* p, int64_t ldp, const E* v, int64_t ldv, float
 // GEMM 2 over all of d (column blocks of kOutVecs vectors, the last one possibly narrower
 // and with a partial vector). Same arguments as pv_panel, v and o at column 0.
 template <int MR, class E, class Step = NoStep>
-inline void pv_rows(const float* p, int64_t ldp, const E* v, int64_t ldv, float* o,
-                    int64_t ldo, const float* alpha, int ja, int jb, int64_t d, Step&& step = {}) {
+inline void pv_rows(const float* p, int64_t ldp, const E* v, int64_t ldv, float* o, int64_t ldo, const float* alpha,
+                    int ja, int jb, int64_t d, Step&& step = {}) {
   const int64_t nvec = (d + kLanes - 1) / kLanes;
   const int tail = static_cast<int>(d - (nvec - 1) * kLanes);  // lanes of the last vector
   for (int64_t c0 = 0; c0 < nvec; c0 += kOutVecs) {

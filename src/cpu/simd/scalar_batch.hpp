@@ -22,9 +22,18 @@ struct ScalarBatch {
   void store_aligned(float* p) const { *p = v; }
   void store_unaligned(float* p) const { *p = v; }
 
-  ScalarBatch& operator+=(ScalarBatch o) { v += o.v; return *this; }
-  ScalarBatch& operator-=(ScalarBatch o) { v -= o.v; return *this; }
-  ScalarBatch& operator*=(ScalarBatch o) { v *= o.v; return *this; }
+  ScalarBatch& operator+=(ScalarBatch o) {
+    v += o.v;
+    return *this;
+  }
+  ScalarBatch& operator-=(ScalarBatch o) {
+    v -= o.v;
+    return *this;
+  }
+  ScalarBatch& operator*=(ScalarBatch o) {
+    v *= o.v;
+    return *this;
+  }
   friend ScalarBatch operator+(ScalarBatch a, ScalarBatch b) { return {a.v + b.v}; }
   friend ScalarBatch operator-(ScalarBatch a, ScalarBatch b) { return {a.v - b.v}; }
   friend ScalarBatch operator*(ScalarBatch a, ScalarBatch b) { return {a.v * b.v}; }
@@ -50,7 +59,7 @@ inline bool mask_or(bool a, bool b) { return a || b; }
 // reach lanes whose result is thrown away. NaN stays NaN.
 inline ScalarBatch nearbyint(ScalarBatch x) {
   constexpr float kMagic = 12582912.f;  // 1.5 * 2^23
-  return {(x.v + kMagic) - kMagic};  // not folded to x: no -ffast-math here
+  return {(x.v + kMagic) - kMagic};     // not folded to x: no -ffast-math here
 }
 
 }  // namespace attnlab::ATTN_TARGET_NS::simd

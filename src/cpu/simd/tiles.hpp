@@ -35,7 +35,7 @@ struct Tiling {
   int64_t dim_v = 1;     // d_v, of V and O (head_dim_v)
   int64_t dim_v_pad = 16;
   size_t q_off = 0, o_off = 0, kt_off = 0, p_off = 0, m_off = 0, l_off = 0, iv_off = 0;
-  bool direct = false;   // rows few enough for unpacked scores (decode): q rows at qr_off
+  bool direct = false;  // rows few enough for unpacked scores (decode): q rows at qr_off
   size_t qr_off = 0;
   size_t gather_off = 0;  // 0: no gathered key tile (pattern.hpp: gathered_columns)
   // bf16 dot products (flash_bf16, src/cpu/simd/bf16_dot.hpp): Q, K^T, V and P as bf16 pairs,
@@ -48,7 +48,7 @@ struct Tiling {
   // rows; p and pw for 16 rows); the other tiles through the bf16 panels.
   bool amx = false;
   size_t qa_off = 0;
-  size_t bytes = 0;      // per thread, a 64-byte multiple
+  size_t bytes = 0;  // per thread, a 64-byte multiple
 };
 
 // br = 0: the largest Br whose working set fits half the L2 (flash); else exactly br rows.
@@ -57,22 +57,22 @@ struct Tiling {
 Tiling make_tiling(const Problem& p, int64_t br = 0, bool bf16_dot = false, bool amx = false);
 
 struct Scratch {
-  float* q;      // R x d, panels of kPanelRows rows, k-major in a panel, times scale*log2e
-                 // (not written for a direct task, which uses qr; bf16_dot: R x d/2 words of
-                 // unscaled bf16 pairs, word-major in a panel)
-  float* o;      // R x dim_v_pad unnormalized output accumulators
-  float* kt;     // dim_pad x kTileKeys packed K tile
-  float* p;      // kPanelRows x kTileKeys scores, then probabilities, of the current panel
-  float* m;      // R running max (log2 units)
-  float* l;      // R x kLanes running sums, one partial sum per lane (row_sum adds them)
-  Interval* iv;  // R visible intervals, one per row (the G rows of a query row share it)
-  float* qr;     // (R + 1) x dim_pad: Q rows times scale*log2e, zero padded, then a zero
-                 // row (Tiling::direct only, else nullptr)
-  float* gather; // 64 x dim_pad, then 64 x dim_v_pad: the gathered K rows, then V rows (as the
-                 // inputs' storage type), or nullptr
-  uint32_t* vp;  // bf16_dot: 32 x dim_v_pad words, the V tile by key pairs (else nullptr)
-  uint32_t* pw;  // bf16_dot: kPanelRows (amx: 16) x 32 words, the panel's P rounded to bf16 pairs
-  uint32_t* qa;  // amx: R rounded up to 16 rows of padded_words(d) words, Q rows as bf16 pairs
+  float* q;       // R x d, panels of kPanelRows rows, k-major in a panel, times scale*log2e
+                  // (not written for a direct task, which uses qr; bf16_dot: R x d/2 words of
+                  // unscaled bf16 pairs, word-major in a panel)
+  float* o;       // R x dim_v_pad unnormalized output accumulators
+  float* kt;      // dim_pad x kTileKeys packed K tile
+  float* p;       // kPanelRows x kTileKeys scores, then probabilities, of the current panel
+  float* m;       // R running max (log2 units)
+  float* l;       // R x kLanes running sums, one partial sum per lane (row_sum adds them)
+  Interval* iv;   // R visible intervals, one per row (the G rows of a query row share it)
+  float* qr;      // (R + 1) x dim_pad: Q rows times scale*log2e, zero padded, then a zero
+                  // row (Tiling::direct only, else nullptr)
+  float* gather;  // 64 x dim_pad, then 64 x dim_v_pad: the gathered K rows, then V rows (as the
+                  // inputs' storage type), or nullptr
+  uint32_t* vp;   // bf16_dot: 32 x dim_v_pad words, the V tile by key pairs (else nullptr)
+  uint32_t* pw;   // bf16_dot: kPanelRows (amx: 16) x 32 words, the panel's P rounded to bf16 pairs
+  uint32_t* qa;   // amx: R rounded up to 16 rows of padded_words(d) words, Q rows as bf16 pairs
   Scratch(std::byte* base, const Tiling& t);
 };
 
@@ -91,10 +91,10 @@ struct RowPositions {
 };
 
 // Returns R, the number of rows packed.
-int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
-                   int64_t hk, RowPositions at, int64_t nr);
-void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b,
-                 int64_t hk, int64_t rows, Interval keys);
+int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
+                   RowPositions at, int64_t nr);
+void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
+                 int64_t rows, Interval keys);
 // A sparse pattern's attend_keys: the key tiles of the block map's entries for query tile qt
 // (a br-row tile at positions qt * map.br ..., map.br == t.br, or a solo tile: positions
 // map.solo_positions(qt)) inside `keys` (bounds at multiples of 64), each masked by its
@@ -112,8 +112,8 @@ struct LseRows {
   float* base = nullptr;
   int64_t head_stride = 0, step = 1;
 };
-void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Scratch& s, int64_t b,
-                 int64_t hk, RowPositions at, int64_t rows, const LseRows* lse_rows = nullptr);
+void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
+                 RowPositions at, int64_t rows, const LseRows* lse_rows = nullptr);
 
 // flash's prefill driver (src/cpu/flash.cpp), shared with flash_bf16: oneTBB over (b, kv head,
 // query tile) tasks of tiling t, a sparse pattern through its block map (the plan's, or built

@@ -162,9 +162,7 @@ inline Batch scale_or_zero(Batch p, Batch n, Batch x, float lo) {
   const Batch z = xsimd::select(x < Batch(lo), Batch(0.f), (p * a) * b);
   return xsimd::select(xsimd::isnan(x), x, z);
 }
-inline Batch clamp_hi(Batch x, float hi) {
-  return xsimd::select(x > Batch(hi), Batch(hi), x);
-}
+inline Batch clamp_hi(Batch x, float hi) { return xsimd::select(x > Batch(hi), Batch(hi), x); }
 #endif
 
 }  // namespace detail
@@ -232,8 +230,7 @@ inline Batch transpose_sum(const Batch* rows) {
   __m512 s4[4];
   for (int i = 0; i < 4; ++i) {
     const __m512d x = _mm512_castps_pd(s8[2 * i]), y = _mm512_castps_pd(s8[2 * i + 1]);
-    s4[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                          _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    s4[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
   }
   // Across 128-bit lanes: 4 -> 2 -> 1.
   const auto fold = [](__m512 x, __m512 y) {
