@@ -19,7 +19,7 @@ PKGS=(
   libxsimd-dev libtbb-dev libbenchmark-dev libgtest-dev googletest
   libcli11-dev nlohmann-json3-dev
   python3-matplotlib python3-numpy python3-dev python3-pybind11 python3-pytest
-  libbenchmark-tools python3-scipy python3-venv ccache
+  libbenchmark-tools python3-scipy python3-venv ccache clang-format
 )
 # libclang-rt-14-dev holds libFuzzer and clang's sanitizer runtimes; llvm-14 the symbolizer
 # that turns sanitizer stack traces into file:line.
