@@ -79,7 +79,7 @@ TEST(FlashBf16, OtherDtypesAreRefusedWithTheReason) {
 TEST(Flash, PackKTransposedMatchesPlainTranspose) {
   for (const std::string& isa : runnable_isas()) {
     const TargetTable& t = *target_table_for(isa);
-    const int tile = t.tile_keys;
+    const int tile = t.probes.tile_keys;
     for (int64_t d : {1, 7, 16, 17, 64, 80, 129}) {
       for (int nk : {1, 5, 16, 33, tile}) {
         if (nk > tile) continue;
@@ -89,12 +89,13 @@ TEST(Flash, PackKTransposedMatchesPlainTranspose) {
           for (int64_t c = 0; c < d; ++c) k[j * ldk + c] = static_cast<float>(1000 * j + c);
         const int64_t dp = (d + t.lanes - 1) / t.lanes * t.lanes;
         auto kt = alloc_floats(static_cast<size_t>(dp * tile));
-        t.pack_k_transposed(k.data(), ldk, nk, d, kt.get());
-        const int packed = (nk + t.block_keys - 1) / t.block_keys * t.block_keys;  // whole blocks
+        t.probes.pack_k_transposed(k.data(), ldk, nk, d, kt.get());
+        const int packed = (nk + t.probes.block_keys - 1) / t.probes.block_keys * t.probes.block_keys;  // whole blocks
         for (int64_t c = 0; c < d; ++c)
           for (int j = 0; j < packed; ++j) {
             const float want = j < nk ? static_cast<float>(1000 * j + c) : 0.f;
-            const int64_t at = (j / t.block_keys) * dp * t.block_keys + c * t.block_keys + j % t.block_keys;
+            const int64_t at = (j / t.probes.block_keys) * dp * t.probes.block_keys + c * t.probes.block_keys +
+                               j % t.probes.block_keys;
             ASSERT_EQ(kt[at], want) << isa << " d " << d << " nk " << nk << " k " << c << " key " << j;
           }
       }

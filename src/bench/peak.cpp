@@ -86,7 +86,7 @@ double loop_flops(int threads, double seconds, float (*loop)(int64_t), double fl
 
 double measure_fma_flops(int threads, double seconds, const std::string& isa) {
   const TargetTable& tt = table_for(isa);
-  return loop_flops(threads, seconds, tt.fma_chains, tt.fma_chain_count * tt.lanes * 2.0);
+  return loop_flops(threads, seconds, tt.peak.fma_chains, tt.peak.fma_chain_count * tt.lanes * 2.0);
 }
 
 namespace {
@@ -114,13 +114,13 @@ double measure_read_bytes(int threads, const float* buffer, size_t count, const 
   const size_t unit = 4 * static_cast<size_t>(tt.lanes);
   const size_t per_thread = count / unit / static_cast<size_t>(threads) * unit;
   const double t = timed_parallel(
-      threads, [&](int th) { g_sink = tt.stream_sum(buffer + static_cast<size_t>(th) * per_thread, per_thread); });
+      threads, [&](int th) { g_sink = tt.peak.stream_sum(buffer + static_cast<size_t>(th) * per_thread, per_thread); });
   return static_cast<double>(per_thread) * static_cast<double>(threads) * sizeof(float) / t;
 }
 
 double measure_exp_per_s(int threads, double seconds, const std::string& isa) {
   const TargetTable& tt = table_for(isa);
-  const size_t kExpElems = tt.exp_elems;
+  const size_t kExpElems = tt.peak.exp_elems;
   auto make_input = [&] {
     auto in = alloc_floats(kExpElems);
     // Softmax arguments after max subtraction (in log2 units): [-24, 0].
@@ -129,14 +129,14 @@ double measure_exp_per_s(int threads, double seconds, const std::string& isa) {
   };
   auto in0 = make_input();
   auto out0 = alloc_floats(kExpElems);
-  const int64_t rounds = calibrate([&](int64_t n) { g_sink = tt.exp_rounds(in0.get(), out0.get(), n); }, seconds);
+  const int64_t rounds = calibrate([&](int64_t n) { g_sink = tt.peak.exp_rounds(in0.get(), out0.get(), n); }, seconds);
   std::vector<std::unique_ptr<float[], AlignedFree>> ins, outs;
   for (int t = 0; t < threads; ++t) {
     ins.push_back(make_input());
     outs.push_back(alloc_floats(kExpElems));
   }
   const double t =
-      timed_parallel(threads, [&](int th) { g_sink = tt.exp_rounds(ins[th].get(), outs[th].get(), rounds); });
+      timed_parallel(threads, [&](int th) { g_sink = tt.peak.exp_rounds(ins[th].get(), outs[th].get(), rounds); });
   return static_cast<double>(threads) * static_cast<double>(rounds) * kExpElems / t;
 }
 
@@ -190,7 +190,7 @@ Peaks measure_peaks(const PeakOptions& options) {
     TargetPeaks tp;
     tp.isa = tt.isa;
     tp.lanes = tt.lanes;
-    tp.fma_chains = tt.fma_chain_count;
+    tp.fma_chains = tt.peak.fma_chain_count;
     peaks.targets.push_back(std::move(tp));
   }
   peaks.exp_function = exp_function_name();

@@ -1,6 +1,7 @@
-// The registry: one line per implementation, in ladder order; the SIMD kernels once per
-// built target (include/attnlab/isa.hpp), each variant wrapped so it names its target and
-// is unavailable on a CPU that cannot run it.
+// The registry, in ladder order: one line per single-build kernel; the SIMD kernels from the
+// target tables (CMake's ATTN_SIMD_KERNELS, src/cpu/target.hpp), once per built target
+// (include/attnlab/isa.hpp), each variant wrapped so it names its target and is unavailable on
+// a CPU that cannot run it.
 #include <algorithm>
 #include <memory>
 #include <stdexcept>
@@ -84,12 +85,12 @@ const std::vector<Entry>& entries() {
     std::vector<Entry> list;
     list.push_back({{&cpu::naive()}});
     list.push_back({{&cpu::blocked()}});
-    const Kernel* TargetTable::*const simd_kernels[] = {&TargetTable::simd, &TargetTable::threaded, &TargetTable::flash,
-                                                        &TargetTable::decode};
-    for (auto member : simd_kernels) {
+    // One entry per SIMD kernel (CMake's ATTN_SIMD_KERNELS), a variant per built target.
+    const auto& tables = target_tables();
+    for (int i = 0; i < tables.front()->kernel_count; ++i) {
       Entry entry;
-      for (const TargetTable* t : target_tables()) {
-        owned.push_back(std::make_unique<TargetKernel>(*(t->*member), t->isa));
+      for (const TargetTable* t : tables) {
+        owned.push_back(std::make_unique<TargetKernel>(*t->kernels[i], t->isa));
         entry.variants.push_back(owned.back().get());
       }
       list.push_back(std::move(entry));

@@ -4,17 +4,18 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 
 #include "cpu/simd/microkernel.hpp"
 #include "cpu/simd/vec_math.hpp"
 
 namespace attnlab::ATTN_TARGET_NS {
 
+// ATTN_SIMD_KERNEL_LIST: X(simd) X(threaded) ... from CMake's ATTN_SIMD_KERNELS.
 namespace cpu {
-const Kernel& simd();
-const Kernel& threaded();
-const Kernel& flash();
-const Kernel& decode();
+#define X(name) const Kernel& name();
+ATTN_SIMD_KERNEL_LIST
+#undef X
 }  // namespace cpu
 
 namespace {
@@ -97,37 +98,45 @@ constexpr const char* kIsa = "scalar";
 #endif
 
 const TargetTable& target_table() {
+  static const Kernel* const kernels[] = {
+#define X(name) &cpu::name(),
+      ATTN_SIMD_KERNEL_LIST
+#undef X
+  };
   static const TargetTable t{
       .isa = kIsa,
       .lanes = kLanes,
-      .simd = &cpu::simd(),
-      .threaded = &cpu::threaded(),
-      .flash = &cpu::flash(),
-      .decode = &cpu::decode(),
-      .fma_chain_count = kFmaChains,
-      .fma_chains = fma_chains,
-      .stream_sum = stream_sum,
-      .exp_elems = kExpElems,
-      .exp_rounds = exp_rounds,
-      .exp2_n = map_n<simd::exp2>,
-      .exp_n = map_n<simd::exp>,
-      .exp2_nonpositive_n = map_n<simd::exp2_nonpositive>,
-      .reduce_sum = [](const float* v) { return simd::reduce_sum(Batch::load_unaligned(v)); },
-      .reduce_max = [](const float* v) { return simd::reduce_max(Batch::load_unaligned(v)); },
-      .transpose_sum =
-          [](const float* rows, float* out) {
-            Batch r[kLanes];
-            for (int i = 0; i < kLanes; ++i) r[i] = Batch::load_unaligned(rows + i * kLanes);
-            simd::transpose_sum(r).store_unaligned(out);
+      .kernels = kernels,
+      .kernel_count = static_cast<int>(std::size(kernels)),
+      .peak =
+          {
+              .fma_chain_count = kFmaChains,
+              .fma_chains = fma_chains,
+              .stream_sum = stream_sum,
+              .exp_elems = kExpElems,
+              .exp_rounds = exp_rounds,
           },
-      .load_partial = [](const float* p, int n, float fill,
-                         float* vec) { simd::load_partial(p, n, fill).store_unaligned(vec); },
-      .store_partial = [](float* p, float value, int n) { simd::store_partial(p, Batch(value), n); },
-      .keep_bits = [](const float* v, uint32_t bits, float fill,
-                      float* out) { simd::keep_bits(Batch::load_unaligned(v), bits, fill).store_unaligned(out); },
-      .tile_keys = simd::kTileKeys,
-      .block_keys = simd::kBlockKeys,
-      .pack_k_transposed = simd::pack_k_transposed,
+      .probes = {
+          .exp2_n = map_n<simd::exp2>,
+          .exp_n = map_n<simd::exp>,
+          .exp2_nonpositive_n = map_n<simd::exp2_nonpositive>,
+          .reduce_sum = [](const float* v) { return simd::reduce_sum(Batch::load_unaligned(v)); },
+          .reduce_max = [](const float* v) { return simd::reduce_max(Batch::load_unaligned(v)); },
+          .transpose_sum =
+              [](const float* rows, float* out) {
+                Batch r[kLanes];
+                for (int i = 0; i < kLanes; ++i) r[i] = Batch::load_unaligned(rows + i * kLanes);
+                simd::transpose_sum(r).store_unaligned(out);
+              },
+          .load_partial = [](const float* p, int n, float fill,
+                             float* vec) { simd::load_partial(p, n, fill).store_unaligned(vec); },
+          .store_partial = [](float* p, float value, int n) { simd::store_partial(p, Batch(value), n); },
+          .keep_bits = [](const float* v, uint32_t bits, float fill,
+                          float* out) { simd::keep_bits(Batch::load_unaligned(v), bits, fill).store_unaligned(out); },
+          .tile_keys = simd::kTileKeys,
+          .block_keys = simd::kBlockKeys,
+          .pack_k_transposed = simd::pack_k_transposed,
+      },
   };
   return t;
 }

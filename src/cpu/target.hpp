@@ -1,13 +1,13 @@
 // What one compiled target (include/attnlab/isa.hpp) hands to the rest of the lab.
 //
-// The per-target sources (CMake's ATTN_TARGET_SOURCES: the SIMD kernels, src/cpu/target.cpp
-// and the headers in src/cpu/simd/) are compiled once per target, each time with that
-// target's flags and with ATTN_TARGET_NS set to its name, and all their code lives in
-// namespace attnlab::<target> - so the inline functions of the shared headers get distinct
-// symbols per target, and the linker never swaps an AVX-512 copy into code that runs on an
-// AVX2 CPU. Everything else is built for the baseline; it reaches a target only through the
-// table below (src/cpu/isa.cpp finds the tables). tests/check_isa_symbols.py checks the
-// linked binaries: no function outside attnlab::<target> uses that target's instructions.
+// The per-target sources (CMake's ATTN_TARGET_SOURCES: the SIMD kernels of ATTN_SIMD_KERNELS,
+// src/cpu/tiles.cpp, src/cpu/target.cpp and the headers in src/cpu/simd/) are compiled once per target, each time with
+// that target's flags and with ATTN_TARGET_NS set to its name, and all their code lives in namespace attnlab::<target>
+// - so the inline functions of the shared headers get distinct symbols per target, and the linker never swaps an
+// AVX-512 copy into code that runs on an AVX2 CPU. Everything else is built for the baseline; it reaches a target only
+// through the table below (src/cpu/isa.cpp finds the tables): the target's kernels, its peak loops and its test probes,
+// each their own part. tests/check_isa_symbols.py checks the linked binaries: no function outside attnlab::<target>
+// uses that target's instructions.
 #pragma once
 
 #include <cstddef>
@@ -17,22 +17,18 @@ namespace attnlab {
 
 class Kernel;
 
-struct TargetTable {
-  const char* isa;  // "scalar", "avx2", "avx512", "neon" (native builds: what is enabled)
-  int lanes;        // floats per vector
-  // The SIMD kernels of this target, in ladder order.
-  const Kernel* simd;
-  const Kernel* threaded;
-  const Kernel* flash;
-  const Kernel* decode;
-  // Measurement loops for `attnlab peak` (src/bench/peak.cpp), at this target's width.
+// Measurement loops for `attnlab peak` (src/bench/peak.cpp), at the target's width.
+struct PeakLoops {
   int fma_chain_count;                                   // independent FMA chains
   float (*fma_chains)(int64_t iters);                    // fma_chain_count chains x iters FMAs
   float (*stream_sum)(const float* data, size_t count);  // count: multiple of 4 * lanes, 64-byte aligned
   size_t exp_elems;                                      // elements per exp round (L1-resident)
   float (*exp_rounds)(const float* in, float* out, int64_t rounds);
-  // Test probes (tests/test_simd_math.cpp, tests/test_flash.cpp): the building blocks of
-  // src/cpu/simd/ on plain arrays; a "vector" is `lanes` floats.
+};
+
+// Test probes (tests/test_simd_math.cpp, tests/test_flash.cpp): the building blocks of
+// src/cpu/simd/ on plain arrays; a "vector" is `lanes` floats.
+struct TestProbes {
   void (*exp2_n)(const float* in, float* out, size_t n);  // element-wise, any n
   void (*exp_n)(const float* in, float* out, size_t n);
   void (*exp2_nonpositive_n)(const float* in, float* out, size_t n);
@@ -45,6 +41,18 @@ struct TargetTable {
   int tile_keys;   // flash's keys per tile (kTileKeys)
   int block_keys;  // keys per register block (kBlockKeys): Kt is [dp][block_keys] per block
   void (*pack_k_transposed)(const float* k_rows, int64_t ldk, int nk, int64_t d, float* kt);
+};
+
+struct TargetTable {
+  const char* isa;  // "scalar", "avx2", "avx512", "neon" (native builds: what is enabled)
+  int lanes;        // floats per vector
+  // The SIMD kernels of this target, in ladder order: CMake's ATTN_SIMD_KERNELS (each NAME
+  // is src/cpu/NAME.cpp, defining attnlab::<target>::cpu::NAME()), the same list in every
+  // target; the registry makes one entry of each, with a variant per target.
+  const Kernel* const* kernels;
+  int kernel_count;
+  PeakLoops peak;
+  TestProbes probes;
 };
 
 // The avx512_bf16 object (CMakeLists.txt, src/cpu/target_bf16.cpp): x86-64-v4 plus AVX512_BF16,
