@@ -1,5 +1,8 @@
 // `attnlab sweep`: runs an experiment's grid, one point at a time, into a results folder
-// (layout in results.hpp).
+// (layout in results.hpp). run_sweep (sweep.cpp) orchestrates; the parts are apart: the
+// folder and resume rules (sweep_folder.hpp), the point runner - skip, verify, time, peers
+// (point_runner.hpp) -, Google Benchmark's capture and the passes' aggregates
+// (gbench_capture.hpp), and the stop signals and attempt markers (stop_signals.hpp).
 //
 // Per point, in the experiment's order (ascending FLOP count, so cheap points give rate
 // estimates before expensive ones):
@@ -36,6 +39,7 @@
 
 #include "attnlab/kernel.hpp"
 #include "bench/experiment.hpp"
+#include "bench/sweep_folder.hpp"  // parse_shard, choose_out_dir
 
 namespace attnlab::bench {
 
@@ -70,15 +74,5 @@ struct SweepSummary {
 // folder holding another experiment, shard or build (see --resume above); IoError when a
 // file cannot be written.
 SweepSummary run_sweep(const Experiment& e, const SweepOptions& o);
-
-// "i/n" -> (i, n), 0 <= i < n.
-std::pair<int, int> parse_shard(const std::string& text);
-
-// The folder a sweep writes to: --out, else (resume) the newest
-// <root>/<YYYY-MM-DD>-<experiment>[-N] whose sweep.json is of this experiment and shard
-// (newest by the creation time sweep.json records, then by date and N numerically), else
-// <root>/<date>-<experiment> (with -2, -3... when it exists). Shards add -shard<i>of<n>
-// after the experiment's name.
-std::string choose_out_dir(const std::string& experiment, const SweepOptions& o);
 
 }  // namespace attnlab::bench
