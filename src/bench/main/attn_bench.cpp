@@ -1,21 +1,16 @@
-// attn_bench: the issue-3 benchmark shapes for every registry kernel that supports them,
-// registered programmatically with register_point() (the same function the sweep uses).
+// attn_bench: the benchmark shapes of experiments/attn_bench.json for every registry kernel
+// that supports them, registered programmatically with register_point() (the same function
+// the sweep uses), so Google Benchmark's own flags, filters and output formats apply.
 //
-//   attn_bench [--attn_kernels=a,b] [--attn_groups=ladder,flash,...] [--attn_threads=N]
-//              [--attn_time_cap_s=60] [--attn_memory_budget_mib=M] [--attn_peak_json=FILE]
-//              [--attn_peak_repeats=3] [--attn_dtypes=f32,bf16,f16]
+//   attn_bench [--attn_experiment=FILE] [--attn_kernels=a,b] [--attn_groups=ladder,flash,...]
+//              [--attn_threads=N] [--attn_time_cap_s=60] [--attn_memory_budget_mib=M]
+//              [--attn_peak_json=FILE] [--attn_peak_repeats=3] [--attn_dtypes=f32,bf16,f16]
 //              [any Google Benchmark flag, e.g. --benchmark_format=json]
 //
-// Groups (batch 1, BHSD, each shape once per --attn_dtypes storage dtype, default f32;
-// "all" = all cores):
-//   decode   q_len 1, kv_len 32768, q_heads 32, kv_heads 8, d 128          threads all
-//   cpu1024  q_len = kv_len = 1024, 8 heads, d 128                          threads 1 and all
-//   ladder   q_len = kv_len = 2048, 8 heads, d 128                          threads all
-//   flash    4096, 8 heads, d 128, none and causal; GQA 32/8; d 64           threads all
-//   memory   32768, 8 heads, d 128 (extra memory of the tiled kernels)      threads all
-//   mla      DeepSeek-V3's MLA: prefill 4096, 128 heads, d_qk 192 / d_v 128, causal, and the
-//            absorbed decode q_len 1, kv_len 32768, 128 q heads on 1 kv head, d_qk 576 / d_v 512
-//                                                                           threads all
+// The shapes are the experiment file's grids (default: experiments/attn_bench.json of the
+// source tree; the experiment format, experiments/README.md); a grid's "model" label is its
+// group for --attn_groups (decode, cpu1024, ladder, flash, memory, mla there). --attn_dtypes
+// replaces every grid's dtype list, --attn_threads what "all" threads means.
 // Points are registered in ascending FLOP count, so when a slow kernel reaches a shape it
 // cannot finish within the time cap, its earlier points give the estimate and the point is
 // reported as skipped (error_message says why) instead of running for minutes.
@@ -31,6 +26,7 @@
 #include "attnlab/kernel.hpp"
 #include "attnlab/limits.hpp"
 #include "bench/bench_point.hpp"
+#include "bench/experiment.hpp"
 #include "bench/machine.hpp"
 #include "bench/peak.hpp"
 #include "bench/files.hpp"
@@ -40,28 +36,12 @@ namespace {
 using namespace attnlab;
 using namespace attnlab::bench;
 
-struct Shape {
-  const char* group;
-  int64_t q_heads, kv_heads, q_len, kv_len, head_dim;
-  CausalAlign causal;
-  bool single_thread_too;  // also at 1 thread
-  int64_t head_dim_v = 0;  // 0 = head_dim
-};
-
-const Shape kShapes[] = {
-    {"decode", 32, 8, 1, 32768, 128, CausalAlign::None, false},
-    {"cpu1024", 8, 8, 1024, 1024, 128, CausalAlign::None, true},
-    {"ladder", 8, 8, 2048, 2048, 128, CausalAlign::None, false},
-    {"flash", 8, 8, 4096, 4096, 128, CausalAlign::None, false},
-    {"flash", 8, 8, 4096, 4096, 128, CausalAlign::BottomRight, false},
-    {"flash", 32, 8, 4096, 4096, 128, CausalAlign::None, false},
-    {"flash", 8, 8, 4096, 4096, 64, CausalAlign::None, false},
-    {"memory", 8, 8, 32768, 32768, 128, CausalAlign::None, false},
-    {"mla", 128, 128, 4096, 4096, 192, CausalAlign::BottomRight, false, 128},
-    {"mla", 128, 1, 1, 32768, 576, CausalAlign::BottomRight, false, 512},
-};
+#ifndef ATTN_SOURCE_DIR
+#define ATTN_SOURCE_DIR "."
+#endif
 
 struct Flags {
+  std::string experiment = std::string(ATTN_SOURCE_DIR) + "/experiments/attn_bench.json";
   std::vector<std::string> kernels, groups;
   int threads = 0;
   double time_cap_s = 60;
@@ -94,7 +74,9 @@ Flags take_flags(int& argc, char** argv) {
       const size_t n = std::strlen(key);
       return a.compare(0, n, key) == 0 && a.size() > n && a[n] == '=' ? argv[i] + n + 1 : nullptr;
     };
-    if (const char* v = value("--attn_kernels")) {
+    if (const char* v = value("--attn_experiment")) {
+      f.experiment = v;
+    } else if (const char* v = value("--attn_kernels")) {
       f.kernels = split(v);
     } else if (const char* v = value("--attn_groups")) {
       f.groups = split(v);
@@ -113,7 +95,7 @@ Flags take_flags(int& argc, char** argv) {
       for (const auto& d : split(v)) f.dtypes.push_back(parse_dtype(d, "attn_dtypes"));
     } else if (a.rfind("--attn_", 0) == 0) {
       throw InvalidInput("unknown flag '" + a +
-                         "'; allowed: --attn_kernels, --attn_groups, --attn_threads, "
+                         "'; allowed: --attn_experiment, --attn_kernels, --attn_groups, --attn_threads, "
                          "--attn_time_cap_s, --attn_memory_budget_mib, --attn_peak_json, --attn_peak_repeats, "
                          "--attn_dtypes");
     } else {
@@ -121,11 +103,6 @@ Flags take_flags(int& argc, char** argv) {
     }
   }
   argc = kept;
-  for (const auto& g : f.groups) {
-    if (std::none_of(std::begin(kShapes), std::end(kShapes), [&](const Shape& s) { return g == s.group; })) {
-      throw InvalidInput("attn_groups: '" + g + "' is not a group; allowed: decode, cpu1024, ladder, flash, memory");
-    }
-  }
   return f;
 }
 
@@ -143,6 +120,19 @@ int run(int argc, char** argv) {
     for (const auto& k : flags.kernels) kernels.push_back(&kernel_or_throw(k));
   }
 
+  // The shapes: the experiment's grid points, less the groups (model labels) not asked for.
+  Experiment e = load_experiment(flags.experiment, registry_kernel_names());
+  std::vector<std::string> groups;
+  for (const Grid& g : e.grids) {
+    if (std::find(groups.begin(), groups.end(), g.model) == groups.end()) groups.push_back(g.model);
+  }
+  for (const auto& g : flags.groups) {
+    if (std::find(groups.begin(), groups.end(), g) == groups.end()) {
+      std::string allowed;
+      for (const auto& name : groups) allowed += (allowed.empty() ? "" : ", ") + name;
+      throw InvalidInput("attn_groups: '" + g + "' is not a group of " + flags.experiment + "; allowed: " + allowed);
+    }
+  }
   Peaks peaks;
   if (!flags.peak_json.empty()) {
     peaks = Peaks::from_json(nlohmann::json::parse(read_text_file(flags.peak_json)));
@@ -180,31 +170,27 @@ int run(int argc, char** argv) {
     return "";
   };
 
+  for (Grid& g : e.grids) g.dtype = flags.dtypes;
   std::vector<BenchPoint> points;
-  for (const Shape& s : kShapes) {
-    if (!flags.groups.empty() && std::find(flags.groups.begin(), flags.groups.end(), s.group) == flags.groups.end())
+  for (const GridPoint& g : expand(e, all)) {
+    if (!flags.groups.empty() && std::find(flags.groups.begin(), flags.groups.end(), g.model) == flags.groups.end())
       continue;
-    std::vector<int> counts = {all};
-    if (s.single_thread_too && all != 1) counts.insert(counts.begin(), 1);
-    for (const Kernel* k : kernels)
-      for (DType dtype : flags.dtypes)
-        for (int t : counts) {
-          BenchPoint pt;
-          pt.kernel = k;
-          pt.threads = t;
-          Problem& p = pt.problem;
-          p.q_heads = s.q_heads, p.kv_heads = s.kv_heads, p.q_len = s.q_len, p.kv_len = s.kv_len;
-          p.head_dim = s.head_dim, p.head_dim_v = s.head_dim_v, p.causal = s.causal, p.dtype = dtype;
-          if (Support a = k->available(); !a) {
-            std::fprintf(stderr, "not registered: %s (%s)\n", pt.name().c_str(), a.reason.c_str());
-            continue;
-          }
-          if (Support sup = supports_problem(*k, p); !sup) {
-            std::fprintf(stderr, "not registered: %s (%s)\n", pt.name().c_str(), sup.reason.c_str());
-            continue;
-          }
-          points.push_back(pt);
-        }
+    for (const Kernel* k : kernels) {
+      if (k->name() != g.kernel) continue;
+      BenchPoint pt;
+      pt.kernel = k;
+      pt.threads = g.threads;
+      pt.problem = g.problem;
+      if (Support a = k->available(); !a) {
+        std::fprintf(stderr, "not registered: %s (%s)\n", pt.name().c_str(), a.reason.c_str());
+        continue;
+      }
+      if (Support sup = supports_problem(*k, pt.problem); !sup) {
+        std::fprintf(stderr, "not registered: %s (%s)\n", pt.name().c_str(), sup.reason.c_str());
+        continue;
+      }
+      points.push_back(pt);
+    }
   }
   std::stable_sort(points.begin(), points.end(),
                    [](const BenchPoint& a, const BenchPoint& b) { return a.problem.flops() < b.problem.flops(); });
