@@ -1,0 +1,147 @@
+// The sweep's side of the peer path (bench/peers.hpp) through a stand-in server: peers run
+// every shape after the kernels, verified, timed, failed, skipped and died peers are recorded
+// as such, a missing environment skips with the reason, and peer names parse or are refused.
+#include "sweep_fixture.hpp"
+
+namespace attnlab::bench {
+namespace {
+
+// Peers through a stand-in server (tests/peers/fake_serve.py, Debian's python3 with numpy):
+// the sweep's side of the peer path, without torch, ONNX Runtime or JAX installed.
+struct SweepPeers : SweepRun {
+  const std::string fake = std::string(ATTNLAB_SOURCE_DIR) + "/tests/peers/fake_serve.py";
+  Experiment peer_experiment() {
+    return parse_experiment(
+        Json::parse(R"({"description": "d", "implementations": ["naive"], "q_len": [8, 16], "q_heads": 2,
+                        "head_dim": 16, "causal": [false, true], "threads": 1, "repetitions": 2, "min_time_s": 0.001,
+                        "peers": ["torch_sdpa", "ort", "jax_dpa"]})"),
+        "peers", names);
+  }
+  SweepOptions peer_options(const std::string& dir) {
+    SweepOptions o = options(dir);
+    o.peers_python = "/usr/bin/python3";
+    o.peers_serve = fake;
+    return o;
+  }
+  void TearDown() override {
+    ::unsetenv("ATTN_FAKE_PEER");
+    ::unsetenv("ATTN_FAKE_PEER_UNAVAILABLE");
+  }
+};
+
+TEST_F(SweepPeers, PeersRunEveryShapeAfterTheKernels) {
+  const Experiment e = peer_experiment();
+  EXPECT_EQ(e.peers, (std::vector<std::string>{"torch_sdpa", "ort_mha", "ort_gqa", "jax_dpa"}))
+      << "a family names all of its kernels, in report order";
+  const auto grid = expand(e, 2);
+  ASSERT_EQ(grid.size(), 4u * 5u) << "4 shapes x (naive + 4 peers)";
+  for (size_t i = 0; i < grid.size(); i += 5) {
+    EXPECT_EQ(grid[i].kernel, "naive") << "at one shape the lab's kernels come first";
+    for (size_t j = 1; j < 5; ++j) {
+      EXPECT_EQ(grid[i + j].kernel, e.peers[j - 1]);
+      EXPECT_EQ(grid[i + j].problem.describe(), grid[i].problem.describe());
+      EXPECT_TRUE(grid[i + j].isa.empty());
+    }
+  }
+}
+
+TEST_F(SweepPeers, VerifiedTimedFailedSkippedAndDiedPeersAreRecordedAsSuch) {
+  ::setenv("ATTN_FAKE_PEER", "torch_sdpa=exact,ort_mha=wrong,ort_gqa=skip,jax_dpa=die", 1);
+  const std::string dir = fresh_dir("peers");
+  const SweepSummary s = run_sweep(peer_experiment(), peer_options(dir));
+  EXPECT_EQ(s.ok, 8u) << log.str();  // naive and torch_sdpa at 4 shapes
+  EXPECT_EQ(s.failed, 8u);           // ort_mha disagrees, jax_dpa's server dies (each time)
+  EXPECT_EQ(s.skipped, 4u);
+  std::map<std::string, int> seen;
+  for (const auto& pf : read_points(dir)) {
+    const PointRecord& r = pf.record;
+    ++seen[r.kernel];
+    if (r.kernel == "naive") continue;
+    EXPECT_EQ(r.isa, kPeerIsa);
+    if (r.kernel == "torch_sdpa") {
+      EXPECT_EQ(r.status, PointStatus::Ok) << r.reason;
+      EXPECT_EQ(r.verdict, "PASS");
+      EXPECT_EQ(r.times.size(), 2u);
+      EXPECT_EQ(r.iterations, 7);
+      EXPECT_EQ(r.version, "fake 1.0");
+      EXPECT_EQ(r.how, "fake exact; threads 1");
+      EXPECT_GT(r.peak_flops, 0) << "% of peak against the default target's";
+      EXPECT_EQ(pf.gbench_runs.size(), 2u + 3u) << "iterations and mean/median/stddev, as Google Benchmark writes";
+    } else if (r.kernel == "ort_mha") {
+      EXPECT_EQ(r.status, PointStatus::Failed);
+      EXPECT_EQ(r.verdict, "FAIL");
+      EXPECT_NE(r.reason.find("disagrees with the float64 reference"), std::string::npos) << r.reason;
+      EXPECT_TRUE(r.times.empty()) << "a disagreeing peer is not timed";
+      EXPECT_TRUE(pf.gbench_runs.empty());
+    } else if (r.kernel == "ort_gqa") {
+      EXPECT_EQ(r.status, PointStatus::Skipped);
+      EXPECT_EQ(r.reason, "fake: not this shape");
+    } else {
+      EXPECT_EQ(r.status, PointStatus::Failed);
+      EXPECT_NE(r.reason.find("server died"), std::string::npos) << r.reason;
+    }
+  }
+  EXPECT_EQ(seen, (std::map<std::string, int>{
+                      {"naive", 4}, {"torch_sdpa", 4}, {"ort_mha", 4}, {"ort_gqa", 4}, {"jax_dpa", 4}}));
+  const std::string csv = read_text_file(dir + "/results.csv");
+  EXPECT_NE(csv.find(",torch_sdpa,peer,ok,,,fake 1.0,fake exact; threads 1,"), std::string::npos) << csv.substr(0, 600);
+  EXPECT_NE(read_text_file(dir + "/bench.json").find("attn/torch_sdpa/"), std::string::npos);
+}
+
+TEST_F(SweepPeers, MissingEnvironmentOrLibrarySkipsWithTheReason) {
+  {
+    SweepOptions o = peer_options(fresh_dir("peers_nopython"));
+    o.peers_python = "/nonexistent/bin/python";
+    const SweepSummary s = run_sweep(peer_experiment(), o);
+    EXPECT_EQ(s.ok, 4u);
+    EXPECT_EQ(s.skipped, 16u);
+    for (const auto& pf : read_points(o.out_dir)) {
+      if (pf.record.kernel == "naive") continue;
+      EXPECT_NE(pf.record.reason.find("no peers environment: /nonexistent/bin/python does not exist (scripts/lab "
+                                      "peers-setup"),
+                std::string::npos)
+          << pf.record.reason;
+    }
+  }
+  ::setenv("ATTN_FAKE_PEER_UNAVAILABLE", "1", 1);
+  const std::string dir = fresh_dir("peers_unavailable");
+  const SweepSummary s = run_sweep(peer_experiment(), peer_options(dir));
+  EXPECT_EQ(s.skipped, 16u);
+  for (const auto& pf : read_points(dir)) {
+    if (pf.record.kernel != "naive") {
+      EXPECT_EQ(pf.record.reason.rfind("fake ", 0), 0u) << pf.record.reason;
+    }
+  }
+}
+
+TEST(SweepPeerNames, FamiliesAndKernelsParseOthersAreRefusedByName) {
+  EXPECT_EQ(parse_peers({"jax", "torch_sdpa", "ort_gqa"}, "peers"),
+            (std::vector<std::string>{"torch_sdpa", "ort_gqa", "jax_dpa"}));
+  EXPECT_EQ(parse_peers(split_list("torch,,ort"), "peers").size(), 4u);
+  try {
+    parse_peers({"tensorflow"}, "peers");
+    FAIL() << "tensorflow accepted";
+  } catch (const InvalidInput& e) {
+    const std::string m = e.what();
+    for (const char* part : {"peers: 'tensorflow' is not a peer", "torch, ort, jax", "torch_flex", "jax_dpa"}) {
+      EXPECT_NE(m.find(part), std::string::npos) << m;
+    }
+  }
+  const std::vector<std::string> names = {"naive"};
+  for (const auto& [doc, part] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"description": "d", "q_len": 8, "peers": ["tf"]})", "key 'peers': peers: 'tf' is not a peer"},
+           {R"({"description": "d", "q_len": 8, "peers": 3})", "key 'peers': bad value 3"},
+           {R"({"description": "d", "q_len": 8, "peers": [1]})", "a list of peer names"}}) {
+    try {
+      parse_experiment(Json::parse(doc), "x", names);
+      FAIL() << doc << " accepted";
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  }
+  const Experiment e = parse_experiment(Json::parse(R"({"description": "d", "q_len": 8, "peers": "ort"})"), "x", names);
+  EXPECT_EQ(e.peers, (std::vector<std::string>{"ort_mha", "ort_gqa"}));
+}
+
+}  // namespace
+}  // namespace attnlab::bench
