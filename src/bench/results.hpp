@@ -13,6 +13,7 @@
 //   <dir>/bench.json        Google Benchmark JSON of all timed points (context + benchmarks),
 //                           so google/benchmark's tools/compare.py works on it
 //   <dir>/results.csv       tidy table, one row per decided point (ok, failed, skipped)
+//   <dir>/schema.json       the point fields of results.csv (point_schema.hpp), for the reports
 // bench.json and results.csv are regenerated from points/ after every point. Every file is
 // written whole and synced (write_file_atomic). Non-finite numbers in the JSON files are
 // the strings "inf", "-inf", "nan" (JSON has no such numbers); the CSV writes inf, -inf,
