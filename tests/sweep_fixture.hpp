@@ -31,6 +31,7 @@
 #include "bench/peers.hpp"
 #include "bench/stats.hpp"
 #include "bench/sweep.hpp"
+#include "test_util.hpp"
 
 namespace attnlab::bench {
 namespace {

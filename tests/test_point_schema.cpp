@@ -28,34 +28,14 @@ using Json = nlohmann::json;
 
 const std::string kSource = ATTNLAB_SOURCE_DIR;
 
-// One CSV line into fields (quotes as csv_field writes them: "" inside quotes).
-std::vector<std::string> split_csv(const std::string& line) {
-  std::vector<std::string> out(1);
-  bool quoted = false;
-  for (size_t i = 0; i < line.size(); ++i) {
-    const char c = line[i];
-    if (quoted && c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
-      out.back() += '"';
-      ++i;
-    } else if (c == '"') {
-      quoted = !quoted;
-    } else if (c == ',' && !quoted) {
-      out.emplace_back();
-    } else {
-      out.back() += c;
-    }
-  }
-  return out;
-}
-
 std::vector<std::map<std::string, std::string>> read_csv(const std::string& path) {
   std::ifstream in(path);
   std::string line;
   std::getline(in, line);
-  const auto header = split_csv(line);
+  const auto header = test::split_csv(line);
   std::vector<std::map<std::string, std::string>> rows;
   while (std::getline(in, line)) {
-    const auto cells = split_csv(line);
+    const auto cells = test::split_csv(line);
     std::map<std::string, std::string> row;
     for (size_t i = 0; i < header.size() && i < cells.size(); ++i) row[header[i]] = cells[i];
     rows.push_back(std::move(row));

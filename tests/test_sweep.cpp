@@ -525,24 +525,7 @@ TEST(SweepEstimate, RateBookUsesTheLargestPointAndFallsBack) {
 std::map<std::string, std::string> csv_row(const std::string& csv, size_t index) {
   std::istringstream in(csv);
   std::vector<std::vector<std::string>> rows;
-  for (std::string line; std::getline(in, line);) {
-    std::vector<std::string> fields(1);
-    bool quoted = false;
-    for (size_t i = 0; i < line.size(); ++i) {
-      const char c = line[i];
-      if (c == '"' && quoted && i + 1 < line.size() && line[i + 1] == '"') {
-        fields.back() += c;
-        ++i;
-      } else if (c == '"') {
-        quoted = !quoted;
-      } else if (c == ',' && !quoted) {
-        fields.emplace_back();
-      } else {
-        fields.back() += c;
-      }
-    }
-    rows.push_back(fields);
-  }
+  for (std::string line; std::getline(in, line);) rows.push_back(test::split_csv(line));
   std::map<std::string, std::string> out;
   EXPECT_EQ(rows.at(0).size(), rows.at(index + 1).size()) << csv;
   for (size_t i = 0; i < rows.at(0).size(); ++i) out[rows[0][i]] = rows.at(index + 1).at(i);

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "attnlab/kernel.hpp"
 #include "attnlab/problem.hpp"
@@ -41,6 +42,26 @@ inline std::string attnlab_exe() {
   return e && *e ? e : ATTNLAB_EXE;
 }
 #endif
+
+// One results.csv line into its fields (quotes as csv_field writes them: "" inside quotes).
+inline std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> fields(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (c == '"' && quoted && i + 1 < line.size() && line[i + 1] == '"') {
+      fields.back() += c;
+      ++i;
+    } else if (c == '"') {
+      quoted = !quoted;
+    } else if (c == ',' && !quoted) {
+      fields.emplace_back();
+    } else {
+      fields.back() += c;
+    }
+  }
+  return fields;
+}
 
 inline Problem shape(int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d) {
   Problem p;

@@ -1,6 +1,7 @@
 #include "bench/point_schema.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 namespace attnlab::bench {
@@ -8,12 +9,6 @@ namespace attnlab::bench {
 namespace {
 
 std::string bound(int64_t v) { return v < 0 ? "inf" : std::to_string(v); }
-
-std::string real_text(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
 
 bool never(const PointView&) { return false; }
 
@@ -53,7 +48,7 @@ std::vector<PointField> make_fields() {
       {"pattern", "text", "the sparse pattern's name (\"\" dense)", false, 0, "", "", never,
        [](V v) { return v.problem.pattern_name(); }, nullptr, nullptr},
       {"density", "real", "visible pairs / all pairs", false, 0, "", "", never,
-       [](V v) { return real_text(density(v.problem)); }, nullptr, nullptr},
+       [](V v) { return csv_number(density(v.problem)); }, nullptr, nullptr},
       {"layout", "text", "bhsd or bshd", true, 9, "-", "/layout:", [](V v) { return v.problem.layout == Layout::BHSD; },
        [](V v) { return std::string(to_string(v.problem.layout)); }, "bshd",
        ATTN_NUM(v.problem.layout == Layout::BSHD ? 1 : 0)},
@@ -118,6 +113,14 @@ std::string mask_name(const Problem& p) {
 double density(const Problem& p) {
   return static_cast<double>(p.visible_pairs()) /
          (static_cast<double>(p.batch * p.q_heads) * static_cast<double>(p.q_len) * static_cast<double>(p.kv_len));
+}
+
+std::string csv_number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
 }
 
 const std::vector<PointField>& point_fields() {

@@ -71,4 +71,8 @@ std::string mask_name(const Problem& p);
 // Visible pairs over all (b, h, i, j) pairs.
 double density(const Problem& p);
 
+// A number as results.csv writes it: "%.6g", non-finite values as inf, -inf, nan (what Python's
+// float() reads).
+std::string csv_number(double v);
+
 }  // namespace attnlab::bench

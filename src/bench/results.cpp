@@ -84,15 +84,8 @@ double real_at(const Json& j, const char* key) {
   }
 }
 
-// Numbers in the CSV: shortest text that round-trips well enough for plots; non-finite
-// values as inf, -inf, nan (what Python's float() reads). Callers write "" for "does not apply".
-std::string num(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
-}
+// Numbers in the CSV (csv_number, point_schema.hpp); callers write "" for "does not apply".
+std::string num(double v) { return csv_number(v); }
 
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
