@@ -1,0 +1,137 @@
+"""Loading a results folder: typed rows, machine, experiment, plan; the kernels' order and
+targets; which rows are peers, prefill, decode; holding parameters fixed."""
+
+import collections
+import csv
+import json
+import os
+
+from . import schema
+from .schema import load_schema, use_schema
+
+
+DECODE_MAX_Q = 16  # q_len at most this (and below kv_len) counts as decode
+
+
+# What users run instead (attnlab sweep --peers; src/bench/peers.hpp), in report order.
+PEERS = ("torch_sdpa", "torch_flex", "ort_mha", "ort_gqa", "jax_dpa")
+
+
+PEER_COLORS = {"torch_sdpa": "black", "torch_flex": "dimgray", "ort_mha": "darkgoldenrod", "ort_gqa": "saddlebrown",
+               "jax_dpa": "mediumvioletred"}
+
+
+def is_peer(kernel):
+    return kernel in PEERS
+
+
+def load_results(folder):
+    """The folder's points (list of dicts with typed values), machine, experiment, plan."""
+    path = os.path.join(folder, "results.csv")
+    if not os.path.isfile(path):
+        raise SystemExit(f"report: {path} not found; allowed: a folder written by attnlab sweep")
+    use_schema(load_schema(folder))
+    rows = []
+    with open(path, newline="") as f:
+        for raw in csv.DictReader(f):
+            row = {}
+            for key, value in raw.items():
+                if key in schema.INT_COLS:
+                    row[key] = int(value) if value not in ("", None) else None
+                elif key in schema.FLOAT_COLS:
+                    row[key] = float(value) if value not in ("", None) else None
+                else:
+                    row[key] = value
+            # Folders written before 16-bit storage: float32 inputs, no separate error.
+            if not row.get("dtype"):
+                row["dtype"] = "f32"
+            if row.get("err_o_rel_f32_inputs") is None:
+                row["err_o_rel_f32_inputs"] = row.get("err_o_rel")
+            # Folders written before sparse patterns: interval masks only.
+            row.setdefault("pattern", "")
+            # Folders written before d_v != d_qk and model labels.
+            if row.get("head_dim_v") is None:
+                row["head_dim_v"] = row["head_dim"]
+            row.setdefault("model", "")
+            if row.get("plan_bytes") is None:
+                row["plan_bytes"] = 0
+            rows.append(row)
+
+    def read_json(name):
+        p = os.path.join(folder, name)
+        if not os.path.isfile(p):
+            return {}
+        with open(p) as f:
+            return json.load(f)
+
+    return rows, read_json("machine.json"), read_json("experiment.json"), read_json("sweep.json")
+
+
+def kernel_order(rows, machine):
+    """The kernels (labels) present in rows, in the registry's order, each one's targets
+    narrowest first."""
+    names = [k["name"] for k in machine.get("kernels", [])]
+    targets = built_targets(machine)
+
+    def key(r):
+        name = r.get("kernel_name", r["kernel"])
+        n = names.index(name) if name in names else len(names) + (PEERS.index(name) if name in PEERS else 0)
+        t = targets.index(r.get("isa")) if r.get("isa") in targets else -1
+        return (n, name, t)
+
+    seen = []
+    for r in sorted(rows, key=key):
+        if r["kernel"] not in seen:
+            seen.append(r["kernel"])
+    return seen
+
+
+def built_targets(machine):
+    """The targets the build compiled its SIMD kernels for, narrowest first ([] when the
+    machine.json predates them)."""
+    return list(machine.get("isa", {}).get("targets_built", []))
+
+
+def default_target(machine):
+    """The target the SIMD kernels ran when none was named, and whose read bandwidth and
+    FMA peak the kernels built once are measured against."""
+    isa = machine.get("isa", {})
+    return (machine.get("peaks", {}).get("simd_arch") or isa.get("default") or isa.get("simd_arch") or "?")
+
+
+def ok_rows(rows):
+    return [r for r in rows if r["status"] == "ok" and r.get("time_median_s")]
+
+
+def is_prefill(r):
+    return r["q_len"] == r["kv_len"]
+
+
+def is_decode(r):
+    return r["q_len"] <= DECODE_MAX_Q and r["q_len"] < r["kv_len"]
+
+
+def modal(rows, key):
+    """Most common value; ties go to the largest (the longest sequence, the most threads)."""
+    counts = collections.Counter(r[key] for r in rows)
+    return max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0] if counts else None
+
+
+def hold_fixed(rows, free):
+    """Rows whose parameters outside `free` equal their most common value, and those values.
+    The dimensions are fixed one after the other among the rows still kept, so the result is
+    never empty (an experiment of several grids need not hold every combination)."""
+    fixed = {}
+    kept = rows
+    for d in schema.DIMS:
+        if d in free:
+            continue
+        fixed[d] = modal(kept, d)
+        kept = [r for r in kept if r[d] == fixed[d]]
+    return kept, fixed
+
+
+def describe_fixed(fixed):
+    parts = [f"{k} {v}" for k, v in fixed.items()
+             if v not in (None, "") and not (k == "head_dim_v" and v == fixed.get("head_dim"))]
+    return ", ".join(parts)

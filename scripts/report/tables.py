@@ -1,0 +1,166 @@
+"""The report's tables: agreement, per-model, summary, the peers beside the lab."""
+
+import collections
+import math
+
+from . import schema
+from .figures import fmt
+from .load import PEERS, is_decode, is_peer
+
+
+def agreement(rows_k):
+    verified = [r for r in rows_k if r["verdict"] in ("PASS", "FAIL")]
+    fails = [r for r in verified if r["verdict"] == "FAIL"]
+    if fails:
+        return f"FAIL ({len(fails)} of {len(verified)} shapes)"
+    if verified:
+        return f"PASS ({len(verified)}/{len(verified)} shapes)"
+    skipped = [r for r in rows_k if r["status"] == "skipped"]
+    if skipped:
+        reason = skipped[0]["reason"]
+        return "not run: " + (reason if len(reason) <= 90 else reason[:87] + "...")
+    return "not verified"
+
+
+def model_table(rows, experiment):
+    """Per model (rows with a model label, in the experiment's grid order): its configuration, prefill
+    GFLOP/s and % of peak at each measured context, decode time per token at 4k and 32k, the KV
+    bytes per token, and every point that did not run with its reason."""
+    labelled = list(dict.fromkeys(r["model"] for r in rows if r.get("model")))
+    if not labelled:
+        return []
+    in_file = [g["model"] for g in experiment.get("grids", []) if isinstance(g, dict) and g.get("model")]
+    models = list(dict.fromkeys([m for m in in_file if m in labelled] + labelled))
+    md = ["## Models", "",
+          "One attention layer of each configuration (batch 1, every head, float32). Prefill: q_len = kv_len "
+          "(causal unless the model is an encoder), or the cross-attention shape; decode: one new token "
+          "against a cache of 4k / 32k keys. KV bytes per token: what one token adds to one layer's cache "
+          "(kv_heads x (d_qk + d_v) x 4 bytes) - multiply by the layer count for the model. (MLA's real "
+          "cache keeps one 576-wide latent row per token, V being its first 512 columns: 2304 bytes; the lab "
+          "stores V apart, so its decode reads the 4352 listed.) A decode above 100% of the read bandwidth "
+          "had its cache in the CPU caches.", "",
+          "| model | heads q/kv | d_qk / d_v | mask | prefill (context: GFLOP/s, % of FMA peak) | decode at 4k: "
+          "ms/token (% of read bandwidth, % of FMA peak) | decode at 32k | KV bytes/token/layer |",
+          "|---|---|---|---|---|---|---|---|"]
+    skipped = []
+    for m in models:
+        rm = [r for r in rows if r.get("model") == m]
+        ok_m = [r for r in rm if r["status"] == "ok" and r.get("time_median_s")]
+        skipped += [r for r in rm if r["status"] != "ok"]
+        pre = sorted((r for r in ok_m if not is_decode(r)), key=lambda r: (r["kv_len"], r["q_len"]))
+        pre_text = "; ".join(
+            (f"{r['q_len']}x{r['kv_len']}" if r["q_len"] != r["kv_len"] else f"{r['q_len']}")
+            + f": {fmt(r['gflops'], '.0f')}, {fmt(None if r['peak_fraction'] is None else 100 * r['peak_fraction'], '.0f')}%"
+            for r in pre) or "-"
+        dec = {r["kv_len"]: r for r in ok_m if is_decode(r)}
+
+        def decode_cell(n):
+            if n not in dec:
+                return "-"
+            r = dec[n]
+            pct = [fmt(None if r[k] is None else 100 * r[k], ".0f") + "% " + w
+                   for k, w in (("bw_fraction", "BW"), ("peak_fraction", "peak"))]
+            return f"{fmt(r['time_median_s'] * 1e3, '.3g')} ({', '.join(pct)})"
+
+        masks = sorted({r["mask"] for r in rm})
+        md.append(f"| {m} | " + " ; ".join(dict.fromkeys(f"{r['q_heads']}/{r['kv_heads']}" for r in rm)) + " | "
+                  + " ; ".join(dict.fromkeys(f"{r['head_dim']} / {r['head_dim_v']}" for r in rm)) + " | "
+                  f"{', '.join(masks)} | {pre_text} | {decode_cell(4096)} | {decode_cell(32768)} | "
+                  + " ; ".join(fmt(x, ".0f") for x in dict.fromkeys(r.get("kv_bytes_per_token") for r in rm)) + " |")
+    md.append("")
+    if skipped:
+        md += ["Model points that did not run (not shrunk to fit): "
+               + "; ".join(f"{shape_text(r)}: {r['status']} ({r['reason']})" for r in skipped), ""]
+    return md
+
+
+def summary_table(rows, ok, kernels, fits, fits_decode):
+    lines = ["| kernel | fitted exponent | best GFLOP/s | best % of peak | best % of read bandwidth | agreement | "
+             "points ok / failed / skipped |",
+             "|---|---|---|---|---|---|---|"]
+    for k in kernels:
+        rk = [r for r in rows if r["kernel"] == k]
+        ok_k = [r for r in ok if r["kernel"] == k]
+        if fits.get(k) is not None:
+            exp = f"{fits[k]:.2f} (time vs n)"
+        elif fits_decode.get(k) is not None:
+            exp = f"{fits_decode[k]:.2f} (time vs kv_len)"
+        else:
+            exp = "-"
+        best_g = max((r["gflops"] for r in ok_k if r["gflops"]), default=None)
+        best_p = max((r["peak_fraction"] for r in ok_k if r["peak_fraction"]), default=None)
+        best_bw = max((r["bw_fraction"] for r in ok_k if r["bw_fraction"]), default=None)
+        counts = collections.Counter(r["status"] for r in rk)
+        name = f"{k} (peer)" if is_peer(k) else k
+        lines.append(f"| {name} | {exp} | {fmt(best_g, '.1f')} | "
+                     f"{fmt(None if best_p is None else 100 * best_p, '.1f')} | "
+                     f"{fmt(None if best_bw is None else 100 * best_bw, '.0f')} | {agreement(rk)} | "
+                     f"{counts['ok']} / {counts['failed']} / {counts['skipped']} |")
+    return lines
+
+
+def shape_key(r):
+    return tuple(r.get(d) for d in schema.DIMS) + (r.get("pattern", ""),)
+
+
+def peer_section(rows, ok):
+    """Peers beside the lab: each peer's version and how it was driven, then per shape the best
+    lab kernel against the best peer (same run, same inputs, both verified), with the ratio."""
+    present = [k for k in PEERS if any(r["kernel"] == k for r in rows)]
+    if not present:
+        return []
+    md = ["## Peers: the lab's best against what users run", "",
+          "Peers ran in the same sweep on the same inputs (`attnlab sweep --peers`; scripts/peers/), at the "
+          "same thread count, timed like the lab's points (warm-up, then repetitions of >= min_time each; "
+          "medians), and their O was checked against the same float64 reference with the same tolerance "
+          "policy before its times were kept (a peer that disagrees is failed, not timed). % of peak is "
+          "against the default target's FMA peak.", "",
+          "| peer | version | points ok / failed / skipped | how it was driven (distinct settings) |",
+          "|---|---|---|---|"]
+    for k in present:
+        rk = [r for r in rows if r["kernel"] == k]
+        counts = collections.Counter(r["status"] for r in rk)
+        versions = sorted({r.get("version") for r in rk if r.get("version")})
+        hows = sorted({r.get("how") for r in rk if r["status"] == "ok" and r.get("how")})
+        md.append(f"| {k} | {', '.join(versions) or '-'} | {counts['ok']} / {counts['failed']} / "
+                  f"{counts['skipped']} | {'<br>'.join(h.replace('|', '/') for h in hows) or '-'} |")
+    md.append("")
+    best = collections.defaultdict(dict)  # shape -> {"lab": row, "peer": row}
+    for r in ok:
+        side = "peer" if is_peer(r["kernel"]) else "lab"
+        cur = best[shape_key(r)].get(side)
+        if cur is None or r["time_median_s"] < cur["time_median_s"]:
+            best[shape_key(r)][side] = r
+    pairs = [(v["lab"], v["peer"]) for v in best.values() if "lab" in v and "peer" in v]
+    if pairs:
+        pairs.sort(key=lambda lp: (lp[0]["flops"], lp[0]["mask"], lp[0]["threads"]))
+        ratios = [p["time_median_s"] / lab["time_median_s"] for lab, p in pairs]
+        gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+
+        def cell(r):
+            pf = r.get("peak_fraction")
+            return f"{fmt(r['gflops'], '.1f')} ({fmt(None if pf is None else 100 * pf, '.0f')}%)"
+
+        md += [f"Best lab kernel against the best peer, per shape ({len(pairs)} shapes where both ran): "
+               f"the lab is {gm:.2f}x the best peer's speed (geometric mean; from {min(ratios):.2f}x to "
+               f"{max(ratios):.2f}x). Speed-up = best peer's median time / best lab kernel's.", "",
+               "| shape | mask | threads | best lab kernel | GFLOP/s (% peak) | best peer | GFLOP/s (% peak) | "
+               "lab speed-up |", "|---|---|---|---|---|---|---|---|"]
+        for (lab, p), x in zip(pairs, ratios):
+            md.append(f"| {shape_text(lab)} | {lab['mask']} | {lab['threads']} | {lab['kernel']} | {cell(lab)} | "
+                      f"{p['kernel']} | {cell(p)} | {x:.2f}x |")
+        md.append("")
+    return md
+
+
+def shape_text(r):
+    s = f"b{r['batch']} h{r['q_heads']}/{r['kv_heads']} q{r['q_len']} kv{r['kv_len']} d{r['head_dim']}"
+    if r.get("head_dim_v", r["head_dim"]) != r["head_dim"]:
+        s += f"/{r['head_dim_v']}"
+    if r.get("model"):
+        s = f"{r['model']}: " + s
+    if r["layout"] != "bhsd":
+        s += f" {r['layout']}"
+    if r.get("dtype", "f32") != "f32":
+        s += f" {r['dtype']}"
+    return s
