@@ -344,7 +344,10 @@ TEST_F(Cli, BadInputGetsClearErrorsAndWritesNothing) {
       {"run --impl naive --q " + path("k.npy") + " --k " + path("q.npy") + " --v " + path("missing.npy") + out,
        "cannot open"},
       {"verify --q-heads 3 --kv-heads 2", "kv_heads: 2 does not divide q_heads (3)"},
-      {"verify --head-dim 0", "head_dim: 0 is not supported"},
+      {"verify --head-dim 0", "--head-dim: bad value 0; allowed: a positive integer"},
+      {"verify --dtype f32,bf16", "--dtype: bad value [\"f32\",\"bf16\"]; allowed: one value"},
+      {"verify --layout diagonal", "--layout: bad value \"diagonal\"; allowed: \"bhsd\", \"bshd\""},
+      {"verify --q-heads 8 --gqa-groups 3", "--gqa-groups: bad value 3; allowed: divisors of every q_heads value"},
       {"verify --q " + path("q.npy"), "--q, --k, --v and --expect go together"},
   };
   for (const Bad& b : cases) {

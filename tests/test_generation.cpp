@@ -17,8 +17,8 @@ namespace {
 bench::GenerationConfig small(DType dtype = DType::F32) {
   bench::GenerationConfig c;
   c.name = "t";
-  c.q_heads = 6, c.kv_heads = 2, c.head_dim = 40;
-  c.dtype = dtype;
+  c.head.q_heads = 6, c.head.kv_heads = 2, c.head.head_dim = 40;
+  c.head.dtype = dtype;
   c.prompt = 700, c.steps = 9, c.capacity = 1000;  // decode's 512-key chunk crossed by the prompt
   c.threads = 2;
   c.verify_steps = 9;  // every step
@@ -37,7 +37,8 @@ void expect_every_step_verified(const bench::GenerationResult& r) {
     EXPECT_DOUBLE_EQ(st.kv_read_bytes, static_cast<double>(st.context) * c.kv_bytes_per_token());
     EXPECT_GT(st.attention_s, 0.0);
     EXPECT_GT(st.repeat_s, 0.0);
-    EXPECT_DOUBLE_EQ(st.flops, 2.0 * (c.head_dim + c.dim_v()) * static_cast<double>(c.q_heads * st.context));
+    EXPECT_DOUBLE_EQ(st.flops,
+                     2.0 * (c.head.head_dim + c.head.dim_v()) * static_cast<double>(c.head.q_heads * st.context));
   }
   EXPECT_GT(r.median_repeat_s(), 0.0);
 }
@@ -51,8 +52,8 @@ TEST(Generation, EveryStepAgreesWithTheReference) {
 
 TEST(Generation, SixteenBitCacheAndHeadDimV) {
   bench::GenerationConfig c = small(DType::BF16);
-  c.head_dim_v = 24;
-  c.kv_heads = 1;  // MQA
+  c.head.head_dim_v = 24;
+  c.head.kv_heads = 1;  // MQA
   const bench::GenerationResult r = bench::run_generation(c);
   expect_every_step_verified(r);
   EXPECT_DOUBLE_EQ(c.kv_bytes_per_token(), 2.0 * (40 + 24));
@@ -83,7 +84,7 @@ TEST(Generation, BadConfigurationsNameTheField) {
       },
       InvalidInput);
   c = small();
-  c.kv_heads = 4;  // does not divide 6
+  c.head.kv_heads = 4;  // does not divide 6
   EXPECT_THROW(c.validate(), InvalidInput);
   c = small();
   c.kernel = "flash_bf16";  // f32 cache: refused with the reason
@@ -104,8 +105,8 @@ TEST(Generation, ExperimentFilesExpandRunsTimesPrompts) {
   ASSERT_EQ(configs.size(), 4u);
   EXPECT_EQ(configs[0].name, "mha");
   EXPECT_EQ(configs[1].prompt, 20);
-  EXPECT_EQ(configs[3].kv_heads, 1);
-  EXPECT_EQ(configs[3].dtype, DType::BF16);
+  EXPECT_EQ(configs[3].head.kv_heads, 1);
+  EXPECT_EQ(configs[3].head.dtype, DType::BF16);
   EXPECT_EQ(configs[3].threads, 2);
   const auto refused = [&](const std::string& text, const std::string& want) {
     try {
@@ -120,6 +121,17 @@ TEST(Generation, ExperimentFilesExpandRunsTimesPrompts) {
           "unknown key 'colour'");
   refused(R"({"kind": "generation", "description": "d", "steps": 0, "runs": [{"name": "a"}]})", "key 'steps'");
   refused(R"({"kind": "generation", "description": "d", "runs": [{"name": "a/b"}]})", "name");
+  // The heads and settings are the point schema's axes, with their grammar and errors.
+  refused(R"({"kind": "generation", "description": "d", "runs": [{"name": "a", "dtype": "f8"}]})",
+          "run 'a': key 'dtype': bad value \"f8\"; allowed: \"f32\", \"bf16\", \"f16\"");
+  refused(R"({"kind": "generation", "description": "d", "q_heads": 8, "runs": [{"name": "a", "gqa_groups": 3}]})",
+          "key 'gqa_groups': bad value 3");
+  refused(R"({"kind": "generation", "description": "d", "layout": "bshd", "runs": [{"name": "a"}]})",
+          "layout: bshd; allowed: bhsd");
+  const auto grouped = bench::load_generation_experiment(
+      write(R"({"kind": "generation", "description": "d", "q_heads": 8, "runs": [{"name": "a", "gqa_groups": 4}]})"),
+      2);
+  EXPECT_EQ(grouped[0].head.kv_heads, 2) << "gqa_groups sets kv_heads from q_heads";
   std::filesystem::remove_all(dir);
 }
 

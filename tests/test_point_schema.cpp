@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
@@ -238,6 +239,67 @@ TEST(PointSchema, PointsSurviveExperimentToReport) {
   EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << read_text_file(dir + "/out.txt");
   const PointRecord& labelled = records[0].model.empty() ? records[1] : records[0];
   EXPECT_NE(labelled.id.find("-d32v16-causal_tl_window_5_0-bshd-bf16-t2-tiny"), std::string::npos) << labelled.id;
+}
+
+// The input table reaches every interface: each axis is an experiment key (its default value
+// parses and expands), a flag of every command its kind belongs to, and (a setting) a Python
+// keyword (tests/python: test_every_setting_axis_is_a_keyword).
+TEST(PointSchema, EveryAxisIsAKeyAFlagAndAKeyword) {
+  const auto help = [](const std::string& command) {
+    const std::string cmd = test::attnlab_exe() + " " + command + " --help 2>&1";
+    std::string out;
+    FILE* pipe = popen(cmd.c_str(), "r");
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+    pclose(pipe);
+    return out;
+  };
+  const std::map<std::string, std::string> helps = {
+      {"run", help("run")}, {"verify", help("verify")}, {"sweep", help("sweep")}, {"generate", help("generate")}};
+  const std::map<AxisKind, std::vector<std::string>> commands = {
+      {AxisKind::Size, {"verify"}}, {AxisKind::Setting, {"run", "verify", "sweep", "generate"}}};
+  for (const Axis& a : axes()) {
+    Json doc = {{"description", "d"}, {"implementations", {"naive"}}, {"q_len", 8}};
+    doc[a.key] = a.fallback ? Json::parse(a.fallback) : Json(8);
+    if (a.alternative) doc.erase(a.alternative);
+    if (std::string_view(a.key) == "d_model") doc[a.key] = 64;  // a multiple of q_heads' default 8
+    if (std::string_view(a.key) == "gqa_groups") doc[a.key] = 2;
+    const Experiment e = parse_experiment(doc, "t.json", registry_kernel_names());
+    EXPECT_EQ(expand(e, 1).size(), 1u) << a.key;
+    ASSERT_NE(e.grids[0].values(a.key), nullptr) << a.key;
+    const auto it = commands.find(a.kind);
+    if (it == commands.end()) continue;
+    for (const std::string& command : it->second) {
+      EXPECT_NE(helps.at(command).find(flag_of(a.key)), std::string::npos)
+          << "attnlab " << command << " has no " << flag_of(a.key);
+    }
+  }
+  // The sizes generate takes, and none that it does not (its lengths are the prompt's).
+  EXPECT_NE(helps.at("generate").find("--kv-heads"), std::string::npos);
+  EXPECT_EQ(helps.at("generate").find("--q-len"), std::string::npos);
+}
+
+// The odometer turns every axis: a grid's point count is the product of its values' counts,
+// whatever order the axes come in, and each point carries one combination.
+TEST(PointSchema, ExpandIsTheProductOfTheAxes) {
+  const Json doc = Json::parse(R"({"description": "d", "implementations": ["naive"], "batch": [1, 2],
+      "q_heads": [4, 8], "gqa_groups": [1, 4], "q_len": [8, 16], "kv_len": [8, "q_len", 32], "d_model": [64, 128],
+      "head_dim_v": [0, 24], "causal": [false, "top_left"], "window": [null, [3, 0]], "layout": ["bhsd", "bshd"],
+      "dtype": ["f32", "f16"], "threads": [1, 2]})");
+  const Experiment e = parse_experiment(doc, "t.json", registry_kernel_names());
+  const auto points = expand(e, 2);
+  // kv_len 8 or "q_len" coincide at q_len 8: 2 * 2 * 2 * (2 * 3 - 1) * 2 * 2 * 2 * 2 * 2 * 2 * 2.
+  EXPECT_EQ(points.size(), 2u * 2 * 2 * 5 * 2 * 2 * 2 * 2 * 2 * 2 * 2);
+  std::set<std::tuple<int64_t, int64_t, int64_t, int64_t>> heads_dims;
+  for (const GridPoint& g : points) {
+    const Problem& p = g.problem;
+    heads_dims.insert({p.q_heads, p.kv_heads, p.head_dim, p.dim_v()});
+    EXPECT_TRUE(p.q_heads * p.head_dim == 64 || p.q_heads * p.head_dim == 128) << g.id();
+  }
+  // q_heads x gqa_groups x d_model x head_dim_v, each derived from the ones before it.
+  EXPECT_EQ(heads_dims.size(), 16u);
+  EXPECT_TRUE(heads_dims.count({8, 2, 16, 24})) << "q_heads 8, 4 groups, d_model 128, d_v 24";
+  EXPECT_TRUE(heads_dims.count({4, 4, 16, 16})) << "q_heads 4, 1 group, d_model 64, d_v = head_dim";
 }
 
 }  // namespace

@@ -131,6 +131,12 @@ std::string kernel_names();  // "naive, blocked, ..."
 // The targets kernel `name` is built for (one entry, its isa(), for single-build kernels).
 std::vector<std::string> kernel_isas(std::string_view name);
 
+// The kernels whose capability holds ("naive, flash, ..."), for refusals that name them. The
+// registry hands its list over at start-up (set_kernel_catalog): attn_core does not link the
+// kernels; "" until it does.
+std::string kernels_that(bool (Kernel::*capability)() const);
+void set_kernel_catalog(std::vector<const Kernel*> (*all)());
+
 // supports(), after runs_patterns() for a sparse problem and runs_head_dim_v() for d_v != d_qk:
 // the kernel-side half of can_run.
 Support supports_problem(const Kernel& kernel, const Problem& problem);

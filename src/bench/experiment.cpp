@@ -16,149 +16,27 @@ namespace attnlab::bench {
 
 namespace {
 
-using Json = nlohmann::json;
-
 // Bounds on what a file can ask for, so a hostile file is an error, not an endless loop.
 constexpr int64_t kMaxGridPoints = 100000;  // points of all grids together
-constexpr int64_t kMaxListLength = 4096;    // values of one key (after expanding pow2 / range)
 
-// Keys of one grid (allowed at the top level and inside "grids" entries).
-const std::vector<std::string> kGridKeys = {
-    "implementations", "batch",    "q_heads",  "kv_heads", "gqa_groups", "q_len", "kv_len",  "head_dim", "head_dim_v",
-    "d_model",         "model",    "causal",   "window",   "layout",     "dtype", "threads", "isa",      "sinks",
-    "global",          "doc_lens", "dilation", "bigbird"};
+// Keys of one grid (allowed at the top level and inside "grids" entries): the kernels, the
+// schema's axes, the grid's label and targets, its sparse pattern.
+const std::vector<std::string>& grid_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k = {"implementations"};
+    for (const Axis& a : axes()) k.emplace_back(a.key);
+    for (const char* x : {"model", "isa", "sinks", "global", "doc_lens", "dilation", "bigbird"}) k.emplace_back(x);
+    return k;
+  }();
+  return keys;
+}
+bool is_grid_key(const std::string& key) {
+  const auto& k = grid_keys();
+  return std::find(k.begin(), k.end(), key) != k.end();
+}
 // Keys allowed only at the top level.
 const std::vector<std::string> kRunKeys = {"description",       "repetitions", "rounds", "min_time_s", "time_cap_s",
                                            "memory_budget_mib", "verify_rows", "seed",   "grids",      "peers"};
-// A grid key that replaces the top-level one's alternative.
-const std::vector<std::pair<std::string, std::string>> kExclusive = {{"kv_heads", "gqa_groups"},
-                                                                     {"head_dim", "d_model"}};
-
-constexpr const char* kIntsAllowed =
-    "a positive integer, a list of them, {\"pow2\": [lo, hi]} (powers of two, lo <= hi) or "
-    "{\"range\": [start, stop, step]} (stop inclusive, step >= 1)";
-
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
-  return s;
-}
-
-// Error builder: every message names the file, the key, the bad value and what is allowed.
-struct Where {
-  std::string file;
-  [[noreturn]] void bad(const std::string& key, const Json& value, const std::string& allowed) const {
-    throw InvalidInput("experiment " + file + ": key '" + key + "': bad value " + value.dump() +
-                       "; allowed: " + allowed);
-  }
-  [[noreturn]] void fail(const std::string& what) const { throw InvalidInput("experiment " + file + ": " + what); }
-};
-
-// An integer that fits int64 (nlohmann keeps larger ones as uint64).
-bool is_int(const Json& v) {
-  return v.is_number_integer() && (!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t{INT64_MAX});
-}
-
-// A list `key` may not have more than kMaxListLength values; `count` is how many it has.
-void check_list_length(const Where& w, const std::string& key, const Json& v, uint64_t count) {
-  if (count > static_cast<uint64_t>(kMaxListLength)) {
-    w.bad(key, v,
-          "at most " + std::to_string(kMaxListLength) + " values per key (this gives " + std::to_string(count) + ")");
-  }
-}
-
-bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
-
-// INTS, each value >= min_value.
-std::vector<int64_t> parse_ints(const Where& w, const std::string& key, const Json& v, int64_t min_value) {
-  const std::string allowed = std::string(kIntsAllowed) + ", each >= " + std::to_string(min_value);
-  std::vector<int64_t> out;
-  auto take = [&](const Json& x) {
-    if (!is_int(x) || x.get<int64_t>() < min_value) w.bad(key, v, allowed);
-    out.push_back(x.get<int64_t>());
-  };
-  if (is_int(v)) {
-    take(v);
-  } else if (v.is_array()) {
-    if (v.empty()) w.bad(key, v, allowed + " (not an empty list)");
-    check_list_length(w, key, v, v.size());
-    for (const auto& x : v) take(x);
-  } else if (v.is_object() && v.size() == 1 && v.contains("pow2")) {
-    const Json& a = v["pow2"];
-    if (!a.is_array() || a.size() != 2 || !is_int(a[0]) || !is_int(a[1])) w.bad(key, v, allowed);
-    const int64_t lo = a[0].get<int64_t>(), hi = a[1].get<int64_t>();
-    if (!is_pow2(lo) || !is_pow2(hi) || lo > hi || lo < min_value) w.bad(key, v, allowed);
-    // x <= hi / 2 before doubling: 2 * x never passes INT64_MAX.
-    for (int64_t x = lo;; x *= 2) {
-      out.push_back(x);
-      if (x > hi / 2) break;
-    }
-  } else if (v.is_object() && v.size() == 1 && v.contains("range")) {
-    const Json& a = v["range"];
-    if (!a.is_array() || a.size() != 3 || !is_int(a[0]) || !is_int(a[1]) || !is_int(a[2])) w.bad(key, v, allowed);
-    const int64_t start = a[0].get<int64_t>(), stop = a[1].get<int64_t>(), step = a[2].get<int64_t>();
-    if (step < 1 || start > stop || start < min_value) w.bad(key, v, allowed);
-    // start >= 0 here, so stop - start cannot wrap; values are start + n * step, never summed past stop.
-    const uint64_t count = static_cast<uint64_t>((stop - start) / step) + 1;
-    check_list_length(w, key, v, count);
-    for (uint64_t n = 0; n < count; ++n) out.push_back(start + static_cast<int64_t>(n) * step);
-  } else {
-    w.bad(key, v, allowed);
-  }
-  std::vector<int64_t> unique;
-  for (int64_t x : out) {
-    if (std::find(unique.begin(), unique.end(), x) == unique.end()) unique.push_back(x);
-  }
-  return unique;
-}
-
-CausalAlign parse_one_causal(const Where& w, const Json& whole, const Json& v) {
-  if (v.is_boolean()) return v.get<bool>() ? CausalAlign::BottomRight : CausalAlign::None;
-  if (v.is_string() && v.get<std::string>() == "top_left") return CausalAlign::TopLeft;
-  if (v.is_string() && v.get<std::string>() == "bottom_right") return CausalAlign::BottomRight;
-  w.bad("causal", whole, "false, true (bottom-right aligned), \"bottom_right\", \"top_left\", or a list of these");
-}
-
-std::vector<CausalAlign> parse_causal(const Where& w, const Json& v) {
-  std::vector<CausalAlign> out;
-  if (v.is_array()) {
-    if (v.empty()) w.bad("causal", v, "a non-empty list of false, true, \"top_left\"");
-    check_list_length(w, "causal", v, v.size());
-    for (const auto& x : v) out.push_back(parse_one_causal(w, v, x));
-  } else {
-    out.push_back(parse_one_causal(w, v, v));
-  }
-  return out;
-}
-
-std::vector<Window> parse_window(const Where& w, const Json& v) {
-  const std::string allowed =
-      "null (no window), [L, R] with integers >= -1 (-1 = unbounded), or a list of null / [L, R]";
-  auto one = [&](const Json& x) -> Window {
-    if (x.is_null() || (x.is_string() && x.get<std::string>() == "none")) return {};
-    if (!x.is_array() || x.size() != 2 || !is_int(x[0]) || !is_int(x[1]) || x[0].get<int64_t>() < -1 ||
-        x[1].get<int64_t>() < -1) {
-      w.bad("window", v, allowed);
-    }
-    return {x[0].get<int64_t>(), x[1].get<int64_t>()};
-  };
-  // [L, R] of two integers is one window; any other list is a list of windows.
-  if (v.is_array() && v.size() == 2 && is_int(v[0]) && is_int(v[1])) return {one(v)};
-  if (v.is_array()) {
-    if (v.empty()) w.bad("window", v, allowed);
-    check_list_length(w, "window", v, v.size());
-    std::vector<Window> out;
-    for (const auto& x : v) out.push_back(one(x));
-    return out;
-  }
-  return {one(v)};
-}
-
-int64_t parse_one_int(const Where& w, const std::string& key, const Json& v, int64_t min_value,
-                      const std::string& allowed) {
-  if (!is_int(v) || v.get<int64_t>() < min_value) w.bad(key, v, allowed);
-  return v.get<int64_t>();
-}
 
 // A list of integers >= min_value, or {"<form>": n} with n >= 1.
 void parse_list_or_form(const Where& w, const std::string& key, const Json& v, const char* form, int64_t min_value,
@@ -195,67 +73,6 @@ PatternKeys parse_pattern(const Where& w, const Json& doc) {
   return k;
 }
 
-std::vector<Layout> parse_layouts(const Where& w, const Json& v) {
-  auto one = [&](const Json& x) {
-    if (x.is_string() && x.get<std::string>() == "bhsd") return Layout::BHSD;
-    if (x.is_string() && x.get<std::string>() == "bshd") return Layout::BSHD;
-    w.bad("layout", v, "\"bhsd\", \"bshd\", or a list of these");
-  };
-  std::vector<Layout> out;
-  if (v.is_array()) {
-    if (v.empty()) w.bad("layout", v, "\"bhsd\", \"bshd\", or a non-empty list of these");
-    check_list_length(w, "layout", v, v.size());
-    for (const auto& x : v) out.push_back(one(x));
-  } else {
-    out.push_back(one(v));
-  }
-  return out;
-}
-
-std::vector<DType> parse_dtypes(const Where& w, const Json& v) {
-  const char* allowed = "\"f32\", \"bf16\", \"f16\", or a non-empty list of these";
-  auto one = [&](const Json& x) {
-    for (DType d : {DType::F32, DType::BF16, DType::F16}) {
-      if (x.is_string() && x.get<std::string>() == to_string(d)) return d;
-    }
-    w.bad("dtype", v, allowed);
-  };
-  std::vector<DType> out;
-  if (v.is_array()) {
-    if (v.empty()) w.bad("dtype", v, allowed);
-    check_list_length(w, "dtype", v, v.size());
-    for (const auto& x : v) out.push_back(one(x));
-  } else {
-    out.push_back(one(v));
-  }
-  return out;
-}
-
-std::vector<int> parse_threads(const Where& w, const Json& v) {
-  const std::string allowed = "\"all\" (every core), an integer 1..1024, a list of these, or INTS";
-  auto one = [&](const Json& x) -> int {
-    if (x.is_string() && x.get<std::string>() == "all") return 0;
-    if (is_int(x) && x.get<int64_t>() >= 1 && x.get<int64_t>() <= 1024) return static_cast<int>(x.get<int64_t>());
-    w.bad("threads", v, allowed);
-  };
-  if (v.is_array()) {
-    if (v.empty()) w.bad("threads", v, allowed);
-    check_list_length(w, "threads", v, v.size());
-    std::vector<int> out;
-    for (const auto& x : v) out.push_back(one(x));
-    return out;
-  }
-  if (v.is_object()) {
-    std::vector<int> out;
-    for (int64_t t : parse_ints(w, "threads", v, 1)) {
-      if (t > 1024) w.bad("threads", v, allowed);
-      out.push_back(static_cast<int>(t));
-    }
-    return out;
-  }
-  return {one(v)};
-}
-
 // "all" | NAME | [NAME, ...]: the targets, in build order (narrowest first).
 std::vector<std::string> parse_isa(const Where& w, const Json& v, const IsaChoices& isas) {
   const std::string allowed = "\"all\" (every target this CPU runs: " + join(isas.runnable) +
@@ -282,22 +99,11 @@ std::vector<std::string> parse_isa(const Where& w, const Json& v, const IsaChoic
   return out;
 }
 
-double parse_positive(const Where& w, const std::string& key, const Json& v) {
-  if (!v.is_number() || !(v.get<double>() > 0) || v.get<double>() > 1e9) w.bad(key, v, "a number > 0");
-  return v.get<double>();
-}
-
-int64_t parse_int_at_least(const Where& w, const std::string& key, const Json& v, int64_t lo, int64_t hi) {
-  if (!is_int(v) || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
-    w.bad(key, v, "an integer from " + std::to_string(lo) + " to " + std::to_string(hi));
-  }
-  return v.get<int64_t>();
-}
-
 // The grid keys of `doc` (a top-level document, or one merged with a "grids" entry).
 Grid parse_grid(const Where& w, const Json& doc, const std::vector<std::string>& known_kernels,
                 const IsaChoices& isas) {
   Grid g;
+  g.where = w.file;
   // implementations
   const Json impl = doc.value("implementations", Json("all"));
   const std::string impl_allowed = "\"all\" or a list of kernel names from: " + join(known_kernels);
@@ -318,71 +124,49 @@ Grid parse_grid(const Where& w, const Json& doc, const std::vector<std::string>&
     w.bad("implementations", impl, impl_allowed);
   }
 
-  g.batch = parse_ints(w, "batch", doc.value("batch", Json(1)), 1);
-  g.q_heads = parse_ints(w, "q_heads", doc.value("q_heads", Json(8)), 1);
-
-  if (doc.contains("kv_heads") && doc.contains("gqa_groups")) {
-    w.fail(
-        "keys 'kv_heads' and 'gqa_groups' exclude each other; allowed: one of them (gqa_groups = q_heads / kv_heads)");
-  }
-  if (doc.contains("gqa_groups")) {
-    g.gqa_groups = parse_ints(w, "gqa_groups", doc["gqa_groups"], 1);
-    for (int64_t group : g.gqa_groups) {
-      for (int64_t h : g.q_heads) {
-        if (h % group != 0) {
-          w.bad("gqa_groups", Json(group),
-                "divisors of every q_heads value (" + std::to_string(h) + " is not divisible)");
-        }
-      }
+  // The schema's axes: a given key, else its default unless its alternative is given.
+  for (const Axis& a : axes()) {
+    const bool given = doc.contains(a.key), alternative = a.alternative && doc.contains(a.alternative);
+    if (given && alternative && find_axis(a.alternative) > &a) {  // said once, at the first of the two
+      w.fail(std::string("keys '") + a.key + "' and '" + a.alternative +
+             "' exclude each other; allowed: one of them (" + a.alternative + ": " + find_axis(a.alternative)->help +
+             ")");
     }
-  } else if (!doc.contains("kv_heads") || (doc["kv_heads"].is_string() && doc["kv_heads"] == "q_heads")) {
-    g.kv_heads_from_q_heads = true;
-  } else {
-    g.kv_heads = parse_ints(w, "kv_heads", doc["kv_heads"], 1);
+    if (!given && (alternative || (!a.fallback && a.alternative))) continue;  // the alternative's value counts
+    if (!given && !a.fallback) w.fail(std::string("missing key '") + a.key + "'; allowed: " + kIntsAllowed);
+    g.axes.push_back({&a, a.parse(w, a.key, given ? doc[a.key] : Json::parse(a.fallback))});
   }
-
-  if (!doc.contains("q_len")) w.fail(std::string("missing key 'q_len'; allowed: ") + kIntsAllowed);
-  g.q_len = parse_ints(w, "q_len", doc["q_len"], 1);
-  if (!doc.contains("kv_len") || (doc["kv_len"].is_string() && doc["kv_len"] == "q_len")) {
-    g.kv_len_from_q_len = true;
-  } else {
-    g.kv_len = parse_ints(w, "kv_len", doc["kv_len"], 0);
-  }
-
-  if (doc.contains("head_dim") && doc.contains("d_model")) {
-    w.fail("keys 'head_dim' and 'd_model' exclude each other; allowed: one of them (head_dim = d_model / q_heads)");
-  }
-  if (doc.contains("d_model")) {
-    g.d_model = parse_ints(w, "d_model", doc["d_model"], 1);
-    for (int64_t dm : g.d_model) {
-      for (int64_t h : g.q_heads) {
-        if (dm % h != 0) {
-          w.bad("d_model", Json(dm), "multiples of every q_heads value (not divisible by " + std::to_string(h) + ")");
-        }
-      }
-    }
-  } else {
-    g.head_dim = parse_ints(w, "head_dim", doc.value("head_dim", Json(128)), 1);
-  }
-
-  g.head_dim_v = parse_ints(w, "head_dim_v", doc.value("head_dim_v", Json(0)), 0);
   if (doc.contains("model")) {
     const Json& m = doc["model"];
     g.model = m.is_string() ? m.get<std::string>() : std::string();
     if (!is_label(g.model)) w.bad("model", m, std::string("a name of ") + kLabelAllowed);
   }
-  g.causal = parse_causal(w, doc.value("causal", Json(false)));
-  g.window = parse_window(w, doc.value("window", Json(nullptr)));
-  g.layout = parse_layouts(w, doc.value("layout", Json("bhsd")));
-  g.dtype = parse_dtypes(w, doc.value("dtype", Json("f32")));
-  g.threads = parse_threads(w, doc.value("threads", Json("all")));
   if (doc.contains("isa")) g.isa = parse_isa(w, doc["isa"], isas);
   g.pattern = parse_pattern(w, doc);
-
   return g;
 }
 
 }  // namespace
+
+const std::vector<Json>* Grid::values(std::string_view key) const {
+  for (const AxisValues& a : axes) {
+    if (key == a.axis->key) return &a.values;
+  }
+  return nullptr;
+}
+
+void Grid::set(std::string_view key, std::vector<Json> values) {
+  const Axis* axis = find_axis(key);
+  if (!axis) throw std::logic_error("Grid::set: no axis '" + std::string(key) + "'");
+  for (AxisValues& a : axes) {
+    if (a.axis == axis) {
+      a.values = std::move(values);
+      return;
+    }
+  }
+  axes.push_back({axis, std::move(values)});
+  std::stable_sort(axes.begin(), axes.end(), [](const AxisValues& x, const AxisValues& y) { return x.axis < y.axis; });
+}
 
 IsaChoices IsaChoices::here() {
   IsaChoices c;
@@ -405,17 +189,16 @@ Experiment parse_experiment(const Json& doc, const std::string& name, const std:
                             const IsaChoices& isas) {
   const Where w{name};
   if (!doc.is_object())
-    w.fail("the document must be a JSON object with the keys: " + join(kGridKeys) + ", " + join(kRunKeys));
+    w.fail("the document must be a JSON object with the keys: " + join(grid_keys()) + ", " + join(kRunKeys));
   if (doc.contains("kind")) {  // generation experiments (src/bench/generation.hpp) are not sweeps
     w.bad("kind", doc["kind"],
           "no 'kind' in a sweep experiment; a \"generation\" experiment runs with attnlab generate "
           "(scripts/lab report NAME picks it)");
   }
   for (const auto& [key, value] : doc.items()) {
-    if (std::find(kGridKeys.begin(), kGridKeys.end(), key) == kGridKeys.end() &&
-        std::find(kRunKeys.begin(), kRunKeys.end(), key) == kRunKeys.end()) {
+    if (!is_grid_key(key) && std::find(kRunKeys.begin(), kRunKeys.end(), key) == kRunKeys.end()) {
       std::vector<std::string> all = kRunKeys;
-      all.insert(all.begin() + 1, kGridKeys.begin(), kGridKeys.end());
+      all.insert(all.begin() + 1, grid_keys().begin(), grid_keys().end());
       w.fail("unknown key '" + key + "'; allowed keys: " + join(all));
     }
   }
@@ -434,7 +217,7 @@ Experiment parse_experiment(const Json& doc, const std::string& name, const std:
   if (doc.contains("grids")) {
     const Json& grids = doc["grids"];
     if (!grids.is_array() || grids.empty()) {
-      w.bad("grids", grids, "a non-empty list of objects with grid keys (" + join(kGridKeys) + ")");
+      w.bad("grids", grids, "a non-empty list of objects with grid keys (" + join(grid_keys()) + ")");
     }
     Json base = doc;
     base.erase("grids");
@@ -442,17 +225,16 @@ Experiment parse_experiment(const Json& doc, const std::string& name, const std:
       const Where wi{name + " grids[" + std::to_string(i) + "]"};
       const Json& sub = grids[i];
       if (!sub.is_object() || sub.empty()) {
-        wi.bad("grids", sub, "an object with grid keys (" + join(kGridKeys) + ")");
+        wi.bad("grids", sub, "an object with grid keys (" + join(grid_keys()) + ")");
       }
       Json merged = base;
       for (const auto& [key, value] : sub.items()) {
-        if (std::find(kGridKeys.begin(), kGridKeys.end(), key) == kGridKeys.end()) {
-          wi.fail("unknown key '" + key + "'; allowed keys in a grid: " + join(kGridKeys));
+        if (!is_grid_key(key)) {
+          wi.fail("unknown key '" + key + "'; allowed keys in a grid: " + join(grid_keys()));
         }
-        for (const auto& [a, b] : kExclusive) {
-          if (key == a && !sub.contains(b)) merged.erase(b);
-          if (key == b && !sub.contains(a)) merged.erase(a);
-        }
+        // A grid's key drops the top level's alternative to it (kv_heads drops gqa_groups).
+        const Axis* axis = find_axis(key);
+        if (axis && axis->alternative && !sub.contains(axis->alternative)) merged.erase(axis->alternative);
         merged[key] = value;
       }
       e.grids.push_back(parse_grid(wi, merged, known_kernels, isas));
@@ -514,8 +296,27 @@ Experiment parse_experiment_text(const std::string& text, const std::string& nam
 }
 
 Experiment load_experiment(const std::string& path, const std::vector<std::string>& known_kernels,
-                           const IsaChoices& isas) {
-  Experiment e = parse_experiment_text(read_text_file(path), path, known_kernels, isas);
+                           const IsaChoices& isas, const Json& overrides) {
+  const std::string text = read_text_file(path);
+  Experiment e;
+  if (overrides.empty()) {
+    e = parse_experiment_text(text, path, known_kernels, isas);
+  } else {
+    Json doc = parse_experiment_text(text, path, known_kernels, isas).source;
+    for (const auto& [key, value] : overrides.items()) {
+      const Axis* axis = find_axis(key);
+      const auto drop = [&](Json& d) {
+        d.erase(key);
+        if (axis && axis->alternative) d.erase(axis->alternative);
+      };
+      drop(doc);
+      if (doc.contains("grids")) {
+        for (Json& g : doc["grids"]) drop(g);
+      }
+      doc[key] = value;
+    }
+    e = parse_experiment(doc, path, known_kernels, isas);
+  }
   e.name = std::filesystem::path(path).stem().string();
   return e;
 }
@@ -543,92 +344,70 @@ void PatternKeys::apply(Problem& p) const {
 std::string GridPoint::id() const { return point_id(PointView{kernel, problem, threads, isa, model}); }
 
 std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
-  const Where w{e.name};
   std::vector<GridPoint> out;
   std::set<std::string> seen;
-  const std::vector<int64_t> none = {0};
   const std::vector<std::string> default_isa = {""};
   const auto& per_target = e.isa_choices.per_target_kernels;
   int64_t combos = 0;
   for (const Grid& gr : e.grids) {
-    const auto& groups_or_kv = !gr.gqa_groups.empty() ? gr.gqa_groups : (gr.kv_heads_from_q_heads ? none : gr.kv_heads);
-    const auto& dims = !gr.d_model.empty() ? gr.d_model : gr.head_dim;
-    const auto& kv_lens = gr.kv_len_from_q_len ? none : gr.kv_len;
-    const std::initializer_list<size_t> sizes = {gr.implementations.size(),
-                                                 gr.batch.size(),
-                                                 gr.q_heads.size(),
-                                                 groups_or_kv.size(),
-                                                 gr.q_len.size(),
-                                                 kv_lens.size(),
-                                                 dims.size(),
-                                                 gr.head_dim_v.size(),
-                                                 gr.causal.size(),
-                                                 gr.window.size(),
-                                                 gr.layout.size(),
-                                                 gr.dtype.size(),
-                                                 gr.threads.size(),
-                                                 std::max<size_t>(1, gr.isa.size())};
+    const Where w{gr.where.empty() ? e.name : gr.where};
+    // The grid's size, checked before any point is made.
+    std::vector<std::pair<std::string, size_t>> sizes = {{"implementations", gr.implementations.size()}};
+    for (const AxisValues& a : gr.axes) sizes.emplace_back(a.axis->key, a.values.size());
+    sizes.emplace_back("isa", std::max<size_t>(1, gr.isa.size()));
     std::optional<int64_t> points = 1;
     double shown = 1;  // for the message only: never wraps
-    std::string product;
-    for (size_t n : sizes) {
+    std::string product, names;
+    for (const auto& [name, n] : sizes) {
       if (points) points = checked_product({*points, static_cast<int64_t>(n)});
       shown *= static_cast<double>(n);
       product += (product.empty() ? "" : " x ") + std::to_string(n);
+      names += (names.empty() ? "" : " x ") + name;
     }
     if (!points || *points > kMaxGridPoints - combos) {
       char count[32];
       std::snprintf(count, sizeof count, "%.6g", shown + static_cast<double>(combos));
-      w.fail("the grids have " + std::string(count) + " points (this grid: " + product +
-             " values of implementations x batch x q_heads x kv_heads x q_len x kv_len x head_dim x "
-             "head_dim_v x causal x window x layout x dtype x threads x isa); allowed: at most " +
-             std::to_string(kMaxGridPoints) + " points");
+      w.fail("the grids have " + std::string(count) + " points (this grid: " + product + " values of " + names +
+             "); allowed: at most " + std::to_string(kMaxGridPoints) + " points");
     }
     combos += *points;
     for (const auto& kernel : gr.implementations) {
       // The isa axis applies to kernels built per target; the others run once.
       const bool per = std::find(per_target.begin(), per_target.end(), kernel) != per_target.end();
-      const auto& isas = per && !gr.isa.empty() ? gr.isa : default_isa;
-      for (const std::string& isa : isas)
-        for (int64_t b : gr.batch)
-          for (int64_t hq : gr.q_heads)
-            for (int64_t g : groups_or_kv)
-              for (int64_t sq : gr.q_len)
-                for (int64_t sk : kv_lens)
-                  for (int64_t d : dims)
-                    for (int64_t dv : gr.head_dim_v)
-                      for (CausalAlign c : gr.causal)
-                        for (const Window& win : gr.window)
-                          for (Layout lay : gr.layout)
-                            for (DType dt : gr.dtype)
-                              for (int t : gr.threads) {
-                                GridPoint gp;
-                                gp.kernel = kernel;
-                                gp.isa = isa;
-                                gp.model = gr.model;
-                                gp.threads = t == 0 ? all_threads : t;
-                                Problem& p = gp.problem;
-                                p.batch = b;
-                                p.q_heads = hq;
-                                p.kv_heads = !gr.gqa_groups.empty() ? hq / g : (gr.kv_heads_from_q_heads ? hq : g);
-                                p.q_len = sq;
-                                p.kv_len = gr.kv_len_from_q_len ? sq : sk;
-                                p.head_dim = !gr.d_model.empty() ? d / hq : d;
-                                p.head_dim_v = dv == p.head_dim ? 0 : dv;
-                                p.causal = c;
-                                p.window_left = win.left;
-                                p.window_right = win.right;
-                                p.layout = lay;
-                                p.dtype = dt;
-                                gr.pattern.apply(p);
-                                try {
-                                  p.validate();
-                                } catch (const InvalidInput& err) {
-                                  w.fail("grid point " + p.describe() + " is invalid: " + err.what());
-                                }
-                                gp.flops = p.flops();
-                                if (seen.insert(gp.id()).second) out.push_back(std::move(gp));
-                              }
+      for (const std::string& isa : per && !gr.isa.empty() ? gr.isa : default_isa) {
+        // An odometer over the axes, the last one turning fastest; each point applies its
+        // values in table order (kv_heads after q_heads, head_dim_v after head_dim).
+        std::vector<size_t> at(gr.axes.size(), 0);
+        for (bool more = true; more;) {
+          GridPoint gp;
+          gp.kernel = kernel;
+          gp.isa = isa;
+          gp.model = gr.model;
+          Problem& p = gp.problem;
+          int threads = 0;
+          for (size_t i = 0; i < at.size(); ++i) {
+            const AxisValues& a = gr.axes[i];
+            a.axis->apply(w, a.axis->key, a.values[at[i]], p, threads);
+          }
+          gp.threads = threads == 0 ? all_threads : threads;
+          gr.pattern.apply(p);
+          try {
+            p.validate();
+          } catch (const InvalidInput& err) {
+            w.fail("grid point " + p.describe() + " is invalid: " + err.what());
+          }
+          gp.flops = p.flops();
+          if (seen.insert(gp.id()).second) out.push_back(std::move(gp));
+          more = false;
+          for (size_t i = at.size(); i-- > 0;) {
+            if (++at[i] < gr.axes[i].values.size()) {
+              more = true;
+              break;
+            }
+            at[i] = 0;
+          }
+        }
+      }
     }
   }
   // Peers run every distinct shape (problem, threads, model) of the grids once each.

@@ -1,14 +1,16 @@
 // Experiment files (experiments/*.json): one question, a grid of points to measure.
 //
+// The keys from batch to threads are the point schema's axes (point_schema.cpp, axes()): a new
+// axis there is a key here with nothing else to edit; the list below documents today's.
 //   {
 //     "description": "what the experiment asks (required)",
 //     "implementations": "all" | ["naive", "flash", ...]       default "all" (the registry)
 //     "batch":      INTS                                          default 1
 //     "q_heads":    INTS                                          default 8
-//     "kv_heads":   INTS | "q_heads"                              default "q_heads"
+//     "kv_heads":   INTS | "q_heads" (also in a list)              default "q_heads"
 //     "gqa_groups": INTS      (q_heads / kv_heads; instead of kv_heads)
 //     "q_len":      INTS                                          required
-//     "kv_len":     INTS | "q_len"                                default "q_len"
+//     "kv_len":     INTS | "q_len" (also in a list)                default "q_len"
 //     "head_dim":   INTS                                          default 128
 //     "d_model":    INTS      (head_dim = d_model / q_heads; instead of head_dim)
 //     "head_dim_v": INTS      (of V and O; 0 = head_dim: MLA's d_v != d_qk)   default 0
@@ -70,13 +72,9 @@
 #include <nlohmann/json.hpp>
 
 #include "attnlab/problem.hpp"
+#include "bench/point_schema.hpp"
 
 namespace attnlab::bench {
-
-struct Window {
-  int64_t left = -1, right = -1;
-  bool operator==(const Window&) const = default;
-};
 
 // One Cartesian grid.
 // A grid's sparse pattern (pattern.hpp), one per grid (use "grids" for several): the same for
@@ -93,20 +91,23 @@ struct PatternKeys {
   void apply(Problem& p) const;
 };
 
+// The values one axis (point_schema.hpp) takes in a grid.
+struct AxisValues {
+  const Axis* axis;
+  std::vector<Json> values;  // normalized, as Axis::parse gives them
+};
+
 struct Grid {
   std::vector<std::string> implementations;  // kernel names
-  std::vector<int64_t> batch, q_heads, kv_heads, gqa_groups, q_len, kv_len, head_dim, d_model;
-  std::vector<int64_t> head_dim_v;     // {0} = head_dim
-  std::string model;                   // "model" label of every point ("" = none)
-  bool kv_heads_from_q_heads = false;  // kv_heads absent or "q_heads"
-  bool kv_len_from_q_len = false;      // kv_len absent or "q_len"
-  std::vector<CausalAlign> causal;
-  std::vector<Window> window;  // {-1, -1} = none
-  std::vector<Layout> layout;
-  std::vector<DType> dtype;      // storage of Q, K, V
-  std::vector<int> threads;      // 0 = all cores
-  std::vector<std::string> isa;  // targets named by "isa", narrowest first; empty = key absent
+  std::vector<AxisValues> axes;              // the axes the grid sets (given or default), in axes() order
+  std::string model;                         // "model" label of every point ("" = none)
+  std::vector<std::string> isa;              // targets named by "isa", narrowest first; empty = key absent
   PatternKeys pattern;
+  std::string where;  // the grid in errors: "FILE" or "FILE grids[i]"
+  // The values of `key`; nullptr when the grid does not set it (its alternative is set).
+  const std::vector<Json>* values(std::string_view key) const;
+  // Replaces the values of `key` (an axis of the table), e.g. a command line's override.
+  void set(std::string_view key, std::vector<Json> values);
 };
 
 // What the "isa" key may name: this build's targets, the ones this CPU runs ("all"), and
@@ -148,8 +149,11 @@ Experiment parse_experiment_text(const std::string& text, const std::string& nam
                                  const std::vector<std::string>& known_kernels,
                                  const IsaChoices& isas = IsaChoices::here());
 // Reads and parses a file (name = file stem); JSON syntax errors name the file and position.
+// `overrides` (grid keys, e.g. a sweep's --dtype) replace the file's values of those keys,
+// at the top level and in every "grids" entry (an axis's alternative goes with it).
 Experiment load_experiment(const std::string& path, const std::vector<std::string>& known_kernels,
-                           const IsaChoices& isas = IsaChoices::here());
+                           const IsaChoices& isas = IsaChoices::here(),
+                           const nlohmann::json& overrides = nlohmann::json::object());
 // The registry's kernel names.
 std::vector<std::string> registry_kernel_names();
 

@@ -13,6 +13,7 @@
 #include "bench/bench_point.hpp"
 #include "bench/files.hpp"
 #include "bench/machine.hpp"
+#include "bench/point_schema.hpp"
 #include "bench/stats.hpp"
 
 namespace attnlab::bench {
@@ -34,14 +35,14 @@ struct Cache {
       : c(cfg),
         rows(cfg.cache_rows()),
         q_rows(std::max<int64_t>(1, std::min(cfg.prompt, cfg.prefill_max_tokens))),
-        k_bytes(static_cast<size_t>(c.kv_heads * rows * c.head_dim * dtype_bytes(c.dtype))),
-        v_bytes(static_cast<size_t>(c.kv_heads * rows * c.dim_v() * dtype_bytes(c.dtype))),
-        q_bytes(static_cast<size_t>(c.q_heads * q_rows * c.head_dim * dtype_bytes(c.dtype))) {}
+        k_bytes(static_cast<size_t>(c.head.kv_heads * rows * c.head.head_dim * dtype_bytes(c.head.dtype))),
+        v_bytes(static_cast<size_t>(c.head.kv_heads * rows * c.head.dim_v() * dtype_bytes(c.head.dtype))),
+        q_bytes(static_cast<size_t>(c.head.q_heads * q_rows * c.head.head_dim * dtype_bytes(c.head.dtype))) {}
   size_t bytes() const { return k_bytes + v_bytes + q_bytes; }
   void allocate() { k = alloc_bytes(k_bytes), v = alloc_bytes(v_bytes), q = alloc_bytes(q_bytes); }
   // n floats converted to the storage dtype at element `at` of `base`.
   void put(std::byte* base, int64_t at, const float* x, int64_t n) const {
-    visit_dtype(c.dtype, [&](auto e) {
+    visit_dtype(c.head.dtype, [&](auto e) {
       using E = decltype(e);
       E* dst = reinterpret_cast<E*>(base) + at;
       for (int64_t i = 0; i < n; ++i) dst[i] = from_float<E>(x[i]);
@@ -49,32 +50,22 @@ struct Cache {
   }
   // Row j of kv head h.
   void put_kv(int64_t h, int64_t j, const float* kx, const float* vx) {
-    put(k.get(), (h * rows + j) * c.head_dim, kx, c.head_dim);
-    put(v.get(), (h * rows + j) * c.dim_v(), vx, c.dim_v());
+    put(k.get(), (h * rows + j) * c.head.head_dim, kx, c.head.head_dim);
+    put(v.get(), (h * rows + j) * c.head.dim_v(), vx, c.head.dim_v());
   }
   void put_q(int64_t h, int64_t i, int64_t q_len, const float* qx) {
-    put(q.get(), (h * q_len + i) * c.head_dim, qx, c.head_dim);
+    put(q.get(), (h * q_len + i) * c.head.head_dim, qx, c.head.head_dim);
   }
   // Q (q_len rows per head, BHSD) and the first `len` keys of the cache (rows `rows` apart).
   Inputs inputs(int64_t q_len, int64_t len) const {
     const auto view = [](const std::byte* base, int64_t heads, int64_t seq, int64_t dim, int64_t stride_rows) {
       return View4<const void>{base, 1, heads, seq, dim, heads * stride_rows * dim, stride_rows * dim, dim};
     };
-    return inputs_over(c.dtype, view(q.get(), c.q_heads, q_len, c.head_dim, q_len),
-                       view(k.get(), c.kv_heads, len, c.head_dim, rows),
-                       view(v.get(), c.kv_heads, len, c.dim_v(), rows));
+    return inputs_over(c.head.dtype, view(q.get(), c.head.q_heads, q_len, c.head.head_dim, q_len),
+                       view(k.get(), c.head.kv_heads, len, c.head.head_dim, rows),
+                       view(v.get(), c.head.kv_heads, len, c.head.dim_v(), rows));
   }
 };
-
-Problem problem_of(const GenerationConfig& c, int64_t q_len, int64_t kv_len) {
-  Problem p;
-  p.q_heads = c.q_heads, p.kv_heads = c.kv_heads, p.head_dim = c.head_dim;
-  p.head_dim_v = c.dim_v() == c.head_dim ? 0 : c.dim_v();
-  p.q_len = q_len, p.kv_len = kv_len;
-  p.causal = CausalAlign::BottomRight;
-  p.dtype = c.dtype;
-  return p;
-}
 
 // The kernel's output on `rows` against the float64 reference: (verdict, error, tolerance).
 std::tuple<std::string, double, double> check(const Kernel& k, const Problem& p, const Inputs& in, const Outputs& out,
@@ -85,12 +76,35 @@ std::tuple<std::string, double, double> check(const Kernel& k, const Problem& p,
   return {t.passes(e) ? "PASS" : "FAIL", e.o_rel, t.o_rel};
 }
 
+}  // namespace
+
+bool is_generation_axis(const Axis& a) {
+  static const std::vector<std::string_view> sizes = {"q_heads",  "kv_heads", "gqa_groups",
+                                                      "head_dim", "d_model",  "head_dim_v"};
+  return a.kind == AxisKind::Setting || std::find(sizes.begin(), sizes.end(), a.key) != sizes.end();
+}
+
+namespace {
+
 [[noreturn]] void fail_file(const std::string& path, const std::string& what) {
   throw InvalidInput("experiment " + path + ": " + what);
 }
 }  // namespace
 
-double GenerationConfig::kv_bytes_per_token() const { return problem_of(*this, 1, 1).kv_bytes_per_token(); }
+double GenerationConfig::kv_bytes_per_token() const { return step_problem(1, 1).kv_bytes_per_token(); }
+
+Problem GenerationConfig::default_head() {
+  Problem p;
+  p.q_heads = 32, p.kv_heads = 8, p.head_dim = 128;
+  return p;
+}
+
+Problem GenerationConfig::step_problem(int64_t q_len, int64_t kv_len) const {
+  Problem p = head;
+  p.batch = 1, p.q_len = q_len, p.kv_len = kv_len;
+  p.causal = CausalAlign::BottomRight;
+  return p;
+}
 
 void GenerationConfig::validate() const {
   if (!is_label(name)) throw InvalidInput("name: '" + name + "'; allowed: " + kLabelAllowed);
@@ -104,7 +118,11 @@ void GenerationConfig::validate() const {
   if (prefill_max_tokens < 0) throw InvalidInput("prefill_max_tokens: negative; allowed: an integer >= 0");
   if (verify_steps < 0) throw InvalidInput("verify_steps: negative; allowed: an integer >= 0");
   if (repetitions < 1) throw InvalidInput("repetitions: " + std::to_string(repetitions) + "; allowed: >= 1");
-  problem_of(*this, 1, cache_rows()).validate();  // heads, head dims and sizes
+  if (head.layout != Layout::BHSD) {
+    throw InvalidInput("layout: " + std::string(to_string(head.layout)) +
+                       "; allowed: bhsd (the generation loop's cache is one (kv head, row) array per head)");
+  }
+  step_problem(1, cache_rows()).validate();  // heads, head dims and sizes
 }
 
 namespace {
@@ -141,7 +159,7 @@ GenerationResult run_generation(const GenerationConfig& c) {
   const int64_t C = c.cache_rows();
 
   // The step's session, made for the whole cache: the memory budget covers it and the cache.
-  const Problem full = problem_of(c, 1, C);
+  const Problem full = c.step_problem(1, C);
   if (Support s = can_run(kernel, full, c.threads); !s) {
     throw InvalidInput(std::string(kernel.name()) + " cannot run " + full.describe() + ": " + s.reason);
   }
@@ -156,16 +174,16 @@ GenerationResult run_generation(const GenerationConfig& c) {
   // The values: uniform [-1, 1) (random_tensors' generator), a fresh seed per drawn row.
   uint64_t draws = 0;
   const auto draw = [&](float* x, int64_t n) { fill_uniform(x, n, c.seed * 0x9E3779B97F4A7C15ull + ++draws); };
-  std::vector<float> kx(static_cast<size_t>(c.head_dim)), vx(static_cast<size_t>(c.dim_v()));
-  std::vector<float> qx(static_cast<size_t>(c.head_dim));
+  std::vector<float> kx(static_cast<size_t>(c.head.head_dim)), vx(static_cast<size_t>(c.head.dim_v()));
+  std::vector<float> qx(static_cast<size_t>(c.head.head_dim));
   const auto draw_kv_row = [&](int64_t h, int64_t j) {
-    draw(kx.data(), c.head_dim);
-    draw(vx.data(), c.dim_v());
+    draw(kx.data(), c.head.head_dim);
+    draw(vx.data(), c.head.dim_v());
     cache.put_kv(h, j, kx.data(), vx.data());
   };
 
   // The prompt: its K/V rows, then (when short enough) its attention as one flash prefill.
-  for (int64_t h = 0; h < c.kv_heads; ++h)
+  for (int64_t h = 0; h < c.head.kv_heads; ++h)
     for (int64_t j = 0; j < c.prompt; ++j) draw_kv_row(h, j);
   if (c.prompt == 0) {
     r.prefill_note = "no prompt";
@@ -173,10 +191,10 @@ GenerationResult run_generation(const GenerationConfig& c) {
     r.prefill_note = "not run: a " + std::to_string(c.prompt) + "-token prompt is above prefill_max_tokens (" +
                      std::to_string(c.prefill_max_tokens) + "); the cache holds its K/V rows without it";
   } else {
-    const Problem pp = problem_of(c, c.prompt, c.prompt);
-    for (int64_t h = 0; h < c.q_heads; ++h)
+    const Problem pp = c.step_problem(c.prompt, c.prompt);
+    for (int64_t h = 0; h < c.head.q_heads; ++h)
       for (int64_t i = 0; i < c.prompt; ++i) {
-        draw(qx.data(), c.head_dim);
+        draw(qx.data(), c.head.head_dim);
         cache.put_q(h, i, c.prompt, qx.data());
       }
     if (Support s = can_run(prefill, pp, c.threads); !s) {
@@ -198,7 +216,8 @@ GenerationResult run_generation(const GenerationConfig& c) {
     verify.push_back(c.verify_steps == 1 ? c.steps - 1 : v * (c.steps - 1) / (c.verify_steps - 1));
   }
   Tensors out = allocate_outputs(full);
-  std::vector<float> tk(static_cast<size_t>(c.kv_heads * c.head_dim)), tv(static_cast<size_t>(c.kv_heads * c.dim_v()));
+  std::vector<float> tk(static_cast<size_t>(c.head.kv_heads * c.head.head_dim)),
+      tv(static_cast<size_t>(c.head.kv_heads * c.head.dim_v()));
   for (int64_t s = 0; s < c.steps; ++s) {
     const int64_t j = c.prompt + s;
     GenerationStep st;
@@ -207,12 +226,13 @@ GenerationResult run_generation(const GenerationConfig& c) {
     // The token's values, before the clock (a model's projections make them).
     draw(tk.data(), static_cast<int64_t>(tk.size()));
     draw(tv.data(), static_cast<int64_t>(tv.size()));
-    for (int64_t h = 0; h < c.q_heads; ++h) {
-      draw(qx.data(), c.head_dim);
+    for (int64_t h = 0; h < c.head.q_heads; ++h) {
+      draw(qx.data(), c.head.head_dim);
       cache.put_q(h, 0, 1, qx.data());
     }
     auto t0 = Clock::now();
-    for (int64_t h = 0; h < c.kv_heads; ++h) cache.put_kv(h, j, tk.data() + h * c.head_dim, tv.data() + h * c.dim_v());
+    for (int64_t h = 0; h < c.head.kv_heads; ++h)
+      cache.put_kv(h, j, tk.data() + h * c.head.head_dim, tv.data() + h * c.head.dim_v());
     st.append_s = seconds_since(t0);
     session.resize_kv(st.context);
     const Inputs in = cache.inputs(1, st.context);
@@ -253,11 +273,11 @@ nlohmann::json GenerationResult::to_json() const {
                           {"tol_o_rel", s.tol_o_rel}});
   }
   return {{"name", c.name},
-          {"q_heads", c.q_heads},
-          {"kv_heads", c.kv_heads},
-          {"head_dim", c.head_dim},
-          {"head_dim_v", c.dim_v()},
-          {"dtype", to_string(c.dtype)},
+          {"q_heads", c.head.q_heads},
+          {"kv_heads", c.head.kv_heads},
+          {"head_dim", c.head.head_dim},
+          {"head_dim_v", c.head.dim_v()},
+          {"dtype", to_string(c.head.dtype)},
           {"prompt", c.prompt},
           {"steps", c.steps},
           {"capacity", c.cache_rows()},
@@ -295,10 +315,10 @@ std::string generation_steps_csv(const std::vector<GenerationResult>& results) {
   for (const auto& r : results) {
     const auto& c = r.config;
     for (const auto& s : r.steps) {
-      o << c.name << ',' << c.q_heads << ',' << c.kv_heads << ',' << c.head_dim << ',' << c.dim_v() << ','
-        << to_string(c.dtype) << ',' << c.prompt << ',' << s.step << ',' << s.context << ',' << num(s.append_s) << ','
-        << num(s.attention_s) << ',' << num(s.repeat_s) << ',' << num(s.kv_read_bytes) << ',' << num(s.flops) << ','
-        << s.verdict << ',' << (s.verdict.empty() ? "" : num(s.err_o_rel)) << ','
+      o << c.name << ',' << c.head.q_heads << ',' << c.head.kv_heads << ',' << c.head.head_dim << ',' << c.head.dim_v()
+        << ',' << to_string(c.head.dtype) << ',' << c.prompt << ',' << s.step << ',' << s.context << ','
+        << num(s.append_s) << ',' << num(s.attention_s) << ',' << num(s.repeat_s) << ',' << num(s.kv_read_bytes) << ','
+        << num(s.flops) << ',' << s.verdict << ',' << (s.verdict.empty() ? "" : num(s.err_o_rel)) << ','
         << (s.verdict.empty() ? "" : num(s.tol_o_rel)) << '\n';
     }
   }
@@ -319,12 +339,13 @@ std::string generation_summary_csv(const std::vector<GenerationResult>& results)
     const double att = r.median_attention_s(), tok = r.median_token_s(), steady = r.median_repeat_s();
     std::string note = r.prefill_note;
     std::replace(note.begin(), note.end(), ',', ';');
-    o << c.name << ',' << c.q_heads << ',' << c.kv_heads << ',' << c.q_heads / c.kv_heads << ',' << c.head_dim << ','
-      << c.dim_v() << ',' << to_string(c.dtype) << ',' << c.prompt << ',' << c.steps << ',' << mid.context << ','
-      << c.threads << ',' << r.kernel << ',' << (r.prefill_s >= 0 ? num(r.prefill_s) : "") << ',' << note << ','
-      << num(c.kv_bytes_per_token()) << ',' << num(c.kv_bytes_per_token() * static_cast<double>(c.cache_rows())) << ','
-      << num(mid.kv_read_bytes) << ',' << num(mid.flops) << ',' << num(tok) << ',' << num(r.median_append_s()) << ','
-      << num(att) << ',' << num(steady) << ',' << num(att / steady) << ',' << num(1.0 / tok) << ','
+    o << c.name << ',' << c.head.q_heads << ',' << c.head.kv_heads << ',' << c.head.q_heads / c.head.kv_heads << ','
+      << c.head.head_dim << ',' << c.head.dim_v() << ',' << to_string(c.head.dtype) << ',' << c.prompt << ',' << c.steps
+      << ',' << mid.context << ',' << c.threads << ',' << r.kernel << ',' << (r.prefill_s >= 0 ? num(r.prefill_s) : "")
+      << ',' << note << ',' << num(c.kv_bytes_per_token()) << ','
+      << num(c.kv_bytes_per_token() * static_cast<double>(c.cache_rows())) << ',' << num(mid.kv_read_bytes) << ','
+      << num(mid.flops) << ',' << num(tok) << ',' << num(r.median_append_s()) << ',' << num(att) << ',' << num(steady)
+      << ',' << num(att / steady) << ',' << num(1.0 / tok) << ','
       << (r.read_bytes_per_s > 0 ? num(r.read_bytes_per_s * 1e-9) : "") << ','
       << (r.read_bytes_per_s > 0 ? num(mid.kv_read_bytes / att / r.read_bytes_per_s) : "") << ','
       << (r.peak_flops > 0 ? num(r.peak_flops * 1e-9) : "") << ','
@@ -346,12 +367,23 @@ std::vector<GenerationConfig> load_generation_experiment(const std::string& path
   if (!doc.is_object() || doc.value("kind", std::string()) != "generation") {
     fail("key 'kind' must be \"generation\" (attnlab generate runs generation experiments; sweeps run the others)");
   }
-  static const std::vector<std::string> top = {
-      "kind",         "description", "q_heads",  "kv_heads", "head_dim", "head_dim_v",     "dtype",
-      "prompts",      "steps",       "capacity", "threads",  "kernel",   "prefill_kernel", "prefill_max_tokens",
-      "verify_steps", "repetitions", "seed",     "runs"};
-  static const std::vector<std::string> per_run = {"name",       "q_heads", "kv_heads", "head_dim",
-                                                   "head_dim_v", "dtype",   "steps",    "prompts"};
+  // The heads, head dims and settings (dtype, ...) are the point schema's axes, one value each.
+  std::vector<std::string> head_keys;
+  for (const Axis& a : axes()) {
+    if (is_generation_axis(a)) head_keys.emplace_back(a.key);
+  }
+  std::vector<std::string> top = {
+      "kind",           "description",        "prompts",      "steps",       "capacity", "threads", "kernel",
+      "prefill_kernel", "prefill_max_tokens", "verify_steps", "repetitions", "seed",     "runs"};
+  std::vector<std::string> per_run = {"name", "steps", "prompts"};
+  top.insert(top.end(), head_keys.begin(), head_keys.end());
+  per_run.insert(per_run.end(), head_keys.begin(), head_keys.end());
+  const auto set_head = [&](const Json& o, Problem& p, const std::string& where) {
+    int threads = 0;
+    for (const Axis& a : axes()) {
+      if (is_generation_axis(a) && o.contains(a.key)) set_axis(a, Where{path + where}, o[a.key], p, threads);
+    }
+  };
   const auto check_keys = [&](const Json& o, const std::vector<std::string>& allowed, const std::string& where) {
     for (const auto& [k, v] : o.items()) {
       if (std::find(allowed.begin(), allowed.end(), k) == allowed.end()) {
@@ -388,12 +420,7 @@ std::vector<GenerationConfig> load_generation_experiment(const std::string& path
     return out;
   };
   GenerationConfig base;
-  base.q_heads = int_at(doc, "q_heads", base.q_heads, 1);
-  base.kv_heads = int_at(doc, "kv_heads", base.kv_heads, 1);
-  base.head_dim = int_at(doc, "head_dim", base.head_dim, 1);
-  base.head_dim_v = int_at(doc, "head_dim_v", 0, 0);
-  if (doc.contains("dtype"))
-    base.dtype = parse_dtype(doc["dtype"].is_string() ? doc["dtype"].get<std::string>() : doc["dtype"].dump());
+  set_head(doc, base.head, "");
   base.steps = int_at(doc, "steps", base.steps, 1);
   base.capacity = int_at(doc, "capacity", 0, 0);
   base.prefill_max_tokens = int_at(doc, "prefill_max_tokens", base.prefill_max_tokens, 0);
@@ -413,12 +440,7 @@ std::vector<GenerationConfig> load_generation_experiment(const std::string& path
     GenerationConfig c = base;
     if (!run.contains("name") || !run["name"].is_string()) fail("a run: missing key 'name' (a string)");
     c.name = run["name"].get<std::string>();
-    c.q_heads = int_at(run, "q_heads", c.q_heads, 1);
-    c.kv_heads = int_at(run, "kv_heads", c.kv_heads, 1);
-    c.head_dim = int_at(run, "head_dim", c.head_dim, 1);
-    c.head_dim_v = int_at(run, "head_dim_v", c.head_dim_v, 0);
-    if (run.contains("dtype"))
-      c.dtype = parse_dtype(run["dtype"].is_string() ? run["dtype"].get<std::string>() : run["dtype"].dump());
+    set_head(run, c.head, " run '" + c.name + "'");
     c.steps = int_at(run, "steps", c.steps, 1);
     for (int64_t p : prompts_at(run, prompts)) {
       GenerationConfig x = c;

@@ -24,14 +24,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include "attnlab/dtype.hpp"
+#include "attnlab/problem.hpp"
 
 namespace attnlab::bench {
 
 struct GenerationConfig {
   std::string name = "run";  // label of the configuration (letters, digits, . _ -)
-  int64_t q_heads = 32, kv_heads = 8, head_dim = 128, head_dim_v = 0;  // head_dim_v 0 = head_dim
-  DType dtype = DType::F32;                                            // storage of Q and of the K/V cache
+  // The step's attention as a point of the schema: heads, head dims, the storage of Q and the
+  // K/V cache, and any setting axis (point_schema.hpp); batch 1. A step's lengths and the
+  // bottom-right causal mask are set per step (step_problem).
+  Problem head = default_head();
   int64_t prompt = 1024;  // P: tokens in the cache before the first step (>= 0)
   int64_t steps = 16;     // S: generated tokens (>= 1)
   int64_t capacity = 0;   // C: cache rows (0 = P + S; else >= P + S)
@@ -44,11 +46,18 @@ struct GenerationConfig {
   uint64_t seed = 1;
   // Throws InvalidInput naming the field and the allowed values.
   void validate() const;
-  int64_t dim_v() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
+  static Problem default_head();  // 32/8 heads, d 128, f32
+  // The attention of a step: q_len query rows against the first kv_len cache rows.
+  Problem step_problem(int64_t q_len, int64_t kv_len) const;
   int64_t cache_rows() const { return capacity > 0 ? capacity : prompt + steps; }
   // K and V bytes one token adds to the cache (all kv heads): the cache's memory per token.
   double kv_bytes_per_token() const;
 };
+
+struct Axis;
+// The point schema's axes a generation run (or attnlab generate's flags) sets: the heads and
+// head dims, and every setting axis (dtype, ...).
+bool is_generation_axis(const Axis& a);
 
 struct GenerationStep {
   int64_t step = 0;     // 0-based

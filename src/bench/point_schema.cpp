@@ -63,6 +63,144 @@ std::vector<PointField> make_fields() {
 #undef ATTN_INT
 #undef ATTN_NUM
 
+// ---- The input side: axes ----
+
+using W = const Where&;
+using K = const std::string&;
+
+// Parsers: a key's JSON -> its values, normalized.
+template <int64_t Min>
+std::vector<Json> ints(W w, K key, const Json& v) {
+  std::vector<Json> out;
+  for (int64_t x : parse_ints(w, key, v, Min)) out.emplace_back(x);
+  return out;
+}
+// INTS, or the name of the field it defaults to ("q_heads" for kv_heads), alone or in a list.
+template <int64_t Min>
+std::vector<Json> ints_or(W w, K key, const Json& v, const char* same) {
+  const auto is_same = [&](const Json& x) { return x.is_string() && x.get<std::string>() == same; };
+  if (is_same(v)) return {v};
+  if (!v.is_array() || std::none_of(v.begin(), v.end(), is_same)) return ints<Min>(w, key, v);
+  check_list_length(w, key, v, v.size());
+  std::vector<Json> out;
+  for (const Json& x : v) {
+    for (const Json& y : is_same(x) ? std::vector<Json>{x} : ints<Min>(w, key, x)) {
+      if (std::find(out.begin(), out.end(), y) == out.end()) out.push_back(y);
+    }
+  }
+  return out;
+}
+std::vector<Json> names(W w, K key, const Json& v, const std::vector<std::string>& allowed) {
+  std::vector<Json> out;
+  for (const std::string& x : parse_names(w, key, v, allowed)) out.emplace_back(x);
+  return out;
+}
+std::vector<Json> causal_values(W w, K key, const Json& v) {
+  const std::string allowed = "false, true (bottom-right aligned), \"bottom_right\", \"top_left\", or a list of these";
+  return parse_list(w, key, v, allowed, [&](const Json& x) -> Json {
+    if (x.is_boolean()) return x;
+    if (x.is_string() && x.get<std::string>() == "top_left") return x;
+    if (x.is_string() && x.get<std::string>() == "bottom_right") return true;
+    w.bad(key, v, allowed);
+  });
+}
+std::vector<Json> window_values(W w, K key, const Json& v) {
+  const std::string allowed =
+      "null (no window), [L, R] with integers >= -1 (-1 = unbounded), or a list of null / [L, R]";
+  const auto one = [&](const Json& x) -> Json {
+    if (x.is_null() || (x.is_string() && x.get<std::string>() == "none")) return Json::array({-1, -1});
+    if (!x.is_array() || x.size() != 2 || !is_int(x[0]) || !is_int(x[1]) || x[0].get<int64_t>() < -1 ||
+        x[1].get<int64_t>() < -1) {
+      w.bad(key, v, allowed);
+    }
+    return x;
+  };
+  // [L, R] of two integers is one window; any other list is a list of windows.
+  if (v.is_array() && v.size() == 2 && is_int(v[0]) && is_int(v[1])) return {one(v)};
+  return parse_list(w, key, v, allowed, one);
+}
+std::vector<Json> thread_values(W w, K key, const Json& v) {
+  const std::string allowed = "\"all\" (every core), an integer 1..1024, a list of these, or INTS";
+  if (v.is_object()) {
+    std::vector<Json> out;
+    for (int64_t t : parse_ints(w, key, v, 1)) {
+      if (t > 1024) w.bad(key, v, allowed);
+      out.emplace_back(t);
+    }
+    return out;
+  }
+  return parse_list(w, key, v, allowed, [&](const Json& x) -> Json {
+    if (x.is_string() && x.get<std::string>() == "all") return 0;
+    if (is_int(x) && x.get<int64_t>() >= 1 && x.get<int64_t>() <= 1024) return x;
+    w.bad(key, v, allowed);
+  });
+}
+template <class E, size_t N>
+std::vector<std::string> enum_names(const E (&all)[N]) {
+  std::vector<std::string> out;
+  for (E e : all) out.emplace_back(to_string(e));
+  return out;
+}
+constexpr Layout kLayouts[] = {Layout::BHSD, Layout::BSHD};
+constexpr DType kDTypes[] = {DType::F32, DType::BF16, DType::F16};
+
+#define ATTN_SET(stmt)                                                                         \
+  []([[maybe_unused]] W w, [[maybe_unused]] K key, const Json& v, [[maybe_unused]] Problem& p, \
+     [[maybe_unused]] int& threads) { stmt; }
+
+std::vector<Axis> make_axes() {
+  return {
+      {"batch", AxisKind::Size, "batch size", nullptr, "1", ints<1>, ATTN_SET(p.batch = v.get<int64_t>())},
+      {"q_heads", AxisKind::Size, "query heads", nullptr, "8", ints<1>, ATTN_SET(p.q_heads = v.get<int64_t>())},
+      {"kv_heads", AxisKind::Size, "key/value heads (divides q_heads), or \"q_heads\"", "gqa_groups", "\"q_heads\"",
+       [](W w, K key, const Json& v) { return ints_or<1>(w, key, v, "q_heads"); },
+       ATTN_SET(p.kv_heads = v.is_string() ? p.q_heads : v.get<int64_t>())},
+      {"gqa_groups", AxisKind::Size, "query heads per key/value head (instead of kv_heads)", "kv_heads", nullptr,
+       ints<1>, ATTN_SET({
+         const int64_t g = v.get<int64_t>();
+         if (p.q_heads % g != 0)
+           w.bad(key, v, "divisors of every q_heads value (" + std::to_string(p.q_heads) + " is not divisible)");
+         p.kv_heads = p.q_heads / g;
+       })},
+      {"q_len", AxisKind::Size, "query length", nullptr, nullptr, ints<1>, ATTN_SET(p.q_len = v.get<int64_t>())},
+      {"kv_len", AxisKind::Size, "key/value length, or \"q_len\"", nullptr, "\"q_len\"",
+       [](W w, K key, const Json& v) { return ints_or<0>(w, key, v, "q_len"); },
+       ATTN_SET(p.kv_len = v.is_string() ? p.q_len : v.get<int64_t>())},
+      {"head_dim", AxisKind::Size, "head dimension of Q and K", "d_model", "128", ints<1>,
+       ATTN_SET(p.head_dim = v.get<int64_t>())},
+      {"d_model", AxisKind::Size, "model width: head_dim = d_model / q_heads (instead of head_dim)", "head_dim",
+       nullptr, ints<1>, ATTN_SET({
+         const int64_t dm = v.get<int64_t>();
+         if (dm % p.q_heads != 0)
+           w.bad(key, v, "multiples of every q_heads value (not divisible by " + std::to_string(p.q_heads) + ")");
+         p.head_dim = dm / p.q_heads;
+       })},
+      {"head_dim_v", AxisKind::Size, "head dimension of V and O (0 = head_dim; MLA's d_v != d_qk)", nullptr, "0",
+       ints<0>, ATTN_SET({
+         const int64_t dv = v.get<int64_t>();
+         p.head_dim_v = dv == p.head_dim ? 0 : dv;
+       })},
+      {"causal", AxisKind::Mask, "false, true (bottom-right) or \"top_left\"", nullptr, "false", causal_values,
+       ATTN_SET(p.causal = v.is_string() ? CausalAlign::TopLeft
+                                         : (v.get<bool>() ? CausalAlign::BottomRight : CausalAlign::None))},
+      {"window", AxisKind::Mask, "sliding window [L, R] (-1 = unbounded), or null", nullptr, "null", window_values,
+       ATTN_SET({
+         p.window_left = v[0].get<int64_t>();
+         p.window_right = v[1].get<int64_t>();
+       })},
+      {"layout", AxisKind::Setting, "memory layout: bhsd (batch, heads, seq, dim) or bshd", nullptr, "\"bhsd\"",
+       [](W w, K key, const Json& v) { return names(w, key, v, enum_names(kLayouts)); },
+       ATTN_SET(p.layout = parse_layout(v.get<std::string>()))},
+      {"dtype", AxisKind::Setting, "storage of Q, K, V: f32, bf16 or f16 (O and LSE stay float32)", nullptr, "\"f32\"",
+       [](W w, K key, const Json& v) { return names(w, key, v, enum_names(kDTypes)); },
+       ATTN_SET(p.dtype = parse_dtype(v.get<std::string>()))},
+      {"threads", AxisKind::Run, "threads (\"all\": every core)", nullptr, "\"all\"", thread_values,
+       ATTN_SET(threads = v.get<int>())},
+  };
+}
+
+#undef ATTN_SET
+
 // The grid's extras in the id and name after the table's fields; model's column is written
 // with the record's labels (results.cpp), so it is not in the table.
 struct Extra {
@@ -126,6 +264,24 @@ std::string csv_number(double v) {
 const std::vector<PointField>& point_fields() {
   static const std::vector<PointField> fields = make_fields();
   return fields;
+}
+
+const std::vector<Axis>& axes() {
+  static const std::vector<Axis> table = make_axes();
+  return table;
+}
+
+const Axis* find_axis(std::string_view key) {
+  for (const Axis& a : axes()) {
+    if (key == a.key) return &a;
+  }
+  return nullptr;
+}
+
+void set_axis(const Axis& a, const Where& w, const Json& value, Problem& p, int& threads) {
+  const std::vector<Json> values = a.parse(w, a.key, value);
+  if (values.size() != 1) w.bad(a.key, value, std::string("one value: ") + a.help);
+  a.apply(w, a.key, values[0], p, threads);
 }
 
 std::string point_id(const PointView& v) { return joined(v, std::string(v.kernel), true); }

@@ -7,9 +7,13 @@
 // one-line description and each results folder's schema.json (which scripts/report.py and
 // scripts/compare.py read) all come from this table.
 //
-// Adding an axis: its field in Problem (or the grid extras below), then one row in
-// point_schema.cpp; the experiment key that sets it (experiment.cpp) and the kernels that use
-// it are the rest (docs/architecture.md).
+// The input side is the second table, axes(): what an experiment key, a grid entry, a CLI
+// flag and a Python keyword may set, parsed and applied the same way everywhere.
+//
+// Adding an axis: its field in Problem, then one row in each table of point_schema.cpp (the
+// column it is measured as, the key that sets it); the kernels that use it are the rest
+// (docs/architecture.md). Experiment files, expand(), the CLI flags, the Python keywords,
+// point ids, counters, results.csv and reports follow from the rows.
 #pragma once
 
 #include <string>
@@ -19,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "attnlab/problem.hpp"
+#include "bench/values.hpp"
 
 namespace attnlab::bench {
 
@@ -64,6 +69,34 @@ std::string describe_point(const PointView& v, std::string_view label);
 // What schema.json holds: {"schema": "attnlab-point-1", "fields": [{name, type, describe,
 // shape, in_id}, ...]}.
 nlohmann::json schema_json();
+
+// An input axis: a key of experiment files (top level or a "grids" entry, a list of values
+// making it an axis of the grid), a CLI flag (flag_of(key)) and a Python keyword.
+enum class AxisKind {
+  Size,     // a size: read off the arrays where there are arrays (run, the Python module)
+  Setting,  // a setting every interface takes: CLI flag on run, verify, sweep; Python keyword
+  Mask,     // the mask: the CLI's mask flags (--causal, --window, ...) and keywords say it
+  Run,      // how it runs (threads)
+};
+struct Axis {
+  const char* key;
+  AxisKind kind;
+  const char* help;         // one line, for the CLI's --help and the docs
+  const char* alternative;  // a key that replaces this one (gqa_groups for kv_heads); nullptr
+  const char* fallback;     // JSON text of the value when absent (and its alternative too); nullptr: required
+  // The values a key's JSON gives (each normalized: apply reads them), calling w.bad on bad ones.
+  std::vector<Json> (*parse)(const Where& w, const std::string& key, const Json& v);
+  // Sets one value into a point; earlier axes are set already (kv_heads reads q_heads).
+  void (*apply)(const Where& w, const std::string& key, const Json& v, Problem& p, int& threads);
+};
+
+// The table, in the order values are applied.
+const std::vector<Axis>& axes();
+// nullptr when no axis has this key.
+const Axis* find_axis(std::string_view key);
+// Sets one axis of `p` from a JSON value holding one value (a CLI flag, a Python keyword);
+// several values, or a bad one, are an error naming the key.
+void set_axis(const Axis& a, const Where& w, const Json& value, Problem& p, int& threads);
 
 // "none", "causal", "causal_tl", "window_L_R", "causal_window_L_R" (L/R: -1 = unbounded),
 // then the sparse pattern's name.

@@ -63,6 +63,189 @@ std::string describe_point(const GridPoint& g, const Kernel* k) {
                                k ? kernel_label(*k) : g.kernel);
 }
 
+// What an earlier start of this sweep left in its folder (nothing for a new folder).
+struct Resumed {
+  std::map<std::string, PointFile> done;  // decided points, by id
+  std::map<std::string, Json> attempts;   // points a process died on
+  Json forced_resume;                     // set when --force resumed another build's folder
+};
+
+// Checks a folder that holds a sweep may be resumed by this one (same experiment, shard,
+// build) and reads what it holds; sets the plan's creation time. Writes experiment.json and
+// sweep.json.
+Resumed open_folder(const Experiment& e, const SweepOptions& o, const std::string& dir, SweepPlan& plan,
+                    std::ostream& log) {
+  Resumed r;
+  if (file_exists(dir + "/sweep.json")) {
+    const Json old_exp = Json::parse(read_text_file(dir + "/experiment.json"));
+    const SweepPlan old = SweepPlan::from_json(Json::parse(read_text_file(dir + "/sweep.json")));
+    if (!o.resume) {
+      throw InvalidInput("out: " + dir + " already holds a sweep of '" + old.experiment +
+                         "'; allowed: --resume to continue it, or another --out folder");
+    }
+    if (old_exp != e.source) {
+      throw InvalidInput(
+          "resume: " + dir + "/experiment.json differs from " + e.name +
+          " (the experiment changed since the sweep started); allowed: the same experiment, or a new --out");
+    }
+    if (old.shard_index != o.shard_index || old.shard_count != o.shard_count) {
+      throw InvalidInput("resume: " + dir + " is shard " + std::to_string(old.shard_index) + "/" +
+                         std::to_string(old.shard_count) + "; allowed: --shard " + std::to_string(old.shard_index) +
+                         "/" + std::to_string(old.shard_count));
+    }
+    if (file_exists(dir + "/machine.json")) {
+      r.forced_resume = check_same_build(dir, Json::parse(read_text_file(dir + "/machine.json")), o.force, log);
+    }
+    if (old.ids != plan.ids) {
+      log << "note: the plan changed since the sweep started (kernels or core count); finished points are kept\n";
+    }
+    plan.created = old.created;
+    plan.created_unix_ns = old.created_unix_ns;
+    for (PointFile& pf : read_points(dir)) r.done[pf.record.id] = std::move(pf);
+    r.attempts = read_attempts(dir);
+  } else {
+    plan.set_created_now();
+  }
+  make_dirs(points_dir(dir));
+  // A marker beside its point file: the process died after writing the point.
+  for (auto it = r.attempts.begin(); it != r.attempts.end();) {
+    if (r.done.count(it->first)) {
+      clear_attempt(dir, it->first);
+      it = r.attempts.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  write_file_atomic(dir + "/experiment.json", e.source.dump(2) + "\n");
+  write_file_atomic(dir + "/sweep.json", plan.to_json().dump(1) + "\n");
+  return r;
+}
+
+// The peaks the points are held against - kept from an earlier start of this sweep, read
+// from --peak-json, or measured now - for the default target and every target of a SIMD point
+// still to run (that this CPU runs: the others are skipped), at every thread count still to
+// run. Returns machine.json's content (written); `from_file`: they came from --peak-json.
+Json settle_peaks(Runner& run, const std::vector<const GridPoint*>& todo, int all_threads, bool& from_file) {
+  const SweepOptions& o = run.o;
+  const std::string& dir = run.dir;
+  std::vector<std::string> peak_isas;
+  std::set<int> thread_counts;
+  for (const GridPoint* g : todo) {
+    thread_counts.insert(g->threads);
+    const Kernel* k = run.find(*g);
+    if (!k || !is_per_target_isa(k->isa()) || !cpu_runs_isa(k->isa())) continue;
+    if (std::find(peak_isas.begin(), peak_isas.end(), k->isa()) == peak_isas.end()) peak_isas.emplace_back(k->isa());
+  }
+  Json machine;
+  if (file_exists(dir + "/machine.json")) machine = Json::parse(read_text_file(dir + "/machine.json"));
+  bool have_peaks = false;
+  auto covers = [&](const Peaks& p) {
+    return p.covers(peak_isas, std::vector<int>(thread_counts.begin(), thread_counts.end()));
+  };
+  if (machine.contains("peaks")) {
+    run.peaks = Peaks::from_json(machine["peaks"]);
+    have_peaks = covers(run.peaks);
+  }
+  from_file = false;
+  if (!have_peaks && !o.peak_json.empty()) {
+    run.peaks = Peaks::from_json(Json::parse(read_text_file(o.peak_json)));
+    have_peaks = from_file = covers(run.peaks);
+    if (!have_peaks) run.log << "note: " << o.peak_json << " lacks some thread counts or targets; measuring\n";
+  }
+  if (!have_peaks) {
+    PeakOptions po;
+    po.threads.assign(thread_counts.begin(), thread_counts.end());
+    if (po.threads.empty()) po.threads = {all_threads};
+    po.isas = peak_isas;
+    po.repeats = o.peak_repeats;
+    po.buffer_bytes = o.peak_buffer_bytes;
+    run.log << "measuring machine peaks (" << po.repeats << " runs each)...\n";
+    run.peaks = measure_peaks(po);
+    run.log << format_peaks(run.peaks);
+    machine = describe_machine(run.peaks);
+    write_file_atomic(dir + "/machine.json", machine.dump(2) + "\n");
+  } else if (!file_exists(dir + "/machine.json")) {
+    machine = describe_machine(run.peaks);
+    write_file_atomic(dir + "/machine.json", machine.dump(2) + "\n");
+  }
+  return machine;
+}
+
+// The timing settings, the Google Benchmark context and the rates of points finished earlier
+// (resume), which inform the time estimates.
+void prepare_runner(Runner& run, const Json& machine, const std::map<std::string, PointFile>& done) {
+  const Experiment& e = run.e;
+  run.context_extra = {{"attnlab_experiment", e.name},
+                       {"attnlab_git_commit", machine.value("git", Json::object()).value("commit", "unknown")},
+                       {"attnlab_simd_arch", machine.value("isa", Json::object()).value("simd_arch", "")},
+                       {"attnlab_flags", machine.value("flags", "")},
+                       {"attnlab_min_time_s", e.min_time_s},  // the timing settings, not in the names
+                       {"attnlab_repetitions", e.repetitions}};
+  run.timing.repetitions = e.repetitions;
+  run.timing.min_time_s = e.min_time_s;
+  run.timing.seed = e.seed;
+  run.memory_budget =
+      e.memory_budget_mib > 0 ? e.memory_budget_mib * (1 << 20) : static_cast<double>(memory_budget_bytes());
+  for (const auto& [id, pf] : done) {
+    const PointRecord& r = pf.record;
+    if (r.status == PointStatus::Ok && !r.times.empty()) {
+      // Points written before the isa column ran the default variant.
+      const Kernel* old = r.isa.empty() ? find_kernel(r.kernel) : nullptr;
+      run.rates.record(old ? kernel_label(*old) : kernel_label(r.kernel, r.isa), r.threads, r.problem.flops(),
+                       r.time_median());
+    }
+  }
+}
+
+// Estimated remaining time of the points todo[from...] (those over the time cap count zero).
+double eta_seconds(const Runner& run, const std::vector<const GridPoint*>& todo, size_t from) {
+  double eta = 0;
+  for (size_t j = from; j < todo.size(); ++j) {
+    const Kernel* k = run.find(*todo[j]);
+    if (!k) continue;
+    const BenchPoint pt{k, todo[j]->problem, todo[j]->threads, todo[j]->isa};
+    const double est = estimate_point_seconds(run.rates.estimate_seconds(pt), run.timing, true);
+    if (est <= run.e.time_cap_s) eta += est;
+  }
+  return eta;
+}
+
+// " -> ok 1.2 ms, 345.6 GFLOP/s (78% of the avx2 peak)" or " -> skipped: why".
+std::string outcome_text(const Runner& run, const PointRecord& r) {
+  if (r.status != PointStatus::Ok) return " -> " + std::string(to_string(r.status)) + ": " + r.reason;
+  const double t = r.time_median();
+  char buf[160];
+  std::snprintf(buf, sizeof buf, " -> ok %.3g ms, %.1f GFLOP/s", t * 1e3, r.problem.flops() / t * 1e-9);
+  std::string s = buf;
+  if (r.peak_flops > 0) {
+    std::snprintf(buf, sizeof buf, " (%.0f%% of the %s peak)", 100.0 * r.problem.flops() / t / r.peak_flops,
+                  run.peaks.flops_name(r.isa).c_str());
+    s += buf;
+  }
+  return s;
+}
+
+// The machine is shared: the peaks measured again at the end, so the report can show how much
+// they drifted while the points ran (fractions stay relative to the first measurement).
+void remeasure_peaks(const Runner& run, Json& machine) {
+  PeakOptions po;
+  for (const TargetPeaks& t : run.peaks.targets) {
+    for (const auto& row : t.rows) {
+      if (std::find(po.threads.begin(), po.threads.end(), row.threads) == po.threads.end()) {
+        po.threads.push_back(row.threads);
+      }
+    }
+    if (is_per_target_isa(t.isa) && cpu_runs_isa(t.isa)) po.isas.push_back(t.isa);
+  }
+  po.repeats = run.o.peak_repeats;
+  po.buffer_bytes = run.o.peak_buffer_bytes;
+  const Peaks after = measure_peaks(po);
+  machine["peaks_after"] = after.to_json();
+  machine["date_after"] = now_iso8601();
+  write_file_atomic(run.dir + "/machine.json", machine.dump(2) + "\n");
+  run.log << "peaks again after the sweep:\n" << format_peaks(after);
+}
+
 }  // namespace
 
 SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
@@ -84,140 +267,32 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
 
   Runner run{e, o, log, choose_out_dir(e.name, o), {}, {}, 0, {}, {}, nullptr};
   const std::string& dir = run.dir;
-  const bool exists = file_exists(dir + "/sweep.json");
-  std::map<std::string, PointFile> done;
-  std::map<std::string, Json> attempts;  // points a process died on (resume)
-  Json forced_resume;                    // set when --force resumed another build's folder
-  if (exists) {
-    const Json old_exp = Json::parse(read_text_file(dir + "/experiment.json"));
-    const SweepPlan old = SweepPlan::from_json(Json::parse(read_text_file(dir + "/sweep.json")));
-    if (!o.resume) {
-      throw InvalidInput("out: " + dir + " already holds a sweep of '" + old.experiment +
-                         "'; allowed: --resume to continue it, or another --out folder");
-    }
-    if (old_exp != e.source) {
-      throw InvalidInput(
-          "resume: " + dir + "/experiment.json differs from " + e.name +
-          " (the experiment changed since the sweep started); allowed: the same experiment, or a new --out");
-    }
-    if (old.shard_index != o.shard_index || old.shard_count != o.shard_count) {
-      throw InvalidInput("resume: " + dir + " is shard " + std::to_string(old.shard_index) + "/" +
-                         std::to_string(old.shard_count) + "; allowed: --shard " + std::to_string(old.shard_index) +
-                         "/" + std::to_string(old.shard_count));
-    }
-    if (file_exists(dir + "/machine.json")) {
-      forced_resume = check_same_build(dir, Json::parse(read_text_file(dir + "/machine.json")), o.force, log);
-    }
-    if (old.ids != plan.ids) {
-      log << "note: the plan changed since the sweep started (kernels or core count); finished points are kept\n";
-    }
-    plan.created = old.created;
-    plan.created_unix_ns = old.created_unix_ns;
-    for (PointFile& pf : read_points(dir)) done[pf.record.id] = std::move(pf);
-    attempts = read_attempts(dir);
-  } else {
-    plan.set_created_now();
-  }
-  make_dirs(points_dir(dir));
-  // A marker beside its point file: the process died after writing the point.
-  for (auto it = attempts.begin(); it != attempts.end();) {
-    if (done.count(it->first)) {
-      clear_attempt(dir, it->first);
-      it = attempts.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  write_file_atomic(dir + "/experiment.json", e.source.dump(2) + "\n");
-  write_file_atomic(dir + "/sweep.json", plan.to_json().dump(1) + "\n");
+  Resumed resumed = open_folder(e, o, dir, plan, log);
 
   // The points of this shard still to decide.
   std::vector<const GridPoint*> todo;
   SweepSummary sum;
   sum.out_dir = dir;
-  std::set<int> thread_counts;
   for (size_t i = 0; i < grid.size(); ++i) {
     if (!plan.in_shard(i)) continue;
     ++sum.planned;
-    if (done.count(grid[i].id())) {
+    if (resumed.done.count(grid[i].id())) {
       ++sum.already;
       continue;
     }
     todo.push_back(&grid[i]);
-    thread_counts.insert(grid[i].threads);
   }
 
-  // Peaks: kept from an earlier start of this sweep, read from --peak-json, or measured now;
-  // for the default target and every target of a SIMD point still to run (that this CPU
-  // runs: the others are skipped), at every thread count still to run.
-  std::vector<std::string> peak_isas;
-  for (const GridPoint* g : todo) {
-    const Kernel* k = run.find(*g);
-    if (!k || !is_per_target_isa(k->isa()) || !cpu_runs_isa(k->isa())) continue;
-    if (std::find(peak_isas.begin(), peak_isas.end(), k->isa()) == peak_isas.end()) peak_isas.emplace_back(k->isa());
-  }
-  Json machine;
-  if (file_exists(dir + "/machine.json")) machine = Json::parse(read_text_file(dir + "/machine.json"));
-  bool have_peaks = false;
-  auto covers = [&](const Peaks& p) {
-    return p.covers(peak_isas, std::vector<int>(thread_counts.begin(), thread_counts.end()));
-  };
-  if (machine.contains("peaks")) {
-    run.peaks = Peaks::from_json(machine["peaks"]);
-    have_peaks = covers(run.peaks);
-  }
   bool peaks_from_file = false;
-  if (!have_peaks && !o.peak_json.empty()) {
-    run.peaks = Peaks::from_json(Json::parse(read_text_file(o.peak_json)));
-    have_peaks = peaks_from_file = covers(run.peaks);
-    if (!have_peaks) log << "note: " << o.peak_json << " lacks some thread counts or targets; measuring\n";
-  }
-  if (!have_peaks) {
-    PeakOptions po;
-    po.threads.assign(thread_counts.begin(), thread_counts.end());
-    if (po.threads.empty()) po.threads = {all_threads};
-    po.isas = peak_isas;
-    po.repeats = o.peak_repeats;
-    po.buffer_bytes = o.peak_buffer_bytes;
-    log << "measuring machine peaks (" << po.repeats << " runs each)...\n";
-    run.peaks = measure_peaks(po);
-    log << format_peaks(run.peaks);
-    machine = describe_machine(run.peaks);
-    write_file_atomic(dir + "/machine.json", machine.dump(2) + "\n");
-  } else if (!file_exists(dir + "/machine.json")) {
-    machine = describe_machine(run.peaks);
-    write_file_atomic(dir + "/machine.json", machine.dump(2) + "\n");
-  }
-  run.context_extra = {{"attnlab_experiment", e.name},
-                       {"attnlab_git_commit", machine.value("git", Json::object()).value("commit", "unknown")},
-                       {"attnlab_simd_arch", machine.value("isa", Json::object()).value("simd_arch", "")},
-                       {"attnlab_flags", machine.value("flags", "")},
-                       {"attnlab_min_time_s", e.min_time_s},  // the timing settings, not in the names
-                       {"attnlab_repetitions", e.repetitions}};
-
-  run.timing.repetitions = e.repetitions;
-  run.timing.min_time_s = e.min_time_s;
-  run.timing.seed = e.seed;
-  run.memory_budget =
-      e.memory_budget_mib > 0 ? e.memory_budget_mib * (1 << 20) : static_cast<double>(memory_budget_bytes());
-  // Rates of points finished earlier (resume) inform the time estimates.
-  for (const auto& [id, pf] : done) {
-    const PointRecord& r = pf.record;
-    if (r.status == PointStatus::Ok && !r.times.empty()) {
-      // Points written before the isa column ran the default variant.
-      const Kernel* old = r.isa.empty() ? find_kernel(r.kernel) : nullptr;
-      run.rates.record(old ? kernel_label(*old) : kernel_label(r.kernel, r.isa), r.threads, r.problem.flops(),
-                       r.time_median());
-    }
-  }
-
-  if (!forced_resume.is_null()) {
-    machine["forced_resumes"].push_back(forced_resume);
+  Json machine = settle_peaks(run, todo, all_threads, peaks_from_file);
+  prepare_runner(run, machine, resumed.done);
+  if (!resumed.forced_resume.is_null()) {
+    machine["forced_resumes"].push_back(resumed.forced_resume);
     write_file_atomic(dir + "/machine.json", machine.dump(2) + "\n");
   }
 
   std::vector<PointFile> all;
-  for (auto& [id, pf] : done) all.push_back(pf);
+  for (auto& [id, pf] : resumed.done) all.push_back(pf);
   write_outputs(dir, plan, all);
   const StopSignals stop_signals;
 
@@ -226,26 +301,18 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
       << ", " << sum.already << " already done, " << todo.size() << " to run -> " << dir << "\n";
   const auto start = Clock::now();
   size_t decided = 0;
+  // The first pass: every point still to decide, in plan order.
   for (size_t i = 0; i < todo.size(); ++i) {
     const GridPoint& g = *todo[i];
     if (o.stop_after > 0 && static_cast<int>(decided) >= o.stop_after) break;
-    // ETA: estimated remaining time of the points still to run (capped ones count zero).
-    double eta = 0;
-    for (size_t j = i; j < todo.size(); ++j) {
-      const Kernel* k = run.find(*todo[j]);
-      if (!k) continue;
-      const BenchPoint pt{k, todo[j]->problem, todo[j]->threads, todo[j]->isa};
-      const double est = estimate_point_seconds(run.rates.estimate_seconds(pt), run.timing, true);
-      if (est <= e.time_cap_s) eta += est;
-    }
     char head[64];
     std::snprintf(head, sizeof head, "[%zu/%zu] ", sum.already + i + 1, sum.planned);
     log << head << describe_point(g, run.find(g)) << " | elapsed " << fmt_duration(seconds_since(start)) << ", ETA "
-        << fmt_duration(eta) << std::flush;
+        << fmt_duration(eta_seconds(run, todo, i)) << std::flush;
 
     const PointRecord base = run.base_record(g);
     PointFile pf;
-    if (const auto died = attempts.find(base.id); died != attempts.end()) {
+    if (const auto died = resumed.attempts.find(base.id); died != resumed.attempts.end()) {
       // Measuring it killed the process before: recorded as failed, not retried in a loop.
       pf = died_point(died->second, &base);
       write_point(dir, pf);
@@ -260,22 +327,9 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
     write_outputs(dir, plan, all);
     ++decided;
     const PointRecord& r = pf.record;
-    if (r.status == PointStatus::Ok) {
-      ++sum.ok;
-      const double t = r.time_median();
-      char buf[160];
-      std::snprintf(buf, sizeof buf, " -> ok %.3g ms, %.1f GFLOP/s", t * 1e3, r.problem.flops() / t * 1e-9);
-      log << buf;
-      if (r.peak_flops > 0) {
-        std::snprintf(buf, sizeof buf, " (%.0f%% of the %s peak)", 100.0 * r.problem.flops() / t / r.peak_flops,
-                      run.peaks.flops_name(r.isa).c_str());
-        log << buf;
-      }
-      log << "\n";
-    } else {
-      (r.status == PointStatus::Failed ? sum.failed : sum.skipped)++;
-      log << " -> " << to_string(r.status) << ": " << r.reason << "\n";
-    }
+    if (r.status == PointStatus::Ok) ++sum.ok;
+    if (r.status != PointStatus::Ok) (r.status == PointStatus::Failed ? sum.failed : sum.skipped)++;
+    log << outcome_text(run, r) << "\n";
   }
   sum.remaining = todo.size() - decided;
   // Later passes (Experiment::rounds): every timed point of this shard again, in plan order,
@@ -312,32 +366,13 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
             << (n.status == PointStatus::Failed ? " (the point is failed)\n" : " (kept with the passes it has)\n");
         if (n.status == PointStatus::Failed) {
           ++sum.failed;
-          if (!done.count(pf.record.id)) --sum.ok;  // its first pass was counted ok by this run
+          if (!resumed.done.count(pf.record.id)) --sum.ok;  // its first pass was counted ok by this run
         }
       }
     }
   }
-  // The machine is shared: measure the peaks again at the end, so the report can show how
-  // much they drifted while the points ran (fractions stay relative to the first
-  // measurement). Not when the peaks were given (--peak-json).
-  if (decided > 0 && !run.peaks.targets.empty() && !peaks_from_file) {
-    PeakOptions po;
-    for (const TargetPeaks& t : run.peaks.targets) {
-      for (const auto& row : t.rows) {
-        if (std::find(po.threads.begin(), po.threads.end(), row.threads) == po.threads.end()) {
-          po.threads.push_back(row.threads);
-        }
-      }
-      if (is_per_target_isa(t.isa) && cpu_runs_isa(t.isa)) po.isas.push_back(t.isa);
-    }
-    po.repeats = o.peak_repeats;
-    po.buffer_bytes = o.peak_buffer_bytes;
-    const Peaks after = measure_peaks(po);
-    machine["peaks_after"] = after.to_json();
-    machine["date_after"] = now_iso8601();
-    write_file_atomic(dir + "/machine.json", machine.dump(2) + "\n");
-    log << "peaks again after the sweep:\n" << format_peaks(after);
-  }
+  // Not when the peaks were given (--peak-json).
+  if (decided > 0 && !run.peaks.targets.empty() && !peaks_from_file) remeasure_peaks(run, machine);
   log << "sweep " << e.name << ": " << sum.ok << " ok, " << sum.failed << " failed, " << sum.skipped << " skipped"
       << (sum.remaining ? ", " + std::to_string(sum.remaining) + " not run (stopped; --resume continues)" : "")
       << (sum.passes_remaining

@@ -22,8 +22,9 @@ namespace attnlab::cli {
 
 namespace {
 struct GenerateArgs {
-  std::string experiment, out, dtype = "f32";
+  std::string experiment, out;
   bench::GenerationConfig one;
+  AxisFlags head;   // --q-heads, --kv-heads, --head-dim, --head-dim-v, --dtype, ... (bench::is_generation_axis)
   int threads = 0;  // 0 = all cores
   bool no_bandwidth = false;
   IsaFlag isa;
@@ -37,11 +38,7 @@ Command add_generate(CLI::App& app) {
   sub->add_option("--experiment", a->experiment, "a generation experiment (experiments/generation.json)");
   sub->add_option("--out", a->out, "folder for generation.json, steps.csv, summary.csv, machine.json")->required();
   sub->add_option("--name", a->one.name, "label of the configuration (without --experiment)");
-  sub->add_option("--q-heads", a->one.q_heads, "query heads");
-  sub->add_option("--kv-heads", a->one.kv_heads, "key/value heads");
-  sub->add_option("--head-dim", a->one.head_dim, "head dimension of Q and K");
-  sub->add_option("--head-dim-v", a->one.head_dim_v, "head dimension of V and O (default: --head-dim)");
-  sub->add_option("--dtype", a->dtype, "storage of Q and the KV cache: f32, bf16, f16");
+  a->head.add_to(*sub, bench::is_generation_axis);  // default 32/8 heads, d 128, f32
   sub->add_option("--prompt", a->one.prompt, "tokens in the cache before the first step");
   sub->add_option("--steps", a->one.steps, "generated tokens");
   sub->add_option("--capacity", a->one.capacity, "cache rows (default prompt + steps)");
@@ -60,15 +57,18 @@ Command add_generate(CLI::App& app) {
             if (a->threads < 0) throw InvalidInput("threads: negative; allowed: >= 1, or 0 for all cores");
             std::vector<bench::GenerationConfig> configs;
             if (!a->experiment.empty()) {
-              for (const char* flag : {"--name", "--q-heads", "--kv-heads", "--head-dim", "--head-dim-v", "--prompt",
-                                       "--steps", "--capacity", "--dtype"}) {
+              for (const char* flag : {"--name", "--prompt", "--steps", "--capacity"}) {
                 if (sub->count(flag) > 0) {
                   throw InvalidInput(std::string(flag) + ": not allowed with --experiment (the file sets it)");
                 }
               }
+              if (a->head.any_given()) {
+                throw InvalidInput(bench::flag_of(a->head.as_experiment_keys().begin().key()) +
+                                   ": not allowed with --experiment (the file sets it)");
+              }
               configs = bench::load_generation_experiment(a->experiment, a->threads > 0 ? a->threads : all);
             } else {
-              a->one.dtype = parse_dtype(a->dtype);
+              a->head.apply(a->one.head);
               a->one.threads = a->threads > 0 ? a->threads : all;
               a->one.validate();
               configs.push_back(a->one);
@@ -93,9 +93,10 @@ Command add_generate(CLI::App& app) {
             int failed = 0;
             for (const auto& c : configs) {
               std::printf("%s: %d/%d heads, d %lld/%lld, %s, prompt %lld + %lld steps, %d thread(s)\n", c.name.c_str(),
-                          static_cast<int>(c.q_heads), static_cast<int>(c.kv_heads), static_cast<long long>(c.head_dim),
-                          static_cast<long long>(c.dim_v()), to_string(c.dtype), static_cast<long long>(c.prompt),
-                          static_cast<long long>(c.steps), c.threads);
+                          static_cast<int>(c.head.q_heads), static_cast<int>(c.head.kv_heads),
+                          static_cast<long long>(c.head.head_dim), static_cast<long long>(c.head.dim_v()),
+                          to_string(c.head.dtype), static_cast<long long>(c.prompt), static_cast<long long>(c.steps),
+                          c.threads);
               std::fflush(stdout);
               bench::GenerationResult r = bench::run_generation(c);
               r.read_bytes_per_s = bandwidth.count(c.threads) ? bandwidth[c.threads] : 0;

@@ -22,6 +22,7 @@ struct SweepArgs {
   int max_points = 0;
   int peak_repeats = 3;
   IsaFlag isa;
+  AxisFlags settings;  // --dtype, --layout, ...: replace the experiment's values in every grid
 };
 
 // A path, or a bare name looked up as experiments/<name>.json.
@@ -71,11 +72,13 @@ Command add_sweep(CLI::App& app) {
   sub->add_flag("--dry-run", args->dry_run, "print the planned points (FLOP count order) and exit");
   sub->add_option("--max-points", args->max_points, "stop after deciding this many points (a resumable partial run)");
   args->isa.add_to(*sub, false);
+  args->settings.add_to(*sub, {bench::AxisKind::Setting});
   return {sub, [args] {
             // The default target: what the SIMD kernels of an experiment without an "isa" key run.
             args->isa.apply();
             bench::Experiment e =
-                bench::load_experiment(resolve_experiment(args->experiment), bench::registry_kernel_names());
+                bench::load_experiment(resolve_experiment(args->experiment), bench::registry_kernel_names(),
+                                       bench::IsaChoices::here(), args->settings.as_experiment_keys());
             if (!args->peers.empty()) {
               e.peers = bench::parse_peers(bench::split_list(args->peers), "peers");
               e.source["peers"] = e.peers;  // the folder records what ran (and --resume compares it)

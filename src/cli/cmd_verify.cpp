@@ -279,12 +279,14 @@ Command add_verify(CLI::App& app) {
               }
               return verify_expect(a);
             }
+            // Any flag but the settings (--dtype, ...) names one shape; the settings alone apply to
+            // every default shape.
             const bool mask_given = sub->count("--causal") + sub->count("--causal-top-left") + sub->count("--window") +
                                         sub->count("--kv-lens") + sub->count("--scale") + sub->count("--layout") >
                                     0;
-            if (!a.shape.any_given(*sub) && !mask_given) {
+            if (!a.shape.any_given() && !mask_given) {
               std::vector<Problem> shapes = default_shapes();
-              for (Problem& p : shapes) p.dtype = a.mask.dtype.empty() ? DType::F32 : parse_dtype(a.mask.dtype);
+              for (Problem& p : shapes) a.mask.settings.apply(p);
               return verify_random(shapes, a);
             }
             Problem p;

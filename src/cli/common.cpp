@@ -85,12 +85,7 @@ void MaskFlags::add_to(CLI::App& app) {
                  "sparse: boolean mask .npy (bool or uint8, nonzero = attend) of shape (q_len, "
                  "kv_len), (batch|1, 1, q_len, kv_len) or (batch|1, q_heads, q_len, kv_len)");
   app.add_option("--scale", scale, "softmax scale (default 1/sqrt(head_dim))");
-  app.add_option("--layout", layout, "memory layout: bhsd (batch, heads, seq, dim) or bshd")
-      ->check(CLI::IsMember({"bhsd", "bshd"}));
-  app.add_option("--dtype", dtype,
-                 "storage of Q, K, V: f32, bf16 or f16 (O and LSE stay float32); float inputs are "
-                 "rounded to it (nearest even), '<u2' .npy files are read as raw bf16 bits")
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  settings.add_to(app, {bench::AxisKind::Setting});
   app.add_option("--threads", threads, "threads (default: all cores)");
 }
 
@@ -137,8 +132,7 @@ void MaskFlags::apply(Problem& p) const {
     p.mask = mask_;
   }
   p.scale = scale;
-  p.layout = parse_layout(layout);
-  if (!dtype.empty()) p.dtype = parse_dtype(dtype);
+  settings.apply(p);
 }
 
 int MaskFlags::thread_count() const {
@@ -148,32 +142,57 @@ int MaskFlags::thread_count() const {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-void ShapeFlags::add_to(CLI::App& app) {
-  app.add_option("--batch", batch, "batch size");
-  app.add_option("--q-heads", q_heads, "query heads");
-  app.add_option("--kv-heads", kv_heads, "key/value heads (divides q-heads)");
-  app.add_option("--q-len", q_len, "query length");
-  app.add_option("--kv-len", kv_len, "key/value length");
-  app.add_option("--head-dim", head_dim, "head dimension of Q and K");
-  app.add_option("--head-dim-v", head_dim_v, "head dimension of V and O (default: --head-dim)");
-  app.add_option("--seed", seed, "seed of the random inputs");
+void AxisFlags::add_to(CLI::App& app, std::initializer_list<bench::AxisKind> kinds) {
+  for (const bench::Axis& a : bench::axes()) {
+    if (std::find(kinds.begin(), kinds.end(), a.kind) != kinds.end())
+      app.add_option(bench::flag_of(a.key), text_[a.key], a.help);
+  }
 }
 
-bool ShapeFlags::any_given(const CLI::App& app) const {
-  for (const char* f : {"--batch", "--q-heads", "--kv-heads", "--q-len", "--kv-len", "--head-dim", "--head-dim-v"}) {
-    if (app.count(f) > 0) return true;
+void AxisFlags::add_to(CLI::App& app, bool (*pick)(const bench::Axis&)) {
+  for (const bench::Axis& a : bench::axes()) {
+    if (pick(a)) app.add_option(bench::flag_of(a.key), text_[a.key], a.help);
+  }
+}
+
+bool AxisFlags::given(const std::string& key) const {
+  const auto it = text_.find(key);
+  return it != text_.end() && !it->second.empty();
+}
+
+bool AxisFlags::any_given() const {
+  for (const auto& [key, text] : text_) {
+    if (!text.empty()) return true;
   }
   return false;
 }
 
+std::string AxisFlags::text(const std::string& key) const { return given(key) ? text_.at(key) : std::string(); }
+
+void AxisFlags::apply(Problem& p) const {
+  const bench::Where w{"", "command line", true};
+  int threads = 0;
+  for (const bench::Axis& a : bench::axes()) {
+    if (given(a.key)) bench::set_axis(a, w, bench::json_of_flag_text(text(a.key)), p, threads);
+  }
+}
+
+nlohmann::json AxisFlags::as_experiment_keys() const {
+  nlohmann::json keys = nlohmann::json::object();
+  for (const auto& [key, text] : text_) {
+    if (!text.empty()) keys[key] = bench::json_of_flag_text(text);
+  }
+  return keys;
+}
+
+void ShapeFlags::add_to(CLI::App& app) {
+  sizes.add_to(app, {bench::AxisKind::Size});
+  app.add_option("--seed", seed, "seed of the random inputs");
+}
+
 void ShapeFlags::apply(Problem& p) const {
-  p.batch = batch;
-  p.q_heads = q_heads;
-  p.kv_heads = kv_heads;
-  p.q_len = q_len;
-  p.kv_len = kv_len;
-  p.head_dim = head_dim;
-  p.head_dim_v = head_dim_v == head_dim ? 0 : head_dim_v;
+  p.batch = 1, p.q_heads = 8, p.kv_heads = 2, p.q_len = 65, p.kv_len = 127, p.head_dim = 64;
+  sizes.apply(p);
 }
 
 }  // namespace attnlab::cli

@@ -2,16 +2,38 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "attnlab/problem.hpp"
+#include "bench/point_schema.hpp"
 
 namespace attnlab::cli {
 
-// Mask, scale, layout and threads flags (used by run and verify).
+// The point schema's axes of some kinds as flags (bench/point_schema.hpp): --q-len, --kv-heads,
+// --gqa-groups, ... for the sizes, --layout, --dtype (every setting axis) for the settings.
+// Values are what the experiment key takes, written "a,b" for a list: the same parser and the
+// same checks, so a new axis of the table is a flag of every command that takes its kind.
+struct AxisFlags {
+  void add_to(CLI::App& app, std::initializer_list<bench::AxisKind> kinds);
+  void add_to(CLI::App& app, bool (*pick)(const bench::Axis&));
+  bool given(const std::string& key) const;
+  bool any_given() const;
+  std::string text(const std::string& key) const;  // "" when not given
+  // Sets each given flag's value into p, in the table's order; one value each (InvalidInput).
+  void apply(Problem& p) const;
+  // The given flags as experiment keys (a sweep's flags replace the experiment's values).
+  nlohmann::json as_experiment_keys() const;
+
+ private:
+  std::map<std::string, std::string> text_;  // key -> the flag's text ("" not given)
+};
+
+// Mask, scale, settings (layout, dtype, ...: the schema's setting axes) and threads flags
+// (used by run and verify).
 struct MaskFlags {
   bool causal = false;
   bool causal_top_left = false;
@@ -24,11 +46,10 @@ struct MaskFlags {
   std::string bigbird;    // "BLOCK,RANDOM,SEED"
   std::string mask_file;  // boolean .npy
   std::optional<float> scale;
-  std::string layout = "bhsd";
-  std::string dtype;  // "" = f32, or inferred from .npy inputs ('<f2' files: f16)
-  int threads = 0;    // 0 = all cores
+  AxisFlags settings;  // --layout, --dtype (""/absent: f32, or inferred from .npy inputs ('<f2' files: f16))
+  int threads = 0;     // 0 = all cores
   void add_to(CLI::App& app);
-  // Fills the mask/scale/layout fields of p (throws InvalidInput on malformed text).
+  // Fills the mask/scale/setting fields of p (throws InvalidInput on malformed text).
   void apply(Problem& p) const;
   int thread_count() const;
 
@@ -39,13 +60,13 @@ struct MaskFlags {
 // A boolean mask .npy (bool or uint8) as the problem's mask file.
 BoolMask read_mask(const std::string& path);
 
-// Explicit shape flags (verify with random inputs).
+// Explicit shape flags (verify with random inputs): the schema's size axes, over a base shape.
 struct ShapeFlags {
-  int64_t batch = 1, q_heads = 8, kv_heads = 2, q_len = 65, kv_len = 127, head_dim = 64;
-  int64_t head_dim_v = 0;  // 0 = head_dim
+  AxisFlags sizes;
   uint64_t seed = 1;
   void add_to(CLI::App& app);
-  bool any_given(const CLI::App& app) const;
+  bool any_given() const { return sizes.any_given(); }
+  // The base shape (b 1, h 8/2, q 65, kv 127, d 64: odd lengths, GQA) with the given flags.
   void apply(Problem& p) const;
 };
 

@@ -19,18 +19,18 @@ std::string shape_text(const std::vector<int64_t>& s) {
 DType storage_dtype(const MaskFlags& flags,
                     std::initializer_list<std::pair<const std::string*, const NpyArray*>> files) {
   const auto& [p0, a0] = *files.begin();
+  const std::string dtype = flags.settings.text("dtype");
   for (const auto& [path, arr] : files) {
-    if (flags.dtype.empty() && (arr->source_dtype == "<f2") != (a0->source_dtype == "<f2")) {
+    if (dtype.empty() && (arr->source_dtype == "<f2") != (a0->source_dtype == "<f2")) {
       throw InvalidInput(*path + ": '" + arr->source_dtype + "' data beside " + *p0 + "'s '" + a0->source_dtype +
                          "'; allowed: the same kind of data in Q, K and V, or --dtype to convert them all");
     }
-    if (arr->source_dtype == "<u2" && flags.dtype != "bf16") {
+    if (arr->source_dtype == "<u2" && dtype != "bf16") {
       throw InvalidInput(*path + ": '<u2' data is read as raw bfloat16 bits, which needs --dtype bf16 (given: " +
-                         (flags.dtype.empty() ? std::string("none") : flags.dtype) +
-                         "); allowed: --dtype bf16, or float data");
+                         (dtype.empty() ? std::string("none") : dtype) + "); allowed: --dtype bf16, or float data");
     }
   }
-  if (!flags.dtype.empty()) return parse_dtype(flags.dtype);
+  if (!dtype.empty()) return parse_dtype(dtype);
   return a0->source_dtype == "<f2" ? DType::F16 : DType::F32;
 }
 

@@ -17,15 +17,29 @@ bool Kernel::runs_patterns() const { return false; }
 bool Kernel::runs_head_dim_v() const { return false; }
 std::shared_ptr<const Plan> Kernel::make_plan(const Problem&) const { return nullptr; }
 
+namespace {
+std::vector<const Kernel*> (*catalog)() = nullptr;
+}  // namespace
+
+void set_kernel_catalog(std::vector<const Kernel*> (*all)()) { catalog = all; }
+
+std::string kernels_that(bool (Kernel::*capability)() const) {
+  std::string names;
+  if (!catalog) return names;
+  for (const Kernel* k : catalog()) {
+    if ((k->*capability)()) names += (names.empty() ? "" : ", ") + std::string(k->name());
+  }
+  return names;
+}
+
 Support supports_problem(const Kernel& kernel, const Problem& problem) {
   if (problem.sparse() && !kernel.runs_patterns()) {
-    return Support::no(
-        "a sparse pattern (naive, flash, decode and cuda_flash run them; this kernel takes interval masks only)");
+    return Support::no("a sparse pattern (" + kernels_that(&Kernel::runs_patterns) +
+                       " run them; this kernel takes interval masks only)");
   }
   if (problem.dim_v() != problem.head_dim && !kernel.runs_head_dim_v()) {
-    return Support::no(
-        "head_dim_v != head_dim (naive, blocked, flash, flash_bf16, flash_amx, decode, cuda_naive and "
-        "cuda_flash run it; this kernel keeps one head_dim for Q, K and V)");
+    return Support::no("head_dim_v != head_dim (" + kernels_that(&Kernel::runs_head_dim_v) +
+                       " run it; this kernel keeps one head_dim for Q, K and V)");
   }
   return kernel.supports(problem);
 }

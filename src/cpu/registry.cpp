@@ -60,11 +60,20 @@ class TargetKernel final : public Kernel {
     if (!cpu_runs_isa(isa_)) return Support::no(cannot_run_reason(isa_));
     return inner_.available();
   }
-  Support supports(const Problem& p) const override { return inner_.supports(p); }
-  size_t workspace_bytes(const Problem& p, int threads) const override { return inner_.workspace_bytes(p, threads); }
+  // The target's own code runs only on a CPU that has its instructions (a question about an
+  // avx512 variant on an AVX2 CPU would die of SIGILL in its compiled checks).
+  Support supports(const Problem& p) const override {
+    if (!cpu_runs_isa(isa_)) return Support::no(cannot_run_reason(isa_));
+    return inner_.supports(p);
+  }
+  size_t workspace_bytes(const Problem& p, int threads) const override {
+    return cpu_runs_isa(isa_) ? inner_.workspace_bytes(p, threads) : 0;
+  }
   bool runs_patterns() const override { return inner_.runs_patterns(); }
   bool runs_head_dim_v() const override { return inner_.runs_head_dim_v(); }
-  std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return inner_.make_plan(p); }
+  std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
+    return cpu_runs_isa(isa_) ? inner_.make_plan(p) : nullptr;
+  }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     inner_.run(p, in, out, ctx);
   }
@@ -138,6 +147,9 @@ std::vector<const Kernel*> variants() {
   for (const Entry& e : entries()) r.insert(r.end(), e.variants.begin(), e.variants.end());
   return r;
 }
+
+// Refusals in attn_core name the kernels that can (kernels_that): this is their list.
+[[maybe_unused]] const bool kCatalogSet = (set_kernel_catalog(&registry), true);
 
 std::vector<std::string> kernel_isas(std::string_view name) {
   std::vector<std::string> r;

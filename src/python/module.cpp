@@ -5,6 +5,8 @@
 //   o, lse = attnlab.attention(q, k, v, return_lse=True, layout="bshd", threads=2)
 //   attnlab.kernels(); attnlab.verify(q, k, v, causal=True); attnlab.peak()
 //
+// Every setting axis of the point schema (bench/point_schema.hpp) beyond layout and dtype is
+// a keyword too, taking what the experiment key takes (a new axis needs no edit here).
 // Inputs are 4-D C-contiguous numpy arrays, read in place (never copied): float32, float16, or
 // uint16 holding bfloat16 bits with dtype="bf16". V's last dimension is head_dim_v. Anything
 // else is a TypeError or ValueError naming the argument and what is allowed; the lab's own
@@ -23,6 +25,7 @@
 #include "attnlab/verify.hpp"
 #include "bench/bench_point.hpp"
 #include "bench/peak.hpp"
+#include "bench/point_schema.hpp"
 
 namespace py = pybind11;
 using namespace attnlab;
@@ -82,6 +85,40 @@ Arr as_input(const py::handle& obj, const char* name, const std::optional<std::s
   return r;
 }
 
+// A keyword's Python value as the schema's parsers read it.
+nlohmann::json json_of(const py::handle& x) {
+  if (x.is_none()) return nullptr;
+  if (py::isinstance<py::bool_>(x)) return x.cast<bool>();
+  if (py::isinstance<py::int_>(x)) return x.cast<int64_t>();
+  if (py::isinstance<py::float_>(x)) return x.cast<double>();
+  if (py::isinstance<py::str>(x)) return x.cast<std::string>();
+  if (py::isinstance<py::list>(x) || py::isinstance<py::tuple>(x)) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const py::handle& e : x) a.push_back(json_of(e));
+    return a;
+  }
+  throw py::type_error("a keyword's value must be None, bool, int, float, str or a list of them; got " +
+                       std::string(py::str(py::type::of(x).attr("__name__"))));
+}
+
+// The setting axes given as keywords (all but layout and dtype, which have their own).
+void apply_settings(const py::kwargs& settings, Problem& p) {
+  std::string allowed = "kernel, causal, window, kv_lens, scale, layout, threads, dtype, isa";
+  for (const bench::Axis& a : bench::axes()) {
+    const std::string_view key = a.key;
+    if (a.kind == bench::AxisKind::Setting && key != "layout" && key != "dtype") allowed += ", " + std::string(key);
+  }
+  int threads = 0;
+  for (const auto& [name, value] : settings) {
+    const std::string key = py::str(name);
+    const bench::Axis* a = bench::find_axis(key);
+    if (!a || a->kind != bench::AxisKind::Setting || key == "layout" || key == "dtype") {
+      throw py::type_error("unexpected keyword argument '" + key + "'; allowed: " + allowed);
+    }
+    bench::set_axis(*a, bench::Where{"", "attnlab", false}, json_of(value), p, threads);
+  }
+}
+
 // The problem Q, K, V describe, with the mask arguments; validated (InvalidInput -> ValueError).
 struct Call {
   Problem p;
@@ -91,7 +128,8 @@ struct Call {
 Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, const py::object& causal,
                const std::optional<std::pair<int64_t, int64_t>>& window,
                const std::optional<std::vector<int64_t>>& kv_lens, const std::optional<float>& scale,
-               const std::string& layout, const std::optional<std::string>& dtype) {
+               const std::string& layout, const std::optional<std::string>& dtype,
+               const py::kwargs& settings = py::kwargs()) {
   Call c;
   Problem& p = c.p;
   p.layout = parse_layout(layout);
@@ -129,6 +167,7 @@ Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, co
   if (window) p.window_left = window->first, p.window_right = window->second;
   if (kv_lens) p.kv_lens = *kv_lens;
   p.scale = scale;
+  apply_settings(settings, p);
   p.validate();
   const auto view = [&](const Arr& a, int64_t heads, int64_t seq, int64_t dim) {
     return make_view<const void>(a.data, p.batch, heads, seq, dim, p.layout);
@@ -153,8 +192,9 @@ py::object attention(const py::handle& q, const py::handle& k, const py::handle&
                      const py::object& causal, const std::optional<std::pair<int64_t, int64_t>>& window,
                      const std::optional<std::vector<int64_t>>& kv_lens, const std::optional<float>& scale,
                      const std::string& layout, const std::optional<int>& threads, bool return_lse,
-                     const std::optional<std::string>& dtype, const std::optional<std::string>& isa) {
-  const Call c = make_call(q, k, v, causal, window, kv_lens, scale, layout, dtype);
+                     const std::optional<std::string>& dtype, const std::optional<std::string>& isa,
+                     const py::kwargs& settings) {
+  const Call c = make_call(q, k, v, causal, window, kv_lens, scale, layout, dtype, settings);
   const Problem& p = c.p;
   const Kernel& kern = kernel_named(kernel, isa);
   Session session(kern, p, thread_count(threads));
@@ -196,8 +236,8 @@ py::list verify(const py::handle& q, const py::handle& k, const py::handle& v, c
                 const py::object& causal, const std::optional<std::pair<int64_t, int64_t>>& window,
                 const std::optional<std::vector<int64_t>>& kv_lens, const std::optional<float>& scale,
                 const std::string& layout, const std::optional<int>& threads, int rows,
-                const std::optional<std::string>& dtype) {
-  const Call c = make_call(q, k, v, causal, window, kv_lens, scale, layout, dtype);
+                const std::optional<std::string>& dtype, const py::kwargs& settings) {
+  const Call c = make_call(q, k, v, causal, window, kv_lens, scale, layout, dtype, settings);
   if (rows < 1) throw py::value_error("rows: " + std::to_string(rows) + "; allowed: >= 1");
   const std::vector<std::string> names = py::isinstance<py::str>(kernel_names)
                                              ? std::vector<std::string>{kernel_names.cast<std::string>()}
@@ -247,6 +287,22 @@ py::dict peak(const std::optional<int>& threads, double seconds) {
   return d;
 }
 
+// The point schema's input axes: key, kind, help, default (JSON-decoded; None when required).
+py::list axes() {
+  py::list out;
+  const py::object loads = py::module_::import("json").attr("loads");
+  for (const bench::Axis& a : bench::axes()) {
+    static const char* kinds[] = {"size", "setting", "mask", "run"};
+    py::dict d;
+    d["key"] = a.key;
+    d["kind"] = kinds[static_cast<int>(a.kind)];
+    d["help"] = a.help;
+    d["default"] = a.fallback ? loads(a.fallback) : py::none();
+    out.append(d);
+  }
+  return out;
+}
+
 // The data pointers of the views the kernels read (for the no-copy test).
 py::dict views(const py::handle& q, const py::handle& k, const py::handle& v, const std::string& layout,
                const std::optional<std::string>& dtype) {
@@ -283,6 +339,9 @@ PYBIND11_MODULE(attnlab, m) {
         "a list of dicts (kernel, verdict PASS/FAIL/SKIP, o_rel, lse, tol_o_rel, tol_lse, reason).");
   m.def("peak", &peak, py::arg("threads") = py::none(), py::arg("seconds") = 0.1,
         "The machine's float32 FMA peak (FLOP/s) and streaming read bandwidth (bytes/s), one run each.");
+  m.def("axes", &axes,
+        "The point schema's input axes (experiment keys): key, kind (size, setting, mask, run), help, default.\n"
+        "Every 'setting' is a keyword of attention() and verify().");
   m.def("_views", &views, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("layout") = "bhsd",
         py::arg("dtype") = py::none(), "The data pointers the kernels would read (tests: no copies).");
 }

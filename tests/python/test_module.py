@@ -146,3 +146,21 @@ def test_kernels_verify_and_peak():
     assert skipped[0]["verdict"] == "SKIP" and "q_len" in skipped[0]["reason"]
     p = attnlab.peak(threads=1, seconds=0.02)
     assert p["fma_flops"] > 1e9 and p["read_bytes"] > 1e8
+
+
+def test_every_setting_axis_is_a_keyword():
+    """The point schema's setting axes are keywords of attention and verify, with the experiment
+    key's grammar (src/bench/point_schema.cpp); others are refused, naming the allowed ones."""
+    q, k, v = inputs(lq=5, lk=9)
+    settings = [a for a in attnlab.axes() if a["kind"] == "setting"]
+    assert {"layout", "dtype"} <= {a["key"] for a in settings}
+    for a in settings:
+        if a["key"] in ("layout", "dtype"):  # their own keywords: they say how to read the arrays
+            continue
+        o = attnlab.attention(q, k, v, kernel="naive", **{a["key"]: a["default"]})
+        assert o.shape == (2, 6, 5, 40)
+        assert attnlab.verify(q, k, v, kernels="naive", rows=4, **{a["key"]: a["default"]})[0]["verdict"] == "PASS"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'colour'; allowed: kernel, causal"):
+        attnlab.attention(q, k, v, colour=1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'q_len'"):
+        attnlab.attention(q, k, v, q_len=5)  # a size: read off the arrays

@@ -170,7 +170,9 @@ int run(int argc, char** argv) {
     return "";
   };
 
-  for (Grid& g : e.grids) g.dtype = flags.dtypes;
+  std::vector<nlohmann::json> dtypes;
+  for (DType d : flags.dtypes) dtypes.emplace_back(to_string(d));
+  for (Grid& g : e.grids) g.set("dtype", dtypes);
   std::vector<BenchPoint> points;
   for (const GridPoint& g : expand(e, all)) {
     if (!flags.groups.empty() && std::find(flags.groups.begin(), flags.groups.end(), g.model) == flags.groups.end())
