@@ -1,0 +1,61 @@
+// Quantized KV caches: the byte layouts CPU inference runtimes store K and V in, and the one
+// rule per layout for writing (quantize) and reading (dequantize) a cache row. Every kernel
+// that reads a quantized cache, the float64 reference and the textbook baseline dequantize
+// through dequantize_row's rule (kernels may vectorize it; the values must be the same), so
+// agreement is judged on the dequantized K/V with the float32 tolerance.
+//
+// A cache row is one (batch, kv head, token) row of head_dim values:
+//   q8_0      ggml's block_q8_0: per 32 values an f16 scale d and 32 int8 q; x = d * q.
+//             34 bytes per 32 values. Written by quantize_row_q8_0_ref's rule: d = amax / 127,
+//             q = roundf(x / d) (0 when d = 0).
+//   q4_0      ggml's block_q4_0: per 32 values an f16 scale d and 16 bytes; byte j holds value j
+//             in its low nibble and value j + 16 in its high one; x = d * (nibble - 8). 18 bytes
+//             per 32 values. Written by quantize_row_q4_0_ref's rule: m = the value of largest
+//             magnitude, d = m / -8, nibble = min(15, (int8)(x / d + 8.5)).
+//             A cache llama.cpp wrote (--cache-type-k q8_0 / q4_0) reads as it is.
+//   u8, u4    per row a float32 scale and a float32 zero point, then the values (u4: two per
+//             byte, the even one in the low nibble); x = (q - zp) * scale. Written
+//             asymmetrically over the row's range (OpenVINO's CPU KV cache, per token and head):
+//             scale = (max - min) / 255 (15), 1 for a constant row; zp = -min / scale;
+//             q = clamp(round(x / scale + zp), 0, 255 (15)). 8 + d (8 + d / 2) bytes.
+//   fp8_e4m3  OCP FP8 E4M3 (no infinities, max 448) and E5M2 (IEEE-like, max 57344), one byte
+//   fp8_e5m2  per value, times a per-tensor float32 scale (vLLM's fp8 cache; the lab writes
+//             scale 1, vLLM's default without calibration). Written by rounding x / scale to
+//             nearest even, saturating finite values past the maximum (E4M3 also saturates
+//             infinities); NaN stays NaN.
+// Special values: a NaN or Inf among a q8_0 / q4_0 block's values or a u8 / u4 row's values is
+// written as a NaN scale (ggml writes Inf for Inf: either way the block reads back as NaN);
+// a scale of 0 is an all-zero block, as ggml's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace attnlab {
+
+// How K and V are stored: as Q's dtype (Same), or in one of the quantized layouts above.
+enum class KvDType : uint8_t { Same, Q8_0, Q4_0, U8, U4, Fp8E4M3, Fp8E5M2 };
+
+const char* to_string(KvDType t);                   // "dtype", "q8_0", "q4_0", "u8", "u4", "fp8_e4m3", "fp8_e5m2"
+KvDType parse_kv_dtype(const std::string& text);    // throws InvalidInput naming the allowed names
+const std::vector<KvDType>& quantized_kv_dtypes();  // every type but Same, in the order above
+
+// Values per block along head_dim (32 for q8_0 / q4_0; 1 for the others: any head_dim).
+int64_t kv_block_values(KvDType t);
+// Bytes of one cache row of `dim` values (dim a multiple of kv_block_values(t)).
+int64_t kv_row_bytes(KvDType t, int64_t dim);
+
+// One row: `dim` floats -> kv_row_bytes(t, dim) bytes, and back. `tensor_scale` is the fp8
+// types' per-tensor scale (ignored by the others).
+void quantize_row(KvDType t, const float* x, int64_t dim, std::byte* out, float tensor_scale = 1.0f);
+void dequantize_row(KvDType t, const std::byte* row, int64_t dim, float* y, float tensor_scale = 1.0f);
+
+// The OCP FP8 conversions (exact decode; encode rounds to nearest even, saturating as above).
+float fp8_e4m3_to_float(uint8_t b);
+float fp8_e5m2_to_float(uint8_t b);
+uint8_t float_to_fp8_e4m3(float x);
+uint8_t float_to_fp8_e5m2(float x);
+
+}  // namespace attnlab

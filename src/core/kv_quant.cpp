@@ -1,0 +1,281 @@
+// The quantized KV-cache layouts' write and read rules (include/attnlab/kv_quant.hpp): the
+// scalar definition every faster reader must match value for value.
+#include "attnlab/kv_quant.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "attnlab/dtype.hpp"
+#include "attnlab/problem.hpp"
+
+namespace attnlab {
+
+namespace {
+
+constexpr int64_t kBlock = 32;  // ggml's QK8_0 = QK4_0
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+uint16_t load_u16(const std::byte* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+void store_u16(std::byte* p, uint16_t v) { std::memcpy(p, &v, 2); }
+float load_f32(const std::byte* p) {
+  float v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+void store_f32(std::byte* p, float v) { std::memcpy(p, &v, 4); }
+
+bool all_finite(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) return false;
+  }
+  return true;
+}
+
+// ggml's quantize_row_q8_0_ref on one block.
+void quantize_q8_0(const float* x, std::byte* out) {
+  float amax = 0.0f;
+  for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const bool finite = all_finite(x, kBlock);
+  const float d = finite ? amax / 127.0f : kNaN;
+  const float id = finite && d != 0.0f ? 1.0f / d : 0.0f;
+  store_u16(out, to_f16(d).bits);
+  auto* q = reinterpret_cast<int8_t*>(out + 2);
+  for (int64_t j = 0; j < kBlock; ++j) q[j] = finite ? static_cast<int8_t>(std::roundf(x[j] * id)) : 0;
+}
+
+// ggml's quantize_row_q4_0_ref on one block.
+void quantize_q4_0(const float* x, std::byte* out) {
+  float amax = 0.0f, max = 0.0f;
+  for (int64_t j = 0; j < kBlock; ++j) {
+    if (amax < std::fabs(x[j])) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  const bool finite = all_finite(x, kBlock);
+  const float d = finite ? max / -8.0f : kNaN;
+  const float id = finite && d != 0.0f ? 1.0f / d : 0.0f;
+  store_u16(out, to_f16(d).bits);
+  auto* qs = reinterpret_cast<uint8_t*>(out + 2);
+  if (!finite) {
+    std::memset(qs, 0, kBlock / 2);
+    return;
+  }
+  for (int64_t j = 0; j < kBlock / 2; ++j) {
+    // (int8_t) truncates toward zero, as ggml's cast: x / d + 8.5 lies in [0.5, 16.5] here.
+    const auto lo = static_cast<uint8_t>(std::min(15, static_cast<int>(static_cast<int8_t>(x[j] * id + 8.5f))));
+    const auto hi =
+        static_cast<uint8_t>(std::min(15, static_cast<int>(static_cast<int8_t>(x[j + kBlock / 2] * id + 8.5f))));
+    qs[j] = static_cast<uint8_t>(lo | (hi << 4));
+  }
+}
+
+// Per-row asymmetric (u8: levels 255, u4: 15).
+void quantize_asym(const float* x, int64_t dim, int levels, std::byte* out) {
+  float lo = x[0], hi = x[0];
+  for (int64_t i = 1; i < dim; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+  const bool finite = all_finite(x, dim);
+  float scale = (hi - lo) / static_cast<float>(levels);
+  if (scale == 0.0f) scale = 1.0f;  // a constant row: q = 0 reads back as lo exactly
+  const float zp = finite ? -lo / scale : 0.0f;
+  if (!finite) scale = kNaN;
+  store_f32(out, scale);
+  store_f32(out + 4, zp);
+  auto* q = reinterpret_cast<uint8_t*>(out + 8);
+  if (levels == 15) std::memset(q, 0, static_cast<size_t>((dim + 1) / 2));
+  for (int64_t i = 0; i < dim; ++i) {
+    const float r = finite ? std::nearbyint(x[i] / scale + zp) : 0.0f;
+    const auto v = static_cast<uint8_t>(std::clamp(r, 0.0f, static_cast<float>(levels)));
+    if (levels == 255) {
+      q[i] = v;
+    } else {
+      q[i / 2] = static_cast<uint8_t>(q[i / 2] | (i % 2 == 0 ? v : v << 4));
+    }
+  }
+}
+
+// OCP FP8: `e` exponent bits, `m` mantissa bits, bias 2^(e-1) - 1; E4M3 spends its top code
+// (S.1111.111) on NaN and has no infinities, E5M2 is IEEE-like.
+struct Fp8 {
+  int e, m;
+  bool ieee;
+  int bias() const { return (1 << (e - 1)) - 1; }
+  float max_finite() const {
+    return ieee ? std::ldexp(2.0f - std::ldexp(1.0f, -m), (1 << e) - 2 - bias())      // 57344
+                : std::ldexp(2.0f - std::ldexp(1.0f, 1 - m), (1 << e) - 1 - bias());  // 448
+  }
+  float decode(uint8_t b) const {
+    const int sign = b >> 7, ex = (b >> m) & ((1 << e) - 1), man = b & ((1 << m) - 1);
+    float v;
+    if (ieee && ex == (1 << e) - 1) {
+      v = man ? kNaN : std::numeric_limits<float>::infinity();
+    } else if (!ieee && ex == (1 << e) - 1 && man == (1 << m) - 1) {
+      v = kNaN;
+    } else if (ex == 0) {
+      v = std::ldexp(static_cast<float>(man), 1 - bias() - m);
+    } else {
+      v = std::ldexp(1.0f + std::ldexp(static_cast<float>(man), -m), ex - bias());
+    }
+    return sign ? -v : v;
+  }
+  uint8_t encode(float x) const {
+    const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+    if (std::isnan(x)) return static_cast<uint8_t>(sign | 0x7f);  // E4M3's NaN; one of E5M2's
+    const float a = std::fabs(x);
+    const uint8_t max_code = ieee ? static_cast<uint8_t>((((1 << e) - 2) << m) | ((1 << m) - 1))
+                                  : static_cast<uint8_t>((((1 << e) - 1) << m) | ((1 << m) - 2));
+    if (std::isinf(a)) return static_cast<uint8_t>(sign | (ieee ? ((1 << e) - 1) << m : max_code));
+    // Round to the grid of a's binade (the subnormal grid below the smallest normal),
+    // nearest even (the default rounding mode of nearbyint).
+    int ex = 0;
+    std::frexp(a, &ex);
+    const int unbiased = std::max(ex - 1, 1 - bias());
+    const float quantum = std::ldexp(1.0f, unbiased - m);
+    const float r = std::nearbyint(a / quantum) * quantum;
+    if (r > max_finite()) return static_cast<uint8_t>(sign | max_code);  // saturate
+    if (r == 0.0f) return sign;
+    std::frexp(r, &ex);
+    const int u = ex - 1;
+    if (u < 1 - bias()) {  // subnormal
+      return static_cast<uint8_t>(sign | static_cast<int>(r / std::ldexp(1.0f, 1 - bias() - m)));
+    }
+    const int man = static_cast<int>(r / std::ldexp(1.0f, u - m)) - (1 << m);
+    return static_cast<uint8_t>(sign | ((u + bias()) << m) | man);
+  }
+};
+constexpr Fp8 kE4M3{4, 3, false}, kE5M2{5, 2, true};
+
+const std::array<float, 256>& fp8_table(const Fp8& f) {
+  static const auto make = [](const Fp8& g) {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 256; ++b) t[b] = g.decode(static_cast<uint8_t>(b));
+    return t;
+  };
+  static const std::array<float, 256> e4m3 = make(kE4M3), e5m2 = make(kE5M2);
+  return f.ieee ? e5m2 : e4m3;
+}
+
+}  // namespace
+
+const char* to_string(KvDType t) {
+  switch (t) {
+    case KvDType::Same: return "dtype";
+    case KvDType::Q8_0: return "q8_0";
+    case KvDType::Q4_0: return "q4_0";
+    case KvDType::U8: return "u8";
+    case KvDType::U4: return "u4";
+    case KvDType::Fp8E4M3: return "fp8_e4m3";
+    case KvDType::Fp8E5M2: return "fp8_e5m2";
+  }
+  return "?";
+}
+
+const std::vector<KvDType>& quantized_kv_dtypes() {
+  static const std::vector<KvDType> all = {KvDType::Q8_0, KvDType::Q4_0,    KvDType::U8,
+                                           KvDType::U4,   KvDType::Fp8E4M3, KvDType::Fp8E5M2};
+  return all;
+}
+
+KvDType parse_kv_dtype(const std::string& text) {
+  if (text == to_string(KvDType::Same)) return KvDType::Same;
+  std::string names = to_string(KvDType::Same);
+  for (KvDType t : quantized_kv_dtypes()) {
+    if (text == to_string(t)) return t;
+    names += std::string(", ") + to_string(t);
+  }
+  throw InvalidInput("kv_dtype: '" + text + "'; allowed: " + names);
+}
+
+int64_t kv_block_values(KvDType t) { return t == KvDType::Q8_0 || t == KvDType::Q4_0 ? kBlock : 1; }
+
+int64_t kv_row_bytes(KvDType t, int64_t dim) {
+  switch (t) {
+    case KvDType::Q8_0: return dim / kBlock * (2 + kBlock);
+    case KvDType::Q4_0: return dim / kBlock * (2 + kBlock / 2);
+    case KvDType::U8: return 8 + dim;
+    case KvDType::U4: return 8 + (dim + 1) / 2;
+    case KvDType::Fp8E4M3:
+    case KvDType::Fp8E5M2: return dim;
+    case KvDType::Same: break;
+  }
+  throw std::logic_error("kv_row_bytes: KvDType::Same has no row layout of its own");
+}
+
+void quantize_row(KvDType t, const float* x, int64_t dim, std::byte* out, float tensor_scale) {
+  switch (t) {
+    case KvDType::Q8_0:
+      for (int64_t b = 0; b < dim / kBlock; ++b) quantize_q8_0(x + b * kBlock, out + b * (2 + kBlock));
+      return;
+    case KvDType::Q4_0:
+      for (int64_t b = 0; b < dim / kBlock; ++b) quantize_q4_0(x + b * kBlock, out + b * (2 + kBlock / 2));
+      return;
+    case KvDType::U8: return quantize_asym(x, dim, 255, out);
+    case KvDType::U4: return quantize_asym(x, dim, 15, out);
+    case KvDType::Fp8E4M3:
+    case KvDType::Fp8E5M2: {
+      const Fp8& f = t == KvDType::Fp8E4M3 ? kE4M3 : kE5M2;
+      auto* q = reinterpret_cast<uint8_t*>(out);
+      for (int64_t i = 0; i < dim; ++i) q[i] = f.encode(x[i] / tensor_scale);
+      return;
+    }
+    case KvDType::Same: break;
+  }
+  throw std::logic_error("quantize_row: KvDType::Same");
+}
+
+void dequantize_row(KvDType t, const std::byte* row, int64_t dim, float* y, float tensor_scale) {
+  switch (t) {
+    case KvDType::Q8_0:
+      for (int64_t b = 0; b < dim / kBlock; ++b) {
+        const std::byte* blk = row + b * (2 + kBlock);
+        const float d = to_float(f16{load_u16(blk)});
+        const auto* q = reinterpret_cast<const int8_t*>(blk + 2);
+        for (int64_t j = 0; j < kBlock; ++j) y[b * kBlock + j] = d * static_cast<float>(q[j]);
+      }
+      return;
+    case KvDType::Q4_0:
+      for (int64_t b = 0; b < dim / kBlock; ++b) {
+        const std::byte* blk = row + b * (2 + kBlock / 2);
+        const float d = to_float(f16{load_u16(blk)});
+        const auto* qs = reinterpret_cast<const uint8_t*>(blk + 2);
+        for (int64_t j = 0; j < kBlock / 2; ++j) {
+          y[b * kBlock + j] = static_cast<float>((qs[j] & 0x0f) - 8) * d;
+          y[b * kBlock + j + kBlock / 2] = static_cast<float>((qs[j] >> 4) - 8) * d;
+        }
+      }
+      return;
+    case KvDType::U8:
+    case KvDType::U4: {
+      const float scale = load_f32(row), zp = load_f32(row + 4);
+      const auto* q = reinterpret_cast<const uint8_t*>(row + 8);
+      for (int64_t i = 0; i < dim; ++i) {
+        const int v = t == KvDType::U8 ? q[i] : (i % 2 == 0 ? q[i / 2] & 0x0f : q[i / 2] >> 4);
+        y[i] = (static_cast<float>(v) - zp) * scale;
+      }
+      return;
+    }
+    case KvDType::Fp8E4M3:
+    case KvDType::Fp8E5M2: {
+      const auto& table = fp8_table(t == KvDType::Fp8E4M3 ? kE4M3 : kE5M2);
+      const auto* q = reinterpret_cast<const uint8_t*>(row);
+      for (int64_t i = 0; i < dim; ++i) y[i] = table[q[i]] * tensor_scale;
+      return;
+    }
+    case KvDType::Same: break;
+  }
+  throw std::logic_error("dequantize_row: KvDType::Same");
+}
+
+float fp8_e4m3_to_float(uint8_t b) { return fp8_table(kE4M3)[b]; }
+float fp8_e5m2_to_float(uint8_t b) { return fp8_table(kE5M2)[b]; }
+uint8_t float_to_fp8_e4m3(float x) { return kE4M3.encode(x); }
+uint8_t float_to_fp8_e5m2(float x) { return kE5M2.encode(x); }
+
+}  // namespace attnlab
