@@ -329,6 +329,34 @@ TEST_F(Cli, VerifyAllSkipsWithReasonsAndCounts) {
   EXPECT_NE(r.out.find("all kernels that ran agree"), std::string::npos) << r.out;
 }
 
+// A quantized cache from float .npy K and V (--kv-dtype): decode and naive read it alike, the
+// O differs from the float cache's by the quantization, and the kernels that do not read such
+// a cache say which do.
+TEST_F(Cli, KvDtypeWritesTheCacheFromFloatFiles) {
+  Problem p = test::shape(1, 8, 2, 1, 300, 64);
+  write_inputs(p);
+  ASSERT_EQ(attnlab("run --impl decode " + qkv() + " --out " + path("f.npy")).code, 0);
+  for (const char* impl : {"decode", "naive"}) {
+    const Result r = attnlab(std::string("run --impl ") + impl + " " + qkv() + " --out " +
+                             path(std::string(impl) + ".npy") + " --kv-dtype q8_0");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("kv_dtype=q8_0"), std::string::npos) << r.out;
+  }
+  const NpyArray f = read_npy(path("f.npy")), d = read_npy(path("decode.npy")), n = read_npy(path("naive.npy"));
+  double quant = 0, kernels = 0;
+  for (size_t i = 0; i < f.data.size(); ++i) {
+    quant = std::max(quant, static_cast<double>(std::fabs(d.data[i] - f.data[i])));
+    kernels = std::max(kernels, static_cast<double>(std::fabs(d.data[i] - n.data[i])));
+  }
+  EXPECT_GT(quant, 1e-5) << "q8_0 moves O";
+  EXPECT_LT(quant, 1e-2);
+  EXPECT_LT(kernels, 1e-5) << "decode and naive read the same cache";
+  const Result flash = attnlab("run --impl flash " + qkv() + " --out " + path("x.npy") + " --kv-dtype q8_0");
+  EXPECT_EQ(flash.code, 2) << flash.out;
+  EXPECT_NE(flash.out.find("naive, decode read a quantized cache"), std::string::npos) << flash.out;
+  EXPECT_EQ(attnlab("verify --impl decode --kv-dtype q4_0 --q-len 1 --kv-len 300 --q-heads 8 --kv-heads 2").code, 0);
+}
+
 TEST_F(Cli, BadInputGetsClearErrorsAndWritesNothing) {
   Problem p = test::shape(1, 2, 2, 3, 3, 8);
   write_inputs(p);

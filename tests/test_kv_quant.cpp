@@ -8,9 +8,11 @@
 #include <limits>
 #include <vector>
 
+#include "attnlab/kernel.hpp"
 #include "attnlab/kv_quant.hpp"
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
+#include "attnlab/verify.hpp"
 
 namespace attnlab {
 namespace {
@@ -194,6 +196,187 @@ TEST(KvQuant, NamesAndSizes) {
   EXPECT_EQ(kv_row_bytes(KvDType::U8, 128), 136);
   EXPECT_EQ(kv_row_bytes(KvDType::U4, 128), 72);
   EXPECT_EQ(kv_row_bytes(KvDType::Fp8E4M3, 128), 128);
+}
+
+// ---- Quantized caches in the kernels (Problem::kv_dtype) ----
+
+namespace kvcache {
+
+Problem cache_shape(int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d, KvDType t) {
+  Problem p;
+  p.batch = b, p.q_heads = hq, p.kv_heads = hkv, p.q_len = sq, p.kv_len = sk, p.head_dim = d;
+  p.kv_dtype = t;
+  return p;
+}
+
+// Every variant of `name` this CPU runs.
+std::vector<const Kernel*> runnable(std::string_view name) {
+  std::vector<const Kernel*> out;
+  for (const Kernel* k : variants()) {
+    if (k->name() == name && k->available()) out.push_back(k);
+  }
+  return out;
+}
+
+KernelCheck check(const Kernel& k, const Problem& p, const Tensors& t, int threads = 2) {
+  const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
+  return check_kernel(k, p, t.inputs, a, threads);
+}
+
+}  // namespace kvcache
+
+// Every cache type through naive and decode (every target): decode's key chunks (300 and 1000
+// keys cross them), GQA and MQA, causal, a window, per-batch kv lengths (an empty one), d_v != d.
+TEST(KvCache, NaiveAndDecodeAgreeOnEveryCacheType) {
+  using kvcache::cache_shape;
+  for (KvDType type : quantized_kv_dtypes()) {
+    std::vector<Problem> shapes;
+    shapes.push_back(cache_shape(2, 8, 2, 1, 300, 64, type));
+    shapes.back().causal = CausalAlign::BottomRight;
+    shapes.push_back(cache_shape(1, 4, 4, 3, 1000, 128, type));
+    shapes.back().head_dim_v = 64;
+    shapes.push_back(cache_shape(2, 6, 1, 2, 257, 32, type));
+    shapes.back().kv_lens = {0, 200};
+    shapes.back().window_left = 50, shapes.back().window_right = 0;
+    for (const Problem& p : shapes) {
+      p.validate();
+      const Tensors t = random_tensors(p, 11);
+      for (const char* name : {"naive", "decode"}) {
+        for (const Kernel* k : kvcache::runnable(name)) {
+          const KernelCheck c = kvcache::check(*k, p, t);
+          EXPECT_EQ(c.verdict, Verdict::Pass)
+              << k->name() << "[" << k->isa() << "] " << p.describe() << ": " << c.reason << " (O err "
+              << c.errors.o_rel << ", tol " << c.tol.o_rel << ")";
+        }
+      }
+    }
+  }
+}
+
+// The reference reads the quantized cache, not the float values it was written from: the
+// kernels' O is far from the float inputs' attention for q4_0 and within float32 rounding of the
+// dequantized cache's.
+TEST(KvCache, TheReferenceReadsTheCacheNotTheFloatsItCameFrom) {
+  Problem p = kvcache::cache_shape(1, 2, 2, 1, 64, 32, KvDType::Q4_0);
+  const Tensors t = random_tensors(p, 3);
+  Problem f = p;
+  f.kv_dtype = KvDType::Same;
+  const Tensors floats = random_tensors(f, 3);  // the same values, before quantization
+  const Reference of_cache = reference(p, t.inputs), of_floats = reference(f, floats.inputs);
+  double diff = 0;
+  for (size_t i = 0; i < of_cache.o.size(); ++i) diff = std::max(diff, std::fabs(of_cache.o[i] - of_floats.o[i]));
+  EXPECT_GT(diff, 1e-3) << "q4_0 moves O by its quantization error";
+}
+
+TEST(KvCache, OtherKernelsRefuseNamingTheOnesThatRead) {
+  const Problem p = kvcache::cache_shape(1, 8, 8, 64, 64, 64, KvDType::Q8_0);
+  for (const Kernel* k : variants()) {
+    const Support s = supports_problem(*k, p);
+    if (k->runs_kv_quant()) continue;
+    ASSERT_FALSE(s) << k->name();
+    EXPECT_NE(s.reason.find("kv_dtype q8_0 (naive, decode read a quantized cache)"), std::string::npos) << s.reason;
+  }
+}
+
+TEST(KvCache, BadProblemsNameTheField) {
+  const auto error = [](const Problem& p) {
+    try {
+      p.validate();
+    } catch (const InvalidInput& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  Problem p = kvcache::cache_shape(1, 2, 2, 1, 8, 40, KvDType::Q8_0);
+  EXPECT_NE(error(p).find("head_dim: 40 is not a multiple of 32, the block of kv_dtype q8_0"), std::string::npos)
+      << error(p);
+  p.head_dim = 64, p.head_dim_v = 48, p.kv_dtype = KvDType::Q4_0;
+  EXPECT_NE(error(p).find("head_dim_v: 48 is not a multiple of 32"), std::string::npos) << error(p);
+  p.head_dim_v = 0, p.kv_dtype = KvDType::U8, p.dtype = DType::BF16;
+  EXPECT_NE(error(p).find("kv_dtype: u8 with dtype bf16; allowed: dtype f32"), std::string::npos) << error(p);
+  p.dtype = DType::F32, p.head_dim = 40;
+  EXPECT_EQ(error(p), "accepted") << "u8 rows take any head_dim";
+  // Bytes streamed are the cache's: q8_0 is 34 bytes per 32 values.
+  const Problem q = kvcache::cache_shape(1, 8, 2, 1, 1024, 128, KvDType::Q8_0);
+  EXPECT_DOUBLE_EQ(q.kv_bytes(), 2.0 * 1024 * 2 * (4 * 34));
+  EXPECT_DOUBLE_EQ(q.kv_bytes_per_token(), 2.0 * 2 * (4 * 34));
+}
+
+// A NaN or Inf in a block poisons that block when read back; the rows that see that key get
+// NaN in O as the reference has it, the others stay finite.
+TEST(KvCache, SpecialValuesFollowTheReference) {
+  for (KvDType type : {KvDType::Q8_0, KvDType::Q4_0, KvDType::U4, KvDType::Fp8E5M2}) {
+    Problem p = kvcache::cache_shape(1, 4, 2, 2, 300, 64, type);
+    p.causal = CausalAlign::BottomRight;
+    Problem f = p;
+    f.kv_dtype = KvDType::Same;
+    Tensors floats = random_tensors(f, 5);
+    const_cast<float*>(floats.inputs.k.row(0, 1, 299))[3] = std::numeric_limits<float>::quiet_NaN();  // the last key
+    const Tensors t = convert_inputs(p, floats.inputs);
+    for (const char* name : {"naive", "decode"}) {
+      for (const Kernel* k : kvcache::runnable(name)) {
+        const KernelCheck c = kvcache::check(*k, p, t);
+        EXPECT_EQ(c.verdict, Verdict::Pass) << name << " " << to_string(type) << ": " << c.reason;
+      }
+    }
+    const Reference ref = reference(p, t.inputs);
+    for (size_t r = 0; r < ref.rows.size(); ++r) {
+      const RowId& id = ref.rows[r];
+      const bool sees = p.kv_head_of(id.h) == 1 && id.i == 1;  // kv head 1, the row that sees key 299
+      EXPECT_EQ(std::isnan(ref.o[r * ref.dim]), sees) << to_string(type) << " h" << id.h << " i" << id.i;
+    }
+  }
+}
+
+// Planted reader bugs: the agreement must catch each. A test kernel hands decode a copy of the
+// cache with one defect a reader could have.
+class PlantedCacheBug final : public Kernel {
+ public:
+  enum Bug { WrongScale, BlockOffByOne, SwappedNibbles, StaleRow };
+  PlantedCacheBug(const Kernel& inner, Bug bug) : inner_(inner), bug_(bug) {}
+  std::string_view name() const override { return "planted"; }
+  std::string_view description() const override { return "decode reading a corrupted copy of the cache"; }
+  bool runs_kv_quant() const override { return true; }
+  bool runs_head_dim_v() const override { return true; }
+  size_t workspace_bytes(const Problem& p, int threads) const override { return inner_.workspace_bytes(p, threads); }
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    const int64_t rows = p.batch * p.kv_heads * p.kv_len, bytes = in.kq.dim;
+    std::vector<std::byte> k(reinterpret_cast<const std::byte*>(in.kq.data),
+                             reinterpret_cast<const std::byte*>(in.kq.data) + rows * bytes);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::byte* row = k.data() + r * bytes;
+      switch (bug_) {
+        case WrongScale: row[0] ^= std::byte{0x04}; break;          // the f16 scale's mantissa
+        case BlockOffByOne: std::memcpy(row, row + 18, 18); break;  // block 1 read for block 0
+        case SwappedNibbles:
+          for (int j = 2; j < 18; ++j) row[j] = (row[j] << 4) | (row[j] >> 4);  // value j+16 read as j
+          break;
+        case StaleRow:
+          if (r % p.kv_len == p.kv_len - 1) std::memcpy(row, row - bytes, static_cast<size_t>(bytes));
+          break;
+      }
+    }
+    Inputs bad = in;
+    bad.kq.data = k.data();
+    inner_.run(p, bad, out, ctx);
+  }
+
+ private:
+  const Kernel& inner_;
+  Bug bug_;
+};
+
+TEST(KvCache, PlantedReaderBugsFail) {
+  const Problem p = kvcache::cache_shape(1, 8, 2, 1, 300, 64, KvDType::Q4_0);
+  const Tensors t = random_tensors(p, 9);
+  for (const Kernel* k : kvcache::runnable("decode")) {
+    for (auto bug : {PlantedCacheBug::WrongScale, PlantedCacheBug::BlockOffByOne, PlantedCacheBug::SwappedNibbles,
+                     PlantedCacheBug::StaleRow}) {
+      const PlantedCacheBug planted(*k, bug);
+      EXPECT_EQ(kvcache::check(planted, p, t).verdict, Verdict::Fail) << "bug " << bug << " passed on " << k->isa();
+    }
+    EXPECT_EQ(kvcache::check(*k, p, t).verdict, Verdict::Pass) << "the same cache, read right";
+  }
 }
 
 }  // namespace

@@ -117,6 +117,7 @@ TEST(PointSchema, EveryFieldReachesTheIdOrIsDerivedAndIsAColumn) {
       {"mask", with([](Problem& p) { p.causal = CausalAlign::TopLeft; }), 2, "", ""},
       {"layout", with([](Problem& p) { p.layout = Layout::BSHD; }), 2, "", ""},
       {"dtype", with([](Problem& p) { p.dtype = DType::F16; }), 2, "", ""},
+      {"kv_dtype", with([](Problem& p) { p.kv_dtype = KvDType::Q8_0; }), 2, "", ""},
       {"threads", base, 1, "", ""},
       {"isa", base, 2, "avx2", ""},
       {"model", base, 2, "", "llama-3-8b"},

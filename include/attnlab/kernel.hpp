@@ -109,6 +109,9 @@ class Kernel {
   // Whether it computes head_dim_v != head_dim (MLA's d_v != d_qk); can_run refuses such a
   // problem for the others, naming the kernels that do.
   virtual bool runs_head_dim_v() const;
+  // Whether it reads a quantized KV cache (Problem::kv_dtype, kv_quant.hpp); can_run refuses
+  // such a problem for the others, naming the kernels that do.
+  virtual bool runs_kv_quant() const;
   // Its per-problem setup (nullptr: none); run() must also work without it (then it builds
   // what it needs itself, inside the run).
   virtual std::shared_ptr<const Plan> make_plan(const Problem&) const;

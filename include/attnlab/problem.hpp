@@ -19,6 +19,7 @@
 
 #include "attnlab/dtype.hpp"
 #include "attnlab/interval.hpp"
+#include "attnlab/kv_quant.hpp"
 #include "attnlab/pattern.hpp"
 
 namespace attnlab {
@@ -61,6 +62,9 @@ struct Problem {
   std::optional<float> scale;    // default 1/sqrt(head_dim)
   Layout layout = Layout::BHSD;
   DType dtype = DType::F32;  // storage of Q, K and V (O and LSE are float32)
+  // K and V stored as `dtype`, or as a quantized cache (kv_quant.hpp: q8_0, q4_0, u8, u4,
+  // fp8): then Q is float32 and every path reads the dequantized K/V.
+  KvDType kv_dtype = KvDType::Same;
   // Sparse pattern terms (pattern.hpp); none set = the interval rule alone.
   int64_t sinks = 0;              // keys j < sinks are seen by every row (with a window)
   std::vector<int64_t> globals;   // global positions, ascending, distinct
@@ -77,6 +81,11 @@ struct Problem {
   void validate() const;
 
   int64_t dim_v() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
+  bool kv_quantized() const { return kv_dtype != KvDType::Same; }
+  // Bytes of one stored K (dim = head_dim) or V (dim = dim_v()) row.
+  int64_t kv_row_bytes(int64_t dim) const {
+    return kv_quantized() ? attnlab::kv_row_bytes(kv_dtype, dim) : dim * dtype_bytes(dtype);
+  }
   int64_t group() const { return q_heads / kv_heads; }  // query heads per kv head
   int64_t kv_head_of(int64_t h) const { return h / group(); }
   float effective_scale() const;

@@ -53,6 +53,12 @@ struct Inputs {
   ConstView q, k, v;
   DType dtype = DType::F32;
   View4<const uint16_t> q16, k16, v16;
+  // A quantized cache (Problem::kv_dtype, kv_quant.hpp; Q in q, float32): K and V as one row of
+  // bytes per (batch, kv head, token), View4::dim = the row's bytes, strides in bytes;
+  // kv_scale = the fp8 layouts' per-tensor scale.
+  KvDType kv = KvDType::Same;
+  View4<const std::byte> kq, vq;
+  float kv_scale = 1.0f;
 };
 
 // Inputs over memory the caller owns (numpy arrays, a KV cache) holding `dtype` elements: each
@@ -156,6 +162,7 @@ class FloatBuffer {
 struct Tensors {
   std::unique_ptr<float[], AlignedFree> q, k, v, o, lse;
   std::unique_ptr<std::byte[], AlignedFree> q16, k16, v16;
+  std::unique_ptr<std::byte[], AlignedFree> kq, vq;  // a quantized cache's rows
   Inputs inputs;
   Outputs outputs;
 };
@@ -172,7 +179,20 @@ void fill_uniform(float* x, int64_t n, uint64_t seed);
 // (the same float32 values for every dtype before rounding), O and LSE zeroed.
 Tensors random_tensors(const Problem& p, uint64_t seed);
 // Float32 inputs (p's shapes and layout, any strides) stored as p.dtype: rounded to nearest
-// even, densely packed; with O and LSE zeroed. For f32, a dense copy.
+// even, densely packed; with O and LSE zeroed. For f32, a dense copy. A quantized cache
+// (p.kv_dtype): K and V written row by row by kv_quant.hpp's rule (where a cache is written).
 Tensors convert_inputs(const Problem& p, const Inputs& f32);
+
+// A quantized cache's K and V read back as float32 (kv_quant.hpp's rule) into k and v (dense,
+// p's layout, kv_elems() and v_elems() floats); returns float32 inputs over them and in's Q.
+Inputs dequantize_kv_into(const Problem& p, const Inputs& in, float* k, float* v);
+// The same into owned memory, with the problem those inputs are: kv_dtype Same (float32
+// storage). What the reference and the textbook baseline read.
+struct DequantizedKv {
+  Problem problem;
+  std::unique_ptr<float[], AlignedFree> k, v;
+  Inputs inputs;
+};
+DequantizedKv dequantize_kv(const Problem& p, const Inputs& in);
 
 }  // namespace attnlab

@@ -49,8 +49,11 @@ def load_schema(folder):
 def use_schema(schema):
     """Sets DIMS (the shape fields plots slice on and hold fixed), SHAPE_KEYS (the same, for
     grouping rows of one shape) and the typed columns from a schema."""
-    global DIMS, SHAPE_KEYS, INT_COLS, FLOAT_COLS
+    global DIMS, SHAPE_KEYS, INT_COLS, FLOAT_COLS, DEFAULTS
     fields = schema["fields"]
+    # A shape field's value at its default (ids leave it out there): reports name the field
+    # only where a point differs from it (tables.shape_text), so a new axis shows up unasked.
+    DEFAULTS = {f["name"]: f["default"] for f in fields if f.get("shape") and "default" in f}
     DIMS = [f["name"] for f in fields if f.get("shape")]
     SHAPE_KEYS = tuple(DIMS)
     INT_COLS = MEASURED_INT_COLS | {f["name"] for f in fields if f.get("type") == "int"}

@@ -153,6 +153,11 @@ def peer_section(rows, ok):
     return md
 
 
+# The fields shape_text writes in its own words.
+SHAPE_TEXT_FIELDS = {"batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "head_dim_v", "model", "layout",
+                     "dtype", "mask", "threads"}
+
+
 def shape_text(r):
     s = f"b{r['batch']} h{r['q_heads']}/{r['kv_heads']} q{r['q_len']} kv{r['kv_len']} d{r['head_dim']}"
     if r.get("head_dim_v", r["head_dim"]) != r["head_dim"]:
@@ -163,4 +168,8 @@ def shape_text(r):
         s += f" {r['layout']}"
     if r.get("dtype", "f32") != "f32":
         s += f" {r['dtype']}"
+    # Any other shape field of the folder's schema away from its default (kv_dtype, a new axis).
+    for name, default in schema.DEFAULTS.items():
+        if name not in SHAPE_TEXT_FIELDS and r.get(name) is not None and str(r[name]) != str(default):
+            s += f" {name} {r[name]}"
     return s

@@ -19,6 +19,8 @@
 //     "window":     null | [L, R] | [null | [L, R], ...]  (-1 = unbounded)   default null
 //     "layout":     "bhsd" | "bshd" | [...]                       default "bhsd"
 //     "dtype":      "f32" | "bf16" | "f16" | [...]  storage of Q, K, V   default "f32"
+//     "kv_dtype":   "dtype" | "q8_0" | "q4_0" | "u8" | "u4" | "fp8_e4m3" | "fp8_e5m2" | [...]
+//                   K/V as a quantized cache (kv_quant.hpp)    default "dtype" (as Q)
 //     "threads":    INTS | "all" | [int or "all", ...]            default "all"
 //     "isa":        "all" | NAME | [NAME, ...]                    default: not an axis
 //   A grid's sparse pattern (include/attnlab/pattern.hpp; one per grid, not an axis: use

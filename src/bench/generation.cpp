@@ -122,6 +122,11 @@ void GenerationConfig::validate() const {
     throw InvalidInput("layout: " + std::string(to_string(head.layout)) +
                        "; allowed: bhsd (the generation loop's cache is one (kv head, row) array per head)");
   }
+  if (head.kv_quantized()) {
+    throw InvalidInput(std::string("kv_dtype: ") + to_string(head.kv_dtype) +
+                       "; allowed: dtype (the generation loop appends float or 16-bit rows; a quantized cache "
+                       "is measured by attnlab sweep and verify for now)");
+  }
   step_problem(1, cache_rows()).validate();  // heads, head dims and sizes
 }
 

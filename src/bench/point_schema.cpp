@@ -55,7 +55,10 @@ std::vector<PointField> make_fields() {
       {"dtype", "text", "storage of Q, K, V: f32, bf16, f16", true, 10, "-", "/dtype:",
        [](V v) { return v.problem.dtype == DType::F32; }, [](V v) { return std::string(to_string(v.problem.dtype)); },
        "dtype_bytes", ATTN_NUM(dtype_bytes(v.problem.dtype))},
-      {"threads", "int", "threads the kernel ran on", true, 11, "-t", "/t:", never, ATTN_INT(v.threads), "threads",
+      {"kv_dtype", "text", "K/V storage when it is not Q's dtype: a quantized cache (q8_0, q4_0, u8, u4, fp8_*)", true,
+       11, "-kv", "/kv:", [](V v) { return !v.problem.kv_quantized(); },
+       [](V v) { return std::string(to_string(v.problem.kv_dtype)); }, nullptr, nullptr},
+      {"threads", "int", "threads the kernel ran on", true, 12, "-t", "/t:", never, ATTN_INT(v.threads), "threads",
        ATTN_NUM(v.threads)},
   };
 }
@@ -142,6 +145,11 @@ std::vector<std::string> enum_names(const E (&all)[N]) {
   return out;
 }
 constexpr Layout kLayouts[] = {Layout::BHSD, Layout::BSHD};
+std::vector<std::string> kv_dtype_names() {
+  std::vector<std::string> out = {to_string(KvDType::Same)};
+  for (KvDType t : quantized_kv_dtypes()) out.emplace_back(to_string(t));
+  return out;
+}
 constexpr DType kDTypes[] = {DType::F32, DType::BF16, DType::F16};
 
 #define ATTN_SET(stmt)                                                                         \
@@ -194,6 +202,11 @@ std::vector<Axis> make_axes() {
       {"dtype", AxisKind::Setting, "storage of Q, K, V: f32, bf16 or f16 (O and LSE stay float32)", nullptr, "\"f32\"",
        [](W w, K key, const Json& v) { return names(w, key, v, enum_names(kDTypes)); },
        ATTN_SET(p.dtype = parse_dtype(v.get<std::string>()))},
+      {"kv_dtype", AxisKind::Setting,
+       "storage of K and V: dtype (as Q), or a quantized cache: q8_0, q4_0 (ggml's "
+       "blocks), u8, u4 (scale and zero point per row), fp8_e4m3, fp8_e5m2",
+       nullptr, "\"dtype\"", [](W w, K key, const Json& v) { return names(w, key, v, kv_dtype_names()); },
+       ATTN_SET(p.kv_dtype = parse_kv_dtype(v.get<std::string>()))},
       {"threads", AxisKind::Run, "threads (\"all\": every core)", nullptr, "\"all\"", thread_values,
        ATTN_SET(threads = v.get<int>())},
   };
@@ -309,9 +322,15 @@ std::string describe_point(const PointView& v, std::string_view label) {
 
 nlohmann::json schema_json() {
   nlohmann::json fields = nlohmann::json::array();
+  const Problem defaults;
+  const PointView at_default{"", defaults, 1, "", ""};
   for (const PointField& f : point_fields()) {
-    fields.push_back(
-        {{"name", f.name}, {"type", f.type}, {"describe", f.describe}, {"shape", f.shape}, {"in_id", f.id_rank > 0}});
+    nlohmann::json field = {
+        {"name", f.name}, {"type", f.type}, {"describe", f.describe}, {"shape", f.shape}, {"in_id", f.id_rank > 0}};
+    // A field ids leave out at its default: that default's column text (reports name the field
+    // only away from it).
+    if (f.id_rank > 0 && f.omitted(at_default)) field["default"] = f.value(at_default);
+    fields.push_back(field);
   }
   fields.push_back({{"name", "model"},
                     {"type", "text"},

@@ -52,6 +52,11 @@ Problem problem_from_json(const Json& j) {
     if (bb.size() != 3) throw InvalidInput("bigbird: " + std::to_string(bb.size()) + " values; allowed: 3");
     p.bigbird = BigBird{bb[0], bb[1], bb[2]};
   }
+  // The schema's setting axes (problem_to_json writes each as its column's value).
+  int threads = 0;
+  for (const Axis& a : axes()) {
+    if (a.kind == AxisKind::Setting && j.contains(a.key)) set_axis(a, Where{"", "point file"}, j.at(a.key), p, threads);
+  }
   return p;
 }
 
@@ -96,7 +101,8 @@ std::string csv_field(const std::string& s) {
 
 }  // namespace
 
-nlohmann::json problem_to_json(const Problem& p) {
+namespace {
+Json problem_fields_json(const Problem& p) {
   return {{"batch", p.batch},
           {"q_heads", p.q_heads},
           {"kv_heads", p.kv_heads},
@@ -114,6 +120,21 @@ nlohmann::json problem_to_json(const Problem& p) {
           {"doc_lens", p.doc_lens},
           {"dilation", p.dilation},
           {"bigbird", {p.bigbird.block, p.bigbird.random, p.bigbird.seed}}};
+}
+}  // namespace
+
+nlohmann::json problem_to_json(const Problem& p) {
+  Json j = problem_fields_json(p);
+  // Every setting axis of the schema (kv_dtype, ...) as its results.csv column's value, which
+  // its experiment key reads back (problem_from_json).
+  const PointView view{"", p, 1, "", ""};
+  for (const Axis& a : axes()) {
+    if (a.kind != AxisKind::Setting || j.contains(a.key)) continue;
+    for (const PointField& f : point_fields()) {
+      if (std::string_view(f.name) == a.key) j[a.key] = json_of_flag_text(f.value(view));
+    }
+  }
+  return j;
 }
 
 const char* to_string(PointStatus s) {

@@ -35,8 +35,9 @@ DType storage_dtype(const MaskFlags& flags,
 }
 
 // Whether the inputs are the float32/float64 files' own data (read as float32), uncopied.
+bool float_data(const LoadedInputs& li) { return !li.q.is16() && !li.k.is16() && !li.v.is16(); }
 bool float_files(const LoadedInputs& li) {
-  return li.problem.dtype == DType::F32 && !li.q.is16() && !li.k.is16() && !li.v.is16();
+  return li.problem.dtype == DType::F32 && float_data(li) && !li.problem.kv_quantized();
 }
 
 // dst (dense, E) = the array's values: its own bits when they are already E, else widened
@@ -102,6 +103,20 @@ LoadedInputs load_inputs(const std::string& qp, const std::string& kp, const std
   p.kv_len = ks[si];
   p.validate();
   p.dtype = storage_dtype(flags, {{&qp, &li.q}, {&kp, &li.k}, {&vp, &li.v}});
+  if (p.kv_quantized()) {  // the cache written from the files' float K and V (kv_quant.hpp)
+    if (!float_data(li)) {
+      throw InvalidInput(std::string("kv_dtype: ") + to_string(p.kv_dtype) +
+                         " is written from float32/float64 .npy data; allowed: float files, or --kv-dtype dtype");
+    }
+    p.validate();
+    Inputs f32;
+    f32.q = make_view<const float>(li.q.data.data(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
+    f32.k = make_view<const float>(li.k.data.data(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
+    f32.v = make_view<const float>(li.v.data.data(), p.batch, p.kv_heads, p.kv_len, p.dim_v(), p.layout);
+    li.stored = convert_inputs(p, f32);
+    li.inputs = li.stored.inputs;
+    return li;
+  }
   if (float_files(li)) {  // the files' own float32 data, uncopied
     li.inputs.q = make_view<const float>(li.q.data.data(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
     li.inputs.k = make_view<const float>(li.k.data.data(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
@@ -147,7 +162,7 @@ void warn_one(const std::string& name, size_t count, size_t first, size_t made, 
 
 void warn_nonfinite(const LoadedInputs& li) {
   const Problem& p = li.problem;
-  if (float_files(li)) {
+  if (float_files(li) || li.problem.kv_quantized()) {  // (a quantized cache is written from float files)
     // Exponent bits all ones = NaN or Inf. Branch-free, so the scan vectorizes: it reads
     // every input once, at memory speed.
     for (auto [name, arr] : {std::pair{"Q", &li.q}, {"K", &li.k}, {"V", &li.v}}) {

@@ -206,6 +206,20 @@ void Problem::validate() const {
     throw InvalidInput("head_dim_v: " + std::to_string(head_dim_v) + " is not supported; allowed: " +
                        std::to_string(kMinHeadDim) + " to " + std::to_string(kMaxHeadDim) + ", or 0 (= head_dim)");
   }
+  if (kv_quantized()) {
+    if (dtype != DType::F32) {
+      throw InvalidInput(std::string("kv_dtype: ") + to_string(kv_dtype) + " with dtype " + to_string(dtype) +
+                         "; allowed: dtype f32 (a quantized cache is read beside a float32 Q)");
+    }
+    const int64_t block = kv_block_values(kv_dtype);
+    for (const auto& [name, d] : {std::pair{"head_dim", head_dim}, std::pair{"head_dim_v", dim_v()}}) {
+      if (d % block != 0) {
+        throw InvalidInput(std::string(name) + ": " + std::to_string(d) + " is not a multiple of " +
+                           std::to_string(block) + ", the block of kv_dtype " + to_string(kv_dtype) +
+                           "; allowed: a multiple of " + std::to_string(block) + ", or another kv_dtype");
+      }
+    }
+  }
   require_window("window_left", window_left);
   require_window("window_right", window_right);
   if (!kv_lens.empty()) {
@@ -260,17 +274,17 @@ double Problem::flops() const {
 
 double Problem::kv_bytes() const {
   // K and V rows that any query row sees, read once per kv head (GQA's saving shows here).
-  const double row = static_cast<double>(head_dim + dim_v());  // one K row and one V row
-  if (sparse()) return dtype_bytes(dtype) * count_pattern(*this).kv_keys * row;
+  const double row = static_cast<double>(kv_row_bytes(head_dim) + kv_row_bytes(dim_v()));  // one K and one V row
+  if (sparse()) return count_pattern(*this).kv_keys * row;
   double keys = 0;
   for_each_batch_mask(*this, [&](const MaskSummary& s, int64_t entries) {
     keys += static_cast<double>(s.keys.size()) * static_cast<double>(entries);
   });
-  return dtype_bytes(dtype) * keys * static_cast<double>(kv_heads) * row;
+  return keys * static_cast<double>(kv_heads) * row;
 }
 
 double Problem::kv_bytes_per_token() const {
-  return static_cast<double>(kv_heads * (head_dim + dim_v()) * dtype_bytes(dtype));
+  return static_cast<double>(kv_heads * (kv_row_bytes(head_dim) + kv_row_bytes(dim_v())));
 }
 
 double Problem::bytes_moved() const {
@@ -318,6 +332,7 @@ std::string Problem::describe() const {
   s << "batch=" << batch << " q_heads=" << q_heads << " kv_heads=" << kv_heads << " q_len=" << q_len
     << " kv_len=" << kv_len << " head_dim=" << head_dim;
   if (dim_v() != head_dim) s << " head_dim_v=" << dim_v();
+  if (kv_quantized()) s << " kv_dtype=" << to_string(kv_dtype);
   if (causal != CausalAlign::None) s << " causal=" << to_string(causal);
   if (window_left >= 0 || window_right >= 0) s << " window=" << window_left << "," << window_right;
   if (!kv_lens.empty()) {

@@ -15,6 +15,7 @@ Support Kernel::supports(const Problem&) const { return Support::yes(); }
 size_t Kernel::workspace_bytes(const Problem&, int) const { return 0; }
 bool Kernel::runs_patterns() const { return false; }
 bool Kernel::runs_head_dim_v() const { return false; }
+bool Kernel::runs_kv_quant() const { return false; }
 std::shared_ptr<const Plan> Kernel::make_plan(const Problem&) const { return nullptr; }
 
 namespace {
@@ -40,6 +41,10 @@ Support supports_problem(const Kernel& kernel, const Problem& problem) {
   if (problem.dim_v() != problem.head_dim && !kernel.runs_head_dim_v()) {
     return Support::no("head_dim_v != head_dim (" + kernels_that(&Kernel::runs_head_dim_v) +
                        " run it; this kernel keeps one head_dim for Q, K and V)");
+  }
+  if (problem.kv_quantized() && !kernel.runs_kv_quant()) {
+    return Support::no(std::string("kv_dtype ") + to_string(problem.kv_dtype) + " (" +
+                       kernels_that(&Kernel::runs_kv_quant) + " read a quantized cache)");
   }
   return kernel.supports(problem);
 }

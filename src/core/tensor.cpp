@@ -74,7 +74,9 @@ FloatBuffer::~FloatBuffer() {
 }
 
 int64_t tensor_bytes(const Problem& p) {
-  const int64_t in = (p.q_elems() + p.kv_elems() + p.v_elems()) * dtype_bytes(p.dtype);
+  const int64_t rows = p.batch * p.kv_heads * p.kv_len;
+  const int64_t in =
+      p.q_elems() * dtype_bytes(p.dtype) + rows * (p.kv_row_bytes(p.head_dim) + p.kv_row_bytes(p.dim_v()));
   return in + (p.o_elems() + p.lse_elems()) * int64_t{sizeof(float)};
 }
 
@@ -98,6 +100,19 @@ Tensors allocate_tensors(const Problem& p) {
   }
   Tensors t = allocate_outputs(p);
   t.inputs.dtype = p.dtype;
+  if (p.kv_quantized()) {  // Q float32 (validate), K and V rows of bytes
+    t.q = alloc_floats(p.q_elems());
+    t.inputs.q = make_view<const float>(t.q.get(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
+    const auto rows = [&](std::unique_ptr<std::byte[], AlignedFree>& buf, int64_t dim) {
+      const int64_t bytes = p.kv_row_bytes(dim);
+      buf = alloc_bytes(static_cast<size_t>(p.batch * p.kv_heads * p.kv_len * bytes));
+      return make_view<const std::byte>(buf.get(), p.batch, p.kv_heads, p.kv_len, bytes, p.layout);
+    };
+    t.inputs.kv = p.kv_dtype;
+    t.inputs.kq = rows(t.kq, p.head_dim);
+    t.inputs.vq = rows(t.vq, p.dim_v());
+    return t;
+  }
   if (p.dtype == DType::F32) {
     t.q = alloc_floats(p.q_elems());
     t.k = alloc_floats(p.kv_elems());
@@ -133,8 +148,51 @@ void store_as(const ConstView& src, const View4<const E>& dst) {
 }
 }  // namespace
 
+namespace {
+// Each row of src (float32, any strides) written into dst's row of bytes by kv_quant.hpp's rule.
+void quantize_rows(KvDType type, float scale, const ConstView& src, const View4<const std::byte>& dst) {
+  for (int64_t b = 0; b < src.batch; ++b)
+    for (int64_t h = 0; h < src.heads; ++h)
+      for (int64_t s = 0; s < src.seq; ++s)
+        quantize_row(type, src.row(b, h, s), src.dim, const_cast<std::byte*>(dst.row(b, h, s)), scale);
+}
+void dequantize_rows(KvDType type, float scale, const View4<const std::byte>& src, const MutView& dst) {
+  for (int64_t b = 0; b < dst.batch; ++b)
+    for (int64_t h = 0; h < dst.heads; ++h)
+      for (int64_t s = 0; s < dst.seq; ++s) dequantize_row(type, src.row(b, h, s), dst.dim, dst.row(b, h, s), scale);
+}
+}  // namespace
+
+Inputs dequantize_kv_into(const Problem& p, const Inputs& in, float* k, float* v) {
+  const MutView kd = make_view<float>(k, p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
+  const MutView vd = make_view<float>(v, p.batch, p.kv_heads, p.kv_len, p.dim_v(), p.layout);
+  dequantize_rows(in.kv, in.kv_scale, in.kq, kd);
+  dequantize_rows(in.kv, in.kv_scale, in.vq, vd);
+  Inputs out;
+  out.q = in.q;
+  out.k = make_view<const float>(k, p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
+  out.v = make_view<const float>(v, p.batch, p.kv_heads, p.kv_len, p.dim_v(), p.layout);
+  return out;
+}
+
+DequantizedKv dequantize_kv(const Problem& p, const Inputs& in) {
+  DequantizedKv d;
+  d.problem = p;
+  d.problem.kv_dtype = KvDType::Same;
+  d.k = alloc_floats(static_cast<size_t>(p.kv_elems()));
+  d.v = alloc_floats(static_cast<size_t>(p.v_elems()));
+  d.inputs = dequantize_kv_into(p, in, d.k.get(), d.v.get());
+  return d;
+}
+
 Tensors convert_inputs(const Problem& p, const Inputs& f32) {
   Tensors t = allocate_tensors(p);
+  if (p.kv_quantized()) {
+    store_as(f32.q, t.inputs.q);
+    quantize_rows(p.kv_dtype, t.inputs.kv_scale, f32.k, t.inputs.kq);
+    quantize_rows(p.kv_dtype, t.inputs.kv_scale, f32.v, t.inputs.vq);
+    return t;
+  }
   visit_inputs(t.inputs, [&](const auto& dst) {
     store_as(f32.q, dst.q);
     store_as(f32.k, dst.k);
@@ -163,11 +221,12 @@ void fill_uniform(float* x, int64_t n, uint64_t seed) {
 Tensors random_tensors(const Problem& p, uint64_t seed) {
   Problem f = p;
   f.dtype = DType::F32;
+  f.kv_dtype = KvDType::Same;
   Tensors t = allocate_tensors(f);
   fill_uniform(t.q.get(), p.q_elems(), seed * 3 + 1);
   fill_uniform(t.k.get(), p.kv_elems(), seed * 3 + 2);
   fill_uniform(t.v.get(), p.v_elems(), seed * 3 + 3);
-  return p.dtype == DType::F32 ? std::move(t) : convert_inputs(p, t.inputs);
+  return p.dtype == DType::F32 && !p.kv_quantized() ? std::move(t) : convert_inputs(p, t.inputs);
 }
 
 }  // namespace attnlab

@@ -136,10 +136,15 @@ double reference_row_typed(const Problem& p, const TypedInputs<E>& in, const Row
 
 // On the values the kernel receives: 16-bit storage widened exactly, then float64.
 double reference_row(const Problem& p, const Inputs& in, const RowId& r, double* o_row, double* row_scale) {
+  if (p.kv_quantized()) throw std::logic_error("reference_row: a quantized cache; read it with dequantize_kv first");
   return visit_inputs(in, [&](const auto& typed) { return reference_row_typed(p, typed, r, o_row, row_scale); });
 }
 
 Reference reference(const Problem& p, const Inputs& in, std::vector<RowId> rows) {
+  if (p.kv_quantized()) {  // the reference reads the cache by the writer's own rule
+    const DequantizedKv d = dequantize_kv(p, in);
+    return reference(d.problem, d.inputs, std::move(rows));
+  }
   Reference ref;
   ref.dim = p.dim_v();
   ref.rows = std::move(rows);
@@ -163,6 +168,10 @@ Errors measure(const Reference& ref, const ConstView& o, const float* lse, const
 }
 
 Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref, Arithmetic arithmetic) {
+  if (p.kv_quantized()) {
+    const DequantizedKv d = dequantize_kv(p, in);
+    return baseline_errors(d.problem, d.inputs, ref, arithmetic);
+  }
   const bool round_p = arithmetic == Arithmetic::Bf16Products;
   Errors e;
   std::vector<float> s(static_cast<size_t>(p.kv_len)), o(static_cast<size_t>(p.dim_v()));
@@ -219,6 +228,10 @@ std::string Tolerance::why_failed(const Errors& e) const {
 namespace attnlab {
 
 Agreement prepare_agreement(const Problem& p, const Inputs& in, std::vector<RowId> rows) {
+  if (p.kv_quantized()) {  // read once for both: a quantized cache agrees on its dequantized K/V
+    const DequantizedKv d = dequantize_kv(p, in);
+    return prepare_agreement(d.problem, d.inputs, std::move(rows));
+  }
   Agreement a;
   a.ref = reference(p, in, std::move(rows));
   a.baseline = baseline_errors(p, in, a.ref, Arithmetic::F32);
@@ -258,8 +271,11 @@ size_t verification_bytes(const Kernel& k, const Problem& p, size_t rows, int th
   const size_t reference = n * (sizeof(RowId) + (dim + 2) * sizeof(double));
   // reference_row's scores (doubles) and baseline_errors' scores and O row (floats).
   const size_t row_scratch = kv * sizeof(double) + (kv + dim) * sizeof(float);
-  return sampling + reference + row_scratch + check_output_bytes(p) + allocated_bytes(k.workspace_bytes(p, threads)) +
-         kVerifyBookkeeping;
+  // A quantized cache is read back as float32 K and V for the reference (dequantize_kv).
+  const size_t dequantized =
+      p.kv_quantized() ? allocated_bytes(static_cast<size_t>(p.kv_elems() + p.v_elems()) * sizeof(float)) : 0;
+  return sampling + reference + row_scratch + dequantized + check_output_bytes(p) +
+         allocated_bytes(k.workspace_bytes(p, threads)) + kVerifyBookkeeping;
 }
 
 KernelCheck check_kernel(const Kernel& k, const Problem& p, const Inputs& in, const Agreement& a, int threads) {

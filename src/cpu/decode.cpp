@@ -39,7 +39,11 @@
 // decode is MQA with d 576, d_v 512, and V the first 512 columns of K's cache in the model: here
 // V is its own tensor.)
 // Precision: K and V (and Q) stored as f32, bf16 or f16 are widened exactly to float32 where
-// loaded; float32 compute. A 16-bit cache is half the bytes to stream.
+// loaded; float32 compute. A 16-bit cache is half the bytes to stream. A quantized cache
+// (kv_quant.hpp: q8_0, q4_0, u8, u4, fp8) is read back chunk by chunk into a per-thread float32
+// buffer by kv_quant.hpp's rule (dequantize_row), which the engine then reads as a float32
+// cache: the bytes streamed from memory are the quantized rows; the read-back is scalar code
+// for now (its cost is in the closing note of the KV-cache issue).
 // Measured: results/2026-11-30-flash32 (% of the read bandwidth measured in the same run),
 // results/2026-11-30-precision (16-bit caches).
 #include <algorithm>
@@ -91,6 +95,8 @@ struct Plan {
   simd::Tiling tiling;  // the tile engine's: Br = q_len, so one task holds every row
   int64_t rows, chunk_keys, chunks, dp, row_stride;
   size_t partial_bytes;
+  size_t dequant_bytes;  // a quantized cache: one chunk's K and V rows read back as float32
+  size_t thread_bytes;   // per thread: the engine's scratch, then dequant_bytes
   explicit Plan(const Problem& p) : tiling(simd::make_tiling(p, p.q_len)) {
     rows = p.group() * p.q_len;  // the engine's row order: (i, g) -> i * group + g
     chunk_keys = decode_chunk_keys(p);
@@ -101,6 +107,10 @@ struct Plan {
     // aligned (with 1-lane rows, row_stride can be odd).
     partial_bytes =
         (static_cast<size_t>(p.batch * p.kv_heads * chunks * rows * row_stride) * sizeof(float) + 63) / 64 * 64;
+    dequant_bytes = p.kv_quantized()
+                        ? (static_cast<size_t>(chunk_keys * (p.head_dim + p.dim_v())) * sizeof(float) + 63) / 64 * 64
+                        : 0;
+    thread_bytes = (tiling.bytes + 63) / 64 * 64 + dequant_bytes;
   }
   float* partial(float* base, int64_t b, int64_t hk, int64_t chunk, int64_t kv_heads) const {
     return base + ((b * kv_heads + hk) * chunks + chunk) * rows * row_stride;
@@ -123,13 +133,14 @@ class Decode final : public Kernel {
   }
   bool runs_patterns() const override { return true; }
   bool runs_head_dim_v() const override { return true; }
+  bool runs_kv_quant() const override { return true; }
   std::shared_ptr<const attnlab::Plan> make_plan(const Problem& p) const override {
     if (!p.sparse()) return nullptr;
     return std::make_shared<BlockPlan>(build_block_map(p, p.q_len));
   }
   size_t workspace_bytes(const Problem& p, int threads) const override {
     const Plan plan(p);
-    return plan.partial_bytes + static_cast<size_t>(threads) * plan.tiling.bytes;
+    return plan.partial_bytes + static_cast<size_t>(threads) * plan.thread_bytes;
   }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     const Plan plan(p);
@@ -146,12 +157,14 @@ class Decode final : public Kernel {
     // 1. Partial states, one task per (batch, kv head, key chunk).
     const int64_t tasks = p.batch * p.kv_heads * plan.chunks;
     attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, tasks, 1), [&](const tbb::blocked_range<int64_t>& range) {
-      const simd::Scratch s(thread_scratch(ctx, plan.tiling.bytes, "decode", plan.partial_bytes), plan.tiling);
+      std::byte* mine = thread_scratch(ctx, plan.thread_bytes, "decode", plan.partial_bytes);
+      const simd::Scratch s(mine, plan.tiling);
+      float* dequant = reinterpret_cast<float*>(mine + plan.thread_bytes - plan.dequant_bytes);
       for (int64_t t = range.begin(); t != range.end(); ++t) {
         const int64_t chunk = t % plan.chunks;
         const int64_t bh = t / plan.chunks;
         const int64_t b = bh / p.kv_heads, hk = bh % p.kv_heads;
-        run_chunk(p, in, plan, map, s, b, hk, chunk, plan.partial(partials, b, hk, chunk, p.kv_heads));
+        run_chunk(p, in, plan, map, s, dequant, b, hk, chunk, plan.partial(partials, b, hk, chunk, p.kv_heads));
       }
     });
 
@@ -165,11 +178,38 @@ class Decode final : public Kernel {
   }
 
  private:
-  static void run_chunk(const Problem& p, const Inputs& in, const Plan& plan, const BlockMap* map,
-                        const simd::Scratch& s, int64_t b, int64_t hk, int64_t chunk, float* partial) {
+  // A quantized cache: the chunk's K and V rows of (b, hk) read back as float32 into `buf`
+  // (kv_quant.hpp's rule), and inputs whose K/V row (b, hk, j) for j in `keys` is buf's row
+  // j - keys.lo: the engine then runs as on a float32 cache.
+  static Inputs dequantized_chunk(const Problem& p, const Inputs& in, float* buf, int64_t b, int64_t hk,
+                                  const Interval& keys) {
+    const int64_t dk = p.head_dim, dv = p.dim_v();
+    float* kbuf = buf;
+    float* vbuf = buf + (keys.hi - keys.lo) * dk;
+    for (int64_t j = keys.lo; j < keys.hi; ++j) {
+      dequantize_row(in.kv, in.kq.row(b, hk, j), dk, kbuf + (j - keys.lo) * dk, in.kv_scale);
+      dequantize_row(in.kv, in.vq.row(b, hk, j), dv, vbuf + (j - keys.lo) * dv, in.kv_scale);
+    }
+    // Row j of kv head hk in batch b at buf + (j - lo) * dim: an origin lo rows before the
+    // buffer, no batch or head stride (only rows of this chunk are read).
+    const auto at = [&](const float* base, int64_t dim) {
+      const auto origin = reinterpret_cast<uintptr_t>(base) - static_cast<uintptr_t>(keys.lo * dim) * sizeof(float);
+      return ConstView{reinterpret_cast<const float*>(origin), p.batch, p.kv_heads, p.kv_len, dim, 0, 0, dim};
+    };
+    Inputs out;
+    out.q = in.q;
+    out.k = at(kbuf, dk);
+    out.v = at(vbuf, dv);
+    return out;
+  }
+
+  static void run_chunk(const Problem& p, const Inputs& in_stored, const Plan& plan, const BlockMap* map,
+                        const simd::Scratch& s, float* dequant, int64_t b, int64_t hk, int64_t chunk, float* partial) {
     const simd::Tiling& t = plan.tiling;
-    const int64_t rows = simd::begin_rows(p, in, t, s, b, hk, 0, p.q_len);
     const Interval keys{chunk * plan.chunk_keys, std::min((chunk + 1) * plan.chunk_keys, p.mask_for_batch(b).kv_len)};
+    const Inputs in =
+        p.kv_quantized() && keys.hi > keys.lo ? dequantized_chunk(p, in_stored, dequant, b, hk, keys) : in_stored;
+    const int64_t rows = simd::begin_rows(p, in, t, s, b, hk, 0, p.q_len);
     if (map) {
       simd::attend_blocks(p, in, t, s, *map, b, hk, 0, 0, rows, keys);
     } else {

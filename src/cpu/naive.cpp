@@ -6,7 +6,8 @@
 // textbook.hpp, which is also the tolerance baseline. Memory: q_len * kv_len floats of workspace (the O(n^2) the tiled
 // kernels avoid). Cost: 2 * (d + d_v) FLOP per visible pair plus one exp; no reuse of K/V across rows, so at large n it
 // streams K and V from memory once per query row (memory bound, ~1-3% of peak). Precision: f16/bf16 storage is widened
-// exactly to float32 where read; float32 compute.
+// exactly to float32 where read; float32 compute. A quantized cache (kv_quant.hpp) is read back as float32 K and V into
+// the workspace before the loops (what the reference reads).
 #include <optional>
 #include <vector>
 
@@ -25,14 +26,24 @@ class Naive final : public Kernel {
   }
   bool runs_patterns() const override { return true; }
   bool runs_head_dim_v() const override { return true; }
+  bool runs_kv_quant() const override { return true; }
   size_t workspace_bytes(const Problem& p, int) const override {
-    return static_cast<size_t>(p.q_len * p.kv_len) * sizeof(float);
+    return scores_bytes(p) + (p.kv_quantized() ? static_cast<size_t>(p.kv_elems() + p.v_elems()) * sizeof(float) : 0);
   }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    if (p.kv_quantized()) {  // the whole cache read back as float32 first (kv_quant.hpp's rule)
+      float* k = reinterpret_cast<float*>(ctx.workspace.data() + scores_bytes(p));
+      const Inputs f32 = dequantize_kv_into(p, in, k, k + p.kv_elems());
+      run_typed(p, typed<float>(f32), out, ctx);
+      return;
+    }
     visit_inputs(in, [&](const auto& typed) { run_typed(p, typed, out, ctx); });
   }
 
  private:
+  static size_t scores_bytes(const Problem& p) {
+    return (static_cast<size_t>(p.q_len * p.kv_len) * sizeof(float) + 63) / 64 * 64;
+  }
   template <class E>
   static void run_typed(const Problem& p, const TypedInputs<E>& in, const Outputs& out, RunContext& ctx) {
     float* scores = reinterpret_cast<float*>(ctx.workspace.data());

@@ -5,6 +5,8 @@
 //   o, lse = attnlab.attention(q, k, v, return_lse=True, layout="bshd", threads=2)
 //   attnlab.kernels(); attnlab.verify(q, k, v, causal=True); attnlab.peak()
 //
+// kv_dtype="q8_0" (or another quantized cache layout) writes float32 K and V into that cache
+// (a copy, the cache a runtime would hold) and runs on it; Q is read in place.
 // Every setting axis of the point schema (bench/point_schema.hpp) beyond layout and dtype is
 // a keyword too, taking what the experiment key takes (a new axis needs no edit here).
 // Inputs are 4-D C-contiguous numpy arrays, read in place (never copied): float32, float16, or
@@ -123,6 +125,7 @@ void apply_settings(const py::kwargs& settings, Problem& p) {
 struct Call {
   Problem p;
   Inputs in;
+  Tensors cache;  // a quantized cache (kv_dtype), written from the float K and V arrays
 };
 
 Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, const py::object& causal,
@@ -174,6 +177,10 @@ Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, co
   };
   c.in = inputs_over(p.dtype, view(aq, p.q_heads, p.q_len, p.head_dim), view(ak, p.kv_heads, p.kv_len, p.head_dim),
                      view(av, p.kv_heads, p.kv_len, p.dim_v()));
+  if (p.kv_quantized()) {  // Q read in place; K and V written into the cache layout (kv_quant.hpp)
+    c.cache = convert_inputs(p, c.in);
+    c.in = c.cache.inputs;
+  }
   return c;
 }
 
