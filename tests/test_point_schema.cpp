@@ -73,6 +73,11 @@ TEST(PointSchema, IdsOfCommittedRunsAreUnchanged) {
       p.window_right = int_of(row, "window_right", -1);
       p.layout = row.count("layout") && row.at("layout") == "bshd" ? Layout::BSHD : Layout::BHSD;
       if (row.count("dtype") && !row.at("dtype").empty()) p.dtype = parse_dtype(row.at("dtype"));
+      int unused = 0;  // the setting axes (kv_dtype, ...) from their columns, where a folder has them
+      for (const Axis& a : axes()) {
+        if (a.kind == AxisKind::Setting && row.count(a.key) && !row.at(a.key).empty())
+          set_axis(a, Where{csv}, json_of_flag_text(row.at(a.key)), p, unused);
+      }
       const int threads = static_cast<int>(int_of(row, "threads", 1));
       const std::string model = row.count("model") ? row.at("model") : "";
       const std::string& kernel = row.at("kernel");
