@@ -303,7 +303,9 @@ Experiment load_experiment(const std::string& path, const std::vector<std::strin
     e = parse_experiment_text(text, path, known_kernels, isas);
   } else {
     Json doc = parse_experiment_text(text, path, known_kernels, isas).source;
-    for (const auto& [key, value] : overrides.items()) {
+    for (const auto& item : overrides.items()) {
+      const std::string key = item.key();  // (clang 14 cannot capture a structured binding)
+      const Json& value = item.value();
       const Axis* axis = find_axis(key);
       const auto drop = [&](Json& d) {
         d.erase(key);
