@@ -155,6 +155,14 @@ void AxisFlags::add_to(CLI::App& app, bool (*pick)(const bench::Axis&)) {
   }
 }
 
+AxisFlags& AxisFlags::operator=(const AxisFlags& o) {
+  for (auto& [key, text] : text_) {
+    const auto it = o.text_.find(key);
+    text = it == o.text_.end() ? std::string() : it->second;
+  }
+  return *this;
+}
+
 bool AxisFlags::given(const std::string& key) const {
   const auto it = text_.find(key);
   return it != text_.end() && !it->second.empty();

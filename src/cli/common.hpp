@@ -18,6 +18,11 @@ namespace attnlab::cli {
 // Values are what the experiment key takes, written "a,b" for a list: the same parser and the
 // same checks, so a new axis of the table is a flag of every command that takes its kind.
 struct AxisFlags {
+  AxisFlags() = default;
+  AxisFlags(const AxisFlags&) = default;
+  // Takes o's values into the flags' own storage, which the CLI::App holds references to:
+  // `flags = AxisFlags{}` resets them to "not given" between two parses (the fuzz harness).
+  AxisFlags& operator=(const AxisFlags& o);
   void add_to(CLI::App& app, std::initializer_list<bench::AxisKind> kinds);
   void add_to(CLI::App& app, bool (*pick)(const bench::Axis&));
   bool given(const std::string& key) const;
