@@ -1,9 +1,9 @@
-// The quantized KV-cache layouts' write and read rules (include/attnlab/kv_quant.hpp): the
-// scalar definition every faster reader must match value for value.
+// The quantized KV-cache layouts' write rules (include/attnlab/kv_quant.hpp); the read rule is
+// include/attnlab/kv_read.hpp's, inline, shared with the per-target kernels.
 #include "attnlab/kv_quant.hpp"
+#include "attnlab/kv_read.hpp"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -18,17 +18,7 @@ namespace {
 constexpr int64_t kBlock = 32;  // ggml's QK8_0 = QK4_0
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-uint16_t load_u16(const std::byte* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
 void store_u16(std::byte* p, uint16_t v) { std::memcpy(p, &v, 2); }
-float load_f32(const std::byte* p) {
-  float v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
 void store_f32(std::byte* p, float v) { std::memcpy(p, &v, 4); }
 
 bool all_finite(const float* x, int64_t n) {
@@ -101,8 +91,9 @@ void quantize_asym(const float* x, int64_t dim, int levels, std::byte* out) {
   }
 }
 
-// OCP FP8: `e` exponent bits, `m` mantissa bits, bias 2^(e-1) - 1; E4M3 spends its top code
-// (S.1111.111) on NaN and has no infinities, E5M2 is IEEE-like.
+// OCP FP8 (written here; read by kv_read.hpp): `e` exponent bits, `m` mantissa bits, bias
+// 2^(e-1) - 1; E4M3 spends its top code (S.1111.111) on NaN and has no infinities, E5M2 is
+// IEEE-like.
 struct Fp8 {
   int e, m;
   bool ieee;
@@ -110,20 +101,6 @@ struct Fp8 {
   float max_finite() const {
     return ieee ? std::ldexp(2.0f - std::ldexp(1.0f, -m), (1 << e) - 2 - bias())      // 57344
                 : std::ldexp(2.0f - std::ldexp(1.0f, 1 - m), (1 << e) - 1 - bias());  // 448
-  }
-  float decode(uint8_t b) const {
-    const int sign = b >> 7, ex = (b >> m) & ((1 << e) - 1), man = b & ((1 << m) - 1);
-    float v;
-    if (ieee && ex == (1 << e) - 1) {
-      v = man ? kNaN : std::numeric_limits<float>::infinity();
-    } else if (!ieee && ex == (1 << e) - 1 && man == (1 << m) - 1) {
-      v = kNaN;
-    } else if (ex == 0) {
-      v = std::ldexp(static_cast<float>(man), 1 - bias() - m);
-    } else {
-      v = std::ldexp(1.0f + std::ldexp(static_cast<float>(man), -m), ex - bias());
-    }
-    return sign ? -v : v;
   }
   uint8_t encode(float x) const {
     const uint8_t sign = std::signbit(x) ? 0x80 : 0;
@@ -151,16 +128,6 @@ struct Fp8 {
   }
 };
 constexpr Fp8 kE4M3{4, 3, false}, kE5M2{5, 2, true};
-
-const std::array<float, 256>& fp8_table(const Fp8& f) {
-  static const auto make = [](const Fp8& g) {
-    std::array<float, 256> t{};
-    for (int b = 0; b < 256; ++b) t[b] = g.decode(static_cast<uint8_t>(b));
-    return t;
-  };
-  static const std::array<float, 256> e4m3 = make(kE4M3), e5m2 = make(kE5M2);
-  return f.ieee ? e5m2 : e4m3;
-}
 
 }  // namespace
 
@@ -231,50 +198,12 @@ void quantize_row(KvDType t, const float* x, int64_t dim, std::byte* out, float 
 }
 
 void dequantize_row(KvDType t, const std::byte* row, int64_t dim, float* y, float tensor_scale) {
-  switch (t) {
-    case KvDType::Q8_0:
-      for (int64_t b = 0; b < dim / kBlock; ++b) {
-        const std::byte* blk = row + b * (2 + kBlock);
-        const float d = to_float(f16{load_u16(blk)});
-        const auto* q = reinterpret_cast<const int8_t*>(blk + 2);
-        for (int64_t j = 0; j < kBlock; ++j) y[b * kBlock + j] = d * static_cast<float>(q[j]);
-      }
-      return;
-    case KvDType::Q4_0:
-      for (int64_t b = 0; b < dim / kBlock; ++b) {
-        const std::byte* blk = row + b * (2 + kBlock / 2);
-        const float d = to_float(f16{load_u16(blk)});
-        const auto* qs = reinterpret_cast<const uint8_t*>(blk + 2);
-        for (int64_t j = 0; j < kBlock / 2; ++j) {
-          y[b * kBlock + j] = static_cast<float>((qs[j] & 0x0f) - 8) * d;
-          y[b * kBlock + j + kBlock / 2] = static_cast<float>((qs[j] >> 4) - 8) * d;
-        }
-      }
-      return;
-    case KvDType::U8:
-    case KvDType::U4: {
-      const float scale = load_f32(row), zp = load_f32(row + 4);
-      const auto* q = reinterpret_cast<const uint8_t*>(row + 8);
-      for (int64_t i = 0; i < dim; ++i) {
-        const int v = t == KvDType::U8 ? q[i] : (i % 2 == 0 ? q[i / 2] & 0x0f : q[i / 2] >> 4);
-        y[i] = (static_cast<float>(v) - zp) * scale;
-      }
-      return;
-    }
-    case KvDType::Fp8E4M3:
-    case KvDType::Fp8E5M2: {
-      const auto& table = fp8_table(t == KvDType::Fp8E4M3 ? kE4M3 : kE5M2);
-      const auto* q = reinterpret_cast<const uint8_t*>(row);
-      for (int64_t i = 0; i < dim; ++i) y[i] = table[q[i]] * tensor_scale;
-      return;
-    }
-    case KvDType::Same: break;
-  }
-  throw std::logic_error("dequantize_row: KvDType::Same");
+  if (t == KvDType::Same) throw std::logic_error("dequantize_row: KvDType::Same");
+  kv_read::row(t, row, dim, y, tensor_scale);
 }
 
-float fp8_e4m3_to_float(uint8_t b) { return fp8_table(kE4M3)[b]; }
-float fp8_e5m2_to_float(uint8_t b) { return fp8_table(kE5M2)[b]; }
+float fp8_e4m3_to_float(uint8_t b) { return kv_read::e4m3(b); }
+float fp8_e5m2_to_float(uint8_t b) { return kv_read::e5m2(b); }
 uint8_t float_to_fp8_e4m3(float x) { return kE4M3.encode(x); }
 uint8_t float_to_fp8_e5m2(float x) { return kE5M2.encode(x); }
 

@@ -1,0 +1,101 @@
+// The read rule of each quantized KV-cache layout (kv_quant.hpp), inline: the one definition that
+// dequantize_row (attn_core) and the per-target kernels (decode, compiled once per instruction
+// set with its flags, so these plain loops vectorize there) both call. Same values everywhere.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "attnlab/dtype.hpp"
+#include "attnlab/kv_quant.hpp"
+
+namespace attnlab::kv_read {
+
+#define ATTN_KV_INLINE inline __attribute__((always_inline))
+
+ATTN_KV_INLINE float scale_f16(const std::byte* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return to_float(f16{bits});
+}
+ATTN_KV_INLINE float load_f32(const std::byte* p) {
+  float v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// ggml's block_q8_0: x = d * q.
+ATTN_KV_INLINE void q8_0(const std::byte* row, int64_t dim, float* __restrict y) {
+  for (int64_t b = 0; b < dim / 32; ++b) {
+    const std::byte* blk = row + b * 34;
+    const float d = scale_f16(blk);
+    const auto* q = reinterpret_cast<const int8_t*>(blk + 2);
+    float* out = y + b * 32;
+    for (int j = 0; j < 32; ++j) out[j] = d * static_cast<float>(q[j]);
+  }
+}
+
+// ggml's block_q4_0: byte j holds value j (low nibble) and j + 16 (high); x = (nibble - 8) * d.
+ATTN_KV_INLINE void q4_0(const std::byte* row, int64_t dim, float* __restrict y) {
+  for (int64_t b = 0; b < dim / 32; ++b) {
+    const std::byte* blk = row + b * 18;
+    const float d = scale_f16(blk);
+    const auto* qs = reinterpret_cast<const uint8_t*>(blk + 2);
+    float* out = y + b * 32;
+    for (int j = 0; j < 16; ++j) out[j] = static_cast<float>((qs[j] & 0x0f) - 8) * d;
+    for (int j = 0; j < 16; ++j) out[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
+  }
+}
+
+// A row's float32 scale and zero point, then u8 values (u4: two per byte, the even one low):
+// x = (q - zp) * scale.
+ATTN_KV_INLINE void u8(const std::byte* row, int64_t dim, float* __restrict y) {
+  const float scale = load_f32(row), zp = load_f32(row + 4);
+  const auto* q = reinterpret_cast<const uint8_t*>(row + 8);
+  for (int64_t i = 0; i < dim; ++i) y[i] = (static_cast<float>(q[i]) - zp) * scale;
+}
+ATTN_KV_INLINE void u4(const std::byte* row, int64_t dim, float* __restrict y) {
+  const float scale = load_f32(row), zp = load_f32(row + 4);
+  const auto* q = reinterpret_cast<const uint8_t*>(row + 8);
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    y[2 * i] = (static_cast<float>(q[i] & 0x0f) - zp) * scale;
+    y[2 * i + 1] = (static_cast<float>(q[i] >> 4) - zp) * scale;
+  }
+  if (dim % 2) y[dim - 1] = (static_cast<float>(q[dim / 2] & 0x0f) - zp) * scale;
+}
+
+// OCP FP8 through binary16, exactly: E5M2 is binary16's top byte; E4M3's exponent and
+// mantissa placed in binary16's are its value times 2^-8 (subnormals included), and its one
+// NaN code (S.1111.111) has no binary16 counterpart, so it is made NaN by hand.
+ATTN_KV_INLINE float e5m2(uint8_t b) { return to_float(f16{static_cast<uint16_t>(b << 8)}); }
+ATTN_KV_INLINE float e4m3(uint8_t b) {
+  const auto h = static_cast<uint16_t>(((b & 0x80u) << 8) | ((b & 0x7fu) << 7));
+  const float v = to_float(f16{h}) * 256.0f;
+  return (b & 0x7fu) == 0x7fu ? dtype_detail::float_of(0x7fc00000u | (uint32_t{b & 0x80u} << 24)) : v;
+}
+ATTN_KV_INLINE void fp8(bool e4, const std::byte* row, int64_t dim, float* __restrict y, float scale) {
+  const auto* q = reinterpret_cast<const uint8_t*>(row);
+  if (e4) {
+    for (int64_t i = 0; i < dim; ++i) y[i] = e4m3(q[i]) * scale;
+  } else {
+    for (int64_t i = 0; i < dim; ++i) y[i] = e5m2(q[i]) * scale;
+  }
+}
+
+// One row of `dim` values (the rule of dequantize_row).
+ATTN_KV_INLINE void row(KvDType t, const std::byte* r, int64_t dim, float* y, float tensor_scale) {
+  switch (t) {
+    case KvDType::Q8_0: return q8_0(r, dim, y);
+    case KvDType::Q4_0: return q4_0(r, dim, y);
+    case KvDType::U8: return u8(r, dim, y);
+    case KvDType::U4: return u4(r, dim, y);
+    case KvDType::Fp8E4M3: return fp8(true, r, dim, y, tensor_scale);
+    case KvDType::Fp8E5M2: return fp8(false, r, dim, y, tensor_scale);
+    case KvDType::Same: return;
+  }
+}
+
+#undef ATTN_KV_INLINE
+
+}  // namespace attnlab::kv_read
