@@ -9,7 +9,9 @@ std::string Where::prefix() const { return source.empty() ? "experiment " + file
 
 void Where::bad(const std::string& key, const Json& value, const std::string& allowed) const {
   const std::string named = flags ? flag_of(key) : "key '" + key + "'";
-  throw InvalidInput(prefix() + ": " + named + ": bad value " + value.dump() + "; allowed: " + allowed);
+  // A command line's text may be any bytes: written with invalid UTF-8 replaced, never thrown on.
+  const std::string shown = value.dump(-1, ' ', false, Json::error_handler_t::replace);
+  throw InvalidInput(prefix() + ": " + named + ": bad value " + shown + "; allowed: " + allowed);
 }
 
 void Where::fail(const std::string& what) const { throw InvalidInput(prefix() + ": " + what); }
