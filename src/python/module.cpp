@@ -105,16 +105,16 @@ nlohmann::json json_of(const py::handle& x) {
 
 // The setting axes given as keywords (all but layout and dtype, which have their own).
 void apply_settings(const py::kwargs& settings, Problem& p) {
-  std::string allowed = "kernel, causal, window, kv_lens, scale, layout, threads, dtype, isa";
-  for (const bench::Axis& a : bench::axes()) {
-    const std::string_view key = a.key;
-    if (a.kind == bench::AxisKind::Setting && key != "layout" && key != "dtype") allowed += ", " + std::string(key);
-  }
   int threads = 0;
   for (const auto& [name, value] : settings) {
     const std::string key = py::str(name);
     const bench::Axis* a = bench::find_axis(key);
     if (!a || a->kind != bench::AxisKind::Setting || key == "layout" || key == "dtype") {
+      std::string allowed = "kernel, causal, window, kv_lens, scale, layout, threads, dtype, isa";
+      for (const bench::Axis& x : bench::axes()) {
+        const std::string_view k = x.key;
+        if (x.kind == bench::AxisKind::Setting && k != "layout" && k != "dtype") allowed += ", " + std::string(k);
+      }
       throw py::type_error("unexpected keyword argument '" + key + "'; allowed: " + allowed);
     }
     bench::set_axis(*a, bench::Where{"", "attnlab", false}, json_of(value), p, threads);
