@@ -329,14 +329,14 @@ TEST_F(Cli, VerifyAllSkipsWithReasonsAndCounts) {
   EXPECT_NE(r.out.find("all kernels that ran agree"), std::string::npos) << r.out;
 }
 
-// A quantized cache from float .npy K and V (--kv-dtype): decode and naive read it alike, the
+// A quantized cache from float .npy K and V (--kv-dtype): decode, flash and naive read it alike, the
 // O differs from the float cache's by the quantization, and the kernels that do not read such
 // a cache say which do.
 TEST_F(Cli, KvDtypeWritesTheCacheFromFloatFiles) {
   Problem p = test::shape(1, 8, 2, 1, 300, 64);
   write_inputs(p);
   ASSERT_EQ(attnlab("run --impl decode " + qkv() + " --out " + path("f.npy")).code, 0);
-  for (const char* impl : {"decode", "naive"}) {
+  for (const char* impl : {"decode", "naive", "flash"}) {
     const Result r = attnlab(std::string("run --impl ") + impl + " " + qkv() + " --out " +
                              path(std::string(impl) + ".npy") + " --kv-dtype q8_0");
     ASSERT_EQ(r.code, 0) << r.out;
@@ -351,9 +351,9 @@ TEST_F(Cli, KvDtypeWritesTheCacheFromFloatFiles) {
   EXPECT_GT(quant, 1e-5) << "q8_0 moves O";
   EXPECT_LT(quant, 1e-2);
   EXPECT_LT(kernels, 1e-5) << "decode and naive read the same cache";
-  const Result flash = attnlab("run --impl flash " + qkv() + " --out " + path("x.npy") + " --kv-dtype q8_0");
-  EXPECT_EQ(flash.code, 2) << flash.out;
-  EXPECT_NE(flash.out.find("naive, decode read a quantized cache"), std::string::npos) << flash.out;
+  const Result simd = attnlab("run --impl simd " + qkv() + " --out " + path("x.npy") + " --kv-dtype q8_0");
+  EXPECT_EQ(simd.code, 2) << simd.out;
+  EXPECT_NE(simd.out.find("naive, flash, decode read a quantized cache"), std::string::npos) << simd.out;
   EXPECT_EQ(attnlab("verify --impl decode --kv-dtype q4_0 --q-len 1 --kv-len 300 --q-heads 8 --kv-heads 2").code, 0);
 }
 

@@ -225,9 +225,11 @@ KernelCheck check(const Kernel& k, const Problem& p, const Tensors& t, int threa
 
 }  // namespace kvcache
 
-// Every cache type through naive and decode (every target): decode's key chunks (300 and 1000
-// keys cross them), GQA and MQA, causal, a window, per-batch kv lengths (an empty one), d_v != d.
-TEST(KvCache, NaiveAndDecodeAgreeOnEveryCacheType) {
+// Every cache type through naive, flash and decode (every target): decode's key chunks (300 and
+// 1000 keys cross them), GQA and MQA, causal, a window, per-batch kv lengths (an empty one),
+// d_v != d, chunked prefill (query rows over a longer cache), and sparse patterns (sinks and a
+// window: the block map's words and its gathered sink tile, read from the quantized rows).
+TEST(KvCache, KernelsThatReadACacheAgreeOnEveryCacheType) {
   using kvcache::cache_shape;
   for (KvDType type : quantized_kv_dtypes()) {
     std::vector<Problem> shapes;
@@ -238,11 +240,17 @@ TEST(KvCache, NaiveAndDecodeAgreeOnEveryCacheType) {
     shapes.push_back(cache_shape(2, 6, 1, 2, 257, 32, type));
     shapes.back().kv_lens = {0, 200};
     shapes.back().window_left = 50, shapes.back().window_right = 0;
+    shapes.push_back(cache_shape(1, 8, 2, 70, 333, 64, type));  // prefill of 70 rows after 263 cached
+    shapes.back().causal = CausalAlign::BottomRight;
+    shapes.push_back(cache_shape(1, 4, 2, 2, 700, 64, type));  // StreamingLLM: 4 sinks + a window
+    shapes.back().sinks = 4, shapes.back().window_left = 100, shapes.back().window_right = 0;
+    shapes.back().causal = CausalAlign::BottomRight;
     for (const Problem& p : shapes) {
       p.validate();
       const Tensors t = random_tensors(p, 11);
-      for (const char* name : {"naive", "decode"}) {
+      for (const char* name : {"naive", "flash", "decode"}) {
         for (const Kernel* k : kvcache::runnable(name)) {
+          if (std::string_view(name) == "decode" && p.q_len > 16) continue;  // prefill: decode refuses
           const KernelCheck c = kvcache::check(*k, p, t);
           EXPECT_EQ(c.verdict, Verdict::Pass)
               << k->name() << "[" << k->isa() << "] " << p.describe() << ": " << c.reason << " (O err "
@@ -274,7 +282,8 @@ TEST(KvCache, OtherKernelsRefuseNamingTheOnesThatRead) {
     const Support s = supports_problem(*k, p);
     if (k->runs_kv_quant()) continue;
     ASSERT_FALSE(s) << k->name();
-    EXPECT_NE(s.reason.find("kv_dtype q8_0 (naive, decode read a quantized cache)"), std::string::npos) << s.reason;
+    EXPECT_NE(s.reason.find("kv_dtype q8_0 (naive, flash, decode read a quantized cache)"), std::string::npos)
+        << s.reason;
   }
 }
 
@@ -313,7 +322,7 @@ TEST(KvCache, SpecialValuesFollowTheReference) {
     Tensors floats = random_tensors(f, 5);
     const_cast<float*>(floats.inputs.k.row(0, 1, 299))[3] = std::numeric_limits<float>::quiet_NaN();  // the last key
     const Tensors t = convert_inputs(p, floats.inputs);
-    for (const char* name : {"naive", "decode"}) {
+    for (const char* name : {"naive", "flash", "decode"}) {
       for (const Kernel* k : kvcache::runnable(name)) {
         const KernelCheck c = kvcache::check(*k, p, t);
         EXPECT_EQ(c.verdict, Verdict::Pass) << name << " " << to_string(type) << ": " << c.reason;

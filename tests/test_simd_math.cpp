@@ -8,10 +8,12 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "attnlab/isa.hpp"
+#include "attnlab/kv_quant.hpp"
 #include "cpu/isa_internal.hpp"
 
 namespace attnlab {
@@ -272,6 +274,36 @@ TEST_P(SimdMath, KeepBitsSelectsLanesByBit) {
         EXPECT_TRUE(std::isnan(out[i])) << std::hex << bits << " lane " << i;
       } else {
         EXPECT_EQ(out[i], want) << std::hex << bits << " lane " << i;
+      }
+    }
+  }
+}
+
+// The tile engine reads a quantized cache in registers (src/cpu/simd/kv_load.hpp): every value
+// of a row must be the read rule's (dequantize_row), bit for bit (NaN for NaN), for any bytes -
+// random rows hold NaN/Inf/subnormal scales, every int8 and nibble, every fp8 code - at every
+// vector offset and tail length.
+TEST_P(SimdMath, QuantizedCacheRowsReadInRegistersAsTheRule) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (KvDType t : quantized_kv_dtypes()) {
+    const int64_t step = kv_block_values(t);
+    for (int64_t d : {1, 2, 7, 8, 15, 16, 17, 31, 32, 33, 64, 96, 128, 130, 256}) {
+      if (d % step) continue;
+      for (int round = 0; round < 20; ++round) {
+        std::vector<std::byte> row(static_cast<size_t>(kv_row_bytes(t, d)));
+        for (std::byte& b : row) b = static_cast<std::byte>(byte(rng));
+        if (round == 0 && (t == KvDType::Fp8E4M3 || t == KvDType::Fp8E5M2)) {
+          for (int64_t i = 0; i < d; ++i) row[i] = static_cast<std::byte>(i * 37 % 256);  // codes 0x7f, 0xff, ...
+        }
+        std::vector<float> want(static_cast<size_t>(d)), got(static_cast<size_t>(d), -1.f);
+        dequantize_row(t, row.data(), d, want.data());
+        t_->probes.kv_row(t, row.data(), d, got.data());
+        for (int64_t i = 0; i < d; ++i) {
+          const bool same = std::isnan(want[i]) ? std::isnan(got[i]) : std::memcmp(&want[i], &got[i], 4) == 0;
+          ASSERT_TRUE(same) << to_string(t) << " d " << d << " value " << i << ": rule " << want[i] << ", read "
+                            << got[i];
+        }
       }
     }
   }

@@ -203,6 +203,55 @@ TEST_F(SweepRun, RoundsTimeEveryPointOncePerPassAndResume) {
   }
 }
 
+// A memory-bound point (FLOP per byte under the ridge of the peaks: here 1e11 / 1e10 = 10) measures
+// the read bandwidth before and after each pass of its repetitions; a compute-bound one does not.
+TEST_F(SweepRun, MemoryBoundPointsMeasureTheReadBandwidthBesideThem) {
+  const std::string dir = fresh_dir("probe");
+  const Experiment e =
+      parse_experiment(Json::parse(R"({"description": "d", "implementations": ["naive"], "q_heads": 2, "head_dim": 32,
+                      "grids": [{"q_len": 1, "kv_len": 256}, {"q_len": 128, "kv_len": 128}],
+                      "threads": 1, "repetitions": 2, "rounds": 2, "min_time_s": 0.001})"),
+                       "probe", names);
+  const SweepSummary sum = run_sweep(e, options(dir));
+  ASSERT_EQ(sum.ok, 2u) << log.str();
+  bool decode = false;
+  for (const auto& pf : read_points(dir)) {
+    const PointRecord& r = pf.record;
+    const double intensity = r.problem.flops() / r.problem.bytes_moved();
+    if (r.problem.q_len == 1) {
+      decode = true;
+      ASSERT_LT(intensity, 10) << "the decode shape is memory-bound under these peaks";
+      ASSERT_EQ(r.read_probe.size(), 4u) << "before and after each of the 2 passes";
+      for (double b : r.read_probe) EXPECT_GT(b, 1e8) << "bytes/s of a real read";
+    } else {
+      ASSERT_GT(intensity, 10);
+      EXPECT_TRUE(r.read_probe.empty()) << "a compute-bound point runs no probe";
+    }
+  }
+  ASSERT_TRUE(decode);
+  const auto lines = csv_lines(dir);
+  const auto header = test::split_csv(lines[0]);
+  const auto col = [&](const std::string& name) {
+    const auto at = std::find(header.begin(), header.end(), name);
+    EXPECT_NE(at, header.end()) << name;
+    return static_cast<size_t>(at - header.begin());
+  };
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const auto row = test::split_csv(lines[i]);
+    const bool dec = row[col("q_len")] == "1";
+    EXPECT_EQ(row[col("probes")], dec ? "4" : "0");
+    for (const char* c : {"probe_read_gbs_min", "probe_read_gbs_median", "probe_read_gbs_max",
+                          "bw_fraction_probe_median", "bw_fraction_probe_best"}) {
+      EXPECT_EQ(row[col(c)].empty(), !dec) << c << " in " << lines[i];
+    }
+    if (dec) {
+      EXPECT_LE(std::stod(row[col("probe_read_gbs_min")]), std::stod(row[col("probe_read_gbs_median")]));
+      EXPECT_LE(std::stod(row[col("probe_read_gbs_median")]), std::stod(row[col("probe_read_gbs_max")]));
+      EXPECT_LE(std::stod(row[col("bw_fraction_probe_best")]), std::stod(row[col("bw_fraction_probe_median")]));
+    }
+  }
+}
+
 TEST_F(SweepRun, ShardsPartitionThePlanAndMergeBack) {
   const Experiment e = experiment();
   std::vector<std::string> dirs;
@@ -398,6 +447,30 @@ TEST(SweepIsa, EveryTargetRunsOrIsSkippedWithTheReason) {
 
 // Peaks per target: schema 2 round-trips; schema 1 (machine.json before the isa axis) reads
 // as one target, the one its simd_arch names; Peaks::ref is the one rule for % of peak.
+// attnlab peak says when its runs of one figure disagree by more than 20% of their median.
+TEST(SweepPeaks, PeakWarnsWhenItsRunsDisagree) {
+  EXPECT_FALSE(runs_disagree({20e9, 22e9, 21e9}));
+  EXPECT_FALSE(runs_disagree({20e9}));
+  EXPECT_TRUE(runs_disagree({43.4e9, 45.2e9, 69.8e9})) << "a sweep's peak runs on the issue's Zen 5";
+  Peaks p = Peaks::from_json(Json::parse(read_text_file(per_target_peak_file())));
+  const auto warnings = [](const Peaks& x) {
+    const std::string text = format_peaks(x);
+    size_t n = 0;
+    for (size_t at = text.find("warning:"); at != std::string::npos; at = text.find("warning:", at + 1)) ++n;
+    return std::pair{n, text};
+  };
+  EXPECT_EQ(warnings(p).first, 0u) << warnings(p).second;
+  PeakAtThreads& row = p.targets.front().rows.front();
+  row.read_runs = {43.4e9, 45.2e9, 69.8e9};
+  const auto [n, text] = warnings(p);
+  EXPECT_EQ(n, 1u) << text;
+  EXPECT_NE(text.find("read at " + std::to_string(row.threads) +
+                      " threads: runs disagree by 58% of their median "
+                      "(43.4-69.8)"),
+            std::string::npos)
+      << text;
+}
+
 TEST(SweepPeaks, PerTargetPeaksRoundTripAndOldFilesRead) {
   const Peaks p2 = Peaks::from_json(Json::parse(read_text_file(per_target_peak_file())));
   ASSERT_EQ(p2.targets.size(), built_isas().size());

@@ -95,6 +95,31 @@ ATTN_KV_INLINE void fp8(bool e4, const std::byte* row, int64_t dim, float* __res
   for (int64_t i = 0; i < dim; ++i) y[i] = table[q[i]] * scale;
 }
 
+// Value i of a row (the same rule, one value: the kernels' tails and the scalar target).
+ATTN_KV_INLINE float value(KvDType t, const std::byte* r, int64_t i, float tensor_scale) {
+  const auto* u = reinterpret_cast<const uint8_t*>(r);
+  switch (t) {
+    case KvDType::Q8_0: {
+      const std::byte* blk = r + i / 32 * 34;
+      return scale_f16(blk) * static_cast<float>(static_cast<int8_t>(u[i / 32 * 34 + 2 + i % 32]));
+    }
+    case KvDType::Q4_0: {
+      const std::byte* blk = r + i / 32 * 18;
+      const uint8_t byte = u[i / 32 * 18 + 2 + i % 16];
+      return static_cast<float>((i % 32 < 16 ? byte & 0x0f : byte >> 4) - 8) * scale_f16(blk);
+    }
+    case KvDType::U8: return (static_cast<float>(u[8 + i]) - load_f32(r + 4)) * load_f32(r);
+    case KvDType::U4: {
+      const uint8_t byte = u[8 + i / 2];
+      return (static_cast<float>(i % 2 ? byte >> 4 : byte & 0x0f) - load_f32(r + 4)) * load_f32(r);
+    }
+    case KvDType::Fp8E4M3: return fp8_tables().e4[u[i]] * tensor_scale;
+    case KvDType::Fp8E5M2: return fp8_tables().e5[u[i]] * tensor_scale;
+    case KvDType::Same: break;
+  }
+  return 0.f;
+}
+
 // One row of `dim` values (the rule of dequantize_row).
 ATTN_KV_INLINE void row(KvDType t, const std::byte* r, int64_t dim, float* y, float tensor_scale) {
   switch (t) {

@@ -25,13 +25,15 @@ LEGACY_SCHEMA = {
 
 # The measurement's columns (not point fields).
 MEASURED_INT_COLS = {"visible_pairs", "extra_bytes", "plan_bytes", "memory_bytes", "repetitions", "rounds",
-                     "iterations", "verify_rows"}
+                     "iterations", "verify_rows", "probes"}
 
 
 MEASURED_FLOAT_COLS = {"flops", "bytes", "kv_bytes", "kv_bytes_per_token", "time_median_s", "time_min_s",
                        "time_max_s", "time_mean_s", "time_stddev_s", "time_cv", "gflops", "gbytes_per_s",
                        "peak_gflops", "peak_fraction", "read_bw_gbs", "bw_fraction", "err_o_rel", "tol_o_rel",
-                       "err_lse", "tol_lse", "seconds_spent", "err_o_rel_f32_inputs"}
+                       "err_lse", "tol_lse", "seconds_spent", "err_o_rel_f32_inputs", "probe_read_gbs_min",
+                       "probe_read_gbs_median", "probe_read_gbs_max", "bw_fraction_probe_median",
+                       "bw_fraction_probe_best"}
 
 
 def load_schema(folder):

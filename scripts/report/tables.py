@@ -173,3 +173,54 @@ def shape_text(r):
         if name not in SHAPE_TEXT_FIELDS and r.get(name) is not None and str(r[name]) != str(default):
             s += f" {name} {r[name]}"
     return s
+
+
+def kv_cache_section(rows, ok):
+    """Decode per KV-cache storage (dtype, kv_dtype) on each shape: time per token, the bytes each
+    type stores per token, the speed-up over the float32 cache in the same run, % of the read
+    bandwidth measured beside the point (the probe's median and best), and what the storage costs
+    in accuracy (O's error against float64 on the float values before rounding or quantizing)."""
+    dec = [r for r in ok if is_decode(r) and r.get("kv_dtype") not in (None, "")]
+    types = {(r.get("dtype", "f32"), r["kv_dtype"]) for r in dec}
+    if len(types) < 2:
+        return []
+
+    def storage(r):
+        return r["dtype"] if r["kv_dtype"] == "dtype" else r["kv_dtype"]
+
+    def shape(r):
+        return tuple((k, r.get(k)) for k in schema.DIMS if k not in ("dtype", "kv_dtype"))
+
+    md = ["## KV cache: decode per cache type", "",
+          "Each row is one decode point (q_len <= 16) with its K/V cache stored as the row says: float32, "
+          "16-bit, or a quantized layout (include/attnlab/kv_quant.hpp: ggml's q8_0/q4_0 blocks, "
+          "OpenVINO's u8/u4 rows, fp8). Bytes per token: K and V of one token, all KV heads. vs f32: "
+          "the float32 cache's time on the same shape in this run over this row's. % of read bandwidth "
+          "against the probe measured beside the point (before and after each pass of its repetitions: "
+          "median, and best); the probe's range shows how much the machine moved meanwhile. Error: O's "
+          "relative error against float64 on the float values the cache was written from (what the "
+          "storage costs), next to its error against the cache as stored (the kernel's own, judged by "
+          "the tolerance).", ""]
+    groups = collections.defaultdict(list)
+    for r in dec:
+        groups[shape(r)].append(r)
+    for key, rs in groups.items():
+        base = next((r for r in rs if storage(r) == "f32" and r["kernel_name"] == rs[0]["kernel_name"]), None)
+        md += [f"**{shape_text(dict(rs[0], dtype='f32', kv_dtype='dtype'))}**", "",
+               "| kernel | cache | bytes/token | ms/token | vs f32 | GB/s | % of read BW (probe median / best) "
+               "| probe GB/s min-max | error vs unquantized / vs stored |",
+               "|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted(rs, key=lambda r: (r["kernel"], r["kv_bytes_per_token"] or 0)):
+            t = r["time_median_s"]
+            speed = base["time_median_s"] / t if base and r["kernel_name"] == base["kernel_name"] else None
+            gbs = r["kv_bytes"] / t / 1e9 if r.get("kv_bytes") else None
+            pm, pb = r.get("bw_fraction_probe_median"), r.get("bw_fraction_probe_best")
+            bw = (f"{fmt(100 * pm, '.0f')} / {fmt(100 * pb, '.0f')}" if pm is not None and pb is not None
+                  else f"{fmt(None if r.get('bw_fraction') is None else 100 * r['bw_fraction'], '.0f')} (sweep peak)")
+            probe = (f"{fmt(r['probe_read_gbs_min'], '.1f')}-{fmt(r['probe_read_gbs_max'], '.1f')}"
+                     if r.get("probe_read_gbs_min") is not None else "-")
+            md.append(f"| {r['kernel']} | {storage(r)} | {fmt(r['kv_bytes_per_token'], '.0f')} | "
+                      f"{fmt(t * 1e3, '.3g')} | {fmt(speed, '.2f')}x | {fmt(gbs, '.1f')} | {bw} | {probe} | "
+                      f"{fmt(r.get('err_o_rel_f32_inputs'), '.1e')} / {fmt(r.get('err_o_rel'), '.1e')} |")
+        md.append("")
+    return md

@@ -73,6 +73,7 @@ void add_round(PointFile& into, const PointFile& next, int round) {
     if (!(*mine >= theirs)) *mine = theirs;  // the worst pass (NaN stays)
   }
   r.times.insert(r.times.end(), n.times.begin(), n.times.end());
+  r.read_probe.insert(r.read_probe.end(), n.read_probe.begin(), n.read_probe.end());
   r.rounds += 1;
 
   Json iterations = Json::array(), aggregates = Json::array();

@@ -108,6 +108,23 @@ double measure_read_bandwidth(int threads, size_t bytes, int runs) {
   return median(v);
 }
 
+ReadProbe::~ReadProbe() { AlignedFree{}(buffer_); }
+
+double ReadProbe::measure(int threads) {
+  if (!buffer_) {
+    auto [buffer, count] = read_buffer(bytes_, 16);
+    buffer_ = buffer.release(), count_ = count;
+  }
+  return measure_read_bytes(threads, buffer_, count_);
+}
+
+bool runs_disagree(const std::vector<double>& runs, double limit) {
+  if (runs.size() < 2) return false;
+  const auto [lo, hi] = std::minmax_element(runs.begin(), runs.end());
+  const double mid = median(runs);
+  return mid > 0 && (*hi - *lo) > limit * mid;
+}
+
 double measure_read_bytes(int threads, const float* buffer, size_t count, const std::string& isa) {
   const TargetTable& tt = table_for(isa);
   // Slices are multiples of the unroll (4 vectors) so every load stays aligned.
@@ -447,6 +464,20 @@ std::string format_peaks(const Peaks& peaks) {
         out += line;
       }
       out += "\n";
+    }
+  }
+  // A spread past 20% of the median: the machine moved while the runs ran (a shared host).
+  for (const TargetPeaks& t : peaks.targets) {
+    for (const auto& r : t.rows) {
+      for (const auto& [what, runs] : {std::pair{"FMA", &r.fma_runs}, std::pair{"read", &r.read_runs}}) {
+        if (!runs_disagree(*runs)) continue;
+        const auto [lo, hi] = std::minmax_element(runs->begin(), runs->end());
+        std::snprintf(line, sizeof line,
+                      "  warning: %s %s at %d threads: runs disagree by %.0f%% of their median (%.1f-%.1f): the "
+                      "machine moved; the sweep measures read bandwidth beside each memory-bound point\n",
+                      t.isa.c_str(), what, r.threads, 100.0 * (*hi - *lo) / median(*runs), *lo / 1e9, *hi / 1e9);
+        out += line;
+      }
     }
   }
   if (const TargetPeaks* d = peaks.target(peaks.simd_arch)) {

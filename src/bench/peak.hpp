@@ -134,6 +134,29 @@ double measure_read_bytes(int threads, const float* buffer, size_t count, const 
 // written before timing: the median of `runs` measure_read_bytes runs (attnlab generate, the
 // Python module; measure_peaks shares its buffer between targets instead).
 double measure_read_bandwidth(int threads, size_t bytes, int runs);
+// The read bandwidth measured beside a memory-bound point (the sweep: before and after each
+// pass of its repetitions), so its % of bandwidth is against what the machine gave while it
+// ran - on a shared host the 2-thread read rate moves by up to 2x within an hour. The buffer
+// (PeakOptions::buffer_bytes, far above the L3) is written once and kept between points.
+class ReadProbe {
+ public:
+  ReadProbe() : ReadProbe(PeakOptions{}.buffer_bytes) {}
+  explicit ReadProbe(size_t bytes) : bytes_(bytes) {}
+  ~ReadProbe();
+  ReadProbe(const ReadProbe&) = delete;
+  ReadProbe& operator=(const ReadProbe&) = delete;
+  double measure(int threads);  // bytes/s, one pass over the buffer (default target)
+  void set_bytes(size_t bytes) { bytes_ = buffer_ ? bytes_ : bytes; }  // before the first measure
+  size_t buffer_bytes() const { return bytes_; }                        // at most this is allocated
+
+ private:
+  size_t bytes_;
+  float* buffer_ = nullptr;
+  size_t count_ = 0;
+};
+// Runs (bytes/s, FLOP/s, ...) whose spread (max - min) exceeds `limit` of their median: the
+// machine moved while they ran (attnlab peak warns; 0.2 = 20%).
+bool runs_disagree(const std::vector<double>& runs, double limit = 0.2);
 double measure_exp_per_s(int threads, double seconds, const std::string& isa = {});
 // 0 when this build or CPU has no AVX512_BF16 (bf16_dot_runnable()), resp. no usable AMX-BF16.
 bool bf16_dot_runnable();

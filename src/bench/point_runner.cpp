@@ -80,7 +80,9 @@ PointFile Runner::decide(const GridPoint& g, const PointRecord& base) {
   if (Support s = supports_problem(*k, g.problem); !s) return skip("unsupported: " + s.reason);
   const BenchPoint pt{k, g.problem, g.threads, g.isa};
   r.extra_bytes = k->workspace_bytes(g.problem, g.threads);
-  r.memory_bytes = point_memory_bytes(pt, static_cast<size_t>(e.verify_rows));
+  // A memory-bound point also holds the read probe's buffer (allocated at the first one).
+  r.memory_bytes = point_memory_bytes(pt, static_cast<size_t>(e.verify_rows)) +
+                   (memory_bound(r) ? read_probe.buffer_bytes() : 0);
   if (static_cast<double>(r.memory_bytes) > memory_budget) {
     return skip("memory: needs " + fmt_mib(static_cast<double>(r.memory_bytes)) + " > budget " +
                 fmt_mib(memory_budget));
@@ -111,11 +113,12 @@ PointFile Runner::decide(const GridPoint& g, const PointRecord& base) {
     r.tol_lse = check.tol.lse;
     r.verify_rows = static_cast<int>(rows.size());
     r.err_o_rel_f32_inputs = r.err_o_rel;
-    if (g.problem.dtype != DType::F32 && check.verdict == Verdict::Pass) {
+    if ((g.problem.dtype != DType::F32 || g.problem.kv_quantized()) && check.verdict == Verdict::Pass) {
       // The same kernel on the same stored inputs, against float64 on the float32 values
-      // they were rounded from: the storage dtype's end-to-end cost.
+      // they were rounded (or quantized) from: the storage's end-to-end cost.
       Problem f32 = g.problem;
       f32.dtype = DType::F32;
+      f32.kv_dtype = KvDType::Same;
       const Tensors source = random_tensors(f32, e.seed);
       const Agreement unrounded = prepare_agreement(f32, source.inputs, rows);
       r.err_o_rel_f32_inputs = check_kernel(*k, g.problem, in, unrounded, g.threads).errors.o_rel;
@@ -238,6 +241,12 @@ PointFile Runner::decide_peer(const GridPoint& g, const PointRecord& base) {
   return decided(PointStatus::Ok, "");
 }
 
+bool Runner::memory_bound(const PointRecord& r) {
+  const Problem& p = r.problem;
+  return r.peak_flops > 0 && r.peak_read_bytes > 0 && r.isa != "cuda" &&
+         p.flops() / p.bytes_moved() < r.peak_flops / r.peak_read_bytes;
+}
+
 PointFile Runner::time_point(const BenchPoint& pt, const PointRecord& base, const RegisterHooks& hooks) {
   PointFile pf;
   pf.record = base;
@@ -245,9 +254,14 @@ PointFile Runner::time_point(const BenchPoint& pt, const PointRecord& base, cons
   init_benchmark_once();
   const PeakRef peak{r.peak_flops, r.peak_read_bytes};
   register_point(pt, peak, timing, hooks);
+  // A memory-bound point: the read bandwidth just before and just after its repetitions, by the
+  // same loop as `attnlab peak`.
+  const bool probe = memory_bound(r);
+  if (probe) r.read_probe.push_back(read_probe.measure(r.threads));
   CaptureReporter capture;
   benchmark::RunSpecifiedBenchmarks(&capture);
   benchmark::ClearRegisteredBenchmarks();
+  if (probe) r.read_probe.push_back(read_probe.measure(r.threads));
   std::string error;
   for (const auto& run : capture.runs()) {
     if (run.error_occurred) error = run.error_message;

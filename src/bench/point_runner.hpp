@@ -38,6 +38,7 @@ struct Runner {
   RateBook rates;
   Json context_extra;
   std::unique_ptr<PeerPool> peers;  // started at the first peer point
+  ReadProbe read_probe;             // memory-bound points: the read bandwidth beside them
 
   // The variant a point runs: its named target, or (none named) the default target's;
   // nullptr when the kernel (or that variant) is not in this build.
@@ -55,6 +56,10 @@ struct Runner {
   PointFile decide_peer(const GridPoint& g, const PointRecord& base);
 
   PointFile time_point(const BenchPoint& pt, const PointRecord& base, const RegisterHooks& hooks);
+
+  // Whether a point measures the read bandwidth beside itself (ReadProbe): its FLOP per byte is
+  // under the ridge of the CPU peaks measured in this run (FMA peak / read bandwidth).
+  static bool memory_bound(const PointRecord& r);
 };
 
 }  // namespace attnlab::bench

@@ -177,6 +177,7 @@ Json PointRecord::to_json() const {
           {"rounds", rounds},
           {"peak_flops", real_to_json(peak_flops)},
           {"peak_read_bytes", real_to_json(peak_read_bytes)},
+          {"read_probe_bytes_per_s", read_probe},
           {"verdict", verdict},
           {"err_o_rel", real_to_json(err_o_rel)},
           {"err_lse", real_to_json(err_lse)},
@@ -210,6 +211,7 @@ PointRecord PointRecord::from_json(const Json& j) {
     r.rounds = j.value("rounds", 1);  // absent before rounds: one pass
     r.peak_flops = real_at(j, "peak_flops");
     r.peak_read_bytes = real_at(j, "peak_read_bytes");
+    r.read_probe = j.value("read_probe_bytes_per_s", std::vector<double>{});  // absent before the probe
     r.verdict = j.at("verdict").get<std::string>();
     r.err_o_rel = real_at(j, "err_o_rel");
     r.err_lse = real_at(j, "err_lse");
@@ -352,6 +354,9 @@ std::vector<TidyCell> tidy_row(const std::string& experiment, const PointRecord&
   const double tmean = timed ? mean(r.times) : NAN;
   const double tsd = timed ? stddev(r.times) : NAN;
   const double flops = p.flops(), bytes = p.bytes_moved();
+  const bool probed = !r.read_probe.empty();
+  const double probe_median = probed ? median(r.read_probe) : NAN;
+  const double probe_best = probed ? *std::max_element(r.read_probe.begin(), r.read_probe.end()) : NAN;
   // Time columns apply to timed points only; verification columns to verified ones.
   auto if_timed = [&](double v) { return timed ? num(v) : std::string(); };
   auto if_verified = [&](double v) { return r.verdict.empty() ? std::string() : num(v); };
@@ -390,6 +395,14 @@ std::vector<TidyCell> tidy_row(const std::string& experiment, const PointRecord&
       {"peak_fraction", r.peak_flops > 0 ? if_timed(flops / t / r.peak_flops) : ""},
       {"read_bw_gbs", r.peak_read_bytes > 0 ? num(r.peak_read_bytes * 1e-9) : ""},
       {"bw_fraction", r.peak_read_bytes > 0 ? if_timed(bytes / t / r.peak_read_bytes) : ""},
+      // The probe beside the point: its runs' spread, and % of bandwidth against their median
+      // and their best.
+      {"probes", std::to_string(r.read_probe.size())},
+      {"probe_read_gbs_min", probed ? num(*std::min_element(r.read_probe.begin(), r.read_probe.end()) * 1e-9) : ""},
+      {"probe_read_gbs_median", probed ? num(probe_median * 1e-9) : ""},
+      {"probe_read_gbs_max", probed ? num(probe_best * 1e-9) : ""},
+      {"bw_fraction_probe_median", probed ? if_timed(bytes / t / probe_median) : ""},
+      {"bw_fraction_probe_best", probed ? if_timed(bytes / t / probe_best) : ""},
       {"verdict", r.verdict},
       {"err_o_rel", if_verified(r.err_o_rel)},
       {"tol_o_rel", if_verified(r.tol_o_rel)},

@@ -62,12 +62,15 @@ struct PointRecord {
   // machine peaks for this thread count (0 = not measured): the FMA peak of the point's
   // target, the default target's read bandwidth (Peaks::ref)
   double peak_flops = 0, peak_read_bytes = 0;
+  // Memory-bound points (arithmetic intensity under the roofline's ridge): the read bandwidth
+  // (bytes/s) measured beside the point, before and after each pass's repetitions (ReadProbe).
+  std::vector<double> read_probe;
   // verification against the float64 reference on sampled rows
   std::string verdict;  // PASS, FAIL, SKIP or "" (not verified)
   double err_o_rel = 0, err_lse = 0, tol_o_rel = 0, tol_lse = 0;
   // The same output's O error against the float64 reference on the float32 inputs before
-  // they were rounded to the storage dtype: what 16-bit storage costs end to end (equal to
-  // err_o_rel for f32).
+  // they were rounded to the storage dtype or quantized into the KV cache (kv_dtype): what
+  // 16-bit storage or a quantized cache costs end to end (equal to err_o_rel for f32).
   double err_o_rel_f32_inputs = 0;
   int verify_rows = 0;
   double seconds_spent = 0;  // wall time the point took (verify + timing)

@@ -184,6 +184,7 @@ void prepare_runner(Runner& run, const Json& machine, const std::map<std::string
   run.timing.repetitions = e.repetitions;
   run.timing.min_time_s = e.min_time_s;
   run.timing.seed = e.seed;
+  run.read_probe.set_bytes(run.o.peak_buffer_bytes);  // the buffer `attnlab peak` reads
   run.memory_budget =
       e.memory_budget_mib > 0 ? e.memory_budget_mib * (1 << 20) : static_cast<double>(memory_budget_bytes());
   for (const auto& [id, pf] : done) {
@@ -265,7 +266,7 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
   plan.all_threads = all_threads;
   for (const auto& g : grid) plan.ids.push_back(g.id());
 
-  Runner run{e, o, log, choose_out_dir(e.name, o), {}, {}, 0, {}, {}, nullptr};
+  Runner run{e, o, log, choose_out_dir(e.name, o), {}, {}, 0, {}, {}, nullptr, {}};
   const std::string& dir = run.dir;
   Resumed resumed = open_folder(e, o, dir, plan, log);
 

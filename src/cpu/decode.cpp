@@ -40,10 +40,11 @@
 // V is its own tensor.)
 // Precision: K and V (and Q) stored as f32, bf16 or f16 are widened exactly to float32 where
 // loaded; float32 compute. A 16-bit cache is half the bytes to stream. A quantized cache
-// (kv_quant.hpp: q8_0, q4_0, u8, u4, fp8) is read back chunk by chunk into a per-thread float32
-// buffer by its read rule (kv_read.hpp, inlined here so its loops vectorize for this target),
-// which the engine then reads as a float32 cache: the bytes streamed from memory are the
-// quantized rows; the float32 buffer stays in L2 (results/2026-12-02-kv_cache).
+// (kv_quant.hpp: q8_0, q4_0, u8, u4, fp8) goes through the same engine with its rows as the
+// element type (src/cpu/simd/kv_load.hpp): the scores and P.V read the quantized bytes and
+// widen kLanes values at a time in registers by the layout's read rule, so no float32 copy of
+// the cache is written or read (an earlier version read each chunk back into a float32 buffer
+// first: results/2026-12-02-kv_cache, -2).
 // Measured: results/2026-11-30-flash32 (% of the read bandwidth measured in the same run),
 // results/2026-11-30-precision (16-bit caches).
 #include <algorithm>
@@ -60,7 +61,6 @@
 
 #include "attnlab/isa.hpp"
 #include "attnlab/kernel.hpp"
-#include "attnlab/kv_read.hpp"
 #include "attnlab/online_softmax.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/simd/tiles.hpp"
@@ -78,8 +78,8 @@ constexpr int64_t kMaxQLen = 16;
 // L2: 1024-key chunks take ~4% less CPU time than 256-key ones (task overhead, prefetcher
 // restarts).
 int64_t decode_chunk_keys(const Problem& p) {
-  const int64_t row_bytes =
-      ((p.head_dim + 15) / 16 * 16 + (p.dim_v() + 15) / 16 * 16) * dtype_bytes(p.dtype);  // K + V, as stored
+  const int64_t row_bytes =  // K + V, as stored
+      p.kv_row_bytes((p.head_dim + 15) / 16 * 16) + p.kv_row_bytes((p.dim_v() + 15) / 16 * 16);
   int64_t keys = 128;
   while (keys < 2048 && 2 * keys * row_bytes <= planning_l2_bytes() / 2) keys *= 2;
   return keys;
@@ -96,8 +96,7 @@ struct Plan {
   simd::Tiling tiling;  // the tile engine's: Br = q_len, so one task holds every row
   int64_t rows, chunk_keys, chunks, dp, row_stride;
   size_t partial_bytes;
-  size_t dequant_bytes;  // a quantized cache: one chunk's K and V rows read back as float32
-  size_t thread_bytes;   // per thread: the engine's scratch, then dequant_bytes
+  size_t thread_bytes;  // per thread: the engine's scratch
   explicit Plan(const Problem& p) : tiling(simd::make_tiling(p, p.q_len)) {
     rows = p.group() * p.q_len;  // the engine's row order: (i, g) -> i * group + g
     chunk_keys = decode_chunk_keys(p);
@@ -108,10 +107,7 @@ struct Plan {
     // aligned (with 1-lane rows, row_stride can be odd).
     partial_bytes =
         (static_cast<size_t>(p.batch * p.kv_heads * chunks * rows * row_stride) * sizeof(float) + 63) / 64 * 64;
-    dequant_bytes = p.kv_quantized()
-                        ? (static_cast<size_t>(chunk_keys * (p.head_dim + p.dim_v())) * sizeof(float) + 63) / 64 * 64
-                        : 0;
-    thread_bytes = (tiling.bytes + 63) / 64 * 64 + dequant_bytes;
+    thread_bytes = (tiling.bytes + 63) / 64 * 64;
   }
   float* partial(float* base, int64_t b, int64_t hk, int64_t chunk, int64_t kv_heads) const {
     return base + ((b * kv_heads + hk) * chunks + chunk) * rows * row_stride;
@@ -160,12 +156,11 @@ class Decode final : public Kernel {
     attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, tasks, 1), [&](const tbb::blocked_range<int64_t>& range) {
       std::byte* mine = thread_scratch(ctx, plan.thread_bytes, "decode", plan.partial_bytes);
       const simd::Scratch s(mine, plan.tiling);
-      float* dequant = reinterpret_cast<float*>(mine + plan.thread_bytes - plan.dequant_bytes);
       for (int64_t t = range.begin(); t != range.end(); ++t) {
         const int64_t chunk = t % plan.chunks;
         const int64_t bh = t / plan.chunks;
         const int64_t b = bh / p.kv_heads, hk = bh % p.kv_heads;
-        run_chunk(p, in, plan, map, s, dequant, b, hk, chunk, plan.partial(partials, b, hk, chunk, p.kv_heads));
+        run_chunk(p, in, plan, map, s, b, hk, chunk, plan.partial(partials, b, hk, chunk, p.kv_heads));
       }
     });
 
@@ -179,37 +174,10 @@ class Decode final : public Kernel {
   }
 
  private:
-  // A quantized cache: the chunk's K and V rows of (b, hk) read back as float32 into `buf`
-  // (kv_quant.hpp's rule), and inputs whose K/V row (b, hk, j) for j in `keys` is buf's row
-  // j - keys.lo: the engine then runs as on a float32 cache.
-  static Inputs dequantized_chunk(const Problem& p, const Inputs& in, float* buf, int64_t b, int64_t hk,
-                                  const Interval& keys) {
-    const int64_t dk = p.head_dim, dv = p.dim_v();
-    float* kbuf = buf;
-    float* vbuf = buf + (keys.hi - keys.lo) * dk;
-    for (int64_t j = keys.lo; j < keys.hi; ++j) {
-      kv_read::row(in.kv, in.kq.row(b, hk, j), dk, kbuf + (j - keys.lo) * dk, in.kv_scale);
-      kv_read::row(in.kv, in.vq.row(b, hk, j), dv, vbuf + (j - keys.lo) * dv, in.kv_scale);
-    }
-    // Row j of kv head hk in batch b at buf + (j - lo) * dim: an origin lo rows before the
-    // buffer, no batch or head stride (only rows of this chunk are read).
-    const auto at = [&](const float* base, int64_t dim) {
-      const auto origin = reinterpret_cast<uintptr_t>(base) - static_cast<uintptr_t>(keys.lo * dim) * sizeof(float);
-      return ConstView{reinterpret_cast<const float*>(origin), p.batch, p.kv_heads, p.kv_len, dim, 0, 0, dim};
-    };
-    Inputs out;
-    out.q = in.q;
-    out.k = at(kbuf, dk);
-    out.v = at(vbuf, dv);
-    return out;
-  }
-
-  static void run_chunk(const Problem& p, const Inputs& in_stored, const Plan& plan, const BlockMap* map,
-                        const simd::Scratch& s, float* dequant, int64_t b, int64_t hk, int64_t chunk, float* partial) {
+  static void run_chunk(const Problem& p, const Inputs& in, const Plan& plan, const BlockMap* map,
+                        const simd::Scratch& s, int64_t b, int64_t hk, int64_t chunk, float* partial) {
     const simd::Tiling& t = plan.tiling;
     const Interval keys{chunk * plan.chunk_keys, std::min((chunk + 1) * plan.chunk_keys, p.mask_for_batch(b).kv_len)};
-    const Inputs in =
-        p.kv_quantized() && keys.hi > keys.lo ? dequantized_chunk(p, in_stored, dequant, b, hk, keys) : in_stored;
     const int64_t rows = simd::begin_rows(p, in, t, s, b, hk, 0, p.q_len);
     if (map) {
       simd::attend_blocks(p, in, t, s, *map, b, hk, 0, 0, rows, keys);

@@ -61,7 +61,9 @@
 // memory once per query tile: R / 2 FLOP per byte (60 at d = 128, G = 1).
 // Precision: Q, K, V stored as f32, bf16 or f16 are widened exactly to float32 where they
 // are loaded (Q in its packing, K in pack_k_transposed, V rows in the P.V loads), so 16-bit
-// storage changes what is read, not the arithmetic; float32 compute and accumulation.
+// storage changes what is read, not the arithmetic; float32 compute and accumulation. A
+// quantized cache (kv_quant.hpp) is read the same way, its rows widened in registers by the
+// layout's rule (src/cpu/simd/kv_load.hpp): chunked prefill over an 8/4-bit or fp8 cache.
 // Measured: results/2026-12-01-flash32-2 (AVX-512 Xeon: % of peak per shape over four runs, a
 // perf profile of each, the GEMM loops in isolation), results/2026-11-30-flash32 (the same on
 // an AVX2 Zen 3) and results/2026-11-29-attn_bench (AVX-512, Zen 4); sparse patterns:
@@ -138,6 +140,8 @@ void run_phases(const Problem& p, const Inputs& in, const Outputs& out, RunConte
             *view = strided_rows(*src, ph.b, ph.first_k, D, sub.kv_len);
             *view16 = strided_rows(*src16, ph.b, ph.first_k, D, sub.kv_len);
           }
+          sin.kq = strided_rows(in.kq, ph.b, ph.first_k, D, sub.kv_len);  // a quantized cache's rows
+          sin.vq = strided_rows(in.vq, ph.b, ph.first_k, D, sub.kv_len);
           Outputs sout = out;
           sout.o = strided_rows(out.o, ph.b, ph.first_q, D, sub.q_len);
           const LseRows lse{out.lse ? out.lse + ph.b * p.q_heads * p.q_len + ph.first_q : nullptr, p.q_len, D};
@@ -219,6 +223,7 @@ class Flash final : public Kernel {
   }
   bool runs_patterns() const override { return true; }
   bool runs_head_dim_v() const override { return true; }
+  bool runs_kv_quant() const override { return true; }  // chunked prefill over a quantized cache
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
     return simd::prefill_plan(p, simd::make_tiling(p));
   }

@@ -136,6 +136,7 @@ const TargetTable& target_table() {
           .tile_keys = simd::kTileKeys,
           .block_keys = simd::kBlockKeys,
           .pack_k_transposed = simd::pack_k_transposed,
+          .kv_row = simd::read_kv_row,
       },
   };
   return t;

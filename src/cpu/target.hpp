@@ -13,6 +13,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "attnlab/kv_quant.hpp"
+
 namespace attnlab {
 
 class Kernel;
@@ -41,6 +43,9 @@ struct TestProbes {
   int tile_keys;   // flash's keys per tile (kTileKeys)
   int block_keys;  // keys per register block (kBlockKeys): Kt is [dp][block_keys] per block
   void (*pack_k_transposed)(const float* k_rows, int64_t ldk, int nk, int64_t d, float* kt);
+  // A quantized cache row of d values read as the tile engine reads it (kv_load.hpp's load_at per
+  // whole vector, load_partial_at for the tail), into out[0..d).
+  void (*kv_row)(KvDType t, const std::byte* row, int64_t d, float* out);
 };
 
 struct TargetTable {

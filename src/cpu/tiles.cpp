@@ -5,14 +5,17 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "attnlab/isa.hpp"
 #include "attnlab/online_softmax.hpp"
 #include "cpu/simd/amx.hpp"
 #include "cpu/simd/bf16_dot.hpp"
+#include "cpu/simd/kv_load.hpp"
 #include "cpu/simd/microkernel.hpp"
 #include "cpu/simd/vec_math.hpp"
 
@@ -39,7 +42,8 @@ inline int64_t amx_rows(int64_t r) { return (r + kAmxRows - 1) / kAmxRows * kAmx
 
 inline size_t align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
-// One key tile as a task sees it; E is the storage type of V (float, bf16, f16).
+// One key tile as a task sees it; E is the storage type of K and V (float, bf16, f16, or a
+// quantized cache's Quant<T>: kv_load.hpp).
 template <class E>
 struct KeyTile {
   int64_t j0;   // first key
@@ -364,7 +368,7 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
   const bool stream = rows <= kStreamRows;
   const auto tile_of = [&](const TileRef& r) {
     if (r.k)
-      return KeyTile<E>{r.j0, r.nk, static_cast<const E*>(r.k), t.dim_pad, static_cast<const E*>(r.v), t.dim_v_pad};
+      return KeyTile<E>{r.j0, r.nk, static_cast<const E*>(r.k), t.gather_ldk, static_cast<const E*>(r.v), t.gather_ldv};
     return KeyTile<E>{r.j0, r.nk, in.k.row(b, hk, r.j0), in.k.stride_s, in.v.row(b, hk, r.j0), in.v.stride_s};
   };
   for (int64_t x = 0; x < n; ++x) {
@@ -434,6 +438,42 @@ void attend_tiles_as(const TypedInputs<E>& in, const Tiling& t, const Scratch& s
   attend_tiles<Words, false>(in, t, s, b, hk, rows, n, at);
 }
 
+// f(TypedInputs<E>) with E the stored K/V rows' type: in.dtype's (visit_inputs), or Quant<T>
+// for a quantized cache (its rows read in registers, kv_load.hpp; only K and V are set: Q,
+// float32, is packed by begin_rows).
+template <KvDType T>
+TypedInputs<Quant<T>> quant_inputs(const Inputs& in) {
+  return {{}, retype<Quant<T>>(in.kq), retype<Quant<T>>(in.vq)};
+}
+template <class F>
+void visit_kv(const Inputs& in, F&& f) {
+  if (in.kv == KvDType::Same) return visit_inputs(in, f);
+#if defined(ATTN_BF16_OBJECT)
+  constexpr bool kBf16Object = true;
+#else
+  constexpr bool kBf16Object = false;
+#endif
+  if constexpr (kBf16Object) {  // its kernels (flash_bf16, flash_amx) take bf16 inputs only: no Quant<T> engine here
+    throw std::logic_error("tile engine: the bf16-product kernels do not read a quantized cache");
+  } else {
+    if (in.kv_scale != 1.0f) {
+      throw std::invalid_argument(
+          "kv_scale: the SIMD kernels read an fp8 cache whose per-tensor scale is 1 (the lab "
+          "writes 1); got " +
+          std::to_string(in.kv_scale) + " - naive reads any scale");
+    }
+    switch (in.kv) {
+      case KvDType::Q8_0: return f(quant_inputs<KvDType::Q8_0>(in));
+      case KvDType::Q4_0: return f(quant_inputs<KvDType::Q4_0>(in));
+      case KvDType::U8: return f(quant_inputs<KvDType::U8>(in));
+      case KvDType::U4: return f(quant_inputs<KvDType::U4>(in));
+      case KvDType::Fp8E4M3: return f(quant_inputs<KvDType::Fp8E4M3>(in));
+      case KvDType::Fp8E5M2: return f(quant_inputs<KvDType::Fp8E5M2>(in));
+      case KvDType::Same: break;
+    }
+  }
+}
+
 }  // namespace
 
 Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx) {
@@ -488,7 +528,13 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx) {
   t.amx = amx;
   if (amx) t.qa_off = take(sizeof(uint32_t) * state_rows * padded_words(t.dim));
   if (t.direct) t.qr_off = take(sizeof(float) * (t.rows + 1) * t.dim_pad);
-  if (gathered_columns(p) > 0) t.gather_off = take(sizeof(float) * kTileKeys * (t.dim_pad + t.dim_v_pad));
+  if (gathered_columns(p) > 0) {  // rows of the stored type: dim_pad values, or a quantized row's bytes
+    const int64_t elem = p.kv_quantized() ? 1 : dtype_bytes(p.dtype);
+    t.gather_ldk = p.kv_quantized() ? p.kv_row_bytes(t.dim) : t.dim_pad;
+    t.gather_ldv = p.kv_quantized() ? p.kv_row_bytes(t.dim_v) : t.dim_v_pad;
+    t.gather_v_off = align64(static_cast<size_t>(kTileKeys * t.gather_ldk * elem));
+    t.gather_off = take(t.gather_v_off + static_cast<size_t>(kTileKeys * t.gather_ldv * elem));
+  }
   t.bytes = off;
   return t;
 }
@@ -549,7 +595,7 @@ void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scra
     const int64_t j0 = span.lo + x * kTileKeys;
     return TileRef{j0, static_cast<int>(std::min<int64_t>(kTileKeys, span.hi - j0)), nullptr};
   };
-  visit_inputs(in, [&](const auto& typed) { attend_tiles_as<false>(typed, t, s, b, hk, rows, n, at); });
+  visit_kv(in, [&](const auto& typed) { attend_tiles_as<false>(typed, t, s, b, hk, rows, n, at); });
 }
 
 void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, const BlockMap& map,
@@ -570,8 +616,8 @@ void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Sc
   const int64_t gw = map.gathered.empty() ? -1 : map.gathered_words[v * map.tiles() + qt];
   const int64_t ng = gw >= 0 && keys.lo == 0 ? 1 : 0;
   const auto ngk = static_cast<int64_t>(map.gathered.size());
-  float* const gk = s.gather;
-  float* const gv = s.gather ? s.gather + kTileKeys * t.dim_pad : nullptr;
+  std::byte* const gk = reinterpret_cast<std::byte*>(s.gather);
+  std::byte* const gv = s.gather ? gk + t.gather_v_off : nullptr;
   const auto at = [&](int64_t x) {
     if (x == n) return TileRef{0, static_cast<int>(ngk), map.bits.data() + gw, gk, gv};
     const int64_t j0 = e[x].key_tile * kTileKeys;
@@ -584,17 +630,20 @@ void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Sc
     }
     return TileRef{j0, nk, words};
   };
-  visit_inputs(in, [&](const auto& typed) {
-    if (ng) {  // the gathered K and V rows, zero padded to dim_pad / dim_v_pad, in the inputs' storage type
+  visit_kv(in, [&](const auto& typed) {
+    if (ng) {  // the gathered K and V rows as stored, gather_ldk / gather_ldv elements apart (padding zero)
       using E = std::remove_const_t<std::remove_pointer_t<decltype(typed.k.data)>>;
       E* const k = reinterpret_cast<E*>(gk);
       E* const vv = reinterpret_cast<E*>(gv);
+      const int64_t kb = row_bytes<E>(t.dim), vb = row_bytes<E>(t.dim_v);
       for (int64_t x = 0; x < ngk; ++x) {
         const int64_t j = std::min(map.gathered[x], lk - 1);  // a key past lk: no row sees it
-        std::copy_n(typed.k.row(b, hk, j), t.dim, k + x * t.dim_pad);
-        std::copy_n(typed.v.row(b, hk, j), t.dim_v, vv + x * t.dim_v_pad);
-        std::fill(k + x * t.dim_pad + t.dim, k + (x + 1) * t.dim_pad, E{});
-        std::fill(vv + x * t.dim_v_pad + t.dim_v, vv + (x + 1) * t.dim_v_pad, E{});
+        auto* kr = reinterpret_cast<std::byte*>(k + x * t.gather_ldk);
+        auto* vr = reinterpret_cast<std::byte*>(vv + x * t.gather_ldv);
+        std::memcpy(kr, typed.k.row(b, hk, j), static_cast<size_t>(kb));
+        std::memcpy(vr, typed.v.row(b, hk, j), static_cast<size_t>(vb));
+        std::fill(kr + kb, kr + t.gather_ldk * int64_t{sizeof(E)}, std::byte{0});
+        std::fill(vr + vb, vr + t.gather_ldv * int64_t{sizeof(E)}, std::byte{0});
       }
     }
     attend_tiles_as<true>(typed, t, s, b, hk, rows, n + ng, at);

@@ -167,7 +167,7 @@ def test_every_setting_axis_is_a_keyword():
 
 
 def test_quantized_cache_keyword():
-    """kv_dtype writes float K and V into a quantized cache: decode and naive read it alike and
+    """kv_dtype writes float K and V into a quantized cache: decode, flash and naive read it alike and
     pass the reference on it; the O moves by the quantization."""
     q, k, v = inputs(b=1, hq=8, hkv=2, lq=1, lk=300, d=64)
     f = attnlab.attention(q, k, v, kernel="decode")
@@ -176,7 +176,10 @@ def test_quantized_cache_keyword():
         n = attnlab.attention(q, k, v, kernel="naive", kv_dtype=t)
         assert np.abs(d - n).max() < 1e-5, t
         assert np.abs(d - f).max() > 1e-6, t
-        assert all(r["verdict"] == "PASS" for r in attnlab.verify(q, k, v, kernels=["naive", "decode"], kv_dtype=t))
+        fl = attnlab.attention(q, k, v, kernel="flash", kv_dtype=t)
+        assert np.abs(fl - n).max() < 1e-5, t
+        assert all(r["verdict"] == "PASS"
+                   for r in attnlab.verify(q, k, v, kernels=["naive", "flash", "decode"], kv_dtype=t))
     with pytest.raises(ValueError, match="head_dim: 40 is not a multiple of 32"):
         attnlab.attention(*inputs(), kernel="decode", kv_dtype="q8_0")
     with pytest.raises(ValueError, match="'kv_dtype': bad value"):

@@ -5,9 +5,10 @@
 //   pv_panel:     O[MR x NV*kLanes] (+)= P[MR x keys] * V[keys x NV*kLanes] (GEMM 2)
 //   pack_k_transposed: K tile (kTileKeys rows of d values, any row stride) -> Kt, [d][kBlockKeys]
 //                      per register block of keys (kt_offset)
-// K and V may be stored as float32, bf16 or f16 (E): they are widened exactly to float32
-// where they are loaded (K in the packing, V rows in GEMM 2), so the arithmetic is the
-// float32 path's on the rounded values, and a 16-bit K/V tile is half the bytes to read.
+// K and V may be stored as float32, bf16, f16 or a quantized cache's rows (E; kv_load.hpp): they
+// are widened to float32 where they are loaded (K in the packing or the direct scores, V rows in
+// GEMM 2: load_at), so the arithmetic is the float32 path's on the stored values, and a 16-bit
+// or quantized K/V tile is that many fewer bytes to read.
 //
 // Register budget (AVX-512: 32 zmm, FMA latency 4 cycles, one zmm FMA per cycle on this
 // Zen 4 - two 256-bit pipes - so >= 4 independent accumulators hide the latency):
@@ -34,6 +35,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/simd/kv_load.hpp"
 #include "cpu/simd/vec_math.hpp"
 
 namespace attnlab::ATTN_TARGET_NS::simd {
@@ -128,7 +130,7 @@ inline void pack_k_transposed(const E* k_rows, int64_t ldk, int nk, int64_t d, f
       const int n = static_cast<int>(d - k0 < kLanes ? d - k0 : kLanes);
       Reg r[kLanes];
       for (int j = 0; j < kLanes; ++j) {
-        r[j] = j0 + j < nk ? Reg(load_partial(k_rows + (j0 + j) * ldk + k0, n)) : Reg(Batch(0.f));
+        r[j] = j0 + j < nk ? Reg(load_partial_at(k_rows + (j0 + j) * ldk, k0, n)) : Reg(Batch(0.f));
       }
       transpose_block(r);
       for (int c = 0; c < kLanes; ++c) Batch(r[c]).store_aligned(kt + kt_offset(dp, k0 + c, j0));
@@ -136,18 +138,19 @@ inline void pack_k_transposed(const E* k_rows, int64_t ldk, int nk, int64_t d, f
   }
 #else
   for (int64_t k = 0; k < dp; ++k) {
-    for (int j = 0; j < nb; ++j) kt[kt_offset(dp, k, j)] = (j < nk && k < d) ? to_float(k_rows[j * ldk + k]) : 0.f;
+    for (int j = 0; j < nb; ++j) kt[kt_offset(dp, k, j)] = (j < nk && k < d) ? value_at(k_rows + j * ldk, k) : 0.f;
   }
 #endif
 }
 
-// Software prefetch (into L2) of rows [r0, r1) of d elements each, ld elements apart: used
+// Software prefetch (into L2) of rows [r0, r1) of d values each, ld elements apart: used
 // to bring the next K/V tile in while the current one is computed.
 template <class E>
 inline void prefetch_rows(const E* base, int64_t ld, int64_t r0, int64_t r1, int64_t d) {
+  const int64_t bytes = row_bytes<E>(d);
   for (int64_t r = r0; r < r1; ++r) {
     const char* row = reinterpret_cast<const char*>(base + r * ld);
-    const char* end = reinterpret_cast<const char*>(base + r * ld + d);
+    const char* end = row + bytes;
     for (const char* a = row; a < end; a += 64) __builtin_prefetch(a, 0, 2);
     __builtin_prefetch(end - 1, 0, 2);  // the last line when the row is not line-aligned
   }
@@ -159,14 +162,14 @@ inline void prefetch_rows(const E* base, int64_t ld, int64_t r0, int64_t r1, int
 // task, which nothing prefetched.
 template <class E>
 inline void touch_rows(const E* base, int64_t ld, int n, int64_t d) {
-  constexpr int64_t kLine = 64 / sizeof(E);
-  Batch acc(0.f);
+  const int64_t bytes = row_bytes<E>(d);
+  unsigned acc = 0;
   for (int j = 0; j < n; ++j) {
-    const E* row = base + j * ld;
-    for (int64_t c = 0; c < d; c += kLine) acc = simd::max(acc, Batch(to_float(row[c])));
-    acc = simd::max(acc, Batch(to_float(row[d - 1])));  // the last line of an unaligned row
+    const auto* row = reinterpret_cast<const volatile unsigned char*>(base + j * ld);
+    for (int64_t c = 0; c < bytes; c += 64) acc |= row[c];
+    acc |= row[bytes - 1];  // the last line of an unaligned row
   }
-  volatile float sink = reduce_max(acc);
+  volatile unsigned sink = acc;
   (void)sink;
 }
 
@@ -178,29 +181,45 @@ struct NoStep {
   void operator()() const {}
 };
 struct LineStream {
+  // The current run of lines (next, up to end), then the remaining runs: a run is one row,
+  // or all n rows when they are contiguous (BHSD: one region per tensor), so a step is a compare,
+  // a prefetch and an add (the loop keeps `next` in a register; its slow path is inline too: a
+  // call in the loop would spill the accumulators).
+  const char* next = nullptr;
+  const char* end = nullptr;
   const char* base[2];
-  int64_t ld_bytes[2];
-  int rows[2];
-  int lines_per_row[2];
-  int which = 0, r = 0, c = 0;
-  // K rows of d elements (lda apart) and V rows of dv elements (ldb apart), n of each.
+  int64_t ld_bytes[2], run_bytes[2];
+  int runs[2];
+  int which = 0, run = 0;
+  // K rows of d values (lda elements apart) and V rows of dv values (ldb apart), n of each.
   template <class E>
   LineStream(const E* a, int64_t lda, int64_t d, const E* b, int64_t ldb, int64_t dv, int n)
       : base{reinterpret_cast<const char*>(a), reinterpret_cast<const char*>(b)},
-        ld_bytes{lda * int64_t{sizeof(E)}, ldb * int64_t{sizeof(E)}},
-        rows{n, n},
-        lines_per_row{lines(d, sizeof(E)), lines(dv, sizeof(E))} {
-    if (n <= 0) which = 2;
+        ld_bytes{lda * int64_t{sizeof(E)}, ldb * int64_t{sizeof(E)}} {
+    const int64_t bytes[2] = {row_bytes<E>(d), row_bytes<E>(dv)};
+    for (int x = 0; x < 2; ++x) {
+      const bool contiguous = ld_bytes[x] == bytes[x];
+      runs[x] = contiguous ? 1 : n;
+      run_bytes[x] = contiguous ? n * bytes[x] : bytes[x];
+    }
+    if (n <= 0) {
+      which = 2;
+    } else {
+      begin_run();
+    }
   }
-  static int lines(int64_t d, size_t bytes) {
-    return static_cast<int>((d * static_cast<int64_t>(bytes) + 63) / 64 + 1);  // + a straddled line
+  __attribute__((always_inline)) void begin_run() {
+    const char* start = base[which] + run * ld_bytes[which];
+    next = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(start) & ~uintptr_t{63});  // its first line
+    end = start + run_bytes[which];
   }
-  void operator()() {
-    if (which == 2) return;
-    __builtin_prefetch(base[which] + r * ld_bytes[which] + c * 64, 0, 3);
-    if (++c == lines_per_row[which]) {
-      c = 0;
-      if (++r == rows[which]) r = 0, ++which;
+  __attribute__((always_inline)) void operator()() {
+    if (next < end) {
+      __builtin_prefetch(next, 0, 3);
+      next += 64;
+    } else if (which < 2) {
+      if (++run == runs[which]) run = 0, ++which;
+      if (which < 2) begin_run();
     }
   }
 };
@@ -284,7 +303,7 @@ inline void score_rows(const float* qr, int64_t ldq, const float* zero, const E*
       for (Batch& x : acc) x = Batch(0.f);
       auto step_block = [&](int64_t c, bool partial) {
         Batch kv[kDotKeys];
-        for (int i = 0; i < kDotKeys; ++i) kv[i] = partial ? load_partial(kr[i] + c, tail) : load_unaligned(kr[i] + c);
+        for (int i = 0; i < kDotKeys; ++i) kv[i] = partial ? load_partial_at(kr[i], c, tail) : load_at(kr[i], c);
         for (int r = 0; r < kDotRows; ++r) {
           const Batch qv = Batch::load_aligned(q[r] + c);
           for (int i = 0; i < kDotKeys; ++i) acc[r * kDotKeys + i] = simd::fma(qv, kv[i], acc[r * kDotKeys + i]);
@@ -306,13 +325,13 @@ inline void score_rows(const float* qr, int64_t ldq, const float* zero, const E*
 
 // GEMM 2 for one register panel and one column block of NV vectors:
 //   o[m] = o[m] * alpha[m] (when alpha is given) + sum_{j in [ja, jb)} p[m * ldp + j] * v[j * ldv]
-// o rows (ldo apart) are 64-byte aligned accumulators of NV full vectors. v points at
-// column 0 of the block in key row 0 of the tile. With Tail, the block's last vector holds
+// o rows (ldo apart) are 64-byte aligned accumulators of NV full vectors. v points at key
+// row 0 of the tile, the block starts at its column col. With Tail, the block's last vector holds
 // only tail_lanes columns of V: it is loaded with a masked load (never reads past the row)
 // and its other lanes stay 0.
 template <int MR, int NV, bool Tail, class Step, class E>
-inline void pv_panel(const float* p, int64_t ldp, const E* v, int64_t ldv, float* o, int64_t ldo, const float* alpha,
-                     int ja, int jb, int tail_lanes, Step& step) {
+inline void pv_panel(const float* p, int64_t ldp, const E* v, int64_t col, int64_t ldv, float* o, int64_t ldo,
+                     const float* alpha, int ja, int jb, int tail_lanes, Step& step) {
   Batch acc[MR][NV];
   for (int m = 0; m < MR; ++m) {
     for (int c = 0; c < NV; ++c) acc[m][c] = Batch::load_aligned(o + m * ldo + c * kLanes);
@@ -326,7 +345,7 @@ inline void pv_panel(const float* p, int64_t ldp, const E* v, int64_t ldv, float
     const E* vr = v + j * ldv;
     Batch vv[NV];
     for (int c = 0; c < NV; ++c) {
-      vv[c] = (Tail && c == NV - 1) ? load_partial(vr + c * kLanes, tail_lanes) : load_unaligned(vr + c * kLanes);
+      vv[c] = (Tail && c == NV - 1) ? load_partial_at(vr, col + c * kLanes, tail_lanes) : load_at(vr, col + c * kLanes);
     }
     for (int m = 0; m < MR; ++m) {
       const Batch pb(p[m * ldp + j]);
@@ -347,15 +366,15 @@ inline void pv_rows(const float* p, int64_t ldp, const E* v, int64_t ldv, float*
   for (int64_t c0 = 0; c0 < nvec; c0 += kOutVecs) {
     const int nv = static_cast<int>(nvec - c0 < kOutVecs ? nvec - c0 : kOutVecs);
     const bool partial = c0 + nv == nvec && tail < kLanes;
-    const E* vc = v + c0 * kLanes;
+    const int64_t col = c0 * kLanes;
     float* oc = o + c0 * kLanes;
     static_assert(kOutVecs <= 4, "dispatch below covers NV = 1..4");
-#define ATTN_PV_CASE(NV)                                                              \
-  case NV:                                                                            \
-    if (partial)                                                                      \
-      pv_panel<MR, NV, true>(p, ldp, vc, ldv, oc, ldo, alpha, ja, jb, tail, step);    \
-    else                                                                              \
-      pv_panel<MR, NV, false>(p, ldp, vc, ldv, oc, ldo, alpha, ja, jb, kLanes, step); \
+#define ATTN_PV_CASE(NV)                                                                  \
+  case NV:                                                                                \
+    if (partial)                                                                          \
+      pv_panel<MR, NV, true>(p, ldp, v, col, ldv, oc, ldo, alpha, ja, jb, tail, step);    \
+    else                                                                                  \
+      pv_panel<MR, NV, false>(p, ldp, v, col, ldv, oc, ldo, alpha, ja, jb, kLanes, step); \
     break;
     switch (nv) {
       ATTN_PV_CASE(1)

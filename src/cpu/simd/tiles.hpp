@@ -37,7 +37,9 @@ struct Tiling {
   size_t q_off = 0, o_off = 0, kt_off = 0, p_off = 0, m_off = 0, l_off = 0, iv_off = 0;
   bool direct = false;  // rows few enough for unpacked scores (decode): q rows at qr_off
   size_t qr_off = 0;
-  size_t gather_off = 0;  // 0: no gathered key tile (pattern.hpp: gathered_columns)
+  size_t gather_off = 0;                   // 0: no gathered key tile (pattern.hpp: gathered_columns)
+  size_t gather_v_off = 0;                 // its V rows, bytes after its K rows
+  int64_t gather_ldk = 0, gather_ldv = 0;  // their row strides, in elements of the stored type
   // bf16 dot products (flash_bf16, src/cpu/simd/bf16_dot.hpp): Q, K^T, V and P as bf16 pairs,
   // Q unscaled and the scores scaled by score_scale; V pairs at vp_off, P pairs at pw_off.
   bool bf16_dot = false;
@@ -68,8 +70,7 @@ struct Scratch {
   Interval* iv;   // R visible intervals, one per row (the G rows of a query row share it)
   float* qr;      // (R + 1) x dim_pad: Q rows times scale*log2e, zero padded, then a zero
                   // row (Tiling::direct only, else nullptr)
-  float* gather;  // 64 x dim_pad, then 64 x dim_v_pad: the gathered K rows, then V rows (as the
-                  // inputs' storage type), or nullptr
+  float* gather;  // 64 K rows, then 64 V rows (Tiling::gather_*), gathered as stored, or nullptr
   uint32_t* vp;   // bf16_dot: 32 x dim_v_pad words, the V tile by key pairs (else nullptr)
   uint32_t* pw;   // bf16_dot: kPanelRows (amx: 16) x 32 words, the panel's P rounded to bf16 pairs
   uint32_t* qa;   // amx: R rounded up to 16 rows of padded_words(d) words, Q rows as bf16 pairs
