@@ -147,7 +147,7 @@ class ReadProbe {
   ReadProbe& operator=(const ReadProbe&) = delete;
   double measure(int threads);  // bytes/s, one pass over the buffer (default target)
   void set_bytes(size_t bytes) { bytes_ = buffer_ ? bytes_ : bytes; }  // before the first measure
-  size_t buffer_bytes() const { return bytes_; }                        // at most this is allocated
+  size_t buffer_bytes() const { return bytes_; }                       // at most this is allocated
 
  private:
   size_t bytes_;

@@ -57,8 +57,9 @@ struct Runner {
 
   PointFile time_point(const BenchPoint& pt, const PointRecord& base, const RegisterHooks& hooks);
 
-  // Whether a point measures the read bandwidth beside itself (ReadProbe): its FLOP per byte is
-  // under the ridge of the CPU peaks measured in this run (FMA peak / read bandwidth).
+  // Whether a point measures the read bandwidth beside itself (ReadProbe): a decode, or a point
+  // whose FLOP per byte is under the ridge of the CPU peaks measured in this run (FMA peak /
+  // read bandwidth).
   static bool memory_bound(const PointRecord& r);
 };
 
