@@ -148,7 +148,14 @@ Json settle_peaks(Runner& run, const std::vector<const GridPoint*>& todo, int al
   }
   from_file = false;
   if (!have_peaks && !o.peak_json.empty()) {
-    run.peaks = Peaks::from_json(Json::parse(read_text_file(o.peak_json)));
+    Json doc;
+    try {
+      doc = Json::parse(read_text_file(o.peak_json));
+    } catch (const Json::parse_error& e) {
+      throw InvalidInput("--peak-json: " + o.peak_json +
+                         " is not JSON (write one with attnlab peak --json FILE): " + e.what());
+    }
+    run.peaks = Peaks::from_json(doc);
     have_peaks = from_file = covers(run.peaks);
     if (!have_peaks) run.log << "note: " << o.peak_json << " lacks some thread counts or targets; measuring\n";
   }
