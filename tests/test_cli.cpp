@@ -400,7 +400,8 @@ TEST_F(Cli, BadInputGetsClearErrorsAndWritesNothing) {
   EXPECT_NE(r.out.find("head_dim 4 differs from Q's head_dim 8"), std::string::npos) << r.out;
   // A peak file that is not JSON names the flag (it was nlohmann's bare parse error).
   std::ofstream(path("peak.txt")) << "";
-  r = attnlab("sweep --experiment quick --out " + path("sweep") + " --peak-json " + path("peak.txt"));
+  r = attnlab("sweep --experiment " + std::string(ATTNLAB_SOURCE_DIR) + "/experiments/quick.json --out " +
+              path("sweep") + " --peak-json " + path("peak.txt"));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("--peak-json: " + path("peak.txt") + " is not JSON"), std::string::npos) << r.out;
   // V may differ from K in its last dimension only (head_dim_v), and --head-dim-v is range-checked.

@@ -59,6 +59,23 @@ TEST(Generation, SixteenBitCacheAndHeadDimV) {
   EXPECT_DOUBLE_EQ(c.kv_bytes_per_token(), 2.0 * (40 + 24));
 }
 
+// A quantized cache: each token's K/V rows are written by the layout's rule as they are appended,
+// decode reads them (every step verified against float64 on the cache), flash prefills the prompt
+// over them, and the bytes per token are the layout's.
+TEST(Generation, QuantizedCacheAppendsRowsAsTheLayoutWritesThem) {
+  for (KvDType t : {KvDType::Q8_0, KvDType::Q4_0, KvDType::U8, KvDType::Fp8E5M2}) {
+    bench::GenerationConfig c = small();
+    c.head.head_dim = 64;
+    c.head.kv_dtype = t;
+    c.steps = 4, c.verify_steps = 4;
+    const bench::GenerationResult r = bench::run_generation(c);
+    SCOPED_TRACE(to_string(t));
+    expect_every_step_verified(r);
+    EXPECT_EQ(r.prefill_verdict, "PASS") << r.prefill_note;
+    EXPECT_DOUBLE_EQ(c.kv_bytes_per_token(), 2.0 * c.head.kv_heads * static_cast<double>(kv_row_bytes(t, 64)));
+  }
+}
+
 TEST(Generation, LongPromptsAreNotPrefilledAndSaySo) {
   bench::GenerationConfig c = small();
   c.prefill_max_tokens = 100;

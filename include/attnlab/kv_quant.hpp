@@ -1,8 +1,9 @@
 // Quantized KV caches: the byte layouts CPU inference runtimes store K and V in, and the one
 // rule per layout for writing (quantize_row, kv_quant.cpp) and reading (kv_read.hpp, inline) a
 // cache row. Every kernel that reads a quantized cache, the float64 reference and the textbook
-// baseline read it by that one rule (decode inlines it per target, where its loops vectorize),
-// so agreement is judged on the dequantized K/V with the float32 tolerance.
+// baseline read it by that one rule (flash and decode in registers per target,
+// src/cpu/simd/kv_load.hpp, the same values), so agreement is judged on the dequantized K/V with
+// the float32 tolerance.
 //
 // A cache row is one (batch, kv head, token) row of head_dim values:
 //   q8_0      ggml's block_q8_0: per 32 values an f16 scale d and 32 int8 q; x = d * q.

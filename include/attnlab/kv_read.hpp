@@ -1,6 +1,9 @@
 // The read rule of each quantized KV-cache layout (kv_quant.hpp), inline: the one definition that
-// dequantize_row (attn_core) and the per-target kernels (decode, compiled once per instruction
-// set with its flags, so these plain loops vectorize there) both call. Same values everywhere.
+// dequantize_row (attn_core: the reference, the baseline, naive) calls, row() per row and value()
+// per value. The tile engine (flash, decode) reads the same values in registers, kLanes at a time
+// (src/cpu/simd/kv_load.hpp: value() for its tails and on the scalar and NEON targets, vector
+// code on AVX2/AVX-512 checked bit for bit against row() by
+// SimdMath.QuantizedCacheRowsReadInRegistersAsTheRule). Same values everywhere.
 #pragma once
 
 #include <cstddef>

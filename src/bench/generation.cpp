@@ -35,8 +35,8 @@ struct Cache {
       : c(cfg),
         rows(cfg.cache_rows()),
         q_rows(std::max<int64_t>(1, std::min(cfg.prompt, cfg.prefill_max_tokens))),
-        k_bytes(static_cast<size_t>(c.head.kv_heads * rows * c.head.head_dim * dtype_bytes(c.head.dtype))),
-        v_bytes(static_cast<size_t>(c.head.kv_heads * rows * c.head.dim_v() * dtype_bytes(c.head.dtype))),
+        k_bytes(static_cast<size_t>(c.head.kv_heads * rows * c.head.kv_row_bytes(c.head.head_dim))),
+        v_bytes(static_cast<size_t>(c.head.kv_heads * rows * c.head.kv_row_bytes(c.head.dim_v()))),
         q_bytes(static_cast<size_t>(c.head.q_heads * q_rows * c.head.head_dim * dtype_bytes(c.head.dtype))) {}
   size_t bytes() const { return k_bytes + v_bytes + q_bytes; }
   void allocate() { k = alloc_bytes(k_bytes), v = alloc_bytes(v_bytes), q = alloc_bytes(q_bytes); }
@@ -48,8 +48,15 @@ struct Cache {
       for (int64_t i = 0; i < n; ++i) dst[i] = from_float<E>(x[i]);
     });
   }
-  // Row j of kv head h.
+  // Row j of kv head h: converted to the storage dtype, or written into a quantized cache by its
+  // layout's rule (kv_quant.hpp), as a runtime appends a token.
   void put_kv(int64_t h, int64_t j, const float* kx, const float* vx) {
+    if (c.head.kv_quantized()) {
+      const int64_t kb = c.head.kv_row_bytes(c.head.head_dim), vb = c.head.kv_row_bytes(c.head.dim_v());
+      quantize_row(c.head.kv_dtype, kx, c.head.head_dim, k.get() + (h * rows + j) * kb);
+      quantize_row(c.head.kv_dtype, vx, c.head.dim_v(), v.get() + (h * rows + j) * vb);
+      return;
+    }
     put(k.get(), (h * rows + j) * c.head.head_dim, kx, c.head.head_dim);
     put(v.get(), (h * rows + j) * c.head.dim_v(), vx, c.head.dim_v());
   }
@@ -61,9 +68,22 @@ struct Cache {
     const auto view = [](const std::byte* base, int64_t heads, int64_t seq, int64_t dim, int64_t stride_rows) {
       return View4<const void>{base, 1, heads, seq, dim, heads * stride_rows * dim, stride_rows * dim, dim};
     };
-    return inputs_over(c.head.dtype, view(q.get(), c.head.q_heads, q_len, c.head.head_dim, q_len),
-                       view(k.get(), c.head.kv_heads, len, c.head.head_dim, rows),
-                       view(v.get(), c.head.kv_heads, len, c.head.dim_v(), rows));
+    if (!c.head.kv_quantized()) {
+      return inputs_over(c.head.dtype, view(q.get(), c.head.q_heads, q_len, c.head.head_dim, q_len),
+                         view(k.get(), c.head.kv_heads, len, c.head.head_dim, rows),
+                         view(v.get(), c.head.kv_heads, len, c.head.dim_v(), rows));
+    }
+    // A quantized cache: Q float32, K and V rows of bytes (View4::dim = a row's bytes).
+    const View4<const void> none{nullptr, 1, c.head.kv_heads, len, 1, 0, 0, 0};
+    Inputs in = inputs_over(DType::F32, view(q.get(), c.head.q_heads, q_len, c.head.head_dim, q_len), none, none);
+    const auto rows_of = [&](const std::byte* base, int64_t dim) {
+      const int64_t rb = c.head.kv_row_bytes(dim);
+      return View4<const std::byte>{base, 1, c.head.kv_heads, len, rb, c.head.kv_heads * rows * rb, rows * rb, rb};
+    };
+    in.kv = c.head.kv_dtype;
+    in.kq = rows_of(k.get(), c.head.head_dim);
+    in.vq = rows_of(v.get(), c.head.dim_v());
+    return in;
   }
 };
 
@@ -121,11 +141,6 @@ void GenerationConfig::validate() const {
   if (head.layout != Layout::BHSD) {
     throw InvalidInput("layout: " + std::string(to_string(head.layout)) +
                        "; allowed: bhsd (the generation loop's cache is one (kv head, row) array per head)");
-  }
-  if (head.kv_quantized()) {
-    throw InvalidInput(std::string("kv_dtype: ") + to_string(head.kv_dtype) +
-                       "; allowed: dtype (the generation loop appends float or 16-bit rows; a quantized cache "
-                       "is measured by attnlab sweep and verify for now)");
   }
   step_problem(1, cache_rows()).validate();  // heads, head dims and sizes
 }
