@@ -337,6 +337,28 @@ TEST(KvCache, SpecialValuesFollowTheReference) {
   }
 }
 
+// An fp8 cache whose per-tensor scale is not 1 (the lab writes 1): the tile engine's kernels refuse it
+// naming kv_scale; naive reads it.
+TEST(KvCache, TileEngineRefusesAnFp8ScaleOtherThanOne) {
+  const Problem p = kvcache::cache_shape(1, 4, 2, 1, 100, 32, KvDType::Fp8E4M3);
+  Tensors t = random_tensors(p, 4);
+  t.inputs.kv_scale = 2.0f;
+  Tensors out = allocate_outputs(p);
+  for (const char* name : {"flash", "decode"}) {
+    for (const Kernel* k : kvcache::runnable(name)) {
+      Session s(*k, p, 1);
+      try {
+        s.run(t.inputs, out.outputs);
+        ADD_FAILURE() << k->name() << "[" << k->isa() << "] read a scale-2 cache";
+      } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("kv_scale: "), std::string::npos) << e.what();
+      }
+    }
+  }
+  Session naive(kernel_or_throw("naive"), p, 1);
+  EXPECT_NO_THROW(naive.run(t.inputs, out.outputs));
+}
+
 // Planted reader bugs: the agreement must catch each. A test kernel hands decode a copy of the
 // cache with one defect a reader could have.
 class PlantedCacheBug final : public Kernel {
