@@ -2,6 +2,7 @@
 // malformed file gets an error naming the key, the bad value and the allowed values.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 
 #include <filesystem>
@@ -151,6 +152,30 @@ TEST(Experiment, DtypeAxis) {
             std::string::npos);
 }
 
+// A paged cache's block size is an axis; a mixed-length batch is a per-grid list (kv_lens).
+TEST(Experiment, KvBlockAxisAndMixedLengthBatches) {
+  auto e = parse(R"({"description": "d", "implementations": ["flash"], "q_len": 1, "kv_len": 4096, "batch": 3,
+                     "kv_block": [0, 16, 256], "kv_lens": [100, 4096, 0]})");
+  const auto g = expand(e, 1);
+  ASSERT_EQ(g.size(), 3u);
+  std::map<int64_t, const GridPoint*> by_block;
+  for (const auto& pt : g) by_block[pt.problem.kv_block] = &pt;
+  ASSERT_EQ(by_block.size(), 3u);
+  EXPECT_EQ(by_block[0]->id(), "flash-b3-hq8-hkv8-sq1-sk4096-d128-none-lens100.4096.0-t1");
+  EXPECT_EQ(by_block[16]->id(), "flash-b3-hq8-hkv8-sq1-sk4096-d128-none-kb16-lens100.4096.0-t1");
+  EXPECT_EQ(by_block[256]->problem.kv_lens, (std::vector<int64_t>{100, 4096, 0}));
+  EXPECT_EQ(by_block[256]->problem.kv_pool_blocks(), 1 + 16);
+  EXPECT_NE(error_of(R"({"description": "d", "q_len": 1, "kv_len": 64, "kv_block": 48})")
+                .find("kv_block: 48 is not "
+                      "allowed"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"description": "d", "q_len": 1, "kv_len": 64, "batch": 2, "kv_lens": [64]})")
+                .find("kv_lens: 1 entries given; allowed: exactly batch (2)"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"description": "d", "q_len": 1, "kv_len": 64, "kv_lens": [-1]})").find("key 'kv_lens'"),
+            std::string::npos);
+}
+
 TEST(Experiment, SparsePatternKeysResolvePerPoint) {
   const auto e = parse(R"({"description": "d", "implementations": ["flash"], "q_len": [1000, 4096],
                            "grids": [{"causal": true, "window": [512, 0], "sinks": 4},
@@ -290,7 +315,7 @@ TEST(Experiment, IsaAxisRunsEachPerTargetKernelOncePerTarget) {
                               "isa": ["scalar", "avx2"]})")
                 .find("x 2 values of implementations x batch x q_heads x kv_heads x q_len x kv_len x head_dim x "
                       "head_dim_v x causal "
-                      "x window x layout x dtype x kv_dtype x threads x isa"),
+                      "x window x layout x dtype x kv_dtype x kv_block x kv_shared x threads x isa"),
             std::string::npos);
 }
 

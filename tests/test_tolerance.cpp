@@ -53,7 +53,7 @@ class Planted final : public Kernel {
       if constexpr (!std::is_same_v<E, float>) {
         using Other = std::conditional_t<std::is_same_v<E, bf16>, f16, bf16>;
         if (bug_ == Bug::MisreadsStorage)
-          return run_typed(p, TypedInputs<Other>{swapped(t.q), swapped(t.k), swapped(t.v)}, out);
+          return run_typed(p, TypedInputs<Other>{swapped(t.q), swapped(t.k), swapped(t.v), t.pages}, out);
       }
       run_typed(p, t, out);
     });

@@ -112,6 +112,9 @@ class Kernel {
   // Whether it reads a quantized KV cache (Problem::kv_dtype, kv_quant.hpp); can_run refuses
   // such a problem for the others, naming the kernels that do.
   virtual bool runs_kv_quant() const;
+  // Whether it reads a paged cache (Problem::kv_block, Inputs::pages); can_run refuses such a
+  // problem for the others, naming the kernels that do.
+  virtual bool runs_paged() const;
   // Its per-problem setup (nullptr: none); run() must also work without it (then it builds
   // what it needs itself, inside the run).
   virtual std::shared_ptr<const Plan> make_plan(const Problem&) const;

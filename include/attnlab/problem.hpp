@@ -65,6 +65,14 @@ struct Problem {
   // K and V stored as `dtype`, or as a quantized cache (kv_quant.hpp: q8_0, q4_0, u8, u4,
   // fp8): then Q is float32 and every path reads the dequantized K/V.
   KvDType kv_dtype = KvDType::Same;
+  // A paged cache (vLLM's and OpenVINO's PagedAttention): 0 = K and V contiguous per (batch, kv
+  // head); else a pool of blocks of kv_block tokens (each block all kv heads, the problem's
+  // layout inside it: (blocks, kv_heads, kv_block, d) for bhsd) and per batch entry a table of
+  // block ids (Inputs::pages; tensor.hpp). A power of two, kMinKvBlock..kMaxKvBlock.
+  int64_t kv_block = 0;
+  // One cache tensor for K and V: V is the first head_dim_v columns of K's rows (DeepSeek's
+  // absorbed MLA decode: d 576 = 512 latent + 64 rotary, d_v 512), so a token stores one row.
+  bool kv_shared = false;
   // Sparse pattern terms (pattern.hpp); none set = the interval rule alone.
   int64_t sinks = 0;              // keys j < sinks are seen by every row (with a window)
   std::vector<int64_t> globals;   // global positions, ascending, distinct
@@ -74,6 +82,7 @@ struct Problem {
   std::shared_ptr<const BoolMask> mask;  // a mask file (True = attend)
 
   static constexpr int64_t kMinHeadDim = 1;
+  static constexpr int64_t kMinKvBlock = 16, kMaxKvBlock = 256;
   // 512 covers every published per-head size but MLA's absorbed decode: 576 = 512 latent + 64 rotary.
   static constexpr int64_t kMaxHeadDim = 576;
 
@@ -82,7 +91,12 @@ struct Problem {
 
   int64_t dim_v() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   bool kv_quantized() const { return kv_dtype != KvDType::Same; }
-  // Bytes of one stored K (dim = head_dim) or V (dim = dim_v()) row.
+  bool kv_paged() const { return kv_block > 0; }
+  // A paged cache's block table: entries per batch entry (for kv_len keys), and the pool's
+  // blocks (each entry's ceil(kv_len_of(b) / kv_block): a mixed-length batch stores what it uses).
+  int64_t kv_table_len() const { return kv_paged() ? (kv_len + kv_block - 1) / kv_block : 0; }
+  int64_t kv_pool_blocks() const;
+  // Bytes of one stored K (dim = head_dim) or V (dim = dim_v()) row (a shared V's is a prefix of K's).
   int64_t kv_row_bytes(int64_t dim) const {
     return kv_quantized() ? attnlab::kv_row_bytes(kv_dtype, dim) : dim * dtype_bytes(dtype);
   }
@@ -107,7 +121,7 @@ struct Problem {
                                   // at their storage sizes (dtype for Q, K, V; float32 O, LSE)
   double kv_bytes() const;        // the K and V part of bytes_moved()
   // K and V bytes one token adds to a KV cache of this layer (one batch entry, all kv heads):
-  // kv_heads * (head_dim + head_dim_v) * the stored element size.
+  // kv_heads * (head_dim + head_dim_v) * the stored element size (kv_shared: head_dim only).
   double kv_bytes_per_token() const;
 
   int64_t q_elems() const { return batch * q_heads * q_len * head_dim; }

@@ -47,6 +47,23 @@ View4<const T> as_const(const View4<T>& v) {
   return {v.data, v.batch, v.heads, v.seq, v.dim, v.stride_b, v.stride_h, v.stride_s};
 }
 
+// A paged cache's block table (Problem::kv_block > 0): sequence b's key j lives in pool block
+// table[b * table_len + j / block], at row j % block of it. The K and V views then describe the
+// pool: View4::batch = its blocks, seq = block. Entries past a sequence's length are -1.
+struct KvPages {
+  const int32_t* table = nullptr;  // nullptr: a contiguous cache
+  int64_t table_len = 0;           // entries per batch entry
+  int64_t block = 0;               // tokens per block
+  int64_t pool_blocks = 0;
+};
+
+// Row j of sequence b, kv head h of a K or V view: the one rule for where a cache row lives.
+template <class T>
+inline __attribute__((always_inline)) T* kv_row(const View4<T>& v, const KvPages& pg, int64_t b, int64_t h, int64_t j) {
+  if (!pg.table) return v.row(b, h, j);
+  return v.row(pg.table[b * pg.table_len + j / pg.block], h, j % pg.block);
+}
+
 // Q, K and V in their storage dtype: float32 in q, k, v (dtype F32), or the 16-bit
 // patterns in q16, k16, v16 (dtype BF16 or F16; the float views are then empty).
 struct Inputs {
@@ -59,6 +76,7 @@ struct Inputs {
   KvDType kv = KvDType::Same;
   View4<const std::byte> kq, vq;
   float kv_scale = 1.0f;
+  KvPages pages;  // a paged cache: the K and V views above are its pool
 };
 
 // Inputs over memory the caller owns (numpy arrays, a KV cache) holding `dtype` elements: each
@@ -84,6 +102,7 @@ inline Inputs inputs_over(DType dtype, const View4<const void>& q, const View4<c
 template <class E>
 struct TypedInputs {
   View4<const E> q, k, v;
+  KvPages pages;
 };
 
 // (Always inlined, like dtype.hpp's conversions: per-target code calls them.)
@@ -97,9 +116,9 @@ inline __attribute__((always_inline)) View4<const E> retype(const View4<const S>
 template <class E>
 inline __attribute__((always_inline)) TypedInputs<E> typed(const Inputs& in) {
   if constexpr (std::is_same_v<E, float>) {
-    return {in.q, in.k, in.v};
+    return {in.q, in.k, in.v, in.pages};
   } else {
-    return {retype<E>(in.q16), retype<E>(in.k16), retype<E>(in.v16)};
+    return {retype<E>(in.q16), retype<E>(in.k16), retype<E>(in.v16), in.pages};
   }
 }
 
@@ -163,10 +182,18 @@ struct Tensors {
   std::unique_ptr<float[], AlignedFree> q, k, v, o, lse;
   std::unique_ptr<std::byte[], AlignedFree> q16, k16, v16;
   std::unique_ptr<std::byte[], AlignedFree> kq, vq;  // a quantized cache's rows
+  std::vector<int32_t> table;                        // a paged cache's block table
   Inputs inputs;
   Outputs outputs;
 };
-// Throws InvalidInput when tensor_bytes(p) exceed the memory budget (limits.hpp).
+// V's views set to the first p.dim_v() columns of K's rows (Problem::kv_shared): K's storage.
+void share_v_with_k(const Problem& p, Inputs& in);
+
+// Throws InvalidInput when tensor_bytes(p) exceed the memory budget (limits.hpp). A shared V
+// (kv_shared) is K's storage. A paged
+// problem gets its pool and a block table whose blocks are scattered over the pool (a fixed
+// shuffle: sequence b's blocks are neither adjacent nor in order, as in a cache that served
+// many requests).
 Tensors allocate_tensors(const Problem& p);
 // Only O and LSE (zeroed), for inputs that live elsewhere (e.g. read from files).
 Tensors allocate_outputs(const Problem& p);
@@ -194,5 +221,26 @@ struct DequantizedKv {
   Inputs inputs;
 };
 DequantizedKv dequantize_kv(const Problem& p, const Inputs& in);
+
+// A paged cache's rows copied into a contiguous cache of the same storage (rows past a sequence's
+// length zero), with the problem it is (kv_block 0): what naive and the reference read, so the
+// tile engine's own block walk is checked against an independent copy. Q stays in's (a view).
+size_t unpaged_bytes(const Problem& p);  // what unpage_kv_into writes: K, then V (64-byte aligned)
+Inputs unpage_kv_into(const Problem& p, const Inputs& in, std::byte* out);
+struct UnpagedKv {
+  Problem problem;
+  std::unique_ptr<std::byte[], AlignedFree> kv;
+  Inputs inputs;
+};
+UnpagedKv unpage_kv(const Problem& p, const Inputs& in);
+
+// The inverse: contiguous inputs of p's storage (in's problem is p with kv_block 0) copied into
+// a paged cache of p (allocate_tensors' scattered table); Q copied as it is.
+Tensors page_kv(const Problem& p, const Inputs& in);
+
+// Throws InvalidInput naming the entry when a block table does not fit the problem: an id
+// outside the pool, a sequence's key without a block (-1, or a table shorter than its length),
+// a block that two sequences (or two positions of one) share.
+void validate_block_table(const Problem& p, const KvPages& pages);
 
 }  // namespace attnlab

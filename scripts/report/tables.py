@@ -224,3 +224,42 @@ def kv_cache_section(rows, ok):
                       f"{fmt(r.get('err_o_rel_f32_inputs'), '.1e')} / {fmt(r.get('err_o_rel'), '.1e')} |")
         md.append("")
     return md
+
+
+def paged_section(rows, ok):
+    """Paged caches against their contiguous twin (the same point with kv_block 0, same run): the
+    time ratio per block size, and % of the read bandwidth each reached against the probe measured
+    beside it; a mixed-length batch (kv_lens) shows its bandwidth on its total bytes."""
+    paged = [r for r in ok if int(r.get("kv_block") or 0) > 0]
+    if not paged:
+        return []
+
+    def twin_key(r):
+        return tuple((k, str(r.get(k))) for k in schema.DIMS if k != "kv_block") + (("kernel", r["kernel"]),)
+
+    contiguous = {twin_key(r): r for r in ok if int(r.get("kv_block") or 0) == 0}
+    md = ["## KV cache: paged against contiguous", "",
+          "A paged cache (kv_block > 0) keeps K and V in a pool of blocks of kv_block tokens (each all KV heads), "
+          "each sequence's blocks scattered over the pool through a block table (vLLM's and OpenVINO's "
+          "PagedAttention). Each row is a paged point and its contiguous twin (kv_block 0, same shape, same "
+          "run; paired rounds when the experiment has rounds > 1). time ratio: paged over contiguous (1.00 = "
+          "no cost). A row with kv_lens is a mixed-length batch: its bytes are its sequences' own.", "",
+          "| shape | cache | kv_block | ms contiguous | ms paged | paged / contiguous | "
+          "% of read BW contiguous / paged (probe median) |", "|---|---|---|---|---|---|---|"]
+
+    def bw(r):
+        pm = r.get("bw_fraction_probe_median")
+        return fmt(None if pm is None else 100 * pm, ".0f")
+
+    for r in sorted(paged, key=lambda r: (shape_text(dict(r, kv_block=0)), str(r.get("dtype")),
+                                          str(r.get("kv_dtype")), int(r["kv_block"]))):
+        c = contiguous.get(twin_key(r))
+        cache = r["dtype"] if r.get("kv_dtype") in (None, "", "dtype") else r["kv_dtype"]
+        tc = c["time_median_s"] if c else None
+        ratio = r["time_median_s"] / tc if tc else None
+        md.append(f"| {shape_text(dict(r, kv_block=0, dtype='f32', kv_dtype='dtype'))} | {cache} | {r['kv_block']} | "
+                  f"{fmt(None if tc is None else tc * 1e3, '.3g')} | {fmt(r['time_median_s'] * 1e3, '.3g')} | "
+                  f"{fmt(ratio, '.3f')} | {bw(c) if c else '-'} / {bw(r)} |")
+    md.append("")
+    return md
+

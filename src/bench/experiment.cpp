@@ -25,7 +25,8 @@ const std::vector<std::string>& grid_keys() {
   static const std::vector<std::string> keys = [] {
     std::vector<std::string> k = {"implementations"};
     for (const Axis& a : axes()) k.emplace_back(a.key);
-    for (const char* x : {"model", "isa", "sinks", "global", "doc_lens", "dilation", "bigbird"}) k.emplace_back(x);
+    for (const char* x : {"model", "isa", "sinks", "global", "doc_lens", "dilation", "bigbird", "kv_lens"})
+      k.emplace_back(x);
     return k;
   }();
   return keys;
@@ -62,6 +63,13 @@ PatternKeys parse_pattern(const Where& w, const Json& doc) {
     parse_list_or_form(w, "doc_lens", doc["doc_lens"], "mean", 1, k.doc_lens, k.doc_mean,
                        "a list of lengths >= 1 adding up to q_len = kv_len, or {\"mean\": M} (lengths M/2, "
                        "3M/2, M repeating, the last cut to fit)");
+  }
+  if (doc.contains("kv_lens")) {
+    const Json& v = doc["kv_lens"];
+    const std::string allowed = "a list of cache lengths >= 0, one per batch entry (each <= kv_len)";
+    if (!v.is_array() || v.empty()) w.bad("kv_lens", v, allowed);
+    check_list_length(w, "kv_lens", v, v.size());
+    for (const auto& x : v) k.kv_lens.push_back(parse_one_int(w, "kv_lens", x, 0, allowed));
   }
   if (doc.contains("bigbird")) {
     const Json& v = doc["bigbird"];
@@ -324,6 +332,7 @@ Experiment load_experiment(const std::string& path, const std::vector<std::strin
 }
 
 void PatternKeys::apply(Problem& p) const {
+  p.kv_lens = kv_lens;
   p.sinks = sinks;
   p.dilation = dilation;
   p.bigbird = bigbird;

@@ -30,6 +30,8 @@
 //     "doc_lens":   [length, ...] | {"mean": M}  (M/2, 3M/2, M repeating, the last cut to fit)
 //     "dilation":   int >= 1                                      default 1
 //     "bigbird":    [BLOCK, RANDOM, SEED]
+//   and, per grid too, a mixed-length batch (continuous batching: one cache length per entry):
+//     "kv_lens":    [length, ...]  batch entries' lengths, each <= kv_len; batch = their count
 //     "repetitions": int >= 1          timed repetitions per point (median, spread)  default 3
 //     "rounds":      int 1..100        passes over the points: with N > 1 every point is timed
 //                    N times (its repetitions each time), pass after pass, so points compared
@@ -89,7 +91,9 @@ struct PatternKeys {
   int64_t doc_mean = 0;           // {"mean": M}: lengths M/2, 3M/2, M, ... (repeating), the last cut to fit
   int64_t dilation = 1;
   BigBird bigbird;
-  // Sets the pattern fields of p (its lengths already set).
+  // Not a pattern, but per grid like one: a mixed-length batch's cache lengths (Problem::kv_lens).
+  std::vector<int64_t> kv_lens;
+  // Sets the pattern fields (and kv_lens) of p (its lengths already set).
   void apply(Problem& p) const;
 };
 

@@ -142,6 +142,12 @@ void GenerationConfig::validate() const {
     throw InvalidInput("layout: " + std::string(to_string(head.layout)) +
                        "; allowed: bhsd (the generation loop's cache is one (kv head, row) array per head)");
   }
+  if (head.kv_shared) throw InvalidInput("kv_shared: true; allowed: false (generate writes K and V rows apart)");
+  if (head.kv_paged()) {
+    throw InvalidInput("kv_block: " + std::to_string(head.kv_block) +
+                       "; allowed: 0 (generate appends each token to a contiguous cache; sweep, run and verify "
+                       "read paged caches)");
+  }
   step_problem(1, cache_rows()).validate();  // heads, head dims and sizes
 }
 

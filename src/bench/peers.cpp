@@ -279,6 +279,11 @@ PeerAnswer PeerPool::run(const std::string& kernel, const Problem& p, const Inpu
   if (in.dtype != DType::F32 || !in.q.data) {  // the one place this rule lives (the servers never see such points)
     return answer(S::Skipped, "peers run float32 points (a bf16/f16 peer rounds P and needs its own tolerance)");
   }
+  if (p.kv_paged()) {
+    return answer(S::Skipped, "kv_block " + std::to_string(p.kv_block) +
+                                  ": the peers take contiguous K/V (paged caches are measured against the lab's own "
+                                  "contiguous point)");
+  }
   if (p.kv_quantized()) {
     return answer(S::Skipped, std::string("kv_dtype ") + to_string(p.kv_dtype) +
                                   ": the peers take float32 K/V (none of them reads this cache layout)");

@@ -119,6 +119,7 @@ PointFile Runner::decide(const GridPoint& g, const PointRecord& base) {
       Problem f32 = g.problem;
       f32.dtype = DType::F32;
       f32.kv_dtype = KvDType::Same;
+      f32.kv_block = 0;  // the same values; the reference reads a paged cache as a contiguous one anyway
       const Tensors source = random_tensors(f32, e.seed);
       const Agreement unrounded = prepare_agreement(f32, source.inputs, rows);
       r.err_o_rel_f32_inputs = check_kernel(*k, g.problem, in, unrounded, g.threads).errors.o_rel;

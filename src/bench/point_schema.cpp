@@ -12,6 +12,16 @@ std::string bound(int64_t v) { return v < 0 ? "inf" : std::to_string(v); }
 
 bool never(const PointView&) { return false; }
 
+// "1024.4096.65536": safe in ids and file names.
+std::string kv_lens_text(const Problem& p) {
+  std::string s;
+  for (int64_t len : p.kv_lens) {
+    if (!s.empty()) s += '.';
+    s += std::to_string(len);
+  }
+  return s;
+}
+
 // One row per field. Lambdas without captures convert to the table's function pointers.
 #define ATTN_INT(expr) [](const PointView& v) { return std::to_string(expr); }
 #define ATTN_NUM(expr) [](const PointView& v) { return static_cast<double>(expr); }
@@ -58,7 +68,16 @@ std::vector<PointField> make_fields() {
       {"kv_dtype", "text", "K/V storage when it is not Q's dtype: a quantized cache (q8_0, q4_0, u8, u4, fp8_*)", true,
        11, "-kv", "/kv:", [](V v) { return !v.problem.kv_quantized(); },
        [](V v) { return std::string(to_string(v.problem.kv_dtype)); }, nullptr, nullptr},
-      {"threads", "int", "threads the kernel ran on", true, 12, "-t", "/t:", never, ATTN_INT(v.threads), "threads",
+      {"kv_block", "int", "tokens per block of a paged cache (0: contiguous)", true, 12, "-kb",
+       "/kvb:", [](V v) { return !v.problem.kv_paged(); }, ATTN_INT(v.problem.kv_block), "kv_block",
+       ATTN_NUM(v.problem.kv_block)},
+      {"kv_shared", "int", "1: V is the first head_dim_v columns of K's rows (one cache tensor, MLA's latent cache)",
+       true, 13, "-kvshared", "/kvshared:", [](V v) { return !v.problem.kv_shared; },
+       ATTN_INT(v.problem.kv_shared ? 1 : 0), "kv_shared", ATTN_NUM(v.problem.kv_shared ? 1 : 0)},
+      {"kv_lens", "text", "per batch entry its cache length (a mixed-length batch; \"\" all kv_len)", true, 14, "-lens",
+       "/lens:", [](V v) { return v.problem.kv_lens.empty(); }, [](V v) { return kv_lens_text(v.problem); }, nullptr,
+       nullptr},
+      {"threads", "int", "threads the kernel ran on", true, 15, "-t", "/t:", never, ATTN_INT(v.threads), "threads",
        ATTN_NUM(v.threads)},
   };
 }
@@ -105,6 +124,14 @@ std::vector<Json> causal_values(W w, K key, const Json& v) {
     if (x.is_string() && x.get<std::string>() == "top_left") return x;
     if (x.is_string() && x.get<std::string>() == "bottom_right") return true;
     w.bad(key, v, allowed);
+  });
+}
+// false/true (or 0/1, as results.csv writes them), alone or in a list; normalized to booleans.
+std::vector<Json> bool_values(W w, K key, const Json& v) {
+  return parse_list(w, key, v, "false, true, or a list of these", [&](const Json& x) -> Json {
+    if (x.is_boolean()) return x;
+    if (is_int(x) && (x.get<int64_t>() == 0 || x.get<int64_t>() == 1)) return x.get<int64_t>() == 1;
+    w.bad(key, v, "false, true, or a list of these");
   });
 }
 std::vector<Json> window_values(W w, K key, const Json& v) {
@@ -207,6 +234,14 @@ std::vector<Axis> make_axes() {
        "blocks), u8, u4 (scale and zero point per row), fp8_e4m3, fp8_e5m2",
        nullptr, "\"dtype\"", [](W w, K key, const Json& v) { return names(w, key, v, kv_dtype_names()); },
        ATTN_SET(p.kv_dtype = parse_kv_dtype(v.get<std::string>()))},
+      {"kv_block", AxisKind::Setting,
+       "a paged cache: tokens per block (a power of two 16..256; 0 = contiguous K/V), its blocks scattered "
+       "over a pool through a block table (vLLM's and OpenVINO's PagedAttention)",
+       nullptr, "0", ints<0>, ATTN_SET(p.kv_block = v.get<int64_t>())},
+      {"kv_shared", AxisKind::Setting,
+       "true: one cache tensor, V the first head_dim_v columns of K's rows (MLA's latent cache; head_dim_v <= "
+       "head_dim)",
+       nullptr, "false", bool_values, ATTN_SET(p.kv_shared = v.get<bool>())},
       {"threads", AxisKind::Run, "threads (\"all\": every core)", nullptr, "\"all\"", thread_values,
        ATTN_SET(threads = v.get<int>())},
   };

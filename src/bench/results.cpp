@@ -52,6 +52,7 @@ Problem problem_from_json(const Json& j) {
     if (bb.size() != 3) throw InvalidInput("bigbird: " + std::to_string(bb.size()) + " values; allowed: 3");
     p.bigbird = BigBird{bb[0], bb[1], bb[2]};
   }
+  p.kv_lens = j.value("kv_lens", std::vector<int64_t>{});  // absent before mixed-length batches
   // The schema's setting axes (problem_to_json writes each as its column's value).
   int threads = 0;
   for (const Axis& a : axes()) {
@@ -119,7 +120,8 @@ Json problem_fields_json(const Problem& p) {
           {"globals", p.globals},
           {"doc_lens", p.doc_lens},
           {"dilation", p.dilation},
-          {"bigbird", {p.bigbird.block, p.bigbird.random, p.bigbird.seed}}};
+          {"bigbird", {p.bigbird.block, p.bigbird.random, p.bigbird.seed}},
+          {"kv_lens", p.kv_lens}};
 }
 }  // namespace
 

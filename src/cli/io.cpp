@@ -61,13 +61,41 @@ void store(const NpyArray& a, const View4<const E>& dst) {
 }
 }  // namespace
 
+namespace {
+LoadedInputs load_contiguous(const std::string& qp, const std::string& kp, const std::string& vp,
+                             const MaskFlags& flags);
+}  // namespace
+
+// The files are a contiguous cache; with --kv-block they are then copied into a paged one.
 LoadedInputs load_inputs(const std::string& qp, const std::string& kp, const std::string& vp, const MaskFlags& flags) {
+  Problem wanted;
+  flags.apply(wanted);
+  LoadedInputs li = load_contiguous(qp, kp, vp, flags);
+  if (wanted.kv_shared) {
+    throw InvalidInput(
+        "kv_shared: the .npy files give V as its own tensor; allowed: kv_shared with the lab's own inputs (verify, "
+        "run and sweep without --q/--k/--v)");
+  }
+  if (wanted.kv_paged()) {
+    li.problem.kv_block = wanted.kv_block;
+    li.problem.validate();
+    Tensors paged = page_kv(li.problem, li.inputs);
+    li.stored = std::move(paged);
+    li.inputs = li.stored.inputs;
+  }
+  return li;
+}
+
+namespace {
+LoadedInputs load_contiguous(const std::string& qp, const std::string& kp, const std::string& vp,
+                             const MaskFlags& flags) {
   LoadedInputs li;
   li.q = read_npy(qp);
   li.k = read_npy(kp);
   li.v = read_npy(vp);
   Problem& p = li.problem;
   flags.apply(p);
+  p.kv_block = 0;  // read as a contiguous cache first
   const bool bhsd = p.layout == Layout::BHSD;
   const char* dims =
       bhsd ? "(batch, heads, seq, head_dim) for layout bhsd" : "(batch, seq, heads, head_dim) for layout bshd";
@@ -132,6 +160,7 @@ LoadedInputs load_inputs(const std::string& qp, const std::string& kp, const std
   });
   return li;
 }
+}  // namespace
 
 namespace {
 // Non-finite values of a dense typed view: {count, first flat index}.

@@ -220,6 +220,15 @@ void Problem::validate() const {
       }
     }
   }
+  if (kv_block != 0 && (kv_block < kMinKvBlock || kv_block > kMaxKvBlock || (kv_block & (kv_block - 1)) != 0)) {
+    throw InvalidInput("kv_block: " + std::to_string(kv_block) + " is not allowed; allowed: 0 (a contiguous cache) " +
+                       "or a power of two " + std::to_string(kMinKvBlock) + ".." + std::to_string(kMaxKvBlock) +
+                       " (tokens per block of a paged cache)");
+  }
+  if (kv_shared && dim_v() > head_dim) {
+    throw InvalidInput("kv_shared: head_dim_v " + std::to_string(dim_v()) + " > head_dim " + std::to_string(head_dim) +
+                       "; allowed: V as the first head_dim_v <= head_dim columns of K's rows");
+  }
   require_window("window_left", window_left);
   require_window("window_right", window_right);
   if (!kv_lens.empty()) {
@@ -274,7 +283,8 @@ double Problem::flops() const {
 
 double Problem::kv_bytes() const {
   // K and V rows that any query row sees, read once per kv head (GQA's saving shows here).
-  const double row = static_cast<double>(kv_row_bytes(head_dim) + kv_row_bytes(dim_v()));  // one K and one V row
+  // One K and one V row (a shared V is read from K's row: its lines are K's).
+  const double row = static_cast<double>(kv_row_bytes(head_dim) + (kv_shared ? 0 : kv_row_bytes(dim_v())));
   if (sparse()) return count_pattern(*this).kv_keys * row;
   double keys = 0;
   for_each_batch_mask(*this, [&](const MaskSummary& s, int64_t entries) {
@@ -283,8 +293,15 @@ double Problem::kv_bytes() const {
   return keys * static_cast<double>(kv_heads) * row;
 }
 
+int64_t Problem::kv_pool_blocks() const {
+  if (!kv_paged()) return 0;
+  int64_t n = 0;
+  for (int64_t b = 0; b < batch; ++b) n += (kv_len_of(b) + kv_block - 1) / kv_block;
+  return n;
+}
+
 double Problem::kv_bytes_per_token() const {
-  return static_cast<double>(kv_heads * (kv_row_bytes(head_dim) + kv_row_bytes(dim_v())));
+  return static_cast<double>(kv_heads * (kv_row_bytes(head_dim) + (kv_shared ? 0 : kv_row_bytes(dim_v()))));
 }
 
 double Problem::bytes_moved() const {
@@ -333,6 +350,8 @@ std::string Problem::describe() const {
     << " kv_len=" << kv_len << " head_dim=" << head_dim;
   if (dim_v() != head_dim) s << " head_dim_v=" << dim_v();
   if (kv_quantized()) s << " kv_dtype=" << to_string(kv_dtype);
+  if (kv_paged()) s << " kv_block=" << kv_block;
+  if (kv_shared) s << " kv_shared";
   if (causal != CausalAlign::None) s << " causal=" << to_string(causal);
   if (window_left >= 0 || window_right >= 0) s << " window=" << window_left << "," << window_right;
   if (!kv_lens.empty()) {

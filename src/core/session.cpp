@@ -16,6 +16,7 @@ size_t Kernel::workspace_bytes(const Problem&, int) const { return 0; }
 bool Kernel::runs_patterns() const { return false; }
 bool Kernel::runs_head_dim_v() const { return false; }
 bool Kernel::runs_kv_quant() const { return false; }
+bool Kernel::runs_paged() const { return false; }
 std::shared_ptr<const Plan> Kernel::make_plan(const Problem&) const { return nullptr; }
 
 namespace {
@@ -45,6 +46,10 @@ Support supports_problem(const Kernel& kernel, const Problem& problem) {
   if (problem.kv_quantized() && !kernel.runs_kv_quant()) {
     return Support::no(std::string("kv_dtype ") + to_string(problem.kv_dtype) + " (" +
                        kernels_that(&Kernel::runs_kv_quant) + " read a quantized cache)");
+  }
+  if (problem.kv_paged() && !kernel.runs_paged()) {
+    return Support::no("kv_block " + std::to_string(problem.kv_block) + " (" + kernels_that(&Kernel::runs_paged) +
+                       " read a paged cache)");
   }
   return kernel.supports(problem);
 }

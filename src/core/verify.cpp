@@ -136,11 +136,16 @@ double reference_row_typed(const Problem& p, const TypedInputs<E>& in, const Row
 
 // On the values the kernel receives: 16-bit storage widened exactly, then float64.
 double reference_row(const Problem& p, const Inputs& in, const RowId& r, double* o_row, double* row_scale) {
-  if (p.kv_quantized()) throw std::logic_error("reference_row: a quantized cache; read it with dequantize_kv first");
+  if (p.kv_quantized() || p.kv_paged())
+    throw std::logic_error("reference_row: a quantized or paged cache; read it with dequantize_kv / unpage_kv first");
   return visit_inputs(in, [&](const auto& typed) { return reference_row_typed(p, typed, r, o_row, row_scale); });
 }
 
 Reference reference(const Problem& p, const Inputs& in, std::vector<RowId> rows) {
+  if (p.kv_paged()) {  // the reference reads an independent contiguous copy of a paged cache
+    const UnpagedKv u = unpage_kv(p, in);
+    return reference(u.problem, u.inputs, std::move(rows));
+  }
   if (p.kv_quantized()) {  // the reference reads the cache by the writer's own rule
     const DequantizedKv d = dequantize_kv(p, in);
     return reference(d.problem, d.inputs, std::move(rows));
@@ -168,6 +173,10 @@ Errors measure(const Reference& ref, const ConstView& o, const float* lse, const
 }
 
 Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref, Arithmetic arithmetic) {
+  if (p.kv_paged()) {
+    const UnpagedKv u = unpage_kv(p, in);
+    return baseline_errors(u.problem, u.inputs, ref, arithmetic);
+  }
   if (p.kv_quantized()) {
     const DequantizedKv d = dequantize_kv(p, in);
     return baseline_errors(d.problem, d.inputs, ref, arithmetic);
@@ -228,6 +237,10 @@ std::string Tolerance::why_failed(const Errors& e) const {
 namespace attnlab {
 
 Agreement prepare_agreement(const Problem& p, const Inputs& in, std::vector<RowId> rows) {
+  if (p.kv_paged()) {  // copied once for both
+    const UnpagedKv u = unpage_kv(p, in);
+    return prepare_agreement(u.problem, u.inputs, std::move(rows));
+  }
   if (p.kv_quantized()) {  // read once for both: a quantized cache agrees on its dequantized K/V
     const DequantizedKv d = dequantize_kv(p, in);
     return prepare_agreement(d.problem, d.inputs, std::move(rows));
@@ -274,7 +287,9 @@ size_t verification_bytes(const Kernel& k, const Problem& p, size_t rows, int th
   // A quantized cache is read back as float32 K and V for the reference (dequantize_kv).
   const size_t dequantized =
       p.kv_quantized() ? allocated_bytes(static_cast<size_t>(p.kv_elems() + p.v_elems()) * sizeof(float)) : 0;
-  return sampling + reference + row_scratch + dequantized + check_output_bytes(p) +
+  // A paged cache is copied into a contiguous one first (unpage_kv).
+  const size_t unpaged = p.kv_paged() ? unpaged_bytes(p) : 0;
+  return sampling + reference + row_scratch + dequantized + unpaged + check_output_bytes(p) +
          allocated_bytes(k.workspace_bytes(p, threads)) + kVerifyBookkeeping;
 }
 

@@ -36,8 +36,12 @@
 // Expected cost: batch * kv_heads * kv_len * (head_dim + head_dim_v) * 4 bytes of K/V streamed
 // once (Problem::kv_bytes()); compute is 2 * (head_dim + head_dim_v) FLOP per (query row, key),
 // i.e. group * q_len / 2 FLOP per f32 byte: memory-bound for small group * q_len. (MLA's absorbed
-// decode is MQA with d 576, d_v 512, and V the first 512 columns of K's cache in the model: here
-// V is its own tensor.)
+// decode is MQA with d 576, d_v 512, and V the first 512 columns of K's cache: Problem::kv_shared
+// gives V as that view of K's rows, so the V pass reads lines the score pass just brought in, and
+// a token's K/V bytes are its K row's.)
+// Paged caches (Problem::kv_block): a tile's rows are walked run by run, one run per block of the
+// pool it touches (microkernel.hpp's Rows), so the chunks, the tiles and the arithmetic are the
+// contiguous cache's - the same bits - and only where each run starts differs.
 // Precision: K and V (and Q) stored as f32, bf16 or f16 are widened exactly to float32 where
 // loaded; float32 compute. A 16-bit cache is half the bytes to stream. A quantized cache
 // (kv_quant.hpp: q8_0, q4_0, u8, u4, fp8) goes through the same engine with its rows as the
@@ -131,6 +135,7 @@ class Decode final : public Kernel {
   bool runs_patterns() const override { return true; }
   bool runs_head_dim_v() const override { return true; }
   bool runs_kv_quant() const override { return true; }
+  bool runs_paged() const override { return true; }
   std::shared_ptr<const attnlab::Plan> make_plan(const Problem& p) const override {
     if (!p.sparse()) return nullptr;
     return std::make_shared<BlockPlan>(build_block_map(p, p.q_len));

@@ -71,6 +71,7 @@
 // map computes against what is visible, efficiencies paired with dense in one process).
 #include <algorithm>
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include <tbb/blocked_range.h>
@@ -224,6 +225,15 @@ class Flash final : public Kernel {
   bool runs_patterns() const override { return true; }
   bool runs_head_dim_v() const override { return true; }
   bool runs_kv_quant() const override { return true; }  // chunked prefill over a quantized cache
+  bool runs_paged() const override { return true; }     // ... and over a paged one
+  Support supports(const Problem& p) const override {
+    if (p.kv_paged() && p.dilation > 1) {
+      return Support::no("dilation " + std::to_string(p.dilation) + " with kv_block " + std::to_string(p.kv_block) +
+                         ": flash runs a dilated window as strided phases of a contiguous cache (naive and decode "
+                         "read it paged)");
+    }
+    return Support::yes();
+  }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
     return simd::prefill_plan(p, simd::make_tiling(p));
   }

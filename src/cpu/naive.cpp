@@ -7,7 +7,8 @@
 // kernels avoid). Cost: 2 * (d + d_v) FLOP per visible pair plus one exp; no reuse of K/V across rows, so at large n it
 // streams K and V from memory once per query row (memory bound, ~1-3% of peak). Precision: f16/bf16 storage is widened
 // exactly to float32 where read; float32 compute. A quantized cache (kv_quant.hpp) is read back as float32 K and V into
-// the workspace before the loops (what the reference reads).
+// the workspace before the loops (what the reference reads), and a paged cache (kv_block) copied into a contiguous one
+// first (unpage_kv_into), as the reference reads it.
 #include <optional>
 #include <vector>
 
@@ -27,10 +28,25 @@ class Naive final : public Kernel {
   bool runs_patterns() const override { return true; }
   bool runs_head_dim_v() const override { return true; }
   bool runs_kv_quant() const override { return true; }
+  bool runs_paged() const override { return true; }
   size_t workspace_bytes(const Problem& p, int) const override {
-    return scores_bytes(p) + (p.kv_quantized() ? static_cast<size_t>(p.kv_elems() + p.v_elems()) * sizeof(float) : 0);
+    return scores_bytes(p) + (p.kv_paged() ? unpaged_bytes(p) : 0) +
+           (p.kv_quantized() ? static_cast<size_t>(p.kv_elems() + p.v_elems()) * sizeof(float) : 0);
   }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    if (p.kv_paged()) {  // a contiguous copy after the scores, then read as a contiguous cache
+      std::byte* copy = ctx.workspace.data() + scores_bytes(p);
+      Problem dense = p;
+      dense.kv_block = 0;
+      const Inputs unpaged = unpage_kv_into(p, in, copy);
+      if (p.kv_quantized()) {  // and its float32 reading after the copy
+        float* k = reinterpret_cast<float*>(copy + unpaged_bytes(p));
+        run_typed(dense, typed<float>(dequantize_kv_into(dense, unpaged, k, k + p.kv_elems())), out, ctx);
+        return;
+      }
+      visit_inputs(unpaged, [&](const auto& typed) { run_typed(dense, typed, out, ctx); });
+      return;
+    }
     if (p.kv_quantized()) {  // the whole cache read back as float32 first (kv_quant.hpp's rule)
       float* k = reinterpret_cast<float*>(ctx.workspace.data() + scores_bytes(p));
       const Inputs f32 = dequantize_kv_into(p, in, k, k + p.kv_elems());

@@ -72,6 +72,7 @@ class TargetKernel final : public Kernel {
   bool runs_patterns() const override { return inner_.runs_patterns(); }
   bool runs_head_dim_v() const override { return inner_.runs_head_dim_v(); }
   bool runs_kv_quant() const override { return inner_.runs_kv_quant(); }
+  bool runs_paged() const override { return inner_.runs_paged(); }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
     return cpu_runs_isa(isa_) ? inner_.make_plan(p) : nullptr;
   }

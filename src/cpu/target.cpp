@@ -135,7 +135,10 @@ const TargetTable& target_table() {
                           float* out) { simd::keep_bits(Batch::load_unaligned(v), bits, fill).store_unaligned(out); },
           .tile_keys = simd::kTileKeys,
           .block_keys = simd::kBlockKeys,
-          .pack_k_transposed = simd::pack_k_transposed,
+          .pack_k_transposed =
+              [](const float* k_rows, int64_t ldk, int nk, int64_t d, float* kt) {
+                simd::pack_k_transposed(simd::Rows<float>::strided(k_rows, ldk, nk), nk, d, kt);
+              },
           .kv_row = simd::read_kv_row,
       },
   };

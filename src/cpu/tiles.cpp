@@ -46,12 +46,9 @@ inline size_t align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 // quantized cache's Quant<T>: kv_load.hpp).
 template <class E>
 struct KeyTile {
-  int64_t j0;   // first key
-  int nk;       // keys in the tile (<= kTileKeys)
-  const E* k;   // K row j0 (read by the unpacked scores of a direct task)
-  int64_t ldk;  // K row stride
-  const E* v;   // V row j0
-  int64_t ldv;  // V row stride
+  int64_t j0 = 0;  // first key
+  int nk = 0;      // keys in the tile (<= kTileKeys)
+  Rows<E> k, v;    // its K and V rows (one run each, or one per block of a paged cache)
 };
 
 // Lane index of each score in vector v of a tile row, as floats (exact: < 64).
@@ -84,11 +81,11 @@ void pv_keys(const Tiling& t, const Scratch& s, int64_t rr0, int m0, const KeyTi
 #if defined(__AVX512BF16__)
   if constexpr (Pairs) {
     if (x < y && (x & 1)) {
-      pv_rows<N>(p, kTileKeys, kt.v, kt.ldv, o, t.dim_v_pad, alpha, x, x + 1, t.dim_v);
+      pv_rows<N>(p, kTileKeys, kt.v, o, t.dim_v_pad, alpha, x, x + 1, t.dim_v);
       alpha = nullptr, ++x;
     }
     if (x < y && (y & 1)) {
-      pv_rows<N>(p, kTileKeys, kt.v, kt.ldv, o, t.dim_v_pad, alpha, y - 1, y, t.dim_v);
+      pv_rows<N>(p, kTileKeys, kt.v, o, t.dim_v_pad, alpha, y - 1, y, t.dim_v);
       alpha = nullptr, --y;
     }
     if (x < y || alpha)
@@ -98,7 +95,7 @@ void pv_keys(const Tiling& t, const Scratch& s, int64_t rr0, int m0, const KeyTi
   }
 #endif
   static_assert(!Pairs || kPairsBuilt);
-  pv_rows<N>(p, kTileKeys, kt.v, kt.ldv, o, t.dim_v_pad, alpha, x, y, t.dim_v, step);
+  pv_rows<N>(p, kTileKeys, kt.v, o, t.dim_v_pad, alpha, x, y, t.dim_v, step);
 }
 
 // The online softmax of MR rows (rows rr0.. of the task) on one key tile, their scores in p
@@ -197,8 +194,7 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
   // S through L1; masked keys become -inf by a select (never arithmetic, so NaN/Inf in a
   // masked K row never leaks), the blocks outside [ja, jb) are never read unmasked.
   if constexpr (Direct) {
-    score_rows<MR>(s.qr + rr0 * t.dim_pad, t.dim_pad, s.qr + t.rows * t.dim_pad, kt.k, kt.ldk, t.dim, ja, jb, s.p,
-                   step);
+    score_rows<MR>(s.qr + rr0 * t.dim_pad, t.dim_pad, s.qr + t.rows * t.dim_pad, kt.k, t.dim, ja, jb, s.p, step);
 #if defined(__AVX512BF16__)
   } else if constexpr (Pairs) {
     const auto* qw = reinterpret_cast<const uint32_t*>(s.q) + rr0 * pair_words(t.dim);
@@ -367,40 +363,56 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
   // (score_rows: no K^T packing); a flash task's short last query tile streams but packs.
   const bool stream = rows <= kStreamRows;
   const auto tile_of = [&](const TileRef& r) {
-    if (r.k)
-      return KeyTile<E>{r.j0, r.nk, static_cast<const E*>(r.k), t.gather_ldk, static_cast<const E*>(r.v), t.gather_ldv};
-    return KeyTile<E>{r.j0, r.nk, in.k.row(b, hk, r.j0), in.k.stride_s, in.v.row(b, hk, r.j0), in.v.stride_s};
+    KeyTile<E> kt{r.j0, r.nk, {}, {}};
+    if (r.k) {  // the gathered tile
+      kt.k = Rows<E>::strided(static_cast<const E*>(r.k), t.gather_ldk, r.nk);
+      kt.v = Rows<E>::strided(static_cast<const E*>(r.v), t.gather_ldv, r.nk);
+    } else if (!in.pages.table) {
+      kt.k = Rows<E>::strided(in.k.row(b, hk, r.j0), in.k.stride_s, r.nk);
+      kt.v = Rows<E>::strided(in.v.row(b, hk, r.j0), in.v.stride_s, r.nk);
+    } else {  // a paged cache: one run per block the tile's keys lie in (kv_row's rule)
+      const int64_t bs = in.pages.block;
+      kt.k.ld = in.k.stride_s, kt.v.ld = in.v.stride_s;
+      for (int64_t j = r.j0; j < r.j0 + r.nk; j = (j / bs + 1) * bs) {
+        const int run = kt.k.runs++;
+        kt.k.at[run] = kv_row(in.k, in.pages, b, hk, j), kt.v.at[run] = kv_row(in.v, in.pages, b, hk, j);
+        kt.k.first[run] = kt.v.first[run] = static_cast<int>(j - r.j0);
+      }
+      kt.v.runs = kt.k.runs;
+      kt.k.first[kt.k.runs] = kt.v.first[kt.v.runs] = r.nk;
+    }
+    return kt;
   };
   for (int64_t x = 0; x < n; ++x) {
     const TileRef tile = at(x);
     const KeyTile<E> kt = tile_of(tile);
     if (stream && x == 0) {
-      touch_rows(kt.k, kt.ldk, kt.nk, d);
-      touch_rows(kt.v, kt.ldv, kt.nk, dv);
+      touch_rows(kt.k, kt.nk, d);
+      touch_rows(kt.v, kt.nk, dv);
     }
 #if defined(__AVX512BF16__)
     if constexpr (Pairs) {
-      pack_k_pairs(kt.k, kt.ldk, kt.nk, d, reinterpret_cast<uint32_t*>(s.kt));
-      pack_v_pairs(kt.v, kt.ldv, kt.nk, dv, s.vp, t.dim_v_pad);
+      pack_k_pairs(kt.k, kt.nk, d, reinterpret_cast<uint32_t*>(s.kt));
+      pack_v_pairs(kt.v, kt.nk, dv, s.vp, t.dim_v_pad);
     } else
 #endif
         if (!s.qr)
-      pack_k_transposed(kt.k, kt.ldk, kt.nk, d, s.kt);
+      pack_k_transposed(kt.k, kt.nk, d, s.kt);
     const TileRef next = x + 1 < n ? at(x + 1) : TileRef{};
-    const int64_t nn = next.nk;
-    const KeyTile<E> kn = nn > 0 ? tile_of(next) : KeyTile<E>{0, 0, nullptr, 0, nullptr, 0};
+    const int nn = next.nk;
+    const KeyTile<E> kn = nn > 0 ? tile_of(next) : KeyTile<E>{};
 #if defined(ATTN_HAVE_AMX)
     if constexpr (Pairs) {
       if (t.amx && whole_tile<Words>(s, rows, kt, tile.words)) {
-        prefetch_rows(kn.k, kn.ldk, 0, nn, d);
-        prefetch_rows(kn.v, kn.ldv, 0, nn, dv);
+        prefetch_rows(kn.k, 0, nn, d);
+        prefetch_rows(kn.v, 0, nn, dv);
         amx_tile(t, s, rows);
         continue;
       }
     }
 #endif
     if (stream) {
-      LineStream ahead(kn.k, kn.ldk, d, kn.v, kn.ldv, dv, static_cast<int>(nn));
+      LineStream ahead(kn.k, d, kn.v, dv, nn);
       for (int64_t rr0 = 0; rr0 < rows; rr0 += kPanelRows) {
         const int mr = static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0));
         if constexpr (!Pairs) {
@@ -416,9 +428,9 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
     NoStep none;
     for (int64_t pi = 0; pi < panels; ++pi) {
       if (nn > 0) {
-        const int64_t r0 = pi * nn / panels, r1 = (pi + 1) * nn / panels;
-        prefetch_rows(kn.k, kn.ldk, r0, r1, d);
-        prefetch_rows(kn.v, kn.ldv, r0, r1, dv);
+        const auto r0 = static_cast<int>(pi * nn / panels), r1 = static_cast<int>((pi + 1) * nn / panels);
+        prefetch_rows(kn.k, r0, r1, d);
+        prefetch_rows(kn.v, r0, r1, dv);
       }
       const int64_t rr0 = pi * kPanelRows;
       process_panel_any<false, Words, Pairs>(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, s, rr0, kt,
@@ -443,7 +455,7 @@ void attend_tiles_as(const TypedInputs<E>& in, const Tiling& t, const Scratch& s
 // float32, is packed by begin_rows).
 template <KvDType T>
 TypedInputs<Quant<T>> quant_inputs(const Inputs& in) {
-  return {{}, retype<Quant<T>>(in.kq), retype<Quant<T>>(in.vq)};
+  return {{}, retype<Quant<T>>(in.kq), retype<Quant<T>>(in.vq), in.pages};
 }
 template <class F>
 void visit_kv(const Inputs& in, F&& f) {
@@ -640,8 +652,8 @@ void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Sc
         const int64_t j = std::min(map.gathered[x], lk - 1);  // a key past lk: no row sees it
         auto* kr = reinterpret_cast<std::byte*>(k + x * t.gather_ldk);
         auto* vr = reinterpret_cast<std::byte*>(vv + x * t.gather_ldv);
-        std::memcpy(kr, typed.k.row(b, hk, j), static_cast<size_t>(kb));
-        std::memcpy(vr, typed.v.row(b, hk, j), static_cast<size_t>(vb));
+        std::memcpy(kr, kv_row(typed.k, typed.pages, b, hk, j), static_cast<size_t>(kb));
+        std::memcpy(vr, kv_row(typed.v, typed.pages, b, hk, j), static_cast<size_t>(vb));
         std::fill(kr + kb, kr + t.gather_ldk * int64_t{sizeof(E)}, std::byte{0});
         std::fill(vr + vb, vr + t.gather_ldv * int64_t{sizeof(E)}, std::byte{0});
       }

@@ -125,7 +125,7 @@ void apply_settings(const py::kwargs& settings, Problem& p) {
 struct Call {
   Problem p;
   Inputs in;
-  Tensors cache;  // a quantized cache (kv_dtype), written from the float K and V arrays
+  Tensors cache;  // a quantized or paged cache (kv_dtype, kv_block), written from the K and V arrays
 };
 
 Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, const py::object& causal,
@@ -171,14 +171,22 @@ Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, co
   if (kv_lens) p.kv_lens = *kv_lens;
   p.scale = scale;
   apply_settings(settings, p);
+  if (p.kv_shared) {
+    throw InvalidInput(
+        "kv_shared: the arrays give V as its own tensor; allowed: False here (the CLI's verify, run "
+        "and sweep measure a shared cache on the lab's own inputs)");
+  }
   p.validate();
   const auto view = [&](const Arr& a, int64_t heads, int64_t seq, int64_t dim) {
     return make_view<const void>(a.data, p.batch, heads, seq, dim, p.layout);
   };
   c.in = inputs_over(p.dtype, view(aq, p.q_heads, p.q_len, p.head_dim), view(ak, p.kv_heads, p.kv_len, p.head_dim),
                      view(av, p.kv_heads, p.kv_len, p.dim_v()));
-  if (p.kv_quantized()) {  // Q read in place; K and V written into the cache layout (kv_quant.hpp)
-    c.cache = convert_inputs(p, c.in);
+  if (p.kv_quantized()) {               // Q read in place; K and V written into the cache layout (kv_quant.hpp)
+    c.cache = convert_inputs(p, c.in);  // (a paged one too)
+    c.in = c.cache.inputs;
+  } else if (p.kv_paged()) {  // K and V copied into a paged cache's scattered blocks
+    c.cache = page_kv(p, c.in);
     c.in = c.cache.inputs;
   }
   return c;

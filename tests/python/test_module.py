@@ -184,3 +184,22 @@ def test_quantized_cache_keyword():
         attnlab.attention(*inputs(), kernel="decode", kv_dtype="q8_0")
     with pytest.raises(ValueError, match="'kv_dtype': bad value"):
         attnlab.attention(q, k, v, kernel="decode", kv_dtype="q3_k")
+
+
+def test_paged_cache_keyword():
+    """kv_block copies K and V into a paged cache's scattered blocks: decode and flash read the blocks
+    in place and give the contiguous cache's bits; a mixed-length batch too; kv_shared is refused."""
+    q, k, v = inputs(b=2, hq=8, hkv=2, lq=3, lk=300, d=64)
+    for kernel in ("decode", "flash"):
+        for t in ("dtype", "q4_0"):
+            a = attnlab.attention(q, k, v, kernel=kernel, causal=True, kv_lens=[300, 77], kv_dtype=t)
+            for block in (16, 64, 256):
+                b = attnlab.attention(q, k, v, kernel=kernel, causal=True, kv_lens=[300, 77], kv_dtype=t,
+                                      kv_block=block)
+                assert np.array_equal(a, b), (kernel, t, block)
+    assert all(r["verdict"] == "PASS"
+               for r in attnlab.verify(q, k, v, kernels=["naive", "flash", "decode"], kv_block=32))
+    with pytest.raises(ValueError, match="kv_block: 24 is not allowed"):
+        attnlab.attention(q, k, v, kv_block=24)
+    with pytest.raises(ValueError, match="kv_shared: the arrays give V as its own tensor"):
+        attnlab.attention(q, k, v, kv_shared=True)

@@ -24,14 +24,14 @@ int main() {
     }
     auto t1 = std::chrono::steady_clock::now();
     for (int it = 0; it < N; ++it) {
-      pv_rows<6>(s, 64, v, d, o, dp, nullptr, 0, 64, d);
+      pv_rows<6>(s, 64, Rows<float>::strided(v, d, 64), o, dp, nullptr, 0, 64, d);
       asm volatile("" ::: "memory");
     }
     auto t2 = std::chrono::steady_clock::now();
     for (int it = 0; it < N; ++it) {
       score_panel<6>(q, kt, d, 0, 64, s);
       asm volatile("" ::: "memory");
-      pv_rows<6>(s, 64, v, d, o, dp, nullptr, 0, 64, d);
+      pv_rows<6>(s, 64, Rows<float>::strided(v, d, 64), o, dp, nullptr, 0, 64, d);
       asm volatile("" ::: "memory");
     }
     auto t3 = std::chrono::steady_clock::now();

@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
       for (int p = 0; p < P; ++p) {
         score_panel<6>(q + p * 6 * d, kt, d, 0, 64, s + p * 384);
         asm volatile("" ::: "memory");
-        pv_rows<6>(s + p * 384, 64, v, d, o + p * 6 * dp, dp, nullptr, 0, 64, d);
+        pv_rows<6>(s + p * 384, 64, Rows<float>::strided(v, d, 64), o + p * 6 * dp, dp, nullptr, 0, 64, d);
         asm volatile("" ::: "memory");
       }
     auto t1 = std::chrono::steady_clock::now();
@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
         asm volatile("" ::: "memory");
       }
       for (int p = 0; p < P; ++p) {
-        pv_rows<6>(s + p * 384, 64, v, d, o + p * 6 * dp, dp, nullptr, 0, 64, d);
+        pv_rows<6>(s + p * 384, 64, Rows<float>::strided(v, d, 64), o + p * 6 * dp, dp, nullptr, 0, 64, d);
         asm volatile("" ::: "memory");
       }
     }

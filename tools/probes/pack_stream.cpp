@@ -15,8 +15,9 @@ int main(int argc, char** argv) {
     for (int rr = 0; rr < (argc > 3 ? atoi(argv[3]) : 1); ++rr) {
       auto t0 = std::chrono::steady_clock::now();
       for (size_t j = 0; j < rows; j += 64) {
-        if (pf) prefetch_rows(k + (j + pf * 64) * d, d, 0, j + (pf + 1) * 64 <= rows ? 64 : 0, d);
-        pack_k_transposed(k + j * d, d, 64, d, kt);
+        if (pf)
+          prefetch_rows(Rows<float>::strided(k + (j + pf * 64) * d, d, 64), 0, j + (pf + 1) * 64 <= rows ? 64 : 0, d);
+        pack_k_transposed(Rows<float>::strided(k + j * d, d, 64), 64, d, kt);
         asm volatile("" ::: "memory");
       }
       auto t1 = std::chrono::steady_clock::now();

@@ -48,9 +48,9 @@ inline int64_t kt_pair_offset(int64_t dw, int64_t k, int j) {
   return (j / kBlockKeys) * dw * kBlockKeys + k * kBlockKeys + j % kBlockKeys;
 }
 
-// K tile (nk rows of d bf16, ldk apart) -> K^T words at kt_pair_offset (dw = padded_words(d));
+// K tile (nk rows of d bf16) -> K^T words at kt_pair_offset (dw = padded_words(d));
 // keys [nk, round_up(nk, kBlockKeys)) are zero. The float32 packing's 16 x 16 transpose, on words.
-inline void pack_k_pairs(const bf16* k_rows, int64_t ldk, int nk, int64_t d, uint32_t* kt) {
+inline void pack_k_pairs(const Rows<bf16>& k_rows, int nk, int64_t d, uint32_t* kt) {
   const int64_t dw = padded_words(d);
   const int nb = (nk + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
   for (int j0 = 0; j0 < nb; j0 += 16) {
@@ -58,7 +58,7 @@ inline void pack_k_pairs(const bf16* k_rows, int64_t ldk, int nk, int64_t d, uin
       const int n = static_cast<int>(d - 2 * w0 < 32 ? d - 2 * w0 : 32);  // elements left in the row
       __m512 r[16];
       for (int j = 0; j < 16; ++j) {
-        r[j] = j0 + j < nk && n > 0 ? _mm512_castsi512_ps(load_pairs(k_rows + (j0 + j) * ldk + 2 * w0, n))
+        r[j] = j0 + j < nk && n > 0 ? _mm512_castsi512_ps(load_pairs(k_rows.row(j0 + j) + 2 * w0, n))
                                     : _mm512_setzero_ps();
       }
       transpose_block(r);
@@ -67,12 +67,12 @@ inline void pack_k_pairs(const bf16* k_rows, int64_t ldk, int nk, int64_t d, uin
   }
 }
 
-// V tile (nk rows of d bf16, ldv apart) -> words vp[(j / 2) * ldw + c] = (V[j][c], V[j + 1][c])
+// V tile (nk rows of d bf16) -> words vp[(j / 2) * ldw + c] = (V[j][c], V[j + 1][c])
 // for c < d, zero up to the next whole vector (ldw = padded_dim(d) words); V[nk] reads as zero.
-inline void pack_v_pairs(const bf16* v_rows, int64_t ldv, int nk, int64_t d, uint32_t* vp, int64_t ldw) {
+inline void pack_v_pairs(const Rows<bf16>& v_rows, int nk, int64_t d, uint32_t* vp, int64_t ldw) {
   for (int j = 0; j < nk; j += 2) {
-    const bf16* a = v_rows + j * ldv;
-    const bf16* b = j + 1 < nk ? a + ldv : nullptr;
+    const bf16* a = v_rows.row(j);
+    const bf16* b = j + 1 < nk ? v_rows.row(j + 1) : nullptr;
     uint32_t* out = vp + (j / 2) * ldw;
     for (int64_t c = 0; c < d; c += 16) {
       const __mmask16 m = d - c >= 16 ? __mmask16(0xffff) : __mmask16((1u << (d - c)) - 1);

@@ -52,6 +52,37 @@ inline constexpr int kOutVecs = kNarrowPanels ? 2 : 4;                 // GEMM 2
 // Number of floats of a row of d floats padded to whole vectors.
 inline int64_t padded_dim(int64_t d) { return (d + kLanes - 1) / kLanes * kLanes; }
 
+// The K or V rows of one key tile, key j = row(j): runs of rows `ld` elements apart - one run
+// for a contiguous cache (and a gathered tile), one per block for a paged cache (Problem::
+// kv_block: a tile crosses into another block of the pool, anywhere in memory). The GEMMs walk
+// the runs (each() in pv_rows, row() per key pair in score_rows), so a key is never copied.
+template <class E>
+struct Rows {
+  static constexpr int kMaxRuns = kTileKeys / 16 + 1;  // 16-token blocks, a tile starting mid-block
+  const E* at[kMaxRuns] = {};                          // run r's first row
+  int first[kMaxRuns + 1] = {};                        // run r is keys [first[r], first[r + 1])
+  int runs = 0;
+  int64_t ld = 0;
+  static Rows strided(const E* base, int64_t ld, int n) {
+    Rows r;
+    r.at[0] = base, r.first[1] = n, r.runs = 1, r.ld = ld;
+    return r;
+  }
+  const E* row(int j) const {
+    int r = 0;
+    while (r + 1 < runs && j >= first[r + 1]) ++r;
+    return at[r] + (j - first[r]) * ld;
+  }
+  // f(first row of the run, the run's first key, a, b) for each run's keys [a, b) inside [x, y).
+  template <class F>
+  void each(int x, int y, const F& f) const {
+    for (int r = 0; r < runs; ++r) {
+      const int a = x > first[r] ? x : first[r], b = y < first[r + 1] ? y : first[r + 1];
+      if (a < b) f(at[r], first[r], a, b);
+    }
+  }
+};
+
 #if defined(__AVX512F__)
 // In-register transpose of a 16 x 16 float block: r[i] lane j <- r[j] lane i.
 // Four stages of 16 shuffles (unpack ps, unpack pd, two 128-bit lane shuffles).
@@ -117,7 +148,7 @@ inline int64_t kt_offset(int64_t dp, int64_t k, int j) {
 // aligned; rows [d, padded_dim(d)) are written (zero) but never read. Reads only the nk
 // rows of d floats it is given.
 template <class E>
-inline void pack_k_transposed(const E* k_rows, int64_t ldk, int nk, int64_t d, float* kt) {
+inline void pack_k_transposed(const Rows<E>& k_rows, int nk, int64_t d, float* kt) {
   const int64_t dp = padded_dim(d);
   const int nb = (nk + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -130,7 +161,7 @@ inline void pack_k_transposed(const E* k_rows, int64_t ldk, int nk, int64_t d, f
       const int n = static_cast<int>(d - k0 < kLanes ? d - k0 : kLanes);
       Reg r[kLanes];
       for (int j = 0; j < kLanes; ++j) {
-        r[j] = j0 + j < nk ? Reg(load_partial_at(k_rows + (j0 + j) * ldk, k0, n)) : Reg(Batch(0.f));
+        r[j] = j0 + j < nk ? Reg(load_partial_at(k_rows.row(j0 + j), k0, n)) : Reg(Batch(0.f));
       }
       transpose_block(r);
       for (int c = 0; c < kLanes; ++c) Batch(r[c]).store_aligned(kt + kt_offset(dp, k0 + c, j0));
@@ -138,34 +169,34 @@ inline void pack_k_transposed(const E* k_rows, int64_t ldk, int nk, int64_t d, f
   }
 #else
   for (int64_t k = 0; k < dp; ++k) {
-    for (int j = 0; j < nb; ++j) kt[kt_offset(dp, k, j)] = (j < nk && k < d) ? value_at(k_rows + j * ldk, k) : 0.f;
+    for (int j = 0; j < nb; ++j) kt[kt_offset(dp, k, j)] = (j < nk && k < d) ? value_at(k_rows.row(j), k) : 0.f;
   }
 #endif
 }
 
-// Software prefetch (into L2) of rows [r0, r1) of d values each, ld elements apart: used
-// to bring the next K/V tile in while the current one is computed.
+// Software prefetch (into L2) of rows [r0, r1) of d values each: used to bring the next K/V
+// tile in while the current one is computed.
 template <class E>
-inline void prefetch_rows(const E* base, int64_t ld, int64_t r0, int64_t r1, int64_t d) {
+inline void prefetch_rows(const Rows<E>& rows, int r0, int r1, int64_t d) {
   const int64_t bytes = row_bytes<E>(d);
-  for (int64_t r = r0; r < r1; ++r) {
-    const char* row = reinterpret_cast<const char*>(base + r * ld);
+  for (int r = r0; r < r1; ++r) {
+    const char* row = reinterpret_cast<const char*>(rows.row(r));
     const char* end = row + bytes;
     for (const char* a = row; a < end; a += 64) __builtin_prefetch(a, 0, 2);
     __builtin_prefetch(end - 1, 0, 2);  // the last line when the row is not line-aligned
   }
 }
 
-// Plain loads of one element per cache line of rows [0, n) (d elements each, ld apart), in
+// Plain loads of one element per cache line of rows [0, n) (d elements each), in
 // address order (folded into a volatile, so they stay): independent loads in address order
 // keep many misses in flight, as a streaming read does. For the first tile of a decode
 // task, which nothing prefetched.
 template <class E>
-inline void touch_rows(const E* base, int64_t ld, int n, int64_t d) {
+inline void touch_rows(const Rows<E>& rows, int n, int64_t d) {
   const int64_t bytes = row_bytes<E>(d);
   unsigned acc = 0;
   for (int j = 0; j < n; ++j) {
-    const auto* row = reinterpret_cast<const volatile unsigned char*>(base + j * ld);
+    const auto* row = reinterpret_cast<const volatile unsigned char*>(rows.row(j));
     for (int64_t c = 0; c < bytes; c += 64) acc |= row[c];
     acc |= row[bytes - 1];  // the last line of an unaligned row
   }
@@ -181,26 +212,32 @@ struct NoStep {
   void operator()() const {}
 };
 struct LineStream {
-  // The current run of lines (next, up to end), then the remaining runs: a run is one row,
-  // or all n rows when they are contiguous (BHSD: one region per tensor), so a step is a compare,
-  // a prefetch and an add (the loop keeps `next` in a register; its slow path is inline too: a
-  // call in the loop would spill the accumulators).
+  // The current run of lines (next, up to end), then the remaining runs: per tensor (K, then V)
+  // a run is one row, or all rows of one of its Rows' runs when they are contiguous (BHSD: one
+  // region per tensor, or per block of a paged cache), so a step is a compare, a prefetch and
+  // an add (the loop keeps `next` in a register; its slow path is inline too: a call in the
+  // loop would spill the accumulators).
+  static constexpr int kRuns = Rows<float>::kMaxRuns;
   const char* next = nullptr;
   const char* end = nullptr;
-  const char* base[2];
-  int64_t ld_bytes[2], run_bytes[2];
-  int runs[2];
-  int which = 0, run = 0;
-  // K rows of d values (lda elements apart) and V rows of dv values (ldb apart), n of each.
+  const char* base[2][kRuns];
+  int rows_of[2][kRuns];
+  int64_t ld_bytes[2], row_b[2];
+  int nruns[2];
+  bool contiguous[2];
+  int which = 0, run = 0, row = 0;
+  // K rows of d values and V rows of dv values, n of each.
   template <class E>
-  LineStream(const E* a, int64_t lda, int64_t d, const E* b, int64_t ldb, int64_t dv, int n)
-      : base{reinterpret_cast<const char*>(a), reinterpret_cast<const char*>(b)},
-        ld_bytes{lda * int64_t{sizeof(E)}, ldb * int64_t{sizeof(E)}} {
-    const int64_t bytes[2] = {row_bytes<E>(d), row_bytes<E>(dv)};
+  LineStream(const Rows<E>& a, int64_t d, const Rows<E>& b, int64_t dv, int n)
+      : ld_bytes{a.ld * int64_t{sizeof(E)}, b.ld * int64_t{sizeof(E)}}, row_b{row_bytes<E>(d), row_bytes<E>(dv)} {
+    const Rows<E>* rows[2] = {&a, &b};
     for (int x = 0; x < 2; ++x) {
-      const bool contiguous = ld_bytes[x] == bytes[x];
-      runs[x] = contiguous ? 1 : n;
-      run_bytes[x] = contiguous ? n * bytes[x] : bytes[x];
+      contiguous[x] = ld_bytes[x] == row_b[x];
+      nruns[x] = n > 0 ? rows[x]->runs : 0;
+      for (int r = 0; r < nruns[x]; ++r) {
+        base[x][r] = reinterpret_cast<const char*>(rows[x]->at[r]);
+        rows_of[x][r] = rows[x]->first[r + 1] - rows[x]->first[r];
+      }
     }
     if (n <= 0) {
       which = 2;
@@ -209,16 +246,17 @@ struct LineStream {
     }
   }
   __attribute__((always_inline)) void begin_run() {
-    const char* start = base[which] + run * ld_bytes[which];
+    const char* start = base[which][run] + row * ld_bytes[which];
     next = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(start) & ~uintptr_t{63});  // its first line
-    end = start + run_bytes[which];
+    end = start + (contiguous[which] ? rows_of[which][run] * row_b[which] : row_b[which]);
   }
   __attribute__((always_inline)) void operator()() {
     if (next < end) {
       __builtin_prefetch(next, 0, 3);
       next += 64;
     } else if (which < 2) {
-      if (++run == runs[which]) run = 0, ++which;
+      if (contiguous[which] || ++row == rows_of[which][run]) row = 0, ++run;
+      if (run == nruns[which]) run = 0, ++which;
       if (which < 2) begin_run();
     }
   }
@@ -287,8 +325,8 @@ inline constexpr int kDotRows = 4;
 inline constexpr int kDotKeys = kNarrowPanels ? 2 : 4;
 
 template <int MR, class E, class Step>
-inline void score_rows(const float* qr, int64_t ldq, const float* zero, const E* k, int64_t ldk, int64_t d, int ja,
-                       int jb, float* s, Step& step) {
+inline void score_rows(const float* qr, int64_t ldq, const float* zero, const Rows<E>& k, int64_t d, int ja, int jb,
+                       float* s, Step& step) {
   constexpr int kAcc = kDotRows * kDotKeys;
   static_assert(kAcc % kLanes == 0, "whole reductions");
   const int64_t full = d / kLanes * kLanes;
@@ -298,7 +336,7 @@ inline void score_rows(const float* qr, int64_t ldq, const float* zero, const E*
     for (int r = 0; r < kDotRows; ++r) q[r] = r0 + r < MR ? qr + (r0 + r) * ldq : zero;
     for (int j = ja; j < jb; j += kDotKeys) {
       const E* kr[kDotKeys];  // keys past jb repeat the last one (computed, never stored)
-      for (int c = 0; c < kDotKeys; ++c) kr[c] = k + (j + c < jb ? j + c : jb - 1) * ldk;
+      for (int c = 0; c < kDotKeys; ++c) kr[c] = k.row(j + c < jb ? j + c : jb - 1);
       Batch acc[kAcc];
       for (Batch& x : acc) x = Batch(0.f);
       auto step_block = [&](int64_t c, bool partial) {
@@ -357,10 +395,10 @@ inline void pv_panel(const float* p, int64_t ldp, const E* v, int64_t col, int64
 }
 
 // GEMM 2 over all of d (column blocks of kOutVecs vectors, the last one possibly narrower
-// and with a partial vector). Same arguments as pv_panel, v and o at column 0.
-template <int MR, class E, class Step = NoStep>
-inline void pv_rows(const float* p, int64_t ldp, const E* v, int64_t ldv, float* o, int64_t ldo, const float* alpha,
-                    int ja, int jb, int64_t d, Step&& step = {}) {
+// and with a partial vector) on one run of V rows. Same arguments as pv_panel, v and o at column 0.
+template <int MR, class E, class Step>
+inline void pv_run(const float* p, int64_t ldp, const E* v, int64_t ldv, float* o, int64_t ldo, const float* alpha,
+                   int ja, int jb, int64_t d, Step& step) {
   const int64_t nvec = (d + kLanes - 1) / kLanes;
   const int tail = static_cast<int>(d - (nvec - 1) * kLanes);  // lanes of the last vector
   for (int64_t c0 = 0; c0 < nvec; c0 += kOutVecs) {
@@ -384,6 +422,18 @@ inline void pv_rows(const float* p, int64_t ldp, const E* v, int64_t ldv, float*
     }
 #undef ATTN_PV_CASE
   }
+}
+
+// GEMM 2 over the tile's keys [ja, jb): run by run of V's rows (one for a contiguous cache),
+// alpha applied with the first (alone when no key is in range).
+template <int MR, class E, class Step = NoStep>
+inline void pv_rows(const float* p, int64_t ldp, const Rows<E>& v, float* o, int64_t ldo, const float* alpha, int ja,
+                    int jb, int64_t d, Step&& step = {}) {
+  if (v.runs == 1 || ja >= jb) return pv_run<MR>(p, ldp, v.at[0], v.ld, o, ldo, alpha, ja, jb, d, step);
+  v.each(ja, jb, [&](const E* rows, int first, int a, int b) {
+    pv_run<MR>(p + first, ldp, rows, v.ld, o, ldo, alpha, a - first, b - first, d, step);
+    alpha = nullptr;
+  });
 }
 
 }  // namespace attnlab::ATTN_TARGET_NS::simd
