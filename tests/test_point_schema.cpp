@@ -73,6 +73,10 @@ TEST(PointSchema, IdsOfCommittedRunsAreUnchanged) {
       p.window_right = int_of(row, "window_right", -1);
       p.layout = row.count("layout") && row.at("layout") == "bshd" ? Layout::BSHD : Layout::BHSD;
       if (row.count("dtype") && !row.at("dtype").empty()) p.dtype = parse_dtype(row.at("dtype"));
+      if (row.count("kv_lens") && !row.at("kv_lens").empty()) {  // "1024.2048..." (a mixed-length batch)
+        std::stringstream lens(row.at("kv_lens"));
+        for (std::string len; std::getline(lens, len, '.');) p.kv_lens.push_back(std::stoll(len));
+      }
       int unused = 0;  // the setting axes (kv_dtype, ...) from their columns, where a folder has them
       for (const Axis& a : axes()) {
         if (a.kind == AxisKind::Setting && row.count(a.key) && !row.at(a.key).empty())

@@ -7,13 +7,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <ostream>
 #include <sstream>
 
+#include "attnlab/kv_quant.hpp"
 #include "bench/files.hpp"
 #include "bench/results.hpp"
 
@@ -32,7 +36,7 @@ constexpr double kHelloTimeout = 180;
 constexpr double kRunSlack = 180;
 
 const std::vector<std::string>& families() {
-  static const std::vector<std::string> f = {"torch", "ort", "jax"};
+  static const std::vector<std::string> f = {"torch", "ort", "jax", "ggml"};
   return f;
 }
 
@@ -63,6 +67,32 @@ void write_inputs(const std::string& dir, const Problem& p, const Inputs& in) {
   write_npy(dir + "/v.npy", in.v.data, shape(p.kv_heads, p.kv_len, p.dim_v()));
 }
 
+// The values a point's inputs store, as float32 inputs of the same shapes.
+struct StoredAsFloat {
+  Problem problem;
+  Tensors tensors;
+};
+StoredAsFloat stored_as_float(const Problem& p, const Inputs& in) {
+  StoredAsFloat f{p, {}};
+  f.problem.dtype = DType::F32, f.problem.kv_dtype = KvDType::Same;
+  f.tensors = allocate_tensors(f.problem);
+  const auto widen = [&](const auto& from, const ConstView& to) {
+    for (int64_t b = 0; b < to.batch; ++b)
+      for (int64_t h = 0; h < to.heads; ++h)
+        for (int64_t s = 0; s < to.seq; ++s)
+          for (int64_t d = 0; d < to.dim; ++d) const_cast<float*>(to.row(b, h, s))[d] = to_float(from.row(b, h, s)[d]);
+  };
+  if (p.kv_quantized()) {  // (the dequantized buffers are gone after this statement: copy now)
+    const DequantizedKv d = dequantize_kv(p, in);
+    widen(in.q, f.tensors.inputs.q), widen(d.inputs.k, f.tensors.inputs.k), widen(d.inputs.v, f.tensors.inputs.v);
+    return f;
+  }
+  visit_inputs(in, [&](const auto& t) {
+    widen(t.q, f.tensors.inputs.q), widen(t.k, f.tensors.inputs.k), widen(t.v, f.tensors.inputs.v);
+  });
+  return f;
+}
+
 PeerAnswer answer(PeerAnswer::Status s, std::string reason) {
   PeerAnswer a;
   a.status = s;
@@ -71,9 +101,53 @@ PeerAnswer answer(PeerAnswer::Status s, std::string reason) {
 }
 }  // namespace
 
+PeerTolerance peer_tolerance(const std::string& kernel, const Problem& p, const Inputs& in, const Agreement& ag) {
+  const bool ggml_cache = family_of(kernel) == "ggml" &&
+                          (p.dtype == DType::F16 || p.kv_dtype == KvDType::Q8_0 || p.kv_dtype == KvDType::Q4_0);
+  if (!ggml_cache) return {ag.tol, ""};
+  PeerTolerance t{ag.tol, ""};
+  if (p.dtype == DType::F16) {
+    // Q is already f16-exact; ggml accumulates P.V for an F16 V in f16 (11-bit significand).
+    t.tol.o_rel += kGgmlF16Accumulation;
+    t.rule = "tolerance: the float32 policy's + 2^-9 (ggml accumulates P.V in f16 for an F16 V)";
+    return t;
+  }
+  // ggml rounds Q to q8_0 for its dot products with a q8_0/q4_0 K: the float64 attention with Q
+  // so rounded differs from the reference by what that rounding costs; the peer may err 4x it more.
+  StoredAsFloat f = stored_as_float(p, in);
+  const ConstView& q = f.tensors.inputs.q;
+  std::vector<std::byte> block(static_cast<size_t>(kv_row_bytes(KvDType::Q8_0, p.head_dim)));
+  for (int64_t b = 0; b < q.batch; ++b)
+    for (int64_t h = 0; h < q.heads; ++h)
+      for (int64_t s = 0; s < q.seq; ++s) {
+        float* row = const_cast<float*>(q.row(b, h, s));
+        quantize_row(KvDType::Q8_0, row, p.head_dim, block.data());
+        dequantize_row(KvDType::Q8_0, block.data(), p.head_dim, row);
+      }
+  const Reference rounded = reference(f.problem, f.tensors.inputs, ag.ref.rows);
+  double cost = 0;
+  for (size_t r = 0; r < rounded.rows.size(); ++r) {
+    const double scale = ag.ref.row_scale[r] > 0 ? ag.ref.row_scale[r] : 1.0;
+    for (int64_t d = 0; d < rounded.dim; ++d) {
+      const size_t x = r * static_cast<size_t>(rounded.dim) + static_cast<size_t>(d);
+      if (std::isfinite(rounded.o[x]) && std::isfinite(ag.ref.o[x]))
+        cost = std::max(cost, std::fabs(rounded.o[x] - ag.ref.o[x]) / scale);
+    }
+  }
+  t.tol.o_rel += Tolerance::kFactor * cost;
+  char text[200];
+  std::snprintf(text, sizeof text,
+                "tolerance: the float32 policy's + 4 x %.2g (what rounding Q to q8_0, as ggml does for a %s K, moves "
+                "the float64 O)",
+                cost, to_string(p.kv_dtype));
+  t.rule = text;
+  return t;
+}
+
 const std::vector<std::pair<std::string, std::string>>& peer_kernels() {
-  static const std::vector<std::pair<std::string, std::string>> k = {
-      {"torch_sdpa", "torch"}, {"torch_flex", "torch"}, {"ort_mha", "ort"}, {"ort_gqa", "ort"}, {"jax_dpa", "jax"}};
+  static const std::vector<std::pair<std::string, std::string>> k = {{"torch_sdpa", "torch"}, {"torch_flex", "torch"},
+                                                                     {"ort_mha", "ort"},      {"ort_gqa", "ort"},
+                                                                     {"jax_dpa", "jax"},      {"ggml_fa", "ggml"}};
   return k;
 }
 
@@ -276,7 +350,12 @@ PeerAnswer PeerPool::run(const std::string& kernel, const Problem& p, const Inpu
   const std::string family = family_of(kernel);
   if (family.empty()) return answer(S::Failed, kernel + " is not a peer");
   if (p.mask) return answer(S::Skipped, "mask files are not handed to peers (patterns given by their terms are)");
-  if (in.dtype != DType::F32 || !in.q.data) {  // the one place this rule lives (the servers never see such points)
+  // ggml stores its cache as f16, q8_0 or q4_0 (llama.cpp's cache types): it runs those points, on
+  // their stored values as floats, with the tolerance its arithmetic implies (peer_tolerance).
+  const bool ggml_cache =
+      family == "ggml" && (p.dtype == DType::F16 || p.kv_dtype == KvDType::Q8_0 || p.kv_dtype == KvDType::Q4_0);
+  // the one place this rule lives (the servers never see such points)
+  if ((in.dtype != DType::F32 || !in.q.data) && !ggml_cache) {
     return answer(S::Skipped, "peers run float32 points (a bf16/f16 peer rounds P and needs its own tolerance)");
   }
   if (p.kv_paged()) {
@@ -284,15 +363,21 @@ PeerAnswer PeerPool::run(const std::string& kernel, const Problem& p, const Inpu
                                   ": the peers take contiguous K/V (paged caches are measured against the lab's own "
                                   "contiguous point)");
   }
-  if (p.kv_quantized()) {
+  if (p.kv_quantized() && !ggml_cache) {
     return answer(S::Skipped, std::string("kv_dtype ") + to_string(p.kv_dtype) +
-                                  ": the peers take float32 K/V (none of them reads this cache layout)");
+                                  ": the peers take float32 K/V (none of them reads this cache layout; ggml_fa reads "
+                                  "q8_0 and q4_0)");
   }
   Server& s = server(family, threads);
   if (!s.unavailable.empty()) return answer(S::Skipped, s.unavailable);
   const std::string& dir = scratch();
   std::filesystem::remove(dir + "/o.npy");  // an O left from the point before is never read as this one's
-  write_inputs(dir, p, in);
+  if (in.dtype == DType::F32 && !p.kv_quantized()) {
+    write_inputs(dir, p, in);
+  } else {  // the stored values as float32: 16-bit widened exactly, a quantized cache read by its rule
+    const StoredAsFloat f = stored_as_float(p, in);
+    write_inputs(dir, f.problem, f.tensors.inputs);
+  }
   Json problem = problem_to_json(p);
   problem["kv_lens"] = p.kv_lens;
   problem["scale"] = p.effective_scale();

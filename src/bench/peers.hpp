@@ -7,6 +7,8 @@
 //   ort_mha     ONNX Runtime com.microsoft.MultiHeadAttention       family ort
 //   ort_gqa     ONNX Runtime com.microsoft.GroupQueryAttention      family ort
 //   jax_dpa     jax.nn.dot_product_attention                         family jax
+//   ggml_fa     ggml_flash_attn_ext (llama.cpp's CPU attention)      family ggml
+//               (also on f16 and q8_0 / q4_0 caches: ggml's own cache types)
 //
 // The peers run in Python (scripts/peers/serve.py, one process per family and thread count,
 // kept for the sweep, in the virtual environment scripts/lab peers-setup makes: .venv-peers, or
@@ -31,6 +33,7 @@
 #include "attnlab/npy.hpp"
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
+#include "attnlab/verify.hpp"
 
 namespace attnlab::bench {
 
@@ -51,6 +54,18 @@ std::vector<std::string> split_list(const std::string& text);
 // that materialize the scores (measured: jax_dpa, ort_mha under a mask) twice the float32
 // score matrix.
 size_t peer_memory_bytes(const std::string& kernel, const Problem& p);
+
+// The tolerance a peer's O is judged with: the point's float32 policy (Agreement::tol), widened
+// for ggml_fa on its own cache types by what its arithmetic implies - Q rounded to q8_0 for the
+// dot products with a q8_0/q4_0 K (the float64 attention with Q so rounded, its distance from the
+// reference, times Tolerance::kFactor), P.V accumulated in f16 for an F16 V (2^-9) - and the
+// rule in words ("" for the plain policy).
+struct PeerTolerance {
+  Tolerance tol;
+  std::string rule;
+};
+inline constexpr double kGgmlF16Accumulation = 1.0 / 512;
+PeerTolerance peer_tolerance(const std::string& kernel, const Problem& p, const Inputs& in, const Agreement& ag);
 
 // What a peer server answered for one point.
 struct PeerAnswer {

@@ -191,12 +191,14 @@ PointFile Runner::decide_peer(const GridPoint& g, const PointRecord& base) {
     if (a.status == PeerAnswer::Status::Failed) return decided(PointStatus::Failed, "peer: " + a.reason);
     const MutView ov = make_view<float>(a.o.data.data(), p.batch, p.q_heads, p.q_len, p.dim_v(), Layout::BHSD);
     const Errors err = measure(ag.ref, as_const(ov), nullptr, p);  // peers give no LSE
+    const PeerTolerance pt = peer_tolerance(g.kernel, p, t.inputs, ag);
+    if (!pt.rule.empty()) r.how += "; " + pt.rule;
     r.err_o_rel = r.err_o_rel_f32_inputs = err.o_rel;
     r.err_lse = std::numeric_limits<double>::quiet_NaN();
-    r.tol_o_rel = ag.tol.o_rel;
-    r.tol_lse = ag.tol.lse;
+    r.tol_o_rel = pt.tol.o_rel;
+    r.tol_lse = pt.tol.lse;
     r.verify_rows = static_cast<int>(rows.size());
-    const std::string why = ag.tol.why_failed(err);
+    const std::string why = pt.tol.why_failed(err);
     r.verdict = to_string(why.empty() ? Verdict::Pass : Verdict::Fail);
     if (!why.empty()) return decided(PointStatus::Failed, "disagrees with the float64 reference: " + why);
     r.times = a.times;

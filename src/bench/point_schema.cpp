@@ -344,12 +344,16 @@ std::string describe_point(const PointView& v, std::string_view label) {
   if (p.dim_v() != p.head_dim) (s += '/') += std::to_string(p.dim_v());
   (s += ' ') += mask_name(p);
   // Every id field after the mask but threads (layout, dtype, a new axis), as its value when
-  // not at its default; then the threads.
+  // not at its default (a number or a list as name=value: "kv_block=64"); then the threads.
   static const std::vector<const PointField*> order = in_id_order();
   bool after_mask = false;
   for (const PointField* f : order) {
     const std::string_view name = f->name;
-    if (after_mask && name != "threads" && !f->omitted(v)) (s += ' ') += f->value(v);
+    if (after_mask && name != "threads" && !f->omitted(v)) {
+      s += ' ';
+      if (std::string_view(f->type) != "text" || name == "kv_lens") (s += name) += '=';
+      s += f->value(v);
+    }
     after_mask = after_mask || name == "mask";
   }
   return (s += " t") += std::to_string(v.threads);
