@@ -7,8 +7,9 @@
                             nothing (ctest Docs.current, so CI fails on a stale table)
 
 What it writes:
-  README.md, between the `docs.py headline` markers: the newest committed sweep with peers in
-    it (by machine.json's date), one row per shape at its largest thread count: the lab's
+  README.md, between the `docs.py headline` markers: per group of peers (the runtimes: torch,
+    ort, jax; llama.cpp's ggml) the newest committed sweep with such a peer in it (by
+    machine.json's date), one row per shape at its largest thread count: the lab's
     fastest kernel (median, % of the FMA peak, or of the read bandwidth for q_len <= 16,
     both measured in that run), the fastest peer and the lab's lead over it.
   docs/runs.md: every committed folder under results/ (git-tracked; a run the main job just
@@ -84,21 +85,36 @@ def shape_of(r):
         text += f", {r['mask']}"
     if r.get("dtype") and r["dtype"] != "f32":
         text += f", {r['dtype']}"
+    if r.get("kv_dtype") and r["kv_dtype"] != "dtype":
+        text += f", {r['kv_dtype']} cache"
     return text
 
 
+# The headline's tables: per group of peers, the newest committed sweep with such a peer in it.
+HEADLINE_GROUPS = (("the runtimes' attention (PyTorch, ONNX Runtime, JAX)",
+                    lambda k: k.split("_")[0] in ("torch", "ort", "jax")),
+                   ("llama.cpp's CPU attention (ggml) on its own KV-cache types", lambda k: k.startswith("ggml")))
+
+
 def headline():
-    candidates = []
-    for folder in committed_folders():
-        machine, rows = load(folder)
-        if any(is_peer(r) and ok(r) for r in rows) and any(not is_peer(r) and ok(r) for r in rows):
-            candidates.append((machine.get("date", ""), folder, machine, rows))
-    if not candidates:
-        return "(no committed sweep with peers)"
-    _, folder, machine, rows = max(candidates)
+    folders = [(folder, *load(folder)) for folder in committed_folders()]
+    out = []
+    for title, wanted in HEADLINE_GROUPS:
+        candidates = []
+        for folder, machine, rows in folders:
+            mine = [r for r in rows if not is_peer(r) or wanted(r["kernel"])]
+            if any(is_peer(r) and ok(r) for r in mine) and any(not is_peer(r) and ok(r) for r in mine):
+                candidates.append((machine.get("date", ""), folder, machine, mine))
+        if candidates:
+            _, folder, machine, rows = max(candidates)
+            out += (["", ""] if out else []) + [f"**Against {title}**", ""] + headline_table(folder, machine, rows)
+    return "\n".join(out) if out else "(no committed sweep with peers)"
+
+
+def headline_table(folder, machine, rows):
     threads = max(int(r["threads"]) for r in rows if ok(r))
     keys = ("batch", "q_heads", "kv_heads", "head_dim", "head_dim_v", "q_len", "kv_len", "mask",
-            "window_left", "window_right", "pattern", "dtype", "layout")
+            "window_left", "window_right", "pattern", "dtype", "kv_dtype", "kv_block", "kv_shared", "kv_lens", "layout")
     shapes = {}
     for r in rows:
         if ok(r) and int(r["threads"]) == threads:
@@ -131,7 +147,7 @@ def headline():
     if any("(K/V in cache)" in line for line in out):
         out += ["", "(Over 100% of the read bandwidth: that cache fits the CPU's last-level cache "
                 "between calls, a cache figure, not a memory one.)"]
-    return "\n".join(out)
+    return out
 
 
 def runs():

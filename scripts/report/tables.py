@@ -36,15 +36,27 @@ def model_table(rows, experiment):
           "(causal unless the model is an encoder), or the cross-attention shape; decode: one new token "
           "against a cache of 4k / 32k keys. KV bytes per token: what one token adds to one layer's cache "
           "(kv_heads x (d_qk + d_v) x 4 bytes) - multiply by the layer count for the model. (MLA's real "
-          "cache keeps one 576-wide latent row per token, V being its first 512 columns: 2304 bytes; the lab "
-          "stores V apart, so its decode reads the 4352 listed.) A decode above 100% of the read bandwidth "
-          "had its cache in the CPU caches.", "",
+          "cache keeps one 576-wide latent row per token, V being its first 512 columns: 2304 bytes, the row "
+          "marked kv_shared; without it the lab stores V apart and decode reads 4352.) A model measured with "
+          "another storage (dtype, kv_dtype, kv_shared) has a row per storage. A decode above 100% of the read "
+          "bandwidth had its cache in the CPU caches.", "",
           "| model | heads q/kv | d_qk / d_v | mask | prefill (context: GFLOP/s, % of FMA peak) | decode at 4k: "
           "ms/token (% of read bandwidth, % of FMA peak) | decode at 32k | KV bytes/token/layer |",
           "|---|---|---|---|---|---|---|---|"]
     skipped = []
-    for m in models:
-        rm = [r for r in rows if r.get("model") == m]
+
+    def storage(r):
+        return (r.get("dtype") or "f32", r.get("kv_dtype") or "dtype", str(r.get("kv_shared") or 0))
+
+    def label(m, s):
+        parts = ([s[0]] if s[0] != "f32" else []) + ([s[1] + " cache"] if s[1] != "dtype" else []) + \
+            (["kv_shared: V = K's first d_v columns"] if s[2] not in ("0", "") else [])
+        return m + (f" ({', '.join(parts)})" if parts else "")
+
+    variants = [(m, s) for m in models
+                for s in dict.fromkeys(storage(r) for r in rows if r.get("model") == m)]
+    for m, s in variants:
+        rm = [r for r in rows if r.get("model") == m and storage(r) == s]
         ok_m = [r for r in rm if r["status"] == "ok" and r.get("time_median_s")]
         skipped += [r for r in rm if r["status"] != "ok"]
         pre = sorted((r for r in ok_m if not is_decode(r)), key=lambda r: (r["kv_len"], r["q_len"]))
@@ -63,7 +75,7 @@ def model_table(rows, experiment):
             return f"{fmt(r['time_median_s'] * 1e3, '.3g')} ({', '.join(pct)})"
 
         masks = sorted({r["mask"] for r in rm})
-        md.append(f"| {m} | " + " ; ".join(dict.fromkeys(f"{r['q_heads']}/{r['kv_heads']}" for r in rm)) + " | "
+        md.append(f"| {label(m, s)} | " + " ; ".join(dict.fromkeys(f"{r['q_heads']}/{r['kv_heads']}" for r in rm)) + " | "
                   + " ; ".join(dict.fromkeys(f"{r['head_dim']} / {r['head_dim_v']}" for r in rm)) + " | "
                   f"{', '.join(masks)} | {pre_text} | {decode_cell(4096)} | {decode_cell(32768)} | "
                   + " ; ".join(fmt(x, ".0f") for x in dict.fromkeys(r.get("kv_bytes_per_token") for r in rm)) + " |")
@@ -113,7 +125,8 @@ def peer_section(rows, ok):
           "Peers ran in the same sweep on the same inputs (`attnlab sweep --peers`; scripts/peers/), at the "
           "same thread count, timed like the lab's points (warm-up, then repetitions of >= min_time each; "
           "medians), and their O was checked against the same float64 reference with the same tolerance "
-          "policy before its times were kept (a peer that disagrees is failed, not timed). % of peak is "
+          "policy before its times were kept (a peer that disagrees is failed, not timed; ggml_fa on its own "
+          "f16/q8_0/q4_0 caches with the tolerance its arithmetic implies, stated in its how). % of peak is "
           "against the default target's FMA peak.", "",
           "| peer | version | points ok / failed / skipped | how it was driven (distinct settings) |",
           "|---|---|---|---|"]
