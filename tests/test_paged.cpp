@@ -125,8 +125,9 @@ TEST(Paged, FlashAndDecodeGiveTheContiguousResultBitForBit) {
   shapes.push_back(shape(2, 4, 2, 70, 300, 96, 0));  // chunked prefill, d_v != d, bshd
   shapes.back().head_dim_v = 64, shapes.back().layout = Layout::BSHD;
   shapes.back().causal = CausalAlign::BottomRight, shapes.back().kv_lens = {300, 171};
-  shapes.push_back(shape(1, 4, 2, 2, 700, 64, 0));  // StreamingLLM: sinks (a gathered tile) + window
+  shapes.push_back(shape(2, 4, 2, 2, 700, 64, 0));  // StreamingLLM: sinks (a gathered tile) + window,
   shapes.back().sinks = 4, shapes.back().window_left = 100, shapes.back().window_right = 0;
+  shapes.back().kv_lens = {700, 0};  // and an empty sequence (no block at all: nothing to gather)
   shapes.back().causal = CausalAlign::BottomRight;
   struct Storage {
     DType dtype;

@@ -626,7 +626,7 @@ void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Sc
   const int64_t n = range.second - e;
   // Then the gathered tile (BlockMap::gathered), when some row of this tile sees one of its keys.
   const int64_t gw = map.gathered.empty() ? -1 : map.gathered_words[v * map.tiles() + qt];
-  const int64_t ng = gw >= 0 && keys.lo == 0 ? 1 : 0;
+  const int64_t ng = gw >= 0 && keys.lo == 0 && lk > 0 ? 1 : 0;  // (an empty sequence has no key to gather)
   const auto ngk = static_cast<int64_t>(map.gathered.size());
   std::byte* const gk = reinterpret_cast<std::byte*>(s.gather);
   std::byte* const gv = s.gather ? gk + t.gather_v_off : nullptr;
