@@ -13,6 +13,7 @@
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
 #include "attnlab/verify.hpp"
+#include "test_util.hpp"
 
 namespace attnlab {
 namespace {
@@ -361,15 +362,10 @@ TEST(KvCache, TileEngineRefusesAnFp8ScaleOtherThanOne) {
 
 // Planted reader bugs: the agreement must catch each. A test kernel hands decode a copy of the
 // cache with one defect a reader could have.
-class PlantedCacheBug final : public Kernel {
+class PlantedCacheBug final : public test::Wrapped {
  public:
   enum Bug { WrongScale, BlockOffByOne, SwappedNibbles, StaleRow };
-  PlantedCacheBug(const Kernel& inner, Bug bug) : inner_(inner), bug_(bug) {}
-  std::string_view name() const override { return "planted"; }
-  std::string_view description() const override { return "decode reading a corrupted copy of the cache"; }
-  bool runs_kv_quant() const override { return true; }
-  bool runs_head_dim_v() const override { return true; }
-  size_t workspace_bytes(const Problem& p, int threads) const override { return inner_.workspace_bytes(p, threads); }
+  PlantedCacheBug(const Kernel& inner, Bug bug) : Wrapped(inner), bug_(bug) {}
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     const int64_t rows = p.batch * p.kv_heads * p.kv_len, bytes = in.kq.dim;
     std::vector<std::byte> k(reinterpret_cast<const std::byte*>(in.kq.data),
@@ -393,7 +389,6 @@ class PlantedCacheBug final : public Kernel {
   }
 
  private:
-  const Kernel& inner_;
   Bug bug_;
 };
 

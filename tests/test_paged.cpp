@@ -14,6 +14,7 @@
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
 #include "attnlab/verify.hpp"
+#include "test_util.hpp"
 
 namespace attnlab {
 namespace {
@@ -239,17 +240,10 @@ TEST(Paged, BadBlocksAndTablesNameTheField) {
 }
 
 // A kernel reading through a corrupted table: each corruption must fail agreement.
-class PlantedTableBug final : public Kernel {
+class PlantedTableBug final : public test::Wrapped {
  public:
   enum Bug { BlockOffByOne, StalePageId };
-  PlantedTableBug(const Kernel& inner, Bug bug) : inner_(inner), bug_(bug) {}
-  std::string_view name() const override { return inner_.name(); }
-  std::string_view description() const override { return "planted table bug"; }
-  std::string_view isa() const override { return inner_.isa(); }
-  bool runs_paged() const override { return true; }
-  bool runs_head_dim_v() const override { return true; }
-  Support supports(const Problem& p) const override { return inner_.supports(p); }
-  size_t workspace_bytes(const Problem& p, int threads) const override { return inner_.workspace_bytes(p, threads); }
+  PlantedTableBug(const Kernel& inner, Bug bug) : Wrapped(inner), bug_(bug) {}
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     const KvPages& pg = in.pages;
     std::vector<int32_t> table(pg.table, pg.table + p.batch * pg.table_len);
@@ -264,7 +258,6 @@ class PlantedTableBug final : public Kernel {
   }
 
  private:
-  const Kernel& inner_;
   Bug bug_;
 };
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,6 +19,28 @@ inline std::string variant_name(const Kernel& k) {
   if (!bench::is_per_target_isa(k.isa())) return std::string(k.name());
   return std::string(k.name()) + "_" + std::string(k.isa());
 }
+
+// A test kernel that is `inner` in every respect but run() (a planted bug around it): its name,
+// target, capabilities, support, workspace and plan are inner's.
+class Wrapped : public Kernel {
+ public:
+  explicit Wrapped(const Kernel& inner) : inner_(inner) {}
+  std::string_view name() const override { return inner_.name(); }
+  std::string_view description() const override { return "a planted bug around a kernel"; }
+  std::string_view isa() const override { return inner_.isa(); }
+  Support available() const override { return inner_.available(); }
+  Arithmetic arithmetic() const override { return inner_.arithmetic(); }
+  Support supports(const Problem& p) const override { return inner_.supports(p); }
+  size_t workspace_bytes(const Problem& p, int threads) const override { return inner_.workspace_bytes(p, threads); }
+  bool runs_patterns() const override { return inner_.runs_patterns(); }
+  bool runs_head_dim_v() const override { return inner_.runs_head_dim_v(); }
+  bool runs_kv_quant() const override { return inner_.runs_kv_quant(); }
+  bool runs_paged() const override { return inner_.runs_paged(); }
+  std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return inner_.make_plan(p); }
+
+ protected:
+  const Kernel& inner_;
+};
 
 // The storage dtype a kernel is tested at when a test does not range over dtypes: bf16 for
 // the kernels that compute on bf16 only (flash_bf16), else f32.

@@ -12,6 +12,7 @@ masks (causal, windows, sparse patterns) as ggml's additive F16 mask (Skv, Sq pa
 GGML_KQ_MASK_PAD), 0 or -inf, from the lab's rule. The graph is
 planned once with its own work buffer; a call is one ggml_graph_compute."""
 import ctypes
+import weakref
 
 import numpy as np
 
@@ -103,16 +104,16 @@ def prepare(kernel, p, q, k, v):
     plan.work_data = ctypes.cast(work, ctypes.POINTER(ctypes.c_uint8))
     how.append(f"{_threads} threads, one ggml_graph_compute per call")
 
-    def fn():
+    def fn(_work=work):  # (the work buffer lives as long as fn)
         if ggml.ggml_graph_compute(gf, ctypes.byref(plan)) != 0:
             raise RuntimeError("ggml_graph_compute failed")
 
-    def collect():
+    def collect(_fn=fn):  # (O lives in the context: fn, and so the context, outlives this)
         o = np.ctypeslib.as_array(ctypes.cast(ggml.ggml_get_data(out), ctypes.POINTER(ctypes.c_float)),
                                   shape=(sq, hq, dv)).copy()  # ne (Dv, Hq, Sq): permuted
-        ggml.ggml_free(ctx)
-        work_keep.clear()
         return o.transpose(1, 0, 2)[None]
 
-    work_keep = [work, ctx]
+    # The context (inputs, cache, O) is freed when the server drops fn, also when timing was
+    # skipped (the time cap) and collect never ran.
+    weakref.finalize(fn, ggml.ggml_free, ctx)
     return fn, collect, "; ".join(how)

@@ -93,6 +93,13 @@ StoredAsFloat stored_as_float(const Problem& p, const Inputs& in) {
   return f;
 }
 
+// Whether `kernel` is ggml's on one of ggml's own cache types (llama.cpp's f16, q8_0, q4_0): it
+// runs those points, on their stored values as floats, with the tolerance its arithmetic implies.
+bool ggml_own_cache(const std::string& kernel, const Problem& p) {
+  return family_of(kernel) == "ggml" &&
+         (p.dtype == DType::F16 || p.kv_dtype == KvDType::Q8_0 || p.kv_dtype == KvDType::Q4_0);
+}
+
 PeerAnswer answer(PeerAnswer::Status s, std::string reason) {
   PeerAnswer a;
   a.status = s;
@@ -102,9 +109,7 @@ PeerAnswer answer(PeerAnswer::Status s, std::string reason) {
 }  // namespace
 
 PeerTolerance peer_tolerance(const std::string& kernel, const Problem& p, const Inputs& in, const Agreement& ag) {
-  const bool ggml_cache = family_of(kernel) == "ggml" &&
-                          (p.dtype == DType::F16 || p.kv_dtype == KvDType::Q8_0 || p.kv_dtype == KvDType::Q4_0);
-  if (!ggml_cache) return {ag.tol, ""};
+  if (!ggml_own_cache(kernel, p)) return {ag.tol, ""};
   PeerTolerance t{ag.tol, ""};
   if (p.dtype == DType::F16) {
     // Q is already f16-exact; ggml accumulates P.V for an F16 V in f16 (11-bit significand).
@@ -350,10 +355,7 @@ PeerAnswer PeerPool::run(const std::string& kernel, const Problem& p, const Inpu
   const std::string family = family_of(kernel);
   if (family.empty()) return answer(S::Failed, kernel + " is not a peer");
   if (p.mask) return answer(S::Skipped, "mask files are not handed to peers (patterns given by their terms are)");
-  // ggml stores its cache as f16, q8_0 or q4_0 (llama.cpp's cache types): it runs those points, on
-  // their stored values as floats, with the tolerance its arithmetic implies (peer_tolerance).
-  const bool ggml_cache =
-      family == "ggml" && (p.dtype == DType::F16 || p.kv_dtype == KvDType::Q8_0 || p.kv_dtype == KvDType::Q4_0);
+  const bool ggml_cache = ggml_own_cache(kernel, p);
   // the one place this rule lives (the servers never see such points)
   if ((in.dtype != DType::F32 || !in.q.data) && !ggml_cache) {
     return answer(S::Skipped, "peers run float32 points (a bf16/f16 peer rounds P and needs its own tolerance)");
