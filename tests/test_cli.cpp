@@ -368,6 +368,8 @@ TEST_F(Cli, BadInputGetsClearErrorsAndWritesNothing) {
       {"run --impl fastest " + qkv() + out, "impl: 'fastest' is not a kernel; allowed: naive, blocked"},
       {"run --impl naive " + qkv() + out + " --window 3", "window: '3' must be two integers"},
       {"run --impl naive " + qkv() + out + " --kv-lens 9", "kv_lens[0]: 9 is out of range"},
+      {"run --impl naive " + qkv() + out + " --kv-shared true", "kv_shared: the .npy files give V as its own tensor"},
+      {"run --impl naive " + qkv() + out + " --kv-block 48", "kv_block: 48 is not allowed; allowed: 0"},
       {"run --impl naive " + qkv() + out + " --causal --causal-top-left", "exclude each other"},
       {"run --impl naive --q " + path("k.npy") + " --k " + path("q.npy") + " --v " + path("missing.npy") + out,
        "cannot open"},
