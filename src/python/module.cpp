@@ -1,6 +1,7 @@
-// The Python module `attnlab` (pybind11): the kernels on numpy arrays, without copies.
+// The Python module `attnlab` (pybind11): the kernels on numpy arrays and torch / JAX tensors,
+// without copies.
 //
-//   import attnlab                      # PYTHONPATH=build/python (scripts/lab python)
+//   import attnlab                      # pip install . (pyproject.toml), or PYTHONPATH=build/python
 //   o = attnlab.attention(q, k, v, kernel="flash", causal=True)
 //   o, lse = attnlab.attention(q, k, v, return_lse=True, layout="bshd", threads=2)
 //   attnlab.kernels(); attnlab.verify(q, k, v, causal=True); attnlab.peak()
@@ -9,18 +10,25 @@
 // (a copy, the cache a runtime would hold) and runs on it; Q is read in place.
 // Every setting axis of the point schema (bench/point_schema.hpp) beyond layout and dtype is
 // a keyword too, taking what the experiment key takes (a new axis needs no edit here).
-// Inputs are 4-D C-contiguous numpy arrays, read in place (never copied): float32, float16, or
-// uint16 holding bfloat16 bits with dtype="bf16". V's last dimension is head_dim_v. Anything
-// else is a TypeError or ValueError naming the argument and what is allowed; the lab's own
-// refusals (InvalidInput: shapes, masks, a kernel that cannot run the problem) are ValueError.
+// Inputs are 4-D C-contiguous CPU arrays, read in place (never copied): numpy arrays through the
+// buffer protocol, anything else with __dlpack__ (torch, JAX) through DLPack - never through
+// numpy's C structures, so the module works with numpy 1.x and 2.x alike. float32, float16,
+// bfloat16 (torch/JAX), or uint16 holding bfloat16 bits with dtype="bf16". V's last dimension is
+// head_dim_v. Outputs are float32 numpy arrays (made by numpy.empty), handed back as torch
+// tensors when q is one (torch.from_dlpack: the same memory) and as JAX arrays for JAX input.
+// Anything else is a TypeError or ValueError naming the argument and what is allowed; the lab's
+// own refusals (InvalidInput: shapes, masks, a kernel that cannot run the problem) are ValueError.
 // The GIL is released while a kernel runs.
-#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <array>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attnlab/kernel.hpp"
@@ -34,57 +42,208 @@ using namespace attnlab;
 
 namespace {
 
-// One input array, as the lab sees it: its memory (not copied), storage dtype and 4 sizes.
+// DLPack's C structures (dmlc/dlpack's dlpack.h, the unversioned "dltensor" capsule every
+// array library hands out from __dlpack__()); stable ABI, spelled here to need no header.
+struct DLDevice {
+  int32_t device_type;  // 1 = kDLCPU
+  int32_t device_id;
+};
+struct DLDataType {
+  uint8_t code;  // 0 int, 1 uint, 2 float, 4 bfloat
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;  // in elements; null = C-contiguous
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor*);
+};
+
+// One input array, as the lab sees it: its memory (not copied), storage dtype and 4 sizes, and
+// the buffer view or DLPack tensor that keeps that memory alive until the call ends (released
+// with the GIL held: every Call outlives its gil_scoped_release).
 struct Arr {
   const void* data = nullptr;
   DType dtype = DType::F32;
   std::array<int64_t, 4> shape{};
+  std::shared_ptr<void> hold;
+  std::string library = "numpy";  // the module of the object's type: where outputs go back
 };
 
-std::string shape_text(const py::array& a) {
+std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "(";
-  for (py::ssize_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
-  return s + (a.ndim() == 1 ? ",)" : ")");
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + (shape.size() == 1 ? ",)" : ")");
 }
 
-Arr as_input(const py::handle& obj, const char* name, const std::optional<std::string>& dtype, Layout layout) {
-  if (!py::isinstance<py::array>(obj)) {
-    throw py::type_error(std::string(name) + ": a numpy array is required, got " +
-                         std::string(py::str(py::type::of(obj).attr("__name__"))));
+std::string type_name(const py::handle& obj) {
+  const py::handle t = py::type::of(obj);
+  return std::string(py::str(t.attr("__module__"))) + "." + std::string(py::str(t.attr("__name__")));
+}
+
+// Whether `strides` (in elements; empty = compact) describe a C-contiguous array of `shape`
+// (a dimension of size 1 may have any stride).
+bool c_contiguous(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  if (strides.empty()) return true;
+  int64_t want = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] != 1 && strides[i] != want) return false;
+    want *= shape[i];
   }
-  const auto a = py::reinterpret_borrow<py::array>(obj);
-  if (a.ndim() != 4) {
-    throw py::value_error(std::string(name) + ": shape " + shape_text(a) + " has " + std::to_string(a.ndim()) +
+  return true;
+}
+
+// The checks both ways in share: 4 dimensions, C order, the dtype= argument.
+void check_array(const char* name, const std::vector<int64_t>& shape, bool contiguous, Layout layout, Arr& r,
+                 const std::optional<std::string>& dtype, const std::string& seen) {
+  if (shape.size() != 4) {
+    throw py::value_error(std::string(name) + ": shape " + shape_text(shape) + " has " + std::to_string(shape.size()) +
                           " dimensions; allowed: 4, " +
                           (layout == Layout::BHSD ? "(batch, heads, seq, head_dim) for layout bhsd"
                                                   : "(batch, seq, heads, head_dim) for layout bshd"));
   }
-  if (!(a.flags() & py::array::c_style)) {
+  if (!contiguous) {
     throw py::value_error(std::string(name) +
-                          ": not C-contiguous; allowed: a C-contiguous array "
-                          "(np.ascontiguousarray(x): the module reads arrays in place and never copies)");
-  }
-  Arr r;
-  const char kind = a.dtype().kind();
-  const auto size = a.itemsize();
-  if (kind == 'f' && size == 4) {
-    r.dtype = DType::F32;
-  } else if (kind == 'f' && size == 2) {
-    r.dtype = DType::F16;
-  } else if (kind == 'u' && size == 2 && dtype == "bf16") {
-    r.dtype = DType::BF16;
-  } else {
-    throw py::type_error(std::string(name) + ": dtype " + std::string(py::str(a.dtype())) +
-                         " is not read in place; allowed: float32, float16, or uint16 bfloat16 bits with "
-                         "dtype=\"bf16\" (convert with x.astype(np.float32))");
+                          ": not C-contiguous; allowed: a C-contiguous array (np.ascontiguousarray(x), "
+                          "x.contiguous() in torch: the module reads arrays in place and never copies)");
   }
   if (dtype && *dtype != to_string(r.dtype)) {
-    throw py::type_error(std::string(name) + ": dtype=\"" + *dtype + "\" given for " + std::string(py::str(a.dtype())) +
-                         " data; allowed: float32 for \"f32\", float16 for \"f16\", uint16 bits for \"bf16\"");
+    throw py::type_error(std::string(name) + ": dtype=\"" + *dtype + "\" given for " + seen +
+                         " data; allowed: float32 for \"f32\", float16 for \"f16\", bfloat16 (or uint16 "
+                         "bits) for \"bf16\"");
   }
-  r.data = a.data();
-  for (int i = 0; i < 4; ++i) r.shape[i] = a.shape(i);
+  for (int i = 0; i < 4; ++i) r.shape[i] = shape[i];
+}
+
+const char* const kAllowedDtypes =
+    "; allowed: float32, float16, bfloat16 (torch, jax) or uint16 bfloat16 bits with dtype=\"bf16\" "
+    "(convert with x.astype(np.float32) / x.float())";
+
+// An array library's object through DLPack (__dlpack__: torch, jax, cupy, ...): CPU memory only.
+Arr from_dlpack(const py::handle& obj, const char* name, const std::optional<std::string>& dtype, Layout layout) {
+  py::object cap;
+  try {
+    cap = obj.attr("__dlpack__")();
+  } catch (py::error_already_set& e) {
+    throw py::type_error(std::string(name) + ": " + type_name(obj) + ".__dlpack__() failed: " +
+                         std::string(py::str(e.type().attr("__name__"))) + ": " + std::string(py::str(e.value())) +
+                         " (a torch tensor that requires grad: pass x.detach(); attnlab.attention computes no "
+                         "gradient)");
+  }
+  auto* mt = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap.ptr(), "dltensor"));
+  if (!mt) throw py::error_already_set();
+  PyCapsule_SetName(cap.ptr(), "used_dltensor");  // ours now: the capsule no longer frees it
+  Arr r;
+  r.hold = std::shared_ptr<void>(mt, [](void* x) {
+    auto* t = static_cast<DLManagedTensor*>(x);
+    if (t->deleter) t->deleter(t);
+  });
+  r.library = py::str(py::type::of(obj).attr("__module__")).cast<std::string>();
+  r.library = r.library.substr(0, r.library.find('.'));
+  const DLTensor& t = mt->dl_tensor;
+  if (t.device.device_type != 1) {
+    throw py::value_error(std::string(name) + ": on device type " + std::to_string(t.device.device_type) +
+                          " (DLPack); allowed: CPU memory (x.cpu() in torch)");
+  }
+  const std::vector<int64_t> shape(t.shape, t.shape + t.ndim);
+  const std::vector<int64_t> strides =
+      t.strides ? std::vector<int64_t>(t.strides, t.strides + t.ndim) : std::vector<int64_t>{};
+  const std::string seen = "DLPack code " + std::to_string(t.dtype.code) + " bits " + std::to_string(t.dtype.bits);
+  if (t.dtype.lanes == 1 && t.dtype.code == 2 && t.dtype.bits == 32) {
+    r.dtype = DType::F32;
+  } else if (t.dtype.lanes == 1 && t.dtype.code == 2 && t.dtype.bits == 16) {
+    r.dtype = DType::F16;
+  } else if (t.dtype.lanes == 1 && ((t.dtype.code == 4 && t.dtype.bits == 16) ||
+                                    (t.dtype.code == 1 && t.dtype.bits == 16 && dtype == "bf16"))) {
+    r.dtype = DType::BF16;
+  } else {
+    throw py::type_error(std::string(name) + ": " + type_name(obj) + " with " + seen + " is not read in place" +
+                         kAllowedDtypes);
+  }
+  check_array(name, shape, c_contiguous(shape, strides), layout, r, dtype, seen);
+  r.data = static_cast<const char*>(t.data) + t.byte_offset;
   return r;
+}
+
+// numpy (or any object with the buffer protocol, PEP 3118): read through the buffer's format,
+// item size and strides, never through numpy's C structures, so any numpy (1.x, 2.x) works.
+Arr from_buffer(const py::handle& obj, const char* name, const std::optional<std::string>& dtype, Layout layout) {
+  Py_buffer got{};
+  if (PyObject_GetBuffer(obj.ptr(), &got, PyBUF_RECORDS_RO) != 0) {
+    PyErr_Clear();
+    throw py::type_error(std::string(name) + ": " + type_name(obj) +
+                         " is neither an array with the buffer protocol (numpy) nor one with __dlpack__ "
+                         "(torch, jax); allowed: a 4-D array of those");
+  }
+  const auto view = std::shared_ptr<Py_buffer>(new Py_buffer(got), [](Py_buffer* b) {
+    PyBuffer_Release(b);
+    delete b;
+  });
+  Arr r;
+  r.hold = view;
+  std::string fmt = view->format ? view->format : "B";
+  if (!fmt.empty() && std::string("@=<").find(fmt[0]) != std::string::npos) fmt.erase(0, 1);  // native order
+  const std::vector<int64_t> shape(view->shape, view->shape + view->ndim);
+  std::vector<int64_t> strides;  // in items; a stride that is not whole items is not C order
+  bool whole_items = true;
+  for (int i = 0; i < view->ndim && view->strides; ++i) {
+    whole_items = whole_items && view->strides[i] % view->itemsize == 0;
+    strides.push_back(view->strides[i] / view->itemsize);
+  }
+  const std::string seen = "buffer format '" + fmt + "'";
+  if (fmt == "f" && view->itemsize == 4) {
+    r.dtype = DType::F32;
+  } else if (fmt == "e" && view->itemsize == 2) {
+    r.dtype = DType::F16;
+  } else if (fmt == "H" && view->itemsize == 2 && dtype == "bf16") {
+    r.dtype = DType::BF16;
+  } else {
+    const py::object d = py::getattr(obj, "dtype", py::none());
+    throw py::type_error(std::string(name) + ": dtype " + (d.is_none() ? seen : std::string(py::str(d))) +
+                         " is not read in place" + kAllowedDtypes);
+  }
+  check_array(name, shape, whole_items && c_contiguous(shape, strides), layout, r, dtype, seen);
+  r.data = view->buf;
+  return r;
+}
+
+Arr as_input(const py::handle& obj, const char* name, const std::optional<std::string>& dtype, Layout layout) {
+  // numpy arrays by the buffer protocol (it also takes read-only arrays, which numpy's
+  // __dlpack__ refuses before numpy 2.1); everything else with __dlpack__ by DLPack.
+  const bool numpy = py::type::of(obj).attr("__module__").cast<std::string>() == "numpy";
+  if (!numpy && py::hasattr(obj, "__dlpack__")) return from_dlpack(obj, name, dtype, layout);
+  return from_buffer(obj, name, dtype, layout);
+}
+
+// A new float32 array of `shape` for an output, made by numpy's Python API (no C-API: any
+// numpy), and its memory.
+std::pair<py::object, float*> new_output(const std::vector<int64_t>& shape) {
+  py::tuple t(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) t[i] = py::int_(shape[i]);
+  py::object a = py::module_::import("numpy").attr("empty")(t, py::arg("dtype") = "float32");
+  Py_buffer view{};
+  if (PyObject_GetBuffer(a.ptr(), &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+  auto* data = static_cast<float*>(view.buf);
+  PyBuffer_Release(&view);  // `a` keeps the memory
+  return {a, data};
+}
+
+// An output in the library the inputs came from: a torch tensor for torch inputs, a JAX array
+// for JAX's (both by DLPack from the numpy array: torch shares its memory; JAX may copy where
+// it cannot alias), else the numpy array itself.
+py::object to_library(const py::object& a, const std::string& library) {
+  if (library == "torch") return py::module_::import("torch").attr("from_dlpack")(a);
+  if (library == "jax" || library == "jaxlib") return py::module_::import("jax.numpy").attr("from_dlpack")(a);
+  return a;
 }
 
 // A keyword's Python value as the schema's parsers read it.
@@ -124,6 +283,7 @@ void apply_settings(const py::kwargs& settings, Problem& p) {
 // The problem Q, K, V describe, with the mask arguments; validated (InvalidInput -> ValueError).
 struct Call {
   Problem p;
+  Arr q, k, v;  // the arrays' memory, held until the call ends
   Inputs in;
   Tensors cache;  // a quantized or paged cache (kv_dtype, kv_block), written from the K and V arrays
 };
@@ -136,8 +296,9 @@ Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, co
   Call c;
   Problem& p = c.p;
   p.layout = parse_layout(layout);
-  const Arr aq = as_input(q, "q", dtype, p.layout), ak = as_input(k, "k", dtype, p.layout),
-            av = as_input(v, "v", dtype, p.layout);
+  c.q = as_input(q, "q", dtype, p.layout), c.k = as_input(k, "k", dtype, p.layout),
+  c.v = as_input(v, "v", dtype, p.layout);
+  const Arr &aq = c.q, &ak = c.k, &av = c.v;
   if (ak.dtype != aq.dtype || av.dtype != aq.dtype) {
     throw py::type_error("k, v: dtypes differ from q's; allowed: the same dtype for q, k and v");
   }
@@ -214,18 +375,18 @@ py::object attention(const py::handle& q, const py::handle& k, const py::handle&
   const Kernel& kern = kernel_named(kernel, isa);
   Session session(kern, p, thread_count(threads));
   const bool bhsd = p.layout == Layout::BHSD;
-  py::array_t<float> o(bhsd ? std::vector<py::ssize_t>{p.batch, p.q_heads, p.q_len, p.dim_v()}
-                            : std::vector<py::ssize_t>{p.batch, p.q_len, p.q_heads, p.dim_v()});
-  py::array_t<float> lse(std::vector<py::ssize_t>{p.batch, p.q_heads, p.q_len});
+  const auto [o, o_data] = new_output(bhsd ? std::vector<int64_t>{p.batch, p.q_heads, p.q_len, p.dim_v()}
+                                           : std::vector<int64_t>{p.batch, p.q_len, p.q_heads, p.dim_v()});
   Outputs out;
-  out.o = make_view<float>(o.mutable_data(), p.batch, p.q_heads, p.q_len, p.dim_v(), p.layout);
-  out.lse = return_lse ? lse.mutable_data() : nullptr;
+  out.o = make_view<float>(o_data, p.batch, p.q_heads, p.q_len, p.dim_v(), p.layout);
+  py::object lse;
+  if (return_lse) std::tie(lse, out.lse) = new_output({p.batch, p.q_heads, p.q_len});
   {
     py::gil_scoped_release unlocked;
     session.run(c.in, out);
   }
-  if (return_lse) return py::make_tuple(o, lse);
-  return o;
+  if (return_lse) return py::make_tuple(to_library(o, c.q.library), to_library(lse, c.q.library));
+  return to_library(o, c.q.library);
 }
 
 py::list kernels() {

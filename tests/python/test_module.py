@@ -1,6 +1,8 @@
 """The Python module (src/python/module.cpp) against a float64 numpy implementation written here,
-its error paths, and that it reads numpy arrays in place. Run by ctest (Python.module) with
-PYTHONPATH=build/python; `scripts/lab python` prints that line."""
+its error paths, and that it reads numpy arrays, DLPack objects, torch tensors and JAX arrays in
+place. Run by ctest (Python.module) with PYTHONPATH=build/python under Debian's python3 (numpy
+1.24), and by `scripts/lab pip-test` in a venv where `pip install .` put the module beside numpy 2
+(and torch / JAX when that venv has them: their tests skip otherwise)."""
 
 import numpy as np
 import pytest
@@ -108,9 +110,74 @@ def test_no_copies_for_contiguous_inputs():
         assert "head_dim_v=16" in views["problem"]
 
 
+class DlpackOnly:
+    """An array known only by the DLPack protocol (as torch and JAX hand theirs out)."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, stream=None):
+        return self.a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+def test_dlpack_objects_and_read_only_arrays_are_read_in_place():
+    q, k, v = inputs(dv=16)
+    views = attnlab._views(DlpackOnly(q), DlpackOnly(k), DlpackOnly(v))
+    assert views["q"] == q.ctypes.data and views["k"] == k.ctypes.data and views["v"] == v.ctypes.data
+    o = attnlab.attention(DlpackOnly(q), DlpackOnly(k), DlpackOnly(v), causal=True)
+    assert isinstance(o, np.ndarray) and np.max(np.abs(o - reference(q, k, v, causal=True)[0])) < 1e-5
+    with pytest.raises(ValueError, match="^k: not C-contiguous"):
+        attnlab.attention(DlpackOnly(q), DlpackOnly(k[:, :, ::2]), DlpackOnly(v[:, :, ::2]))
+    for x in (q, k, v):
+        x.flags.writeable = False  # read-only: numpy's __dlpack__ refuses these, the buffer protocol not
+    assert attnlab._views(q, k, v)["q"] == q.ctypes.data
+    assert np.array_equal(attnlab.attention(q, k, v, causal=True), o)
+
+
+def test_torch_tensors_in_and_out_without_copies():
+    torch = pytest.importorskip("torch")
+    q, k, v = inputs()
+    tq, tk, tv = (torch.from_numpy(x.copy()) for x in (q, k, v))
+    views = attnlab._views(tq, tk, tv)
+    assert (views["q"], views["k"], views["v"]) == (tq.data_ptr(), tk.data_ptr(), tv.data_ptr())
+    o, lse = attnlab.attention(tq, tk, tv, causal=True, return_lse=True)
+    assert isinstance(o, torch.Tensor) and o.dtype == torch.float32 and isinstance(lse, torch.Tensor)
+    ro, rl = reference(q, k, v, causal=True)
+    assert np.max(np.abs(o.numpy() - ro)) < 1e-5 and np.max(np.abs(lse.numpy() - rl)) < 1e-5
+    # bfloat16 tensors directly (not uint16 bits), and the seq-major layout through a contiguous copy
+    bq, bk, bv = (x.to(torch.bfloat16) for x in (tq, tk, tv))
+    assert attnlab._views(bq, bk, bv)["q"] == bq.data_ptr()
+    ob = attnlab.attention(bq, bk, bv)
+    widened = [x.float().numpy() for x in (bq, bk, bv)]
+    assert np.max(np.abs(ob.numpy() - reference(*widened)[0])) < 1e-5
+    t = lambda x: x.transpose(1, 2).contiguous()
+    os_ = attnlab.attention(t(tq), t(tk), t(tv), causal=True, layout="bshd")
+    assert np.max(np.abs(os_.transpose(1, 2).numpy() - ro)) < 1e-5
+    with pytest.raises(ValueError, match="^q: not C-contiguous"):
+        attnlab.attention(tq.transpose(1, 2), tk, tv)
+    with pytest.raises(TypeError, match="^q: .*requires grad"):
+        attnlab.attention(tq.clone().requires_grad_(), tk, tv)
+    with pytest.raises(TypeError, match="^v: .* is not read in place"):
+        attnlab.attention(tq, tk, tv.double())
+
+
+def test_jax_arrays_in_and_out_without_copies():
+    jnp = pytest.importorskip("jax.numpy")
+    q, k, v = inputs()
+    jq, jk, jv = (jnp.asarray(x) for x in (q, k, v))
+    views = attnlab._views(jq, jk, jv)
+    assert views["q"] == jq.unsafe_buffer_pointer() and views["v"] == jv.unsafe_buffer_pointer()
+    o = attnlab.attention(jq, jk, jv, causal=True)
+    assert type(o).__module__.split(".")[0] in ("jax", "jaxlib")
+    assert np.max(np.abs(np.asarray(o) - reference(q, k, v, causal=True)[0])) < 1e-5
+
+
 def test_errors_name_the_argument():
     q, k, v = inputs()
-    with pytest.raises(TypeError, match="^q: a numpy array is required"):
+    with pytest.raises(TypeError, match="^q: builtins.list is neither an array with the buffer protocol"):
         attnlab.attention(q.tolist(), k, v)
     with pytest.raises(TypeError, match="^k: dtype float64"):
         attnlab.attention(q, k.astype(np.float64), v)
