@@ -36,6 +36,10 @@ class Wrapped : public Kernel {
   bool runs_head_dim_v() const override { return inner_.runs_head_dim_v(); }
   bool runs_kv_quant() const override { return inner_.runs_kv_quant(); }
   bool runs_paged() const override { return inner_.runs_paged(); }
+  bool runs_backward() const override { return inner_.runs_backward(); }
+  size_t backward_workspace_bytes(const Problem& p, int threads) const override {
+    return inner_.backward_workspace_bytes(p, threads);
+  }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return inner_.make_plan(p); }
 
  protected:

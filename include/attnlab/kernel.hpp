@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "attnlab/backward.hpp"
 #include "attnlab/phases.hpp"
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
@@ -120,6 +121,15 @@ class Kernel {
   virtual std::shared_ptr<const Plan> make_plan(const Problem&) const;
   // Computes O (and LSE when outputs.lse is set). Called inside the run's task_arena.
   virtual void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const = 0;
+  // Whether it computes the backward pass (backward.hpp); a Session made for the backward
+  // refuses the others, naming the kernels that do.
+  virtual bool runs_backward() const;
+  // Scratch memory for run_backward(), for `threads` threads.
+  virtual size_t backward_workspace_bytes(const Problem&, int threads) const;
+  // Writes dQ, dK and dV (every element) from Q, K, V, dO and the forward's O and LSE. Called
+  // inside the run's task_arena; only when runs_backward().
+  virtual void run_backward(const Problem& p, const Inputs& in, const BackwardInputs& bw, const Gradients& g,
+                            RunContext& ctx) const;
 };
 
 // All kernels, in ladder order, each once: a SIMD kernel as its variant for default_isa()
@@ -159,14 +169,17 @@ Support can_run(const Kernel& kernel, const Problem& problem, int threads);
 class Session {
  public:
   // Validates the problem, checks availability, support and the memory budget (throws
-  // InvalidInput with the reason), allocates the workspace and creates the arena.
-  Session(const Kernel& kernel, const Problem& problem, int threads);
+  // InvalidInput with the reason), allocates the workspace and creates the arena. backward:
+  // the session also runs run_backward (the kernel must have it; its workspace is the larger).
+  Session(const Kernel& kernel, const Problem& problem, int threads, bool backward = false);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
   // timed_launches: RunContext::timed_launches (cuda::time_launches).
   void run(const Inputs& in, const Outputs& out, int timed_launches = 0);
+  // The backward pass (a session made with backward = true).
+  void run_backward(const Inputs& in, const BackwardInputs& bw, const Gradients& g);
   // A growing KV cache (attnlab generate): the problem becomes the same one with kv_len keys,
   // at most the kv_len the session was made for, so the workspace and arena are reused.
   // Interval problems without per-batch kv_lens only; throws InvalidInput otherwise.
@@ -182,6 +195,7 @@ class Session {
   Problem problem_;
   int threads_;
   int64_t made_kv_len_;  // resize_kv's bound
+  bool backward_;
   size_t workspace_size_ = 0;
   std::unique_ptr<std::byte[], AlignedFree> workspace_;
   std::shared_ptr<const Plan> plan_;

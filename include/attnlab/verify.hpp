@@ -31,6 +31,10 @@
 
 namespace attnlab {
 
+// Error of one value against the reference, with the NaN rules above: 0 when both are NaN or
+// the same infinity, infinite for a non-finite/finite mismatch, else |got - want|.
+double value_error(double got, double want);
+
 struct RowId {
   int64_t b = 0, h = 0, i = 0;
 };
@@ -49,6 +53,10 @@ std::vector<RowId> all_rows(const Problem& p);
 // All rows when there are at most max_rows; otherwise a deterministic sample that always
 // includes the first and last row of every (b, h) (where masks bite) plus random rows.
 std::vector<RowId> sample_rows(const Problem& p, size_t max_rows, uint64_t seed);
+
+// The keys row r sees, ascending: its interval, or (sparse pattern) the element rule applied to
+// every key of its hull -- the dense mask, independent of any block classification.
+std::vector<int64_t> reference_keys(const Problem& p, const RowId& r);
 
 // The float64 reference: the specification, computed row by row, never optimized.
 double reference_row(const Problem& p, const Inputs& in, const RowId& r, double* o_row, double* row_scale);
@@ -114,6 +122,28 @@ struct KernelCheck {
 // row the kernel forgets to write fails, and measures it against a.ref with a.tol.
 // Allocates O and LSE (check_output_bytes) and the session's workspace.
 KernelCheck check_kernel(const Kernel& k, const Problem& p, const Inputs& in, const Agreement& a, int threads);
+
+// The backward pass's agreement (backward.hpp): reference gradients of every element, the
+// textbook float32 backward's error as the baseline, the tolerance from it.
+struct BackwardAgreement {
+  ReferenceGrads ref;
+  GradErrors baseline;
+  GradTolerance tol;
+};
+BackwardAgreement prepare_backward_agreement(const Problem& p, const Inputs& in, const ConstView& d_o);
+
+struct BackwardCheck {
+  std::string kernel;
+  Verdict verdict = Verdict::Skip;
+  GradErrors errors;
+  std::string reason;  // why it failed or was skipped
+};
+// The kernel's forward (its own O and LSE), then its backward, through a Session made for the
+// backward with `threads`, on gradients pre-filled with NaN (an element never written fails);
+// measured against a.ref with a.tol. Skipped (with the reason) when it cannot run the problem or
+// has no backward pass.
+BackwardCheck check_backward(const Kernel& k, const Problem& p, const Inputs& in, const ConstView& d_o,
+                             const BackwardAgreement& a, int threads);
 
 // Memory a verification allocates on top of the inputs it is given, an upper bound summed
 // over its steps: sample_rows(p, rows, seed) (`rows` = the max_rows asked for),

@@ -1,5 +1,6 @@
 // attnlab verify: kernels against the float64 reference (random inputs over one shape or a
-// default set), or against outputs produced elsewhere (--expect, e.g. numpy / PyTorch).
+// default set), or against outputs produced elsewhere (--expect, e.g. numpy / PyTorch);
+// --backward: the backward pass's gradients against the float64 reference gradients.
 // Verifying nothing is not agreement: a kernel named in --impl that runs on no shape
 // (unavailable, or unsupported for every shape) makes the exit code 3, with the reason.
 // Rows name the variant that ran: flash[avx2] for a kernel built per target, naive for one
@@ -26,6 +27,7 @@ struct VerifyArgs {
   IsaFlag isa;
   std::vector<std::string> isas;  // isa.apply(), before anything runs
   int64_t sample_rows = 0;        // rows held to the reference; 0 = every row
+  bool backward = false;          // the backward pass's gradients instead of O and LSE
   std::vector<RowId> rows(const Problem& p) const {
     return sample_rows > 0 ? attnlab::sample_rows(p, static_cast<size_t>(sample_rows), 7) : all_rows(p);
   }
@@ -107,6 +109,17 @@ class Tally {
     seen_.resize(kernels_.size());
   }
   const std::vector<const Kernel*>& kernels() const { return kernels_; }
+  // A backward check: printed with its gradients' errors, recorded as a forward check is.
+  void add(size_t i, const BackwardCheck& b) {
+    const std::string label = bench::kernel_label(*kernels_[i]);
+    if (b.verdict == Verdict::Skip) {
+      std::printf("  %-18s %12s %12s %12s  SKIP (%s)\n", label.c_str(), "-", "-", "-", b.reason.c_str());
+    } else {
+      std::printf("  %-18s %12.3g %12.3g %12.3g  %s%s%s\n", label.c_str(), b.errors.dq, b.errors.dk, b.errors.dv,
+                  to_string(b.verdict), b.reason.empty() ? "" : ": ", b.reason.c_str());
+    }
+    record(i, b.verdict, b.reason);
+  }
   // Prints the check (labelled with the variant) and records it for kernels()[i].
   void add(size_t i, const KernelCheck& check) {
     KernelCheck c = check;
@@ -116,12 +129,15 @@ class Tally {
       std::printf("  %-18s held to the textbook's error in its own arithmetic (%s): tolerance O %.3g, LSE %.3g\n", "",
                   to_string(ar), c.tol.o_rel, c.tol.lse);
     }
+    record(i, c.verdict, c.reason);
+  }
+  void record(size_t i, Verdict verdict, const std::string& reason) {
     Seen& s = seen_[i];
-    if (c.verdict == Verdict::Skip) {
-      if (std::find(s.skips.begin(), s.skips.end(), c.reason) == s.skips.end()) s.skips.push_back(c.reason);
+    if (verdict == Verdict::Skip) {
+      if (std::find(s.skips.begin(), s.skips.end(), reason) == s.skips.end()) s.skips.push_back(reason);
     } else {
       s.ran = true;
-      s.failed |= c.verdict == Verdict::Fail;
+      s.failed |= verdict == Verdict::Fail;
     }
   }
   // `external_ok`: whether the expected file itself agrees (always true for random inputs).
@@ -197,6 +213,30 @@ int verify_random(const std::vector<Problem>& problems, const VerifyArgs& a) {
                       "FAILED: some kernel disagrees with the float64 reference");
 }
 
+// The backward pass on random inputs and a random dO: every element's gradient against the
+// float64 reference, the tolerance from the textbook float32 backward's error (backward.hpp).
+int verify_backward(const std::vector<Problem>& problems, const VerifyArgs& a) {
+  Tally tally = make_tally(a);
+  for (const Problem& p : problems) {
+    p.validate();
+    check_backward_problem(p);
+    Tensors t = random_tensors(p, a.shape.seed);
+    std::vector<float> d_o(static_cast<size_t>(p.o_elems()));
+    fill_uniform(d_o.data(), p.o_elems(), a.shape.seed + 1);
+    const ConstView dov = make_view<const float>(d_o.data(), p.batch, p.q_heads, p.q_len, p.dim_v(), p.layout);
+    const BackwardAgreement ag = prepare_backward_agreement(p, t.inputs, dov);
+    std::printf("\n%s, backward (dO uniform [-1, 1))\n", p.describe().c_str());
+    std::printf("  baseline (textbook float32 vs float64): dQ %.3g, dK %.3g, dV %.3g -> tolerance %.3g, %.3g, %.3g\n",
+                ag.baseline.dq, ag.baseline.dk, ag.baseline.dv, ag.tol.dq, ag.tol.dk, ag.tol.dv);
+    std::printf("  %-18s %12s %12s %12s  %s\n", "kernel", "dQ rel", "dK rel", "dV rel", "status");
+    for (size_t i = 0; i < tally.kernels().size(); ++i) {
+      tally.add(i, check_backward(*tally.kernels()[i], p, t.inputs, dov, ag, a.mask.thread_count()));
+    }
+  }
+  return tally.finish(true, "all kernels that ran agree with the float64 reference gradients",
+                      "FAILED: some kernel's gradients disagree with the float64 reference");
+}
+
 int verify_expect(const VerifyArgs& a) {
   LoadedInputs li = load_inputs(a.q, a.k, a.v, a.mask);
   const Problem& p = li.problem;
@@ -265,6 +305,9 @@ Command add_verify(CLI::App& app) {
                   "check this many sampled query rows (all heads and batches) against the float64 reference "
                   "instead of every row: large shapes, whose reference over every row takes minutes (0 = every row)")
       ->check(CLI::NonNegativeNumber);
+  sub->add_flag("--backward", args->backward,
+                "the backward pass: each kernel's dQ, dK, dV (after its own forward) against the float64 "
+                "reference gradients, random inputs and dO; kernels without a backward pass are skipped");
   args->mask.add_to(*sub);
   args->shape.add_to(*sub);
   args->isa.add_to(*sub, true);
@@ -272,6 +315,12 @@ Command add_verify(CLI::App& app) {
             args->isas = args->isa.apply();
             const VerifyArgs& a = *args;
             const bool files = !a.q.empty() || !a.k.empty() || !a.v.empty() || !a.expect.empty();
+            if (files && a.backward) {
+              throw InvalidInput("verify: --backward with --q/--k/--v/--expect; allowed: --backward on random inputs");
+            }
+            const auto run = [&](const std::vector<Problem>& ps) {
+              return a.backward ? verify_backward(ps, a) : verify_random(ps, a);
+            };
             if (files) {
               if (a.q.empty() || a.k.empty() || a.v.empty() || a.expect.empty()) {
                 throw InvalidInput(
@@ -287,12 +336,12 @@ Command add_verify(CLI::App& app) {
             if (!a.shape.any_given() && !mask_given) {
               std::vector<Problem> shapes = default_shapes();
               for (Problem& p : shapes) a.mask.settings.apply(p);
-              return verify_random(shapes, a);
+              return run(shapes);
             }
             Problem p;
             a.shape.apply(p);
             a.mask.apply(p);
-            return verify_random({p}, a);
+            return run({p});
           }};
 }
 

@@ -1,4 +1,7 @@
 // The Kernel interface's shared parts: defaults, the run decision (can_run) and Session.
+#include <algorithm>
+#include <stdexcept>
+
 #include <tbb/task_arena.h>
 
 #include "attnlab/kernel.hpp"
@@ -18,6 +21,11 @@ bool Kernel::runs_head_dim_v() const { return false; }
 bool Kernel::runs_kv_quant() const { return false; }
 bool Kernel::runs_paged() const { return false; }
 std::shared_ptr<const Plan> Kernel::make_plan(const Problem&) const { return nullptr; }
+bool Kernel::runs_backward() const { return false; }
+size_t Kernel::backward_workspace_bytes(const Problem&, int) const { return 0; }
+void Kernel::run_backward(const Problem&, const Inputs&, const BackwardInputs&, const Gradients&, RunContext&) const {
+  throw std::logic_error(std::string(name()) + ": run_backward called on a kernel without the backward pass");
+}
 
 namespace {
 std::vector<const Kernel*> (*catalog)() = nullptr;
@@ -74,8 +82,8 @@ struct Session::Arena {
   explicit Arena(int threads) : arena(threads) {}
 };
 
-Session::Session(const Kernel& kernel, const Problem& problem, int threads)
-    : kernel_(kernel), problem_(problem), threads_(threads), made_kv_len_(problem.kv_len) {
+Session::Session(const Kernel& kernel, const Problem& problem, int threads, bool backward)
+    : kernel_(kernel), problem_(problem), threads_(threads), made_kv_len_(problem.kv_len), backward_(backward) {
   problem_.validate();
   if (threads < 1 || threads > 1024) {
     throw InvalidInput("threads: " + std::to_string(threads) + " is not allowed; allowed: 1 to 1024");
@@ -89,7 +97,13 @@ Session::Session(const Kernel& kernel, const Problem& problem, int threads)
   if (Support m = fits_memory_budget(kernel, problem_, threads); !m) {
     throw InvalidInput(std::string(kernel.name()) + " cannot run " + problem_.describe() + ": " + m.reason);
   }
+  if (backward && !kernel.runs_backward()) {
+    throw InvalidInput("backward: " + std::string(kernel.name()) +
+                       " has no backward pass; allowed: " + kernels_that(&Kernel::runs_backward));
+  }
+  if (backward) check_backward_problem(problem_);
   workspace_size_ = kernel.workspace_bytes(problem_, threads);
+  if (backward) workspace_size_ = std::max(workspace_size_, kernel.backward_workspace_bytes(problem_, threads));
   workspace_ = alloc_bytes(workspace_size_);
   plan_ = kernel.make_plan(problem_);
   arena_ = std::make_unique<Arena>(threads);
@@ -127,6 +141,19 @@ void Session::run(const Inputs& in, const Outputs& out, int timed_launches) {
   }
   RunContext ctx{threads_, std::span<std::byte>(workspace_.get(), workspace_size_), plan_.get(), timed_launches};
   arena_->arena.execute([&] { kernel_.run(problem_, in, out, ctx); });
+}
+
+void Session::run_backward(const Inputs& in, const BackwardInputs& bw, const Gradients& g) {
+  if (!backward_) throw std::logic_error("Session::run_backward: the session was not made for the backward pass");
+  if (!bw.lse || !bw.o.data || !bw.d_o.data) {
+    throw InvalidInput("backward: dO, O and the forward's LSE are all required; allowed: the forward's outputs");
+  }
+  if (in.dtype != problem_.dtype) {
+    throw InvalidInput(std::string("inputs: dtype ") + to_string(in.dtype) + " given to a " +
+                       to_string(problem_.dtype) + " problem; allowed: the problem's dtype");
+  }
+  RunContext ctx{threads_, std::span<std::byte>(workspace_.get(), workspace_size_), plan_.get(), 0};
+  arena_->arena.execute([&] { kernel_.run_backward(problem_, in, bw, g, ctx); });
 }
 
 }  // namespace attnlab

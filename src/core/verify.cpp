@@ -15,14 +15,6 @@ namespace attnlab {
 namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Error of one value against the reference, with the NaN rules of the header.
-double value_error(double got, double want) {
-  if (std::isnan(want) && std::isnan(got)) return 0.0;
-  if (std::isinf(want) && got == want) return 0.0;
-  if (!std::isfinite(got) || !std::isfinite(want)) return kInf;
-  return std::fabs(got - want);
-}
-
 void accumulate(Errors& e, const Reference& ref, size_t r, const float* o_row, const float* lse) {
   const double* want = &ref.o[r * ref.dim];
   // A row whose reference is NaN has a NaN scale (its inputs hold NaN); its finite elements are
@@ -80,9 +72,13 @@ std::vector<RowId> sample_rows(const Problem& p, size_t max_rows, uint64_t seed)
   return rows;
 }
 
-namespace {
-// The keys row r sees: its interval, or (sparse pattern) the element rule applied to every key
-// of its hull -- the dense mask, independent of any block classification.
+double value_error(double got, double want) {
+  if (std::isnan(want) && std::isnan(got)) return 0.0;
+  if (std::isinf(want) && got == want) return 0.0;
+  if (!std::isfinite(got) || !std::isfinite(want)) return kInf;
+  return std::fabs(got - want);
+}
+
 std::vector<int64_t> reference_keys(const Problem& p, const RowId& r) {
   std::vector<int64_t> keys;
   if (p.sparse()) {
@@ -93,6 +89,8 @@ std::vector<int64_t> reference_keys(const Problem& p, const RowId& r) {
   }
   return keys;
 }
+
+namespace {
 
 template <class E>
 double reference_row_typed(const Problem& p, const TypedInputs<E>& in, const RowId& r, double* o_row,

@@ -9,6 +9,10 @@
 // exactly to float32 where read; float32 compute. A quantized cache (kv_quant.hpp) is read back as float32 K and V into
 // the workspace before the loops (what the reference reads), and a paged cache (kv_block) copied into a contiguous one
 // first (unpage_kv_into), as the reference reads it.
+// Backward (backward.hpp): textbook::backward_row per query row - scores recomputed, P from the forward's
+// LSE, D_i from its O, dQ written, dK/dV accumulated in (b, h, i) order - the float32 baseline of the
+// backward's tolerance. Memory: one row of kv_len floats. Cost: 4 (d + d_v)-ish FLOP per visible pair.
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -29,6 +33,45 @@ class Naive final : public Kernel {
   bool runs_head_dim_v() const override { return true; }
   bool runs_kv_quant() const override { return true; }
   bool runs_paged() const override { return true; }
+  bool runs_backward() const override { return true; }
+  size_t backward_workspace_bytes(const Problem& p, int) const override {
+    return static_cast<size_t>(p.kv_len) * sizeof(float);
+  }
+  // The textbook backward (textbook::backward_row), row by row: each row's scores recomputed,
+  // P from the forward's LSE, dK and dV accumulated over the rows and the group's query heads
+  // in (b, h, i) order. One thread.
+  void run_backward(const Problem& p, const Inputs& in, const BackwardInputs& bw, const Gradients& g,
+                    RunContext& ctx) const override {
+    const auto zero = [&](const MutView& t, int64_t heads, int64_t seq) {
+      for (int64_t b = 0; b < p.batch; ++b)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t s = 0; s < seq; ++s) std::fill(t.row(b, h, s), t.row(b, h, s) + t.dim, 0.f);
+    };
+    zero(g.dk, p.kv_heads, p.kv_len);
+    zero(g.dv, p.kv_heads, p.kv_len);
+    float* s = reinterpret_cast<float*>(ctx.workspace.data());
+    const std::optional<Pattern> pattern = p.sparse() ? std::optional<Pattern>(std::in_place, p) : std::nullopt;
+    std::vector<int64_t> list;
+    visit_inputs(in, [&](const auto& typed) {
+      for (int64_t b = 0; b < p.batch; ++b) {
+        const MaskSpec mask = p.mask_for_batch(b);
+        for (int64_t h = 0; h < p.q_heads; ++h)
+          for (int64_t i = 0; i < p.q_len; ++i) {
+            const float lse = bw.lse[(b * p.q_heads + h) * p.q_len + i];
+            const auto row = [&](const auto& keys) {
+              textbook::backward_row(p, typed, b, h, i, keys, bw.o.row(b, h, i), lse, bw.d_o.row(b, h, i), s,
+                                     g.dq.row(b, h, i), g.dk, g.dv);
+            };
+            if (!pattern) {
+              row(mask.row(i));
+            } else {
+              pattern->keys(b, h, i, list);
+              row(textbook::KeyList{list.data(), static_cast<int64_t>(list.size())});
+            }
+          }
+      }
+    });
+  }
   size_t workspace_bytes(const Problem& p, int) const override {
     return scores_bytes(p) + (p.kv_paged() ? unpaged_bytes(p) : 0) +
            (p.kv_quantized() ? static_cast<size_t>(p.kv_elems() + p.v_elems()) * sizeof(float) : 0);

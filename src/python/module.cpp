@@ -23,6 +23,7 @@
 #include <pybind11/stl.h>
 
 #include <array>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -389,6 +390,87 @@ py::object attention(const py::handle& q, const py::handle& k, const py::handle&
   return to_library(o, c.q.library);
 }
 
+// dQ, dK, dV of O = attention(q, k, v) for the gradient d_o flowing into O (backward.hpp), by the
+// kernel's backward pass; O and LSE from its own forward unless both are given.
+py::tuple attention_backward(const py::handle& q, const py::handle& k, const py::handle& v, const py::handle& d_o,
+                             const py::object& o_given, const py::object& lse_given, const std::string& kernel,
+                             const py::object& causal, const std::optional<std::pair<int64_t, int64_t>>& window,
+                             const std::optional<std::vector<int64_t>>& kv_lens, const std::optional<float>& scale,
+                             const std::string& layout, const std::optional<int>& threads,
+                             const std::optional<std::string>& dtype, const std::optional<std::string>& isa,
+                             const py::kwargs& settings) {
+  const Call c = make_call(q, k, v, causal, window, kv_lens, scale, layout, dtype, settings);
+  const Problem& p = c.p;
+  const bool bhsd = p.layout == Layout::BHSD;
+  const std::vector<int64_t> o_shape = bhsd ? std::vector<int64_t>{p.batch, p.q_heads, p.q_len, p.dim_v()}
+                                            : std::vector<int64_t>{p.batch, p.q_len, p.q_heads, p.dim_v()};
+  // dO (and a given O) float32 in O's shape; a given LSE float32 (batch, q_heads, q_len).
+  const auto float_input = [&](const py::handle& obj, const char* name, const std::vector<int64_t>& shape) {
+    Arr a = as_input(obj, name, std::nullopt, p.layout);
+    if (a.dtype != DType::F32) {
+      throw py::type_error(std::string(name) + ": dtype " + to_string(a.dtype) + "; allowed: float32");
+    }
+    if (std::vector<int64_t>(a.shape.begin(), a.shape.end()) != shape) {
+      throw py::value_error(std::string(name) + ": shape " + shape_text({a.shape.begin(), a.shape.end()}) +
+                            "; allowed: " + shape_text(shape) + " (O's shape)");
+    }
+    return a;
+  };
+  const Arr ado = float_input(d_o, "do", o_shape);
+  if (o_given.is_none() != lse_given.is_none()) {
+    throw py::value_error("o, lse: give both (the forward's outputs) or neither (the kernel's own forward)");
+  }
+  const Kernel& kern = kernel_named(kernel, isa);
+  Session session(kern, p, thread_count(threads), true);
+  const auto view = [&](const void* data, int64_t heads, int64_t seq, int64_t dim) {
+    return make_view<const float>(static_cast<const float*>(data), p.batch, heads, seq, dim, p.layout);
+  };
+  BackwardInputs bw{view(ado.data, p.q_heads, p.q_len, p.dim_v()), {}, nullptr};
+  Arr ao;  // a given O, held until the call ends
+  std::vector<float> lse_buf(static_cast<size_t>(p.lse_elems()));
+  if (!o_given.is_none()) {
+    ao = float_input(o_given, "o", o_shape);
+    bw.o = view(ao.data, p.q_heads, p.q_len, p.dim_v());
+    // LSE: batch * q_heads * q_len floats, copied (numpy reads any array library's by __array__).
+    const py::object l = py::module_::import("numpy").attr("ascontiguousarray")(lse_given, "float32");
+    Py_buffer lv{};
+    if (PyObject_GetBuffer(l.ptr(), &lv, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+    const bool ok = lv.len == static_cast<Py_ssize_t>(lse_buf.size() * sizeof(float));
+    if (ok) std::memcpy(lse_buf.data(), lv.buf, lse_buf.size() * sizeof(float));
+    PyBuffer_Release(&lv);
+    if (!ok) {
+      throw py::value_error("lse: " + std::to_string(lv.len / 4) + " values; allowed: (batch, q_heads, q_len) = " +
+                            shape_text({p.batch, p.q_heads, p.q_len}) + " float32");
+    }
+  }
+  bw.lse = lse_buf.data();
+  const auto [dq, dq_data] = new_output(bhsd ? std::vector<int64_t>{p.batch, p.q_heads, p.q_len, p.head_dim}
+                                             : std::vector<int64_t>{p.batch, p.q_len, p.q_heads, p.head_dim});
+  const auto [dk, dk_data] = new_output(bhsd ? std::vector<int64_t>{p.batch, p.kv_heads, p.kv_len, p.head_dim}
+                                             : std::vector<int64_t>{p.batch, p.kv_len, p.kv_heads, p.head_dim});
+  const auto [dv, dv_data] = new_output(bhsd ? std::vector<int64_t>{p.batch, p.kv_heads, p.kv_len, p.dim_v()}
+                                             : std::vector<int64_t>{p.batch, p.kv_len, p.kv_heads, p.dim_v()});
+  Gradients g;
+  g.dq = make_view<float>(dq_data, p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
+  g.dk = make_view<float>(dk_data, p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
+  g.dv = make_view<float>(dv_data, p.batch, p.kv_heads, p.kv_len, p.dim_v(), p.layout);
+  std::vector<float> o_buf;
+  {
+    py::gil_scoped_release unlocked;
+    if (!bw.o.data) {  // the kernel's own forward
+      o_buf.resize(static_cast<size_t>(p.o_elems()));
+      Outputs out;
+      out.o = make_view<float>(o_buf.data(), p.batch, p.q_heads, p.q_len, p.dim_v(), p.layout);
+      out.lse = lse_buf.data();
+      session.run(c.in, out);
+      bw.o = as_const(out.o);
+    }
+    session.run_backward(c.in, bw, g);
+  }
+  const std::string& lib = c.q.library;
+  return py::make_tuple(to_library(dq, lib), to_library(dk, lib), to_library(dv, lib));
+}
+
 py::list kernels() {
   py::list out;
   std::vector<const Kernel*> defaults = registry();
@@ -505,6 +587,15 @@ PYBIND11_MODULE(attnlab, m) {
         "q (batch, q_heads, q_len, d), k (batch, kv_heads, kv_len, d), v (..., d_v) for layout 'bhsd'\n"
         "(seq before heads for 'bshd'); causal False | True (bottom-right) | 'top_left'; window (left, right)\n"
         "with -1 unbounded; kv_lens per batch entry; threads None = all cores.");
+  m.def("attention_backward", &attention_backward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("do"),
+        py::arg("o") = py::none(), py::arg("lse") = py::none(), py::arg("kernel") = "naive", py::arg("causal") = false,
+        py::arg("window") = py::none(), py::arg("kv_lens") = py::none(), py::arg("scale") = py::none(),
+        py::arg("layout") = "bhsd", py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
+        py::arg("isa") = py::none(),
+        "(dq, dk, dv): the gradients of attention(q, k, v, ...) for the gradient `do` flowing into O (float32,\n"
+        "O's shape), by the kernel's backward pass (attnlab.kernels(): those with one); o and lse (natural log,\n"
+        "(batch, q_heads, q_len)) from the forward, or both None for the kernel's own forward. Same keywords\n"
+        "as attention().");
   m.def("kernels", &kernels,
         "Every kernel variant: name, isa, label, description, precision, available, reason, default.");
   m.def("verify", &verify, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kernels") = "all",

@@ -45,6 +45,39 @@ def reference(q, k, v, causal=False, window=None, kv_lens=None, scale=None):
     return o, lse
 
 
+def reference_backward(q, k, v, do, causal=False, window=None, kv_lens=None, scale=None):
+    """float64 dq, dk, dv of reference() for the gradient do (backward.hpp's formulas), bhsd."""
+    q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
+    b, hq, lq, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    g = hq // hkv
+    kr, vr = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    o, lse = reference(q, k, v, causal, window, kv_lens, scale)
+    s = scale * np.einsum("bhid,bhjd->bhij", q, kr)
+    live = np.isfinite(lse)[..., None]
+    p = np.where(live, np.exp(s - np.where(live, lse[..., None], 0)), 0)
+    for bi in range(b):  # the mask, as reference() builds it
+        n = lk if kv_lens is None else kv_lens[bi]
+        i, j = np.arange(lq)[:, None], np.arange(lk)[None, :]
+        keep = np.ones((lq, lk), dtype=bool) & (j < n)
+        if causal:
+            keep &= j <= i + n - lq
+        if window is not None:
+            if window[0] >= 0:
+                keep &= j >= i + n - lq - window[0]
+            if window[1] >= 0:
+                keep &= j <= i + n - lq + window[1]
+        p[bi] = np.where(keep, p[bi], 0)
+    dvr = np.einsum("bhij,bhid->bhjd", p, do)
+    dp = np.einsum("bhid,bhjd->bhij", do, vr)
+    ds = p * (dp - np.sum(do * o, axis=-1, keepdims=True))
+    dq = scale * np.einsum("bhij,bhjd->bhid", ds, kr)
+    dkr = scale * np.einsum("bhij,bhid->bhjd", ds, q)
+    fold = lambda x: x.reshape(b, hkv, g, lk, x.shape[-1]).sum(axis=2)  # a group's heads into its kv head
+    return dq, fold(dkr), fold(dvr)
+
+
 def inputs(b=2, hq=6, hkv=2, lq=33, lk=70, d=40, dv=None, seed=0, dtype=np.float32):
     rng = np.random.default_rng(seed)
     q = rng.uniform(-1, 1, (b, hq, lq, d)).astype(dtype)
@@ -110,6 +143,26 @@ def test_no_copies_for_contiguous_inputs():
         assert "head_dim_v=16" in views["problem"]
 
 
+def test_attention_backward_matches_numpy():
+    q, k, v = inputs(dv=24)
+    do = np.random.default_rng(1).uniform(-1, 1, (2, 6, 33, 24)).astype(np.float32)
+    for kw in [dict(), dict(causal=True, window=(9, 0), kv_lens=[70, 17], scale=0.3)]:
+        dq, dk, dv = attnlab.attention_backward(q, k, v, do, **kw)  # O and LSE from naive's own forward
+        rq, rk, rv = reference_backward(q, k, v, do, **kw)
+        assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+        for got, want in ((dq, rq), (dk, rk), (dv, rv)):
+            assert np.max(np.abs(got - want)) < 1e-5 * max(1.0, np.max(np.abs(want)))
+        o, lse = attnlab.attention(q, k, v, kernel="naive", return_lse=True, **kw)
+        given = attnlab.attention_backward(q, k, v, do, o=o, lse=lse, **kw)
+        assert all(np.array_equal(x, y) for x, y in zip(given, (dq, dk, dv)))
+    with pytest.raises(ValueError, match="backward: flash has no backward pass; allowed: naive"):
+        attnlab.attention_backward(q, k, v, do, kernel="flash")
+    with pytest.raises(ValueError, match="^do: shape"):
+        attnlab.attention_backward(q, k, v, do[:, :, :5].copy())
+    with pytest.raises(ValueError, match="^o, lse: give both"):
+        attnlab.attention_backward(q, k, v, do, o=do)
+
+
 class DlpackOnly:
     """An array known only by the DLPack protocol (as torch and JAX hand theirs out)."""
 
@@ -162,6 +215,17 @@ def test_torch_tensors_in_and_out_without_copies():
         attnlab.attention(tq.clone().requires_grad_(), tk, tv)
     with pytest.raises(TypeError, match="^v: .* is not read in place"):
         attnlab.attention(tq, tk, tv.double())
+    # The backward against torch's own autograd through its SDPA (GQA by repeating K/V heads).
+    rq, rk, rv = (x.clone().double().requires_grad_() for x in (tq, tk, tv))
+    g = rq.shape[1] // rk.shape[1]
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        rq, rk.repeat_interleave(g, dim=1), rv.repeat_interleave(g, dim=1), is_causal=False)
+    do = torch.rand_like(ref, dtype=torch.float32)
+    ref.backward(do.double())
+    dq, dk, dv = attnlab.attention_backward(tq, tk, tv, do)
+    assert all(isinstance(x, torch.Tensor) for x in (dq, dk, dv))
+    for got, want in ((dq, rq.grad), (dk, rk.grad), (dv, rv.grad)):
+        assert torch.max(torch.abs(got.double() - want)) < 1e-5 * max(1.0, torch.max(torch.abs(want)).item())
 
 
 def test_jax_arrays_in_and_out_without_copies():

@@ -1,0 +1,209 @@
+// The backward pass's reference, agreement metric and tolerance (backward.hpp).
+#include "attnlab/backward.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "attnlab/kernel.hpp"
+#include "attnlab/textbook.hpp"
+#include "attnlab/verify.hpp"
+
+namespace attnlab {
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+size_t index(int64_t heads, int64_t seq, int64_t dim, int64_t b, int64_t h, int64_t s) {
+  return static_cast<size_t>(((b * heads + h) * seq + s) * dim);
+}
+
+template <class E>
+void reference_typed(const Problem& p, const TypedInputs<E>& in, const ConstView& d_o, ReferenceGrads& g) {
+  const int64_t d_n = p.head_dim, dv_n = p.dim_v();
+  const double scale = p.effective_scale();
+  std::vector<double> s(static_cast<size_t>(p.kv_len)), o(static_cast<size_t>(dv_n));
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t h = 0; h < p.q_heads; ++h) {
+      const int64_t hk = p.kv_head_of(h);
+      for (int64_t i = 0; i < p.q_len; ++i) {
+        const std::vector<int64_t> keys = reference_keys(p, {b, h, i});
+        if (keys.empty()) continue;  // dQ_i = 0, nothing to dK, dV
+        const E* q = in.q.row(b, h, i);
+        const float* go = d_o.row(b, h, i);
+        double m = -kInf;
+        for (size_t x = 0; x < keys.size(); ++x) {
+          const E* k = in.k.row(b, hk, keys[x]);
+          double dot = 0;
+          for (int64_t d = 0; d < d_n; ++d) dot += static_cast<double>(to_float(q[d])) * to_float(k[d]);
+          s[x] = scale * dot;
+          if (!(s[x] <= m)) m = s[x];  // a NaN score makes the row NaN, as the forward reference
+        }
+        double l = 0;
+        for (size_t x = 0; x < keys.size(); ++x) l += (s[x] = std::exp(s[x] - m));
+        std::fill(o.begin(), o.end(), 0.0);
+        for (size_t x = 0; x < keys.size(); ++x) {  // s becomes P; O = P V
+          s[x] /= l;
+          const E* v = in.v.row(b, hk, keys[x]);
+          for (int64_t d = 0; d < dv_n; ++d) o[d] += s[x] * to_float(v[d]);
+        }
+        double big_d = 0;
+        for (int64_t d = 0; d < dv_n; ++d) big_d += static_cast<double>(go[d]) * o[d];
+        double* dq = &g.dq[index(p.q_heads, p.q_len, d_n, b, h, i)];
+        for (size_t x = 0; x < keys.size(); ++x) {
+          const int64_t j = keys[x];
+          const E* k = in.k.row(b, hk, j);
+          const E* v = in.v.row(b, hk, j);
+          double dp = 0;
+          for (int64_t d = 0; d < dv_n; ++d) dp += static_cast<double>(go[d]) * to_float(v[d]);
+          const double ds = s[x] * (dp - big_d);
+          double* dk = &g.dk[index(p.kv_heads, p.kv_len, d_n, b, hk, j)];
+          double* dv = &g.dv[index(p.kv_heads, p.kv_len, dv_n, b, hk, j)];
+          for (int64_t d = 0; d < d_n; ++d) {
+            dq[d] += scale * ds * to_float(k[d]);
+            dk[d] += scale * ds * to_float(q[d]);
+          }
+          for (int64_t d = 0; d < dv_n; ++d) dv[d] += s[x] * go[d];
+        }
+      }
+    }
+  }
+}
+
+// max |g - ref| / max |ref| over one tensor (heads x seq rows of dim values per batch entry).
+double tensor_error(const std::vector<double>& ref, const View4<float>& g, int64_t batch, int64_t heads, int64_t seq,
+                    int64_t dim) {
+  double worst = 0, size = 0;
+  for (double r : ref)
+    if (std::isfinite(r)) size = std::max(size, std::fabs(r));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t s = 0; s < seq; ++s) {
+        const float* row = g.row(b, h, s);
+        const double* want = &ref[index(heads, seq, dim, b, h, s)];
+        for (int64_t d = 0; d < dim; ++d) worst = std::max(worst, value_error(row[d], want[d]));
+      }
+  if (worst == 0) return 0;
+  return std::isinf(worst) ? kInf : worst / std::max(size, 1e-30);
+}
+
+}  // namespace
+
+void check_backward_problem(const Problem& p) {
+  if (p.kv_quantized() || p.kv_paged()) {
+    throw InvalidInput("backward: kv_dtype " + std::string(to_string(p.kv_dtype)) + ", kv_block " +
+                       std::to_string(p.kv_block) +
+                       "; allowed: kv_dtype dtype and kv_block 0 (quantized and paged caches are inference "
+                       "caches: the backward pass reads K and V as f32, bf16 or f16)");
+  }
+}
+
+GradientTensors allocate_gradients(const Problem& p) {
+  GradientTensors t;
+  t.dq = alloc_floats(static_cast<size_t>(p.q_elems()));
+  t.dk = alloc_floats(static_cast<size_t>(p.kv_elems()));
+  t.dv = alloc_floats(static_cast<size_t>(p.v_elems()));
+  t.grads.dq = make_view(t.dq.get(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
+  t.grads.dk = make_view(t.dk.get(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
+  t.grads.dv = make_view(t.dv.get(), p.batch, p.kv_heads, p.kv_len, p.dim_v(), p.layout);
+  return t;
+}
+
+double backward_flops(const Problem& p) { return 2.5 * p.flops(); }
+
+ReferenceGrads reference_backward(const Problem& p, const Inputs& in, const ConstView& d_o) {
+  check_backward_problem(p);
+  ReferenceGrads g;
+  g.dq.assign(static_cast<size_t>(p.q_elems()), 0.0);
+  g.dk.assign(static_cast<size_t>(p.kv_elems()), 0.0);
+  g.dv.assign(static_cast<size_t>(p.v_elems()), 0.0);
+  visit_inputs(in, [&](const auto& typed) { reference_typed(p, typed, d_o, g); });
+  return g;
+}
+
+GradErrors measure_grads(const ReferenceGrads& ref, const Gradients& g, const Problem& p) {
+  GradErrors e;
+  e.dq = tensor_error(ref.dq, g.dq, p.batch, p.q_heads, p.q_len, p.head_dim);
+  e.dk = tensor_error(ref.dk, g.dk, p.batch, p.kv_heads, p.kv_len, p.head_dim);
+  e.dv = tensor_error(ref.dv, g.dv, p.batch, p.kv_heads, p.kv_len, p.dim_v());
+  return e;
+}
+
+GradErrors textbook_backward_errors(const Problem& p, const Inputs& in, const ConstView& d_o,
+                                    const ReferenceGrads& ref) {
+  check_backward_problem(p);
+  // The textbook forward's O and LSE, then its backward: what naive's backward computes.
+  Tensors out = allocate_outputs(p);
+  GradientTensors g = allocate_gradients(p);
+  std::vector<float> s(static_cast<size_t>(p.kv_len));
+  visit_inputs(in, [&](const auto& typed) {
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.q_heads; ++h)
+        for (int64_t i = 0; i < p.q_len; ++i) {
+          const std::vector<int64_t> keys = reference_keys(p, {b, h, i});
+          const textbook::KeyList list{keys.data(), static_cast<int64_t>(keys.size())};
+          float* o = out.outputs.o.row(b, h, i);
+          const float lse = textbook::row(p, typed, b, h, i, list, s.data(), o);
+          textbook::backward_row(p, typed, b, h, i, list, o, lse, d_o.row(b, h, i), s.data(), g.grads.dq.row(b, h, i),
+                                 g.grads.dk, g.grads.dv);
+        }
+  });
+  return measure_grads(ref, g.grads, p);
+}
+
+GradTolerance GradTolerance::from_baseline(const GradErrors& baseline) {
+  // A NaN in the inputs makes a baseline infinite; keep the tolerance finite (verify.hpp).
+  const auto tol = [](double e) { return Tolerance::kFactor * (std::isfinite(e) ? e : 0.0) + Tolerance::kFloor; };
+  return {tol(baseline.dq), tol(baseline.dk), tol(baseline.dv)};
+}
+
+std::string GradTolerance::why_failed(const GradErrors& e) const {
+  std::ostringstream s;
+  const auto check = [&](const char* name, double err, double tol) {
+    if (err <= tol) return;
+    if (s.tellp() > 0) s << "; ";
+    s << name << " error " << err << " (relative to the tensor's largest reference value) > tolerance " << tol;
+  };
+  check("dQ", e.dq, dq);
+  check("dK", e.dk, dk);
+  check("dV", e.dv, dv);
+  return s.str();
+}
+
+BackwardAgreement prepare_backward_agreement(const Problem& p, const Inputs& in, const ConstView& d_o) {
+  BackwardAgreement a;
+  a.ref = reference_backward(p, in, d_o);
+  a.baseline = textbook_backward_errors(p, in, d_o, a.ref);
+  a.tol = GradTolerance::from_baseline(a.baseline);
+  return a;
+}
+
+BackwardCheck check_backward(const Kernel& k, const Problem& p, const Inputs& in, const ConstView& d_o,
+                             const BackwardAgreement& a, int threads) {
+  BackwardCheck c;
+  c.kernel = std::string(k.name());
+  if (!k.runs_backward()) {
+    c.reason = "no backward pass; kernels with one: " + kernels_that(&Kernel::runs_backward);
+    return c;
+  }
+  if (Support s = can_run(k, p, threads); !s) {
+    c.reason = s.reason;
+    return c;
+  }
+  Tensors out = allocate_outputs(p);
+  Session session(k, p, threads, true);
+  session.run(in, out.outputs);
+  GradientTensors g = allocate_gradients(p);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::fill(g.dq.get(), g.dq.get() + p.q_elems(), nan);
+  std::fill(g.dk.get(), g.dk.get() + p.kv_elems(), nan);
+  std::fill(g.dv.get(), g.dv.get() + p.v_elems(), nan);
+  session.run_backward(in, {d_o, as_const(out.outputs.o), out.outputs.lse}, g.grads);
+  c.errors = measure_grads(a.ref, g.grads, p);
+  c.reason = a.tol.why_failed(c.errors);
+  c.verdict = c.reason.empty() ? Verdict::Pass : Verdict::Fail;
+  return c;
+}
+
+}  // namespace attnlab

@@ -1,0 +1,244 @@
+// The backward pass (backward.hpp): the float64 reference gradients against central finite
+// differences of the float64 forward (masks, GQA, kv_lens, d_v != d, a sparse pattern), the naive
+// kernel's backward against the reference over odd sizes, masks, GQA/MQA, layouts and dtypes, NaN
+// in Q, K, V and dO following the reference, planted bugs failing, and the refusals.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attnlab/backward.hpp"
+#include "attnlab/kernel.hpp"
+#include "attnlab/textbook.hpp"
+#include "attnlab/verify.hpp"
+#include "test_util.hpp"
+
+namespace attnlab {
+namespace {
+
+// Inputs on a grid of 2^-6 in [-1, 1), so x +- 2^-10 is exact in float32 (finite differences).
+void on_grid(float* x, int64_t n, uint64_t seed) {
+  fill_uniform(x, n, seed);
+  for (int64_t i = 0; i < n; ++i) x[i] = std::round(x[i] * 64.f) / 64.f;
+}
+
+struct Case {
+  Problem p;
+  Tensors t;
+  std::vector<float> d_o;
+  ConstView d_o_view;
+};
+Case make_case(Problem p, uint64_t seed) {
+  p.validate();
+  Case c{p, random_tensors(p, seed), std::vector<float>(static_cast<size_t>(p.o_elems())), {}};
+  if (p.dtype == DType::F32) {
+    on_grid(c.t.q.get(), p.q_elems(), seed + 1);
+    on_grid(c.t.k.get(), p.kv_elems(), seed + 2);
+    on_grid(c.t.v.get(), p.v_elems(), seed + 3);
+  }
+  on_grid(c.d_o.data(), p.o_elems(), seed + 4);
+  c.d_o_view = make_view<const float>(c.d_o.data(), p.batch, p.q_heads, p.q_len, p.dim_v(), p.layout);
+  return c;
+}
+
+// L = sum dO * O over every row, O the float64 reference forward.
+double loss(const Case& c) {
+  const Reference r = reference(c.p, c.t.inputs);
+  double l = 0;
+  for (size_t x = 0; x < r.rows.size(); ++x) {
+    const float* go = c.d_o_view.row(r.rows[x].b, r.rows[x].h, r.rows[x].i);
+    for (int64_t d = 0; d < r.dim; ++d) l += go[d] * r.o[x * r.dim + d];
+  }
+  return l;
+}
+
+Problem small(int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d, int64_t dv = 0) {
+  Problem p = test::shape(b, hq, hkv, sq, sk, d);
+  p.head_dim_v = dv;
+  return p;
+}
+
+TEST(Backward, ReferenceIsTheGradientOfTheForward) {
+  std::vector<Problem> ps;
+  ps.push_back(small(1, 2, 2, 4, 6, 5));        // MHA, no mask
+  ps.push_back(small(2, 4, 2, 5, 7, 4, 3));     // GQA 2, d_v != d
+  ps.back().causal = CausalAlign::BottomRight;  // and kv_lens cutting one sequence
+  ps.back().kv_lens = {7, 4};
+  ps.push_back(small(1, 3, 1, 6, 6, 4));  // MQA, a window
+  ps.back().window_left = 2, ps.back().window_right = 1;
+  ps.push_back(small(1, 2, 1, 6, 9, 4));  // StreamingLLM: sinks + window (a sparse pattern)
+  ps.back().sinks = 2, ps.back().window_left = 2, ps.back().window_right = 0;
+  ps.push_back(small(2, 2, 2, 3, 5, 4));  // a fully masked sequence: kv_lens 0
+  ps.back().kv_lens = {5, 0};
+  const float eps = 1.f / 1024;
+  for (const Problem& p : ps) {
+    Case c = make_case(p, 11);
+    const ReferenceGrads g = reference_backward(p, c.t.inputs, c.d_o_view);
+    const auto check = [&](float* x, int64_t n, const std::vector<double>& want, const View4<float>& view,
+                           const char* what) {
+      // want is (b, h, s, d) ordered; x is in the problem's layout: walk the view to pair them.
+      int64_t at = 0;
+      for (int64_t b = 0; b < p.batch; ++b)
+        for (int64_t h = 0; h < view.heads; ++h)
+          for (int64_t s = 0; s < view.seq; ++s)
+            for (int64_t d = 0; d < view.dim; ++d, ++at) {
+              float* e = view.row(b, h, s) + d;
+              const float keep = *e;
+              *e = keep + eps;
+              const double up = loss(c);
+              *e = keep - eps;
+              const double down = loss(c);
+              *e = keep;
+              const double fd = (up - down) / (2.0 * eps);
+              ASSERT_NEAR(fd, want[static_cast<size_t>(at)], 2e-5 + 1e-4 * std::fabs(fd))
+                  << what << " (b=" << b << ", h=" << h << ", s=" << s << ", d=" << d << ") of " << p.describe();
+            }
+      ASSERT_EQ(at, n);
+    };
+    const auto mut = [&](float* data, int64_t heads, int64_t seq, int64_t dim) {
+      return make_view(data, p.batch, heads, seq, dim, p.layout);
+    };
+    check(c.t.q.get(), p.q_elems(), g.dq, mut(c.t.q.get(), p.q_heads, p.q_len, p.head_dim), "dQ");
+    check(c.t.k.get(), p.kv_elems(), g.dk, mut(c.t.k.get(), p.kv_heads, p.kv_len, p.head_dim), "dK");
+    check(c.t.v.get(), p.v_elems(), g.dv, mut(c.t.v.get(), p.kv_heads, p.kv_len, p.dim_v()), "dV");
+  }
+}
+
+// The kernel's forward, then its backward, against the reference (verify.hpp's check_backward).
+BackwardCheck check(const Kernel& k, const Case& c, int threads = 2) {
+  return check_backward(k, c.p, c.t.inputs, c.d_o_view, prepare_backward_agreement(c.p, c.t.inputs, c.d_o_view),
+                        threads);
+}
+
+std::vector<Problem> grid() {
+  std::vector<Problem> ps;
+  for (Layout layout : {Layout::BHSD, Layout::BSHD})
+    for (int mask = 0; mask < 6; ++mask)
+      for (auto [hq, hkv] : {std::pair{4, 4}, std::pair{6, 2}, std::pair{3, 1}}) {
+        Problem p = small(2, hq, hkv, 13, 37, 24, mask == 3 ? 20 : 0);
+        p.layout = layout;
+        switch (mask) {
+          case 1: p.causal = CausalAlign::BottomRight; break;
+          case 2: p.causal = CausalAlign::TopLeft; break;
+          case 3: p.window_left = 5, p.window_right = 2; break;  // and d_v != d
+          case 4: p.causal = CausalAlign::BottomRight, p.kv_lens = {29, 0}; break;
+          case 5: p.sinks = 3, p.window_left = 6, p.window_right = 0; break;
+        }
+        ps.push_back(p);
+      }
+  return ps;
+}
+
+TEST(Backward, NaiveAgreesWithTheReference) {
+  const Kernel& naive = kernel_or_throw("naive");
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16})
+    for (Problem p : grid()) {
+      p.dtype = dtype;
+      const Case c = make_case(p, 5);
+      const BackwardCheck r = check(naive, c);
+      EXPECT_EQ(r.verdict, Verdict::Pass) << p.describe() << ": " << r.reason;
+      EXPECT_LT(r.errors.dq, 1e-5) << p.describe();  // float32 against float64: small, not zero
+    }
+}
+
+TEST(Backward, NanInAnyInputFollowsTheReference) {
+  const Kernel& naive = kernel_or_throw("naive");
+  Problem p = small(1, 4, 2, 9, 21, 16);
+  p.causal = CausalAlign::BottomRight;
+  for (int where = 0; where < 4; ++where) {
+    Case c = make_case(p, 9);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    if (where == 0) c.t.q.get()[5] = nan;
+    if (where == 1) c.t.k.get()[16 * 7 + 3] = nan;  // key 7 of kv head 0: seen by later rows only
+    if (where == 2) c.t.v.get()[16 * 20 + 1] = nan;
+    if (where == 3) c.d_o[16 * 4 + 2] = nan;
+    const BackwardCheck r = check(naive, c);
+    EXPECT_EQ(r.verdict, Verdict::Pass) << "NaN in input " << where << ": " << r.reason;
+  }
+}
+
+// A bug planted in the textbook backward (one switch, the test's own copy of the row rule).
+enum class Bug { DFromUnnormalizedO, DkMissingScale, GqaWrongKvHead, MaskedPairLeaks };
+class Planted final : public test::Wrapped {
+ public:
+  Planted(const Kernel& inner, Bug bug) : Wrapped(inner), bug_(bug) {}
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    inner_.run(p, in, out, ctx);
+  }
+  void run_backward(const Problem& p, const Inputs& in, const BackwardInputs& bw, const Gradients& g,
+                    RunContext&) const override {
+    for (const MutView* t : {&g.dk, &g.dv})
+      for (int64_t b = 0; b < p.batch; ++b)
+        for (int64_t h = 0; h < p.kv_heads; ++h)
+          for (int64_t s = 0; s < p.kv_len; ++s) std::fill(t->row(b, h, s), t->row(b, h, s) + t->dim, 0.f);
+    const TypedInputs<float> x = typed<float>(in);
+    const float scale = p.effective_scale();
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.q_heads; ++h)
+        for (int64_t i = 0; i < p.q_len; ++i) {
+          Interval iv = p.visible(b, i);
+          if (bug_ == Bug::MaskedPairLeaks && iv.hi < p.kv_len && !iv.empty()) ++iv.hi;  // one hidden key
+          const int64_t hk = (p.kv_head_of(h) + (bug_ == Bug::GqaWrongKvHead && h % p.group() == 1)) % p.kv_heads;
+          const float* q = x.q.row(b, h, i);
+          const float* o = bw.o.row(b, h, i);
+          const float* go = bw.d_o.row(b, h, i);
+          const float lse = bw.lse[(b * p.q_heads + h) * p.q_len + i];
+          float* dq = g.dq.row(b, h, i);
+          std::fill(dq, dq + p.head_dim, 0.f);
+          float big_d = 0.f;
+          for (int64_t d = 0; d < p.dim_v(); ++d) big_d += go[d] * o[d];
+          // D from O before its division by the softmax sum l_i = sum_j exp(S_ij - m_i): a shift m_i
+          // below the LSE gives l_i > 1 (here m_i = LSE - log n, so l_i = n, the row's key count).
+          if (bug_ == Bug::DFromUnnormalizedO) big_d *= static_cast<float>(iv.size());
+          for (int64_t j = iv.lo; j < iv.hi; ++j) {
+            const float* k = x.k.row(b, p.kv_head_of(h), j);
+            const float* v = x.v.row(b, p.kv_head_of(h), j);
+            float dot = 0.f, dp = 0.f;
+            for (int64_t d = 0; d < p.head_dim; ++d) dot += q[d] * k[d];
+            for (int64_t d = 0; d < p.dim_v(); ++d) dp += go[d] * v[d];
+            const float pj = std::exp(scale * dot - lse), ds = pj * (dp - big_d);
+            const float ks = bug_ == Bug::DkMissingScale ? 1.f : scale;
+            for (int64_t d = 0; d < p.head_dim; ++d) {
+              dq[d] += scale * ds * k[d];
+              g.dk.row(b, hk, j)[d] += ks * ds * q[d];
+            }
+            for (int64_t d = 0; d < p.dim_v(); ++d) g.dv.row(b, hk, j)[d] += pj * go[d];
+          }
+        }
+  }
+
+ private:
+  Bug bug_;
+};
+
+TEST(Backward, PlantedBugsFail) {
+  const Kernel& naive = kernel_or_throw("naive");
+  Problem p = small(2, 4, 2, 11, 19, 16);
+  p.causal = CausalAlign::BottomRight;
+  const Case c = make_case(p, 3);
+  for (Bug bug : {Bug::DFromUnnormalizedO, Bug::DkMissingScale, Bug::GqaWrongKvHead, Bug::MaskedPairLeaks}) {
+    const Planted planted(naive, bug);
+    const BackwardCheck r = check(planted, c);
+    EXPECT_EQ(r.verdict, Verdict::Fail) << "bug " << static_cast<int>(bug) << ": " << r.reason;
+  }
+}
+
+TEST(Backward, KernelsWithoutItAndInferenceCachesAreRefused) {
+  const Problem p = small(1, 2, 2, 4, 8, 16);
+  try {
+    Session s(kernel_or_throw("flash"), p, 1, true);
+    FAIL() << "flash has no backward pass yet";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("backward: flash has no backward pass; allowed: naive"), std::string::npos)
+        << e.what();
+  }
+  Problem q = p;
+  q.kv_dtype = KvDType::Q8_0;
+  q.head_dim = 32;
+  EXPECT_THROW(Session(kernel_or_throw("naive"), q, 1, true), InvalidInput);
+}
+
+}  // namespace
+}  // namespace attnlab
