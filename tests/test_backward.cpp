@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -131,31 +132,70 @@ std::vector<Problem> grid() {
   return ps;
 }
 
-TEST(Backward, NaiveAgreesWithTheReference) {
-  const Kernel& naive = kernel_or_throw("naive");
-  for (DType dtype : {DType::F32, DType::BF16, DType::F16})
-    for (Problem p : grid()) {
-      p.dtype = dtype;
-      const Case c = make_case(p, 5);
-      const BackwardCheck r = check(naive, c);
-      EXPECT_EQ(r.verdict, Verdict::Pass) << p.describe() << ": " << r.reason;
-      EXPECT_LT(r.errors.dq, 1e-5) << p.describe();  // float32 against float64: small, not zero
-    }
+// Every kernel variant with a backward pass that this CPU runs (naive; flash per target).
+std::vector<const Kernel*> backward_kernels() {
+  std::vector<const Kernel*> out;
+  for (const Kernel* k : variants())
+    if (k->runs_backward() && k->available()) out.push_back(k);
+  return out;
+}
+
+TEST(Backward, EveryKernelAgreesWithTheReference) {
+  std::vector<Problem> ps = grid();
+  ps.push_back(small(1, 4, 2, 130, 200, 64));  // several 64-row and 64-key tiles, causal
+  ps.back().causal = CausalAlign::BottomRight;
+  ps.push_back(small(1, 2, 1, 70, 65, 128, 96));  // q_len > kv_len, top-left: rows with no key
+  ps.back().causal = CausalAlign::TopLeft, ps.back().layout = Layout::BSHD;
+  for (const Kernel* k : backward_kernels())
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16})
+      for (Problem p : ps) {
+        p.dtype = dtype;
+        if (!k->backward_supports(p)) continue;  // flash: interval masks only
+        const Case c = make_case(p, 5);
+        const BackwardCheck r = check(*k, c);
+        EXPECT_EQ(r.verdict, Verdict::Pass) << test::variant_name(*k) << " " << p.describe() << ": " << r.reason;
+        EXPECT_LT(r.errors.dq, 1e-5) << test::variant_name(*k) << " " << p.describe();  // small, not zero
+      }
 }
 
 TEST(Backward, NanInAnyInputFollowsTheReference) {
-  const Kernel& naive = kernel_or_throw("naive");
   Problem p = small(1, 4, 2, 9, 21, 16);
   p.causal = CausalAlign::BottomRight;
-  for (int where = 0; where < 4; ++where) {
-    Case c = make_case(p, 9);
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    if (where == 0) c.t.q.get()[5] = nan;
-    if (where == 1) c.t.k.get()[16 * 7 + 3] = nan;  // key 7 of kv head 0: seen by later rows only
-    if (where == 2) c.t.v.get()[16 * 20 + 1] = nan;
-    if (where == 3) c.d_o[16 * 4 + 2] = nan;
-    const BackwardCheck r = check(naive, c);
-    EXPECT_EQ(r.verdict, Verdict::Pass) << "NaN in input " << where << ": " << r.reason;
+  for (const Kernel* k : backward_kernels())
+    for (int where = 0; where < 5; ++where) {
+      Case c = make_case(p, 9);
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      if (where == 0) c.t.q.get()[5] = nan;
+      if (where == 1) c.t.k.get()[16 * 7 + 3] = nan;  // key 7 of kv head 0: seen by later rows only
+      if (where == 2) c.t.v.get()[16 * 20 + 1] = nan;
+      if (where == 3) c.d_o[16 * 4 + 2] = nan;
+      if (where == 4) c.t.k.get()[16 * 20 + 1] = nan;  // key 20: seen by the last row only
+      const BackwardCheck r = check(*k, c);
+      EXPECT_EQ(r.verdict, Verdict::Pass) << test::variant_name(*k) << ", NaN in input " << where << ": " << r.reason;
+    }
+}
+
+// Every gradient element has one owner summing in a fixed order: any thread count, the same bits.
+TEST(Backward, FlashIsBitwiseTheSameForAnyThreadCount) {
+  Problem p = small(2, 6, 2, 150, 180, 40, 24);
+  p.causal = CausalAlign::BottomRight, p.kv_lens = {180, 77};
+  const Case c = make_case(p, 2);
+  for (const Kernel* k : backward_kernels()) {
+    std::vector<std::vector<float>> runs;
+    for (int threads : {1, 2, 3}) {
+      Tensors out = allocate_outputs(p);
+      Session s(*k, p, threads, true);
+      s.run(c.t.inputs, out.outputs);
+      GradientTensors g = allocate_gradients(p);
+      s.run_backward(c.t.inputs, {c.d_o_view, as_const(out.outputs.o), out.outputs.lse}, g.grads);
+      std::vector<float> all(g.dq.get(), g.dq.get() + p.q_elems());
+      all.insert(all.end(), g.dk.get(), g.dk.get() + p.kv_elems());
+      all.insert(all.end(), g.dv.get(), g.dv.get() + p.v_elems());
+      runs.push_back(std::move(all));
+    }
+    for (size_t x = 1; x < runs.size(); ++x)
+      EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[x].data(), runs[0].size() * sizeof(float)))
+          << test::variant_name(*k);
   }
 }
 
@@ -228,12 +268,17 @@ TEST(Backward, PlantedBugsFail) {
 TEST(Backward, KernelsWithoutItAndInferenceCachesAreRefused) {
   const Problem p = small(1, 2, 2, 4, 8, 16);
   try {
-    Session s(kernel_or_throw("flash"), p, 1, true);
-    FAIL() << "flash has no backward pass yet";
+    Session s(kernel_or_throw("decode"), p, 1, true);
+    FAIL() << "decode has no backward pass";
   } catch (const InvalidInput& e) {
-    EXPECT_NE(std::string(e.what()).find("backward: flash has no backward pass; allowed: naive"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("backward: decode has no backward pass; allowed: naive, flash"),
+              std::string::npos)
         << e.what();
   }
+  Problem sparse = p;
+  sparse.sinks = 2, sparse.window_left = 2;
+  EXPECT_THROW(Session(kernel_or_throw("flash"), sparse, 1, true), InvalidInput);  // naive's backward runs it
+  EXPECT_NO_THROW(Session(kernel_or_throw("naive"), sparse, 1, true));
   Problem q = p;
   q.kv_dtype = KvDType::Q8_0;
   q.head_dim = 32;

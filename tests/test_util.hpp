@@ -37,6 +37,7 @@ class Wrapped : public Kernel {
   bool runs_kv_quant() const override { return inner_.runs_kv_quant(); }
   bool runs_paged() const override { return inner_.runs_paged(); }
   bool runs_backward() const override { return inner_.runs_backward(); }
+  Support backward_supports(const Problem& p) const override { return inner_.backward_supports(p); }
   size_t backward_workspace_bytes(const Problem& p, int threads) const override {
     return inner_.backward_workspace_bytes(p, threads);
   }

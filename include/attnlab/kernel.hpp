@@ -124,6 +124,9 @@ class Kernel {
   // Whether it computes the backward pass (backward.hpp); a Session made for the backward
   // refuses the others, naming the kernels that do.
   virtual bool runs_backward() const;
+  // Whether its backward pass computes this (valid) problem; the reason when not (default: yes
+  // when runs_backward()).
+  virtual Support backward_supports(const Problem&) const;
   // Scratch memory for run_backward(), for `threads` threads.
   virtual size_t backward_workspace_bytes(const Problem&, int threads) const;
   // Writes dQ, dK and dV (every element) from Q, K, V, dO and the forward's O and LSE. Called

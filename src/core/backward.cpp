@@ -191,6 +191,10 @@ BackwardCheck check_backward(const Kernel& k, const Problem& p, const Inputs& in
     c.reason = s.reason;
     return c;
   }
+  if (Support s = k.backward_supports(p); !s) {
+    c.reason = "backward: " + s.reason;
+    return c;
+  }
   Tensors out = allocate_outputs(p);
   Session session(k, p, threads, true);
   session.run(in, out.outputs);

@@ -22,6 +22,7 @@ bool Kernel::runs_kv_quant() const { return false; }
 bool Kernel::runs_paged() const { return false; }
 std::shared_ptr<const Plan> Kernel::make_plan(const Problem&) const { return nullptr; }
 bool Kernel::runs_backward() const { return false; }
+Support Kernel::backward_supports(const Problem&) const { return Support::yes(); }
 size_t Kernel::backward_workspace_bytes(const Problem&, int) const { return 0; }
 void Kernel::run_backward(const Problem&, const Inputs&, const BackwardInputs&, const Gradients&, RunContext&) const {
   throw std::logic_error(std::string(name()) + ": run_backward called on a kernel without the backward pass");
@@ -101,7 +102,13 @@ Session::Session(const Kernel& kernel, const Problem& problem, int threads, bool
     throw InvalidInput("backward: " + std::string(kernel.name()) +
                        " has no backward pass; allowed: " + kernels_that(&Kernel::runs_backward));
   }
-  if (backward) check_backward_problem(problem_);
+  if (backward) {
+    check_backward_problem(problem_);
+    if (Support s = kernel.backward_supports(problem_); !s) {
+      throw InvalidInput("backward: " + std::string(kernel.name()) + " does not take " + problem_.describe() + ": " +
+                         s.reason);
+    }
+  }
   workspace_size_ = kernel.workspace_bytes(problem_, threads);
   if (backward) workspace_size_ = std::max(workspace_size_, kernel.backward_workspace_bytes(problem_, threads));
   workspace_ = alloc_bytes(workspace_size_);

@@ -78,6 +78,9 @@
 #include <tbb/partitioner.h>
 
 #include "attnlab/kernel.hpp"
+#if !defined(ATTN_BF16_OBJECT)
+#include "cpu/backward_tiles.hpp"
+#endif
 #include "cpu/parallel.hpp"
 #include "cpu/simd/tiles.hpp"
 
@@ -240,6 +243,24 @@ class Flash final : public Kernel {
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     simd::run_prefill(p, in, out, ctx, simd::make_tiling(p), "flash");
   }
+#if !defined(ATTN_BF16_OBJECT)  // that object compiles flash's driver for flash_bf16 only
+  // The backward pass: src/cpu/backward_tiles.cpp.
+  bool runs_backward() const override { return true; }
+  Support backward_supports(const Problem& p) const override {
+    if (p.sparse()) {
+      return Support::no("sparse pattern " + p.pattern_name() +
+                         ": flash's backward takes interval masks (causal, windows, kv_lens); naive's runs patterns");
+    }
+    return Support::yes();
+  }
+  size_t backward_workspace_bytes(const Problem& p, int threads) const override {
+    return flash_backward_bytes(p, threads);
+  }
+  void run_backward(const Problem& p, const Inputs& in, const BackwardInputs& bw, const Gradients& g,
+                    RunContext& ctx) const override {
+    flash_backward(p, in, bw, g, ctx);
+  }
+#endif
 };
 
 }  // namespace

@@ -79,6 +79,18 @@ class TargetKernel final : public Kernel {
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     inner_.run(p, in, out, ctx);
   }
+  bool runs_backward() const override { return inner_.runs_backward(); }
+  Support backward_supports(const Problem& p) const override {
+    if (!cpu_runs_isa(isa_)) return Support::no(cannot_run_reason(isa_));
+    return inner_.backward_supports(p);
+  }
+  size_t backward_workspace_bytes(const Problem& p, int threads) const override {
+    return cpu_runs_isa(isa_) ? inner_.backward_workspace_bytes(p, threads) : 0;
+  }
+  void run_backward(const Problem& p, const Inputs& in, const BackwardInputs& bw, const Gradients& g,
+                    RunContext& ctx) const override {
+    inner_.run_backward(p, in, bw, g, ctx);
+  }
 
  private:
   const Kernel& inner_;

@@ -155,8 +155,12 @@ def test_attention_backward_matches_numpy():
         o, lse = attnlab.attention(q, k, v, kernel="naive", return_lse=True, **kw)
         given = attnlab.attention_backward(q, k, v, do, o=o, lse=lse, **kw)
         assert all(np.array_equal(x, y) for x, y in zip(given, (dq, dk, dv)))
-    with pytest.raises(ValueError, match="backward: flash has no backward pass; allowed: naive"):
-        attnlab.attention_backward(q, k, v, do, kernel="flash")
+    fq, fk, fv = attnlab.attention_backward(q, k, v, do, kernel="flash", causal=True)
+    rq, rk, rv = reference_backward(q, k, v, do, causal=True)
+    for got, want in ((fq, rq), (fk, rk), (fv, rv)):
+        assert np.max(np.abs(got - want)) < 1e-5 * max(1.0, np.max(np.abs(want)))
+    with pytest.raises(ValueError, match="backward: blocked has no backward pass; allowed: naive, flash"):
+        attnlab.attention_backward(q, k, v, do, kernel="blocked")
     with pytest.raises(ValueError, match="^do: shape"):
         attnlab.attention_backward(q, k, v, do[:, :, :5].copy())
     with pytest.raises(ValueError, match="^o, lse: give both"):

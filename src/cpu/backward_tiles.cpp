@@ -1,0 +1,317 @@
+// flash's backward pass: FlashAttention-2's algorithm on the forward's micro-kernels.
+//
+// Idea: never store the n^2 matrices. The forward left LSE per row, so a tile of P is
+// recomputed from Q, K and LSE: P = exp(scale Q K^T - LSE) on the visible pairs, 0 elsewhere.
+//   pass 0  D_i = dO_i . O_i for every row (one dot product each);
+//   pass 1  one task per (batch, kv head, 64-key tile) owns that tile's dK and dV: for every
+//           query head of the GQA group and every 64-row query tile that sees a key of the tile,
+//           S = Q K^T (score_rows), P, dV += P^T dO, dP = dO V^T (score_rows), dS = P (dP - D),
+//           dK += scale dS^T Q (pv_rows on the transposed tiles); written once at the end;
+//   pass 2  one task per (batch, query head, 64-row query tile) owns its dQ: the same S, P, dP
+//           and dS recomputed per visible key tile, dQ += scale dS K.
+// dQ gets its own pass instead of atomics or per-task partials: every output element has one
+// owner that sums in a fixed order, so the result is bitwise identical for any thread count, at
+// the price of recomputing two of the five GEMMs (7 GEMMs of (d or d_v) x 64 x 64 per tile pair
+// against the 5 the 2.5x FLOP convention counts). Masks: a pair outside its row's interval
+// contributes nothing (P and dS set to 0 there, never computed as exp(-inf)); tiles no row of the
+// query tile sees are skipped. Sparse patterns are not taken (naive's backward runs them).
+// Memory: D (batch * q_heads * q_len floats) plus per thread ~6 tiles of 64 x 64 floats and 4 of
+// 64 x d(_v): 192 KiB at d 128 - O(n), nothing of n^2.
+// Precision: Q, K, V stored as f32, bf16 or f16 are widened exactly where loaded; float32
+// compute and accumulation (K and V rows read in place, Q and dO rows widened into the tile).
+#include "cpu/backward_tiles.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <tbb/blocked_range.h>
+
+#include "cpu/parallel.hpp"
+#include "cpu/simd/microkernel.hpp"
+
+namespace attnlab::ATTN_TARGET_NS::cpu {
+namespace {
+
+using simd::Batch;
+using simd::kLanes;
+using simd::kTileKeys;
+using simd::Rows;
+constexpr int kBr = 64;  // query rows per tile
+
+struct Layout {
+  int64_t dp, dvp;  // head_dim and head_dim_v padded to whole vectors
+  size_t q, go, zero, s, dpm, pt, dst, dk, dv, lse, dd, bytes;
+  explicit Layout(const Problem& p) : dp(simd::padded_dim(p.head_dim)), dvp(simd::padded_dim(p.dim_v())) {
+    size_t off = 0;
+    const auto take = [&off](size_t floats) {
+      const size_t at = off;
+      off += (floats * sizeof(float) + 63) / 64 * 64;
+      return at;
+    };
+    q = take(kBr * dp), go = take(kBr * dvp), zero = take(std::max(dp, dvp));
+    s = take(kBr * kTileKeys), dpm = take(kBr * kTileKeys), pt = take(kTileKeys * kBr), dst = take(kTileKeys * kBr);
+    dk = take(std::max<int64_t>(kTileKeys, kBr) * dp), dv = take(kTileKeys * dvp), lse = take(kBr), dd = take(kBr);
+    bytes = off;
+  }
+};
+
+struct Tile {
+  float *q, *go, *zero, *s, *dpm, *pt, *dst, *dk, *dv, *lse, *dd;
+  Tile(std::byte* base, const Layout& l) {
+    const auto at = [base](size_t off) { return reinterpret_cast<float*>(base + off); };
+    q = at(l.q), go = at(l.go), zero = at(l.zero), s = at(l.s), dpm = at(l.dpm), pt = at(l.pt), dst = at(l.dst);
+    dk = at(l.dk), dv = at(l.dv), lse = at(l.lse), dd = at(l.dd);
+  }
+};
+
+size_t d_bytes(const Problem& p) { return (static_cast<size_t>(p.lse_elems()) * sizeof(float) + 63) / 64 * 64; }
+
+// out[r * kTileKeys + c] = a_r . b_c for `rows` packed float rows a (lda apart) and the tile's nk rows b.
+template <class E>
+void dots(int rows, const float* a, int64_t lda, const float* zero, const Rows<E>& b, int64_t dim, int nk, float* out) {
+  simd::NoStep none;
+  for (int r0 = 0; r0 < rows; r0 += simd::kDotRows) {
+    const float* ar = a + r0 * lda;
+    float* o = out + r0 * kTileKeys;
+    switch (std::min(simd::kDotRows, rows - r0)) {
+      case 1: simd::score_rows<1>(ar, lda, zero, b, dim, 0, nk, o, none); break;
+      case 2: simd::score_rows<2>(ar, lda, zero, b, dim, 0, nk, o, none); break;
+      case 3: simd::score_rows<3>(ar, lda, zero, b, dim, 0, nk, o, none); break;
+      default: simd::score_rows<simd::kDotRows>(ar, lda, zero, b, dim, 0, nk, o, none); break;
+    }
+  }
+}
+static_assert(simd::kDotRows <= 4, "dots dispatches 1..4 rows");
+
+template <int MR, class E>
+void pv(const float* p, int64_t ldp, const Rows<E>& v, float* o, int64_t ldo, int a, int b, int64_t dim) {
+  if (a < b) simd::pv_rows<MR>(p, ldp, v, o, ldo, nullptr, a, b, dim);
+}
+
+// o[m] += sum_{j in [a_m, b_m)} p[m * ldp + j] v_j for `rows` accumulator rows o (ldo apart),
+// [a_m, b_m) = range[m]: the pairs the mask shows, exactly - a hidden pair is never multiplied,
+// so a NaN or Inf in a v_j that row m does not see cannot reach it (0 * NaN). Register panels
+// of up to kPanelRows rows run the keys every row of the panel sees; each row's own fringe
+// outside them runs alone.
+template <class E>
+void axpys(int rows, const float* p, int64_t ldp, const Rows<E>& v, const Interval* range, float* o, int64_t ldo,
+           int64_t dim) {
+  for (int m0 = 0; m0 < rows; m0 += simd::kPanelRows) {
+    const int mr = std::min(simd::kPanelRows, rows - m0);
+    int lo = 0, hi = 1 << 30;
+    for (int m = m0; m < m0 + mr; ++m) {
+      lo = std::max<int>(lo, static_cast<int>(range[m].lo)), hi = std::min<int>(hi, static_cast<int>(range[m].hi));
+    }
+    if (lo >= hi) lo = hi = 0;  // no key every row sees: each row alone
+    const float* pm = p + m0 * ldp;
+    float* om = o + m0 * ldo;
+    switch (mr) {
+      case 1: pv<1>(pm, ldp, v, om, ldo, lo, hi, dim); break;
+      case 2: pv<2>(pm, ldp, v, om, ldo, lo, hi, dim); break;
+      case 3: pv<3>(pm, ldp, v, om, ldo, lo, hi, dim); break;
+      case 4: pv<4>(pm, ldp, v, om, ldo, lo, hi, dim); break;
+      case 5: pv<5>(pm, ldp, v, om, ldo, lo, hi, dim); break;
+      default: pv<simd::kPanelRows>(pm, ldp, v, om, ldo, lo, hi, dim); break;
+    }
+    for (int m = m0; m < m0 + mr; ++m) {
+      const int a = static_cast<int>(range[m].lo), b = static_cast<int>(range[m].hi);
+      if (lo < hi) {
+        pv<1>(p + m * ldp, ldp, v, o + m * ldo, ldo, a, std::min(b, lo), dim);
+        pv<1>(p + m * ldp, ldp, v, o + m * ldo, ldo, std::max(a, hi), b, dim);
+      } else {
+        pv<1>(p + m * ldp, ldp, v, o + m * ldo, ldo, a, b, dim);
+      }
+    }
+  }
+}
+static_assert(simd::kPanelRows <= 6, "axpys dispatches 1..6 rows");
+
+template <class E>
+void widen_row(const E* src, int64_t n, int64_t padded, float* dst) {
+  for (int64_t x = 0; x < n; ++x) dst[x] = to_float(src[x]);
+  std::fill(dst + n, dst + padded, 0.f);
+}
+
+template <class E>
+class Engine {
+ public:
+  Engine(const Problem& p, const TypedInputs<E>& in, const BackwardInputs& bw, const Gradients& g, const float* dd)
+      : p_(p), in_(in), bw_(bw), g_(g), dd_(dd), l_(p), scale_(p.effective_scale()) {}
+
+  // Q, dO, LSE and D of query rows [i0, i0 + br) of head h into the tile; their intervals into iv.
+  void load_rows(const Tile& t, int64_t b, int64_t h, int64_t i0, int br, Interval* iv) const {
+    const MaskSpec mask = p_.mask_for_batch(b);
+    for (int r = 0; r < br; ++r) {
+      const int64_t i = i0 + r;
+      widen_row(in_.q.row(b, h, i), p_.head_dim, l_.dp, t.q + r * l_.dp);
+      widen_row(bw_.d_o.row(b, h, i), p_.dim_v(), l_.dvp, t.go + r * l_.dvp);
+      t.lse[r] = bw_.lse[(b * p_.q_heads + h) * p_.q_len + i];
+      t.dd[r] = dd_[(b * p_.q_heads + h) * p_.q_len + i];
+      iv[r] = mask.row(i);
+    }
+  }
+
+  // S, P (into t.s), dP, dS (into t.dpm) of the loaded rows against keys [j0, j0 + nk);
+  // P^T and scale dS^T into t.pt and t.dst when `transposed`.
+  void tile(const Tile& t, int br, const Interval* iv, int64_t j0, int nk, const Rows<E>& k, const Rows<E>& v,
+            bool transposed) const {
+    dots(br, t.q, l_.dp, t.zero, k, p_.head_dim, nk, t.s);
+    dots(br, t.go, l_.dvp, t.zero, v, p_.dim_v(), nk, t.dpm);
+    for (int r = 0; r < br; ++r) {
+      const int lo = static_cast<int>(std::clamp<int64_t>(iv[r].lo - j0, 0, nk));
+      const int hi = static_cast<int>(std::clamp<int64_t>(iv[r].hi - j0, lo, nk));
+      float* s = t.s + r * kTileKeys;
+      float* dp = t.dpm + r * kTileKeys;
+      for (int c = 0; c < nk; ++c) {
+        const bool seen = c >= lo && c < hi;  // the mask decides, never the arithmetic
+        const float pc = seen ? std::exp(scale_ * s[c] - t.lse[r]) : 0.f;
+        const float ds = seen ? pc * (dp[c] - t.dd[r]) : 0.f;
+        s[c] = pc;
+        dp[c] = ds;
+        if (transposed) t.pt[c * kBr + r] = pc, t.dst[c * kBr + r] = scale_ * ds;
+      }
+    }
+  }
+
+  Rows<E> key_rows(const View4<const E>& x, int64_t b, int64_t hk, int64_t j0, int nk) const {
+    return Rows<E>::strided(x.row(b, hk, j0), x.stride_s, nk);
+  }
+
+  // Pass 1: dK and dV of keys [j0, j0 + nk) of kv head hk.
+  void keys_task(const Tile& t, int64_t b, int64_t hk, int64_t j0) const {
+    const int nk = static_cast<int>(std::min<int64_t>(kTileKeys, p_.kv_len - j0));
+    std::fill(t.dk, t.dk + nk * l_.dp, 0.f);
+    std::fill(t.dv, t.dv + nk * l_.dvp, 0.f);
+    const Rows<E> k = key_rows(in_.k, b, hk, j0, nk), v = key_rows(in_.v, b, hk, j0, nk);
+    Interval iv[kBr];
+    for (int64_t h = hk * p_.group(); h < (hk + 1) * p_.group(); ++h) {
+      for (int64_t i0 = 0; i0 < p_.q_len; i0 += kBr) {
+        const int br = static_cast<int>(std::min<int64_t>(kBr, p_.q_len - i0));
+        if (!sees(b, i0, br, j0, nk)) continue;
+        load_rows(t, b, h, i0, br, iv);
+        // Rows past br in the transposed tiles stay out of the sums: n = br below.
+        tile(t, br, iv, j0, nk, k, v, true);
+        // The rows that see key c: [first, last] of them (interval masks: a contiguous range).
+        Interval seen_by[kTileKeys];
+        for (int c = 0; c < nk; ++c) {
+          int a = br, b = 0;
+          for (int r = 0; r < br; ++r) {
+            if (iv[r].lo <= j0 + c && j0 + c < iv[r].hi) a = std::min(a, r), b = r + 1;
+          }
+          seen_by[c] = a < b ? Interval{a, b} : Interval{0, 0};
+        }
+        axpys(nk, t.pt, kBr, Rows<float>::strided(t.go, l_.dvp, br), seen_by, t.dv, l_.dvp, p_.dim_v());
+        axpys(nk, t.dst, kBr, Rows<float>::strided(t.q, l_.dp, br), seen_by, t.dk, l_.dp, p_.head_dim);
+      }
+    }
+    for (int c = 0; c < nk; ++c) {
+      std::copy(t.dk + c * l_.dp, t.dk + c * l_.dp + p_.head_dim, g_.dk.row(b, hk, j0 + c));
+      std::copy(t.dv + c * l_.dvp, t.dv + c * l_.dvp + p_.dim_v(), g_.dv.row(b, hk, j0 + c));
+    }
+  }
+
+  // Pass 2: dQ of query rows [i0, i0 + br) of head h.
+  void rows_task(const Tile& t, int64_t b, int64_t h, int64_t i0) const {
+    const int br = static_cast<int>(std::min<int64_t>(kBr, p_.q_len - i0));
+    const int64_t hk = p_.kv_head_of(h);
+    Interval iv[kBr];
+    load_rows(t, b, h, i0, br, iv);
+    float* dq = t.dk;  // pass 2 has no dK: its accumulator holds dQ (kBr x dp)
+    std::fill(dq, dq + br * l_.dp, 0.f);
+    int64_t lo = p_.kv_len, hi = 0;  // the keys some row sees
+    for (int r = 0; r < br; ++r) {
+      if (!iv[r].empty()) lo = std::min(lo, iv[r].lo), hi = std::max(hi, iv[r].hi);
+    }
+    for (int64_t j0 = lo / kTileKeys * kTileKeys; j0 < hi; j0 += kTileKeys) {
+      const int nk = static_cast<int>(std::min<int64_t>(kTileKeys, p_.kv_len - j0));
+      const Rows<E> k = key_rows(in_.k, b, hk, j0, nk), v = key_rows(in_.v, b, hk, j0, nk);
+      tile(t, br, iv, j0, nk, k, v, false);
+      Interval sees_keys[kBr];  // row r's keys inside the tile
+      for (int r = 0; r < br; ++r) {
+        const int64_t a = std::clamp<int64_t>(iv[r].lo - j0, 0, nk), b = std::clamp<int64_t>(iv[r].hi - j0, a, nk);
+        sees_keys[r] = Interval{a, b};
+      }
+      axpys(br, t.dpm, kTileKeys, k, sees_keys, dq, l_.dp, p_.head_dim);  // dQ += dS K (scale below)
+    }
+    for (int r = 0; r < br; ++r) {
+      float* out = g_.dq.row(b, h, i0 + r);
+      for (int64_t d = 0; d < p_.head_dim; ++d) out[d] = scale_ * dq[r * l_.dp + d];
+    }
+  }
+
+ private:
+  // Whether some row of [i0, i0 + br) sees a key of [j0, j0 + nk) (the same for every head).
+  bool sees(int64_t b, int64_t i0, int br, int64_t j0, int nk) const {
+    const MaskSpec mask = p_.mask_for_batch(b);
+    for (int r = 0; r < br; ++r) {
+      const Interval iv = mask.row(i0 + r);
+      if (std::max(iv.lo, j0) < std::min(iv.hi, j0 + nk)) return true;
+    }
+    return false;
+  }
+
+  const Problem& p_;
+  const TypedInputs<E>& in_;
+  const BackwardInputs& bw_;
+  const Gradients& g_;
+  const float* dd_;
+  const Layout l_;
+  const float scale_;
+};
+
+}  // namespace
+
+size_t flash_backward_bytes(const Problem& p, int threads) {
+  return d_bytes(p) + static_cast<size_t>(threads) * Layout(p).bytes;
+}
+
+void flash_backward(const Problem& p, const Inputs& in, const BackwardInputs& bw, const Gradients& g, RunContext& ctx) {
+  const Layout l(p);
+  float* dd = reinterpret_cast<float*>(ctx.workspace.data());
+  // Pass 0: D_i = dO_i . O_i.
+  attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, p.batch * p.q_heads, 1),
+                          [&](const tbb::blocked_range<int64_t>& range) {
+                            for (int64_t bh = range.begin(); bh != range.end(); ++bh) {
+                              const int64_t b = bh / p.q_heads, h = bh % p.q_heads;
+                              for (int64_t i = 0; i < p.q_len; ++i) {
+                                const float* go = bw.d_o.row(b, h, i);
+                                const float* o = bw.o.row(b, h, i);
+                                float sum = 0.f;
+                                for (int64_t d = 0; d < p.dim_v(); ++d) sum += go[d] * o[d];
+                                dd[bh * p.q_len + i] = sum;
+                              }
+                            }
+                          });
+  visit_inputs(in, [&](const auto& typed) {
+    using E = std::remove_const_t<std::remove_pointer_t<decltype(typed.k.data)>>;
+    const Engine<E> engine(p, typed, bw, g, dd);
+    const auto scratch = [&] {
+      std::byte* mine = thread_scratch(ctx, l.bytes, "flash backward", d_bytes(p));
+      const Tile t(mine, l);
+      std::fill(t.zero, t.zero + std::max(l.dp, l.dvp), 0.f);
+      return t;
+    };
+    // Pass 1: (batch, kv head, key tile) tasks own dK and dV.
+    const int64_t key_tiles = (p.kv_len + kTileKeys - 1) / kTileKeys;
+    attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, p.batch * p.kv_heads * key_tiles, 1),
+                            [&](const tbb::blocked_range<int64_t>& range) {
+                              const Tile t = scratch();
+                              for (int64_t x = range.begin(); x != range.end(); ++x) {
+                                const int64_t kt = x % key_tiles, bh = x / key_tiles;
+                                engine.keys_task(t, bh / p.kv_heads, bh % p.kv_heads, kt * kTileKeys);
+                              }
+                            });
+    // Pass 2: (batch, query head, query tile) tasks own dQ.
+    const int64_t row_tiles = (p.q_len + kBr - 1) / kBr;
+    attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, p.batch * p.q_heads * row_tiles, 1),
+                            [&](const tbb::blocked_range<int64_t>& range) {
+                              const Tile t = scratch();
+                              for (int64_t x = range.begin(); x != range.end(); ++x) {
+                                const int64_t qt = x % row_tiles, bh = x / row_tiles;
+                                engine.rows_task(t, bh / p.q_heads, bh % p.q_heads, qt * kBr);
+                              }
+                            });
+  });
+}
+
+}  // namespace attnlab::ATTN_TARGET_NS::cpu
