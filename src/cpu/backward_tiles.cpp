@@ -28,6 +28,7 @@
 
 #include "cpu/parallel.hpp"
 #include "cpu/simd/microkernel.hpp"
+#include "cpu/simd/vec_math.hpp"
 
 namespace attnlab::ATTN_TARGET_NS::cpu {
 namespace {
@@ -157,19 +158,28 @@ class Engine {
             bool transposed) const {
     dots(br, t.q, l_.dp, t.zero, k, p_.head_dim, nk, t.s);
     dots(br, t.go, l_.dvp, t.zero, v, p_.dim_v(), nk, t.dpm);
+    alignas(64) static constexpr float kIota[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    static_assert(kLanes <= 16 && kTileKeys % kLanes == 0, "whole vectors of a tile row");
+    const Batch scale(scale_);
     for (int r = 0; r < br; ++r) {
       const int lo = static_cast<int>(std::clamp<int64_t>(iv[r].lo - j0, 0, nk));
       const int hi = static_cast<int>(std::clamp<int64_t>(iv[r].hi - j0, lo, nk));
       float* s = t.s + r * kTileKeys;
       float* dp = t.dpm + r * kTileKeys;
-      for (int c = 0; c < nk; ++c) {
-        const bool seen = c >= lo && c < hi;  // the mask decides, never the arithmetic
-        const float pc = seen ? std::exp(scale_ * s[c] - t.lse[r]) : 0.f;
-        const float ds = seen ? pc * (dp[c] - t.dd[r]) : 0.f;
-        s[c] = pc;
-        dp[c] = ds;
-        if (transposed) t.pt[c * kBr + r] = pc, t.dst[c * kBr + r] = scale_ * ds;
+      const Batch neg_lse(-t.lse[r]), dd(t.dd[r]), blo(static_cast<float>(lo)), bhi(static_cast<float>(hi));
+      for (int c = 0; c < nk; c += kLanes) {
+        // P = e^(scale S - LSE) and dS = P (dP - D) on the keys the row sees, 0 elsewhere: the
+        // mask decides (select), never the arithmetic (a hidden key's NaN score stays out).
+        const Batch idx = Batch::load_aligned(kIota) + Batch(static_cast<float>(c));
+        const auto seen = simd::mask_and(idx >= blo, idx < bhi);
+        const Batch pc =
+            simd::select(seen, simd::exp(simd::fma(scale, Batch::load_aligned(s + c), neg_lse)), Batch(0.f));
+        const Batch ds = simd::select(seen, pc * (Batch::load_aligned(dp + c) - dd), Batch(0.f));
+        pc.store_aligned(s + c);
+        ds.store_aligned(dp + c);
       }
+      if (!transposed) continue;
+      for (int c = 0; c < nk; ++c) t.pt[c * kBr + r] = s[c], t.dst[c * kBr + r] = scale_ * dp[c];
     }
   }
 
