@@ -137,8 +137,8 @@ Arr from_dlpack(const py::handle& obj, const char* name, const std::optional<std
   } catch (py::error_already_set& e) {
     throw py::type_error(std::string(name) + ": " + type_name(obj) + ".__dlpack__() failed: " +
                          std::string(py::str(e.type().attr("__name__"))) + ": " + std::string(py::str(e.value())) +
-                         " (a torch tensor that requires grad: pass x.detach(); attnlab.attention computes no "
-                         "gradient)");
+                         " (a torch tensor that requires grad: pass x.detach(), or attnlab.torch.attention for "
+                         "gradients)");
   }
   auto* mt = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap.ptr(), "dltensor"));
   if (!mt) throw py::error_already_set();
@@ -576,8 +576,8 @@ py::dict views(const py::handle& q, const py::handle& k, const py::handle& v, co
 
 }  // namespace
 
-PYBIND11_MODULE(attnlab, m) {
-  m.doc() = "attnlab: the lab's attention kernels on numpy arrays (no copies; see src/python/module.cpp)";
+PYBIND11_MODULE(_core, m) {  // attnlab._core; the package attnlab (src/python/attnlab/) imports it
+  m.doc() = "attnlab's kernels on numpy arrays and torch / JAX tensors (no copies; see src/python/module.cpp)";
   py::register_exception<InvalidInput>(m, "InvalidInput", PyExc_ValueError);
   m.def("attention", &attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kernel") = "flash",
         py::arg("causal") = false, py::arg("window") = py::none(), py::arg("kv_lens") = py::none(),
@@ -588,7 +588,7 @@ PYBIND11_MODULE(attnlab, m) {
         "(seq before heads for 'bshd'); causal False | True (bottom-right) | 'top_left'; window (left, right)\n"
         "with -1 unbounded; kv_lens per batch entry; threads None = all cores.");
   m.def("attention_backward", &attention_backward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("do"),
-        py::arg("o") = py::none(), py::arg("lse") = py::none(), py::arg("kernel") = "naive", py::arg("causal") = false,
+        py::arg("o") = py::none(), py::arg("lse") = py::none(), py::arg("kernel") = "flash", py::arg("causal") = false,
         py::arg("window") = py::none(), py::arg("kv_lens") = py::none(), py::arg("scale") = py::none(),
         py::arg("layout") = "bhsd", py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
         py::arg("isa") = py::none(),

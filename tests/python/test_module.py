@@ -147,14 +147,17 @@ def test_attention_backward_matches_numpy():
     q, k, v = inputs(dv=24)
     do = np.random.default_rng(1).uniform(-1, 1, (2, 6, 33, 24)).astype(np.float32)
     for kw in [dict(), dict(causal=True, window=(9, 0), kv_lens=[70, 17], scale=0.3)]:
-        dq, dk, dv = attnlab.attention_backward(q, k, v, do, **kw)  # O and LSE from naive's own forward
+        dq, dk, dv = attnlab.attention_backward(q, k, v, do, **kw)  # flash, O and LSE from its own forward
         rq, rk, rv = reference_backward(q, k, v, do, **kw)
         assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
         for got, want in ((dq, rq), (dk, rk), (dv, rv)):
             assert np.max(np.abs(got - want)) < 1e-5 * max(1.0, np.max(np.abs(want)))
-        o, lse = attnlab.attention(q, k, v, kernel="naive", return_lse=True, **kw)
+        o, lse = attnlab.attention(q, k, v, kernel="flash", return_lse=True, **kw)
         given = attnlab.attention_backward(q, k, v, do, o=o, lse=lse, **kw)
         assert all(np.array_equal(x, y) for x, y in zip(given, (dq, dk, dv)))
+        naive = attnlab.attention_backward(q, k, v, do, kernel="naive", **kw)
+        for got, want in zip(naive, (rq, rk, rv)):
+            assert np.max(np.abs(got - want)) < 1e-5 * max(1.0, np.max(np.abs(want)))
     fq, fk, fv = attnlab.attention_backward(q, k, v, do, kernel="flash", causal=True)
     rq, rk, rv = reference_backward(q, k, v, do, causal=True)
     for got, want in ((fq, rq), (fk, rk), (fv, rv)):

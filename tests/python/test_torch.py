@@ -1,0 +1,50 @@
+"""attnlab.torch (src/python/attnlab/torch.py): the lab's forward and backward as a torch.autograd.Function,
+against torch's own scaled_dot_product_attention and its autograd on the same tensors. Skips without torch."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import attnlab.torch as at  # noqa: E402
+
+
+def tensors(b=2, hq=4, hkv=2, lq=37, lk=37, d=32, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    make = lambda h, l: (torch.rand(b, h, l, d, generator=g) * 2 - 1).to(dtype).requires_grad_()
+    return make(hq, lq), make(hkv, lk), make(hkv, lk)
+
+
+@pytest.mark.parametrize("kernel", ["flash", "naive"])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("gqa", [False, True])
+def test_forward_and_gradients_match_torch(kernel, is_causal, gqa):
+    q, k, v = tensors(hkv=2 if gqa else 4, lk=37 if is_causal else 53)
+    o = at.attention(q, k, v, is_causal=is_causal, enable_gqa=gqa, kernel=kernel, threads=2)
+    rq, rk, rv = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(rq, rk, rv, is_causal=is_causal, enable_gqa=gqa)
+    assert torch.max(torch.abs(o.double() - ref)) < 1e-5
+    do = torch.rand_like(o)
+    o.backward(do)
+    ref.backward(do.double())
+    for got, want in ((q.grad, rq.grad), (k.grad, rk.grad), (v.grad, rv.grad)):
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        assert torch.max(torch.abs(got.double() - want)) < 1e-5 * max(1.0, torch.max(torch.abs(want)).item())
+
+
+def test_a_training_step_through_a_loss():
+    # o.sum() hands back a dO of stride 0 (copied to a contiguous one), bf16 inputs, a custom scale.
+    q, k, v = tensors(dtype=torch.bfloat16)
+    loss = at.attention(q, k, v, scale=0.2, enable_gqa=True).square().mean()
+    loss.backward()
+    assert all(x.grad is not None and x.grad.dtype == torch.bfloat16 and torch.isfinite(x.grad).all() for x in (q, k, v))
+
+
+def test_what_it_does_not_take_is_an_error():
+    q, k, v = tensors()
+    with pytest.raises(ValueError, match="^attn_mask"):
+        at.attention(q, k, v, attn_mask=torch.ones(37, 37, dtype=torch.bool), enable_gqa=True)
+    with pytest.raises(ValueError, match="^dropout_p"):
+        at.attention(q, k, v, dropout_p=0.1, enable_gqa=True)
+    with pytest.raises(ValueError, match="^key: 2 heads for 4 query heads"):
+        at.attention(q, k, v)
+    with pytest.raises(ValueError, match="backward: blocked has no backward pass"):
+        at.attention(q, k, v, enable_gqa=True, kernel="blocked").sum().backward()
