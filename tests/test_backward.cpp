@@ -279,6 +279,19 @@ TEST(Backward, KernelsWithoutItAndInferenceCachesAreRefused) {
   sparse.sinks = 2, sparse.window_left = 2;
   EXPECT_THROW(Session(kernel_or_throw("flash"), sparse, 1, true), InvalidInput);  // naive's backward runs it
   EXPECT_NO_THROW(Session(kernel_or_throw("naive"), sparse, 1, true));
+}
+
+// The memory budget counts a backward run's dO, dQ, dK, dV and its larger workspace.
+TEST(Backward, TheMemoryBudgetCountsTheGradients) {
+  const Problem p = small(1, 8, 8, 512, 512, 128);  // Q, K, V, O 2 MiB each; dO, dQ, dK, dV 8 MiB more
+  const Kernel& flash = kernel_or_throw("flash");
+  const int64_t forward = tensor_bytes(p) + static_cast<int64_t>(flash.workspace_bytes(p, 1));
+  test::ScopedEnv budget("ATTN_MEMORY_BUDGET", std::to_string(forward + (1 << 20)));
+  EXPECT_TRUE(can_run(flash, p, 1));
+  const Support s = can_run(flash, p, 1, true);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.reason.find("dO, dQ, dK, dV"), std::string::npos) << s.reason;
+  EXPECT_THROW(Session(flash, p, 1, true), InvalidInput);
   Problem q = p;
   q.kv_dtype = KvDType::Q8_0;
   q.head_dim = 32;

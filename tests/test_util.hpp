@@ -47,6 +47,23 @@ class Wrapped : public Kernel {
   const Kernel& inner_;
 };
 
+// Sets an environment variable for a scope, restoring its previous value (or absence) after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* v = std::getenv(name)) had_ = true, saved_ = v;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { had_ ? setenv(name_, saved_.c_str(), 1) : unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string saved_;
+};
+
 // The storage dtype a kernel is tested at when a test does not range over dtypes: bf16 for
 // the kernels that compute on bf16 only (flash_bf16), else f32.
 inline DType native_dtype(const Kernel& k) {

@@ -162,11 +162,12 @@ Support supports_problem(const Kernel& kernel, const Problem& problem);
 // Whether the memory a run of `kernel` on the (valid) problem needs -- its workspace for
 // `threads` threads plus the problem's Q, K, V, O and LSE -- fits the memory budget
 // (limits.hpp); the reason names the bytes and the budget when not.
-Support fits_memory_budget(const Kernel& kernel, const Problem& problem, int threads);
+// backward: a run of both passes - the larger workspace, and dO, dQ, dK, dV beside the tensors.
+Support fits_memory_budget(const Kernel& kernel, const Problem& problem, int threads, bool backward = false);
 // The one decision every path takes before allocating (Session, check_kernel, sweeps):
 // available(), then supports() (and runs_patterns() for a sparse problem), then
 // fits_memory_budget(); "no" with the first reason.
-Support can_run(const Kernel& kernel, const Problem& problem, int threads);
+Support can_run(const Kernel& kernel, const Problem& problem, int threads, bool backward = false);
 
 // A kernel bound to a problem and a thread count.
 class Session {

@@ -187,7 +187,7 @@ BackwardCheck check_backward(const Kernel& k, const Problem& p, const Inputs& in
     c.reason = "no backward pass; kernels with one: " + kernels_that(&Kernel::runs_backward);
     return c;
   }
-  if (Support s = can_run(k, p, threads); !s) {
+  if (Support s = can_run(k, p, threads, true); !s) {
     c.reason = s.reason;
     return c;
   }

@@ -63,19 +63,24 @@ Support supports_problem(const Kernel& kernel, const Problem& problem) {
   return kernel.supports(problem);
 }
 
-Support fits_memory_budget(const Kernel& kernel, const Problem& problem, int threads) {
-  const auto workspace = static_cast<int64_t>(kernel.workspace_bytes(problem, threads));
-  const int64_t tensors = tensor_bytes(problem);
-  const std::string why =
-      over_memory_budget(workspace + tensors, "workspace " + bytes_text(static_cast<double>(workspace)) +
-                                                  " + Q, K, V, O, LSE " + bytes_text(static_cast<double>(tensors)));
+Support fits_memory_budget(const Kernel& kernel, const Problem& problem, int threads, bool backward) {
+  auto workspace = static_cast<int64_t>(kernel.workspace_bytes(problem, threads));
+  int64_t tensors = tensor_bytes(problem);
+  if (backward) {  // the larger workspace; dO (O's size) and float32 dQ, dK, dV
+    workspace = std::max(workspace, static_cast<int64_t>(kernel.backward_workspace_bytes(problem, threads)));
+    tensors += (problem.o_elems() + problem.q_elems() + problem.kv_elems() + problem.v_elems()) *
+               static_cast<int64_t>(sizeof(float));
+  }
+  const std::string why = over_memory_budget(
+      workspace + tensors, "workspace " + bytes_text(static_cast<double>(workspace)) + " + Q, K, V, O, LSE" +
+                               (backward ? ", dO, dQ, dK, dV " : " ") + bytes_text(static_cast<double>(tensors)));
   return why.empty() ? Support::yes() : Support::no("memory: " + why);
 }
 
-Support can_run(const Kernel& kernel, const Problem& problem, int threads) {
+Support can_run(const Kernel& kernel, const Problem& problem, int threads, bool backward) {
   if (Support a = kernel.available(); !a) return a;
   if (Support s = supports_problem(kernel, problem); !s) return s;
-  return fits_memory_budget(kernel, problem, threads);
+  return fits_memory_budget(kernel, problem, threads, backward);
 }
 
 struct Session::Arena {
@@ -95,9 +100,6 @@ Session::Session(const Kernel& kernel, const Problem& problem, int threads, bool
   if (Support s = supports_problem(kernel, problem_); !s) {
     throw InvalidInput(std::string(kernel.name()) + " does not support " + problem_.describe() + ": " + s.reason);
   }
-  if (Support m = fits_memory_budget(kernel, problem_, threads); !m) {
-    throw InvalidInput(std::string(kernel.name()) + " cannot run " + problem_.describe() + ": " + m.reason);
-  }
   if (backward && !kernel.runs_backward()) {
     throw InvalidInput("backward: " + std::string(kernel.name()) +
                        " has no backward pass; allowed: " + kernels_that(&Kernel::runs_backward));
@@ -108,6 +110,9 @@ Session::Session(const Kernel& kernel, const Problem& problem, int threads, bool
       throw InvalidInput("backward: " + std::string(kernel.name()) + " does not take " + problem_.describe() + ": " +
                          s.reason);
     }
+  }
+  if (Support m = fits_memory_budget(kernel, problem_, threads, backward); !m) {
+    throw InvalidInput(std::string(kernel.name()) + " cannot run " + problem_.describe() + ": " + m.reason);
   }
   workspace_size_ = kernel.workspace_bytes(problem_, threads);
   if (backward) workspace_size_ = std::max(workspace_size_, kernel.backward_workspace_bytes(problem_, threads));
