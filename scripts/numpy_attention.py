@@ -149,6 +149,28 @@ def attention(q, k, v, scale, causal, left, right, kv_lens, sinks=0, globals_=()
     return o, lse, keep_all
 
 
+def attention_backward(q, k, v, do, scale, causal, left, right, kv_lens, sinks=0, globals_=(), doc_lens=(),
+                       dilation=1, bigbird=None, mask=None):
+    """The gradients of attention() (docs/operation.md, include/attnlab/backward.hpp), float64:
+    dO (B, Hq, Lq, Dv) -> o, dq, dk, dv; a kv head's dK and dV sum over its query heads, masked
+    pairs and fully masked rows contribute nothing."""
+    o, lse, keep = attention(q, k, v, scale, causal, left, right, kv_lens, sinks, globals_, doc_lens, dilation,
+                             bigbird, mask)
+    b_n, hq, lq, _ = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    g = hq // hkv
+    kr, vr = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    s = scale * np.einsum("bhid,bhjd->bhij", q, kr)
+    live = np.isfinite(lse)[..., None]
+    p = np.where(keep & live, np.exp(np.where(keep & live, s - np.where(live, lse[..., None], 0.0), -np.inf)), 0.0)
+    dp = np.einsum("bhid,bhjd->bhij", do, vr)
+    ds = p * (dp - (do * o).sum(axis=-1, keepdims=True))
+    dq = scale * np.einsum("bhij,bhjd->bhid", ds, kr)
+    dk = scale * np.einsum("bhij,bhid->bhjd", ds, q).reshape(b_n, hkv, g, lk, -1).sum(axis=2)
+    dv = np.einsum("bhij,bhid->bhjd", p, do).reshape(b_n, hkv, g, lk, -1).sum(axis=2)
+    return o, dq, dk, dv
+
+
 def _ints(text):
     return [int(x) for x in text.split(",")] if text else []
 

@@ -105,7 +105,32 @@ class Probe final : public Kernel {
   }
 };
 
+// naive whose backward's dK[0,0,0,0] is off by 0.01 (its forward is right): the backward
+// point's gradient check must catch it.
+class BrokenGrad final : public Kernel {
+ public:
+  std::string_view name() const override { return "brokengrad"; }
+  std::string_view description() const override { return "test: naive with dK[0,0,0,0] off by 0.01"; }
+  size_t workspace_bytes(const Problem& p, int t) const override { return naive().workspace_bytes(p, t); }
+  bool runs_backward() const override { return true; }
+  size_t backward_workspace_bytes(const Problem& p, int t) const override {
+    return naive().backward_workspace_bytes(p, t);
+  }
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    naive().run(p, in, out, ctx);
+  }
+  void run_backward(const Problem& p, const Inputs& in, const BackwardInputs& bw, const Gradients& g,
+                    RunContext& ctx) const override {
+    naive().run_backward(p, in, bw, g, ctx);
+    g.dk.row(0, 0, 0)[0] += 0.01f;
+  }
+
+ private:
+  static const Kernel& naive() { return *find_kernel("naive"); }
+};
+
 inline const Broken kBroken;
+inline const BrokenGrad kBrokenGrad;
 inline const Picky kPicky;
 inline const NanOut kNanOut;
 inline const Doomed kDoomed;
@@ -132,8 +157,8 @@ inline std::string peak_file() {
 
 struct SweepRun : ::testing::Test {
   std::vector<const Kernel*> kernels = {
-      find_kernel("naive"), find_kernel("blocked"), &kBroken, &kPicky, &kNanOut, &kDoomed, &kProbe};
-  std::vector<std::string> names = {"naive", "blocked", "broken", "picky", "nanout", "doomed", "probe"};
+      find_kernel("naive"), find_kernel("blocked"), &kBroken, &kPicky, &kNanOut, &kDoomed, &kProbe, &kBrokenGrad};
+  std::vector<std::string> names = {"naive", "blocked", "broken", "picky", "nanout", "doomed", "probe", "brokengrad"};
   std::ostringstream log;
 
   Experiment experiment(const std::string& extra = "") {

@@ -265,6 +265,63 @@ TEST(Backward, PlantedBugsFail) {
   }
 }
 
+// The sampled check (sweeps): with every row and key sampled its reference equals the full
+// one's (its O and LSE are the kernel's float32 forward's: within float32 of float64's), it
+// passes the kernels, and every planted bug fails it on a sample of a fifth of the rows and keys.
+TEST(Backward, TheSampledCheckAgreesWithTheFullOneAndCatchesThePlantedBugs) {
+  std::vector<Problem> ps = {small(2, 4, 2, 11, 19, 16), small(1, 2, 1, 70, 65, 128, 96), small(1, 6, 2, 33, 40, 24)};
+  ps[0].causal = CausalAlign::BottomRight;
+  ps[1].causal = CausalAlign::TopLeft, ps[1].layout = Layout::BSHD;  // rows with no key
+  ps[2].window_left = 5, ps[2].window_right = 3;
+  const Kernel& flash = kernel_or_throw("flash");
+  for (const Problem& p : ps) {
+    const Case c = make_case(p, 11);
+    const ReferenceGrads full = reference_backward(p, c.t.inputs, c.d_o_view);
+    Tensors out = allocate_outputs(p);
+    Session(flash, p, 1).run(c.t.inputs, out.outputs);
+    const GradSample every = sample_grads(p, 1 << 20, 1);
+    ASSERT_EQ(every.rows.size(), static_cast<size_t>(p.batch * p.q_heads * p.q_len));
+    ASSERT_EQ(every.keys.size(), static_cast<size_t>(p.batch * p.kv_heads * p.kv_len));
+    const SampledGradAgreement a =
+        prepare_sampled_backward(p, c.t.inputs, c.d_o_view, as_const(out.outputs.o), out.outputs.lse, every);
+    // Both sample lists are in (b, h, s) order, as the full reference's rows.
+    double worst = 0, size = 0;
+    const auto compare = [&](const std::vector<double>& x, const std::vector<double>& y) {
+      ASSERT_EQ(x.size(), y.size());
+      for (size_t n = 0; n < x.size(); ++n) {
+        worst = std::max(worst, std::fabs(x[n] - y[n]));
+        size = std::max(size, std::fabs(y[n]));
+      }
+    };
+    compare(a.dq, full.dq);
+    compare(a.dk, full.dk);
+    compare(a.dv, full.dv);
+    EXPECT_LT(worst, 1e-5 * size) << p.describe();
+    EXPECT_GT(size, 0) << p.describe();
+    for (const Kernel* k : backward_kernels()) {
+      if (!k->backward_supports(p)) continue;
+      const BackwardCheck r = check_backward_sampled(*k, p, c.t.inputs, c.d_o_view, sample_grads(p, 20, 3), 2);
+      EXPECT_EQ(r.verdict, Verdict::Pass) << test::variant_name(*k) << " " << p.describe() << ": " << r.reason;
+    }
+  }
+  const Kernel& naive = kernel_or_throw("naive");
+  const Case c = make_case(ps[0], 3);
+  const GradSample fifth = sample_grads(ps[0], 20, 5);
+  ASSERT_LT(fifth.rows.size(), static_cast<size_t>(ps[0].batch * ps[0].q_heads * ps[0].q_len) / 2);
+  for (Bug bug : {Bug::DFromUnnormalizedO, Bug::DkMissingScale, Bug::GqaWrongKvHead, Bug::MaskedPairLeaks}) {
+    const Planted planted(naive, bug);
+    const BackwardCheck r = check_backward_sampled(planted, ps[0], c.t.inputs, c.d_o_view, fifth, 1);
+    EXPECT_EQ(r.verdict, Verdict::Fail) << "bug " << static_cast<int>(bug) << ": " << r.reason;
+  }
+  Problem sparse = ps[0];
+  sparse.sinks = 2, sparse.window_left = 2;
+  const Case sc = make_case(sparse, 3);
+  Tensors out = allocate_outputs(sparse);
+  EXPECT_THROW(
+      prepare_sampled_backward(sparse, sc.t.inputs, sc.d_o_view, as_const(out.outputs.o), out.outputs.lse, fifth),
+      InvalidInput);
+}
+
 TEST(Backward, KernelsWithoutItAndInferenceCachesAreRefused) {
   const Problem p = small(1, 2, 2, 4, 8, 16);
   try {

@@ -130,6 +130,7 @@ TEST(PointSchema, EveryFieldReachesTheIdOrIsDerivedAndIsAColumn) {
       {"kv_block", with([](Problem& p) { p.kv_block = 64; }), 2, "", ""},
       {"kv_lens", with([](Problem& p) { p.kv_lens = {64}; }), 2, "", ""},
       {"kv_shared", with([](Problem& p) { p.kv_shared = true; }), 2, "", ""},
+      {"pass", with([](Problem& p) { p.pass = Pass::Backward; }), 2, "", ""},
       {"threads", base, 1, "", ""},
       {"isa", base, 2, "avx2", ""},
       {"model", base, 2, "", "llama-3-8b"},

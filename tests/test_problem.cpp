@@ -78,6 +78,34 @@ TEST(Problem, FlopsCountVisiblePairsOnly) {
   EXPECT_DOUBLE_EQ(p.kv_bytes(), 0.0);
 }
 
+// The pass: the backward counts 2.5x the forward's FLOPs (both 3.5x) and reads O, dO besides the
+// forward's inputs and writes dQ, dK, dV; quantized and paged caches refuse it; names round-trip.
+TEST(Problem, PassScalesFlopsAndBytesAndRefusesInferenceCaches) {
+  Problem p = shape(1, 4, 2, 6, 10, 8);
+  const double f = p.flops(), bytes = p.bytes_moved();
+  EXPECT_DOUBLE_EQ(p.forward_flops(), f);
+  p.pass = Pass::Backward;
+  EXPECT_DOUBLE_EQ(p.flops(), 2.5 * f);
+  EXPECT_DOUBLE_EQ(p.forward_flops(), f);
+  const double grads = 4.0 * (p.q_elems() + p.kv_elems() + p.v_elems());
+  EXPECT_DOUBLE_EQ(p.bytes_moved(), bytes + 4.0 * p.o_elems() + grads);
+  p.pass = Pass::ForwardBackward;
+  EXPECT_DOUBLE_EQ(p.flops(), 3.5 * f);
+  EXPECT_DOUBLE_EQ(p.bytes_moved(), 2 * bytes + 4.0 * p.o_elems() + grads);
+  EXPECT_NE(p.describe().find("pass=forward_backward"), std::string::npos);
+  p.head_dim = 32, p.kv_dtype = KvDType::Q8_0;
+  EXPECT_THROW(p.validate(), InvalidInput);
+  p.pass = Pass::Forward;
+  EXPECT_NO_THROW(p.validate());
+  for (Pass x : {Pass::Forward, Pass::Backward, Pass::ForwardBackward}) EXPECT_EQ(parse_pass(to_string(x)), x);
+  try {
+    parse_pass("sideways");
+    FAIL();
+  } catch (const InvalidInput& e) {
+    EXPECT_STREQ(e.what(), "pass: 'sideways' is not a pass; allowed: forward, backward, forward_backward");
+  }
+}
+
 TEST(Problem, KvBytesCountEachKvHeadOnce) {
   Problem mha = shape(1, 8, 8, 1, 1000, 64), gqa = shape(1, 8, 2, 1, 1000, 64);
   EXPECT_DOUBLE_EQ(mha.kv_bytes(), 2.0 * 4 * 8 * 1000 * 64);

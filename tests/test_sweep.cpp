@@ -312,6 +312,53 @@ TEST_F(SweepRun, DisagreeingKernelIsFailedNotTimed) {
   EXPECT_NE(read_text_file(dir + "/results.csv").find(",failed,"), std::string::npos);
 }
 
+// The pass axis: a backward point times the backward alone (forward_backward both), counts 2.5x
+// (3.5x) the forward's FLOPs, checks dQ, dK, dV on sampled rows and keys (a wrong dK fails the
+// point untimed), and a kernel without a backward pass is skipped naming those that have one.
+TEST_F(SweepRun, BackwardPassPointsVerifyTheGradientsAndCountTheirFlops) {
+  const std::string dir = fresh_dir("backward");
+  const Experiment e = parse_experiment(
+      Json::parse(R"({"description": "d", "implementations": ["naive", "blocked", "brokengrad"], "q_len": 70,
+                      "kv_len": 90, "q_heads": 4, "gqa_groups": 2, "head_dim": 16, "causal": [false, true],
+                      "pass": ["forward", "backward", "forward_backward"], "threads": 2, "repetitions": 1,
+                      "min_time_s": 0.001, "verify_rows": 16})"),
+      "backward", names);
+  const SweepSummary s = run_sweep(e, options(dir));
+  EXPECT_EQ(s.planned, 3u * 2 * 3);
+  std::map<std::string, double> forward_flops;
+  for (const auto& pf : read_points(dir)) {
+    const PointRecord& r = pf.record;
+    const Problem& p = r.problem;
+    const std::string what = r.id + ": " + r.reason;
+    if (p.pass == Pass::Forward) {
+      EXPECT_EQ(r.id.find("forward"), std::string::npos) << "a forward point keeps its old id: " << r.id;
+      EXPECT_EQ(r.status, PointStatus::Ok) << what;
+      continue;
+    }
+    EXPECT_NE(r.id.find(p.pass == Pass::Backward ? "-t2-backward" : "-t2-forward_backward"), std::string::npos) << r.id;
+    EXPECT_DOUBLE_EQ(p.flops(), (p.pass == Pass::Backward ? 2.5 : 3.5) * p.forward_flops());
+    if (r.kernel == "blocked") {
+      EXPECT_EQ(r.status, PointStatus::Skipped) << what;
+      EXPECT_NE(r.reason.find("blocked has no backward pass; allowed: naive, flash"), std::string::npos) << what;
+    } else if (r.kernel == "brokengrad") {
+      EXPECT_EQ(r.status, PointStatus::Failed) << what;
+      EXPECT_NE(r.reason.find("gradients disagree with the float64 reference: dK error"), std::string::npos) << what;
+      EXPECT_TRUE(r.times.empty());
+    } else {
+      EXPECT_EQ(r.status, PointStatus::Ok) << what;
+      EXPECT_EQ(r.times.size(), 1u);
+      for (double err : {r.err_grad.dq, r.err_grad.dk, r.err_grad.dv}) {
+        EXPECT_GT(err, 0) << what;  // measured: small, not zero
+        EXPECT_LT(err, 1e-5) << what;
+      }
+      EXPECT_GT(r.tol_grad.dk, Tolerance::kFloor) << what;
+    }
+  }
+  const std::string csv = read_text_file(dir + "/results.csv");
+  for (const char* col : {",pass,", ",err_dq,", ",err_dk,", ",err_dv,", ",tol_dq,"})
+    EXPECT_NE(csv.find(col), std::string::npos) << col;
+}
+
 TEST_F(SweepRun, MemoryBudgetAndTimeCapSkipWithReasons) {
   const std::string dir = fresh_dir("caps");
   SweepSummary s = run_sweep(experiment(R"(, "memory_budget_mib": 0.001)"), options(dir));

@@ -88,6 +88,33 @@ TEST_F(SweepPeers, VerifiedTimedFailedSkippedAndDiedPeersAreRecordedAsSuch) {
   EXPECT_NE(read_text_file(dir + "/bench.json").find("attn/torch_sdpa/"), std::string::npos);
 }
 
+// A backward point hands the peer dO and checks the gradients it returns (on sampled rows and
+// keys, against float64 given the lab's flash forward): exact ones are timed, a wrong dK fails.
+TEST_F(SweepPeers, BackwardPeersAreCheckedOnTheirGradients) {
+  ::setenv("ATTN_FAKE_PEER", "torch_sdpa=exact,jax_dpa=wrongdk", 1);
+  const std::string dir = fresh_dir("peers_backward");
+  const Experiment e = parse_experiment(
+      Json::parse(R"({"description": "d", "implementations": ["naive"], "q_len": 24, "kv_len": 40, "q_heads": 4,
+                      "gqa_groups": 2, "head_dim": 16, "causal": [false, true], "layout": ["bhsd", "bshd"],
+                      "pass": "backward", "threads": 1, "repetitions": 2, "min_time_s": 0.001, "verify_rows": 16,
+                      "peers": ["torch_sdpa", "jax_dpa"]})"),
+      "peers_backward", names);
+  const SweepSummary s = run_sweep(e, peer_options(dir));
+  EXPECT_EQ(s.ok, 8u) << log.str();  // naive and torch_sdpa at 4 shapes
+  EXPECT_EQ(s.failed, 4u);           // jax_dpa's dK
+  for (const auto& pf : read_points(dir)) {
+    const PointRecord& r = pf.record;
+    if (r.kernel == "jax_dpa") {
+      EXPECT_NE(r.reason.find("gradients disagree with the float64 reference: dK error"), std::string::npos)
+          << r.reason;
+      EXPECT_LT(r.err_grad.dq, 1e-5) << "dQ was right";
+    } else {
+      EXPECT_EQ(r.status, PointStatus::Ok) << r.id << ": " << r.reason;
+      for (double err : {r.err_grad.dq, r.err_grad.dk, r.err_grad.dv}) EXPECT_LT(err, 1e-5) << r.id;
+    }
+  }
+}
+
 TEST_F(SweepPeers, MissingEnvironmentOrLibrarySkipsWithTheReason) {
   {
     SweepOptions o = peer_options(fresh_dir("peers_nopython"));

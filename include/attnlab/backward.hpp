@@ -17,7 +17,7 @@
 // dK_j = dV_j = 0. d_v != d: dO, O and dV have head_dim_v columns. NaN/Inf in Q, K, V or dO reach
 // the gradients as the float64 arithmetic of these formulas takes them (reference_backward).
 // FLOPs: 2.5x the forward's (FlashAttention's convention: the five n^2 GEMMs of the backward
-// against the forward's two), attnlab::backward_flops.
+// against the forward's two): Problem::flops() of a problem whose pass is the backward.
 #pragma once
 
 #include <memory>
@@ -48,8 +48,6 @@ struct GradientTensors {
   Gradients grads;
 };
 GradientTensors allocate_gradients(const Problem& p);
-
-double backward_flops(const Problem& p);  // 2.5 x Problem::flops()
 
 // Throws InvalidInput for a problem the backward pass does not take: a quantized or paged KV
 // cache (inference caches; naming the fields and what is allowed).

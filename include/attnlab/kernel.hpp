@@ -158,7 +158,12 @@ void set_kernel_catalog(std::vector<const Kernel*> (*all)());
 
 // supports(), after runs_patterns() for a sparse problem and runs_head_dim_v() for d_v != d_qk:
 // the kernel-side half of can_run.
+// A problem whose pass is not the forward also needs backward_support.
 Support supports_problem(const Kernel& kernel, const Problem& problem);
+// Whether the kernel's backward pass takes the (valid) problem: runs_backward(), a cache the
+// backward reads (check_backward_problem), backward_supports(); the reason names the kernels
+// that have one.
+Support backward_support(const Kernel& kernel, const Problem& problem);
 // Whether the memory a run of `kernel` on the (valid) problem needs -- its workspace for
 // `threads` threads plus the problem's Q, K, V, O and LSE -- fits the memory budget
 // (limits.hpp); the reason names the bytes and the budget when not.

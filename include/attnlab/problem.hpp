@@ -47,6 +47,14 @@ Layout parse_layout(const std::string& text);  // "bhsd" | "bshd"; throws Invali
 
 const char* to_string(CausalAlign causal);
 
+// Which computation of the operation a problem asks for (a sweep's `pass` axis): the forward
+// (O, LSE), the backward (dQ, dK, dV from dO and the forward's O and LSE; backward.hpp), or both
+// in turn (attention's share of a training step). Kernels compute whatever they are asked;
+// a Session made for a problem whose pass is not the forward runs the backward too.
+enum class Pass { Forward, Backward, ForwardBackward };
+const char* to_string(Pass pass);          // "forward", "backward", "forward_backward"
+Pass parse_pass(const std::string& text);  // throws InvalidInput naming the field
+
 struct Problem {
   int64_t batch = 1;
   int64_t q_heads = 1;
@@ -73,6 +81,7 @@ struct Problem {
   // One cache tensor for K and V: V is the first head_dim_v columns of K's rows (DeepSeek's
   // absorbed MLA decode: d 576 = 512 latent + 64 rotary, d_v 512), so a token stores one row.
   bool kv_shared = false;
+  Pass pass = Pass::Forward;  // a backward pass refuses quantized and paged caches (validate)
   // Sparse pattern terms (pattern.hpp); none set = the interval rule alone.
   int64_t sinks = 0;              // keys j < sinks are seen by every row (with a window)
   std::vector<int64_t> globals;   // global positions, ascending, distinct
@@ -116,10 +125,15 @@ struct Problem {
 
   // Counted once, here; every report and benchmark uses these.
   int64_t visible_pairs() const;  // sum over (b, h, i) of visible keys
-  double flops() const;           // 2 * (head_dim + head_dim_v) * visible_pairs
-  double bytes_moved() const;     // compulsory Q, K, V (once per kv head), O, LSE bytes,
-                                  // at their storage sizes (dtype for Q, K, V; float32 O, LSE)
-  double kv_bytes() const;        // the K and V part of bytes_moved()
+  double forward_flops() const;   // 2 * (head_dim + head_dim_v) * visible_pairs
+  // Of the problem's pass: forward_flops(), x 2.5 for the backward (FlashAttention's
+  // convention: five n^2 GEMMs against the forward's two), x 3.5 for both.
+  double flops() const;
+  // Compulsory bytes of the pass. Forward: Q, K, V (once per kv head) at their storage size,
+  // float32 O and LSE. Backward: Q, K, V, float32 O, dO and LSE read, float32 dQ, dK, dV
+  // written. Both: the two sums.
+  double bytes_moved() const;
+  double kv_bytes() const;  // the K and V part of bytes_moved()
   // K and V bytes one token adds to a KV cache of this layer (one batch entry, all kv heads):
   // kv_heads * (head_dim + head_dim_v) * the stored element size (kv_shared: head_dim only).
   double kv_bytes_per_token() const;

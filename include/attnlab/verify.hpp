@@ -136,6 +136,7 @@ struct BackwardCheck {
   std::string kernel;
   Verdict verdict = Verdict::Skip;
   GradErrors errors;
+  GradTolerance tol;   // what it was held to
   std::string reason;  // why it failed or was skipped
 };
 // The kernel's forward (its own O and LSE), then its backward, through a Session made for the
@@ -144,6 +145,33 @@ struct BackwardCheck {
 // has no backward pass.
 BackwardCheck check_backward(const Kernel& k, const Problem& p, const Inputs& in, const ConstView& d_o,
                              const BackwardAgreement& a, int threads);
+
+// A sampled check, for problems whose full reference takes minutes (a sweep's points): dQ on
+// sampled query rows, dK and dV on sampled keys, each computed by the formulas of backward.hpp
+// from Q, K, V, dO and the O and LSE the backward is given - the kernel's own forward, whose
+// error the forward's check measures - in float64 (the reference) and in float32 (the baseline
+// the tolerance scales, GradTolerance). A row's or key's cost is O(seq * d): the same budget as
+// the forward's sampled rows. Interval masks only (a sparse pattern takes the full check).
+struct GradSample {
+  std::vector<RowId> rows;  // (b, h, i): query rows whose dQ is checked
+  std::vector<RowId> keys;  // (b, kv head, j): keys whose dK and dV are checked
+};
+// Up to max_rows of each, as sample_rows picks rows (first and last of every head, then random).
+GradSample sample_grads(const Problem& p, size_t max_rows, uint64_t seed);
+struct SampledGradAgreement {
+  GradSample sample;
+  std::vector<double> dq, dk, dv;  // rows x head_dim, keys x head_dim, keys x head_dim_v
+  GradErrors baseline;
+  GradTolerance tol;
+};
+// o, lse: the forward's outputs the backward reads (BackwardInputs). Throws InvalidInput for a
+// sparse problem.
+SampledGradAgreement prepare_sampled_backward(const Problem& p, const Inputs& in, const ConstView& d_o,
+                                              const ConstView& o, const float* lse, GradSample sample);
+GradErrors measure_sampled_grads(const SampledGradAgreement& a, const Gradients& g, const Problem& p);
+// check_backward with the sampled agreement, made from the kernel's own O and LSE.
+BackwardCheck check_backward_sampled(const Kernel& k, const Problem& p, const Inputs& in, const ConstView& d_o,
+                                     const GradSample& sample, int threads);
 
 // Memory a verification allocates on top of the inputs it is given, an upper bound summed
 // over its steps: sample_rows(p, rows, seed) (`rows` = the max_rows asked for),

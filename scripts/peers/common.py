@@ -2,7 +2,8 @@
 
 A request's "problem" is the lab's point record problem (src/bench/results.cpp
 problem_to_json) plus "kv_lens" and "scale" (the effective float32 scale). Inputs arrive as
-float32 .npy files in the problem's layout: (B, H, S, D) for bhsd, (B, S, H, D) for bshd.
+float32 .npy files in the problem's layout: (B, H, S, D) for bhsd, (B, S, H, D) for bshd; a
+backward point ("pass" backward or forward_backward) adds do.npy (O's shape, same layout).
 """
 import os
 import sys
@@ -33,8 +34,15 @@ class Problem:
         self.scale = float(d["scale"])
         self.sinks, self.globals = d.get("sinks", 0), list(d.get("globals", []))
         self.doc_lens, self.dilation = list(d.get("doc_lens", [])), d.get("dilation", 1)
+        # "forward", "backward" or "forward_backward" (absent from servers' older callers: forward)
+        self.pass_ = d.get("pass", "forward")
+        self.d_o = None  # a backward point's dO, (B, Hq, Sq, Dv) float32 (serve.py loads it)
         bb = d.get("bigbird", [0, 0, 0])
         self.bigbird = tuple(bb) if bb and bb[0] > 0 else None
+
+    @property
+    def backward(self):
+        return self.pass_ != "forward"
 
     @property
     def gqa(self):
@@ -97,6 +105,12 @@ def load_inputs(folder, p):
         a = np.load(os.path.join(folder, name + ".npy"))
         out.append(a.transpose(0, 2, 1, 3) if p.layout == "bshd" else a)
     return out
+
+
+def load_do(folder, p):
+    """dO as a (B, Hq, Sq, Dv) float32 view (a bshd file: a transposed view)."""
+    a = np.load(os.path.join(folder, "do.npy"))
+    return a.transpose(0, 2, 1, 3) if p.layout == "bshd" else a
 
 
 def time_calls(fn, repetitions, min_time_s, time_cap_s):

@@ -5,6 +5,7 @@ import os
 from common import Skip, empty_rows, mask_choice
 
 KERNELS = ("jax_dpa",)
+BACKWARD = True  # by jax.vjp
 jax = jnp = None
 
 
@@ -41,11 +42,45 @@ def prepare(kernel, p, q, k, v):
                        "(the lab: O = 0)")
         mask = jnp.asarray(keep)
         how.append("boolean mask (B,1,Sq,Skv)")
+    import numpy as np
+    if p.backward:
+        return _backward(p, qj, kj, vj, mask, kwargs, how)
     f = jax.jit(lambda a, b, c, m: jax.nn.dot_product_attention(a, b, c, mask=m, **kwargs))
     out = {}
 
     def fn():
         out["o"] = f(qj, kj, vj, mask).block_until_ready()
 
-    import numpy as np
     return fn, lambda: np.asarray(out["o"]).transpose(0, 2, 1, 3), "; ".join(how)
+
+
+def _backward(p, qj, kj, vj, mask, kwargs, how):
+    """jax.vjp of the attention: backward alone jits the vjp function applied to dO, its
+    residuals (the forward's) passed in as arguments, forward_backward jits both."""
+    import numpy as np
+
+    def attn(a, b, c):
+        return jax.nn.dot_product_attention(a, b, c, mask=mask, **kwargs)
+
+    do = jnp.asarray(p.d_o.transpose(0, 2, 1, 3))
+    out = {}
+    if p.pass_ == "backward":
+        o, vjp_fn = jax.vjp(attn, qj, kj, vj)
+        apply = jax.jit(lambda fn, d: fn(d))
+        out["o"] = o
+
+        def fn():
+            out["g"] = jax.block_until_ready(apply(vjp_fn, do))
+        how.append("jax.vjp's function jitted, the forward's residuals as arguments (outside the timed calls)")
+    else:
+        both = jax.jit(lambda a, b, c, d: (lambda r: (r[0], r[1](d)))(jax.vjp(attn, a, b, c)))
+
+        def fn():
+            out["o"], out["g"] = jax.block_until_ready(both(qj, kj, vj, do))
+        how.append("forward + vjp jitted together")
+
+    def collect():
+        dq, dk, dv = (np.asarray(g).transpose(0, 2, 1, 3) for g in out["g"])
+        return {"o": np.asarray(out["o"]).transpose(0, 2, 1, 3), "dq": dq, "dk": dk, "dv": dv}
+
+    return fn, collect, "; ".join(how)

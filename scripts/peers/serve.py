@@ -10,10 +10,15 @@ JSON lines on stdin/stdout:
    "time_cap_s": C}
     -> {"status": "ok", "times": [s per call, one per repetition], "iterations": n, "how": "...",
         "extra_bytes": peak RSS growth over the loaded inputs (null where /proc refuses the reset)}
-       with O written to D/o.npy, float32 (B, Hq, Sq, Dv)
+       with O written to D/o.npy, float32 (B, Hq, Sq, Dv), and for a backward point D/dq.npy,
+       D/dk.npy, D/dv.npy, float32 (B, H, S, D) as Q, K, V
      | {"status": "skipped" | "failed", "reason": "..."}
 
-D holds q.npy, k.npy, v.npy (float32, the problem's layout). The sweep verifies O against its
+D holds q.npy, k.npy, v.npy (float32, the problem's layout), and do.npy for a backward point
+(problem "pass": backward - the peer's forward runs outside the timed calls, which compute
+dQ, dK, dV from it - or forward_backward, both timed). A family module's prepare() returns
+(fn, collect, how); collect() gives O, or for a backward point a dict of o, dq, dk, dv. A family
+without a backward (module BACKWARD false) skips backward points. The sweep verifies O against its
 float64 reference and writes the row; this process only runs the peer. It is pinned to the
 first `threads` cores it may use (XLA sizes its pool from them) and each peer is told the
 thread count as well. Library chatter goes to stderr; stdout carries only the protocol.
@@ -28,7 +33,7 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Problem, Skip, load_inputs, time_calls  # noqa: E402
+from common import Problem, Skip, load_do, load_inputs, time_calls  # noqa: E402
 
 FAMILIES = {"torch": "torch_peer", "ort": "ort_peer", "jax": "jax_peer", "ggml": "ggml_peer"}
 
@@ -83,7 +88,11 @@ def main():
             continue
         try:
             p = Problem(req["problem"])
+            if p.backward and not getattr(mod, "BACKWARD", False):
+                raise Skip(f"{req['kernel']} has no backward pass (an inference runtime)")
             q, k, v = load_inputs(req["dir"], p)
+            if p.backward:
+                p.d_o = load_do(req["dir"], p)
             # The peer's memory beyond its inputs: peak RSS during preparation and the calls
             # (score matrices, masks, repeated K/V, the output) above the RSS once the inputs
             # are loaded.
@@ -92,7 +101,9 @@ def main():
             fn, collect, how = mod.prepare(req["kernel"], p, q, k, v)
             times, n = time_calls(fn, req["repetitions"], req["min_time_s"], req["time_cap_s"])
             extra = max(0, _status_kib("VmHWM") - base) * 1024 if measured and base is not None else None
-            np.save(os.path.join(req["dir"], "o.npy"), np.ascontiguousarray(collect(), dtype=np.float32))
+            out = collect()
+            for name, arr in (out.items() if isinstance(out, dict) else [("o", out)]):
+                np.save(os.path.join(req["dir"], name + ".npy"), np.ascontiguousarray(arr, dtype=np.float32))
             del fn, collect
             reply({"status": "ok", "times": times, "iterations": n, "how": how, "version": version,
                    "extra_bytes": extra})

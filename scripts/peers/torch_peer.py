@@ -4,6 +4,7 @@ BlockMask built from the pattern, flex_attention compiled by torch.compile for t
 from common import Skip, empty_rows, mask_choice
 
 KERNELS = ("torch_sdpa", "torch_flex")
+BACKWARD = True  # torch_sdpa's, by autograd (torch_flex: forward only here)
 torch = None
 
 
@@ -28,6 +29,8 @@ def prepare(kernel, p, q, k, v):
     qt, kt, vt = _tensors(p, q, k, v)
     if kernel == "torch_sdpa":
         return _sdpa(p, qt, kt, vt)
+    if p.backward:
+        raise Skip("torch_flex's backward is not measured (torch_sdpa's is)")
     return _flex(p, qt, kt, vt)
 
 
@@ -49,11 +52,39 @@ def _sdpa(p, qt, kt, vt):
         how.append("boolean attn_mask (B,1,Sq,Skv)" + (f", {empty_rows(keep)} rows fully masked (O = 0)"
                                                       if empty_rows(keep) else ""))
     out = {}
+    if p.backward:
+        return _sdpa_backward(p, F, qt, kt, vt, kwargs, how)
 
     def fn():
         out["o"] = F.scaled_dot_product_attention(qt, kt, vt, **kwargs)
 
     return fn, lambda: out["o"].numpy(), "; ".join(how)
+
+
+def _sdpa_backward(p, F, qt, kt, vt, kwargs, how):
+    """Autograd through SDPA: backward alone times torch.autograd.grad on a graph built once
+    (retain_graph, so each call runs the same backward kernels), forward_backward both."""
+    leaves = [x.detach().requires_grad_(True) for x in (qt, kt, vt)]
+    do = torch.from_numpy(p.d_o)
+    out = {}
+    if p.pass_ == "backward":
+        o = F.scaled_dot_product_attention(*leaves, **kwargs)
+        out["o"] = o
+
+        def fn():
+            out["g"] = torch.autograd.grad(o, leaves, do, retain_graph=True)
+        how.append("autograd.grad on a retained graph (the forward outside the timed calls)")
+    else:
+        def fn():
+            out["o"] = F.scaled_dot_product_attention(*leaves, **kwargs)
+            out["g"] = torch.autograd.grad(out["o"], leaves, do)
+        how.append("forward + autograd.grad per call")
+
+    def collect():
+        dq, dk, dv = (g.contiguous().numpy() for g in out["g"])
+        return {"o": out["o"].detach().numpy(), "dq": dq, "dk": dk, "dv": dv}
+
+    return fn, collect, "; ".join(how)
 
 
 def _flex(p, qt, kt, vt):

@@ -126,7 +126,9 @@ def hold_fixed(rows, free):
     for d in schema.DIMS:
         if d in free:
             continue
-        fixed[d] = modal(kept, d)
+        # The forward when a folder holds several passes (experiments/training.json): the plots
+        # are of the forward unless they say otherwise.
+        fixed[d] = "forward" if d == "pass" and any(r[d] == "forward" for r in kept) else modal(kept, d)
         kept = [r for r in kept if r[d] == fixed[d]]
     return kept, fixed
 

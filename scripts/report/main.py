@@ -11,7 +11,8 @@ from .plot_masks import plot_masks, plot_sparse
 from .plot_scaling import plot_ladder, plot_memory, plot_scaling, plot_throughput
 from .plot_shapes import plot_decode, plot_gqa, plot_head_dim, plot_heads, plot_threads
 from .plot_targets import plot_precision, plot_vector_width
-from .tables import kv_cache_section, model_table, paged_section, peer_section, shape_text, summary_table
+from .tables import (kv_cache_section, model_table, paged_section, peer_section, shape_text, summary_table,
+                     training_section)
 
 
 def write_report(folder, out):
@@ -68,6 +69,7 @@ def write_report(folder, out):
            "is timed. Rows marked (peer) are PyTorch, ONNX Runtime or JAX run in the same sweep "
            "(drawn dashed in the plots; next section).", ""]
     md += peer_section(rows, ok)
+    md += training_section(rows, ok)
     md += kv_cache_section(rows, ok)
     md += paged_section(rows, ok)
 

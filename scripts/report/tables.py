@@ -4,7 +4,7 @@ import collections
 import math
 
 from . import schema
-from .figures import fmt
+from .figures import fmt, fmt_bytes
 from .load import PEERS, is_decode, is_peer
 
 
@@ -276,3 +276,78 @@ def paged_section(rows, ok):
     md.append("")
     return md
 
+
+
+PASSES = ("forward", "backward", "forward_backward")
+
+
+def training_section(rows, ok):
+    """The backward pass (rows whose `pass` is not the forward; experiments/training.json): per
+    shape, each kernel's and peer's time and % of the FMA peak per pass, backward / forward, the
+    backward's extra memory beside the n^2 a materialized P would take; then flash's backward
+    against the peers' and what a causal mask saves each pass."""
+    if not any(r.get("pass") not in (None, "", "forward") for r in rows):
+        return []
+
+    def shape(r):
+        return tuple((k, str(r.get(k))) for k in schema.DIMS if k != "pass")
+
+    cells = collections.defaultdict(dict)  # shape -> kernel -> pass -> row
+    for r in ok:
+        cells[shape(r)].setdefault(r["kernel"], {})[r.get("pass") or "forward"] = r
+    md = ["## Training: forward, backward and both", "",
+          "Each point is one pass of attention: the forward (O, LSE), the backward (dQ, dK, dV from a random dO and "
+          "the kernel's own forward's O and LSE, the forward outside the timed call) or both in turn (a training "
+          "step's attention). FLOPs of the backward: 2.5x the forward's (FlashAttention's convention: five n^2 "
+          "GEMMs against two), both 3.5x, so % of peak compares like with like. Gradients are checked before "
+          "timing on sampled rows (dQ) and keys (dK, dV) against float64 of the same formulas (results.csv "
+          "err_dq/err_dk/err_dv against tol_*). Peers: PyTorch SDPA's autograd (torch.autograd.grad on a "
+          "retained graph) and jax.vjp's function, jitted. Extra memory: the lab's workspace (declared), a peer's "
+          "peak RSS growth over its inputs (measured); n^2: one float32 P matrix of the shape, what a "
+          "materialized backward holds at least.", "",
+          "| shape | mask | kernel | forward ms (% peak) | backward ms (% peak) | both ms (% peak) | backward / "
+          "forward | backward's extra memory (n^2: P) |", "|---|---|---|---|---|---|---|---|"]
+
+    def cell(r):
+        if r is None:
+            return "-"
+        pf = r.get("peak_fraction")
+        return f"{fmt(r['time_median_s'] * 1e3, '.4g')} ({fmt(None if pf is None else 100 * pf, '.0f')}%)"
+
+    vs_peer = collections.defaultdict(list)  # peer -> [peer backward time / flash backward time]
+    for key in sorted(cells, key=lambda k: [v for _, v in k]):
+        by_kernel = cells[key]
+        for k, passes in by_kernel.items():
+            any_row = next(iter(passes.values()))
+            f, b = passes.get("forward"), passes.get("backward")
+            ratio = b["time_median_s"] / f["time_median_s"] if f and b else None
+            n2 = 4 * any_row["batch"] * any_row["q_heads"] * any_row["q_len"] * any_row["kv_len"]
+            mem = f"{fmt_bytes(b['extra_bytes'])} ({fmt_bytes(n2)})" if b and b.get("extra_bytes") is not None else "-"
+            name = f"{k} (peer)" if is_peer(k) else k
+            md.append(f"| {shape_text(dict(any_row, **{'pass': 'forward'}))} | {any_row['mask']} | {name} | "
+                      f"{cell(f)} | {cell(b)} | {cell(passes.get('forward_backward'))} | {fmt(ratio, '.2f')} | {mem} |")
+            if is_peer(k) and b and "flash" in by_kernel and "backward" in by_kernel["flash"]:
+                vs_peer[k].append(b["time_median_s"] / by_kernel["flash"]["backward"]["time_median_s"])
+    md.append("")
+    for peer, xs in vs_peer.items():
+        gm = math.exp(sum(math.log(x) for x in xs) / len(xs))
+        md.append(f"- flash's backward against {peer}'s: {gm:.2f}x its speed (geometric mean over {len(xs)} shapes; "
+                  f"{min(xs):.2f}x to {max(xs):.2f}x).")
+    # The causal saving: per kernel and pass, time without a mask over time with the causal mask.
+    saving = collections.defaultdict(list)
+    for key, by_kernel in cells.items():
+        d = dict(key)
+        if d.get("mask") != "causal":
+            continue
+        twin = cells.get(tuple((k, "none" if k == "mask" else v) for k, v in key), {})
+        for k, passes in by_kernel.items():
+            for p, r in passes.items():
+                t = twin.get(k, {}).get(p)
+                if t:
+                    saving[(k, p)].append(t["time_median_s"] / r["time_median_s"])
+    if saving:
+        md.append("- The causal saving (time without a mask / time with the causal mask, same shape; half the pairs "
+                  "are visible, so 2x is the ideal): " + "; ".join(
+                      f"{k} {p} {min(xs):.2f}-{max(xs):.2f}x" for (k, p), xs in sorted(saving.items())) + ".")
+    md.append("")
+    return md

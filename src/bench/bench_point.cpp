@@ -43,11 +43,47 @@ size_t fixture_bytes(const Problem& p) {
   return own + fixture_bytes(f32);
 }
 
+size_t backward_point_bytes(const Kernel& k, const Problem& p, int threads) {
+  if (p.pass == Pass::Forward) return 0;
+  const auto f32 = [](int64_t elems) { return allocated_bytes(static_cast<size_t>(elems) * sizeof(float)); };
+  const size_t grads = f32(p.q_elems()) + f32(p.kv_elems()) + f32(p.v_elems());
+  // The fixture's dO and gradients; the check's own O, LSE, gradients, workspace and D per row.
+  return f32(p.o_elems()) + 2 * grads + f32(p.o_elems()) + f32(p.lse_elems()) + k.backward_workspace_bytes(p, threads) +
+         2 * f32(p.lse_elems());
+}
+
 size_t point_memory_bytes(const BenchPoint& pt, size_t verify_rows) {
   const Problem& p = pt.problem;
+  const size_t backward = backward_point_bytes(*pt.kernel, p, pt.threads);
   // Timing reuses the verified inputs; its session's workspace replaces the verification's.
-  if (verify_rows == 0) return fixture_bytes(p) + pt.kernel->workspace_bytes(p, pt.threads);
-  return fixture_bytes(p) + verification_bytes(*pt.kernel, p, verify_rows, pt.threads);
+  if (verify_rows == 0) return fixture_bytes(p) + pt.kernel->workspace_bytes(p, pt.threads) + backward;
+  return fixture_bytes(p) + verification_bytes(*pt.kernel, p, verify_rows, pt.threads) + backward;
+}
+
+ConstView PointFixture::d_o_view() const {
+  const Problem& p = session->problem();
+  return make_view<const float>(d_o.get(), p.batch, p.q_heads, p.q_len, p.dim_v(), p.layout);
+}
+
+void PointFixture::run_pass() {
+  const Inputs& in = tensors.inputs;
+  const Outputs& out = tensors.outputs;
+  switch (session->problem().pass) {
+    case Pass::Forward: session->run(in, out); break;
+    case Pass::Backward: session->run_backward(in, {d_o_view(), as_const(out.o), out.lse}, grads.grads); break;
+    case Pass::ForwardBackward:
+      session->run(in, out);
+      session->run_backward(in, {d_o_view(), as_const(out.o), out.lse}, grads.grads);
+      break;
+  }
+}
+
+void prepare_backward(PointFixture& f, const Problem& p, uint64_t seed) {
+  if (p.pass == Pass::Forward) return;
+  f.d_o = alloc_floats(static_cast<size_t>(p.o_elems()));
+  fill_uniform(f.d_o.get(), p.o_elems(), seed + 1);
+  f.grads = allocate_gradients(p);
+  f.session->run(f.tensors.inputs, f.tensors.outputs);
 }
 
 std::unique_ptr<PointFixture> make_fixture(const BenchPoint& pt, uint64_t seed) {
@@ -55,6 +91,7 @@ std::unique_ptr<PointFixture> make_fixture(const BenchPoint& pt, uint64_t seed) 
   f->id = pt.id();
   f->session = std::make_unique<Session>(*pt.kernel, pt.problem, pt.threads);
   f->tensors = random_tensors(pt.problem, seed);
+  prepare_backward(*f, pt.problem, seed);
   return f;
 }
 
@@ -162,11 +199,9 @@ benchmark::internal::Benchmark* register_point(const BenchPoint& pt, const PeakR
     try {
       PointFixture& f = hooks.slot->get(pt, seed);
       Session& session = *f.session;
-      const Inputs& in = f.tensors.inputs;
-      const Outputs& out = f.tensors.outputs;
       const auto t0 = Clock::now();
       for (auto _ : state) {
-        session.run(in, out);
+        f.run_pass();
         benchmark::ClobberMemory();
       }
       const double secs = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -80,7 +80,20 @@ struct PointFixture {
   std::string id;
   Tensors tensors;
   std::unique_ptr<Session> session;
+  // A point whose pass is not the forward (Problem::pass): dO (random, O's shape and layout)
+  // and the gradients; tensors.outputs then hold the forward's O and LSE the backward reads.
+  std::unique_ptr<float[], AlignedFree> d_o;
+  GradientTensors grads;
+  ConstView d_o_view() const;
+  // One timed call of the point's pass.
+  void run_pass();
 };
+// Allocates dO (filled from seed + 1, as attnlab verify --backward) and the gradients of a
+// fixture whose problem is not a forward, and runs the forward once (the backward alone reads
+// its O and LSE); nothing for a forward.
+void prepare_backward(PointFixture& f, const Problem& p, uint64_t seed);
+// Bytes prepare_backward and a sampled backward check add to a point (0 for a forward).
+size_t backward_point_bytes(const Kernel& k, const Problem& p, int threads);
 class FixtureSlot {
  public:
   // The fixture for this point, creating it (random inputs from seed) when the slot holds

@@ -21,6 +21,8 @@
 //     "dtype":      "f32" | "bf16" | "f16" | [...]  storage of Q, K, V   default "f32"
 //     "kv_dtype":   "dtype" | "q8_0" | "q4_0" | "u8" | "u4" | "fp8_e4m3" | "fp8_e5m2" | [...]
 //                   K/V as a quantized cache (kv_quant.hpp)    default "dtype" (as Q)
+//     "pass":       "forward" | "backward" | "forward_backward" | [...]  what a point computes and
+//                   times: O and LSE, or dQ, dK, dV (Problem::pass; FLOPs 2.5x, both 3.5x)  default "forward"
 //     "threads":    INTS | "all" | [int or "all", ...]            default "all"
 //     "isa":        "all" | NAME | [NAME, ...]                    default: not an axis
 //   A grid's sparse pattern (include/attnlab/pattern.hpp; one per grid, not an axis: use

@@ -197,8 +197,14 @@ size_t peer_memory_bytes(const std::string& kernel, const Problem& p) {
   const size_t mask = f32(p.batch * p.q_len * p.kv_len);
   // K/V repeated to every query head (ort_mha's GQA)
   const size_t repeated = p.group() > 1 ? f32(p.batch * p.q_heads * p.kv_len * (p.head_dim + p.dim_v())) : 0;
+  // A backward point: dO (the lab's, the file's, the peer's), the gradients three times (the
+  // peer's, the files read back, the check's), the autograd graph's saved scores when the peer
+  // materializes them, and the check's forward (O, LSE).
+  const size_t grads = f32(p.q_elems() + p.kv_elems() + p.v_elems());
+  const size_t backward =
+      p.pass == Pass::Forward ? 0 : 3 * f32(p.o_elems()) + 3 * grads + scores + f32(p.o_elems() + p.lse_elems());
   // the lab's tensors, the files, the peer's arrays, O twice (the peer's and the one read back)
-  return static_cast<size_t>(tensor_bytes(p)) + 2 * inputs + repeated + 2 * f32(p.o_elems()) + mask + scores;
+  return static_cast<size_t>(tensor_bytes(p)) + 2 * inputs + repeated + 2 * f32(p.o_elems()) + mask + scores + backward;
 }
 
 std::string PeerPool::default_python() {
@@ -350,7 +356,7 @@ PeerPool::Server& PeerPool::server(const std::string& family, int threads) {
 }
 
 PeerAnswer PeerPool::run(const std::string& kernel, const Problem& p, const Inputs& in, int threads,
-                         const PeerTiming& t) {
+                         const PeerTiming& t, const float* d_o) {
   using S = PeerAnswer::Status;
   const std::string family = family_of(kernel);
   if (family.empty()) return answer(S::Failed, kernel + " is not a peer");
@@ -373,7 +379,15 @@ PeerAnswer PeerPool::run(const std::string& kernel, const Problem& p, const Inpu
   Server& s = server(family, threads);
   if (!s.unavailable.empty()) return answer(S::Skipped, s.unavailable);
   const std::string& dir = scratch();
-  std::filesystem::remove(dir + "/o.npy");  // an O left from the point before is never read as this one's
+  // Outputs left from the point before are never read as this one's.
+  for (const char* name : {"o", "dq", "dk", "dv"}) std::filesystem::remove(dir + "/" + name + ".npy");
+  const bool backward = p.pass != Pass::Forward;
+  if (backward && !d_o) return answer(S::Failed, "a backward point without dO");
+  if (backward) {
+    write_npy(dir + "/do.npy", d_o,
+              p.layout == Layout::BHSD ? std::vector<int64_t>{p.batch, p.q_heads, p.q_len, p.dim_v()}
+                                       : std::vector<int64_t>{p.batch, p.q_len, p.q_heads, p.dim_v()});
+  }
   if (in.dtype == DType::F32 && !p.kv_quantized()) {
     write_inputs(dir, p, in);
   } else {  // the stored values as float32: 16-bit widened exactly, a quantized cache read by its rule
@@ -420,12 +434,21 @@ PeerAnswer PeerPool::run(const std::string& kernel, const Problem& p, const Inpu
       a.extra_bytes = reply["extra_bytes"].get<int64_t>();
     a.o = read_npy(dir + "/o.npy");
     widen_to_float(a.o);
+    if (backward) {
+      a.dq = read_npy(dir + "/dq.npy"), a.dk = read_npy(dir + "/dk.npy"), a.dv = read_npy(dir + "/dv.npy");
+      for (NpyArray* g : {&a.dq, &a.dk, &a.dv}) widen_to_float(*g);
+    }
   } catch (const std::exception& e) {
     return answer(S::Failed, std::string("the peer's answer is incomplete: ") + e.what());
   }
   const std::vector<int64_t> want = {p.batch, p.q_heads, p.q_len, p.dim_v()};
   if (a.o.shape != want || a.times.empty()) {
     return answer(S::Failed, "the peer's O has the wrong shape or no times (want (B, Hq, Sq, Dv))");
+  }
+  if (backward && (a.dq.shape != std::vector<int64_t>{p.batch, p.q_heads, p.q_len, p.head_dim} ||
+                   a.dk.shape != std::vector<int64_t>{p.batch, p.kv_heads, p.kv_len, p.head_dim} ||
+                   a.dv.shape != std::vector<int64_t>{p.batch, p.kv_heads, p.kv_len, p.dim_v()})) {
+    return answer(S::Failed, "the peer's dQ, dK or dV has the wrong shape (want (B, H, S, D) as Q, K, V)");
   }
   a.status = S::Ok;
   return a;

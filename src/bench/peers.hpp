@@ -14,10 +14,11 @@
 // kept for the sweep, in the virtual environment scripts/lab peers-setup makes: .venv-peers, or
 // $ATTN_PEERS_PYTHON). Per point the sweep writes the point's random inputs as float32 .npy
 // files, the peer server times its call (warm-up, then repetitions x min_time like Google
-// Benchmark) and writes O; the sweep checks O against the float64 reference with the
-// float32 tolerance policy (a peer that disagrees is recorded as failed, not timed) and writes
-// the row (isa "peer", the peer's version and how it was driven in `version` / `how`). A peer
-// that cannot run a point as specified says why and the point is skipped with that reason.
+// Benchmark) and writes O (and, for a backward point, dQ, dK, dV from the dO it was handed);
+// the sweep checks O against the float64 reference with the float32 tolerance policy (and the
+// gradients on sampled rows and keys, verify.hpp check_backward_sampled's rule) (a peer that disagrees is recorded as
+// failed, not timed) and writes the row (isa "peer", the peer's version and how it was driven in `version` / `how`). A
+// peer that cannot run a point as specified says why and the point is skipped with that reason.
 #pragma once
 
 #include <sys/types.h>
@@ -75,6 +76,8 @@ struct PeerAnswer {
   int64_t iterations = 0;
   int64_t extra_bytes = -1;  // the peer's measured peak RSS growth over its inputs (-1: unknown)
   NpyArray o;                // float32 (B, Hq, Sq, Dv) (status Ok)
+  // A backward point (Problem::pass): the gradients, float32 (B, H, S, D) as Q, K, V.
+  NpyArray dq, dk, dv;
 };
 
 struct PeerTiming {
@@ -96,7 +99,11 @@ class PeerPool {
   // Runs `kernel` on the problem's inputs (`in`: float32, the problem's layout) with `threads`.
   // Never throws for the peer's own trouble (missing environment, a crash, no answer within
   // the time it may take): those come back as Skipped or Failed with the reason.
-  PeerAnswer run(const std::string& kernel, const Problem& p, const Inputs& in, int threads, const PeerTiming& t);
+  // A problem whose pass is not the forward also hands over dO (O's shape, the problem's
+  // layout): the peer differentiates its own forward (torch autograd, jax.vjp) and times the
+  // backward alone (forward_backward: both) and returns O and the gradients.
+  PeerAnswer run(const std::string& kernel, const Problem& p, const Inputs& in, int threads, const PeerTiming& t,
+                 const float* d_o = nullptr);
 
   static std::string default_python();  // $ATTN_PEERS_PYTHON, else <source>/.venv-peers/bin/python
 

@@ -131,17 +131,42 @@ PointFile Runner::decide(const GridPoint& g, const PointRecord& base) {
       r.seconds_spent = seconds_since(t0);
       return pf;
     }
-    rates.record(kernel_label(*k), g.threads, g.flops, verify_run);
+    // The verification ran the forward: its rate, not the pass's.
+    rates.record(kernel_label(*k), g.threads, g.problem.forward_flops(), verify_run);
+    fixture->session = std::make_unique<Session>(*k, g.problem, g.threads);
+    if (g.problem.pass != Pass::Forward) {
+      // The gradients too: on sampled rows and keys (a sparse pattern: every element, naive's
+      // sizes), from the kernel's own forward and the dO the timing uses.
+      prepare_backward(*fixture, g.problem, e.seed);
+      const ConstView d_o = fixture->d_o_view();
+      const BackwardCheck bc =
+          g.problem.sparse()
+              ? check_backward(*k, g.problem, in, d_o, prepare_backward_agreement(g.problem, in, d_o), g.threads)
+              : check_backward_sampled(*k, g.problem, in, d_o,
+                                       sample_grads(g.problem, static_cast<size_t>(e.verify_rows), e.seed), g.threads);
+      r.err_grad = bc.errors;
+      r.tol_grad = bc.tol;
+      if (bc.verdict == Verdict::Skip) return skip("backward verification skipped: " + bc.reason);
+      if (bc.verdict == Verdict::Fail) {
+        r.verdict = to_string(Verdict::Fail);
+        r.status = PointStatus::Failed;
+        r.reason = "gradients disagree with the float64 reference: " + bc.reason;
+        r.seconds_spent = seconds_since(t0);
+        return pf;
+      }
+    }
     // The verification run is a measurement too: a first point of a slow kernel that
     // turns out to exceed the cap stops here.
-    const double timing_est = estimate_point_seconds(verify_run, timing, false);
+    // (a backward's call: the forward's time scaled by the FLOP ratio)
+    const double fwd = g.problem.forward_flops();
+    const double pass_run = fwd > 0 ? verify_run * g.problem.flops() / fwd : verify_run;
+    const double timing_est = estimate_point_seconds(pass_run, timing, false);
     if (timing_est > e.time_cap_s) {
       char buf[160];
-      std::snprintf(buf, sizeof buf, "time cap: verified, but timing estimated %.0f s > %.0f s (one run took %.2f s)",
-                    timing_est, e.time_cap_s, verify_run);
+      std::snprintf(buf, sizeof buf, "time cap: verified, but timing estimated %.0f s > %.0f s (one run %.2f s)",
+                    timing_est, e.time_cap_s, pass_run);
       return skip(buf);
     }
-    fixture->session = std::make_unique<Session>(*k, g.problem, g.threads);
     r.plan_bytes = fixture->session->plan_bytes();
     auto slot = std::make_shared<FixtureSlot>();
     slot->put(std::move(fixture));
@@ -182,8 +207,17 @@ PointFile Runner::decide_peer(const GridPoint& g, const PointRecord& base) {
     const Tensors t = random_tensors(p, e.seed);
     const auto rows = sample_rows(p, static_cast<size_t>(e.verify_rows), e.seed);
     const Agreement ag = prepare_agreement(p, t.inputs, rows);
+    const bool backward = p.pass != Pass::Forward;
+    if (backward && p.sparse()) {
+      return decided(PointStatus::Skipped, "a peer's backward on a sparse pattern is not checked (naive's is)");
+    }
+    std::unique_ptr<float[], AlignedFree> d_o;  // the lab's points' dO (prepare_backward)
+    if (backward) {
+      d_o = alloc_floats(static_cast<size_t>(p.o_elems()));
+      fill_uniform(d_o.get(), p.o_elems(), e.seed + 1);
+    }
     if (!peers) peers = std::make_unique<PeerPool>(log, o.peers_python, o.peers_serve);
-    PeerAnswer a = peers->run(g.kernel, p, t.inputs, g.threads, {e.repetitions, e.min_time_s, e.time_cap_s});
+    PeerAnswer a = peers->run(g.kernel, p, t.inputs, g.threads, {e.repetitions, e.min_time_s, e.time_cap_s}, d_o.get());
     r.version = a.version;
     r.how = a.how;
     if (a.extra_bytes >= 0) r.extra_bytes = static_cast<size_t>(a.extra_bytes);  // measured, not declared
@@ -201,6 +235,29 @@ PointFile Runner::decide_peer(const GridPoint& g, const PointRecord& base) {
     const std::string why = pt.tol.why_failed(err);
     r.verdict = to_string(why.empty() ? Verdict::Pass : Verdict::Fail);
     if (!why.empty()) return decided(PointStatus::Failed, "disagrees with the float64 reference: " + why);
+    if (backward) {
+      // The reference gradients given an O and LSE: the lab's flash forward's (the peer gives no
+      // LSE; flash's agrees with float64 within its tolerance), sampled rows and keys.
+      Problem forward = p;
+      forward.pass = Pass::Forward;
+      Tensors fo = allocate_outputs(forward);
+      Session(*find_kernel("flash"), forward, g.threads).run(t.inputs, fo.outputs);
+      const ConstView dov = make_view<const float>(d_o.get(), p.batch, p.q_heads, p.q_len, p.dim_v(), p.layout);
+      const SampledGradAgreement sa =
+          prepare_sampled_backward(p, t.inputs, dov, as_const(fo.outputs.o), fo.outputs.lse,
+                                   sample_grads(p, static_cast<size_t>(e.verify_rows), e.seed));
+      const auto view = [&](NpyArray& x, int64_t heads, int64_t seq, int64_t dim) {
+        return make_view<float>(x.data.data(), p.batch, heads, seq, dim, Layout::BHSD);
+      };
+      const Gradients pg{view(a.dq, p.q_heads, p.q_len, p.head_dim), view(a.dk, p.kv_heads, p.kv_len, p.head_dim),
+                         view(a.dv, p.kv_heads, p.kv_len, p.dim_v())};
+      r.err_grad = measure_sampled_grads(sa, pg, p);
+      r.tol_grad = sa.tol;
+      if (const std::string gwhy = sa.tol.why_failed(r.err_grad); !gwhy.empty()) {
+        r.verdict = to_string(Verdict::Fail);
+        return decided(PointStatus::Failed, "gradients disagree with the float64 reference: " + gwhy);
+      }
+    }
     r.times = a.times;
     r.iterations = a.iterations;
   } catch (const std::bad_alloc&) {

@@ -77,6 +77,9 @@ std::vector<PointField> make_fields() {
       {"kv_lens", "text", "per batch entry its cache length (a mixed-length batch; \"\" all kv_len)", true, 14, "-lens",
        "/lens:", [](V v) { return v.problem.kv_lens.empty(); }, [](V v) { return kv_lens_text(v.problem); }, nullptr,
        nullptr},
+      {"pass", "text", "forward (O, LSE), backward (dQ, dK, dV) or forward_backward", true, 16, "-",
+       "/pass:", [](V v) { return v.problem.pass == Pass::Forward; },
+       [](V v) { return std::string(to_string(v.problem.pass)); }, nullptr, nullptr},
       {"threads", "int", "threads the kernel ran on", true, 15, "-t", "/t:", never, ATTN_INT(v.threads), "threads",
        ATTN_NUM(v.threads)},
   };
@@ -177,6 +180,11 @@ std::vector<std::string> kv_dtype_names() {
   for (KvDType t : quantized_kv_dtypes()) out.emplace_back(to_string(t));
   return out;
 }
+std::vector<std::string> pass_names() {
+  std::vector<std::string> out;
+  for (Pass x : {Pass::Forward, Pass::Backward, Pass::ForwardBackward}) out.emplace_back(to_string(x));
+  return out;
+}
 constexpr DType kDTypes[] = {DType::F32, DType::BF16, DType::F16};
 
 #define ATTN_SET(stmt)                                                                         \
@@ -242,6 +250,11 @@ std::vector<Axis> make_axes() {
        "true: one cache tensor, V the first head_dim_v columns of K's rows (MLA's latent cache; head_dim_v <= "
        "head_dim)",
        nullptr, "false", bool_values, ATTN_SET(p.kv_shared = v.get<bool>())},
+      {"pass", AxisKind::Sweep,
+       "forward (O, LSE), backward (dQ, dK, dV from a random dO and the kernel's own forward's O and LSE, "
+       "untimed; FLOPs 2.5x the forward's) or forward_backward (both, timed together)",
+       nullptr, "\"forward\"", [](W w, K key, const Json& v) { return names(w, key, v, pass_names()); },
+       ATTN_SET(p.pass = parse_pass(v.get<std::string>()))},
       {"threads", AxisKind::Run, "threads (\"all\": every core)", nullptr, "\"all\"", thread_values,
        ATTN_SET(threads = v.get<int>())},
   };

@@ -77,6 +77,8 @@ enum class AxisKind {
   Setting,  // a setting every interface takes: CLI flag on run, verify, sweep; Python keyword
   Mask,     // the mask: the CLI's mask flags (--causal, --window, ...) and keywords say it
   Run,      // how it runs (threads)
+  Sweep,    // what a sweep's point computes (pass): experiment files and sweep's flag only (run and
+            // verify say --backward; Python has attention_backward)
 };
 struct Axis {
   const char* key;

@@ -56,7 +56,8 @@ Problem problem_from_json(const Json& j) {
   // The schema's setting axes (problem_to_json writes each as its column's value).
   int threads = 0;
   for (const Axis& a : axes()) {
-    if (a.kind == AxisKind::Setting && j.contains(a.key)) set_axis(a, Where{"", "point file"}, j.at(a.key), p, threads);
+    if ((a.kind == AxisKind::Setting || a.kind == AxisKind::Sweep) && j.contains(a.key))
+      set_axis(a, Where{"", "point file"}, j.at(a.key), p, threads);
   }
   return p;
 }
@@ -131,7 +132,7 @@ nlohmann::json problem_to_json(const Problem& p) {
   // its experiment key reads back (problem_from_json).
   const PointView view{"", p, 1, "", ""};
   for (const Axis& a : axes()) {
-    if (a.kind != AxisKind::Setting || j.contains(a.key)) continue;
+    if ((a.kind != AxisKind::Setting && a.kind != AxisKind::Sweep) || j.contains(a.key)) continue;
     for (const PointField& f : point_fields()) {
       if (std::string_view(f.name) == a.key) j[a.key] = json_of_flag_text(f.value(view));
     }
@@ -160,35 +161,40 @@ double PointRecord::time_median() const { return median(times); }
 Json PointRecord::to_json() const {
   Json times_json = Json::array();
   for (double t : times) times_json.push_back(real_to_json(t));
-  return {{"id", id},
-          {"name", name},
-          {"kernel", kernel},
-          {"isa", isa},
-          {"model", model},
-          {"version", version},
-          {"how", how},
-          {"status", to_string(status)},
-          {"reason", reason},
-          {"problem", problem_to_json(problem)},
-          {"threads", threads},
-          {"extra_bytes", extra_bytes},
-          {"plan_bytes", plan_bytes},
-          {"memory_bytes", memory_bytes},
-          {"times_s", times_json},
-          {"iterations", iterations},
-          {"rounds", rounds},
-          {"peak_flops", real_to_json(peak_flops)},
-          {"peak_read_bytes", real_to_json(peak_read_bytes)},
-          {"read_probe_bytes_per_s", read_probe},
-          {"verdict", verdict},
-          {"err_o_rel", real_to_json(err_o_rel)},
-          {"err_lse", real_to_json(err_lse)},
-          {"tol_o_rel", real_to_json(tol_o_rel)},
-          {"tol_lse", real_to_json(tol_lse)},
-          {"err_o_rel_f32_inputs", real_to_json(err_o_rel_f32_inputs)},
-          {"verify_rows", verify_rows},
-          {"seconds_spent", real_to_json(seconds_spent)},
-          {"measured_at", measured_at}};
+  Json j = {{"id", id},
+            {"name", name},
+            {"kernel", kernel},
+            {"isa", isa},
+            {"model", model},
+            {"version", version},
+            {"how", how},
+            {"status", to_string(status)},
+            {"reason", reason},
+            {"problem", problem_to_json(problem)},
+            {"threads", threads},
+            {"extra_bytes", extra_bytes},
+            {"plan_bytes", plan_bytes},
+            {"memory_bytes", memory_bytes},
+            {"times_s", times_json},
+            {"iterations", iterations},
+            {"rounds", rounds},
+            {"peak_flops", real_to_json(peak_flops)},
+            {"peak_read_bytes", real_to_json(peak_read_bytes)},
+            {"read_probe_bytes_per_s", read_probe},
+            {"verdict", verdict},
+            {"err_o_rel", real_to_json(err_o_rel)},
+            {"err_lse", real_to_json(err_lse)},
+            {"tol_o_rel", real_to_json(tol_o_rel)},
+            {"tol_lse", real_to_json(tol_lse)},
+            {"err_o_rel_f32_inputs", real_to_json(err_o_rel_f32_inputs)},
+            {"verify_rows", verify_rows},
+            {"seconds_spent", real_to_json(seconds_spent)},
+            {"measured_at", measured_at}};
+  if (problem.pass != Pass::Forward) {
+    j["err_grad"] = {real_to_json(err_grad.dq), real_to_json(err_grad.dk), real_to_json(err_grad.dv)};
+    j["tol_grad"] = {real_to_json(tol_grad.dq), real_to_json(tol_grad.dk), real_to_json(tol_grad.dv)};
+  }
+  return j;
 }
 
 PointRecord PointRecord::from_json(const Json& j) {
@@ -224,6 +230,14 @@ PointRecord PointRecord::from_json(const Json& j) {
     r.verify_rows = j.at("verify_rows").get<int>();
     r.seconds_spent = real_at(j, "seconds_spent");
     r.measured_at = j.at("measured_at").get<std::string>();
+    const auto grads = [&](const char* key, auto& g) {  // [dQ, dK, dV]; absent for a forward point
+      if (!j.contains(key)) return;
+      const Json& v = j.at(key);
+      if (!v.is_array() || v.size() != 3) throw InvalidInput(std::string(key) + ": allowed: [dQ, dK, dV]");
+      g.dq = real_from_json(v[0]), g.dk = real_from_json(v[1]), g.dv = real_from_json(v[2]);
+    };
+    grads("err_grad", r.err_grad);
+    grads("tol_grad", r.tol_grad);
     return r;
   } catch (const Json::exception& e) {
     throw InvalidInput(std::string("point record: ") + e.what());
@@ -362,6 +376,7 @@ std::vector<TidyCell> tidy_row(const std::string& experiment, const PointRecord&
   // Time columns apply to timed points only; verification columns to verified ones.
   auto if_timed = [&](double v) { return timed ? num(v) : std::string(); };
   auto if_verified = [&](double v) { return r.verdict.empty() ? std::string() : num(v); };
+  auto if_grads = [&](double v) { return r.verdict.empty() || p.pass == Pass::Forward ? std::string() : num(v); };
   std::vector<TidyCell> row = {{"experiment", experiment},
                                {"id", r.id},
                                {"kernel", r.kernel},
@@ -411,6 +426,14 @@ std::vector<TidyCell> tidy_row(const std::string& experiment, const PointRecord&
       {"err_lse", if_verified(r.err_lse)},
       {"tol_lse", if_verified(r.tol_lse)},
       {"err_o_rel_f32_inputs", if_verified(r.err_o_rel_f32_inputs)},
+      // A backward point's gradients (max error over the sampled rows / keys, relative to the
+      // tensor's largest reference value) and their tolerances.
+      {"err_dq", if_grads(r.err_grad.dq)},
+      {"err_dk", if_grads(r.err_grad.dk)},
+      {"err_dv", if_grads(r.err_grad.dv)},
+      {"tol_dq", if_grads(r.tol_grad.dq)},
+      {"tol_dk", if_grads(r.tol_grad.dk)},
+      {"tol_dv", if_grads(r.tol_grad.dv)},
       {"verify_rows", std::to_string(r.verify_rows)},
       {"seconds_spent", num(r.seconds_spent)},
       {"measured_at", r.measured_at}};

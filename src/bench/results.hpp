@@ -27,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attnlab/backward.hpp"
 #include "attnlab/problem.hpp"
 
 namespace attnlab::bench {
@@ -72,6 +73,10 @@ struct PointRecord {
   // they were rounded to the storage dtype or quantized into the KV cache (kv_dtype): what
   // 16-bit storage or a quantized cache costs end to end (equal to err_o_rel for f32).
   double err_o_rel_f32_inputs = 0;
+  // A backward point (Problem::pass): dQ, dK, dV against the float64 reference gradients on
+  // sampled rows and keys (verify.hpp, check_backward_sampled), and their tolerances.
+  GradErrors err_grad;
+  GradTolerance tol_grad;
   int verify_rows = 0;
   double seconds_spent = 0;  // wall time the point took (verify + timing)
   std::string measured_at;

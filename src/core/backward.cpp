@@ -110,8 +110,6 @@ GradientTensors allocate_gradients(const Problem& p) {
   return t;
 }
 
-double backward_flops(const Problem& p) { return 2.5 * p.flops(); }
-
 ReferenceGrads reference_backward(const Problem& p, const Inputs& in, const ConstView& d_o) {
   check_backward_problem(p);
   ReferenceGrads g;
@@ -179,20 +177,17 @@ BackwardAgreement prepare_backward_agreement(const Problem& p, const Inputs& in,
   return a;
 }
 
-BackwardCheck check_backward(const Kernel& k, const Problem& p, const Inputs& in, const ConstView& d_o,
-                             const BackwardAgreement& a, int threads) {
+namespace {
+
+// A Session made for the backward: the kernel's forward, then its backward on gradients
+// pre-filled with NaN, measured by `judge(out, grads, check)`.
+template <class Judge>
+BackwardCheck run_backward_check(const Kernel& k, const Problem& p, const Inputs& in, const ConstView& d_o, int threads,
+                                 Judge judge) {
   BackwardCheck c;
   c.kernel = std::string(k.name());
-  if (!k.runs_backward()) {
-    c.reason = "no backward pass; kernels with one: " + kernels_that(&Kernel::runs_backward);
-    return c;
-  }
   if (Support s = can_run(k, p, threads, true); !s) {
     c.reason = s.reason;
-    return c;
-  }
-  if (Support s = k.backward_supports(p); !s) {
-    c.reason = "backward: " + s.reason;
     return c;
   }
   Tensors out = allocate_outputs(p);
@@ -204,10 +199,149 @@ BackwardCheck check_backward(const Kernel& k, const Problem& p, const Inputs& in
   std::fill(g.dk.get(), g.dk.get() + p.kv_elems(), nan);
   std::fill(g.dv.get(), g.dv.get() + p.v_elems(), nan);
   session.run_backward(in, {d_o, as_const(out.outputs.o), out.outputs.lse}, g.grads);
-  c.errors = measure_grads(a.ref, g.grads, p);
-  c.reason = a.tol.why_failed(c.errors);
+  judge(out.outputs, g.grads, c);
+  c.reason = c.tol.why_failed(c.errors);
   c.verdict = c.reason.empty() ? Verdict::Pass : Verdict::Fail;
   return c;
+}
+
+// The sampled gradients in T (double: the reference; float: the baseline), by the formulas of
+// backward.hpp given O and LSE. D_i for every row first (dK_j and dV_j read every row).
+template <class T, class E>
+void sampled_typed(const Problem& p, const TypedInputs<E>& in, const ConstView& d_o, const ConstView& o,
+                   const float* lse, const GradSample& s, std::vector<T>& dq, std::vector<T>& dk, std::vector<T>& dv) {
+  const int64_t d_n = p.head_dim, dv_n = p.dim_v();
+  const T scale = static_cast<T>(p.effective_scale());
+  std::vector<T> big_d(static_cast<size_t>(p.lse_elems()));
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.q_heads; ++h)
+      for (int64_t i = 0; i < p.q_len; ++i) {
+        T sum = 0;
+        for (int64_t d = 0; d < dv_n; ++d) sum += static_cast<T>(d_o.row(b, h, i)[d]) * o.row(b, h, i)[d];
+        big_d[static_cast<size_t>((b * p.q_heads + h) * p.q_len + i)] = sum;
+      }
+  // P_ij and dS_ij of one visible pair.
+  const auto pair = [&](int64_t b, int64_t h, int64_t i, int64_t j, T& pij, T& ds) {
+    const int64_t hk = p.kv_head_of(h);
+    const E* q = in.q.row(b, h, i);
+    const E* k = in.k.row(b, hk, j);
+    const E* v = in.v.row(b, hk, j);
+    const float* go = d_o.row(b, h, i);
+    T dot = 0, dp = 0;
+    for (int64_t d = 0; d < d_n; ++d) dot += static_cast<T>(to_float(q[d])) * static_cast<T>(to_float(k[d]));
+    for (int64_t d = 0; d < dv_n; ++d) dp += static_cast<T>(go[d]) * static_cast<T>(to_float(v[d]));
+    const size_t r = static_cast<size_t>((b * p.q_heads + h) * p.q_len + i);
+    pij = std::exp(scale * dot - static_cast<T>(lse[r]));
+    ds = pij * (dp - big_d[r]);
+  };
+  dq.assign(s.rows.size() * static_cast<size_t>(d_n), T(0));
+  for (size_t x = 0; x < s.rows.size(); ++x) {
+    const RowId& r = s.rows[x];
+    const Interval iv = p.visible(r.b, r.i);
+    T* out = &dq[x * static_cast<size_t>(d_n)];
+    for (int64_t j = iv.lo; j < iv.hi; ++j) {
+      T pij, ds;
+      pair(r.b, r.h, r.i, j, pij, ds);
+      const E* k = in.k.row(r.b, p.kv_head_of(r.h), j);
+      for (int64_t d = 0; d < d_n; ++d) out[d] += scale * ds * static_cast<T>(to_float(k[d]));
+    }
+  }
+  dk.assign(s.keys.size() * static_cast<size_t>(d_n), T(0));
+  dv.assign(s.keys.size() * static_cast<size_t>(dv_n), T(0));
+  for (size_t x = 0; x < s.keys.size(); ++x) {
+    const RowId& key = s.keys[x];  // (b, kv head, j)
+    const MaskSpec mask = p.mask_for_batch(key.b);
+    T* gk = &dk[x * static_cast<size_t>(d_n)];
+    T* gv = &dv[x * static_cast<size_t>(dv_n)];
+    for (int64_t h = key.h * p.group(); h < (key.h + 1) * p.group(); ++h)
+      for (int64_t i = 0; i < p.q_len; ++i) {
+        const Interval iv = mask.row(i);
+        if (key.i < iv.lo || key.i >= iv.hi) continue;
+        T pij, ds;
+        pair(key.b, h, i, key.i, pij, ds);
+        const E* q = in.q.row(key.b, h, i);
+        const float* go = d_o.row(key.b, h, i);
+        for (int64_t d = 0; d < d_n; ++d) gk[d] += scale * ds * static_cast<T>(to_float(q[d]));
+        for (int64_t d = 0; d < dv_n; ++d) gv[d] += pij * static_cast<T>(go[d]);
+      }
+  }
+}
+
+// max |got - want| / max |want| over a sampled tensor (rows of `dim` values; got read by `row`).
+template <class T, class Row>
+double sampled_error(const std::vector<double>& want, const std::vector<RowId>& ids, int64_t dim, Row row) {
+  double worst = 0, size = 0;
+  for (double r : want)
+    if (std::isfinite(r)) size = std::max(size, std::fabs(r));
+  for (size_t x = 0; x < ids.size(); ++x) {
+    const T* got = row(ids[x]);
+    for (int64_t d = 0; d < dim; ++d)
+      worst = std::max(worst, value_error(static_cast<double>(got[d]), want[x * static_cast<size_t>(dim) + d]));
+  }
+  if (worst == 0) return 0;
+  return std::isinf(worst) ? kInf : worst / std::max(size, 1e-30);
+}
+
+}  // namespace
+
+BackwardCheck check_backward(const Kernel& k, const Problem& p, const Inputs& in, const ConstView& d_o,
+                             const BackwardAgreement& a, int threads) {
+  return run_backward_check(k, p, in, d_o, threads, [&](const Outputs&, const Gradients& g, BackwardCheck& c) {
+    c.errors = measure_grads(a.ref, g, p);
+    c.tol = a.tol;
+  });
+}
+
+GradSample sample_grads(const Problem& p, size_t max_rows, uint64_t seed) {
+  GradSample s;
+  s.rows = sample_rows(p, max_rows, seed);
+  Problem keys = p;  // the keys as rows: (batch, kv heads, kv_len)
+  keys.q_heads = p.kv_heads;
+  keys.q_len = p.kv_len;
+  s.keys = sample_rows(keys, max_rows, seed + 1);
+  return s;
+}
+
+SampledGradAgreement prepare_sampled_backward(const Problem& p, const Inputs& in, const ConstView& d_o,
+                                              const ConstView& o, const float* lse, GradSample sample) {
+  check_backward_problem(p);
+  if (p.sparse()) {
+    throw InvalidInput("sampled backward check: a sparse pattern (" + p.pattern_name() +
+                       "); allowed: interval masks (the full check, check_backward, takes every pattern)");
+  }
+  SampledGradAgreement a;
+  a.sample = std::move(sample);
+  std::vector<float> fq, fk, fv;
+  visit_inputs(in, [&](const auto& typed) {
+    sampled_typed<double>(p, typed, d_o, o, lse, a.sample, a.dq, a.dk, a.dv);
+    sampled_typed<float>(p, typed, d_o, o, lse, a.sample, fq, fk, fv);
+  });
+  // The baseline's rows are stored in sample order: index them by position.
+  const auto at = [](const std::vector<float>& v, int64_t dim) {
+    return [&v, dim, x = size_t{0}](const RowId&) mutable { return v.data() + (x++) * static_cast<size_t>(dim); };
+  };
+  a.baseline.dq = sampled_error<float>(a.dq, a.sample.rows, p.head_dim, at(fq, p.head_dim));
+  a.baseline.dk = sampled_error<float>(a.dk, a.sample.keys, p.head_dim, at(fk, p.head_dim));
+  a.baseline.dv = sampled_error<float>(a.dv, a.sample.keys, p.dim_v(), at(fv, p.dim_v()));
+  a.tol = GradTolerance::from_baseline(a.baseline);
+  return a;
+}
+
+GradErrors measure_sampled_grads(const SampledGradAgreement& a, const Gradients& g, const Problem& p) {
+  GradErrors e;
+  e.dq = sampled_error<float>(a.dq, a.sample.rows, p.head_dim, [&](const RowId& r) { return g.dq.row(r.b, r.h, r.i); });
+  e.dk = sampled_error<float>(a.dk, a.sample.keys, p.head_dim, [&](const RowId& r) { return g.dk.row(r.b, r.h, r.i); });
+  e.dv = sampled_error<float>(a.dv, a.sample.keys, p.dim_v(), [&](const RowId& r) { return g.dv.row(r.b, r.h, r.i); });
+  return e;
+}
+
+BackwardCheck check_backward_sampled(const Kernel& k, const Problem& p, const Inputs& in, const ConstView& d_o,
+                                     const GradSample& sample, int threads) {
+  return run_backward_check(k, p, in, d_o, threads, [&](const Outputs& out, const Gradients& g, BackwardCheck& c) {
+    const SampledGradAgreement a = prepare_sampled_backward(p, in, d_o, as_const(out.o), out.lse, sample);
+    c.errors = measure_sampled_grads(a, g, p);
+    c.tol = a.tol;
+  });
 }
 
 }  // namespace attnlab

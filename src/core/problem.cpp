@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "attnlab/backward.hpp"
 #include "attnlab/limits.hpp"
 
 namespace attnlab {
@@ -30,6 +31,21 @@ DType parse_dtype(const std::string& text, const char* field) {
     if (text == to_string(d)) return d;
   }
   throw InvalidInput(std::string(field) + ": '" + text + "' is not a dtype; allowed: f32, bf16, f16");
+}
+
+const char* to_string(Pass pass) {
+  switch (pass) {
+    case Pass::Forward: return "forward";
+    case Pass::Backward: return "backward";
+    case Pass::ForwardBackward: return "forward_backward";
+  }
+  return "?";
+}
+
+Pass parse_pass(const std::string& text) {
+  for (Pass x : {Pass::Forward, Pass::Backward, Pass::ForwardBackward})
+    if (text == to_string(x)) return x;
+  throw InvalidInput("pass: '" + text + "' is not a pass; allowed: forward, backward, forward_backward");
 }
 
 const char* to_string(CausalAlign causal) {
@@ -244,6 +260,7 @@ void Problem::validate() const {
     }
   }
   validate_pattern(*this);
+  if (pass != Pass::Forward) check_backward_problem(*this);
   if (scale && !std::isfinite(*scale)) {
     throw InvalidInput("scale: " + std::to_string(*scale) + " is not allowed; allowed: a finite number");
   }
@@ -276,9 +293,14 @@ int64_t Problem::visible_pairs() const {
   return pairs * q_heads;
 }
 
-double Problem::flops() const {
+double Problem::forward_flops() const {
   // Two GEMMs per visible (row, key) pair: q.k (2 head_dim) and p*v (2 head_dim_v).
   return 2.0 * static_cast<double>(head_dim + dim_v()) * static_cast<double>(visible_pairs());
+}
+
+double Problem::flops() const {
+  const double factor = pass == Pass::Forward ? 1.0 : pass == Pass::Backward ? 2.5 : 3.5;
+  return factor * forward_flops();
 }
 
 double Problem::kv_bytes() const {
@@ -305,9 +327,12 @@ double Problem::kv_bytes_per_token() const {
 }
 
 double Problem::bytes_moved() const {
-  const double qo =
-      dtype_bytes(dtype) * static_cast<double>(q_elems()) + sizeof(float) * static_cast<double>(o_elems());
-  return qo + kv_bytes() + sizeof(float) * static_cast<double>(lse_elems());
+  const auto f32 = [](int64_t elems) { return sizeof(float) * static_cast<double>(elems); };
+  const double q = dtype_bytes(dtype) * static_cast<double>(q_elems());
+  const double forward = q + f32(o_elems()) + kv_bytes() + f32(lse_elems());
+  // The backward reads Q, K, V, O, dO and LSE and writes dQ, dK, dV.
+  const double backward = forward + f32(o_elems()) + f32(q_elems() + kv_elems() + v_elems());
+  return pass == Pass::Forward ? forward : pass == Pass::Backward ? backward : forward + backward;
 }
 
 std::string Problem::pattern_name() const {
@@ -362,6 +387,7 @@ std::string Problem::describe() const {
   if (scale) s << " scale=" << *scale;
   s << " layout=" << to_string(layout);
   if (dtype != DType::F32) s << " dtype=" << to_string(dtype);
+  if (pass != Pass::Forward) s << " pass=" << to_string(pass);
   return s.str();
 }
 

@@ -60,10 +60,30 @@ Support supports_problem(const Kernel& kernel, const Problem& problem) {
     return Support::no("kv_block " + std::to_string(problem.kv_block) + " (" + kernels_that(&Kernel::runs_paged) +
                        " read a paged cache)");
   }
+  if (problem.pass != Pass::Forward) {
+    if (Support b = backward_support(kernel, problem); !b) return b;
+  }
   return kernel.supports(problem);
 }
 
+Support backward_support(const Kernel& kernel, const Problem& problem) {
+  if (!kernel.runs_backward()) {
+    return Support::no("backward: " + std::string(kernel.name()) +
+                       " has no backward pass; allowed: " + kernels_that(&Kernel::runs_backward));
+  }
+  if (problem.kv_quantized() || problem.kv_paged()) {
+    try {
+      check_backward_problem(problem);
+    } catch (const InvalidInput& e) {
+      return Support::no(e.what());
+    }
+  }
+  if (Support s = kernel.backward_supports(problem); !s) return Support::no("backward: " + s.reason);
+  return Support::yes();
+}
+
 Support fits_memory_budget(const Kernel& kernel, const Problem& problem, int threads, bool backward) {
+  backward = backward || problem.pass != Pass::Forward;
   auto workspace = static_cast<int64_t>(kernel.workspace_bytes(problem, threads));
   int64_t tensors = tensor_bytes(problem);
   if (backward) {  // the larger workspace; dO (O's size) and float32 dQ, dK, dV
@@ -80,6 +100,9 @@ Support fits_memory_budget(const Kernel& kernel, const Problem& problem, int thr
 Support can_run(const Kernel& kernel, const Problem& problem, int threads, bool backward) {
   if (Support a = kernel.available(); !a) return a;
   if (Support s = supports_problem(kernel, problem); !s) return s;
+  if (backward && problem.pass == Pass::Forward) {
+    if (Support b = backward_support(kernel, problem); !b) return b;
+  }
   return fits_memory_budget(kernel, problem, threads, backward);
 }
 
@@ -89,7 +112,12 @@ struct Session::Arena {
 };
 
 Session::Session(const Kernel& kernel, const Problem& problem, int threads, bool backward)
-    : kernel_(kernel), problem_(problem), threads_(threads), made_kv_len_(problem.kv_len), backward_(backward) {
+    : kernel_(kernel),
+      problem_(problem),
+      threads_(threads),
+      made_kv_len_(problem.kv_len),
+      backward_(backward || problem.pass != Pass::Forward) {
+  backward = backward_;
   problem_.validate();
   if (threads < 1 || threads > 1024) {
     throw InvalidInput("threads: " + std::to_string(threads) + " is not allowed; allowed: 1 to 1024");
@@ -100,14 +128,9 @@ Session::Session(const Kernel& kernel, const Problem& problem, int threads, bool
   if (Support s = supports_problem(kernel, problem_); !s) {
     throw InvalidInput(std::string(kernel.name()) + " does not support " + problem_.describe() + ": " + s.reason);
   }
-  if (backward && !kernel.runs_backward()) {
-    throw InvalidInput("backward: " + std::string(kernel.name()) +
-                       " has no backward pass; allowed: " + kernels_that(&Kernel::runs_backward));
-  }
   if (backward) {
-    check_backward_problem(problem_);
-    if (Support s = kernel.backward_supports(problem_); !s) {
-      throw InvalidInput("backward: " + std::string(kernel.name()) + " does not take " + problem_.describe() + ": " +
+    if (Support s = backward_support(kernel, problem_); !s) {
+      throw InvalidInput(std::string(kernel.name()) + " cannot run the backward of " + problem_.describe() + ": " +
                          s.reason);
     }
   }

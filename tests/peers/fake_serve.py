@@ -4,6 +4,7 @@ the same protocol, with each kernel's behaviour chosen by $ATTN_FAKE_PEER, e.g.
 "torch_sdpa=exact,ort_mha=wrong,ort_gqa=skip,jax_dpa=die":
   exact  O from numpy_attention (float64, the lab's rule), timed as a no-op
   wrong  that O plus 0.05 (the sweep must fail it, not time it)
+  wrongdk  (a backward point) O and the gradients exact but dK plus 0.05
   skip   answers skipped with a reason
   die    exits without answering (the sweep must record the point failed and go on)
 Kernels not named answer "exact". $ATTN_FAKE_PEER_UNAVAILABLE=1: hello answers unavailable."""
@@ -16,8 +17,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "peers"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
-from common import Problem, load_inputs  # noqa: E402
-from numpy_attention import attention  # noqa: E402
+from common import Problem, load_do, load_inputs  # noqa: E402
+from numpy_attention import attention, attention_backward  # noqa: E402
 
 
 def main():
@@ -43,8 +44,18 @@ def main():
         p = Problem(req["problem"])
         q, k, v = load_inputs(req["dir"], p)
         kv_lens = p.kv_lens or [p.kv_len] * p.batch
-        o, _, _ = attention(*(x.astype(np.float64) for x in (q, k, v)), p.scale, p.causal, p.left, p.right,
-                            kv_lens, p.sinks, p.globals, p.doc_lens, p.dilation, p.bigbird)
+        pattern = (p.sinks, p.globals, p.doc_lens, p.dilation, p.bigbird)
+        args = [x.astype(np.float64) for x in (q, k, v)]
+        if p.backward:  # a backward point: O and dQ, dK, dV from dO (the real servers' contract)
+            out = attention_backward(*args, load_do(req["dir"], p).astype(np.float64), p.scale, p.causal, p.left,
+                                     p.right, kv_lens, *pattern)
+            if mode == "wrongdk":
+                out[2][...] += 0.05
+            for name, x in zip(("o", "dq", "dk", "dv"), out):
+                np.save(os.path.join(req["dir"], name + ".npy"), x.astype(np.float32))
+            o = out[0]
+        else:
+            o, _, _ = attention(*args, p.scale, p.causal, p.left, p.right, kv_lens, *pattern)
         if mode == "wrong":
             o = o + 0.05
         np.save(os.path.join(req["dir"], "o.npy"), o.astype(np.float32))

@@ -14,7 +14,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts", "peers"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
 from common import Problem, Skip, time_calls  # noqa: E402
-from numpy_attention import attention  # noqa: E402
+from numpy_attention import attention, attention_backward  # noqa: E402
 
 MODULES = {"torch_sdpa": "torch_peer", "torch_flex": "torch_peer", "ort_mha": "ort_peer",
            "ort_gqa": "ort_peer", "jax_dpa": "jax_peer", "ggml_fa": "ggml_peer"}
@@ -112,6 +112,56 @@ def test_planted_window_off_by_one_is_caught(kernel):
     check_against_numpy(o, wider, how, f"{kernel} on the wider window itself")  # the peer is right...
     with pytest.raises(AssertionError):
         check_against_numpy(o, p, how, f"{kernel} wider window")  # ...and the check sees the difference
+
+
+BACKWARD_CASES = ("dense", "mha", "causal", "causal_cross_bottom_right", "kv_lens", "bshd", "window")
+
+
+@pytest.mark.parametrize("kernel", ["torch_sdpa", "jax_dpa"])
+@pytest.mark.parametrize("case", BACKWARD_CASES)
+@pytest.mark.parametrize("pass_", ["backward", "forward_backward"])
+def test_peer_backward_matches_numpy(kernel, case, pass_):
+    """A backward point: the peer's O and dQ, dK, dV from dO against numpy's float64 gradients
+    (numpy_attention.attention_backward); a dK off by a GQA group would fail the comparison."""
+    mod = peer(kernel)
+    p = problem(**dict(CASES[case], **{"pass": pass_}))
+    q, k, v = inputs(p)
+    p.d_o = np.random.default_rng(7).uniform(-1, 1, (p.batch, p.q_heads, p.q_len, p.head_dim_v)).astype(np.float32)
+    try:
+        fn, collect, how = mod.prepare(kernel, p, q, k, v)
+    except Skip as e:
+        pytest.skip(f"{kernel} declares {case} unsupported: {e}")
+    fn()
+    fn()  # twice: a retained graph must give the same gradients again
+    got = collect()
+    kv_lens = p.kv_lens or [p.kv_len] * p.batch
+    want = attention_backward(*(x.astype(np.float64) for x in (q, k, v, p.d_o)), p.scale, p.causal, p.left, p.right,
+                              kv_lens)
+    for name, w in zip(("o", "dq", "dk", "dv"), want):
+        assert got[name].shape == w.shape, (name, how)
+        np.testing.assert_allclose(got[name], w, atol=5e-5, rtol=0, err_msg=f"{kernel} {case} {name}: {how}")
+
+
+def test_numpy_backward_is_the_gradient():
+    """numpy_attention.attention_backward against central differences of attention's O . dO."""
+    p = problem(**CASES["kv_lens"])
+    q, k, v = (x.astype(np.float64) for x in inputs(p))
+    do = np.random.default_rng(3).uniform(-1, 1, (p.batch, p.q_heads, p.q_len, p.head_dim_v))
+    kv_lens = p.kv_lens
+
+    def loss(q, k, v):
+        return float((attention(q, k, v, p.scale, p.causal, p.left, p.right, kv_lens)[0] * do).sum())
+
+    _, dq, dk, dv = attention_backward(q, k, v, do, p.scale, p.causal, p.left, p.right, kv_lens)
+    for x, g in ((q, dq), (k, dk), (v, dv)):
+        for idx in [(0, 0, 0, 0), (1, 1, 2, 3), (0, 1, 4, 15), (1, 0, 3, 7)]:
+            old = x[idx]
+            x[idx] = old + 1e-6
+            up = loss(q, k, v)
+            x[idx] = old - 1e-6
+            down = loss(q, k, v)
+            x[idx] = old
+            assert abs((up - down) / 2e-6 - g[idx]) < 1e-6, (idx, g[idx])
 
 
 def test_time_calls_counts_and_caps():
