@@ -5,18 +5,19 @@
 //   pass 0  D_i = dO_i . O_i for every row (one dot product each);
 //   pass 1  one task per (batch, kv head, 64-key tile) owns that tile's dK and dV: for every
 //           query head of the GQA group and every 64-row query tile that sees a key of the tile,
-//           S = Q K^T (score_rows), P, dV += P^T dO, dP = dO V^T (score_rows), dS = P (dP - D),
-//           dK += scale dS^T Q (pv_rows on the transposed tiles); written once at the end;
+//           S = Q K^T and dP = dO V^T (score_panel on K^T and V^T packed once per task), P,
+//           dS = P (dP - D), dV += P^T dO, dK += scale dS^T Q (pv_rows on the transposed tiles);
+//           written once at the end;
 //   pass 2  one task per (batch, query head, 64-row query tile) owns its dQ: the same S, P, dP
-//           and dS recomputed per visible key tile, dQ += scale dS K.
+//           and dS recomputed per visible key tile (its K^T, V^T packed), dQ += scale dS K.
 // dQ gets its own pass instead of atomics or per-task partials: every output element has one
 // owner that sums in a fixed order, so the result is bitwise identical for any thread count, at
 // the price of recomputing two of the five GEMMs (7 GEMMs of (d or d_v) x 64 x 64 per tile pair
 // against the 5 the 2.5x FLOP convention counts). Masks: a pair outside its row's interval
 // contributes nothing (P and dS set to 0 there, never computed as exp(-inf)); tiles no row of the
 // query tile sees are skipped. Sparse patterns are not taken (naive's backward runs them).
-// Memory: D (batch * q_heads * q_len floats) plus per thread ~6 tiles of 64 x 64 floats and 4 of
-// 64 x d(_v): 192 KiB at d 128 - O(n), nothing of n^2.
+// Memory: D (batch * q_heads * q_len floats) plus per thread 4 tiles of 64 x 64 floats and 8 of
+// 64 x d(_v): 320 KiB at d 128 - O(n), nothing of n^2.
 // Precision: Q, K, V stored as f32, bf16 or f16 are widened exactly where loaded; float32
 // compute and accumulation (K and V rows read in place, Q and dO rows widened into the tile).
 #include "cpu/backward_tiles.hpp"
@@ -41,7 +42,7 @@ constexpr int kBr = 64;  // query rows per tile
 
 struct Layout {
   int64_t dp, dvp;  // head_dim and head_dim_v padded to whole vectors
-  size_t q, go, zero, s, dpm, pt, dst, dk, dv, lse, dd, bytes;
+  size_t q, go, qp, gop, kt, vt, s, dpm, pt, dst, dk, dv, lse, dd, bytes;
   explicit Layout(const Problem& p) : dp(simd::padded_dim(p.head_dim)), dvp(simd::padded_dim(p.dim_v())) {
     size_t off = 0;
     const auto take = [&off](size_t floats) {
@@ -49,40 +50,55 @@ struct Layout {
       off += (floats * sizeof(float) + 63) / 64 * 64;
       return at;
     };
-    q = take(kBr * dp), go = take(kBr * dvp), zero = take(std::max(dp, dvp));
+    q = take(kBr * dp), go = take(kBr * dvp), qp = take(kBr * dp), gop = take(kBr * dvp);
+    kt = take(dp * kTileKeys), vt = take(dvp * kTileKeys);
     s = take(kBr * kTileKeys), dpm = take(kBr * kTileKeys), pt = take(kTileKeys * kBr), dst = take(kTileKeys * kBr);
     dk = take(std::max<int64_t>(kTileKeys, kBr) * dp), dv = take(kTileKeys * dvp), lse = take(kBr), dd = take(kBr);
     bytes = off;
   }
 };
 
+// One thread's tiles: Q and dO rows (row-major, and as score_panel's k-major panels), the key
+// tile's K^T and V^T (pack_k_transposed), S/P, dP/dS and their transposes, the accumulators.
 struct Tile {
-  float *q, *go, *zero, *s, *dpm, *pt, *dst, *dk, *dv, *lse, *dd;
+  float *q, *go, *qp, *gop, *kt, *vt, *s, *dpm, *pt, *dst, *dk, *dv, *lse, *dd;
   Tile(std::byte* base, const Layout& l) {
     const auto at = [base](size_t off) { return reinterpret_cast<float*>(base + off); };
-    q = at(l.q), go = at(l.go), zero = at(l.zero), s = at(l.s), dpm = at(l.dpm), pt = at(l.pt), dst = at(l.dst);
+    q = at(l.q), go = at(l.go), qp = at(l.qp), gop = at(l.gop), kt = at(l.kt), vt = at(l.vt);
+    s = at(l.s), dpm = at(l.dpm), pt = at(l.pt), dst = at(l.dst);
     dk = at(l.dk), dv = at(l.dv), lse = at(l.lse), dd = at(l.dd);
   }
 };
 
 size_t d_bytes(const Problem& p) { return (static_cast<size_t>(p.lse_elems()) * sizeof(float) + 63) / 64 * 64; }
 
-// out[r * kTileKeys + c] = a_r . b_c for `rows` packed float rows a (lda apart) and the tile's nk rows b.
-template <class E>
-void dots(int rows, const float* a, int64_t lda, const float* zero, const Rows<E>& b, int64_t dim, int nk, float* out) {
-  simd::NoStep none;
-  for (int r0 = 0; r0 < rows; r0 += simd::kDotRows) {
-    const float* ar = a + r0 * lda;
-    float* o = out + r0 * kTileKeys;
-    switch (std::min(simd::kDotRows, rows - r0)) {
-      case 1: simd::score_rows<1>(ar, lda, zero, b, dim, 0, nk, o, none); break;
-      case 2: simd::score_rows<2>(ar, lda, zero, b, dim, 0, nk, o, none); break;
-      case 3: simd::score_rows<3>(ar, lda, zero, b, dim, 0, nk, o, none); break;
-      default: simd::score_rows<simd::kDotRows>(ar, lda, zero, b, dim, 0, nk, o, none); break;
+// out[r * kTileKeys + c] = a_r . b_c for the `rows` rows a (packed in panels of kPanelRows rows,
+// k-major, panel m0 at m0 * ld: score_panel's layout) and the tile's keys b (bt: their
+// pack_k_transposed), for each panel only on the keys [lo, hi) its rows see (iv, key j0 + c
+// is column c); the other columns are left as they were (the epilogue masks them).
+void dots(int rows, const float* a, int64_t ld, const float* bt, int64_t dim, const Interval* iv, int64_t j0, int nk,
+          float* out) {
+  for (int m0 = 0; m0 < rows; m0 += simd::kPanelRows) {
+    const int mr = std::min(simd::kPanelRows, rows - m0);
+    int ja = nk, jb = 0;
+    for (int r = m0; r < m0 + mr; ++r) {
+      const int lo = static_cast<int>(std::clamp<int64_t>(iv[r].lo - j0, 0, nk));
+      const int hi = static_cast<int>(std::clamp<int64_t>(iv[r].hi - j0, lo, nk));
+      if (lo < hi) ja = std::min(ja, lo), jb = std::max(jb, hi);
+    }
+    if (ja >= jb) continue;
+    const float* am = a + m0 * ld;
+    float* o = out + m0 * kTileKeys;
+    switch (mr) {
+      case 1: simd::score_panel<1>(am, bt, dim, ja, jb, o); break;
+      case 2: simd::score_panel<2>(am, bt, dim, ja, jb, o); break;
+      case 3: simd::score_panel<3>(am, bt, dim, ja, jb, o); break;
+      case 4: simd::score_panel<4>(am, bt, dim, ja, jb, o); break;
+      case 5: simd::score_panel<5>(am, bt, dim, ja, jb, o); break;
+      default: simd::score_panel<simd::kPanelRows>(am, bt, dim, ja, jb, o); break;
     }
   }
 }
-static_assert(simd::kDotRows <= 4, "dots dispatches 1..4 rows");
 
 template <int MR, class E>
 void pv(const float* p, int64_t ldp, const Rows<E>& v, float* o, int64_t ldo, int a, int b, int64_t dim) {
@@ -139,25 +155,34 @@ class Engine {
   Engine(const Problem& p, const TypedInputs<E>& in, const BackwardInputs& bw, const Gradients& g, const float* dd)
       : p_(p), in_(in), bw_(bw), g_(g), dd_(dd), l_(p), scale_(p.effective_scale()) {}
 
-  // Q, dO, LSE and D of query rows [i0, i0 + br) of head h into the tile; their intervals into iv.
+  // Q, dO, LSE and D of query rows [i0, i0 + br) of head h into the tile (Q and dO also as
+  // score_panel's panels); their intervals into iv.
   void load_rows(const Tile& t, int64_t b, int64_t h, int64_t i0, int br, Interval* iv) const {
     const MaskSpec mask = p_.mask_for_batch(b);
     for (int r = 0; r < br; ++r) {
       const int64_t i = i0 + r;
       widen_row(in_.q.row(b, h, i), p_.head_dim, l_.dp, t.q + r * l_.dp);
       widen_row(bw_.d_o.row(b, h, i), p_.dim_v(), l_.dvp, t.go + r * l_.dvp);
+      const int p0 = r / simd::kPanelRows * simd::kPanelRows, mr = std::min(simd::kPanelRows, br - p0);
+      for (int64_t k = 0; k < p_.head_dim; ++k) t.qp[p0 * l_.dp + k * mr + (r - p0)] = t.q[r * l_.dp + k];
+      for (int64_t k = 0; k < p_.dim_v(); ++k) t.gop[p0 * l_.dvp + k * mr + (r - p0)] = t.go[r * l_.dvp + k];
       t.lse[r] = bw_.lse[(b * p_.q_heads + h) * p_.q_len + i];
       t.dd[r] = dd_[(b * p_.q_heads + h) * p_.q_len + i];
       iv[r] = mask.row(i);
     }
   }
 
-  // S, P (into t.s), dP, dS (into t.dpm) of the loaded rows against keys [j0, j0 + nk);
+  // K^T and V^T of a key tile for the score GEMMs.
+  void pack_keys(const Tile& t, const Rows<E>& k, const Rows<E>& v, int nk) const {
+    simd::pack_k_transposed(k, nk, p_.head_dim, t.kt);
+    simd::pack_k_transposed(v, nk, p_.dim_v(), t.vt);
+  }
+
+  // S, P (into t.s), dP, dS (into t.dpm) of the loaded rows against the packed keys [j0, j0 + nk);
   // P^T and scale dS^T into t.pt and t.dst when `transposed`.
-  void tile(const Tile& t, int br, const Interval* iv, int64_t j0, int nk, const Rows<E>& k, const Rows<E>& v,
-            bool transposed) const {
-    dots(br, t.q, l_.dp, t.zero, k, p_.head_dim, nk, t.s);
-    dots(br, t.go, l_.dvp, t.zero, v, p_.dim_v(), nk, t.dpm);
+  void tile(const Tile& t, int br, const Interval* iv, int64_t j0, int nk, bool transposed) const {
+    dots(br, t.qp, l_.dp, t.kt, p_.head_dim, iv, j0, nk, t.s);
+    dots(br, t.gop, l_.dvp, t.vt, p_.dim_v(), iv, j0, nk, t.dpm);
     alignas(64) static constexpr float kIota[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     static_assert(kLanes <= 16 && kTileKeys % kLanes == 0, "whole vectors of a tile row");
     const Batch scale(scale_);
@@ -192,7 +217,7 @@ class Engine {
     const int nk = static_cast<int>(std::min<int64_t>(kTileKeys, p_.kv_len - j0));
     std::fill(t.dk, t.dk + nk * l_.dp, 0.f);
     std::fill(t.dv, t.dv + nk * l_.dvp, 0.f);
-    const Rows<E> k = key_rows(in_.k, b, hk, j0, nk), v = key_rows(in_.v, b, hk, j0, nk);
+    pack_keys(t, key_rows(in_.k, b, hk, j0, nk), key_rows(in_.v, b, hk, j0, nk), nk);
     Interval iv[kBr];
     for (int64_t h = hk * p_.group(); h < (hk + 1) * p_.group(); ++h) {
       for (int64_t i0 = 0; i0 < p_.q_len; i0 += kBr) {
@@ -200,7 +225,7 @@ class Engine {
         if (!sees(b, i0, br, j0, nk)) continue;
         load_rows(t, b, h, i0, br, iv);
         // Rows past br in the transposed tiles stay out of the sums: n = br below.
-        tile(t, br, iv, j0, nk, k, v, true);
+        tile(t, br, iv, j0, nk, true);
         // The rows that see key c: [first, last] of them (interval masks: a contiguous range).
         Interval seen_by[kTileKeys];
         for (int c = 0; c < nk; ++c) {
@@ -234,8 +259,9 @@ class Engine {
     }
     for (int64_t j0 = lo / kTileKeys * kTileKeys; j0 < hi; j0 += kTileKeys) {
       const int nk = static_cast<int>(std::min<int64_t>(kTileKeys, p_.kv_len - j0));
-      const Rows<E> k = key_rows(in_.k, b, hk, j0, nk), v = key_rows(in_.v, b, hk, j0, nk);
-      tile(t, br, iv, j0, nk, k, v, false);
+      const Rows<E> k = key_rows(in_.k, b, hk, j0, nk);
+      pack_keys(t, k, key_rows(in_.v, b, hk, j0, nk), nk);
+      tile(t, br, iv, j0, nk, false);
       Interval sees_keys[kBr];  // row r's keys inside the tile
       for (int r = 0; r < br; ++r) {
         const int64_t a = std::clamp<int64_t>(iv[r].lo - j0, 0, nk), b = std::clamp<int64_t>(iv[r].hi - j0, a, nk);
@@ -297,9 +323,7 @@ void flash_backward(const Problem& p, const Inputs& in, const BackwardInputs& bw
     const Engine<E> engine(p, typed, bw, g, dd);
     const auto scratch = [&] {
       std::byte* mine = thread_scratch(ctx, l.bytes, "flash backward", d_bytes(p));
-      const Tile t(mine, l);
-      std::fill(t.zero, t.zero + std::max(l.dp, l.dvp), 0.f);
-      return t;
+      return Tile(mine, l);
     };
     // Pass 1: (batch, kv head, key tile) tasks own dK and dV.
     const int64_t key_tiles = (p.kv_len + kTileKeys - 1) / kTileKeys;
