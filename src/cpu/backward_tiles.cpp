@@ -203,9 +203,31 @@ class Engine {
         pc.store_aligned(s + c);
         ds.store_aligned(dp + c);
       }
-      if (!transposed) continue;
-      for (int c = 0; c < nk; ++c) t.pt[c * kBr + r] = s[c], t.dst[c * kBr + r] = scale_ * dp[c];
     }
+    if (transposed) {
+      transpose(t.s, br, nk, 1.f, t.pt);
+      transpose(t.dpm, br, nk, scale_, t.dst);
+    }
+  }
+
+  // dst[c * kBr + r] = scale * src[r * kTileKeys + c] for r < br, c < nk (in kLanes x kLanes
+  // register blocks where the target has them: rows past br are read from the tile's spare rows
+  // and written where no sum reads them).
+  static void transpose(const float* src, int br, int nk, float scale, float* dst) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+    using Reg = Batch::register_type;
+    const Batch k(scale);
+    for (int r0 = 0; r0 < br; r0 += kLanes)
+      for (int c0 = 0; c0 < nk; c0 += kLanes) {
+        Reg x[kLanes];
+        for (int i = 0; i < kLanes; ++i) x[i] = Reg(Batch::load_aligned(src + (r0 + i) * kTileKeys + c0) * k);
+        simd::transpose_block(x);
+        for (int i = 0; i < kLanes; ++i) Batch(x[i]).store_aligned(dst + (c0 + i) * kBr + r0);
+      }
+#else
+    for (int r = 0; r < br; ++r)
+      for (int c = 0; c < nk; ++c) dst[c * kBr + r] = scale * src[r * kTileKeys + c];
+#endif
   }
 
   Rows<E> key_rows(const View4<const E>& x, int64_t b, int64_t hk, int64_t j0, int nk) const {
@@ -226,11 +248,14 @@ class Engine {
         load_rows(t, b, h, i0, br, iv);
         // Rows past br in the transposed tiles stay out of the sums: n = br below.
         tile(t, br, iv, j0, nk, true);
-        // The rows that see key c: [first, last] of them (interval masks: a contiguous range).
+        // The rows that see key c: [first, last] of them (interval masks: a contiguous range);
+        // every row when each row sees the whole tile (no mask, or off the diagonal).
         Interval seen_by[kTileKeys];
+        bool whole = true;
+        for (int r = 0; r < br && whole; ++r) whole = iv[r].lo <= j0 && j0 + nk <= iv[r].hi;
         for (int c = 0; c < nk; ++c) {
-          int a = br, b = 0;
-          for (int r = 0; r < br; ++r) {
+          int a = whole ? 0 : br, b = whole ? br : 0;
+          for (int r = 0; r < br && !whole; ++r) {
             if (iv[r].lo <= j0 + c && j0 + c < iv[r].hi) a = std::min(a, r), b = r + 1;
           }
           seen_by[c] = a < b ? Interval{a, b} : Interval{0, 0};
