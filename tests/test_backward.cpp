@@ -176,6 +176,8 @@ TEST(Backward, NanInAnyInputFollowsTheReference) {
 }
 
 // Every gradient element has one owner summing in a fixed order: any thread count, the same bits.
+// With 4 (batch, kv head) pairs flash runs its fused pass at 1 and 2 threads and the two passes
+// at 3 (backward_tiles.cpp, fused()): the same bits either way.
 TEST(Backward, FlashIsBitwiseTheSameForAnyThreadCount) {
   Problem p = small(2, 6, 2, 150, 180, 40, 24);
   p.causal = CausalAlign::BottomRight, p.kv_lens = {180, 77};

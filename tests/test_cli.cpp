@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attnlab/backward.hpp"
 #include "attnlab/isa.hpp"
 #include "attnlab/kernel.hpp"
 #include "attnlab/npy.hpp"
@@ -202,6 +203,60 @@ TEST_F(Cli, RunRoundTripMatchesReference) {
   const MutView ov = make_view<float>(o.data.data(), 2, 4, 7, 24, Layout::BSHD);
   const Errors e = measure(a.ref, as_const(ov), lse.data.data(), p);
   EXPECT_TRUE(a.tol.passes(e)) << a.tol.why_failed(e);
+}
+
+// run --backward: dQ, dK, dV from dO against the float64 reference gradients, from the kernel's
+// own forward and from a given O and LSE (the same gradients); refusals name the option.
+TEST_F(Cli, RunBackwardWritesGradientsThatMatchTheReference) {
+  Problem p = test::shape(2, 4, 2, 7, 19, 24);
+  p.layout = Layout::BSHD;
+  p.causal = CausalAlign::BottomRight;
+  p.kv_lens = {19, 5};
+  Tensors t = write_inputs(p);
+  std::vector<float> d_o(static_cast<size_t>(p.o_elems()));
+  fill_uniform(d_o.data(), p.o_elems(), 4);
+  write_npy(path("do.npy"), d_o.data(), {2, 7, 4, 24});
+  const std::string flags = " --layout bshd --causal --kv-lens 19,5 --threads 2";
+  const std::string grads =
+      " --do " + path("do.npy") + " --dq " + path("dq.npy") + " --dk " + path("dk.npy") + " --dv " + path("dv.npy");
+  const Result r = attnlab("run --impl flash --backward " + qkv() + grads + " --out " + path("o.npy") + " --lse " +
+                           path("lse.npy") + flags);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("backward "), std::string::npos) << r.out;
+  const ConstView dov = make_view<const float>(d_o.data(), 2, 4, 7, 24, Layout::BSHD);
+  const BackwardAgreement a = prepare_backward_agreement(p, t.inputs, dov);
+  const auto check = [&](const std::string& what) {
+    NpyArray dq = read_npy(path("dq.npy")), dk = read_npy(path("dk.npy")), dv = read_npy(path("dv.npy"));
+    ASSERT_EQ(dq.shape, (std::vector<int64_t>{2, 7, 4, 24})) << what;
+    ASSERT_EQ(dk.shape, (std::vector<int64_t>{2, 19, 2, 24})) << what;
+    const Gradients g{make_view<float>(dq.data.data(), 2, 4, 7, 24, Layout::BSHD),
+                      make_view<float>(dk.data.data(), 2, 2, 19, 24, Layout::BSHD),
+                      make_view<float>(dv.data.data(), 2, 2, 19, 24, Layout::BSHD)};
+    const GradErrors e = measure_grads(a.ref, g, p);
+    EXPECT_EQ(a.tol.why_failed(e), "") << what;
+  };
+  check("own forward");
+  // The forward's O and LSE given instead (the files just written): the same gradients.
+  const Result given = attnlab("run --impl naive --backward " + qkv() + grads + " --o " + path("o.npy") + " --lse " +
+                               path("lse.npy") + flags);
+  ASSERT_EQ(given.code, 0) << given.out;
+  EXPECT_NE(given.out.find("O and LSE from"), std::string::npos) << given.out;
+  check("given O and LSE");
+  const std::pair<std::string, std::string> refused[] = {
+      {"run --impl flash --backward " + qkv() + " --dq " + path("x.npy") + flags,
+       "backward: --do, --dq, --dk and --dv"},
+      {"run --impl flash --backward " + qkv() + grads + " --o " + path("o.npy") + flags, "o: --o given without --lse"},
+      {"run --impl flash --backward " + qkv() + " --do " + path("lse.npy") + " --dq a --dk b --dv c" + flags,
+       "do: " + path("lse.npy") + " has shape (2, 4, 7); allowed: (2, 7, 4, 24)"},
+      {"run --impl flash " + qkv() + " --out " + path("y.npy") + " --dq " + path("x.npy"),
+       "dq: given without --backward"},
+      {"run --impl blocked --backward " + qkv() + grads + flags, "blocked has no backward pass; allowed: naive, flash"},
+  };
+  for (const auto& [args, message] : refused) {
+    const Result bad = attnlab(args);
+    EXPECT_EQ(bad.code, 2) << args << "\n" << bad.out;
+    EXPECT_NE(bad.out.find(message), std::string::npos) << args << "\n" << bad.out;
+  }
 }
 
 TEST_F(Cli, VerifyAgainstExpectedFile) {
