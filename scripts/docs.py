@@ -8,7 +8,8 @@
 
 What it writes:
   README.md, between the `docs.py headline` markers: per group of peers (the runtimes: torch,
-    ort, jax; llama.cpp's ggml) the newest committed sweep with such a peer in it (by
+    ort, jax, forward points; their backward pass: torch and jax on backward and forward_backward
+    points; llama.cpp's ggml) the newest committed sweep with such a peer in it (by
     machine.json's date), one row per shape at its largest thread count: the lab's
     fastest kernel (median, % of the FMA peak, or of the read bandwidth for q_len <= 16,
     both measured in that run), the fastest peer and the lab's lead over it.
@@ -87,22 +88,33 @@ def shape_of(r):
         text += f", {r['dtype']}"
     if r.get("kv_dtype") and r["kv_dtype"] != "dtype":
         text += f", {r['kv_dtype']} cache"
+    if is_training(r):
+        text += f", {r['pass'].replace('_', ' + ')}"
     return text
 
 
-# The headline's tables: per group of peers, the newest committed sweep with such a peer in it.
+def is_training(r):
+    """A backward or forward_backward point (the `pass` column; absent before it: the forward)."""
+    return r.get("pass") not in (None, "", "forward")
+
+
+# The headline's tables: per group of peers (and of passes), the newest committed sweep with such
+# a peer in it.
 HEADLINE_GROUPS = (("the runtimes' attention (PyTorch, ONNX Runtime, JAX)",
-                    lambda k: k.split("_")[0] in ("torch", "ort", "jax")),
-                   ("llama.cpp's CPU attention (ggml) on its own KV-cache types", lambda k: k.startswith("ggml")))
+                    lambda k: k.split("_")[0] in ("torch", "ort", "jax"), lambda r: not is_training(r)),
+                   ("the runtimes' backward pass (PyTorch autograd, jax.vjp)",
+                    lambda k: k.split("_")[0] in ("torch", "jax"), is_training),
+                   ("llama.cpp's CPU attention (ggml) on its own KV-cache types", lambda k: k.startswith("ggml"),
+                    lambda r: not is_training(r)))
 
 
 def headline():
     folders = [(folder, *load(folder)) for folder in committed_folders()]
     out = []
-    for title, wanted in HEADLINE_GROUPS:
+    for title, wanted, passes in HEADLINE_GROUPS:
         candidates = []
         for folder, machine, rows in folders:
-            mine = [r for r in rows if not is_peer(r) or wanted(r["kernel"])]
+            mine = [r for r in rows if passes(r) and (not is_peer(r) or wanted(r["kernel"]))]
             if any(is_peer(r) and ok(r) for r in mine) and any(not is_peer(r) and ok(r) for r in mine):
                 candidates.append((machine.get("date", ""), folder, machine, mine))
         if candidates:
@@ -114,7 +126,8 @@ def headline():
 def headline_table(folder, machine, rows):
     threads = max(int(r["threads"]) for r in rows if ok(r))
     keys = ("batch", "q_heads", "kv_heads", "head_dim", "head_dim_v", "q_len", "kv_len", "mask",
-            "window_left", "window_right", "pattern", "dtype", "kv_dtype", "kv_block", "kv_shared", "kv_lens", "layout")
+            "window_left", "window_right", "pattern", "dtype", "kv_dtype", "kv_block", "kv_shared", "kv_lens", "layout",
+            "pass")
     shapes = {}
     for r in rows:
         if ok(r) and int(r["threads"]) == threads:
@@ -127,7 +140,7 @@ def headline_table(folder, machine, rows):
            "",
            "| shape (q/kv heads, head_dim, length) | lab | median | % of peak | best peer | median | lab's lead |",
            "|---|---|---|---|---|---|---|"]
-    order = sorted(shapes, key=lambda k: (int(k[5]) > DECODE_Q_LEN, int(k[1]), int(k[3]), int(k[6]), k[7]))
+    order = sorted(shapes, key=lambda k: (int(k[5]) > DECODE_Q_LEN, int(k[1]), int(k[3]), int(k[6]), k[7], k[-1]))
     for key in order:
         group = shapes[key]
         lab = [r for r in group if not is_peer(r)]
