@@ -78,10 +78,15 @@ void PointFixture::run_pass() {
   }
 }
 
+std::unique_ptr<float[], AlignedFree> random_d_o(const Problem& p, uint64_t seed) {
+  auto d_o = alloc_floats(static_cast<size_t>(p.o_elems()));
+  fill_uniform(d_o.get(), p.o_elems(), seed + 1);
+  return d_o;
+}
+
 void prepare_backward(PointFixture& f, const Problem& p, uint64_t seed) {
   if (p.pass == Pass::Forward) return;
-  f.d_o = alloc_floats(static_cast<size_t>(p.o_elems()));
-  fill_uniform(f.d_o.get(), p.o_elems(), seed + 1);
+  f.d_o = random_d_o(p, seed);
   f.grads = allocate_gradients(p);
   f.session->run(f.tensors.inputs, f.tensors.outputs);
 }

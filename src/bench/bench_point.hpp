@@ -88,7 +88,10 @@ struct PointFixture {
   // One timed call of the point's pass.
   void run_pass();
 };
-// Allocates dO (filled from seed + 1, as attnlab verify --backward) and the gradients of a
+// A backward point's dO: O's shape and layout, uniform in [-1, 1) from seed + 1 (as attnlab verify
+// --backward), the same for the lab's points and the peers'.
+std::unique_ptr<float[], AlignedFree> random_d_o(const Problem& p, uint64_t seed);
+// Allocates dO (random_d_o) and the gradients of a
 // fixture whose problem is not a forward, and runs the forward once (the backward alone reads
 // its O and LSE); nothing for a forward.
 void prepare_backward(PointFixture& f, const Problem& p, uint64_t seed);

@@ -211,11 +211,7 @@ PointFile Runner::decide_peer(const GridPoint& g, const PointRecord& base) {
     if (backward && p.sparse()) {
       return decided(PointStatus::Skipped, "a peer's backward on a sparse pattern is not checked (naive's is)");
     }
-    std::unique_ptr<float[], AlignedFree> d_o;  // the lab's points' dO (prepare_backward)
-    if (backward) {
-      d_o = alloc_floats(static_cast<size_t>(p.o_elems()));
-      fill_uniform(d_o.get(), p.o_elems(), e.seed + 1);
-    }
+    const auto d_o = backward ? random_d_o(p, e.seed) : nullptr;  // the lab's points' dO
     if (!peers) peers = std::make_unique<PeerPool>(log, o.peers_python, o.peers_serve);
     PeerAnswer a = peers->run(g.kernel, p, t.inputs, g.threads, {e.repetitions, e.min_time_s, e.time_cap_s}, d_o.get());
     r.version = a.version;
