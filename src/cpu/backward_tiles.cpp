@@ -27,10 +27,13 @@
 #include "cpu/backward_tiles.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <optional>
 
 #include <tbb/blocked_range.h>
 
+#include "attnlab/pattern.hpp"
 #include "cpu/parallel.hpp"
 #include "cpu/simd/microkernel.hpp"
 #include "cpu/simd/vec_math.hpp"
@@ -46,7 +49,7 @@ constexpr int kBr = 64;  // query rows per tile
 
 struct Layout {
   int64_t dp, dvp;  // head_dim and head_dim_v padded to whole vectors
-  size_t q, go, qp, gop, kt, vt, s, dpm, pt, dst, dk, dv, lse, dd, bytes;
+  size_t q, go, qp, gop, kt, vt, s, dpm, pt, dst, dk, dv, lse, dd, words, colw, bytes;
   explicit Layout(const Problem& p) : dp(simd::padded_dim(p.head_dim)), dvp(simd::padded_dim(p.dim_v())) {
     size_t off = 0;
     const auto take = [&off](size_t floats) {
@@ -58,21 +61,31 @@ struct Layout {
     kt = take(dp * kTileKeys), vt = take(dvp * kTileKeys);
     s = take(kBr * kTileKeys), dpm = take(kBr * kTileKeys), pt = take(kTileKeys * kBr), dst = take(kTileKeys * kBr);
     dk = take(std::max<int64_t>(kTileKeys, kBr) * dp), dv = take(kTileKeys * dvp), lse = take(kBr), dd = take(kBr);
+    words = take(2 * kBr), colw = take(2 * kTileKeys);  // uint64_t each
     bytes = off;
   }
 };
 
 // One thread's tiles: Q and dO rows (row-major, and as score_panel's k-major panels), the key
-// tile's K^T and V^T (pack_k_transposed), S/P, dP/dS and their transposes, the accumulators.
+// tile's K^T and V^T (pack_k_transposed), S/P, dP/dS and their transposes, the accumulators;
+// a sparse pattern's partial tile pair as words: bit c of words[r] (row r sees key c) and its
+// transpose colw (bit r of colw[c]).
 struct Tile {
   float *q, *go, *qp, *gop, *kt, *vt, *s, *dpm, *pt, *dst, *dk, *dv, *lse, *dd;
+  uint64_t *words, *colw;
   Tile(std::byte* base, const Layout& l) {
     const auto at = [base](size_t off) { return reinterpret_cast<float*>(base + off); };
     q = at(l.q), go = at(l.go), qp = at(l.qp), gop = at(l.gop), kt = at(l.kt), vt = at(l.vt);
     s = at(l.s), dpm = at(l.dpm), pt = at(l.pt), dst = at(l.dst);
     dk = at(l.dk), dv = at(l.dv), lse = at(l.lse), dd = at(l.dd);
+    words = reinterpret_cast<uint64_t*>(base + l.words), colw = reinterpret_cast<uint64_t*>(base + l.colw);
   }
 };
+
+// How query rows of a tile meet a key tile: not at all (skipped), each row an interval of it
+// (iv: the interval masks, or every key - a sparse pattern's full tile), or per element (a
+// sparse pattern's partial tile: Tile::words).
+enum class Meet { None, Intervals, Elements };
 
 size_t d_bytes(const Problem& p) { return (static_cast<size_t>(p.lse_elems()) * sizeof(float) + 63) / 64 * 64; }
 
@@ -147,6 +160,30 @@ void axpys(int rows, const float* p, int64_t ldp, const Rows<E>& v, const Interv
 }
 static_assert(simd::kPanelRows <= 6, "axpys dispatches 1..6 rows");
 
+// o[m] += sum over the set bits j of cols[m] of w[m * ldw + j] x_j: axpys for a sparse pattern's
+// partial tiles, whose visible keys are not an interval per row - one vector axpy per visible
+// pair, so a hidden pair is never multiplied (its NaN cannot leak as 0 * NaN).
+template <class E>
+void masked_axpys(int rows, const float* w, int64_t ldw, const Rows<E>& x, const uint64_t* cols, float* o, int64_t ldo,
+                  int64_t dim) {
+  const int64_t full = dim / kLanes * kLanes;
+  const int tail = static_cast<int>(dim - full);
+  for (int m = 0; m < rows; ++m) {
+    float* om = o + m * ldo;
+    for (uint64_t bits = cols[m]; bits != 0; bits &= bits - 1) {
+      const int j = std::countr_zero(bits);
+      const Batch wj(w[m * ldw + j]);
+      const E* xr = x.row(j);
+      for (int64_t c = 0; c < full; c += kLanes) {
+        simd::fma(wj, simd::load_at(xr, c), Batch::load_aligned(om + c)).store_aligned(om + c);
+      }
+      if (tail > 0) {
+        simd::fma(wj, simd::load_partial_at(xr, full, tail), Batch::load_aligned(om + full)).store_aligned(om + full);
+      }
+    }
+  }
+}
+
 template <class E>
 void widen_row(const E* src, int64_t n, int64_t padded, float* dst) {
   for (int64_t x = 0; x < n; ++x) dst[x] = to_float(src[x]);
@@ -156,13 +193,14 @@ void widen_row(const E* src, int64_t n, int64_t padded, float* dst) {
 template <class E>
 class Engine {
  public:
-  Engine(const Problem& p, const TypedInputs<E>& in, const BackwardInputs& bw, const Gradients& g, const float* dd)
-      : p_(p), in_(in), bw_(bw), g_(g), dd_(dd), l_(p), scale_(p.effective_scale()) {}
+  // pat: the problem's sparse pattern (nullptr for interval masks).
+  Engine(const Problem& p, const TypedInputs<E>& in, const BackwardInputs& bw, const Gradients& g, const float* dd,
+         const Pattern* pat)
+      : p_(p), in_(in), bw_(bw), g_(g), dd_(dd), pat_(pat), l_(p), scale_(p.effective_scale()) {}
 
   // Q, dO, LSE and D of query rows [i0, i0 + br) of head h into the tile (Q and dO also as
-  // score_panel's panels); their intervals into iv.
-  void load_rows(const Tile& t, int64_t b, int64_t h, int64_t i0, int br, Interval* iv) const {
-    const MaskSpec mask = p_.mask_for_batch(b);
+  // score_panel's panels).
+  void load_rows(const Tile& t, int64_t b, int64_t h, int64_t i0, int br) const {
     for (int r = 0; r < br; ++r) {
       const int64_t i = i0 + r;
       widen_row(in_.q.row(b, h, i), p_.head_dim, l_.dp, t.q + r * l_.dp);
@@ -172,8 +210,41 @@ class Engine {
       for (int64_t k = 0; k < p_.dim_v(); ++k) t.gop[p0 * l_.dvp + k * mr + (r - p0)] = t.go[r * l_.dvp + k];
       t.lse[r] = bw_.lse[(b * p_.q_heads + h) * p_.q_len + i];
       t.dd[r] = dd_[(b * p_.q_heads + h) * p_.q_len + i];
-      iv[r] = mask.row(i);
     }
+  }
+
+  // How rows [i0, i0 + br) of head h meet keys [j0, j0 + nk): their intervals into iv (for
+  // Elements each row's hull of its words, which go into t.words and t.colw). A sparse pattern's
+  // tile pair is classified as the forward's block map does (Pattern::classify): empty pairs are
+  // skipped, full ones run as intervals, partial ones per element.
+  Meet meet(const Tile& t, int64_t b, int64_t h, int64_t i0, int br, int64_t j0, int nk, Interval* iv) const {
+    if (!pat_) {
+      const MaskSpec mask = p_.mask_for_batch(b);
+      bool any = false;
+      for (int r = 0; r < br; ++r) {
+        iv[r] = mask.row(i0 + r);
+        any = any || std::max(iv[r].lo, j0) < std::min(iv[r].hi, j0 + nk);
+      }
+      return any ? Meet::Intervals : Meet::None;
+    }
+    const Pattern::Block block = pat_->classify(b, h, i0, i0 + br, j0, j0 + nk);
+    if (block == Pattern::Block::Empty) return Meet::None;
+    if (block == Pattern::Block::Full) {
+      for (int r = 0; r < br; ++r) iv[r] = Interval{j0, j0 + nk};
+      return Meet::Intervals;
+    }
+    bool any = false;
+    std::fill(t.colw, t.colw + kTileKeys, uint64_t{0});
+    for (int r = 0; r < br; ++r) {
+      uint64_t w = 0;
+      for (int c = 0; c < nk; ++c) {
+        if (pat_->visible(b, h, i0 + r, j0 + c)) w |= uint64_t{1} << c, t.colw[c] |= uint64_t{1} << r;
+      }
+      t.words[r] = w;
+      iv[r] = w ? Interval{j0 + std::countr_zero(w), j0 + 64 - std::countl_zero(w)} : Interval{j0, j0};
+      any = any || w != 0;
+    }
+    return any ? Meet::Elements : Meet::None;
   }
 
   // K^T and V^T of a key tile for the score GEMMs.
@@ -184,7 +255,7 @@ class Engine {
 
   // S, P (into t.s), dP, dS (into t.dpm) of the loaded rows against the packed keys [j0, j0 + nk);
   // P^T and scale dS^T into t.pt and t.dst when `transposed`.
-  void tile(const Tile& t, int br, const Interval* iv, int64_t j0, int nk, bool transposed) const {
+  void tile(const Tile& t, int br, const Interval* iv, int64_t j0, int nk, bool transposed, Meet meet) const {
     dots(br, t.qp, l_.dp, t.kt, p_.head_dim, iv, j0, nk, t.s);
     dots(br, t.gop, l_.dvp, t.vt, p_.dim_v(), iv, j0, nk, t.dpm);
     alignas(64) static constexpr float kIota[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
@@ -207,6 +278,12 @@ class Engine {
         pc.store_aligned(s + c);
         ds.store_aligned(dp + c);
       }
+    }
+    if (meet == Meet::Elements) {  // the holes inside each row's hull
+      for (int r = 0; r < br; ++r)
+        for (int c = 0; c < nk; ++c) {
+          if (!(t.words[r] >> c & 1)) t.s[r * kTileKeys + c] = t.dpm[r * kTileKeys + c] = 0.f;
+        }
     }
     if (transposed) {
       transpose(t.s, br, nk, 1.f, t.pt);
@@ -250,10 +327,19 @@ class Engine {
     for (int64_t h = hk * p_.group(); h < (hk + 1) * p_.group(); ++h) {
       for (int64_t i0 = 0; i0 < p_.q_len; i0 += kBr) {
         const int br = static_cast<int>(std::min<int64_t>(kBr, p_.q_len - i0));
-        if (!sees(b, i0, br, j0, nk)) continue;
-        load_rows(t, b, h, i0, br, iv);
+        const Meet m = meet(t, b, h, i0, br, j0, nk, iv);
+        if (m == Meet::None) continue;
+        load_rows(t, b, h, i0, br);
         // Rows past br in the transposed tiles stay out of the sums: n = br below.
-        tile(t, br, iv, j0, nk, true);
+        tile(t, br, iv, j0, nk, true, m);
+        const Rows<float> go = Rows<float>::strided(t.go, l_.dvp, br), q = Rows<float>::strided(t.q, l_.dp, br);
+        float* acc = dq ? dq + ((h - hk * p_.group()) * p_.q_len + i0) * l_.dp : nullptr;
+        if (m == Meet::Elements) {
+          masked_axpys(nk, t.pt, kBr, go, t.colw, t.dv, l_.dvp, p_.dim_v());
+          masked_axpys(nk, t.dst, kBr, q, t.colw, t.dk, l_.dp, p_.head_dim);
+          if (acc) add_dq(t, br, iv, j0, nk, key_rows(in_.k, b, hk, j0, nk), acc, m);
+          continue;
+        }
         // The rows that see key c: [first, last] of them (interval masks: a contiguous range);
         // every row when each row sees the whole tile (no mask, or off the diagonal).
         Interval seen_by[kTileKeys];
@@ -266,12 +352,9 @@ class Engine {
           }
           seen_by[c] = a < b ? Interval{a, b} : Interval{0, 0};
         }
-        axpys(nk, t.pt, kBr, Rows<float>::strided(t.go, l_.dvp, br), seen_by, t.dv, l_.dvp, p_.dim_v());
-        axpys(nk, t.dst, kBr, Rows<float>::strided(t.q, l_.dp, br), seen_by, t.dk, l_.dp, p_.head_dim);
-        if (dq) {
-          float* acc = dq + ((h - hk * p_.group()) * p_.q_len + i0) * l_.dp;
-          add_dq(t, br, iv, j0, nk, key_rows(in_.k, b, hk, j0, nk), acc);
-        }
+        axpys(nk, t.pt, kBr, go, seen_by, t.dv, l_.dvp, p_.dim_v());
+        axpys(nk, t.dst, kBr, q, seen_by, t.dk, l_.dp, p_.head_dim);
+        if (acc) add_dq(t, br, iv, j0, nk, key_rows(in_.k, b, hk, j0, nk), acc, m);
       }
     }
     for (int c = 0; c < nk; ++c) {
@@ -285,19 +368,23 @@ class Engine {
     const int br = static_cast<int>(std::min<int64_t>(kBr, p_.q_len - i0));
     const int64_t hk = p_.kv_head_of(h);
     Interval iv[kBr];
-    load_rows(t, b, h, i0, br, iv);
+    load_rows(t, b, h, i0, br);
     float* dq = t.dk;  // pass 2 has no dK: its accumulator holds dQ (kBr x dp)
     std::fill(dq, dq + br * l_.dp, 0.f);
-    int64_t lo = p_.kv_len, hi = 0;  // the keys some row sees
+    int64_t lo = p_.kv_len, hi = 0;  // the keys some row may see (a pattern: its rows' hulls)
+    const MaskSpec mask = p_.mask_for_batch(b);
     for (int r = 0; r < br; ++r) {
-      if (!iv[r].empty()) lo = std::min(lo, iv[r].lo), hi = std::max(hi, iv[r].hi);
+      const Interval h_r = pat_ ? pat_->hull(b, i0 + r) : mask.row(i0 + r);
+      if (!h_r.empty()) lo = std::min(lo, h_r.lo), hi = std::max(hi, h_r.hi);
     }
     for (int64_t j0 = lo / kTileKeys * kTileKeys; j0 < hi; j0 += kTileKeys) {
       const int nk = static_cast<int>(std::min<int64_t>(kTileKeys, p_.kv_len - j0));
+      const Meet m = meet(t, b, h, i0, br, j0, nk, iv);
+      if (m == Meet::None) continue;
       const Rows<E> k = key_rows(in_.k, b, hk, j0, nk);
       pack_keys(t, k, key_rows(in_.v, b, hk, j0, nk), nk);
-      tile(t, br, iv, j0, nk, false);
-      add_dq(t, br, iv, j0, nk, k, dq);
+      tile(t, br, iv, j0, nk, false, m);
+      add_dq(t, br, iv, j0, nk, k, dq, m);
     }
     write_dq(b, h, i0, br, dq);
   }
@@ -318,7 +405,9 @@ class Engine {
  private:
   // dQ += dS K over the keys of the tile each row sees (the scale is applied in write_dq): the
   // same sums in the same order in either pass, so both give the same bits.
-  void add_dq(const Tile& t, int br, const Interval* iv, int64_t j0, int nk, const Rows<E>& k, float* dq) const {
+  void add_dq(const Tile& t, int br, const Interval* iv, int64_t j0, int nk, const Rows<E>& k, float* dq,
+              Meet m) const {
+    if (m == Meet::Elements) return masked_axpys(br, t.dpm, kTileKeys, k, t.words, dq, l_.dp, p_.head_dim);
     Interval sees_keys[kBr];  // row r's keys inside the tile
     for (int r = 0; r < br; ++r) {
       const int64_t a = std::clamp<int64_t>(iv[r].lo - j0, 0, nk), b = std::clamp<int64_t>(iv[r].hi - j0, a, nk);
@@ -334,21 +423,12 @@ class Engine {
     }
   }
 
-  // Whether some row of [i0, i0 + br) sees a key of [j0, j0 + nk) (the same for every head).
-  bool sees(int64_t b, int64_t i0, int br, int64_t j0, int nk) const {
-    const MaskSpec mask = p_.mask_for_batch(b);
-    for (int r = 0; r < br; ++r) {
-      const Interval iv = mask.row(i0 + r);
-      if (std::max(iv.lo, j0) < std::min(iv.hi, j0 + nk)) return true;
-    }
-    return false;
-  }
-
   const Problem& p_;
   const TypedInputs<E>& in_;
   const BackwardInputs& bw_;
   const Gradients& g_;
   const float* dd_;
+  const Pattern* pat_;
   const Layout l_;
   const float scale_;
 };
@@ -393,9 +473,11 @@ void flash_backward(const Problem& p, const Inputs& in, const BackwardInputs& bw
                               }
                             }
                           });
+  std::optional<Pattern> pat;  // a sparse pattern's rule and block classification, O(n) to build
+  if (p.sparse()) pat.emplace(p);
   visit_inputs(in, [&](const auto& typed) {
     using E = std::remove_const_t<std::remove_pointer_t<decltype(typed.k.data)>>;
-    const Engine<E> engine(p, typed, bw, g, dd);
+    const Engine<E> engine(p, typed, bw, g, dd, pat ? &*pat : nullptr);
     const size_t mine_bytes = thread_bytes(p, ctx.threads);
     const auto mine = [&] { return thread_scratch(ctx, mine_bytes, "flash backward", d_bytes(p)); };
     const auto scratch = [&] { return Tile(mine(), l); };

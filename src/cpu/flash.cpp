@@ -246,13 +246,6 @@ class Flash final : public Kernel {
 #if !defined(ATTN_BF16_OBJECT)  // that object compiles flash's driver for flash_bf16 only
   // The backward pass: src/cpu/backward_tiles.cpp.
   bool runs_backward() const override { return true; }
-  Support backward_supports(const Problem& p) const override {
-    if (p.sparse()) {
-      return Support::no("sparse pattern " + p.pattern_name() +
-                         ": flash's backward takes interval masks (causal, windows, kv_lens); naive's runs patterns");
-    }
-    return Support::yes();
-  }
   size_t backward_workspace_bytes(const Problem& p, int threads) const override {
     return flash_backward_bytes(p, threads);
   }
