@@ -77,9 +77,9 @@ TEST(PointSchema, IdsOfCommittedRunsAreUnchanged) {
         std::stringstream lens(row.at("kv_lens"));
         for (std::string len; std::getline(lens, len, '.');) p.kv_lens.push_back(std::stoll(len));
       }
-      int unused = 0;  // the setting axes (kv_dtype, ...) from their columns, where a folder has them
+      int unused = 0;  // the setting and sweep axes (kv_dtype, pass, ...) from their columns, where a folder has them
       for (const Axis& a : axes()) {
-        if (a.kind == AxisKind::Setting && row.count(a.key) && !row.at(a.key).empty())
+        if ((a.kind == AxisKind::Setting || a.kind == AxisKind::Sweep) && row.count(a.key) && !row.at(a.key).empty())
           set_axis(a, Where{csv}, json_of_flag_text(row.at(a.key)), p, unused);
       }
       const int threads = static_cast<int>(int_of(row, "threads", 1));

@@ -315,7 +315,10 @@ def training_section(rows, ok):
         return f"{fmt(r['time_median_s'] * 1e3, '.4g')} ({fmt(None if pf is None else 100 * pf, '.0f')}%)"
 
     vs_peer = collections.defaultdict(list)  # peer -> [peer backward time / flash backward time]
-    for key in sorted(cells, key=lambda k: [v for _, v in k]):
+    def order(key):  # numbers as numbers (1024 < 2048 < 16384), then text
+        return [(0, int(v), "") if v.lstrip("-").isdigit() else (1, 0, v) for _, v in key]
+
+    for key in sorted(cells, key=order):
         by_kernel = cells[key]
         for k, passes in by_kernel.items():
             any_row = next(iter(passes.values()))

@@ -79,7 +79,11 @@ PointFile Runner::decide(const GridPoint& g, const PointRecord& base) {
   if (Support a = k->available(); !a) return skip("unavailable: " + a.reason);
   if (Support s = supports_problem(*k, g.problem); !s) return skip("unsupported: " + s.reason);
   const BenchPoint pt{k, g.problem, g.threads, g.isa};
+  // The session's: a backward point's is the larger of the two passes' workspaces.
   r.extra_bytes = k->workspace_bytes(g.problem, g.threads);
+  if (g.problem.pass != Pass::Forward) {
+    r.extra_bytes = std::max(r.extra_bytes, k->backward_workspace_bytes(g.problem, g.threads));
+  }
   // A memory-bound point also holds the read probe's buffer (allocated at the first one).
   r.memory_bytes =
       point_memory_bytes(pt, static_cast<size_t>(e.verify_rows)) + (memory_bound(r) ? read_probe.buffer_bytes() : 0);

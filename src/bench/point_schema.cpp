@@ -327,6 +327,17 @@ const std::vector<PointField>& point_fields() {
   return fields;
 }
 
+const char* to_string(AxisKind kind) {
+  switch (kind) {
+    case AxisKind::Size: return "size";
+    case AxisKind::Setting: return "setting";
+    case AxisKind::Mask: return "mask";
+    case AxisKind::Run: return "run";
+    case AxisKind::Sweep: return "sweep";
+  }
+  return "?";
+}
+
 const std::vector<Axis>& axes() {
   static const std::vector<Axis> table = make_axes();
   return table;

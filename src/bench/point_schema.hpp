@@ -92,6 +92,9 @@ struct Axis {
   void (*apply)(const Where& w, const std::string& key, const Json& v, Problem& p, int& threads);
 };
 
+// "size", "setting", "mask", "run", "sweep".
+const char* to_string(AxisKind kind);
+
 // The table, in the order values are applied.
 const std::vector<Axis>& axes();
 // nullptr when no axis has this key.

@@ -550,10 +550,9 @@ py::list axes() {
   py::list out;
   const py::object loads = py::module_::import("json").attr("loads");
   for (const bench::Axis& a : bench::axes()) {
-    static const char* kinds[] = {"size", "setting", "mask", "run"};
     py::dict d;
     d["key"] = a.key;
-    d["kind"] = kinds[static_cast<int>(a.kind)];
+    d["kind"] = bench::to_string(a.kind);
     d["help"] = a.help;
     d["default"] = a.fallback ? loads(a.fallback) : py::none();
     out.append(d);

@@ -292,6 +292,11 @@ def test_every_setting_axis_is_a_keyword():
     q, k, v = inputs(lq=5, lk=9)
     settings = [a for a in attnlab.axes() if a["kind"] == "setting"]
     assert {"layout", "dtype"} <= {a["key"] for a in settings}
+    assert {a["kind"] for a in attnlab.axes()} == {"size", "setting", "mask", "run", "sweep"}
+    # The sweep's pass axis is not a keyword: attention_backward computes the backward.
+    assert [a["key"] for a in attnlab.axes() if a["kind"] == "sweep"] == ["pass"]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'pass'; allowed: kernel, causal"):
+        attnlab.attention(q, k, v, kernel="naive", **{"pass": "backward"})
     for a in settings:
         if a["key"] in ("layout", "dtype"):  # their own keywords: they say how to read the arrays
             continue
