@@ -2,29 +2,30 @@
 # The peers' virtual environment (.venv-peers, ignored by git): Debian's python3 -m venv, then
 # pinned wheels from PyPI. Nothing else in the lab depends on it; `attnlab sweep --peers` finds
 # it (or $ATTN_PEERS_PYTHON). Idempotent: what is installed at the pinned version stays.
-# Usage: scripts/peers/setup.sh [FAMILIES]   FAMILIES: comma-separated torch, ort, jax, ggml
-#        (default all four). Says which it could install; exits 1 when a requested family
+# Usage: scripts/peers/setup.sh [FAMILIES]   FAMILIES: comma-separated torch, ort, ov, jax, ggml
+#        (default all five). Says which it could install; exits 1 when a requested family
 #        cannot be imported afterwards.
-# Sizes: ort ~60 MB (onnxruntime + onnx), jax ~150 MB, torch ~3 GB (PyPI's wheel brings its
+# Sizes: ort ~60 MB (onnxruntime + onnx), ov ~50 MB (openvino), jax ~150 MB, torch ~3 GB (PyPI's wheel brings its
 # CUDA libraries even for CPU use; the lab runs it on the CPU only); ggml ~10 MB (ggml-python
 # builds its bundled ggml from source with the machine's compiler: seconds).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="${ATTN_PEERS_VENV:-$ROOT/.venv-peers}"
-families="${1:-torch,ort,jax,ggml}"
+families="${1:-torch,ort,ov,jax,ggml}"
 
 declare -A PINS=(
   [ort]="onnxruntime==1.32.0 onnx==1.23.2"
   [torch]="torch==2.15.0"
+  [ov]="openvino==2026.4.1"
   [jax]="jax[cpu]==0.10.2"
   [ggml]="ggml-python==0.0.45"
 )
-declare -A IMPORTS=([ort]="onnxruntime, onnx" [torch]="torch" [jax]="jax" [ggml]="ggml")
+declare -A IMPORTS=([ort]="onnxruntime, onnx" [torch]="torch" [ov]="openvino" [jax]="jax" [ggml]="ggml")
 COMMON="numpy==2.4.6 pytest==9.2.0"
 
 IFS=',' read -r -a wanted <<<"$families"
 for f in "${wanted[@]}"; do
-  [[ -n "${PINS[$f]:-}" ]] || { echo "peers-setup: unknown family '$f'; allowed: torch, ort, jax, ggml" >&2; exit 2; }
+  [[ -n "${PINS[$f]:-}" ]] || { echo "peers-setup: unknown family '$f'; allowed: torch, ort, ov, jax, ggml" >&2; exit 2; }
 done
 
 "$ROOT/scripts/setup.sh"  # python3-venv among the lab's packages

@@ -36,7 +36,7 @@ constexpr double kHelloTimeout = 180;
 constexpr double kRunSlack = 180;
 
 const std::vector<std::string>& families() {
-  static const std::vector<std::string> f = {"torch", "ort", "jax", "ggml"};
+  static const std::vector<std::string> f = {"torch", "ort", "ov", "jax", "ggml"};
   return f;
 }
 
@@ -150,9 +150,9 @@ PeerTolerance peer_tolerance(const std::string& kernel, const Problem& p, const 
 }
 
 const std::vector<std::pair<std::string, std::string>>& peer_kernels() {
-  static const std::vector<std::pair<std::string, std::string>> k = {{"torch_sdpa", "torch"}, {"torch_flex", "torch"},
-                                                                     {"ort_mha", "ort"},      {"ort_gqa", "ort"},
-                                                                     {"jax_dpa", "jax"},      {"ggml_fa", "ggml"}};
+  static const std::vector<std::pair<std::string, std::string>> k = {
+      {"torch_sdpa", "torch"}, {"torch_flex", "torch"}, {"ort_mha", "ort"}, {"ort_gqa", "ort"},
+      {"ov_sdpa", "ov"},       {"jax_dpa", "jax"},      {"ggml_fa", "ggml"}};
   return k;
 }
 

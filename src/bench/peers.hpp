@@ -6,6 +6,7 @@
 //   torch_flex  FlexAttention (sparse patterns and windows)         family torch
 //   ort_mha     ONNX Runtime com.microsoft.MultiHeadAttention       family ort
 //   ort_gqa     ONNX Runtime com.microsoft.GroupQueryAttention      family ort
+//   ov_sdpa     OpenVINO's CPU plugin, opset13 ScaledDotProductAttention family ov
 //   jax_dpa     jax.nn.dot_product_attention                         family jax
 //   ggml_fa     ggml_flash_attn_ext (llama.cpp's CPU attention)      family ggml
 //               (also on f16 and q8_0 / q4_0 caches: ggml's own cache types)

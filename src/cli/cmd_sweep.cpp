@@ -66,7 +66,7 @@ Command add_sweep(CLI::App& app) {
   sub->add_option(
       "--peers", args->peers,
       "measure peers beside the kernels on every shape: torch, ort, jax, ggml (families) or torch_sdpa, "
-      "torch_flex, ort_mha, ort_gqa, jax_dpa, ggml_fa, comma-separated; replaces the experiment's \"peers\" "
+      "torch_flex, ort_mha, ort_gqa, ov_sdpa, jax_dpa, ggml_fa, comma-separated; replaces the experiment's \"peers\" "
       "(recorded in the folder's experiment.json). They run in .venv-peers (scripts/lab peers-setup)");
   sub->add_option("--peers-python", args->peers_python,
                   "the peers' Python (default: $ATTN_PEERS_PYTHON, else .venv-peers/bin/python of the source tree)");

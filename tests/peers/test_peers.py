@@ -17,7 +17,7 @@ from common import Problem, Skip, time_calls  # noqa: E402
 from numpy_attention import attention, attention_backward  # noqa: E402
 
 MODULES = {"torch_sdpa": "torch_peer", "torch_flex": "torch_peer", "ort_mha": "ort_peer",
-           "ort_gqa": "ort_peer", "jax_dpa": "jax_peer", "ggml_fa": "ggml_peer"}
+           "ort_gqa": "ort_peer", "ov_sdpa": "ov_peer", "jax_dpa": "jax_peer", "ggml_fa": "ggml_peer"}
 
 
 def peer(kernel):
