@@ -388,6 +388,19 @@ TEST(Backward, KernelsWithoutItAndInferenceCachesAreRefused) {
   EXPECT_NO_THROW(Session(kernel_or_throw("naive"), sparse, 1, true));
 }
 
+// The bound: flash's backward holds at most 64 MiB beside its inputs and outputs at 32k
+// tokens (the training experiment's heads and head dims, 1 to 4 threads): O(n), never n^2.
+TEST(Backward, FlashsExtraMemoryAt32kTokensIsAtMost64MiB) {
+  const Kernel& flash = kernel_or_throw("flash");
+  for (auto [hq, hkv] : {std::pair{8, 8}, std::pair{8, 2}, std::pair{32, 8}})
+    for (int64_t d : {64, 128})
+      for (int threads : {1, 2, 4}) {
+        const Problem p = small(1, hq, hkv, 32768, 32768, d);
+        EXPECT_LE(flash.backward_workspace_bytes(p, threads), size_t{64} << 20) << p.describe() << " t" << threads;
+        EXPECT_GT(flash.backward_workspace_bytes(p, threads), static_cast<size_t>(p.lse_elems()) * 4);  // D at least
+      }
+}
+
 // The memory budget counts a backward run's dO, dQ, dK, dV and its larger workspace.
 TEST(Backward, TheMemoryBudgetCountsTheGradients) {
   const Problem p = small(1, 8, 8, 512, 512, 128);  // Q, K, V, O 2 MiB each; dO, dQ, dK, dV 8 MiB more

@@ -20,8 +20,8 @@
 // its row's interval contributes nothing (P and dS set to 0 there, never computed as exp(-inf)); tiles no row of the
 // query tile sees are skipped. Sparse patterns are not taken (naive's backward runs them).
 // Memory: D (batch * q_heads * q_len floats) plus per thread 4 tiles of 64 x 64 floats and 8 of
-// 64 x d(_v): 320 KiB at d 128, and in the fused pass the dQ accumulators (at most 64 MiB for all
-// threads) - O(n), nothing of n^2.
+// 64 x d(_v): 320 KiB at d 128, and in the fused pass the dQ accumulators (the whole workspace at
+// most 64 MiB) - O(n), nothing of n^2.
 // Precision: Q, K, V stored as f32, bf16 or f16 are widened exactly where loaded; float32
 // compute and accumulation (K and V rows read in place, Q and dO rows widened into the tile).
 #include "cpu/backward_tiles.hpp"
@@ -439,13 +439,15 @@ size_t dq_bytes(const Problem& p) {
 }
 
 // Whether the fused pass runs: enough (batch, kv head) tasks to keep every thread busy to 90%
-// or better (whole rounds of tasks), and their dQ accumulators within 64 MiB together; else the
-// two passes, whose tasks are tiles. Both give the same bits (add_dq), so the choice - a
-// function of the thread count - never changes a gradient.
+// or better (whole rounds of tasks), and the whole workspace with their dQ accumulators within
+// 64 MiB; else the two passes, whose tasks are tiles (O(n) workspace: D and the tiles). Both give
+// the same bits (add_dq), so the choice - a function of the thread count - never changes a
+// gradient.
 bool fused(const Problem& p, int threads) {
   const int64_t tasks = p.batch * p.kv_heads, rounds = (tasks + threads - 1) / threads;
   const bool balanced = static_cast<double>(tasks) >= 0.9 * static_cast<double>(rounds * threads);
-  return balanced && dq_bytes(p) * static_cast<size_t>(threads) <= (size_t{64} << 20);
+  const size_t fused_bytes = d_bytes(p) + static_cast<size_t>(threads) * (Layout(p).bytes + dq_bytes(p));
+  return balanced && fused_bytes <= (size_t{64} << 20);
 }
 
 size_t thread_bytes(const Problem& p, int threads) { return Layout(p).bytes + (fused(p, threads) ? dq_bytes(p) : 0); }
