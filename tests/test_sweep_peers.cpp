@@ -150,7 +150,8 @@ TEST(SweepPeerNames, FamiliesAndKernelsParseOthersAreRefusedByName) {
     FAIL() << "tensorflow accepted";
   } catch (const InvalidInput& e) {
     const std::string m = e.what();
-    for (const char* part : {"peers: 'tensorflow' is not a peer", "torch, ort, ov, jax, ggml", "torch_flex", "ov_sdpa", "jax_dpa"}) {
+    for (const char* part :
+         {"peers: 'tensorflow' is not a peer", "torch, ort, ov, jax, ggml", "torch_flex", "ov_sdpa", "jax_dpa"}) {
       EXPECT_NE(m.find(part), std::string::npos) << m;
     }
   }
