@@ -79,7 +79,7 @@ TEST(PointSchema, IdsOfCommittedRunsAreUnchanged) {
       }
       int unused = 0;  // the setting and sweep axes (kv_dtype, pass, ...) from their columns, where a folder has them
       for (const Axis& a : axes()) {
-        if ((a.kind == AxisKind::Setting || a.kind == AxisKind::Sweep) && row.count(a.key) && !row.at(a.key).empty())
+        if (recorded(a) && row.count(a.key) && !row.at(a.key).empty())
           set_axis(a, Where{csv}, json_of_flag_text(row.at(a.key)), p, unused);
       }
       const int threads = static_cast<int>(int_of(row, "threads", 1));

@@ -94,6 +94,9 @@ struct Axis {
 
 // "size", "setting", "mask", "run", "sweep".
 const char* to_string(AxisKind kind);
+// Whether a point's record keeps this axis as its column's value (problem_to_json, and the
+// readers of results folders): the settings and the sweep's pass.
+inline bool recorded(const Axis& a) { return a.kind == AxisKind::Setting || a.kind == AxisKind::Sweep; }
 
 // The table, in the order values are applied.
 const std::vector<Axis>& axes();

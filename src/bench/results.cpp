@@ -56,8 +56,7 @@ Problem problem_from_json(const Json& j) {
   // The schema's setting axes (problem_to_json writes each as its column's value).
   int threads = 0;
   for (const Axis& a : axes()) {
-    if ((a.kind == AxisKind::Setting || a.kind == AxisKind::Sweep) && j.contains(a.key))
-      set_axis(a, Where{"", "point file"}, j.at(a.key), p, threads);
+    if (recorded(a) && j.contains(a.key)) set_axis(a, Where{"", "point file"}, j.at(a.key), p, threads);
   }
   return p;
 }
@@ -132,7 +131,7 @@ nlohmann::json problem_to_json(const Problem& p) {
   // its experiment key reads back (problem_from_json).
   const PointView view{"", p, 1, "", ""};
   for (const Axis& a : axes()) {
-    if ((a.kind != AxisKind::Setting && a.kind != AxisKind::Sweep) || j.contains(a.key)) continue;
+    if (!recorded(a) || j.contains(a.key)) continue;
     for (const PointField& f : point_fields()) {
       if (std::string_view(f.name) == a.key) j[a.key] = json_of_flag_text(f.value(view));
     }
