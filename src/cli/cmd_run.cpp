@@ -30,12 +30,6 @@ std::vector<int64_t> shape_of(const Problem& p, int64_t heads, int64_t seq, int6
                                   : std::vector<int64_t>{p.batch, seq, heads, dim};
 }
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "(";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + ")";
-}
-
 // A float32/float64 file of exactly this shape (named by its option in errors).
 NpyArray read_shaped(const std::string& option, const std::string& path, const std::vector<int64_t>& want,
                      const std::string& what) {

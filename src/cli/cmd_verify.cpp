@@ -221,9 +221,8 @@ int verify_backward(const std::vector<Problem>& problems, const VerifyArgs& a) {
     p.validate();
     check_backward_problem(p);
     Tensors t = random_tensors(p, a.shape.seed);
-    std::vector<float> d_o(static_cast<size_t>(p.o_elems()));
-    fill_uniform(d_o.data(), p.o_elems(), a.shape.seed + 1);
-    const ConstView dov = make_view<const float>(d_o.data(), p.batch, p.q_heads, p.q_len, p.dim_v(), p.layout);
+    const auto d_o = bench::random_d_o(p, a.shape.seed);  // a sweep's backward points use the same
+    const ConstView dov = make_view<const float>(d_o.get(), p.batch, p.q_heads, p.q_len, p.dim_v(), p.layout);
     const BackwardAgreement ag = prepare_backward_agreement(p, t.inputs, dov);
     std::printf("\n%s, backward (dO uniform [-1, 1))\n", p.describe().c_str());
     std::printf("  baseline (textbook float32 vs float64): dQ %.3g, dK %.3g, dV %.3g -> tolerance %.3g, %.3g, %.3g\n",

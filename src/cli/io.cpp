@@ -8,12 +8,13 @@
 
 namespace attnlab::cli {
 
-namespace {
 std::string shape_text(const std::vector<int64_t>& s) {
   std::string t = "(";
   for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
   return t + ")";
 }
+
+namespace {
 
 // The dtype Q, K and V are stored in: --dtype, else what the files hold ('<f2': f16).
 DType storage_dtype(const MaskFlags& flags,

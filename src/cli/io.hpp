@@ -24,6 +24,9 @@ struct LoadedInputs {
 // data is raw bf16 bits and needs --dtype bf16.
 LoadedInputs load_inputs(const std::string& q, const std::string& k, const std::string& v, const MaskFlags& flags);
 
+// "(2, 7, 4, 24)": a shape in messages.
+std::string shape_text(const std::vector<int64_t>& s);
+
 // Counts NaN/Inf values of the stored inputs and prints a warning per tensor naming the
 // first index (and how many of them rounding to a 16-bit dtype made).
 void warn_nonfinite(const LoadedInputs& li);
