@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "attnlab/isa.hpp"
 #include "attnlab/kernel.hpp"
 #include "attnlab/verify.hpp"
 #include "test_util.hpp"
@@ -252,6 +253,21 @@ INSTANTIATE_TEST_SUITE_P(Grid, KernelAgreement, ::testing::ValuesIn(params()),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return test::variant_name(*info.param.kernel) + "_" + info.param.c.name;
                          });
+
+// Dispatch: with nothing named, the SIMD kernels use the widest target this CPU runs. A run
+// that knows its CPU says which target that must be in ATTN_EXPECT_ISA (the aarch64 cross run
+// under qemu: neon), so a build whose detection misses its vector unit fails here.
+TEST(Dispatch, TheDefaultTargetIsTheWidestThisCpuRuns) {
+  if (const char* isa = std::getenv("ATTN_ISA"); isa && *isa) GTEST_SKIP() << "ATTN_ISA=" << isa << " names one";
+  const std::vector<std::string> runs = runnable_isas();
+  ASSERT_FALSE(runs.empty());
+  EXPECT_EQ(runs.front(), "scalar");
+  EXPECT_EQ(best_isa(), runs.back());
+  EXPECT_EQ(default_isa(), best_isa());
+  if (const char* want = std::getenv("ATTN_EXPECT_ISA"); want && *want) {
+    EXPECT_EQ(default_isa(), want) << "built: " << isa_names(built_isas()) << "; CPU features: " << cpu_isa_features();
+  }
+}
 
 }  // namespace
 }  // namespace attnlab

@@ -359,9 +359,11 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
   // in address order (touch_rows) and the next tile's lines are prefetched one per
   // inner-loop step of the GEMMs (LineStream), spread over the whole tile's compute
   // (measured on Zen 3, q_len 1, 32/8, d 128: 0.45-0.55 -> 0.52-0.72 of the read bandwidth).
-  // A direct task (Tiling::direct, so rows <= kStreamRows) scores straight from the K rows
-  // (score_rows: no K^T packing); a flash task's short last query tile streams but packs.
-  const bool stream = rows <= kStreamRows;
+  // Only a direct task (Tiling::direct: rows <= kStreamRows) streams; it scores straight from
+  // the K rows (score_rows: no K^T packing). A flash task's short last query tile prefetches
+  // by slices as the others do: one streaming engine per element type, not two (the tile
+  // engine's instantiations are most of the build's compile time).
+  const bool stream = s.qr != nullptr;
   const auto tile_of = [&](const TileRef& r) {
     KeyTile<E> kt{r.j0, r.nk, {}, {}};
     if (r.k) {  // the gathered tile
@@ -411,19 +413,15 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
       }
     }
 #endif
-    if (stream) {
-      LineStream ahead(kn.k, d, kn.v, dv, nn);
-      for (int64_t rr0 = 0; rr0 < rows; rr0 += kPanelRows) {
-        const int mr = static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0));
-        if constexpr (!Pairs) {
-          if (s.qr) {
-            process_panel_any<true, Words, false>(mr, t, s, rr0, kt, tile.words, ahead);
-            continue;
-          }
+    if constexpr (!Pairs) {
+      if (stream) {
+        LineStream ahead(kn.k, d, kn.v, dv, nn);
+        for (int64_t rr0 = 0; rr0 < rows; rr0 += kPanelRows) {
+          const int mr = static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0));
+          process_panel_any<true, Words, false>(mr, t, s, rr0, kt, tile.words, ahead);
         }
-        process_panel_any<false, Words, Pairs>(mr, t, s, rr0, kt, tile.words, ahead);
+        continue;
       }
-      continue;
     }
     NoStep none;
     for (int64_t pi = 0; pi < panels; ++pi) {
