@@ -252,13 +252,18 @@ template <bool Direct, bool Words, bool Pairs, class Step, class E>
 void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile<E>& kt,
                        const uint64_t* words, Step& step) {
   static_assert(kPanelRows <= 6, "dispatch below covers panels of 1..6 rows");
+  // Only the panel heights this target has (scalar: 1 and 2 rows): each is a whole tile
+  // engine, and the tile engine is most of a build's compile time.
+  const auto run = [&]<int M>() {
+    if constexpr (M <= kPanelRows) process_panel<M, Direct, Words, Pairs>(t, s, rr0, kt, words, step);
+  };
   switch (mr) {
-    case 1: process_panel<1, Direct, Words, Pairs>(t, s, rr0, kt, words, step); break;
-    case 2: process_panel<2, Direct, Words, Pairs>(t, s, rr0, kt, words, step); break;
-    case 3: process_panel<3, Direct, Words, Pairs>(t, s, rr0, kt, words, step); break;
-    case 4: process_panel<4, Direct, Words, Pairs>(t, s, rr0, kt, words, step); break;
-    case 5: process_panel<5, Direct, Words, Pairs>(t, s, rr0, kt, words, step); break;
-    case 6: process_panel<6, Direct, Words, Pairs>(t, s, rr0, kt, words, step); break;
+    case 1: run.template operator()<1>(); break;
+    case 2: run.template operator()<2>(); break;
+    case 3: run.template operator()<3>(); break;
+    case 4: run.template operator()<4>(); break;
+    case 5: run.template operator()<5>(); break;
+    case 6: run.template operator()<6>(); break;
   }
 }
 
