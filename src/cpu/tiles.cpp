@@ -255,7 +255,12 @@ void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, c
   // Only the panel heights this target has (scalar: 1 and 2 rows): each is a whole tile
   // engine, and the tile engine is most of a build's compile time.
   const auto run = [&]<int M>() {
-    if constexpr (M <= kPanelRows) process_panel<M, Direct, Words, Pairs>(t, s, rr0, kt, words, step);
+    if constexpr (M <= kPanelRows) {
+      process_panel<M, Direct, Words, Pairs>(t, s, rr0, kt, words, step);
+    } else {  // callers cut panels at kPanelRows rows: never silently skip one
+      throw std::logic_error("tile engine: a panel of " + std::to_string(M) + " rows; this target's are at most " +
+                             std::to_string(kPanelRows));
+    }
   };
   switch (mr) {
     case 1: run.template operator()<1>(); break;
