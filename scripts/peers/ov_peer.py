@@ -1,16 +1,28 @@
-"""OpenVINO: its CPU plugin's fused ScaledDotProductAttention (ov_sdpa), a one-op model
-(opset13 scaled_dot_product_attention) compiled for the CPU device with the sweep's thread
+"""OpenVINO's CPU plugin, two ways:
+
+ov_sdpa: its fused ScaledDotProductAttention, a one-op model (opset13
+scaled_dot_product_attention) compiled for the CPU device with the sweep's thread
 count. GQA by K/V unsqueezed, broadcast over the group and reshaped to Hq heads inside the
 model (the pattern the CPU plugin fuses into its SDPA node, so K/V are not copied per head);
 causal by the op's flag where its top-left rule is the problem's, else a boolean mask (B, 1,
 Sq, Skv) from the lab's rule. float32 (INFERENCE_PRECISION_HINT f32: OpenVINO's CPU plugin
 would otherwise compute in bf16 where the CPU has it). The inputs are set once on an infer
-request: a call is the compiled op alone."""
+request: a call is the compiled op alone.
+
+ov_decode: its generation path - a stateful model whose KV cache is the model's state
+(ReadValue -> Gather(beam_idx) -> Concat with the new token's K/V -> SDPA, the Concat also
+Assigned back), the pattern an exported LLM has and the CPU plugin fuses into its
+ScaledDotProductAttentionWithKVCache node, which keeps the cache in KV_CACHE_PRECISION (f32 for
+a float32 point, f16 for a dtype f16 point, u8 - its x86 default, a scale and zero point per
+token and head - for a kv_dtype u8 point). Decode points only (q_len 1): the state holds the
+first kv_len - 1 keys, a call appends the last one and attends. Each timed call appends one
+more token (the plugin's own append, as in generation), so the calls run over kv_len ..
+kv_len + calls keys; O is taken from a call on the exact cache (the state set again)."""
 import numpy as np
 
 from common import Skip, empty_rows, mask_choice
 
-KERNELS = ("ov_sdpa",)
+KERNELS = ("ov_sdpa", "ov_decode")
 ov = ops = None
 _threads = 1
 
@@ -23,9 +35,110 @@ def setup(threads):
     return f"openvino {ov.__version__}"
 
 
+def _config(extra=None):
+    config = {"INFERENCE_NUM_THREADS": _threads, "INFERENCE_PRECISION_HINT": "f32", "NUM_STREAMS": 1,
+              "PERFORMANCE_HINT": "LATENCY"}
+    config.update(extra or {})
+    return config
+
+
+def _compile(model, config):
+    try:
+        return ov.Core().compile_model(model, "CPU", config)
+    except Exception as e:  # the plugin refuses the configuration: unsupported, not wrong
+        raise Skip("openvino refused the model: " + str(e).splitlines()[0][:300])
+
+
+def _group_heads(p, x, kv_len, dim):
+    """K or V (B, Hkv, S, dim) as Hq heads: unsqueeze, broadcast over the group, reshape - the
+    pattern the CPU plugin folds into its SDPA (kv_len -1: a cache of any length)."""
+    g = p.q_heads // p.kv_heads
+    x5 = ops.unsqueeze(x, np.int64(2))  # (B, Hkv, 1, S, D)
+    if kv_len < 0:
+        wide = ops.broadcast(x5, np.array([1, 1, g, 1, 1], np.int64), broadcast_spec="bidirectional")
+    else:
+        wide = ops.broadcast(x5, np.array([p.batch, p.kv_heads, g, kv_len, dim], np.int64))
+    return ops.reshape(wide, np.array([p.batch, p.q_heads, kv_len, dim], np.int64), False)
+
+
+# The cache precision ov_decode keeps for a point (the lab's dtype, kv_dtype): the stored values
+# exactly for f32 and f16; u8 re-quantizes the lab's u8 cache (the same per-row rule).
+CACHE_PRECISION = {("f32", "dtype"): "f32", ("f16", "dtype"): "f16", ("f32", "u8"): "u8"}
+
+
+def prepare_decode(p, q, k, v):
+    kv = p.d.get("kv_dtype", "dtype") or "dtype"
+    precision = CACHE_PRECISION.get((p.dtype, kv))
+    if precision is None:
+        raise Skip(f"dtype {p.dtype}, kv_dtype {kv}: ov_decode keeps an f32, f16 or u8 cache "
+                   "(float32 points, dtype f16, kv_dtype u8)")
+    if p.q_len != 1:
+        raise Skip("ov_decode runs decode points (q_len 1: the new token against its cache; ov_sdpa runs the rest)")
+    if p.windowed or p.sparse or p.kv_lens:
+        raise Skip("ov_decode attends to the whole cache (one length for the batch: no window, pattern or kv_lens)")
+    if p.causal == "top-left" and p.kv_len > 1:
+        raise Skip("top-left causal with q_len 1 sees one key; a decode query is the last position")
+    how = [f"stateful model, its KV cache the model's state, fused by the CPU plugin into "
+           f"ScaledDotProductAttentionWithKVCache; KV_CACHE_PRECISION {precision}"]
+    f32, n = ov.Type.f32, p.kv_len
+    qn = ops.parameter([p.batch, p.q_heads, 1, p.head_dim], f32, name="q")
+    beam = ops.parameter([p.batch], ov.Type.i32, name="beam_idx")
+    params, variables, sinks, present = [qn], [], [], []
+    for name, dim in (("k", p.head_dim), ("v", p.head_dim_v)):
+        cur = ops.parameter([p.batch, p.kv_heads, 1, dim], f32, name=name)
+        info = ov.op.util.VariableInfo()
+        info.data_shape = ov.PartialShape([p.batch, p.kv_heads, -1, dim])
+        info.data_type, info.variable_id = f32, "past_" + name
+        var = ov.op.util.Variable(info)
+        empty = ops.broadcast(ops.constant(np.float32(0)), np.array([p.batch, p.kv_heads, 0, dim], np.int64))
+        past = ops.gather(ops.read_value(empty, var), beam, np.int64(0))
+        cat = ops.concat([past, cur], 2)
+        params.append(cur), variables.append(var), sinks.append(ops.assign(cat, var))
+        present.append(_group_heads(p, cat, -1, dim) if p.gqa else cat)
+    params.append(beam)
+    # The fused node takes no scale input without a mask: it scales by 1/sqrt(D), so another
+    # scale is folded into Q (one more float32 rounding of Q).
+    default = float(np.float32(1 / np.sqrt(p.head_dim)))
+    q_in = q if p.scale == default else q * np.float32(p.scale / default)
+    if p.scale != default:
+        how.append("scale folded into Q")
+    node = ops.scaled_dot_product_attention(qn, present[0], present[1], causal=False)
+    model = ov.Model([node.output(0)], sinks, params, variables, "decode")
+    compiled = _compile(model, _config({"KV_CACHE_PRECISION": precision}))
+    layers = {op.get_rt_info()["layerType"].astype(str) for op in compiled.get_runtime_model().get_ops()}
+    if "Concatenation" in layers or "ScaledDotProductAttention" not in layers:
+        raise Skip("the CPU plugin did not fuse the cache into its SDPA node (layers: " + ", ".join(sorted(layers)) +
+                   "): not its generation path")
+    req = compiled.create_infer_request()
+    feeds = {"q": q_in, "k": k[:, :, n - 1:], "v": v[:, :, n - 1:], "beam_idx": np.arange(p.batch, dtype=np.int32)}
+    for name, arr in feeds.items():
+        req.set_tensor(name, ov.Tensor(np.ascontiguousarray(arr, dtype=arr.dtype)))
+    past = {"past_k": k[:, :, :n - 1], "past_v": v[:, :, :n - 1]}
+
+    def set_cache():
+        for state in req.query_state():
+            if n > 1:
+                state.state = ov.Tensor(np.ascontiguousarray(past[state.name], dtype=np.float32))
+            else:
+                state.reset()
+
+    set_cache()
+    how.append(f"CPU plugin, {_threads} inference threads; each timed call appends a token (kv_len .. "
+               "kv_len + calls keys); O from a call on the exact cache")
+
+    def collect():
+        set_cache()
+        req.infer()
+        return np.array(req.get_output_tensor(0).data, dtype=np.float32)
+
+    return req.infer, collect, "; ".join(how)
+
+
 def prepare(kernel, p, q, k, v):
     if p.backward:
         raise Skip("OpenVINO has no backward pass (an inference runtime)")
+    if kernel == "ov_decode":
+        return prepare_decode(p, q, k, v)
     how = []
     f32 = ov.Type.f32
     qn = ops.parameter([p.batch, p.q_heads, p.q_len, p.head_dim], f32, name="q")
@@ -36,11 +149,7 @@ def prepare(kernel, p, q, k, v):
     kk, vv = kn, vn
     g = p.q_heads // p.kv_heads
     if g > 1:
-        def heads(x, dim):
-            x5 = ops.unsqueeze(x, np.int64(2))  # (B, Hkv, 1, S, D)
-            wide = ops.broadcast(x5, np.array([p.batch, p.kv_heads, g, p.kv_len, dim], np.int64))
-            return ops.reshape(wide, np.array([p.batch, p.q_heads, p.kv_len, dim], np.int64), False)
-        kk, vv = heads(kn, p.head_dim), heads(vn, p.head_dim_v)
+        kk, vv = _group_heads(p, kn, p.kv_len, p.head_dim), _group_heads(p, vn, p.kv_len, p.head_dim_v)
         how.append("GQA by unsqueeze/broadcast/reshape of K/V inside the model")
     scale = ops.constant(np.float32(p.scale))
     kind, keep = mask_choice(p)
@@ -59,13 +168,7 @@ def prepare(kernel, p, q, k, v):
         node = ops.scaled_dot_product_attention(qn, kk, vv, attention_mask=mn, scale=scale, causal=False)
         how.append("boolean attention_mask (B,1,Sq,Skv)")
     model = ov.Model([node], params, "peer")
-    core = ov.Core()
-    config = {"INFERENCE_NUM_THREADS": _threads, "INFERENCE_PRECISION_HINT": "f32", "NUM_STREAMS": 1,
-              "PERFORMANCE_HINT": "LATENCY"}
-    try:
-        compiled = core.compile_model(model, "CPU", config)
-    except Exception as e:  # the plugin refuses the configuration: unsupported, not wrong
-        raise Skip("openvino refused the model: " + str(e).splitlines()[0][:300])
+    compiled = _compile(model, _config())
     req = compiled.create_infer_request()
     for i, arr in enumerate(feeds):
         req.set_input_tensor(i, ov.Tensor(arr))

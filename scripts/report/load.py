@@ -14,11 +14,11 @@ DECODE_MAX_Q = 16  # q_len at most this (and below kv_len) counts as decode
 
 
 # What users run instead (attnlab sweep --peers; src/bench/peers.hpp), in report order.
-PEERS = ("torch_sdpa", "torch_flex", "ort_mha", "ort_gqa", "ov_sdpa", "jax_dpa", "ggml_fa")
+PEERS = ("torch_sdpa", "torch_flex", "ort_mha", "ort_gqa", "ov_sdpa", "ov_decode", "jax_dpa", "ggml_fa")
 
 
 PEER_COLORS = {"torch_sdpa": "black", "torch_flex": "dimgray", "ort_mha": "darkgoldenrod", "ort_gqa": "saddlebrown",
-               "ov_sdpa": "royalblue", "jax_dpa": "mediumvioletred", "ggml_fa": "teal"}
+               "ov_sdpa": "royalblue", "ov_decode": "steelblue", "jax_dpa": "mediumvioletred", "ggml_fa": "teal"}
 
 
 def is_peer(kernel):

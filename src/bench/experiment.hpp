@@ -46,7 +46,7 @@
 //     "seed":        int >= 0          random inputs                                 default 1
 //     "peers":       [NAME, ...] | "a,b"  peers measured beside the kernels on every shape of
 //                    the grids (bench/peers.hpp: torch, ort, jax, ggml or their kernels
-//                    torch_sdpa, torch_flex, ort_mha, ort_gqa, ov_sdpa, jax_dpa, ggml_fa)  default none
+//                    torch_sdpa, torch_flex, ort_mha, ort_gqa, ov_sdpa, ov_decode, jax_dpa, ggml_fa)  default none
 //     "grids": [ {GRID KEYS}, ... ]    several grids in one experiment (see below)
 //   }
 //   INTS = n | [n, ...] | {"pow2": [lo, hi]} (powers of two lo..hi) | {"range": [start, stop, step]}

@@ -100,6 +100,18 @@ bool ggml_own_cache(const std::string& kernel, const Problem& p) {
          (p.dtype == DType::F16 || p.kv_dtype == KvDType::Q8_0 || p.kv_dtype == KvDType::Q4_0);
 }
 
+// Whether a peer keeps a point's 16-bit or quantized cache in a cache of its own that holds the
+// lab's values: ggml_fa (above), and ov_decode - OpenVINO's stateful decode keeps an f16 cache
+// (the stored values exactly) or its u8 cache, whose per-(token, head) scale and zero point are
+// the lab's u8 rule (re-quantizing the lab's dequantized rows gives back their codes), with
+// float32 arithmetic: the float32 policy holds. Every other peer runs float32 points only.
+bool own_cache(const std::string& kernel, const Problem& p) {
+  if (kernel == "ov_decode") {
+    return (p.dtype == DType::F16 && !p.kv_quantized()) || (p.dtype == DType::F32 && p.kv_dtype == KvDType::U8);
+  }
+  return ggml_own_cache(kernel, p);
+}
+
 PeerAnswer answer(PeerAnswer::Status s, std::string reason) {
   PeerAnswer a;
   a.status = s;
@@ -152,7 +164,7 @@ PeerTolerance peer_tolerance(const std::string& kernel, const Problem& p, const 
 const std::vector<std::pair<std::string, std::string>>& peer_kernels() {
   static const std::vector<std::pair<std::string, std::string>> k = {
       {"torch_sdpa", "torch"}, {"torch_flex", "torch"}, {"ort_mha", "ort"}, {"ort_gqa", "ort"},
-      {"ov_sdpa", "ov"},       {"jax_dpa", "jax"},      {"ggml_fa", "ggml"}};
+      {"ov_sdpa", "ov"},       {"ov_decode", "ov"},     {"jax_dpa", "jax"}, {"ggml_fa", "ggml"}};
   return k;
 }
 
@@ -197,6 +209,9 @@ size_t peer_memory_bytes(const std::string& kernel, const Problem& p) {
   const size_t mask = f32(p.batch * p.q_len * p.kv_len);
   // K/V repeated to every query head (ort_mha's GQA)
   const size_t repeated = p.group() > 1 ? f32(p.batch * p.q_heads * p.kv_len * (p.head_dim + p.dim_v())) : 0;
+  // ov_decode's state: the cache in the plugin's own buffers - measured peak RSS growth 3.0x the
+  // float32 K/V at 32/8 heads, d 128, kv 32768 (f32 cache; f16 2.0x, u8 1.65x)
+  const size_t state = kernel == "ov_decode" ? 3 * f32(p.kv_elems() + p.v_elems()) : 0;
   // A backward point: dO (the lab's, the file's, the peer's), the gradients three times (the
   // peer's, the files read back, the check's), the autograd graph's saved scores when the peer
   // materializes them, and the check's forward (O, LSE).
@@ -204,7 +219,8 @@ size_t peer_memory_bytes(const std::string& kernel, const Problem& p) {
   const size_t backward =
       p.pass == Pass::Forward ? 0 : 3 * f32(p.o_elems()) + 3 * grads + scores + f32(p.o_elems() + p.lse_elems());
   // the lab's tensors, the files, the peer's arrays, O twice (the peer's and the one read back)
-  return static_cast<size_t>(tensor_bytes(p)) + 2 * inputs + repeated + 2 * f32(p.o_elems()) + mask + scores + backward;
+  return static_cast<size_t>(tensor_bytes(p)) + 2 * inputs + repeated + state + 2 * f32(p.o_elems()) + mask + scores +
+         backward;
 }
 
 std::string PeerPool::default_python() {
@@ -361,9 +377,9 @@ PeerAnswer PeerPool::run(const std::string& kernel, const Problem& p, const Inpu
   const std::string family = family_of(kernel);
   if (family.empty()) return answer(S::Failed, kernel + " is not a peer");
   if (p.mask) return answer(S::Skipped, "mask files are not handed to peers (patterns given by their terms are)");
-  const bool ggml_cache = ggml_own_cache(kernel, p);
+  const bool own = own_cache(kernel, p);
   // the one place this rule lives (the servers never see such points)
-  if ((in.dtype != DType::F32 || !in.q.data) && !ggml_cache) {
+  if ((in.dtype != DType::F32 || !in.q.data) && !own) {
     return answer(S::Skipped, "peers run float32 points (a bf16/f16 peer rounds P and needs its own tolerance)");
   }
   if (p.kv_paged()) {
@@ -371,10 +387,10 @@ PeerAnswer PeerPool::run(const std::string& kernel, const Problem& p, const Inpu
                                   ": the peers take contiguous K/V (paged caches are measured against the lab's own "
                                   "contiguous point)");
   }
-  if (p.kv_quantized() && !ggml_cache) {
+  if (p.kv_quantized() && !own) {
     return answer(S::Skipped, std::string("kv_dtype ") + to_string(p.kv_dtype) +
                                   ": the peers take float32 K/V (none of them reads this cache layout; ggml_fa reads "
-                                  "q8_0 and q4_0)");
+                                  "q8_0 and q4_0, ov_decode u8)");
   }
   Server& s = server(family, threads);
   if (!s.unavailable.empty()) return answer(S::Skipped, s.unavailable);

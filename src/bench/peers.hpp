@@ -7,6 +7,8 @@
 //   ort_mha     ONNX Runtime com.microsoft.MultiHeadAttention       family ort
 //   ort_gqa     ONNX Runtime com.microsoft.GroupQueryAttention      family ort
 //   ov_sdpa     OpenVINO's CPU plugin, opset13 ScaledDotProductAttention family ov
+//   ov_decode   OpenVINO's stateful decode (its generation path: the KV    family ov
+//               cache the model's state, f32, f16 or u8)
 //   jax_dpa     jax.nn.dot_product_attention                         family jax
 //   ggml_fa     ggml_flash_attn_ext (llama.cpp's CPU attention)      family ggml
 //               (also on f16 and q8_0 / q4_0 caches: ggml's own cache types)

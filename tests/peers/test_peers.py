@@ -17,7 +17,7 @@ from common import Problem, Skip, time_calls  # noqa: E402
 from numpy_attention import attention, attention_backward  # noqa: E402
 
 MODULES = {"torch_sdpa": "torch_peer", "torch_flex": "torch_peer", "ort_mha": "ort_peer",
-           "ort_gqa": "ort_peer", "ov_sdpa": "ov_peer", "jax_dpa": "jax_peer", "ggml_fa": "ggml_peer"}
+           "ort_gqa": "ort_peer", "ov_sdpa": "ov_peer", "ov_decode": "ov_peer", "jax_dpa": "jax_peer", "ggml_fa": "ggml_peer"}
 
 
 def peer(kernel):
@@ -46,6 +46,8 @@ CASES = {
     "causal_cross_bottom_right": dict(causal=1, q_len=5, kv_len=13),
     "causal_top_left": dict(causal=2, q_len=5, kv_len=13),
     "decode": dict(causal=1, q_len=1, kv_len=37, q_heads=8, kv_heads=2),
+    "decode_mqa": dict(causal=1, q_len=1, kv_len=50, q_heads=4, kv_heads=1),
+    "decode_batch_dv": dict(batch=2, q_len=1, kv_len=33, q_heads=6, kv_heads=3, head_dim_v=24),
     "chunk_window": dict(causal=1, q_len=4, kv_len=40, window_left=7, window_right=0),
     "window": dict(causal=1, q_len=33, kv_len=33, window_left=5, window_right=0),
     "window_both": dict(q_len=21, kv_len=21, window_left=3, window_right=2),
@@ -112,6 +114,25 @@ def test_planted_window_off_by_one_is_caught(kernel):
     check_against_numpy(o, wider, how, f"{kernel} on the wider window itself")  # the peer is right...
     with pytest.raises(AssertionError):
         check_against_numpy(o, p, how, f"{kernel} wider window")  # ...and the check sees the difference
+
+
+def test_ov_decode_cache_off_by_one_is_caught():
+    """ov_decode's cache split (the first kv_len - 1 keys in the state, the last one the call's) can
+    fail the comparison: the peer run on a cache without its oldest key disagrees."""
+    mod = peer("ov_decode")
+    p = problem(**CASES["decode"])
+    short = problem(**dict(CASES["decode"], kv_len=CASES["decode"]["kv_len"] - 1))
+    q, k, v = inputs(p)
+    try:
+        fn, collect, how = mod.prepare("ov_decode", short, q, k[:, :, 1:], v[:, :, 1:])
+    except Skip as e:
+        pytest.skip(f"ov_decode: {e}")
+    fn()
+    o = np.asarray(collect(), dtype=np.float64)
+    with pytest.raises(AssertionError):
+        check_against_numpy(o, p, how, "ov_decode without the oldest key")
+    o, how = run_peer(mod, "ov_decode", p, "decode")
+    check_against_numpy(o, p, how, "ov_decode")  # the same peer on the whole cache agrees
 
 
 BACKWARD_CASES = ("dense", "mha", "causal", "causal_cross_bottom_right", "kv_lens", "bshd", "window")
