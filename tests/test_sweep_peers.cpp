@@ -136,6 +136,13 @@ TEST_F(SweepPeers, OnlyPeersWithTheirOwnCacheRunQuantizedOr16BitPoints) {
     got[key] = r.status == PointStatus::Ok        ? "ok"
                : r.status == PointStatus::Skipped ? "skipped"
                                                   : "failed: " + r.reason;
+    if (r.status == PointStatus::Ok && r.problem.kv_quantized()) {
+      // as a kernel's row: O against the stored values, and against the values the cache was
+      // written from (what the cache type costs), which a 4/8-bit cache moves by far more
+      EXPECT_GT(r.err_o_rel_f32_inputs, 10 * r.err_o_rel) << key;
+    } else if (r.status == PointStatus::Ok && r.problem.dtype == DType::F32) {
+      EXPECT_EQ(r.err_o_rel_f32_inputs, r.err_o_rel) << key;
+    }
     if (r.status == PointStatus::Skipped) {
       EXPECT_TRUE(r.reason.find("peers run float32 points") != std::string::npos ||
                   r.reason.find("the peers take float32 K/V") != std::string::npos)

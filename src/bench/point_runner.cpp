@@ -28,6 +28,9 @@ std::string fmt_mib(double bytes) {
   return buf;
 }
 
+// Whether a point's inputs are stored other than as float32 (16-bit, or a quantized cache).
+bool stored_not_float32(const Problem& p) { return p.dtype != DType::F32 || p.kv_quantized(); }
+
 }  // namespace
 
 const Kernel* Runner::find(const GridPoint& g) const {
@@ -57,6 +60,17 @@ PointRecord Runner::base_record(const GridPoint& g) const {
   r.peak_flops = ref.flops;
   r.peak_read_bytes = ref.read_bytes;
   return r;
+}
+
+// The agreement on the float32 values a point's stored inputs were rounded (or quantized) from,
+// on the same rows: O against it is the storage's end-to-end cost.
+Agreement Runner::unrounded_agreement(const Problem& p, const std::vector<RowId>& rows) const {
+  Problem f32 = p;
+  f32.dtype = DType::F32;
+  f32.kv_dtype = KvDType::Same;
+  f32.kv_block = 0;  // the same values; the reference reads a paged cache as a contiguous one anyway
+  const Tensors source = random_tensors(f32, e.seed);
+  return prepare_agreement(f32, source.inputs, rows);
 }
 
 PointFile Runner::decide(const GridPoint& g, const PointRecord& base) {
@@ -117,16 +131,11 @@ PointFile Runner::decide(const GridPoint& g, const PointRecord& base) {
     r.tol_lse = check.tol.lse;
     r.verify_rows = static_cast<int>(rows.size());
     r.err_o_rel_f32_inputs = r.err_o_rel;
-    if ((g.problem.dtype != DType::F32 || g.problem.kv_quantized()) && check.verdict == Verdict::Pass) {
+    if (stored_not_float32(g.problem) && check.verdict == Verdict::Pass) {
       // The same kernel on the same stored inputs, against float64 on the float32 values
       // they were rounded (or quantized) from: the storage's end-to-end cost.
-      Problem f32 = g.problem;
-      f32.dtype = DType::F32;
-      f32.kv_dtype = KvDType::Same;
-      f32.kv_block = 0;  // the same values; the reference reads a paged cache as a contiguous one anyway
-      const Tensors source = random_tensors(f32, e.seed);
-      const Agreement unrounded = prepare_agreement(f32, source.inputs, rows);
-      r.err_o_rel_f32_inputs = check_kernel(*k, g.problem, in, unrounded, g.threads).errors.o_rel;
+      r.err_o_rel_f32_inputs =
+          check_kernel(*k, g.problem, in, unrounded_agreement(g.problem, rows), g.threads).errors.o_rel;
     }
     if (check.verdict == Verdict::Skip) return skip("verification skipped: " + check.reason);
     if (check.verdict == Verdict::Fail) {
@@ -228,6 +237,9 @@ PointFile Runner::decide_peer(const GridPoint& g, const PointRecord& base) {
     const PeerTolerance pt = peer_tolerance(g.kernel, p, t.inputs, ag);
     if (!pt.rule.empty()) r.how += "; " + pt.rule;
     r.err_o_rel = r.err_o_rel_f32_inputs = err.o_rel;
+    if (stored_not_float32(p)) {  // as a kernel's row: what the cache type costs, end to end
+      r.err_o_rel_f32_inputs = measure(unrounded_agreement(p, rows).ref, as_const(ov), nullptr, p).o_rel;
+    }
     r.err_lse = std::numeric_limits<double>::quiet_NaN();
     r.tol_o_rel = pt.tol.o_rel;
     r.tol_lse = pt.tol.lse;

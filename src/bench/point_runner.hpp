@@ -54,6 +54,7 @@ struct Runner {
   // that disagrees is failed and its times dropped), the times recorded as Google Benchmark
   // would (one iteration run per repetition plus the aggregates, so bench.json holds them too).
   PointFile decide_peer(const GridPoint& g, const PointRecord& base);
+  Agreement unrounded_agreement(const Problem& p, const std::vector<RowId>& rows) const;
 
   PointFile time_point(const BenchPoint& pt, const PointRecord& base, const RegisterHooks& hooks);
 
