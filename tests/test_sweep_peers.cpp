@@ -116,16 +116,17 @@ TEST_F(SweepPeers, BackwardPeersAreCheckedOnTheirGradients) {
 }
 
 // Which peers run a 16-bit or quantized cache is one rule (peers.cpp own_cache): ggml_fa on its
-// f16 / q8_0 / q4_0, ov_decode on f16 / u8 - handed the stored values as float32 and verified -
-// and every other peer skips with the reason, so no peer is timed on values it was not given.
+// f16 / q8_0 / q4_0, ov_decode on f16 / u8, ov_sdpa on bf16 (its bf16 precision hint) - handed the
+// stored values as float32 and verified - and every other peer skips with the reason, so no peer
+// is timed on values it was not given.
 TEST_F(SweepPeers, OnlyPeersWithTheirOwnCacheRunQuantizedOr16BitPoints) {
-  ::setenv("ATTN_FAKE_PEER", "ov_decode=exact,ggml_fa=exact,ort_gqa=exact", 1);
+  ::setenv("ATTN_FAKE_PEER", "ov_decode=exact,ov_sdpa=exact,ggml_fa=exact,ort_gqa=exact", 1);
   const std::string dir = fresh_dir("peers_caches");
   const Experiment e = parse_experiment(
       Json::parse(R"({"description": "d", "implementations": ["naive"], "q_len": 1, "kv_len": 64, "q_heads": 4,
                       "gqa_groups": 2, "head_dim": 32, "causal": true, "threads": 1, "repetitions": 2,
-                      "min_time_s": 0.001, "grids": [{"dtype": ["f32", "f16"]}, {"kv_dtype": ["u8", "q8_0", "u4"]}],
-                      "peers": ["ov_decode", "ggml_fa", "ort_gqa"]})"),
+                      "min_time_s": 0.001, "grids": [{"dtype": ["f32", "f16", "bf16"]}, {"kv_dtype": ["u8", "q8_0", "u4"]}],
+                      "peers": ["ov_sdpa", "ov_decode", "ggml_fa", "ort_gqa"]})"),
       "peers_caches", names);
   run_sweep(e, peer_options(dir));
   std::map<std::string, std::string> got;  // "kernel dtype/kv_dtype" -> status
@@ -136,6 +137,10 @@ TEST_F(SweepPeers, OnlyPeersWithTheirOwnCacheRunQuantizedOr16BitPoints) {
     got[key] = r.status == PointStatus::Ok        ? "ok"
                : r.status == PointStatus::Skipped ? "skipped"
                                                   : "failed: " + r.reason;
+    if (key == "ov_sdpa bf16/dtype") {
+      EXPECT_NE(r.how.find("tolerance: the bf16-products policy"), std::string::npos) << r.how;
+      EXPECT_GE(r.tol_o_rel, Tolerance::kFloorBf16P) << "flash_bf16's floor, not float32's";
+    }
     if (r.status == PointStatus::Ok && r.problem.kv_quantized()) {
       // as a kernel's row: O against the stored values, and against the values the cache was
       // written from (what the cache type costs), which a 4/8-bit cache moves by far more
@@ -149,21 +154,16 @@ TEST_F(SweepPeers, OnlyPeersWithTheirOwnCacheRunQuantizedOr16BitPoints) {
           << key << ": " << r.reason;
     }
   }
-  EXPECT_EQ(got, (std::map<std::string, std::string>{{"ov_decode f32/dtype", "ok"},
-                                                     {"ov_decode f16/dtype", "ok"},
-                                                     {"ov_decode f32/u8", "ok"},
-                                                     {"ov_decode f32/q8_0", "skipped"},
-                                                     {"ov_decode f32/u4", "skipped"},
-                                                     {"ggml_fa f32/dtype", "ok"},
-                                                     {"ggml_fa f16/dtype", "ok"},
-                                                     {"ggml_fa f32/u8", "skipped"},
-                                                     {"ggml_fa f32/q8_0", "ok"},
-                                                     {"ggml_fa f32/u4", "skipped"},
-                                                     {"ort_gqa f32/dtype", "ok"},
-                                                     {"ort_gqa f16/dtype", "skipped"},
-                                                     {"ort_gqa f32/u8", "skipped"},
-                                                     {"ort_gqa f32/q8_0", "skipped"},
-                                                     {"ort_gqa f32/u4", "skipped"}}));
+  EXPECT_EQ(got,
+            (std::map<std::string, std::string>{
+                {"ov_sdpa f32/dtype", "ok"},   {"ov_sdpa f16/dtype", "skipped"},  {"ov_sdpa bf16/dtype", "ok"},
+                {"ov_sdpa f32/u8", "skipped"}, {"ov_sdpa f32/q8_0", "skipped"},   {"ov_sdpa f32/u4", "skipped"},
+                {"ov_decode f32/dtype", "ok"}, {"ov_decode f16/dtype", "ok"},     {"ov_decode bf16/dtype", "skipped"},
+                {"ov_decode f32/u8", "ok"},    {"ov_decode f32/q8_0", "skipped"}, {"ov_decode f32/u4", "skipped"},
+                {"ggml_fa f32/dtype", "ok"},   {"ggml_fa f16/dtype", "ok"},       {"ggml_fa bf16/dtype", "skipped"},
+                {"ggml_fa f32/u8", "skipped"}, {"ggml_fa f32/q8_0", "ok"},        {"ggml_fa f32/u4", "skipped"},
+                {"ort_gqa f32/dtype", "ok"},   {"ort_gqa f16/dtype", "skipped"},  {"ort_gqa bf16/dtype", "skipped"},
+                {"ort_gqa f32/u8", "skipped"}, {"ort_gqa f32/q8_0", "skipped"},   {"ort_gqa f32/u4", "skipped"}}));
 }
 
 TEST_F(SweepPeers, MissingEnvironmentOrLibrarySkipsWithTheReason) {

@@ -106,6 +106,8 @@ Agreement prepare_agreement(const Problem& p, const Inputs& in, std::vector<RowI
 // The tolerance kernel k is held to: a.tol for float32 arithmetic, else one from the baseline
 // of the kernel's arithmetic (Kernel::arithmetic) on the same rows.
 Tolerance tolerance_for(const Kernel& k, const Problem& p, const Inputs& in, const Agreement& a);
+// The same for an arithmetic (a peer's that computes as a lab kernel does).
+Tolerance tolerance_for(Arithmetic arithmetic, const Problem& p, const Inputs& in, const Agreement& a);
 
 enum class Verdict { Pass, Fail, Skip };
 const char* to_string(Verdict v);

@@ -5,9 +5,11 @@ scaled_dot_product_attention) compiled for the CPU device with the sweep's threa
 count. GQA by K/V unsqueezed, broadcast over the group and reshaped to Hq heads inside the
 model (the pattern the CPU plugin fuses into its SDPA node, so K/V are not copied per head);
 causal by the op's flag where its top-left rule is the problem's, else a boolean mask (B, 1,
-Sq, Skv) from the lab's rule. float32 (INFERENCE_PRECISION_HINT f32: OpenVINO's CPU plugin
-would otherwise compute in bf16 where the CPU has it). The inputs are set once on an infer
-request: a call is the compiled op alone.
+Sq, Skv) from the lab's rule. A float32 point runs with INFERENCE_PRECISION_HINT f32 (the CPU
+plugin would otherwise compute in bf16 where the CPU has it), a bf16 point (the stored values,
+exact in bf16) with the hint bf16 - its bf16 mode, where the CPU has AVX512_BF16 or AMX; elsewhere
+the plugin keeps f32, and "how" says which precision the compiled model reports. The inputs are
+set once on an infer request: a call is the compiled op alone.
 
 ov_decode: its generation path - a stateful model whose KV cache is the model's state
 (ReadValue -> Gather(beam_idx) -> Concat with the new token's K/V -> SDPA, the Concat also
@@ -139,8 +141,10 @@ def prepare(kernel, p, q, k, v):
         raise Skip("OpenVINO has no backward pass (an inference runtime)")
     if kernel == "ov_decode":
         return prepare_decode(p, q, k, v)
+    if p.dtype not in ("f32", "bf16"):
+        raise Skip(f"dtype {p.dtype}: ov_sdpa runs float32 points and bf16 ones (its bf16 precision hint)")
     how = []
-    f32 = ov.Type.f32
+    f32, hint = ov.Type.f32, "bf16" if p.dtype == "bf16" else "f32"
     qn = ops.parameter([p.batch, p.q_heads, p.q_len, p.head_dim], f32, name="q")
     kn = ops.parameter([p.batch, p.kv_heads, p.kv_len, p.head_dim], f32, name="k")
     vn = ops.parameter([p.batch, p.kv_heads, p.kv_len, p.head_dim_v], f32, name="v")
@@ -168,11 +172,12 @@ def prepare(kernel, p, q, k, v):
         node = ops.scaled_dot_product_attention(qn, kk, vv, attention_mask=mn, scale=scale, causal=False)
         how.append("boolean attention_mask (B,1,Sq,Skv)")
     model = ov.Model([node], params, "peer")
-    compiled = _compile(model, _config())
+    compiled = _compile(model, _config({"INFERENCE_PRECISION_HINT": hint}))
+    runs = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()  # what it runs: f32 without bf16 units
     req = compiled.create_infer_request()
     for i, arr in enumerate(feeds):
         req.set_input_tensor(i, ov.Tensor(arr))
-    how.append(f"CPU plugin, {_threads} inference threads, f32 precision hint")
+    how.append(f"CPU plugin, {_threads} inference threads, {hint} precision hint (the compiled model: {runs})")
 
     def fn():
         req.infer()

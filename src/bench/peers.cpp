@@ -104,8 +104,11 @@ bool ggml_own_cache(const std::string& kernel, const Problem& p) {
 // lab's values: ggml_fa (above), and ov_decode - OpenVINO's stateful decode keeps an f16 cache
 // (the stored values exactly) or its u8 cache, whose per-(token, head) scale and zero point are
 // the lab's u8 rule (re-quantizing the lab's dequantized rows gives back their codes), with
-// float32 arithmetic: the float32 policy holds. Every other peer runs float32 points only.
+// float32 arithmetic: the float32 policy holds; and ov_sdpa on bf16 points, run with its bf16
+// precision hint (its own arithmetic, judged as flash_bf16's). Every other peer runs float32
+// points only.
 bool own_cache(const std::string& kernel, const Problem& p) {
+  if (kernel == "ov_sdpa") return p.dtype == DType::BF16 && !p.kv_quantized();  // its bf16 precision hint
   if (kernel == "ov_decode") {
     return (p.dtype == DType::F16 && !p.kv_quantized()) || (p.dtype == DType::F32 && p.kv_dtype == KvDType::U8);
   }
@@ -121,6 +124,12 @@ PeerAnswer answer(PeerAnswer::Status s, std::string reason) {
 }  // namespace
 
 PeerTolerance peer_tolerance(const std::string& kernel, const Problem& p, const Inputs& in, const Agreement& ag) {
+  if (kernel == "ov_sdpa" && p.dtype == DType::BF16) {
+    // OpenVINO's bf16 mode rounds the products' operands to bf16 as flash_bf16 does (Q and K are
+    // bf16 already; P rounded): the policy verify.cpp holds flash_bf16 to (tolerance_for).
+    return {tolerance_for(Arithmetic::Bf16Products, p, in, ag),
+            "tolerance: the bf16-products policy (flash_bf16's: P rounded to bf16), for OpenVINO's bf16 precision"};
+  }
   if (!ggml_own_cache(kernel, p)) return {ag.tol, ""};
   PeerTolerance t{ag.tol, ""};
   if (p.dtype == DType::F16) {

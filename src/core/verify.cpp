@@ -250,10 +250,14 @@ Agreement prepare_agreement(const Problem& p, const Inputs& in, std::vector<RowI
   return a;
 }
 
-Tolerance tolerance_for(const Kernel& k, const Problem& p, const Inputs& in, const Agreement& a) {
-  if (k.arithmetic() == Arithmetic::F32) return a.tol;
-  return Tolerance::from_baseline(baseline_errors(p, in, a.ref, k.arithmetic()), Tolerance::kFloorBf16P)
+Tolerance tolerance_for(Arithmetic arithmetic, const Problem& p, const Inputs& in, const Agreement& a) {
+  if (arithmetic == Arithmetic::F32) return a.tol;
+  return Tolerance::from_baseline(baseline_errors(p, in, a.ref, arithmetic), Tolerance::kFloorBf16P)
       .widened_by(a.widen);
+}
+
+Tolerance tolerance_for(const Kernel& k, const Problem& p, const Inputs& in, const Agreement& a) {
+  return tolerance_for(k.arithmetic(), p, in, a);
 }
 
 const char* to_string(Verdict v) {

@@ -135,6 +135,28 @@ def test_ov_decode_cache_off_by_one_is_caught():
     check_against_numpy(o, p, how, "ov_decode")  # the same peer on the whole cache agrees
 
 
+def bf16_values(x):
+    """float32 x rounded to the nearest bf16 (ties to even), as float32."""
+    u = x.astype(np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+
+
+def test_ov_sdpa_bf16_point_runs_its_bf16_hint():
+    """A bf16 point (values exact in bf16): ov_sdpa compiles with the bf16 precision hint (its
+    bf16 mode where the CPU has it), says which precision the compiled model runs, and agrees
+    within what bf16 products allow (P rounded to bf16: ~2^-9 relative)."""
+    mod = peer("ov_sdpa")
+    p = problem(**dict(CASES["causal"], dtype="bf16"))
+    q, k, v = (bf16_values(x) for x in inputs(p))
+    fn, collect, how = mod.prepare("ov_sdpa", p, q, k, v)
+    fn()
+    o = np.asarray(collect(), dtype=np.float64)
+    assert "bf16 precision hint" in how, how
+    want, _, _ = attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), p.scale, p.causal,
+                           p.left, p.right, [p.kv_len] * p.batch)
+    np.testing.assert_allclose(o, want, atol=1e-2, rtol=0, err_msg=how)
+
+
 BACKWARD_CASES = ("dense", "mha", "causal", "causal_cross_bottom_right", "kv_lens", "bshd", "window")
 
 
