@@ -95,6 +95,11 @@ def shape_of(r):
     return text
 
 
+def is_decode(r):
+    """A few new query rows against a longer cache (the decode kernel's points: q_len <= 16)."""
+    return int(r["q_len"]) <= 16 < int(r["kv_len"])
+
+
 def is_training(r):
     """A backward or forward_backward point (the `pass` column; absent before it: the forward)."""
     return r.get("pass") not in (None, "", "forward")
@@ -103,7 +108,11 @@ def is_training(r):
 # The headline's tables: per group of peers (and of passes), the newest committed sweep with such
 # a peer in it.
 HEADLINE_GROUPS = (("the runtimes' attention (PyTorch, ONNX Runtime, OpenVINO, JAX)",
-                    lambda k: k.split("_")[0] in ("torch", "ort", "ov", "jax"), lambda r: not is_training(r)),
+                    lambda k: k.split("_")[0] in ("torch", "ort", "ov", "jax"),
+                    lambda r: not is_training(r) and not is_decode(r)),
+                   ("the runtimes' decode against a KV cache (ONNX Runtime, OpenVINO's generation path, PyTorch, JAX)",
+                    lambda k: k.split("_")[0] in ("torch", "ort", "ov", "jax"),
+                    lambda r: not is_training(r) and is_decode(r)),
                    ("the runtimes' backward pass (PyTorch autograd, jax.vjp)",
                     lambda k: k.split("_")[0] in ("torch", "jax"), is_training),
                    ("llama.cpp's CPU attention (ggml) on its own KV-cache types", lambda k: k.startswith("ggml"),
