@@ -25,6 +25,19 @@ INTS = {"q_heads", "kv_heads", "group", "head_dim", "head_dim_v", "prompt", "ste
         "verified", "failed", "step"}
 
 
+def cache(r):
+    """How a configuration stores its cache: the dtype, then the quantized layout, the paging and a
+    shared latent cache where set (columns a folder written before them lacks)."""
+    t = r["dtype"]
+    if r.get("kv_dtype") not in (None, "", "dtype"):
+        t += f", {r['kv_dtype']} cache"
+    if r.get("kv_block"):
+        t += f", paged {int(r['kv_block'])}"
+    if str(r.get("kv_shared", "")).lower() == "true":
+        t += ", V in K"
+    return t
+
+
 def read_csv(path):
     rows = []
     with open(path, newline="") as f:
@@ -63,7 +76,7 @@ def plot_time_vs_context(out, by_name):
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for name, rows in by_name.items():
         ax.plot([r["context"] for r in rows], [r["median_token_s"] * 1e3 for r in rows], marker="o",
-                label=f"{name} ({rows[0]['q_heads']}/{rows[0]['kv_heads']} heads, {rows[0]['dtype']})")
+                label=f"{name} ({rows[0]['q_heads']}/{rows[0]['kv_heads']} heads, {cache(rows[0])})")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("context (keys in the cache)")
@@ -92,7 +105,7 @@ def plot_bytes_story(out, by_name, bw, peak):
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5))
     allb = []
     for name, rows in by_name.items():
-        label = f"{name} (group {rows[0]['group']}, {rows[0]['dtype']})"
+        label = f"{name} (group {rows[0]['group']}, {cache(rows[0])})"
         a1.plot([r["context"] for r in rows], [r["kv_read_bytes_per_token"] / 2**20 for r in rows], marker="o", label=label)
         line, = a2.plot([r["kv_read_bytes_per_token"] / 2**20 for r in rows],
                         [r["median_attention_s"] * 1e3 for r in rows], marker="o", label=label)
@@ -166,7 +179,7 @@ def write_report(folder, out):
            "and a bf16 cache half. "
            "Right: the attention time per token against those bytes; the dashed line is the time the bytes "
            "take at the measured read bandwidth.*", "",
-           "| config | heads q/kv | dtype | context | KV bytes/token (cache memory) | cache | KV read per token | "
+           "| config | heads q/kv | storage | context | KV bytes/token (cache memory) | cache | KV read per token | "
            "ms/token | append ms | attention ms | steady decode ms | loop / steady | tokens/s | % of read bandwidth | "
            "% of FMA peak | roofline floor ms (% reached) | prefill | verified |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -186,7 +199,7 @@ def write_report(folder, out):
             fl = floor_s(r, bw, peak)
             flt = f"{fl * 1e3:.3g} ({100 * fl / r['median_attention_s']:.0f}%)" if fl else "-"
             ver = f"{r['verified'] - r['failed']}/{r['verified']} PASS" if r["verified"] else "-"
-            md.append(f"| {name} | {r['q_heads']}/{r['kv_heads']} | {r['dtype']} | {r['context']} | "
+            md.append(f"| {name} | {r['q_heads']}/{r['kv_heads']} | {cache(r)} | {r['context']} | "
                       f"{r['kv_bytes_per_token']:.0f} | {fmt_bytes(r['cache_bytes'])} | "
                       f"{fmt_bytes(r['kv_read_bytes_per_token'])} | {r['median_token_s'] * 1e3:.3g} | "
                       f"{r['median_append_s'] * 1e3:.2g} | {r['median_attention_s'] * 1e3:.3g} | "

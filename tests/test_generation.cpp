@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "attnlab/kernel.hpp"
 #include "bench/generation.hpp"
@@ -73,6 +74,40 @@ TEST(Generation, QuantizedCacheAppendsRowsAsTheLayoutWritesThem) {
     expect_every_step_verified(r);
     EXPECT_EQ(r.prefill_verdict, "PASS") << r.prefill_note;
     EXPECT_DOUBLE_EQ(c.kv_bytes_per_token(), 2.0 * c.head.kv_heads * static_cast<double>(kv_row_bytes(t, 64)));
+  }
+}
+
+// A paged cache: tokens are appended into blocks taken from the pool as the sequence grows (its
+// table growing, the blocks scattered), flash prefills the prompt and decode reads every step
+// through the table - verified against float64 on the same cache at every step, for float32,
+// 16-bit and quantized rows, blocks smaller and larger than decode's key chunk, a prompt ending
+// mid-block (700 = 43 x 16 + 12) so steps fill it and take new ones.
+TEST(Generation, PagedCacheTakesBlocksAsTokensArrive) {
+  for (const auto& [dtype, kv, block] : std::vector<std::tuple<DType, KvDType, int64_t>>{
+           {DType::F32, KvDType::Same, 16}, {DType::BF16, KvDType::Same, 256}, {DType::F32, KvDType::Q4_0, 64}}) {
+    bench::GenerationConfig c = small(dtype);
+    c.head.head_dim = 64;
+    c.head.kv_dtype = kv;
+    c.head.kv_block = block;
+    SCOPED_TRACE(std::string(to_string(dtype)) + " " + to_string(kv) + " block " + std::to_string(block));
+    const bench::GenerationResult r = bench::run_generation(c);
+    expect_every_step_verified(r);
+    EXPECT_EQ(r.prefill_verdict, "PASS") << r.prefill_note;
+  }
+}
+
+// MLA's latent cache: V is the first head_dim_v columns of K's rows; only K rows are appended.
+// Each step equals the unshared problem whose V rows are those columns (verified against float64
+// on the shared cache), and a token costs K's bytes only.
+TEST(Generation, SharedLatentCacheWritesKOnly) {
+  bench::GenerationConfig c = small();
+  c.head.q_heads = 8, c.head.kv_heads = 1, c.head.head_dim = 72, c.head.head_dim_v = 64;
+  c.head.kv_shared = true;
+  for (int64_t block : {int64_t{0}, int64_t{32}}) {
+    c.head.kv_block = block;
+    const bench::GenerationResult r = bench::run_generation(c);
+    expect_every_step_verified(r);
+    EXPECT_DOUBLE_EQ(c.kv_bytes_per_token(), 72.0 * 4) << "K's row only";
   }
 }
 

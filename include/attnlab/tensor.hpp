@@ -57,6 +57,10 @@ struct KvPages {
   int64_t pool_blocks = 0;
 };
 
+// The order in which the lab hands out a pool's blocks: a fixed shuffle (splitmix64 Fisher-Yates),
+// so no sequence's blocks lie adjacent or in order (its own paged caches and generate's).
+std::vector<int32_t> scattered_pool_order(int64_t blocks);
+
 // Row j of sequence b, kv head h of a K or V view: the one rule for where a cache row lives.
 template <class T>
 inline __attribute__((always_inline)) T* kv_row(const View4<T>& v, const KvPages& pg, int64_t b, int64_t h, int64_t j) {

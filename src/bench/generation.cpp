@@ -24,65 +24,104 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// The cache and the query rows in the storage dtype, as raw bytes.
+// The cache and the query rows in the storage dtype, as raw bytes. K and V are one row per
+// (kv head, token) - contiguous: kv_heads x C rows; paged (kv_block B): a pool of ceil(C / B)
+// blocks of kv_heads x B rows, handed out as tokens arrive (a block when the sequence's last one
+// is full, from the pool in scattered_pool_order: never adjacent or in order), the sequence's
+// block table growing with them, as a paged runtime's block manager does. kv_shared: V is the
+// first head_dim_v columns of K's rows (no V rows are written).
 struct Cache {
   GenerationConfig c;
-  int64_t rows;    // cache capacity C
-  int64_t q_rows;  // query rows per head held: the prefilled prompt's, or one token's
+  int64_t rows;          // cache capacity C
+  int64_t block;         // tokens per block (paged), else C: one "block" per kv head
+  int64_t blocks;        // blocks in the pool (1 when contiguous)
+  int64_t q_rows;        // query rows per head held: the prefilled prompt's, or one token's
+  int64_t k_row, v_row;  // bytes of a stored K / V row
   size_t k_bytes, v_bytes, q_bytes;
+  std::vector<int32_t> order, table;  // the pool's blocks in hand-out order; the sequence's blocks
   std::unique_ptr<std::byte[], AlignedFree> k, v, q;
   explicit Cache(const GenerationConfig& cfg)
       : c(cfg),
         rows(cfg.cache_rows()),
+        block(cfg.head.kv_paged() ? cfg.head.kv_block : rows),
+        blocks((rows + block - 1) / block),
         q_rows(std::max<int64_t>(1, std::min(cfg.prompt, cfg.prefill_max_tokens))),
-        k_bytes(static_cast<size_t>(c.head.kv_heads * rows * c.head.kv_row_bytes(c.head.head_dim))),
-        v_bytes(static_cast<size_t>(c.head.kv_heads * rows * c.head.kv_row_bytes(c.head.dim_v()))),
-        q_bytes(static_cast<size_t>(c.head.q_heads * q_rows * c.head.head_dim * dtype_bytes(c.head.dtype))) {}
+        k_row(c.head.kv_row_bytes(c.head.head_dim)),
+        v_row(c.head.kv_row_bytes(c.head.dim_v())),
+        k_bytes(static_cast<size_t>(blocks * c.head.kv_heads * block * k_row)),
+        v_bytes(c.head.kv_shared ? 0 : static_cast<size_t>(blocks * c.head.kv_heads * block * v_row)),
+        q_bytes(static_cast<size_t>(c.head.q_heads * q_rows * c.head.head_dim * dtype_bytes(c.head.dtype))) {
+    if (c.head.kv_paged()) order = scattered_pool_order(blocks), table.reserve(static_cast<size_t>(blocks));
+  }
   size_t bytes() const { return k_bytes + v_bytes + q_bytes; }
-  void allocate() { k = alloc_bytes(k_bytes), v = alloc_bytes(v_bytes), q = alloc_bytes(q_bytes); }
-  // n floats converted to the storage dtype at element `at` of `base`.
-  void put(std::byte* base, int64_t at, const float* x, int64_t n) const {
+  void allocate() {
+    k = alloc_bytes(k_bytes), q = alloc_bytes(q_bytes);
+    if (v_bytes) v = alloc_bytes(v_bytes);
+  }
+  // K's or V's rows as a byte view: (blocks, kv heads, block, row bytes).
+  View4<std::byte> rows_of(bool value) const {
+    const int64_t rb = value ? v_row : k_row;
+    std::byte* base = value && !c.head.kv_shared ? v.get() : k.get();
+    return {base, blocks, c.head.kv_heads, block, rb, c.head.kv_heads * block * rb, block * rb, rb};
+  }
+  // The sequence's first `len` keys' blocks (kv_row's table; none when contiguous).
+  KvPages pages(int64_t len) const {
+    if (!c.head.kv_paged()) return {};
+    return {table.data(), (len + block - 1) / block, block, blocks};
+  }
+  // n floats stored at `at`: converted to the storage dtype, or written into a quantized cache
+  // row by its layout's rule (kv_quant.hpp), as a runtime appends a token.
+  void put(std::byte* at, const float* x, int64_t n, bool kv_row) const {
+    if (kv_row && c.head.kv_quantized()) return quantize_row(c.head.kv_dtype, x, n, at);
     visit_dtype(c.head.dtype, [&](auto e) {
       using E = decltype(e);
-      E* dst = reinterpret_cast<E*>(base) + at;
+      E* dst = reinterpret_cast<E*>(at);
       for (int64_t i = 0; i < n; ++i) dst[i] = from_float<E>(x[i]);
     });
   }
-  // Row j of kv head h: converted to the storage dtype, or written into a quantized cache by its
-  // layout's rule (kv_quant.hpp), as a runtime appends a token.
+  // Token j of kv head h (tokens arrive in order; a new block is taken when j starts one).
   void put_kv(int64_t h, int64_t j, const float* kx, const float* vx) {
-    if (c.head.kv_quantized()) {
-      const int64_t kb = c.head.kv_row_bytes(c.head.head_dim), vb = c.head.kv_row_bytes(c.head.dim_v());
-      quantize_row(c.head.kv_dtype, kx, c.head.head_dim, k.get() + (h * rows + j) * kb);
-      quantize_row(c.head.kv_dtype, vx, c.head.dim_v(), v.get() + (h * rows + j) * vb);
-      return;
-    }
-    put(k.get(), (h * rows + j) * c.head.head_dim, kx, c.head.head_dim);
-    put(v.get(), (h * rows + j) * c.head.dim_v(), vx, c.head.dim_v());
+    if (c.head.kv_paged() && j / block == static_cast<int64_t>(table.size())) table.push_back(order[table.size()]);
+    const KvPages pg = pages(j + 1);
+    put(kv_row(rows_of(false), pg, 0, h, j), kx, c.head.head_dim, true);
+    if (!c.head.kv_shared) put(kv_row(rows_of(true), pg, 0, h, j), vx, c.head.dim_v(), true);
   }
   void put_q(int64_t h, int64_t i, int64_t q_len, const float* qx) {
-    put(q.get(), (h * q_len + i) * c.head.head_dim, qx, c.head.head_dim);
+    put(q.get() + (h * q_len + i) * c.head.head_dim * dtype_bytes(c.head.dtype), qx, c.head.head_dim, false);
   }
-  // Q (q_len rows per head, BHSD) and the first `len` keys of the cache (rows `rows` apart).
+  // Q (q_len rows per head, BHSD) and the first `len` keys of the cache.
   Inputs inputs(int64_t q_len, int64_t len) const {
-    const auto view = [](const std::byte* base, int64_t heads, int64_t seq, int64_t dim, int64_t stride_rows) {
-      return View4<const void>{base, 1, heads, seq, dim, heads * stride_rows * dim, stride_rows * dim, dim};
+    // A contiguous cache's views see `len` of each head's C rows; a paged one the whole pool.
+    const int64_t outer = c.head.kv_paged() ? blocks : 1, seq = c.head.kv_paged() ? block : len;
+    const auto elems = [&](bool value, int64_t dim) {
+      const View4<std::byte> r = rows_of(value);
+      const int64_t e = dtype_bytes(c.head.dtype);
+      return View4<const void>{r.data, outer, r.heads, seq, dim, r.stride_b / e, r.stride_h / e, r.stride_s / e};
     };
+    const View4<const void> qv{q.get(),
+                               1,
+                               c.head.q_heads,
+                               q_len,
+                               c.head.head_dim,
+                               c.head.q_heads * q_len * c.head.head_dim,
+                               q_len * c.head.head_dim,
+                               c.head.head_dim};
+    Inputs in;
     if (!c.head.kv_quantized()) {
-      return inputs_over(c.head.dtype, view(q.get(), c.head.q_heads, q_len, c.head.head_dim, q_len),
-                         view(k.get(), c.head.kv_heads, len, c.head.head_dim, rows),
-                         view(v.get(), c.head.kv_heads, len, c.head.dim_v(), rows));
+      in = inputs_over(c.head.dtype, qv, elems(false, c.head.head_dim), elems(true, c.head.dim_v()));
+    } else {  // Q float32, K and V rows of bytes (View4::dim = a row's bytes)
+      const View4<const void> none{nullptr, outer, c.head.kv_heads, seq, 1, 0, 0, 0};
+      in = inputs_over(DType::F32, qv, none, none);
+      const auto bytes = [&](bool value) {
+        const View4<std::byte> r = rows_of(value);
+        return View4<const std::byte>{r.data, outer, r.heads, seq, r.dim, r.stride_b, r.stride_h, r.stride_s};
+      };
+      in.kv = c.head.kv_dtype;
+      in.kq = bytes(false);
+      in.vq = bytes(true);
     }
-    // A quantized cache: Q float32, K and V rows of bytes (View4::dim = a row's bytes).
-    const View4<const void> none{nullptr, 1, c.head.kv_heads, len, 1, 0, 0, 0};
-    Inputs in = inputs_over(DType::F32, view(q.get(), c.head.q_heads, q_len, c.head.head_dim, q_len), none, none);
-    const auto rows_of = [&](const std::byte* base, int64_t dim) {
-      const int64_t rb = c.head.kv_row_bytes(dim);
-      return View4<const std::byte>{base, 1, c.head.kv_heads, len, rb, c.head.kv_heads * rows * rb, rows * rb, rb};
-    };
-    in.kv = c.head.kv_dtype;
-    in.kq = rows_of(k.get(), c.head.head_dim);
-    in.vq = rows_of(v.get(), c.head.dim_v());
+    if (c.head.kv_shared) share_v_with_k(c.head, in);
+    in.pages = pages(len);
     return in;
   }
 };
@@ -90,6 +129,9 @@ struct Cache {
 // The kernel's output on `rows` against the float64 reference: (verdict, error, tolerance).
 std::tuple<std::string, double, double> check(const Kernel& k, const Problem& p, const Inputs& in, const Outputs& out,
                                               std::vector<RowId> rows) {
+  // The reference reads the cache through the same table: a block handed out twice (a later
+  // token overwriting an earlier one) would agree with it, so the table itself is checked.
+  if (p.kv_paged()) validate_block_table(p, in.pages);
   const Agreement a = prepare_agreement(p, in, std::move(rows));
   const Errors e = measure(a.ref, as_const(out.o), out.lse, p);
   const Tolerance t = tolerance_for(k, p, in, a);
@@ -112,6 +154,14 @@ namespace {
 }  // namespace
 
 double GenerationConfig::kv_bytes_per_token() const { return step_problem(1, 1).kv_bytes_per_token(); }
+
+std::string GenerationConfig::cache_text() const {
+  std::string t = to_string(head.dtype);
+  if (head.kv_quantized()) t += std::string(", a ") + to_string(head.kv_dtype) + " cache";
+  if (head.kv_paged()) t += ", paged in " + std::to_string(head.kv_block) + "-token blocks";
+  if (head.kv_shared) t += ", V = K's first " + std::to_string(head.dim_v()) + " columns";
+  return t;
+}
 
 Problem GenerationConfig::default_head() {
   Problem p;
@@ -141,12 +191,6 @@ void GenerationConfig::validate() const {
   if (head.layout != Layout::BHSD) {
     throw InvalidInput("layout: " + std::string(to_string(head.layout)) +
                        "; allowed: bhsd (the generation loop's cache is one (kv head, row) array per head)");
-  }
-  if (head.kv_shared) throw InvalidInput("kv_shared: true; allowed: false (generate writes K and V rows apart)");
-  if (head.kv_paged()) {
-    throw InvalidInput("kv_block: " + std::to_string(head.kv_block) +
-                       "; allowed: 0 (generate appends each token to a contiguous cache; sweep, run and verify "
-                       "read paged caches)");
   }
   step_problem(1, cache_rows()).validate();  // heads, head dims and sizes
 }
@@ -304,6 +348,9 @@ nlohmann::json GenerationResult::to_json() const {
           {"head_dim", c.head.head_dim},
           {"head_dim_v", c.head.dim_v()},
           {"dtype", to_string(c.head.dtype)},
+          {"kv_dtype", to_string(c.head.kv_dtype)},
+          {"kv_block", c.head.kv_block},
+          {"kv_shared", c.head.kv_shared},
           {"prompt", c.prompt},
           {"steps", c.steps},
           {"capacity", c.cache_rows()},
@@ -353,7 +400,8 @@ std::string generation_steps_csv(const std::vector<GenerationResult>& results) {
 
 std::string generation_summary_csv(const std::vector<GenerationResult>& results) {
   std::ostringstream o;
-  o << "name,q_heads,kv_heads,group,head_dim,head_dim_v,dtype,prompt,steps,context,threads,kernel,prefill_s,"
+  o << "name,q_heads,kv_heads,group,head_dim,head_dim_v,dtype,kv_dtype,kv_block,kv_shared,prompt,steps,context,threads,"
+       "kernel,prefill_s,"
        "prefill_note,kv_bytes_per_token,cache_bytes,kv_read_bytes_per_token,flops_per_token,median_token_s,"
        "median_append_s,median_attention_s,steady_decode_s,loop_vs_steady,tokens_per_s,read_bw_gbs,bw_fraction,"
        "peak_gflops,peak_fraction,verified,failed\n";
@@ -366,7 +414,8 @@ std::string generation_summary_csv(const std::vector<GenerationResult>& results)
     std::string note = r.prefill_note;
     std::replace(note.begin(), note.end(), ',', ';');
     o << c.name << ',' << c.head.q_heads << ',' << c.head.kv_heads << ',' << c.head.q_heads / c.head.kv_heads << ','
-      << c.head.head_dim << ',' << c.head.dim_v() << ',' << to_string(c.head.dtype) << ',' << c.prompt << ',' << c.steps
+      << c.head.head_dim << ',' << c.head.dim_v() << ',' << to_string(c.head.dtype) << ',' << to_string(c.head.kv_dtype)
+      << ',' << c.head.kv_block << ',' << (c.head.kv_shared ? "true" : "false") << ',' << c.prompt << ',' << c.steps
       << ',' << mid.context << ',' << c.threads << ',' << r.kernel << ',' << (r.prefill_s >= 0 ? num(r.prefill_s) : "")
       << ',' << note << ',' << num(c.kv_bytes_per_token()) << ','
       << num(c.kv_bytes_per_token() * static_cast<double>(c.cache_rows())) << ',' << num(mid.kv_read_bytes) << ','

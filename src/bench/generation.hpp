@@ -1,9 +1,11 @@
 // The generation loop (attnlab generate): what decode costs inside token-by-token generation.
 //
 // A preallocated KV cache of capacity C (one batch entry, BHSD, kv_heads x C rows of K and of
-// V in the storage dtype) holds a prompt of P tokens; the prompt's attention runs once as a
-// flash prefill (causal, P x P) when P is at most prefill_max_tokens, otherwise the cache is
-// filled with the prompt's K/V rows without it and the result says so. Then S steps, each:
+// V in the storage dtype or a quantized layout; or, paged (kv_block B), a pool of ceil(C / B)
+// blocks handed out to the sequence as its tokens arrive, through a growing block table; or,
+// kv_shared, K's rows alone with V their first head_dim_v columns) holds a prompt of P tokens; the prompt's attention
+// runs once as a flash prefill (causal, P x P) when P is at most prefill_max_tokens, otherwise the cache is filled with
+// the prompt's K/V rows without it and the result says so. Then S steps, each:
 //   append  one token's K and V rows for every kv head written into the cache at row P + s
 //           (converted to the storage dtype: what a real KV cache pays per token);
 //   attend  the decode kernel for the token's q_heads query rows against all P + s + 1 keys
@@ -52,6 +54,8 @@ struct GenerationConfig {
   int64_t cache_rows() const { return capacity > 0 ? capacity : prompt + steps; }
   // K and V bytes one token adds to the cache (all kv heads): the cache's memory per token.
   double kv_bytes_per_token() const;
+  // "f32", "f32, a q8_0 cache, paged in 64-token blocks, V = K's first 512 columns", ...
+  std::string cache_text() const;
 };
 
 struct Axis;

@@ -92,14 +92,11 @@ Command add_generate(CLI::App& app) {
             std::vector<bench::GenerationResult> results;
             int failed = 0;
             for (const auto& c : configs) {
-              std::printf(
-                  "%s: %d/%d heads, d %lld/%lld, %s, prompt %lld + %lld steps, %d thread(s)\n", c.name.c_str(),
-                  static_cast<int>(c.head.q_heads), static_cast<int>(c.head.kv_heads),
-                  static_cast<long long>(c.head.head_dim), static_cast<long long>(c.head.dim_v()),
-                  c.head.kv_quantized()
-                      ? (std::string(to_string(c.head.dtype)) + ", a " + to_string(c.head.kv_dtype) + " cache").c_str()
-                      : to_string(c.head.dtype),
-                  static_cast<long long>(c.prompt), static_cast<long long>(c.steps), c.threads);
+              std::printf("%s: %d/%d heads, d %lld/%lld, %s, prompt %lld + %lld steps, %d thread(s)\n", c.name.c_str(),
+                          static_cast<int>(c.head.q_heads), static_cast<int>(c.head.kv_heads),
+                          static_cast<long long>(c.head.head_dim), static_cast<long long>(c.head.dim_v()),
+                          c.cache_text().c_str(), static_cast<long long>(c.prompt), static_cast<long long>(c.steps),
+                          c.threads);
               std::fflush(stdout);
               bench::GenerationResult r = bench::run_generation(c);
               r.read_bytes_per_s = bandwidth.count(c.threads) ? bandwidth[c.threads] : 0;

@@ -105,20 +105,25 @@ Tensors allocate_outputs(const Problem& p) {
   return t;
 }
 
-namespace {
-// The block table of a fresh paged cache: sequence b's blocks in order b-major, drawn from a
-// fixed shuffle of the pool (splitmix64 Fisher-Yates), entries past a sequence's length -1.
-std::vector<int32_t> scattered_table(const Problem& p) {
-  const int64_t n = p.kv_pool_blocks(), tl = p.kv_table_len();
-  std::vector<int32_t> perm(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) perm[i] = static_cast<int32_t>(i);
+std::vector<int32_t> scattered_pool_order(int64_t blocks) {
+  std::vector<int32_t> perm(static_cast<size_t>(std::max<int64_t>(blocks, 0)));
+  for (int64_t i = 0; i < blocks; ++i) perm[i] = static_cast<int32_t>(i);
   uint64_t state = 0x5eedb10c;
-  for (int64_t i = n - 1; i > 0; --i) {
+  for (int64_t i = blocks - 1; i > 0; --i) {
     uint64_t z = (state += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     std::swap(perm[i], perm[(z ^ (z >> 31)) % static_cast<uint64_t>(i + 1)]);
   }
+  return perm;
+}
+
+namespace {
+// The block table of a fresh paged cache: sequence b's blocks in order b-major, drawn from
+// scattered_pool_order, entries past a sequence's length -1.
+std::vector<int32_t> scattered_table(const Problem& p) {
+  const int64_t tl = p.kv_table_len();
+  const std::vector<int32_t> perm = scattered_pool_order(p.kv_pool_blocks());
   std::vector<int32_t> table(static_cast<size_t>(p.batch * tl), -1);
   int64_t next = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
