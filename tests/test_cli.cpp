@@ -15,6 +15,7 @@
 
 #include "attnlab/backward.hpp"
 #include "attnlab/isa.hpp"
+#include "attnlab/kv_quant.hpp"
 #include "attnlab/kernel.hpp"
 #include "attnlab/npy.hpp"
 #include "attnlab/verify.hpp"
@@ -410,6 +411,70 @@ TEST_F(Cli, KvDtypeWritesTheCacheFromFloatFiles) {
   EXPECT_EQ(simd.code, 2) << simd.out;
   EXPECT_NE(simd.out.find("naive, flash, decode read a quantized cache"), std::string::npos) << simd.out;
   EXPECT_EQ(attnlab("verify --impl decode --kv-dtype q4_0 --q-len 1 --kv-len 300 --q-heads 8 --kv-heads 2").code, 0);
+}
+
+// A uint8 .npy array (np.save of a uint8 array): what a cache written elsewhere is handed as.
+void write_u8_npy(const std::string& file, const std::vector<std::byte>& bytes, const std::vector<int64_t>& shape) {
+  std::string dict = "{'descr': '|u1', 'fortran_order': False, 'shape': (";
+  for (int64_t s : shape) dict += std::to_string(s) + ", ";
+  dict += "), }";
+  while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
+  dict += '\n';
+  std::ofstream f(file, std::ios::binary);
+  const auto len = static_cast<uint16_t>(dict.size());
+  f << "\x93NUMPY" << '\x01' << '\x00' << static_cast<char>(len & 0xff) << static_cast<char>(len >> 8) << dict;
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A quantized cache given as it is stored (uint8 K and V whose last dimension is a row's bytes):
+// read as those bytes - O bitwise the one of the same cache written from float files - with a
+// changed byte changing O, paged too, and rows of the wrong size or a missing --kv-dtype refused.
+TEST_F(Cli, RawQuantizedCacheFilesAreReadAsStored) {
+  const Problem p = test::shape(1, 8, 2, 3, 300, 64);
+  const Tensors t = write_inputs(p);
+  for (KvDType type : {KvDType::Q4_0, KvDType::U8, KvDType::Fp8E4M3}) {
+    const std::string kv = std::string(" --kv-dtype ") + to_string(type);
+    SCOPED_TRACE(kv);
+    const int64_t rb = kv_row_bytes(type, p.head_dim);
+    for (const char* name : {"k", "v"}) {
+      const float* x = std::string(name) == "k" ? t.k.get() : t.v.get();
+      std::vector<std::byte> rows(static_cast<size_t>(p.kv_heads * p.kv_len * rb));
+      for (int64_t r = 0; r < p.kv_heads * p.kv_len; ++r)
+        quantize_row(type, x + r * p.head_dim, p.head_dim, &rows[r * rb]);
+      if (std::string(name) == "k") {
+        write_u8_npy(path("kq.npy"), rows, {1, p.kv_heads, p.kv_len, rb});
+        rows[static_cast<size_t>(5 * rb + 9)] ^= std::byte{0x10};  // one value of key 5
+        write_u8_npy(path("kq_changed.npy"), rows, {1, p.kv_heads, p.kv_len, rb});
+      } else {
+        write_u8_npy(path("vq.npy"), rows, {1, p.kv_heads, p.kv_len, rb});
+      }
+    }
+    const std::string raw = " --q " + path("q.npy") + " --k " + path("kq.npy") + " --v " + path("vq.npy");
+    ASSERT_EQ(attnlab("run --impl decode " + qkv() + kv + " --out " + path("from_float.npy")).code, 0);
+    const Result r = attnlab("run --impl decode" + raw + kv + " --out " + path("raw.npy"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    ASSERT_EQ(attnlab("run --impl decode" + raw + kv + " --kv-block 16 --out " + path("paged.npy")).code, 0);
+    const Result changed = attnlab("run --impl decode --q " + path("q.npy") + " --k " + path("kq_changed.npy") +
+                                   " --v " + path("vq.npy") + kv + " --out " + path("changed.npy"));
+    ASSERT_EQ(changed.code, 0) << changed.out;
+    const NpyArray a = read_npy(path("from_float.npy")), b = read_npy(path("raw.npy")), c = read_npy(path("paged.npy")),
+                   d = read_npy(path("changed.npy"));
+    ASSERT_EQ(a.data.size(), b.data.size());
+    EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(a.data.data(), c.data.data(), a.data.size() * sizeof(float)), 0);
+    EXPECT_NE(std::memcmp(a.data.data(), d.data.data(), a.data.size() * sizeof(float)), 0) << "the bytes are read";
+  }
+  const std::string raw = " --q " + path("q.npy") + " --k " + path("kq.npy") + " --v " + path("vq.npy");
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {raw + " --kv-dtype u8", "kq.npy: rows of 64 bytes; allowed: 72 (a u8 row of head_dim 64"},
+           {raw, "uint8 data is a quantized cache's rows, read in the layout --kv-dtype names; allowed: --kv-dtype"},
+           {" --q " + path("q.npy") + " --k " + path("kq.npy") + " --v " + path("v.npy") + " --kv-dtype fp8_e4m3",
+            "v.npy: '<f4' data beside a uint8 cache"}}) {
+    const Result bad = attnlab("run --impl decode" + args + " --out " + path("bad.npy"));
+    EXPECT_EQ(bad.code, 2) << bad.out;
+    EXPECT_NE(bad.out.find(message), std::string::npos) << bad.out;
+    EXPECT_FALSE(fs::exists(path("bad.npy")));
+  }
 }
 
 TEST_F(Cli, BadInputGetsClearErrorsAndWritesNothing) {

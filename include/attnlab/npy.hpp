@@ -26,14 +26,17 @@ struct NpyArray {
   std::vector<int64_t> shape;
   FloatBuffer data;              // '<f4' / '<f8': 64-byte aligned; writable (a mapping copies on write)
   std::vector<uint16_t> bits16;  // '<f2' / '<u2': the 16-bit patterns (data is then empty)
-  std::vector<uint8_t> bytes8;   // '|b1' / '|u1' (read_npy_mask only)
-  std::string source_dtype;      // "<f4", "<f8", "<f2", "<u2" (or "|b1", "|u1" from read_npy_mask)
+  std::vector<uint8_t> bytes8;   // '|b1' / '|u1' (read_npy_mask, read_npy_cache)
+  std::string source_dtype;      // "<f4", "<f8", "<f2", "<u2" (or "|b1", "|u1": read_npy_mask, read_npy_cache)
   bool is16() const { return source_dtype == "<f2" || source_dtype == "<u2"; }
 };
 
 NpyArray read_npy(const std::string& path);
 // A boolean mask file: bool ('|b1') or uint8 ('|u1') only, kept in bytes8.
 NpyArray read_npy_mask(const std::string& path);
+// K or V of a cache: float data as read_npy, or a quantized cache's raw rows as uint8 ('|u1',
+// kept in bytes8; the last dimension is a row's bytes).
+NpyArray read_npy_cache(const std::string& path);
 // 16-bit data widened exactly into `data` ('<u2' as bf16 bits), for arrays read as float32
 // whatever they hold (expected outputs); float data is left as it is.
 void widen_to_float(NpyArray& a);

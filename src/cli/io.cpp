@@ -3,6 +3,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <iostream>
 #include <tuple>
 
@@ -88,12 +89,77 @@ LoadedInputs load_inputs(const std::string& qp, const std::string& kp, const std
 }
 
 namespace {
+// The head dims whose rows of layout t take `bytes` bytes (the block layouts: multiples of 32).
+std::vector<int64_t> dims_of_row(KvDType t, int64_t bytes) {
+  std::vector<int64_t> dims;
+  for (int64_t d = Problem::kMinHeadDim; d <= Problem::kMaxHeadDim; ++d) {
+    const bool blocks = t == KvDType::Q8_0 || t == KvDType::Q4_0;
+    if ((!blocks || d % 32 == 0) && kv_row_bytes(t, d) == bytes) dims.push_back(d);
+  }
+  return dims;
+}
+
+// K and V given as a quantized cache's rows, as stored (uint8 .npy files whose last dimension is
+// a row's bytes in kv_dtype's layout, include/attnlab/kv_quant.hpp): a cache written elsewhere -
+// by llama.cpp (q8_0, q4_0), by an OpenVINO-style u8/u4 writer, as fp8 codes (per-tensor scale 1)
+// - read as it is. Q is float (widened exactly when 16-bit). The shapes are checked by the caller
+// but for the last dimension: head_dim is Q's, head_dim_v the one V's row bytes name.
+void load_raw_cache(LoadedInputs& li, const std::string& kp, const std::string& vp, const MaskFlags& flags) {
+  Problem& p = li.problem;
+  for (auto [path, arr] : {std::pair{&kp, &li.k}, {&vp, &li.v}}) {
+    if (arr->source_dtype != "|u1") {
+      throw InvalidInput(*path + ": '" + arr->source_dtype +
+                         "' data beside a uint8 cache; allowed: K and V both a quantized cache's rows (uint8), or "
+                         "both float data");
+    }
+  }
+  if (!p.kv_quantized()) {
+    throw InvalidInput(kp +
+                       ": uint8 data is a quantized cache's rows, read in the layout --kv-dtype names; allowed: "
+                       "--kv-dtype q8_0, q4_0, u8, u4, fp8_e4m3 or fp8_e5m2 with uint8 K and V, or float files");
+  }
+  if (const std::string dtype = flags.settings.text("dtype"); !dtype.empty() && parse_dtype(dtype) != DType::F32) {
+    throw InvalidInput("dtype: " + dtype + " with a quantized cache; allowed: f32 (Q is float32 beside a " +
+                       to_string(p.kv_dtype) + " cache)");
+  }
+  const int64_t kb = li.k.shape[3], vb = li.v.shape[3];
+  if (kb != p.kv_row_bytes(p.head_dim)) {
+    throw InvalidInput(
+        kp + ": rows of " + std::to_string(kb) + " bytes; allowed: " + std::to_string(p.kv_row_bytes(p.head_dim)) +
+        " (a " + to_string(p.kv_dtype) + " row of head_dim " + std::to_string(p.head_dim) + ", Q's last dimension)");
+  }
+  const std::vector<int64_t> dv = dims_of_row(p.kv_dtype, vb);
+  if (p.kv_row_bytes(p.head_dim) == vb) {
+    p.head_dim_v = 0;  // V's rows are K's size: head_dim_v = head_dim
+  } else if (dv.size() == 1) {
+    p.head_dim_v = dv[0];
+  } else {
+    std::string names;
+    for (int64_t d : dv) names += (names.empty() ? "" : " or ") + std::to_string(d);
+    throw InvalidInput(vp + ": rows of " + std::to_string(vb) + " bytes are " +
+                       (dv.empty() ? std::string("no ") + to_string(p.kv_dtype) + " row"
+                                   : "a " + std::string(to_string(p.kv_dtype)) + " row of head_dim_v " + names) +
+                       "; allowed: the bytes of one " + to_string(p.kv_dtype) + " row of " +
+                       std::to_string(Problem::kMinHeadDim) + ".." + std::to_string(Problem::kMaxHeadDim) + " values");
+  }
+  p.dtype = DType::F32;
+  p.validate();
+  widen_to_float(li.q);
+  li.stored = allocate_tensors(p);
+  Inputs& in = li.stored.inputs;
+  std::memcpy(const_cast<float*>(in.q.data), li.q.data.data(), static_cast<size_t>(p.q_elems()) * sizeof(float));
+  std::memcpy(const_cast<std::byte*>(in.kq.data), li.k.bytes8.data(), li.k.bytes8.size());
+  std::memcpy(const_cast<std::byte*>(in.vq.data), li.v.bytes8.data(), li.v.bytes8.size());
+  li.inputs = in;
+}
+
 LoadedInputs load_contiguous(const std::string& qp, const std::string& kp, const std::string& vp,
                              const MaskFlags& flags) {
   LoadedInputs li;
   li.q = read_npy(qp);
-  li.k = read_npy(kp);
-  li.v = read_npy(vp);
+  li.k = read_npy_cache(kp);
+  li.v = read_npy_cache(vp);
+  const bool raw = li.k.source_dtype == "|u1" || li.v.source_dtype == "|u1";
   Problem& p = li.problem;
   flags.apply(p);
   p.kv_block = 0;  // read as a contiguous cache first
@@ -120,7 +186,7 @@ LoadedInputs load_contiguous(const std::string& qp, const std::string& kp, const
   const int hi = bhsd ? 1 : 2, si = bhsd ? 2 : 1;
   if (ks[0] != qs[0])
     throw InvalidInput(kp + ": batch " + std::to_string(ks[0]) + " differs from Q's batch " + std::to_string(qs[0]));
-  if (ks[3] != qs[3])
+  if (ks[3] != qs[3] && !raw)
     throw InvalidInput(kp + ": head_dim " + std::to_string(ks[3]) + " differs from Q's head_dim " +
                        std::to_string(qs[3]));
   p.batch = qs[0];
@@ -130,6 +196,10 @@ LoadedInputs load_contiguous(const std::string& qp, const std::string& kp, const
   p.head_dim_v = vs[3] == qs[3] ? 0 : vs[3];
   p.kv_heads = ks[hi];
   p.kv_len = ks[si];
+  if (raw) {
+    load_raw_cache(li, kp, vp, flags);
+    return li;
+  }
   p.validate();
   p.dtype = storage_dtype(flags, {{&qp, &li.q}, {&kp, &li.k}, {&vp, &li.v}});
   if (p.kv_quantized()) {  // the cache written from the files' float K and V (kv_quant.hpp)

@@ -87,17 +87,25 @@ std::pair<size_t, size_t> read_preamble(std::string_view head, uint64_t file_siz
   return {start, len};
 }
 
-NpyHeader parse_header(const std::string& header, size_t data_start, const std::string& name, bool booleans = false) {
+// What a reader accepts: float data; a mask (bool or uint8); a K/V cache (float data, or a
+// quantized cache's raw rows as uint8).
+enum class NpyKind { Float, Mask, Cache };
+
+NpyHeader parse_header(const std::string& header, size_t data_start, const std::string& name,
+                       NpyKind kind = NpyKind::Float) {
   NpyHeader h;
   h.data_start = data_start;
   std::string descr = dict_value(header, "descr", name);
   if (descr.size() >= 2 && (descr.front() == '\'' || descr.front() == '"')) descr = descr.substr(1, descr.size() - 2);
   // The byte order must be written out: '=' (native) or none would make the file's meaning
   // depend on the machine that wrote it.
-  if (booleans) {  // a mask file (read_npy_mask): bool or uint8 only
+  if (kind == NpyKind::Mask) {  // a mask file (read_npy_mask): bool or uint8 only
     if (descr != "|b1" && descr != "|u1") {
       fail(name, "dtype '" + descr + "' is not a mask; allowed: bool ('|b1') or uint8 ('|u1'), nonzero = attend");
     }
+    h.dtype = descr;
+    h.elem = 1;
+  } else if (kind == NpyKind::Cache && descr == "|u1") {  // a quantized cache's rows (read_npy_cache)
     h.dtype = descr;
     h.elem = 1;
   } else if (descr == "<f4" || descr == "<f8" || descr == "<f2" || descr == "<u2") {
@@ -107,7 +115,8 @@ NpyHeader parse_header(const std::string& header, size_t data_start, const std::
     fail(name, "dtype '" + descr +
                    "' is not supported; allowed: float32 ('<f4'), float64 ('<f8'), "
                    "float16 ('<f2') or raw bfloat16 bits ('<u2'), little-endian with the byte order "
-                   "written out (np.save(f, a.astype('<f4')))");
+                   "written out (np.save(f, a.astype('<f4')))" +
+                   (kind == NpyKind::Cache ? std::string(", or a quantized cache's rows as uint8 ('|u1')") : ""));
   }
   const std::string fortran = dict_value(header, "fortran_order", name);
   if (fortran == "True") fail(name, "Fortran order is not supported; allowed: C order (np.ascontiguousarray)");
@@ -331,8 +340,8 @@ NpyArray parse_npy(const std::string& bytes, const std::string& name) {
 }
 
 namespace {
-// booleans: a mask file (read_npy_mask), bool or uint8 kept in bytes8; else float data.
-NpyArray read_npy_file(const std::string& path, bool booleans) {
+// kind: what the file may hold (bool and uint8 kept in bytes8).
+NpyArray read_npy_file(const std::string& path, NpyKind kind) {
   // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
   const Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
   if (f.fd < 0) fail(path, std::string("cannot open for reading: ") + std::strerror(errno));
@@ -352,7 +361,7 @@ NpyArray read_npy_file(const std::string& path, bool booleans) {
   const auto [start, len] = read_preamble(head, size, path);
   std::string header(len, '\0');
   pread_all(f.fd, header.data(), len, start, path);
-  const NpyHeader h = parse_header(header, start + len, path, booleans);
+  const NpyHeader h = parse_header(header, start + len, path, kind);
   check_data_size(h, size, path);
   NpyArray arr = empty_array(h, path);
   if (h.elem == 1) {
@@ -385,9 +394,11 @@ NpyArray read_npy_file(const std::string& path, bool booleans) {
 
 }  // namespace
 
-NpyArray read_npy_mask(const std::string& path) { return read_npy_file(path, true); }
+NpyArray read_npy_mask(const std::string& path) { return read_npy_file(path, NpyKind::Mask); }
 
-NpyArray read_npy(const std::string& path) { return read_npy_file(path, false); }
+NpyArray read_npy(const std::string& path) { return read_npy_file(path, NpyKind::Float); }
+
+NpyArray read_npy_cache(const std::string& path) { return read_npy_file(path, NpyKind::Cache); }
 
 void widen_to_float(NpyArray& a) {
   if (!a.is16()) return;
