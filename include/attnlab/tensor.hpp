@@ -247,4 +247,11 @@ Tensors page_kv(const Problem& p, const Inputs& in);
 // a block that two sequences (or two positions of one) share.
 void validate_block_table(const Problem& p, const KvPages& pages);
 
+// A quantized cache given as stored (rows of bytes in kv_dtype's layout, read as they are: .npy
+// uint8 files, Python uint8 arrays): K's rows must be head_dim's size; head_dim_v is head_dim
+// when V's rows are that size too, else the one dim whose row takes v_row_bytes (0 = head_dim).
+// Throws InvalidInput naming k_field / v_field, the size given and the sizes allowed.
+int64_t raw_cache_dim_v(KvDType t, int64_t head_dim, int64_t k_row_bytes, int64_t v_row_bytes,
+                        const std::string& k_field, const std::string& v_field);
+
 }  // namespace attnlab

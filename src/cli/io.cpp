@@ -89,16 +89,6 @@ LoadedInputs load_inputs(const std::string& qp, const std::string& kp, const std
 }
 
 namespace {
-// The head dims whose rows of layout t take `bytes` bytes (the block layouts: multiples of 32).
-std::vector<int64_t> dims_of_row(KvDType t, int64_t bytes) {
-  std::vector<int64_t> dims;
-  for (int64_t d = Problem::kMinHeadDim; d <= Problem::kMaxHeadDim; ++d) {
-    const bool blocks = t == KvDType::Q8_0 || t == KvDType::Q4_0;
-    if ((!blocks || d % 32 == 0) && kv_row_bytes(t, d) == bytes) dims.push_back(d);
-  }
-  return dims;
-}
-
 // K and V given as a quantized cache's rows, as stored (uint8 .npy files whose last dimension is
 // a row's bytes in kv_dtype's layout, include/attnlab/kv_quant.hpp): a cache written elsewhere -
 // by llama.cpp (q8_0, q4_0), by an OpenVINO-style u8/u4 writer, as fp8 codes (per-tensor scale 1)
@@ -122,26 +112,7 @@ void load_raw_cache(LoadedInputs& li, const std::string& kp, const std::string& 
     throw InvalidInput("dtype: " + dtype + " with a quantized cache; allowed: f32 (Q is float32 beside a " +
                        to_string(p.kv_dtype) + " cache)");
   }
-  const int64_t kb = li.k.shape[3], vb = li.v.shape[3];
-  if (kb != p.kv_row_bytes(p.head_dim)) {
-    throw InvalidInput(
-        kp + ": rows of " + std::to_string(kb) + " bytes; allowed: " + std::to_string(p.kv_row_bytes(p.head_dim)) +
-        " (a " + to_string(p.kv_dtype) + " row of head_dim " + std::to_string(p.head_dim) + ", Q's last dimension)");
-  }
-  const std::vector<int64_t> dv = dims_of_row(p.kv_dtype, vb);
-  if (p.kv_row_bytes(p.head_dim) == vb) {
-    p.head_dim_v = 0;  // V's rows are K's size: head_dim_v = head_dim
-  } else if (dv.size() == 1) {
-    p.head_dim_v = dv[0];
-  } else {
-    std::string names;
-    for (int64_t d : dv) names += (names.empty() ? "" : " or ") + std::to_string(d);
-    throw InvalidInput(vp + ": rows of " + std::to_string(vb) + " bytes are " +
-                       (dv.empty() ? std::string("no ") + to_string(p.kv_dtype) + " row"
-                                   : "a " + std::string(to_string(p.kv_dtype)) + " row of head_dim_v " + names) +
-                       "; allowed: the bytes of one " + to_string(p.kv_dtype) + " row of " +
-                       std::to_string(Problem::kMinHeadDim) + ".." + std::to_string(Problem::kMaxHeadDim) + " values");
-  }
+  p.head_dim_v = raw_cache_dim_v(p.kv_dtype, p.head_dim, li.k.shape[3], li.v.shape[3], kp, vp);
   p.dtype = DType::F32;
   p.validate();
   widen_to_float(li.q);

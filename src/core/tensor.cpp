@@ -385,6 +385,29 @@ void validate_block_table(const Problem& p, const KvPages& pg) {
   }
 }
 
+int64_t raw_cache_dim_v(KvDType t, int64_t head_dim, int64_t k_row_bytes, int64_t v_row_bytes,
+                        const std::string& k_field, const std::string& v_field) {
+  const auto n = [](int64_t x) { return std::to_string(x); };
+  const std::string type = to_string(t);
+  if (k_row_bytes != kv_row_bytes(t, head_dim)) {
+    throw InvalidInput(k_field + ": rows of " + n(k_row_bytes) + " bytes; allowed: " + n(kv_row_bytes(t, head_dim)) +
+                       " (a " + type + " row of head_dim " + n(head_dim) + ", Q's last dimension)");
+  }
+  if (v_row_bytes == k_row_bytes) return 0;
+  std::vector<int64_t> dims;  // the block layouts take multiples of 32 values
+  for (int64_t d = Problem::kMinHeadDim; d <= Problem::kMaxHeadDim; ++d) {
+    const bool blocks = t == KvDType::Q8_0 || t == KvDType::Q4_0;
+    if ((!blocks || d % 32 == 0) && kv_row_bytes(t, d) == v_row_bytes) dims.push_back(d);
+  }
+  if (dims.size() == 1) return dims[0];
+  std::string names;
+  for (int64_t d : dims) names += (names.empty() ? "" : " or ") + n(d);
+  throw InvalidInput(v_field + ": rows of " + n(v_row_bytes) + " bytes are " +
+                     (dims.empty() ? "no " + type + " row" : "a " + type + " row of head_dim_v " + names) +
+                     "; allowed: the bytes of one " + type + " row of " + n(Problem::kMinHeadDim) + ".." +
+                     n(Problem::kMaxHeadDim) + " values");
+}
+
 Tensors convert_inputs(const Problem& p, const Inputs& f32) {
   Tensors t = allocate_tensors(p);
   if (p.kv_quantized()) {

@@ -7,7 +7,9 @@
 //   attnlab.kernels(); attnlab.verify(q, k, v, causal=True); attnlab.peak()
 //
 // kv_dtype="q8_0" (or another quantized cache layout) writes float32 K and V into that cache
-// (a copy, the cache a runtime would hold) and runs on it; Q is read in place.
+// (a copy, the cache a runtime would hold) and runs on it; Q is read in place. A cache written
+// elsewhere is given as stored: uint8 k and v whose last dimension is a row's bytes in kv_dtype's
+// layout, read in place.
 // Every setting axis of the point schema (bench/point_schema.hpp) beyond layout and dtype is
 // a keyword too, taking what the experiment key takes (a new axis needs no edit here).
 // Inputs are 4-D C-contiguous CPU arrays, read in place (never copied): numpy arrays through the
@@ -75,6 +77,7 @@ struct DLManagedTensor {
 struct Arr {
   const void* data = nullptr;
   DType dtype = DType::F32;
+  bool bytes = false;  // uint8: a quantized cache's rows as stored (k and v only; dtype unused)
   std::array<int64_t, 4> shape{};
   std::shared_ptr<void> hold;
   std::string library = "numpy";  // the module of the object's type: where outputs go back
@@ -117,7 +120,7 @@ void check_array(const char* name, const std::vector<int64_t>& shape, bool conti
                           ": not C-contiguous; allowed: a C-contiguous array (np.ascontiguousarray(x), "
                           "x.contiguous() in torch: the module reads arrays in place and never copies)");
   }
-  if (dtype && *dtype != to_string(r.dtype)) {
+  if (dtype && !r.bytes && *dtype != to_string(r.dtype)) {
     throw py::type_error(std::string(name) + ": dtype=\"" + *dtype + "\" given for " + seen +
                          " data; allowed: float32 for \"f32\", float16 for \"f16\", bfloat16 (or uint16 "
                          "bits) for \"bf16\"");
@@ -166,6 +169,8 @@ Arr from_dlpack(const py::handle& obj, const char* name, const std::optional<std
   } else if (t.dtype.lanes == 1 && ((t.dtype.code == 4 && t.dtype.bits == 16) ||
                                     (t.dtype.code == 1 && t.dtype.bits == 16 && dtype == "bf16"))) {
     r.dtype = DType::BF16;
+  } else if (t.dtype.lanes == 1 && t.dtype.code == 1 && t.dtype.bits == 8) {
+    r.bytes = true;
   } else {
     throw py::type_error(std::string(name) + ": " + type_name(obj) + " with " + seen + " is not read in place" +
                          kAllowedDtypes);
@@ -207,6 +212,8 @@ Arr from_buffer(const py::handle& obj, const char* name, const std::optional<std
     r.dtype = DType::F16;
   } else if (fmt == "H" && view->itemsize == 2 && dtype == "bf16") {
     r.dtype = DType::BF16;
+  } else if (fmt == "B" && view->itemsize == 1) {
+    r.bytes = true;
   } else {
     const py::object d = py::getattr(obj, "dtype", py::none());
     throw py::type_error(std::string(name) + ": dtype " + (d.is_none() ? seen : std::string(py::str(d))) +
@@ -300,7 +307,16 @@ Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, co
   c.q = as_input(q, "q", dtype, p.layout), c.k = as_input(k, "k", dtype, p.layout),
   c.v = as_input(v, "v", dtype, p.layout);
   const Arr &aq = c.q, &ak = c.k, &av = c.v;
-  if (ak.dtype != aq.dtype || av.dtype != aq.dtype) {
+  // uint8 k and v: a quantized cache's rows as stored (kv_dtype names the layout), read in place
+  const bool raw = ak.bytes || av.bytes;
+  if (aq.bytes)
+    throw py::type_error("q: uint8 data; allowed: float32 (uint8 is for k and v: a quantized cache's rows)");
+  if (raw && !(ak.bytes && av.bytes)) {
+    throw py::type_error(std::string(ak.bytes ? "v" : "k") +
+                         ": float data beside a uint8 cache; allowed: k and v both a quantized cache's rows (uint8, "
+                         "with kv_dtype), or both float data");
+  }
+  if (!raw && (ak.dtype != aq.dtype || av.dtype != aq.dtype)) {
     throw py::type_error("k, v: dtypes differ from q's; allowed: the same dtype for q, k and v");
   }
   const int hi = p.layout == Layout::BHSD ? 1 : 2, si = p.layout == Layout::BHSD ? 2 : 1;
@@ -311,7 +327,7 @@ Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, co
     }
   }
   if (ak.shape[0] != aq.shape[0]) throw py::value_error("k: batch differs from q's");
-  if (ak.shape[3] != aq.shape[3]) throw py::value_error("k: head_dim differs from q's");
+  if (ak.shape[3] != aq.shape[3] && !raw) throw py::value_error("k: head_dim differs from q's");
   p.batch = aq.shape[0], p.q_heads = aq.shape[hi], p.q_len = aq.shape[si], p.head_dim = aq.shape[3];
   p.kv_heads = ak.shape[hi], p.kv_len = ak.shape[si];
   p.head_dim_v = av.shape[3] == aq.shape[3] ? 0 : av.shape[3];
@@ -338,10 +354,30 @@ Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, co
         "kv_shared: the arrays give V as its own tensor; allowed: False here (the CLI's verify, run "
         "and sweep measure a shared cache on the lab's own inputs)");
   }
+  if (raw) {
+    if (!p.kv_quantized()) {
+      throw InvalidInput(
+          "k: uint8 data is a quantized cache's rows, read in the layout kv_dtype names; allowed: kv_dtype=\"q8_0\", "
+          "\"q4_0\", \"u8\", \"u4\", \"fp8_e4m3\" or \"fp8_e5m2\" with uint8 k and v, or float k and v");
+    }
+    p.head_dim_v = raw_cache_dim_v(p.kv_dtype, p.head_dim, ak.shape[3], av.shape[3], "k", "v");
+  }
   p.validate();
   const auto view = [&](const Arr& a, int64_t heads, int64_t seq, int64_t dim) {
     return make_view<const void>(a.data, p.batch, heads, seq, dim, p.layout);
   };
+  if (raw) {  // Q float32 and the cache's rows, both read in place
+    const View4<const void> none{nullptr, p.batch, p.kv_heads, p.kv_len, 1, 0, 0, 0};
+    c.in = inputs_over(DType::F32, view(aq, p.q_heads, p.q_len, p.head_dim), none, none);
+    c.in.kv = p.kv_dtype;
+    c.in.kq = make_view(static_cast<const std::byte*>(ak.data), p.batch, p.kv_heads, p.kv_len, ak.shape[3], p.layout);
+    c.in.vq = make_view(static_cast<const std::byte*>(av.data), p.batch, p.kv_heads, p.kv_len, av.shape[3], p.layout);
+    if (p.kv_paged()) {  // copied into a paged cache's scattered blocks
+      c.cache = page_kv(p, c.in);
+      c.in = c.cache.inputs;
+    }
+    return c;
+  }
   c.in = inputs_over(p.dtype, view(aq, p.q_heads, p.q_len, p.head_dim), view(ak, p.kv_heads, p.kv_len, p.head_dim),
                      view(av, p.kv_heads, p.kv_len, p.dim_v()));
   if (p.kv_quantized()) {               // Q read in place; K and V written into the cache layout (kv_quant.hpp)

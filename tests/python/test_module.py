@@ -329,6 +329,40 @@ def test_quantized_cache_keyword():
         attnlab.attention(q, k, v, kernel="decode", kv_dtype="q3_k")
 
 
+def q8_0_rows(x):
+    """ggml's quantize_row_q8_0_ref in numpy: per 32 values an f16 scale d = amax / 127 and the int8
+    round(x / d) - the bytes a llama.cpp cache holds; x (..., d) float32 -> (..., d / 32 * 34) uint8."""
+    blocks = x.reshape(-1, 32)
+    d = np.abs(blocks).max(axis=1) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    qs = np.round(blocks * inv[:, None]).astype(np.int8)
+    rows = np.concatenate([d.astype(np.float16)[:, None].view(np.uint8), qs.view(np.uint8)], axis=1)
+    return np.ascontiguousarray(rows.reshape(*x.shape[:-1], -1))
+
+
+def test_raw_quantized_cache_arrays():
+    """A cache written elsewhere, given as stored: uint8 k and v of q8_0 rows (ggml's bytes) are read in
+    place - O bitwise the one of the same cache written from float k and v - paged too; uint8 without
+    kv_dtype, rows of the wrong size, and a float v beside a uint8 k are refused naming the argument."""
+    q, k, v = inputs(b=1, hq=8, hkv=2, lq=2, lk=300, d=64)
+    kq, vq = q8_0_rows(k), q8_0_rows(v)
+    assert kq.dtype == np.uint8 and kq.shape == (1, 2, 300, 68)
+    for kernel in ("decode", "flash", "naive"):
+        a = attnlab.attention(q, k, v, kernel=kernel, causal=True, kv_dtype="q8_0")
+        b = attnlab.attention(q, kq, vq, kernel=kernel, causal=True, kv_dtype="q8_0")
+        assert np.array_equal(a, b), kernel
+        if kernel != "naive":  # the kernels that read a paged cache in place
+            c = attnlab.attention(q, kq, vq, kernel=kernel, causal=True, kv_dtype="q8_0", kv_block=16)
+            assert np.array_equal(a, c), kernel
+    assert all(r["verdict"] == "PASS" for r in attnlab.verify(q, kq, vq, kernels=["naive", "decode"], kv_dtype="q8_0"))
+    with pytest.raises(ValueError, match="k: uint8 data is a quantized cache's rows"):
+        attnlab.attention(q, kq, vq, kernel="decode")
+    with pytest.raises(ValueError, match="k: rows of 68 bytes; allowed: 72 \\(a u8 row of head_dim 64"):
+        attnlab.attention(q, kq, vq, kernel="decode", kv_dtype="u8")
+    with pytest.raises(TypeError, match="v: float data beside a uint8 cache"):
+        attnlab.attention(q, kq, v, kernel="decode", kv_dtype="q8_0")
+
+
 def test_paged_cache_keyword():
     """kv_block copies K and V into a paged cache's scattered blocks: decode and flash read the blocks
     in place and give the contiguous cache's bits; a mixed-length batch too; kv_shared is refused."""
