@@ -9,7 +9,8 @@
 // kv_dtype="q8_0" (or another quantized cache layout) writes float32 K and V into that cache
 // (a copy, the cache a runtime would hold) and runs on it; Q is read in place. A cache written
 // elsewhere is given as stored: uint8 k and v whose last dimension is a row's bytes in kv_dtype's
-// layout, read in place.
+// layout, read in place; with block_table= (int32, (batch, blocks per sequence)) k and v are a
+// paged cache's pool (blocks, kv_heads, block, d), read in place through the table.
 // Every setting axis of the point schema (bench/point_schema.hpp) beyond layout and dtype is
 // a keyword too, taking what the experiment key takes (a new axis needs no edit here).
 // Inputs are 4-D C-contiguous CPU arrays, read in place (never copied): numpy arrays through the
@@ -24,6 +25,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <memory>
@@ -275,9 +277,10 @@ void apply_settings(const py::kwargs& settings, Problem& p) {
   int threads = 0;
   for (const auto& [name, value] : settings) {
     const std::string key = py::str(name);
+    if (key == "block_table") continue;  // make_call's: k and v are then a paged cache's pool
     const bench::Axis* a = bench::find_axis(key);
     if (!a || a->kind != bench::AxisKind::Setting || key == "layout" || key == "dtype") {
-      std::string allowed = "kernel, causal, window, kv_lens, scale, layout, threads, dtype, isa";
+      std::string allowed = "kernel, causal, window, kv_lens, scale, layout, threads, dtype, isa, block_table";
       for (const bench::Axis& x : bench::axes()) {
         const std::string_view k = x.key;
         if (x.kind == bench::AxisKind::Setting && k != "layout" && k != "dtype") allowed += ", " + std::string(k);
@@ -293,8 +296,35 @@ struct Call {
   Problem p;
   Arr q, k, v;  // the arrays' memory, held until the call ends
   Inputs in;
-  Tensors cache;  // a quantized or paged cache (kv_dtype, kv_block), written from the K and V arrays
+  Tensors cache;                     // a quantized or paged cache (kv_dtype, kv_block), written from the K and V arrays
+  std::shared_ptr<Py_buffer> table;  // a block table given with k and v as a paged cache's pool
 };
+
+// block_table: int32 (batch, entries per sequence), C order, read in place.
+std::shared_ptr<Py_buffer> block_table_of(const py::handle& obj, int64_t batch) {
+  Py_buffer got{};
+  if (PyObject_GetBuffer(obj.ptr(), &got, PyBUF_RECORDS_RO) != 0) {
+    PyErr_Clear();
+    throw py::type_error("block_table: " + type_name(obj) + " has no buffer; allowed: a 2-D int32 numpy array");
+  }
+  auto view = std::shared_ptr<Py_buffer>(new Py_buffer(got), [](Py_buffer* b) {
+    PyBuffer_Release(b);
+    delete b;
+  });
+  std::string fmt = view->format ? view->format : "B";
+  if (!fmt.empty() && std::string("@=<").find(fmt[0]) != std::string::npos) fmt.erase(0, 1);
+  const std::vector<int64_t> shape(view->shape, view->shape + view->ndim);
+  const bool c_order = view->ndim != 2 || !view->strides ||
+                       (view->strides[1] == 4 && (shape[0] == 1 || view->strides[0] == 4 * shape[1]));
+  if ((fmt != "i" && fmt != "l") || view->itemsize != 4 || view->ndim != 2 || !c_order || shape[0] != batch) {
+    throw py::value_error("block_table: shape " + shape_text(shape) + ", format '" + fmt + "', item size " +
+                          std::to_string(view->itemsize) +
+                          "; allowed: a C-contiguous int32 array of shape (batch = " + std::to_string(batch) +
+                          ", blocks per sequence): sequence b's key j in pool block "
+                          "block_table[b][j // block]");
+  }
+  return view;
+}
 
 Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, const py::object& causal,
                const std::optional<std::pair<int64_t, int64_t>>& window,
@@ -326,10 +356,20 @@ Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, co
           "v: shape differs from k's but for the last dimension; allowed: v = k's shape with head_dim_v last");
     }
   }
-  if (ak.shape[0] != aq.shape[0]) throw py::value_error("k: batch differs from q's");
+  // k and v as a paged cache's pool (blocks, kv_heads, block, d) (bshd: (blocks, block, kv_heads,
+  // d)) when a block table is given: vLLM's and OpenVINO's layout, read in place.
+  const py::object table = settings.contains("block_table") ? py::object(settings["block_table"]) : py::none();
+  const bool pool = !table.is_none();
+  if (ak.shape[0] != aq.shape[0] && !pool) throw py::value_error("k: batch differs from q's");
   if (ak.shape[3] != aq.shape[3] && !raw) throw py::value_error("k: head_dim differs from q's");
   p.batch = aq.shape[0], p.q_heads = aq.shape[hi], p.q_len = aq.shape[si], p.head_dim = aq.shape[3];
   p.kv_heads = ak.shape[hi], p.kv_len = ak.shape[si];
+  if (pool) {
+    c.table = block_table_of(table, p.batch);
+    const int64_t entries = c.table->shape[1], block = ak.shape[si];
+    p.kv_len = entries * block;
+    if (kv_lens) p.kv_len = *std::max_element(kv_lens->begin(), kv_lens->end());
+  }
   p.head_dim_v = av.shape[3] == aq.shape[3] ? 0 : av.shape[3];
   p.dtype = aq.dtype;
   if (causal.is_none() || (py::isinstance<py::bool_>(causal) && !causal.cast<bool>())) {
@@ -366,16 +406,42 @@ Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, co
   const auto view = [&](const Arr& a, int64_t heads, int64_t seq, int64_t dim) {
     return make_view<const void>(a.data, p.batch, heads, seq, dim, p.layout);
   };
+  // K and V as given: (batch, kv_heads, kv_len) rows, or a pool's (blocks, kv_heads, block).
+  const int64_t outer = pool ? ak.shape[0] : p.batch, seq = pool ? ak.shape[si] : p.kv_len;
+  if (pool) {
+    if (p.kv_block != 0 && p.kv_block != seq) {
+      throw InvalidInput("kv_block: " + std::to_string(p.kv_block) + " beside a pool of " + std::to_string(seq) +
+                         "-token blocks; allowed: the pool's block size (" + std::to_string(seq) + "), or none");
+    }
+    if (p.kv_quantized() && !raw) {
+      throw InvalidInput(std::string("kv_dtype: ") + to_string(p.kv_dtype) +
+                         " with a float pool; allowed: the pool as stored (uint8 rows) for a quantized cache");
+    }
+    p.kv_block = seq;
+    p.validate();
+    c.in.pages = KvPages{static_cast<const int32_t*>(c.table->buf), c.table->shape[1], seq, outer};
+    validate_block_table(p, c.in.pages);
+  }
   if (raw) {  // Q float32 and the cache's rows, both read in place
-    const View4<const void> none{nullptr, p.batch, p.kv_heads, p.kv_len, 1, 0, 0, 0};
+    const View4<const void> none{nullptr, outer, p.kv_heads, seq, 1, 0, 0, 0};
+    const KvPages pages = c.in.pages;
     c.in = inputs_over(DType::F32, view(aq, p.q_heads, p.q_len, p.head_dim), none, none);
     c.in.kv = p.kv_dtype;
-    c.in.kq = make_view(static_cast<const std::byte*>(ak.data), p.batch, p.kv_heads, p.kv_len, ak.shape[3], p.layout);
-    c.in.vq = make_view(static_cast<const std::byte*>(av.data), p.batch, p.kv_heads, p.kv_len, av.shape[3], p.layout);
-    if (p.kv_paged()) {  // copied into a paged cache's scattered blocks
+    c.in.kq = make_view(static_cast<const std::byte*>(ak.data), outer, p.kv_heads, seq, ak.shape[3], p.layout);
+    c.in.vq = make_view(static_cast<const std::byte*>(av.data), outer, p.kv_heads, seq, av.shape[3], p.layout);
+    c.in.pages = pages;
+    if (p.kv_paged() && !pool) {  // copied into a paged cache's scattered blocks
       c.cache = page_kv(p, c.in);
       c.in = c.cache.inputs;
     }
+    return c;
+  }
+  if (pool) {
+    const KvPages pages = c.in.pages;
+    c.in = inputs_over(p.dtype, view(aq, p.q_heads, p.q_len, p.head_dim),
+                       make_view<const void>(ak.data, outer, p.kv_heads, seq, p.head_dim, p.layout),
+                       make_view<const void>(av.data, outer, p.kv_heads, seq, p.dim_v(), p.layout));
+    c.in.pages = pages;
     return c;
   }
   c.in = inputs_over(p.dtype, view(aq, p.q_heads, p.q_len, p.head_dim), view(ak, p.kv_heads, p.kv_len, p.head_dim),

@@ -363,6 +363,63 @@ def test_raw_quantized_cache_arrays():
         attnlab.attention(q, kq, v, kernel="decode", kv_dtype="q8_0")
 
 
+def to_pool(x, lens, block, rng):
+    """A contiguous (batch, heads, seq, d) cache as a paged one: a pool (blocks, heads, block, d) whose
+    blocks are scattered by a random permutation, and the int32 block table (batch, entries), -1 past
+    a sequence's length."""
+    b, h, s, d = x.shape
+    entries = -(-s // block)
+    need = [-(-n // block) for n in lens]
+    ids = rng.permutation(sum(need) + 3)  # 3 spare blocks no sequence uses
+    pool = np.zeros((len(ids), h, block, d), x.dtype)
+    table = np.full((b, entries), -1, np.int32)
+    at = 0
+    for i in range(b):
+        for e in range(need[i]):
+            table[i, e] = ids[at]
+            rows = x[i, :, e * block:(e + 1) * block]
+            pool[ids[at], :, :rows.shape[1]] = rows
+            at += 1
+    return pool, table
+
+
+def test_block_table_reads_a_pool_in_place():
+    """k and v as a paged cache's pool with a block table (vLLM's layout): decode and flash read it in
+    place and give the contiguous cache's bits, float32 and a raw q8_0 pool, mixed kv_lens; bad tables
+    are refused naming the entry."""
+    rng = np.random.default_rng(5)
+    q, k, v = inputs(b=2, hq=8, hkv=2, lq=3, lk=300, d=64)
+    lens = [300, 77]
+    for kernel in ("decode", "flash"):
+        for kk, vv, kw in ((k, v, {}), (q8_0_rows(k), q8_0_rows(v), {"kv_dtype": "q8_0"})):
+            want = attnlab.attention(q, kk, vv, kernel=kernel, causal=True, kv_lens=lens, **kw)
+            for block in (16, 64):
+                kp, table = to_pool(kk, lens, block, rng)
+                vp, _ = to_pool(vv, lens, block, np.random.default_rng(0))
+                vp = np.zeros_like(vp)  # V's pool in the same scattered blocks as K's
+                for i in range(2):
+                    for e in range(-(-lens[i] // block)):
+                        rows = vv[i, :, e * block:(e + 1) * block]
+                        vp[table[i, e], :, :rows.shape[1]] = rows
+                got = attnlab.attention(q, kp, vp, kernel=kernel, causal=True, kv_lens=lens, block_table=table, **kw)
+                assert np.array_equal(want, got), (kernel, kw, block)
+    kp, table = to_pool(k, lens, 16, rng)
+    vp = kp.copy()
+    assert attnlab.verify(q, kp, vp, kernels=["naive", "decode"], kv_lens=lens, block_table=table)[0]["verdict"] == "PASS"
+    bad = table.copy()
+    bad[1, 2] = kp.shape[0]
+    with pytest.raises(ValueError, match=r"block_table\[1\]\[2\]: block id .* is outside the pool"):
+        attnlab.attention(q, kp, vp, kernel="decode", kv_lens=lens, block_table=bad)
+    bad = table.copy()
+    bad[1, 0] = table[0, 3]
+    with pytest.raises(ValueError, match=r"block_table\[1\]\[0\]: block .* is also block_table\[0\]\[3\]"):
+        attnlab.attention(q, kp, vp, kernel="decode", kv_lens=lens, block_table=bad)
+    with pytest.raises(ValueError, match="block_table: shape .*allowed: a C-contiguous int32 array"):
+        attnlab.attention(q, kp, vp, kernel="decode", kv_lens=lens, block_table=table.astype(np.int64))
+    with pytest.raises(ValueError, match="kv_block: 64 beside a pool of 16-token blocks"):
+        attnlab.attention(q, kp, vp, kernel="decode", kv_lens=lens, block_table=table, kv_block=64)
+
+
 def test_paged_cache_keyword():
     """kv_block copies K and V into a paged cache's scattered blocks: decode and flash read the blocks
     in place and give the contiguous cache's bits; a mixed-length batch too; kv_shared is refused."""
