@@ -296,8 +296,8 @@ void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, cons
         continue;
       }
     }
-    if (s.qr) {
-      for (int64_t k = 0; k < d; ++k) s.qr[rr * t.dim_pad + k] = to_float(q[k]) * q_scale;
+    if (s.qr) {  // a direct task's row (bf16 K: groups of even values, then odd: qr_slot)
+      for (int64_t k = 0; k < d; ++k) s.qr[rr * t.dim_pad + qr_slot<E>(k, d)] = to_float(q[k]) * q_scale;
       continue;
     }
     const int64_t panel0 = rr / kPanelRows * kPanelRows;

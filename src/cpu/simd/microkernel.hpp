@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu/simd/kv_load.hpp"
 #include "cpu/simd/vec_math.hpp"
@@ -324,6 +325,42 @@ inline void score_panel(const float* qp, const float* kt, int64_t d, int ja, int
 inline constexpr int kDotRows = 4;
 inline constexpr int kDotKeys = kNarrowPanels ? 2 : 4;
 
+// bf16 K on x86: 2 * kLanes values are one vector load, split into their even-indexed values (a
+// 32-bit shift left by 16) and their odd-indexed ones (the high halves, masked) - one ALU op per
+// kLanes values instead of a widening shuffle and a shift. So that the dot product pairs them
+// with the right Q values, a direct task's Q rows hold each group of 2 * kLanes values as its even
+// ones, then its odd ones (qr_slot); the d tail past the last whole group keeps its order.
+#if defined(__AVX2__) || defined(__AVX512F__)
+template <class E>
+inline constexpr bool kEvenOdd = std::is_same_v<E, bf16>;
+#else
+template <class E>
+inline constexpr bool kEvenOdd = false;
+#endif
+inline constexpr int kPairGroup = 2 * kLanes;  // values per even/odd group
+
+// Where Q value k of a row of d values lies in a direct task's Q row (score_rows) for K of type E.
+template <class E>
+inline int64_t qr_slot(int64_t k, int64_t d) {
+  if (!kEvenOdd<E> || k >= d / kPairGroup * kPairGroup) return k;
+  const int64_t g = k % kPairGroup;
+  return k - g + (g % 2 ? kLanes : 0) + g / 2;
+}
+
+#if defined(__AVX512F__)
+inline void load_even_odd(const bf16* p, Batch& even, Batch& odd) {
+  const __m512i x = _mm512_loadu_si512(p);
+  even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+  odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+#elif defined(__AVX2__)
+inline void load_even_odd(const bf16* p, Batch& even, Batch& odd) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+#endif
+
 template <int MR, class E, class Step>
 inline void score_rows(const float* qr, int64_t ldq, const float* zero, const Rows<E>& k, int64_t d, int ja, int jb,
                        float* s, Step& step) {
@@ -347,7 +384,25 @@ inline void score_rows(const float* qr, int64_t ldq, const float* zero, const Ro
           for (int i = 0; i < kDotKeys; ++i) acc[r * kDotKeys + i] = simd::fma(qv, kv[i], acc[r * kDotKeys + i]);
         }
       };
-      for (int64_t c = 0; c < full; c += kLanes) {
+      int64_t c = 0;
+#if defined(__AVX2__) || defined(__AVX512F__)
+      if constexpr (kEvenOdd<E>) {  // whole groups of even/odd pairs (qr_slot's layout)
+        for (; c + kPairGroup <= d; c += kPairGroup) {
+          step();
+          step();  // as many prefetch steps as kLanes-wide steps: the stream covers the tile
+          Batch ke[kDotKeys], ko[kDotKeys];
+          for (int i = 0; i < kDotKeys; ++i) load_even_odd(kr[i] + c, ke[i], ko[i]);
+          for (int r = 0; r < kDotRows; ++r) {
+            const Batch qe = Batch::load_aligned(q[r] + c), qo = Batch::load_aligned(q[r] + c + kLanes);
+            for (int i = 0; i < kDotKeys; ++i) {
+              acc[r * kDotKeys + i] = simd::fma(qe, ke[i], acc[r * kDotKeys + i]);
+              acc[r * kDotKeys + i] = simd::fma(qo, ko[i], acc[r * kDotKeys + i]);
+            }
+          }
+        }
+      }
+#endif
+      for (; c < full; c += kLanes) {
         step();
         step_block(c, false);
       }
