@@ -221,6 +221,8 @@ size_t peer_memory_bytes(const std::string& kernel, const Problem& p) {
   // ov_decode's state: the cache in the plugin's own buffers - measured peak RSS growth 3.0x the
   // float32 K/V at 32/8 heads, d 128, kv 32768 (f32 cache; f16 2.0x, u8 1.65x)
   const size_t state = kernel == "ov_decode" ? 3 * f32(p.kv_elems() + p.v_elems()) : 0;
+  // a 16-bit or quantized point's float32 source values (the row's error against them)
+  const size_t unrounded = p.dtype != DType::F32 || p.kv_quantized() ? inputs : 0;
   // A backward point: dO (the lab's, the file's, the peer's), the gradients three times (the
   // peer's, the files read back, the check's), the autograd graph's saved scores when the peer
   // materializes them, and the check's forward (O, LSE).
@@ -228,8 +230,8 @@ size_t peer_memory_bytes(const std::string& kernel, const Problem& p) {
   const size_t backward =
       p.pass == Pass::Forward ? 0 : 3 * f32(p.o_elems()) + 3 * grads + scores + f32(p.o_elems() + p.lse_elems());
   // the lab's tensors, the files, the peer's arrays, O twice (the peer's and the one read back)
-  return static_cast<size_t>(tensor_bytes(p)) + 2 * inputs + repeated + state + 2 * f32(p.o_elems()) + mask + scores +
-         backward;
+  return static_cast<size_t>(tensor_bytes(p)) + 2 * inputs + unrounded + repeated + state + 2 * f32(p.o_elems()) +
+         mask + scores + backward;
 }
 
 std::string PeerPool::default_python() {
