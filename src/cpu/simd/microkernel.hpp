@@ -347,6 +347,16 @@ inline int64_t qr_slot(int64_t k, int64_t d) {
   return k - g + (g % 2 ? kLanes : 0) + g / 2;
 }
 
+// Keeps v in a register: GCC otherwise folds a Q load into every FMA that uses it (one load per
+// key instead of one per vector of Q).
+inline void keep_in_register([[maybe_unused]] Batch& v) {
+#if defined(__AVX512F__)
+  asm("" : "+v"(v.data));
+#elif defined(__AVX2__)
+  asm("" : "+x"(v.data));
+#endif
+}
+
 #if defined(__AVX512F__)
 inline void load_even_odd(const bf16* p, Batch& even, Batch& odd) {
   const __m512i x = _mm512_loadu_si512(p);
@@ -393,7 +403,8 @@ inline void score_rows(const float* qr, int64_t ldq, const float* zero, const Ro
           Batch ke[kDotKeys], ko[kDotKeys];
           for (int i = 0; i < kDotKeys; ++i) load_even_odd(kr[i] + c, ke[i], ko[i]);
           for (int r = 0; r < kDotRows; ++r) {
-            const Batch qe = Batch::load_aligned(q[r] + c), qo = Batch::load_aligned(q[r] + c + kLanes);
+            Batch qe = Batch::load_aligned(q[r] + c), qo = Batch::load_aligned(q[r] + c + kLanes);
+            keep_in_register(qe), keep_in_register(qo);
             for (int i = 0; i < kDotKeys; ++i) {
               acc[r * kDotKeys + i] = simd::fma(qe, ke[i], acc[r * kDotKeys + i]);
               acc[r * kDotKeys + i] = simd::fma(qo, ko[i], acc[r * kDotKeys + i]);
@@ -402,6 +413,22 @@ inline void score_rows(const float* qr, int64_t ldq, const float* zero, const Ro
         }
       }
 #endif
+      if constexpr (std::is_same_v<E, float> || std::is_same_v<E, f16>) {  // two vectors of d per step
+        for (; c + 2 * kLanes <= full; c += 2 * kLanes) {
+          step();
+          step();
+          Batch k0[kDotKeys], k1[kDotKeys];
+          for (int i = 0; i < kDotKeys; ++i) k0[i] = load_at(kr[i], c), k1[i] = load_at(kr[i], c + kLanes);
+          for (int r = 0; r < kDotRows; ++r) {
+            Batch q0 = Batch::load_aligned(q[r] + c), q1 = Batch::load_aligned(q[r] + c + kLanes);
+            keep_in_register(q0), keep_in_register(q1);
+            for (int i = 0; i < kDotKeys; ++i) {
+              acc[r * kDotKeys + i] = simd::fma(q0, k0[i], acc[r * kDotKeys + i]);
+              acc[r * kDotKeys + i] = simd::fma(q1, k1[i], acc[r * kDotKeys + i]);
+            }
+          }
+        }
+      }
       for (; c < full; c += kLanes) {
         step();
         step_block(c, false);
