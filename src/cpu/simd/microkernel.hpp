@@ -315,7 +315,9 @@ inline void score_panel(const float* qp, const float* kt, int64_t d, int ja, int
 // K rows as stored (E widened where loaded). Register block: kDotRows rows x kDotKeys keys
 // of accumulators (AVX2: 4 x 2 = 8, one reduction; 32-register targets 4 x 4), each K vector
 // feeding 4 rows and each Q vector kDotKeys keys, reduced kLanes accumulators at a time
-// (transpose_sum). AVX2 4 x 3 (16 registers) measured ~13% slower for float32
+// (transpose_sum). Two vectors of d per step, Q held in registers, for float32, f16 and bf16
+// K (+9% for f32 in tools/probes/decode_scores, paired rounds: GCC otherwise reloads Q for each
+// key); a quantized K one vector per step (its widening needs the registers). AVX2 4 x 3 (16 registers) measured ~13% slower for float32
 // decode and within noise at 16-bit (attn_bench decode group, 3 interleaved A/B rounds);
 // NEON's 4 x 4 follows the register budget, not a measurement. Packing K^T costs a load, a
 // transpose and a store per element,
