@@ -317,13 +317,11 @@ inline void score_panel(const float* qp, const float* kt, int64_t d, int ja, int
 // feeding 4 rows and each Q vector kDotKeys keys, reduced kLanes accumulators at a time
 // (transpose_sum). Two vectors of d per step, Q held in registers, for float32, f16 and bf16
 // K (+9% for f32 in tools/probes/decode_scores, paired rounds: GCC otherwise reloads Q for each
-// key); a quantized K one vector per step (its widening needs the registers). AVX2 4 x 3 (16 registers) measured ~13% slower for float32
-// decode and within noise at 16-bit (attn_bench decode group, 3 interleaved A/B rounds);
-// NEON's 4 x 4 follows the register budget, not a measurement. Packing K^T costs a load, a
-// transpose and a store per element,
-// as much as the GEMM itself when only ~4 rows use the tile. qr rows are ldq floats apart,
-// zero padded to whole vectors and 64-byte aligned; `zero` is one such row of zeros (for
-// rows past MR). step() as in score_panel.
+// key); a quantized K one vector per step (its widening needs the registers). AVX2 4 x 3 (16 registers) measured ~13%
+// slower for float32 decode and within noise at 16-bit (attn_bench decode group, 3 interleaved A/B rounds); NEON's 4 x
+// 4 follows the register budget, not a measurement. Packing K^T costs a load, a transpose and a store per element, as
+// much as the GEMM itself when only ~4 rows use the tile. qr rows are ldq floats apart, zero padded to whole vectors
+// and 64-byte aligned; `zero` is one such row of zeros (for rows past MR). step() as in score_panel.
 inline constexpr int kDotRows = 4;
 inline constexpr int kDotKeys = kNarrowPanels ? 2 : 4;
 
