@@ -395,30 +395,22 @@ inline void score_rows(const float* qr, int64_t ldq, const float* zero, const Ro
         }
       };
       int64_t c = 0;
-#if defined(__AVX2__) || defined(__AVX512F__)
-      if constexpr (kEvenOdd<E>) {  // whole groups of even/odd pairs (qr_slot's layout)
-        for (; c + kPairGroup <= d; c += kPairGroup) {
-          step();
-          step();  // as many prefetch steps as kLanes-wide steps: the stream covers the tile
-          Batch ke[kDotKeys], ko[kDotKeys];
-          for (int i = 0; i < kDotKeys; ++i) load_even_odd(kr[i] + c, ke[i], ko[i]);
-          for (int r = 0; r < kDotRows; ++r) {
-            Batch qe = Batch::load_aligned(q[r] + c), qo = Batch::load_aligned(q[r] + c + kLanes);
-            keep_in_register(qe), keep_in_register(qo);
-            for (int i = 0; i < kDotKeys; ++i) {
-              acc[r * kDotKeys + i] = simd::fma(qe, ke[i], acc[r * kDotKeys + i]);
-              acc[r * kDotKeys + i] = simd::fma(qo, ko[i], acc[r * kDotKeys + i]);
-            }
-          }
-        }
-      }
-#endif
-      if constexpr (std::is_same_v<E, float> || std::is_same_v<E, f16>) {  // two vectors of d per step
+      // Two vectors of d per step (float32, f16; bf16 as even/odd groups, qr_slot's layout), Q
+      // held in registers; a quantized K one vector per step (step_block).
+      if constexpr (kEvenOdd<E> || std::is_same_v<E, float> || std::is_same_v<E, f16>) {
         for (; c + 2 * kLanes <= full; c += 2 * kLanes) {
           step();
-          step();
+          step();  // as many prefetch steps as kLanes-wide steps: the stream covers the tile
           Batch k0[kDotKeys], k1[kDotKeys];
-          for (int i = 0; i < kDotKeys; ++i) k0[i] = load_at(kr[i], c), k1[i] = load_at(kr[i], c + kLanes);
+          for (int i = 0; i < kDotKeys; ++i) {
+#if defined(__AVX2__) || defined(__AVX512F__)
+            if constexpr (kEvenOdd<E>) {
+              load_even_odd(kr[i] + c, k0[i], k1[i]);
+              continue;
+            }
+#endif
+            k0[i] = load_at(kr[i], c), k1[i] = load_at(kr[i], c + kLanes);
+          }
           for (int r = 0; r < kDotRows; ++r) {
             Batch q0 = Batch::load_aligned(q[r] + c), q1 = Batch::load_aligned(q[r] + c + kLanes);
             keep_in_register(q0), keep_in_register(q1);
