@@ -5,7 +5,7 @@ Usage: classify.py REPORT.txt -> the share of each part in the kernel's samples 
 own set-up - random inputs, the float64 reference, the peak loops - left out)."""
 import re, sys
 parts = [("GEMM 1 (score_panel / score_rows)", r"score_panel|score_rows|score_block|score_vectors"),
-         ("GEMM 2 (pv_panel)", r"pv_panel|pv_keys"),
+         ("GEMM 2 (pv_panel)", r"pv_panel|pv_keys|pv_run|pv_rows|pv_pairs"),
          ("softmax epilogue (softmax_rows)", r"softmax_rows"),
          ("tile loop (attend_tiles: next-tile prefetch, masks, dispatch)", r"attend_tiles|process_panel"),
          ("K packing (pack_k_transposed)", r"pack_k"),
