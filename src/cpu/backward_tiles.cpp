@@ -462,19 +462,18 @@ void flash_backward(const Problem& p, const Inputs& in, const BackwardInputs& bw
   const Layout l(p);
   float* dd = reinterpret_cast<float*>(ctx.workspace.data());
   // Pass 0: D_i = dO_i . O_i.
-  attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, p.batch * p.q_heads, 1),
-                          [&](const tbb::blocked_range<int64_t>& range) {
-                            for (int64_t bh = range.begin(); bh != range.end(); ++bh) {
-                              const int64_t b = bh / p.q_heads, h = bh % p.q_heads;
-                              for (int64_t i = 0; i < p.q_len; ++i) {
-                                const float* go = bw.d_o.row(b, h, i);
-                                const float* o = bw.o.row(b, h, i);
-                                float sum = 0.f;
-                                for (int64_t d = 0; d < p.dim_v(); ++d) sum += go[d] * o[d];
-                                dd[bh * p.q_len + i] = sum;
-                              }
-                            }
-                          });
+  attnlab::parallel_tasks(TaskRange(0, p.batch * p.q_heads, 1), [&](const TaskRange& range) {
+    for (int64_t bh = range.begin(); bh != range.end(); ++bh) {
+      const int64_t b = bh / p.q_heads, h = bh % p.q_heads;
+      for (int64_t i = 0; i < p.q_len; ++i) {
+        const float* go = bw.d_o.row(b, h, i);
+        const float* o = bw.o.row(b, h, i);
+        float sum = 0.f;
+        for (int64_t d = 0; d < p.dim_v(); ++d) sum += go[d] * o[d];
+        dd[bh * p.q_len + i] = sum;
+      }
+    }
+  });
   std::optional<Pattern> pat;  // a sparse pattern's rule and block classification, O(n) to build
   if (p.sparse()) pat.emplace(p);
   visit_inputs(in, [&](const auto& typed) {
@@ -484,35 +483,32 @@ void flash_backward(const Problem& p, const Inputs& in, const BackwardInputs& bw
     const auto mine = [&] { return thread_scratch(ctx, mine_bytes, "flash backward", d_bytes(p)); };
     const auto scratch = [&] { return Tile(mine(), l); };
     if (fused(p, ctx.threads)) {  // one task per (batch, kv head)
-      attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, p.batch * p.kv_heads, 1),
-                              [&](const tbb::blocked_range<int64_t>& range) {
-                                const Tile t = scratch();
-                                float* dq = reinterpret_cast<float*>(mine() + l.bytes);
-                                for (int64_t bh = range.begin(); bh != range.end(); ++bh)
-                                  engine.head_task(t, bh / p.kv_heads, bh % p.kv_heads, dq);
-                              });
+      attnlab::parallel_tasks(TaskRange(0, p.batch * p.kv_heads, 1), [&](const TaskRange& range) {
+        const Tile t = scratch();
+        float* dq = reinterpret_cast<float*>(mine() + l.bytes);
+        for (int64_t bh = range.begin(); bh != range.end(); ++bh)
+          engine.head_task(t, bh / p.kv_heads, bh % p.kv_heads, dq);
+      });
       return;
     }
     // Pass 1: (batch, kv head, key tile) tasks own dK and dV.
     const int64_t key_tiles = (p.kv_len + kTileKeys - 1) / kTileKeys;
-    attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, p.batch * p.kv_heads * key_tiles, 1),
-                            [&](const tbb::blocked_range<int64_t>& range) {
-                              const Tile t = scratch();
-                              for (int64_t x = range.begin(); x != range.end(); ++x) {
-                                const int64_t kt = x % key_tiles, bh = x / key_tiles;
-                                engine.keys_task(t, bh / p.kv_heads, bh % p.kv_heads, kt * kTileKeys);
-                              }
-                            });
+    attnlab::parallel_tasks(TaskRange(0, p.batch * p.kv_heads * key_tiles, 1), [&](const TaskRange& range) {
+      const Tile t = scratch();
+      for (int64_t x = range.begin(); x != range.end(); ++x) {
+        const int64_t kt = x % key_tiles, bh = x / key_tiles;
+        engine.keys_task(t, bh / p.kv_heads, bh % p.kv_heads, kt * kTileKeys);
+      }
+    });
     // Pass 2: (batch, query head, query tile) tasks own dQ.
     const int64_t row_tiles = (p.q_len + kBr - 1) / kBr;
-    attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, p.batch * p.q_heads * row_tiles, 1),
-                            [&](const tbb::blocked_range<int64_t>& range) {
-                              const Tile t = scratch();
-                              for (int64_t x = range.begin(); x != range.end(); ++x) {
-                                const int64_t qt = x % row_tiles, bh = x / row_tiles;
-                                engine.rows_task(t, bh / p.q_heads, bh % p.q_heads, qt * kBr);
-                              }
-                            });
+    attnlab::parallel_tasks(TaskRange(0, p.batch * p.q_heads * row_tiles, 1), [&](const TaskRange& range) {
+      const Tile t = scratch();
+      for (int64_t x = range.begin(); x != range.end(); ++x) {
+        const int64_t qt = x % row_tiles, bh = x / row_tiles;
+        engine.rows_task(t, bh / p.q_heads, bh % p.q_heads, qt * kBr);
+      }
+    });
   });
 }
 

@@ -158,7 +158,7 @@ class Decode final : public Kernel {
 
     // 1. Partial states, one task per (batch, kv head, key chunk).
     const int64_t tasks = p.batch * p.kv_heads * plan.chunks;
-    attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, tasks, 1), [&](const tbb::blocked_range<int64_t>& range) {
+    attnlab::parallel_tasks(TaskRange(0, tasks, 1), [&](const TaskRange& range) {
       std::byte* mine = thread_scratch(ctx, plan.thread_bytes, "decode", plan.partial_bytes);
       const simd::Scratch s(mine, plan.tiling);
       for (int64_t t = range.begin(); t != range.end(); ++t) {
@@ -170,12 +170,11 @@ class Decode final : public Kernel {
     });
 
     // 2. Exact merge of the chunks of every query row, in chunk order.
-    attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, p.batch * p.kv_heads, 1),
-                            [&](const tbb::blocked_range<int64_t>& range) {
-                              for (int64_t bh = range.begin(); bh != range.end(); ++bh) {
-                                merge(p, out, plan, map, bh / p.kv_heads, bh % p.kv_heads, partials);
-                              }
-                            });
+    attnlab::parallel_tasks(TaskRange(0, p.batch * p.kv_heads, 1), [&](const TaskRange& range) {
+      for (int64_t bh = range.begin(); bh != range.end(); ++bh) {
+        merge(p, out, plan, map, bh / p.kv_heads, bh % p.kv_heads, partials);
+      }
+    });
   }
 
  private:

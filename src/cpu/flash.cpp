@@ -127,8 +127,8 @@ void run_phases(const Problem& p, const Inputs& in, const Outputs& out, RunConte
                 const PhasePlan& plan, const char* kernel) {
   const int64_t D = p.dilation;
   attnlab::parallel_tasks(
-      tbb::blocked_range<int64_t>(0, static_cast<int64_t>(plan.tasks.size()), 1),
-      [&](const tbb::blocked_range<int64_t>& range) {
+      TaskRange(0, static_cast<int64_t>(plan.tasks.size()), 1),
+      [&](const TaskRange& range) {
         const Scratch s(thread_scratch(ctx, t.bytes, kernel), t);
         const AmxScope amx(t);
         for (int64_t task = range.begin(); task != range.end(); ++task) {
@@ -188,8 +188,8 @@ void run_prefill(const Problem& p, const Inputs& in, const Outputs& out, RunCont
   const int64_t per_bh = ns + nq;
   const int64_t tasks = p.batch * p.kv_heads * per_bh;
   attnlab::parallel_tasks(
-      tbb::blocked_range<int64_t>(0, tasks, 1),
-      [&](const tbb::blocked_range<int64_t>& range) {
+      TaskRange(0, tasks, 1),
+      [&](const TaskRange& range) {
         const Scratch s(thread_scratch(ctx, t.bytes, kernel), t);
         const AmxScope amx(t);
         for (int64_t task = range.begin(); task != range.end(); ++task) {

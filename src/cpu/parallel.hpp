@@ -16,6 +16,7 @@
 #include <string>
 #include <utility>
 
+#include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
@@ -53,6 +54,22 @@ void parallel_tasks(const Range& range, const Body& body, Partitioner&&... parti
 #endif
 }
 
+}  // namespace attnlab
+
+// Only the per-target sources include this header (CMake's ATTN_TARGET_SOURCES), so what follows
+// lives in the target's namespace: a function or a TBB template instantiated here gets a symbol of
+// this target's own. In namespace attnlab, the linker kept one copy of each for the whole binary -
+// backward_tiles.cpp's avx2 copy of thread_scratch and of TBB's range_vector<blocked_range<long>>
+// ::split_to_fill, VEX-encoded, in baseline code (IsaSymbols.* caught it).
+namespace attnlab::ATTN_TARGET_NS {
+
+// The task range of every parallel_tasks call: tbb::blocked_range<int64_t> under this target's name.
+struct TaskRange : tbb::blocked_range<int64_t> {
+  using tbb::blocked_range<int64_t>::blocked_range;
+  TaskRange(TaskRange& r, tbb::split s) : tbb::blocked_range<int64_t>(r, s) {}
+  TaskRange(TaskRange& r, tbb::proportional_split& s) : tbb::blocked_range<int64_t>(r, s) {}
+};
+
 // The calling thread's slice of the run's workspace (bytes_per_thread each, after `offset`
 // bytes shared by all threads): tasks index scratch by their arena slot, so a kernel run
 // outside an arena of ctx.threads threads would share a slice - an error, not a race.
@@ -64,4 +81,4 @@ inline std::byte* thread_scratch(RunContext& ctx, size_t bytes_per_thread, const
   return ctx.workspace.data() + offset + static_cast<size_t>(slot) * bytes_per_thread;
 }
 
-}  // namespace attnlab
+}  // namespace attnlab::ATTN_TARGET_NS

@@ -44,7 +44,7 @@ class Threaded final : public Kernel {
     const int64_t blocks = (p.q_len + simd::kRowBlock - 1) / simd::kRowBlock;
     const int64_t tasks = p.batch * p.q_heads * blocks;
     const size_t stride = per_thread_bytes(p);
-    attnlab::parallel_tasks(tbb::blocked_range<int64_t>(0, tasks, 1), [&](const tbb::blocked_range<int64_t>& range) {
+    attnlab::parallel_tasks(TaskRange(0, tasks, 1), [&](const TaskRange& range) {
       std::byte* scratch = thread_scratch(ctx, stride, "threaded");
       for (int64_t t = range.begin(); t != range.end(); ++t) {
         const int64_t bh = t / blocks;
