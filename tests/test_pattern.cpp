@@ -408,12 +408,12 @@ std::vector<Param> params() {
       if (q == 5) c.p.kv_lens = {1300, 700}, c.name += "_kvlens";
       cases.push_back(c);
     }
-  // More global rows than a solo tile holds (flash's Br is at most 120): several solo tiles;
-  // more than 64 global columns, so none are gathered, and the query tiles past position 250
+  // More global rows than a solo tile holds (flash's Br is at most 240): several solo tiles;
+  // more than 64 global columns, so none are gathered, and the query tiles past position 500
   // hold no global row (PatternAsMaskFile compares those bit for bit).
-  Named many{"globals_125_n400", test::shape(1, 4, 2, 400, 400, 40)};
+  Named many{"globals_250_n640", test::shape(1, 4, 2, 640, 640, 40)};
   many.p.window_left = many.p.window_right = 3;
-  for (int64_t g = 0; g < 250; g += 2) many.p.globals.push_back(g);
+  for (int64_t g = 0; g < 500; g += 2) many.p.globals.push_back(g);
   cases.push_back(many);
   std::vector<Param> out;
   for (const Kernel* k : variants()) {

@@ -50,11 +50,13 @@
 // summation order depend only on the problem, so results are bitwise identical for any
 // thread count.
 // Tile sizes: Bc = 64 keys (whole register blocks on every target); Br from the running
-// machine's L2 (planning_l2_bytes()): the largest multiple of 24 up to 120 whose rows
-// (packed Q + accumulators, ~2 d floats each) plus the packed K and V tiles fit half the L2,
-// then evened out over q_len in multiples of 6 (512 rows: 5 tiles of 108, not 4 x 120 + 32).
-// Memory: per thread R * (d + dv_pad + 17) floats + R intervals + (d_pad + 6) * 64 floats
-// (~163 KiB at d = dv = 128, G = 1; dv = head_dim_v, of V and O), independent of q_len and kv_len.
+// machine's L2 (planning_l2_bytes()): the largest multiple of 24 up to 240 whose rows
+// (packed Q + accumulators, ~2 d floats each) plus the packed K and V tiles fit 3/4 of the L2
+// (larger tiles pack each K tile for more rows), down to 120 while the problem has fewer than
+// 64 tasks, then evened out over q_len in multiples of 6 (512 rows under a 120-row bound: 5
+// tiles of 108, not 4 x 120 + 32). Memory: per thread R * (d + dv_pad + 17) floats + R
+// intervals + (d_pad + 6) * 64 floats (~290 KiB at d = dv = 128, G = 1, R = 240; dv =
+// head_dim_v, of V and O), independent of q_len and kv_len.
 // Cost: 2 (d + dv) FLOP per visible pair in the two GEMMs (AVX2: 12 FMAs per 2 vector loads + 6
 // broadcasts; ~95% of the FMA peak in L1, measured in isolation), plus one exp2 per score
 // and the per-row max/sum; K packing is 1/R of GEMM 1's loads; each K/V byte comes from

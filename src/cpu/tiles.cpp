@@ -24,8 +24,15 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr auto kLog2 = online_softmax::Units::Log2;
-constexpr int64_t kRowStep = 24;     // Br granularity: R = G * Br is a multiple of 6 rows
-constexpr int64_t kMaxRows = 120;    // Br cap: causal waste ~ Br/2 keys per row, task count
+constexpr int64_t kRowStep = 24;  // Br granularity: R = G * Br is a multiple of 6 rows
+// Br cap. Larger query tiles pack each K tile for more rows (pack_k_transposed is 1/R of GEMM 1's
+// loads and ~10% of flash's time at R = 120 on Zen 3); 120 -> 240 rows measured 1.05-1.09x at
+// d 128 (dense, causal, 32/8), 1.02x at d 64 (build/attn_ab_switch, 2 threads, paired).
+constexpr int64_t kMaxRows = 240;
+// ... but not at the cost of parallelism: Br shrinks (not below kTaskRows) while the problem has
+// fewer than kMinTasks (batch, kv head, query tile) tasks.
+constexpr int64_t kTaskRows = 120;
+constexpr int64_t kMinTasks = 64;
 constexpr int64_t kStreamRows = 16;  // up to this many rows a task streams its K/V tiles
 #if defined(__AVX512BF16__)
 constexpr bool kPairsBuilt = true;  // this target has the bf16 dot-product engine (flash_bf16)
@@ -510,14 +517,19 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx) {
   t.dim_v_pad = padded_dim(t.dim_v);
   const int64_t fixed = kTileKeys * (t.dim_pad + t.dim_v_pad) * int64_t{sizeof(float)};
   const int64_t per_row = (t.dim_pad + t.dim_v_pad + 2) * int64_t{sizeof(float)};
-  const int64_t budget = planning_l2_bytes() / 2;  // the running machine's L2 (isa.hpp)
+  // The rows' packed Q and accumulators and one K/V tile in 3/4 of the running machine's L2
+  // (isa.hpp); the rest holds the next tile's prefetched rows and the panel buffers.
+  const int64_t budget = planning_l2_bytes() * 3 / 4;
   const int64_t fit = budget > fixed ? (budget - fixed) / per_row / t.group : 0;
   if (br > 0) {
     t.br = std::min(br, p.q_len);
   } else {
-    // The L2 bound, then equal tiles: q_len 512 under a 120-row bound is 5 tiles of 108
-    // rows (the last 80), not 4 x 120 + 32 - the short last tile idles a core at the end.
-    const int64_t cap = std::clamp(fit / kRowStep * kRowStep, kRowStep, kMaxRows);
+    // The L2 bound, the task floor, then equal tiles: q_len 512 under a 120-row bound is 5
+    // tiles of 108 rows (the last 80), not 4 x 120 + 32 - the short last tile idles a core at
+    // the end.
+    int64_t cap = std::clamp(fit / kRowStep * kRowStep, kRowStep, kMaxRows);
+    const auto tasks = [&](int64_t rows) { return p.batch * p.kv_heads * ((p.q_len + rows - 1) / rows); };
+    while (cap - kRowStep >= kTaskRows && tasks(cap) < kMinTasks) cap -= kRowStep;
     const int64_t tiles = (p.q_len + cap - 1) / cap;
     const int64_t even = (p.q_len + tiles - 1) / tiles;
     t.br = std::min({cap, (even + kPanelRows - 1) / kPanelRows * kPanelRows, p.q_len});
