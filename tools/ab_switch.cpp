@@ -14,9 +14,9 @@
 //
 // Built by CMake as build/attn_ab_switch (tools/, ctest Tools.ab_switch runs it); the committed
 // runs (results/2026-12-02-ab, -sparse-work) ran the same source as /tmp/ab_switch.
-// Run: build/attn_ab_switch [--efficiency | --thp] PATTERN N LAYOUT [PAIRS] [THREADS]   (PATTERN: dense causal
-//   window sinks longformer bigbird docs dilated, the shapes of experiments/sparse.json at 8
-//   heads, d 128)
+// Run: build/attn_ab_switch [--efficiency | --thp] PATTERN N LAYOUT [PAIRS] [THREADS] [HEAD_DIM] [Q_HEADS]
+//   (PATTERN: dense causal window sinks longformer bigbird docs dilated, the shapes of
+//   experiments/sparse.json; 8 kv heads, by default 8 query heads and d 128)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
   const bool thp = argc > 1 && std::string(argv[1]) == "--thp";
   if (efficiency || thp) --argc, ++argv;
   if (argc < 4) {
-    std::fprintf(stderr, "usage: ab_switch [--efficiency | --thp] PATTERN N LAYOUT [PAIRS] [THREADS]\n");
+    std::fprintf(stderr,
+                 "usage: ab_switch [--efficiency | --thp] PATTERN N LAYOUT [PAIRS] [THREADS] [HEAD_DIM] [Q_HEADS]\n");
     return 2;
   }
   const std::string pattern = argv[1];
@@ -58,7 +59,8 @@ int main(int argc, char** argv) {
   Problem p;
   p.q_heads = p.kv_heads = 8;
   p.q_len = p.kv_len = n;
-  p.head_dim = 128;
+  p.head_dim = argc > 6 ? std::atoll(argv[6]) : 128;
+  if (argc > 7) p.q_heads = std::atoll(argv[7]);
   p.layout = parse_layout(argv[3]);
   const auto spread = [&](int k) {
     for (int g = 0; g < k; ++g) p.globals.push_back(g * n / k);
@@ -131,9 +133,15 @@ int main(int argc, char** argv) {
     }
     if (f) std::fclose(f);
   }
+  // Each variant runs on a Session made under it: a kernel's plan (a pattern's block map, a
+  // dilated window's phases) is made with the Session, and a plan made under the other variant
+  // would be rebuilt inside every timed call (or run another way).
+  attn_ab_variant = 0;
+  Session before(k, p, threads);
+  attn_ab_variant = 1;
   const auto once = [&](int variant) {
     attn_ab_variant = variant;
-    return seconds(session, thp && variant ? *huge : t);
+    return seconds(variant || thp ? session : before, thp && variant ? *huge : t);
   };
   once(0), once(1);  // warm-up
   for (int x = 0; x < pairs; ++x) {
