@@ -2,14 +2,15 @@
 // q_len != kv_len both ways, head dims that are and are not multiples of the vector width,
 // MHA / GQA / MQA, batch 1-3, causal (both alignments), windows, kv_lens with zeros and
 // both layouts; head_dim_v != head_dim (MLA); vector tails (head dims 1 to 512 that are not multiples of 16) and
-// decode's chunk merge (kv_len around its 512-key chunk, q_len 1..16, kv_lens cutting inside a chunk). A quarter of the
-// cases also run with bf16 and another quarter with f16 storage. Kernels are taken from the registry, so a new kernel
-// is tested with no change here. Unavailable kernels (e.g. CUDA without a device) are skipped with the reason.
+// decode's chunk merge (kv_len around its 128..2048-key chunks, q_len 1..16, kv_lens cutting inside a chunk). A quarter
+// of the cases also run with bf16 and another quarter with f16 storage. Kernels are taken from the registry, so a new
+// kernel is tested with no change here. Unavailable kernels (e.g. CUDA without a device) are skipped with the reason.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "attnlab/isa.hpp"
 #include "attnlab/kernel.hpp"
@@ -32,7 +33,9 @@ constexpr int64_t kTailShapes[][2] = {{1, 300}, {7, 513}, {16, 64}, {33, 65}, {6
 // (head_dim, head_dim_v) with d_v != d_qk: MLA's prefill (192/128) and absorbed decode (576/512,
 // the largest head_dim), V wider than K, and tails on either side.
 constexpr int64_t kSplitDims[][2] = {{192, 128}, {576, 512}, {64, 128}, {40, 24}, {3, 17}, {128, 1}, {80, 200}};
-// kv lengths around decode's 512-key chunk (head_dim 128 with the tests' 1 MiB L2, CMakeLists.txt).
+// kv lengths around decode's key chunks: the longest power of two of 128..2048 keys that leaves 64
+// (batch, kv head, chunk) tasks - 128-256 keys at 511..513 with these batches and heads, up to 512
+// at 1500, 2048 at 4097 with 3 x 8 kv heads; and 2048-key chunks at 2049 keys with 8 x 8 (below).
 constexpr int64_t kChunkLens[] = {511, 512, 513, 1500, 4097};
 
 enum class MaskKind {
@@ -174,6 +177,12 @@ std::vector<Case> grid() {
       if (test::small_mode() && (c % 3 != 0 || sk > 1500 || d > 257)) continue;  // head dims 8, 59, 200
       cases.push_back(make_case(sq, sk, d, hi, batch, m, layout));
     }
+  // Past decode's longest chunk: 8 sequences x 8 kv heads x 2 chunks of 2048 keys.
+  const std::pair<int64_t, MaskKind> past[] = {
+      {1, MaskKind::KvLensCutCausal}, {5, MaskKind::Causal}, {16, MaskKind::WindowWide}};
+  for (const auto& [sq, m] : past) {
+    if (!test::small_mode() || sq == 5) cases.push_back(make_case(sq, 2049, 40, 3, 8, m, Layout::BHSD));
+  }
   return cases;
 }
 

@@ -12,12 +12,13 @@
 //           15 of its second, lane 0 of its last, its last key (whether a vector max keeps
 //           or drops a NaN depends on its lane and on the instruction order the compiler
 //           picks; the tile is one where a row's running max is still -inf: the first one
-//           row 0 sees, or 512..575 for q_len 1: decode's second chunk),
+//           row 0 sees, or 512..575 for q_len 1: a later decode chunk's first tile),
 //           the last key of the batch entry's kv length, a key outside some rows' intervals
 //           inside a tile they partly see, a key seen by only some rows of a register panel,
 //           the only key some row sees; for Q: query rows at similar places (a fully masked
 //           row for "masked")
-//   q_len   128 (kv_len 200) and 1 (kv_len 1100: decode's 512-key chunks and its merge)
+//   q_len   128 (kv_len 200) and 1 (kv_len 1100: decode's key chunks - 128..512 keys here, so
+//           512 starts one - and their merge)
 // crossed in full (less the places a problem cannot have), with the mask (none, causal,
 // window, kv_lens + causal), head_dim (16, 24, 72: vector tails) and the head_dim lane of the
 // plant (0, 3, d - 5, d - 1: tail lanes) rotating so that every pair of factors meets
@@ -205,7 +206,7 @@ int64_t position_of(const Problem& p, Target target, Place place) {
     return rows[static_cast<int>(place)];
   }
   // A row's first tile, where its running max is still -inf: tiles start at the first key
-  // row 0 sees; with q_len 1 the first tile of decode's second chunk. Later tiles get the
+  // row 0 sees; with q_len 1 the first tile of a later decode chunk. Later tiles get the
   // tail, "masked" and "panel_edge" places.
   const int64_t tile = decode ? 512 : m.rows(0, p.q_len).lo;
   switch (place) {
@@ -530,7 +531,7 @@ TEST_P(Extreme, ZeroWeightKeysStillMultiplyTheirValues) {
       for (int64_t h = 0; h < p.q_heads; ++h)
         for (int64_t i = 0; i < p.q_len; ++i) const_cast<float*>(t.inputs.q.row(0, h, i))[0] = 1.f;
       // One zero-weight key with a NaN and an Inf in its V row (key 0: visible to some rows
-      // of q_len 90; key 700: in decode's second chunk), ...
+      // of q_len 90; key 700: in a later decode chunk), ...
       const int64_t j = s.q_len == 1 ? 700 : 0;
       const_cast<float*>(t.inputs.k.row(0, 0, j))[0] = low;
       const_cast<float*>(t.inputs.v.row(0, 0, j))[5] = kNan;
@@ -538,7 +539,7 @@ TEST_P(Extreme, ZeroWeightKeysStillMultiplyTheirValues) {
       expect_reference(p, t, "one key scored " + std::to_string(low));
       // ... then all keys of a row's first tile, before keys with finite scores (q_len 90:
       // keys 0..87, so row 90's first tile [24, 88) of a 64-key tiling from its 32-row
-      // block's first key 24 holds only them; q_len 1: decode's second chunk) ...
+      // block's first key 24 holds only them; q_len 1: whole decode chunks from key 512) ...
       const int64_t from = s.q_len == 1 ? 512 : 0, to = s.q_len == 1 ? 1024 : 88;
       for (int64_t k = from; k < to; ++k) const_cast<float*>(t.inputs.k.row(0, 0, k))[0] = low;
       expect_reference(

@@ -20,7 +20,7 @@ bench::GenerationConfig small(DType dtype = DType::F32) {
   c.name = "t";
   c.head.q_heads = 6, c.head.kv_heads = 2, c.head.head_dim = 40;
   c.head.dtype = dtype;
-  c.prompt = 700, c.steps = 9, c.capacity = 1000;  // decode's 512-key chunk crossed by the prompt
+  c.prompt = 700, c.steps = 9, c.capacity = 1000;  // decode's key chunks crossed by the prompt
   c.threads = 2;
   c.verify_steps = 9;  // every step
   c.repetitions = 2;

@@ -398,8 +398,8 @@ std::vector<Param> params() {
         ++x;
         cases.push_back(c);
       }
-  // Few query rows against many keys (decode's shapes: key chunks of 512 at d 128 with the tests'
-  // 1 MiB L2, a direct task in flash), with and without per-batch kv lengths.
+  // Few query rows against many keys (decode's shapes: several key chunks, a direct task in
+  // flash), with and without per-batch kv lengths.
   for (int64_t q : {1, 5})
     for (Named c : patterns(2, 8, 2, 1300, 128)) {
       c.p.q_len = q, c.p.doc_lens.clear();

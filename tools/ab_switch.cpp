@@ -16,7 +16,10 @@
 // runs (results/2026-12-02-ab, -sparse-work) ran the same source as /tmp/ab_switch.
 // Run: build/attn_ab_switch [--efficiency | --thp] PATTERN N LAYOUT [PAIRS] [THREADS] [HEAD_DIM] [Q_HEADS]
 //   (PATTERN: dense causal window sinks longformer bigbird docs dilated, the shapes of
-//   experiments/sparse.json; 8 kv heads, by default 8 query heads and d 128)
+//   experiments/sparse.json; 8 kv heads, by default 8 query heads and d 128; or decode: one
+//   token against N keys through the decode kernel, by default 32 query heads, with the cache
+//   from the environment: AB_DTYPE (f32 bf16 f16), AB_KV_DTYPE (q8_0 u8 ...), AB_KV_BLOCK (a
+//   paged cache's block), AB_MIXED=1 (8 sequences of 1k..64k keys, kv_lens; N = 65536))
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -25,7 +28,9 @@
 #include <string>
 #include <vector>
 
+#include "attnlab/dtype.hpp"
 #include "attnlab/kernel.hpp"
+#include "attnlab/kv_quant.hpp"
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
 
@@ -81,12 +86,19 @@ int main(int argc, char** argv) {
       p.doc_lens.push_back(std::min(cycle[x % 3], n - at)), at += p.doc_lens.back();
   } else if (pattern == "dilated") {
     p.causal = CausalAlign::BottomRight, p.window_left = 2048, p.window_right = 0, p.dilation = 4;
+  } else if (pattern == "decode") {  // one token against N keys: decode's kernel, 32 query heads
+    p.q_len = 1, p.q_heads = argc > 7 ? p.q_heads : 32;
+    p.causal = CausalAlign::BottomRight;
+    if (const char* dt = std::getenv("AB_DTYPE")) p.dtype = parse_dtype(dt);
+    if (const char* kd = std::getenv("AB_KV_DTYPE")) p.kv_dtype = parse_kv_dtype(kd);
+    if (const char* kb = std::getenv("AB_KV_BLOCK")) p.kv_block = std::atoll(kb);
+    if (std::getenv("AB_MIXED")) p.batch = 8, p.kv_lens = {1024, 2048, 4096, 8192, 16384, 32768, 49152, 65536};
   } else if (pattern != "dense") {
     std::fprintf(stderr, "unknown pattern %s\n", pattern.c_str());
     return 2;
   }
   p.validate();
-  const Kernel& k = kernel_or_throw("flash");
+  const Kernel& k = kernel_or_throw(pattern == "decode" ? "decode" : "flash");
   Session session(k, p, threads);
   Tensors t = random_tensors(p, 1);
   if (efficiency) {

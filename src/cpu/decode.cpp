@@ -31,7 +31,7 @@
 // order is fixed, so the output is bitwise identical for any thread count (tested in
 // tests/test_threads.cpp).
 // Memory: partial states batch * q_heads * q_len * ceil(kv_len / chunk keys) rows of
-// (head_dim_v + 16) floats (1.2 MiB at q_heads 32, kv_len 32768, head_dim 128), plus one
+// (head_dim_v + 16) floats (288 KiB at q_heads 32, kv_len 32768, head_dim 128: 16 chunks), plus one
 // tile-engine scratch per thread.
 // Expected cost: batch * kv_heads * kv_len * (head_dim + head_dim_v) * 4 bytes of K/V streamed
 // once (Problem::kv_bytes()); compute is 2 * (head_dim + head_dim_v) FLOP per (query row, key),
@@ -63,7 +63,6 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
-#include "attnlab/isa.hpp"
 #include "attnlab/kernel.hpp"
 #include "attnlab/online_softmax.hpp"
 #include "cpu/parallel.hpp"
@@ -74,18 +73,18 @@ namespace attnlab::ATTN_TARGET_NS::cpu {
 namespace {
 
 constexpr int64_t kMaxQLen = 16;
-// Keys per task: the largest power of two whose K and V rows fill at most half the L2 of
-// the running machine (planning_l2_bytes(), include/attnlab/isa.hpp), in [128, 2048] - so
-// the rows' second and later passes over a chunk (more than 16 rows: several panels) hit L2: 512
-// keys at head_dim 128 with a 1 MiB L2 (512 KiB of K and V), and kv_len 32768 gives 64
-// tasks per (batch, kv head). Measured at q_heads 32 / kv_heads 8 / kv_len 32768 on a 1 MiB
-// L2: 1024-key chunks take ~4% less CPU time than 256-key ones (task overhead, prefetcher
-// restarts).
+// Keys per task: the longest power of two up to 2048 that still leaves kMinTasks (parallel.hpp)
+// tasks, at least 128. A task's first tile is read cold (touch_rows: nothing prefetched it) and
+// its partial state is merged, so longer chunks leave less of both; a chunk's size does not
+// matter to the caches (the tile loop is outermost: each 64-key tile is reused by every panel of
+// rows while it is in L1/L2, then never again). Measured against the earlier L2-sized chunks
+// (build/attn_ab_switch decode, 32/8 heads, d 128, 2 threads, Zen 3 with a 512 KiB L2; paired):
+// f32 256 -> 2048 keys 1.11x at 32k, 1.16x at 128k, paged (64-token blocks) 1.12x, a mixed
+// batch of 1k..64k 1.16x (paged 1.19x); bf16 512 -> 2048 1.08-1.12x; u8 1.04x, q4_0 1.00x
+// (compute-bound on AVX2) - results/2026-12-03-ab, ab19.
 int64_t decode_chunk_keys(const Problem& p) {
-  const int64_t row_bytes =  // K + V, as stored
-      p.kv_row_bytes((p.head_dim + 15) / 16 * 16) + p.kv_row_bytes((p.dim_v() + 15) / 16 * 16);
-  int64_t keys = 128;
-  while (keys < 2048 && 2 * keys * row_bytes <= planning_l2_bytes() / 2) keys *= 2;
+  int64_t keys = 2048;
+  while (keys > 128 && p.batch * p.kv_heads * ((p.kv_len + keys - 1) / keys) < kMinTasks) keys /= 2;
   return keys;
 }
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -122,7 +121,7 @@ class Decode final : public Kernel {
  public:
   std::string_view name() const override { return "decode"; }
   std::string_view description() const override {
-    return "flash-decoding for q_len <= 16: L2-sized key chunks as oneTBB tasks, all query rows of a "
+    return "flash-decoding for q_len <= 16: key chunks of up to 2048 keys as oneTBB tasks, all query rows of a "
            "GQA group per task through flash's tile engine (K/V read once), partial (O, m, l) merged exactly";
   }
   Support supports(const Problem& p) const override {

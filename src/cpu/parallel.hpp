@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -34,6 +35,12 @@
 #endif
 
 namespace attnlab {
+
+// Where a kernel chooses how to cut its work (flash's query tile, decode's key chunk), it cuts
+// the largest pieces that still make at least this many tasks: enough for the threads of a
+// large machine to balance, decided from the problem alone, so the results (each task's
+// summation order) never depend on the thread count.
+inline constexpr int64_t kMinTasks = 64;
 
 template <class Range, class Body, class... Partitioner>
 void parallel_tasks(const Range& range, const Body& body, Partitioner&&... partitioner) {

@@ -13,6 +13,7 @@
 
 #include "attnlab/isa.hpp"
 #include "attnlab/online_softmax.hpp"
+#include "cpu/parallel.hpp"
 #include "cpu/simd/amx.hpp"
 #include "cpu/simd/bf16_dot.hpp"
 #include "cpu/simd/kv_load.hpp"
@@ -30,9 +31,8 @@ constexpr int64_t kRowStep = 24;  // Br granularity: R = G * Br is a multiple of
 // d 128 (dense, causal, 32/8), 1.02x at d 64 (build/attn_ab_switch, 2 threads, paired).
 constexpr int64_t kMaxRows = 240;
 // ... but not at the cost of parallelism: Br shrinks (not below kTaskRows) while the problem has
-// fewer than kMinTasks (batch, kv head, query tile) tasks.
+// fewer than kMinTasks (parallel.hpp) (batch, kv head, query tile) tasks.
 constexpr int64_t kTaskRows = 120;
-constexpr int64_t kMinTasks = 64;
 constexpr int64_t kStreamRows = 16;  // up to this many rows a task streams its K/V tiles
 #if defined(__AVX512BF16__)
 constexpr bool kPairsBuilt = true;  // this target has the bf16 dot-product engine (flash_bf16)
