@@ -119,7 +119,8 @@ TEST(Flash, LargeQueryTilesWhereTasksAreMany) {
   EXPECT_EQ(br_of(test::shape(1, 2, 1, 480, 480, 24)), 120);  // never below 120 for the floor
   for (const Kernel* kp : runnable_flash())
     for (int64_t sq : {479, 480}) {
-      Problem p = test::shape(4, 16, 8, sq, sq + 1, 24);
+      if (test::small_mode() && sq != 480) continue;  // sanitizer builds: one length
+      Problem p = test::shape(4, 16, 8, sq, sq + 1, 16);
       p.causal = CausalAlign::BottomRight;
       Tensors t = random_tensors(p, 23);
       const KernelCheck c = check_kernel(*kp, p, t.inputs, prepare_agreement(p, t.inputs, all_rows(p)), 2);
