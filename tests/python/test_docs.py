@@ -1,0 +1,46 @@
+"""scripts/docs.py quotes % of peak by the report's rule (scripts/report/peaks.py): against the
+larger of the peaks measured before and after a sweep's points, never the first alone - the
+README headline once read 116% of the FMA peak for a run whose first measurement fell in a
+contended minute."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+import docs  # noqa: E402
+
+
+def peaks(fma, read):
+    return {"schema": "attnlab-peak-2", "simd_arch": "avx2",
+            "targets": [{"isa": "avx2", "rows": [{"threads": 2, "fma_flops": fma, "read_bytes": read}]}]}
+
+
+def machine(before, after=None):
+    m = {"isa": {"default": "avx2", "targets_built": ["scalar", "avx2"]}, "peaks": peaks(*before)}
+    if after:
+        m["peaks_after"] = peaks(*after)
+    return m
+
+
+ROW = {"kernel": "flash", "isa": "avx2", "threads": "2", "flops": "1e11", "bytes": "1e9", "time_median_s": "1.0"}
+
+
+@pytest.mark.parametrize("before, after, fma, read", [
+    ((100e9, 10e9), (200e9, 20e9), 200e9, 20e9),  # the after-run is the better estimate
+    ((200e9, 20e9), (100e9, 10e9), 200e9, 20e9),
+    ((150e9, 30e9), (180e9, 12e9), 180e9, 30e9),  # each figure its own larger one
+    ((100e9, 10e9), None, 100e9, 10e9),           # a run from before peaks_after
+])
+def test_peaks_are_the_larger_of_before_and_after(before, after, fma, read):
+    m = machine(before, after)
+    assert docs.peak_row(m, 2) == {"fma_flops": fma, "read_bytes": read}
+    assert docs.fraction_of_peak(ROW, m, decode=False) == pytest.approx(1e11 / fma)
+    assert docs.fraction_of_peak(ROW, m, decode=True) == pytest.approx(1e9 / read)
+
+
+def test_unmeasured_thread_count_takes_the_largest_row():
+    m = machine((100e9, 10e9), (120e9, 11e9))
+    assert docs.peak_row(m, 8) == {"fma_flops": 120e9, "read_bytes": 11e9}
+    assert docs.peak_row({}, 2) == {}
