@@ -20,7 +20,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import LEGACY_SCHEMA, kernel_order, load_results, load_schema, ok_rows  # noqa: E402
+from report import LEGACY_SCHEMA, best_peaks, kernel_order, load_results, load_schema, ok_rows  # noqa: E402
 
 import matplotlib  # noqa: E402
 
@@ -109,18 +109,12 @@ def machine_differences(ma, mb):
     if ia.get("default") != ib.get("default"):
         out.append(f"default ISA: {ia.get('default')} vs {ib.get('default')}")
 
-    def peaks(m):
-        p = m.get("peaks", {})
-        rows = {}
-        for t in p.get("targets", []) or [{"isa": p.get("simd_arch"), "rows": p.get("rows", [])}]:
-            for r in t.get("rows", []):
-                rows[(t.get("isa"), r["threads"])] = r
-        return rows
-
-    pa, pb = peaks(ma), peaks(mb)
+    # Each run's peaks by the report's rule: the larger of the measurements before and after
+    # its points (best_peaks), so one contended measurement is not flagged as another machine.
+    pa, pb = best_peaks(ma), best_peaks(mb)
     for key in sorted(set(pa) & set(pb), key=str):
-        for field, unit, scale in (("fma_flops", "GFLOP/s", 1e9), ("read_bytes", "GB/s", 1e9)):
-            x, y = pa[key].get(field), pb[key].get(field)
+        for i, (field, unit, scale) in enumerate((("fma_flops", "GFLOP/s", 1e9), ("read_bytes", "GB/s", 1e9))):
+            x, y = pa[key][i], pb[key][i]
             if x and y and abs(y / x - 1) > 0.10:
                 out.append(f"{key[0]} {key[1]} threads {field}: {x / scale:.1f} vs {y / scale:.1f} {unit}")
     return out
