@@ -14,13 +14,13 @@ RUN_A>). Reads the two results.csv files, points/ and machine.json.
 """
 
 import argparse
-import json
 import math
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import LEGACY_SCHEMA, best_peaks, kernel_order, load_results, load_schema, ok_rows  # noqa: E402
+from report import best_peaks, kernel_order, load_results, ok_rows, repetition_times  # noqa: E402
+from report.load import id_of_name  # noqa: E402,F401  (tests import it from here)
 
 import matplotlib  # noqa: E402
 
@@ -34,57 +34,6 @@ def label(folder, machine):
 
 
 ALPHA = 0.05  # significance level of the U test
-
-
-UNIT_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
-
-
-def id_of_name(name, schema=None):
-    """A Google Benchmark name (attn/flash/b:1/hq:8/.../mask:none/t:2[/isa:avx2][/min_time:..]
-    [/repeats:..]/real_time) as the point id (flash-b1-hq8-...-none-t2[-avx2]), segment by
-    segment in the order the schema's "id" gives (schema.json, src/bench/point_schema.hpp;
-    default: report.LEGACY_SCHEMA); None when it is not a point's name."""
-    parts = name.split("/")
-    if len(parts) < 3 or parts[0] != "attn":
-        return None
-    f = dict(p.split(":", 1) for p in parts[2:] if ":" in p)
-    segments = (schema or LEGACY_SCHEMA)["id"]
-    if not all(s["key"] in f for s in segments[:6]):  # batch .. head_dim are in every name
-        return None
-    return parts[1] + "".join(s["id_prefix"] + f[s["key"]] for s in segments if s["key"] in f)
-
-
-_bench_cache = {}
-
-
-def bench_times(folder):
-    """Per point id, the repetitions' seconds per iteration from the folder's bench.json."""
-    if folder not in _bench_cache:
-        out = {}
-        path = os.path.join(folder, "bench.json")
-        if os.path.isfile(path):
-            with open(path) as f:
-                doc = json.load(f)
-            schema = load_schema(folder)
-            for r in doc.get("benchmarks", []):
-                i = id_of_name(r.get("run_name") or r.get("name", ""), schema)
-                if i and r.get("run_type") == "iteration" and not r.get("error_occurred") and r.get("real_time"):
-                    out.setdefault(i, []).append(r["real_time"] * UNIT_S.get(r.get("time_unit", "ns"), 1e-9))
-        _bench_cache[folder] = out
-    return _bench_cache[folder]
-
-
-def repetition_times(folder, point_id):
-    """The point's per-repetition seconds: points/<id>.json, else the folder's bench.json (committed
-    runs keep no points/); None when neither has them."""
-    path = os.path.join(folder, "points", point_id + ".json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            doc = json.load(f)
-        times = [t for t in doc.get("record", {}).get("times_s", []) if isinstance(t, (int, float))]
-        if times:
-            return times
-    return bench_times(folder).get(point_id)
 
 
 def u_test(ta, tb):

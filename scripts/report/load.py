@@ -7,7 +7,7 @@ import json
 import os
 
 from . import schema
-from .schema import load_schema, use_schema
+from .schema import LEGACY_SCHEMA, load_schema, use_schema
 
 
 DECODE_MAX_Q = 16  # q_len at most this (and below kv_len) counts as decode
@@ -137,3 +137,66 @@ def describe_fixed(fixed):
     parts = [f"{k} {v}" for k, v in fixed.items()
              if v not in (None, "") and not (k == "head_dim_v" and v == fixed.get("head_dim"))]
     return ", ".join(parts)
+
+UNIT_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def id_of_name(name, schema=None):
+    """A Google Benchmark name (attn/flash/b:1/hq:8/.../mask:none/t:2[/isa:avx2][/min_time:..]
+    [/repeats:..]/real_time) as the point id (flash-b1-hq8-...-none-t2[-avx2]), segment by
+    segment in the order the schema's "id" gives (schema.json, src/bench/point_schema.hpp;
+    default: report.LEGACY_SCHEMA); None when it is not a point's name."""
+    parts = name.split("/")
+    if len(parts) < 3 or parts[0] != "attn":
+        return None
+    f = dict(p.split(":", 1) for p in parts[2:] if ":" in p)
+    segments = (schema or LEGACY_SCHEMA)["id"]
+    if not all(s["key"] in f for s in segments[:6]):  # batch .. head_dim are in every name
+        return None
+    return parts[1] + "".join(s["id_prefix"] + f[s["key"]] for s in segments if s["key"] in f)
+
+
+_bench_cache = {}
+
+
+def bench_times(folder):
+    """Per point id, the repetitions' seconds per iteration from the folder's bench.json."""
+    if folder not in _bench_cache:
+        out = {}
+        path = os.path.join(folder, "bench.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                doc = json.load(f)
+            schema = load_schema(folder)
+            for r in doc.get("benchmarks", []):
+                i = id_of_name(r.get("run_name") or r.get("name", ""), schema)
+                if i and r.get("run_type") == "iteration" and not r.get("error_occurred") and r.get("real_time"):
+                    out.setdefault(i, []).append(r["real_time"] * UNIT_S.get(r.get("time_unit", "ns"), 1e-9))
+        _bench_cache[folder] = out
+    return _bench_cache[folder]
+
+
+def repetition_times(folder, point_id):
+    """The point's per-repetition seconds: points/<id>.json, else the folder's bench.json (committed
+    runs keep no points/); None when neither has them."""
+    path = os.path.join(folder, "points", point_id + ".json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            doc = json.load(f)
+        times = [t for t in doc.get("record", {}).get("times_s", []) if isinstance(t, (int, float))]
+        if times:
+            return times
+    return bench_times(folder).get(point_id)
+
+
+def pass_times(folder, row):
+    """The point's repetition seconds grouped by the sweep's pass (Experiment::rounds: every
+    pass times each point `repetitions` times, appended in pass order), or None when the folder
+    does not keep them or they do not split evenly (a resumed or cut-short point)."""
+    times = repetition_times(folder, row["id"])
+    rounds = row.get("rounds") or 1
+    if not times or len(times) % rounds:
+        return None
+    n = len(times) // rounds
+    return [times[k * n:(k + 1) * n] for k in range(rounds)]
+

@@ -66,9 +66,9 @@ def write_report(folder, out):
            "run. % of read bandwidth: compulsory bytes per second against the measured streaming read "
            "bandwidth (the figure of merit for decode; above 100% means the data sat in cache). "
            "Agreement: each point is checked against the float64 reference on sampled rows before it "
-           "is timed. Rows marked (peer) are PyTorch, ONNX Runtime or JAX run in the same sweep "
+           "is timed. Rows marked (peer) are PyTorch, ONNX Runtime, OpenVINO, JAX or ggml run in the same sweep "
            "(drawn dashed in the plots; next section).", ""]
-    md += peer_section(rows, ok)
+    md += peer_section(rows, ok, folder)
     md += training_section(rows, ok)
     md += kv_cache_section(rows, ok)
     md += paged_section(rows, ok)

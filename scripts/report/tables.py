@@ -2,10 +2,11 @@
 
 import collections
 import math
+import statistics
 
 from . import schema
 from .figures import fmt, fmt_bytes
-from .load import PEERS, is_decode, is_peer
+from .load import PEERS, is_decode, is_peer, pass_times
 
 
 def agreement(rows_k):
@@ -115,9 +116,23 @@ def shape_key(r):
     return tuple(r.get(d) for d in schema.DIMS) + (r.get("pattern", ""),)
 
 
-def peer_section(rows, ok):
+def pass_ratios(folder, lab, peer):
+    """The lab's speed-up over the peer in each pass of the sweep alone (median of the peer's
+    repetitions in that pass / median of the lab's): the two points ran minutes apart inside a
+    pass, the passes up to an hour apart, so the spread across passes is the host's drift. None
+    without per-pass times or with one pass."""
+    if not folder:
+        return None
+    a, b = pass_times(folder, lab), pass_times(folder, peer)
+    if not a or not b or len(a) != len(b) or len(a) < 2:
+        return None
+    return [statistics.median(tb) / statistics.median(ta) for ta, tb in zip(a, b)]
+
+
+def peer_section(rows, ok, folder=None):
     """Peers beside the lab: each peer's version and how it was driven, then per shape the best
-    lab kernel against the best peer (same run, same inputs, both verified), with the ratio."""
+    lab kernel against the best peer (same run, same inputs, both verified), with the ratio -
+    over all passes, and pass by pass where the folder keeps the repetitions (pass_ratios)."""
     present = [k for k in PEERS if any(r["kernel"] == k for r in rows)]
     if not present:
         return []
@@ -154,14 +169,26 @@ def peer_section(rows, ok):
             pf = r.get("peak_fraction")
             return f"{fmt(r['gflops'], '.1f')} ({fmt(None if pf is None else 100 * pf, '.0f')}%)"
 
+        per_pass = [pass_ratios(folder, lab, p) for lab, p in pairs]
+        passes = any(per_pass)
+
+        def by_pass(xs):
+            if not xs:
+                return "-"
+            return f"{statistics.median(xs):.2f}x [{min(xs):.2f}, {max(xs):.2f}]"
+
         md += [f"Best lab kernel against the best peer, per shape ({len(pairs)} shapes where both ran): "
                f"the lab is {gm:.2f}x the best peer's speed (geometric mean; from {min(ratios):.2f}x to "
-               f"{max(ratios):.2f}x). Speed-up = best peer's median time / best lab kernel's.", "",
+               f"{max(ratios):.2f}x). Speed-up = best peer's median time / best lab kernel's."
+               + (" Per pass: the same ratio from each pass's repetitions alone (the two points ran minutes "
+                  "apart within a pass), median [min, max] over the passes - a ratio that moves between "
+                  "passes moved with the host, not the code." if passes else ""), "",
                "| shape | mask | threads | best lab kernel | GFLOP/s (% peak) | best peer | GFLOP/s (% peak) | "
-               "lab speed-up |", "|---|---|---|---|---|---|---|---|"]
-        for (lab, p), x in zip(pairs, ratios):
+               "lab speed-up |" + (" per pass |" if passes else ""),
+               "|---|---|---|---|---|---|---|---|" + ("---|" if passes else "")]
+        for (lab, p), x, pp in zip(pairs, ratios, per_pass):
             md.append(f"| {shape_text(lab)} | {lab['mask']} | {lab['threads']} | {lab['kernel']} | {cell(lab)} | "
-                      f"{p['kernel']} | {cell(p)} | {x:.2f}x |")
+                      f"{p['kernel']} | {cell(p)} | {x:.2f}x |" + (f" {by_pass(pp)} |" if passes else ""))
         md.append("")
     return md
 

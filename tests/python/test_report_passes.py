@@ -1,0 +1,42 @@
+"""The report's per-pass speed-up (scripts/report/tables.py: pass_ratios): a sweep with rounds
+times each point `repetitions` times per pass, appended pass by pass in points/<id>.json; the lab
+point and its peer are compared pass by pass, so a host that slows between passes moves both."""
+
+import json
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("matplotlib")  # the report package draws its plots with it
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from report.load import pass_times  # noqa: E402
+from report.tables import pass_ratios  # noqa: E402
+
+
+def write_point(folder, point_id, times):
+    os.makedirs(os.path.join(folder, "points"), exist_ok=True)
+    with open(os.path.join(folder, "points", point_id + ".json"), "w") as f:
+        json.dump({"record": {"times_s": times}}, f)
+
+
+def test_ratios_pass_by_pass(tmp_path):
+    folder = str(tmp_path)
+    # Pass 1 on a slow host (both 2x slower), pass 2 on a calm one; the peer 1.5x the lab's time
+    # in pass 1 and level in pass 2 - the overall medians would mix the passes.
+    write_point(folder, "lab", [2.0, 2.2, 2.1, 1.0, 1.1, 1.05])
+    write_point(folder, "peer", [3.0, 3.3, 3.15, 1.0, 1.1, 1.05])
+    lab, peer = {"id": "lab", "rounds": 2}, {"id": "peer", "rounds": 2}
+    assert pass_times(folder, lab) == [[2.0, 2.2, 2.1], [1.0, 1.1, 1.05]]
+    assert pass_ratios(folder, lab, peer) == pytest.approx([1.5, 1.0])
+
+
+def test_no_ratios_without_passes_or_times(tmp_path):
+    folder = str(tmp_path)
+    write_point(folder, "lab", [1.0, 1.1, 1.2, 1.3, 1.4])  # 5 repetitions do not split into 2 passes
+    write_point(folder, "peer", [1.0, 1.1, 1.2, 1.3])
+    assert pass_times(folder, {"id": "lab", "rounds": 2}) is None
+    assert pass_ratios(folder, {"id": "lab", "rounds": 2}, {"id": "peer", "rounds": 2}) is None
+    assert pass_ratios(folder, {"id": "peer", "rounds": 1}, {"id": "peer", "rounds": 1}) is None  # one pass
+    assert pass_ratios(folder, {"id": "gone", "rounds": 2}, {"id": "peer", "rounds": 2}) is None  # no times
+    assert pass_ratios(None, {"id": "lab", "rounds": 2}, {"id": "peer", "rounds": 2}) is None
