@@ -13,7 +13,8 @@ What it writes:
     machine.json's date), one row per shape at its largest thread count (more than 16: each
     shape family's largest length where both ran): the lab's
     fastest kernel (median, % of the FMA peak, or of the read bandwidth for q_len <= 16,
-    both measured in that run), the fastest peer and the lab's lead over it.
+    both measured in that run), the fastest peer and the lab's lead over it - over all passes,
+    and pass by pass (median [min, max] of each pass's own ratio).
   docs/runs.md: every committed folder under results/ (git-tracked; a run the main job just
     wrote does not count until committed), newest first: machine, peaks, points, kernels.
 Standard library only (Debian's python3 or any other).
@@ -23,6 +24,7 @@ import importlib
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import types
@@ -100,6 +102,16 @@ def fraction_of_peak(row, machine, decode):
     per_s = float(row["bytes" if decode else "flops"]) / float(row["time_median_s"])
     ref = b if decode else f
     return per_s / ref if ref else float("nan")
+
+
+def lead_per_pass(folder, lab, peer):
+    """The lab's lead in each pass of the sweep alone (the report's pass_ratios), as median [min,
+    max]; "-" for a run of one pass or without its repetitions."""
+    typed = [dict(r, rounds=int(r.get("rounds") or 1)) for r in (lab, peer)]
+    x = report_module("load").pass_ratios(os.path.join(RESULTS, folder), *typed)
+    if not x:
+        return "-"
+    return f"{statistics.median(x):.2f}x [{min(x):.2f}, {max(x):.2f}]"
 
 
 def ms(seconds):
@@ -180,8 +192,9 @@ def headline_table(folder, machine, rows):
            f"{threads} threads; peaks measured in that run: {peaks.get('fma_flops', 0) / 1e9:.0f} GFLOP/s "
            f"float32 FMA, {peaks.get('read_bytes', 0) / 1e9:.1f} GB/s read):",
            "",
-           "| shape (q/kv heads, head_dim, length) | lab | median | % of peak | best peer | median | lab's lead |",
-           "|---|---|---|---|---|---|---|"]
+           "| shape (q/kv heads, head_dim, length) | lab | median | % of peak | best peer | median | lab's lead | "
+           "lead per pass |",
+           "|---|---|---|---|---|---|---|---|"]
     both = {k: g for k, g in shapes.items() if any(is_peer(r) for r in g) and any(not is_peer(r) for r in g)}
     if len(both) > MAX_HEADLINE_ROWS:
         # A long sweep (a length axis): per shape family its largest length where both ran.
@@ -207,7 +220,7 @@ def headline_table(folder, machine, rows):
         cached = " (K/V in cache)" if decode and float(frac) > 1 else ""
         out.append(f"| {shape_of(best)} | {best['kernel']} | {ms(best['time_median_s'])} | "
                    f"{100 * float(frac):.0f}% of {what}{cached} | {peer['kernel']} | "
-                   f"{ms(peer['time_median_s'])} | {lead:.2f}x |")
+                   f"{ms(peer['time_median_s'])} | {lead:.2f}x | {lead_per_pass(folder, best, peer)} |")
     if any("(K/V in cache)" in line for line in out):
         out += ["", "(Over 100% of the read bandwidth: that cache fits the CPU's last-level cache "
                 "between calls, a cache figure, not a memory one.)"]

@@ -5,6 +5,7 @@ import collections
 import csv
 import json
 import os
+import statistics
 
 from . import schema
 from .schema import LEGACY_SCHEMA, load_schema, use_schema
@@ -200,3 +201,15 @@ def pass_times(folder, row):
     n = len(times) // rounds
     return [times[k * n:(k + 1) * n] for k in range(rounds)]
 
+
+def pass_ratios(folder, lab, peer):
+    """The lab's speed-up over the peer in each pass of the sweep alone (median of the peer's
+    repetitions in that pass / median of the lab's): the two points ran minutes apart inside a
+    pass, the passes up to an hour apart, so the spread across passes is the host's drift. None
+    without per-pass times or with one pass."""
+    if not folder:
+        return None
+    a, b = pass_times(folder, lab), pass_times(folder, peer)
+    if not a or not b or len(a) != len(b) or len(a) < 2:
+        return None
+    return [statistics.median(tb) / statistics.median(ta) for ta, tb in zip(a, b)]

@@ -6,7 +6,7 @@ import statistics
 
 from . import schema
 from .figures import fmt, fmt_bytes
-from .load import PEERS, is_decode, is_peer, pass_times
+from .load import PEERS, is_decode, is_peer, pass_ratios
 
 
 def agreement(rows_k):
@@ -114,19 +114,6 @@ def summary_table(rows, ok, kernels, fits, fits_decode):
 
 def shape_key(r):
     return tuple(r.get(d) for d in schema.DIMS) + (r.get("pattern", ""),)
-
-
-def pass_ratios(folder, lab, peer):
-    """The lab's speed-up over the peer in each pass of the sweep alone (median of the peer's
-    repetitions in that pass / median of the lab's): the two points ran minutes apart inside a
-    pass, the passes up to an hour apart, so the spread across passes is the host's drift. None
-    without per-pass times or with one pass."""
-    if not folder:
-        return None
-    a, b = pass_times(folder, lab), pass_times(folder, peer)
-    if not a or not b or len(a) != len(b) or len(a) < 2:
-        return None
-    return [statistics.median(tb) / statistics.median(ta) for ta, tb in zip(a, b)]
 
 
 def peer_section(rows, ok, folder=None):

@@ -1,6 +1,7 @@
-"""The report's per-pass speed-up (scripts/report/tables.py: pass_ratios): a sweep with rounds
-times each point `repetitions` times per pass, appended pass by pass in points/<id>.json; the lab
-point and its peer are compared pass by pass, so a host that slows between passes moves both."""
+"""The per-pass speed-up (scripts/report/load.py: pass_ratios; the report's peer table and
+scripts/docs.py's headline both call it): a sweep with rounds times each point `repetitions`
+times per pass, appended pass by pass in points/<id>.json; the lab point and its peer are
+compared pass by pass, so a host that slows between passes moves both."""
 
 import json
 import os
@@ -10,8 +11,7 @@ import pytest
 
 pytest.importorskip("matplotlib")  # the report package draws its plots with it
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
-from report.load import pass_times  # noqa: E402
-from report.tables import pass_ratios  # noqa: E402
+from report.load import pass_ratios, pass_times  # noqa: E402
 
 
 def write_point(folder, point_id, times):
