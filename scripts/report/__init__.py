@@ -26,14 +26,15 @@ the ratio of the targets' measured FMA peaks.
 # plot_targets / plot_masks (one module per plot family), tables, main (report.md; the CLI).
 
 from . import schema
-from .load import PEERS, is_decode, is_peer, is_prefill, kernel_order, load_results, ok_rows, pass_ratios, pass_times, repetition_times
+from .load import (PEERS, is_decode, is_peer, is_prefill, kernel_order, load_results, ok_rows, pass_ratios, pass_times,
+                   repetition_times)
 from .main import main, write_report
 from .peaks import best_peaks, label_targets, peak_for
 from .schema import LEGACY_SCHEMA, load_schema, use_schema
 
 __all__ = ["LEGACY_SCHEMA", "PEERS", "best_peaks", "is_decode", "is_peer", "is_prefill", "kernel_order", "label_targets",
-           "load_results", "load_schema", "main", "ok_rows", "pass_ratios", "pass_times", "peak_for", "repetition_times", "schema",
-           "use_schema", "write_report"]
+           "load_results", "load_schema", "main", "ok_rows", "pass_ratios", "pass_times", "peak_for", "repetition_times",
+           "schema", "use_schema", "write_report"]
 
 
 def __getattr__(name):

@@ -139,6 +139,7 @@ def describe_fixed(fixed):
              if v not in (None, "") and not (k == "head_dim_v" and v == fixed.get("head_dim"))]
     return ", ".join(parts)
 
+
 UNIT_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
