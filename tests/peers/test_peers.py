@@ -57,6 +57,11 @@ CASES = {
     "sinks": dict(causal=1, q_len=40, kv_len=40, window_left=8, window_right=0, sinks=3),
     "documents": dict(causal=1, q_len=24, kv_len=24, doc_lens=[5, 11, 8]),
     "empty_rows": dict(causal=1, q_len=12, kv_len=12, batch=2, kv_lens=[12, 0]),
+    # The sparse and windowed cases again past one 128-token block (torch_flex runs only these).
+    "chunk_window_long": dict(causal=1, q_len=4, kv_len=160, window_left=7, window_right=0),
+    "window_long": dict(causal=1, q_len=160, kv_len=160, window_left=20, window_right=0),
+    "sinks_long": dict(causal=1, q_len=160, kv_len=160, window_left=8, window_right=0, sinks=3),
+    "documents_long": dict(causal=1, q_len=160, kv_len=160, doc_lens=[40, 70, 50]),
 }
 
 
@@ -108,9 +113,9 @@ def test_planted_window_off_by_one_is_caught(kernel):
     """The comparison above can fail: the peer run on a window one key wider than the problem
     it is checked against (what an off-by-one in a peer's mask would do) disagrees."""
     mod = peer(kernel)
-    p = problem(**CASES["window"])
-    wider = problem(**dict(CASES["window"], window_left=CASES["window"]["window_left"] + 1))
-    o, how = run_peer(mod, kernel, wider, "window")
+    p = problem(**CASES["window_long"])
+    wider = problem(**dict(CASES["window_long"], window_left=CASES["window_long"]["window_left"] + 1))
+    o, how = run_peer(mod, kernel, wider, "window_long")
     check_against_numpy(o, wider, how, f"{kernel} on the wider window itself")  # the peer is right...
     with pytest.raises(AssertionError):
         check_against_numpy(o, p, how, f"{kernel} wider window")  # ...and the check sees the difference
