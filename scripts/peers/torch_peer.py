@@ -91,7 +91,7 @@ def _flex(p, qt, kt, vt):
     if not (p.sparse or p.windowed):
         raise Skip("torch_flex runs sparse patterns and windows (torch_sdpa runs the rest)")
     if p.kv_len < 128:
-        # Measured with torch 2.15 (tests/peers/test_peers.py, a probe beside it): keys shorter
+        # Measured with torch 2.15 (tests/peers/test_peers.py and a scratch probe): keys shorter
         # than one of FlexAttention's 128-token blocks gave wrong or NaN rows for some masks
         # (kv 24, 40, 56), right ones for others; from 128 keys on every case matched.
         raise Skip(f"kv_len {p.kv_len} < 128: FlexAttention's compiled CPU kernel (torch 2.15) returned wrong "
