@@ -50,6 +50,21 @@ static double seconds(Session& session, const Tensors& t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A whole number argument or AB_* value, or an error naming it (atoll would read "x" as 0).
+static int64_t whole(const char* text, const char* what, int64_t min) {
+  size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || text[used] != '\0' || v < min) {
+    throw InvalidInput(std::string(what) + ": '" + text + "'; allowed: a whole number >= " + std::to_string(min));
+  }
+  return v;
+}
+
 static int run(int argc, char** argv) {
   const bool efficiency = argc > 1 && std::string(argv[1]) == "--efficiency";
   const bool thp = argc > 1 && std::string(argv[1]) == "--thp";
@@ -60,13 +75,14 @@ static int run(int argc, char** argv) {
     return 2;
   }
   const std::string pattern = argv[1];
-  const int64_t n = std::atoll(argv[2]);
-  const int pairs = argc > 4 ? std::atoi(argv[4]) : 20, threads = argc > 5 ? std::atoi(argv[5]) : 2;
+  const int64_t n = whole(argv[2], "N", 1);
+  const int pairs = argc > 4 ? static_cast<int>(whole(argv[4], "PAIRS", 1)) : 20;
+  const int threads = argc > 5 ? static_cast<int>(whole(argv[5], "THREADS", 1)) : 2;
   Problem p;
   p.q_heads = p.kv_heads = 8;
   p.q_len = p.kv_len = n;
-  p.head_dim = argc > 6 ? std::atoll(argv[6]) : 128;
-  if (argc > 7) p.q_heads = std::atoll(argv[7]);
+  p.head_dim = argc > 6 ? whole(argv[6], "HEAD_DIM", 1) : 128;
+  if (argc > 7) p.q_heads = whole(argv[7], "Q_HEADS", 1);
   p.layout = parse_layout(argv[3]);
   const auto spread = [&](int k) {
     for (int g = 0; g < k; ++g) p.globals.push_back(g * n / k);
@@ -92,7 +108,7 @@ static int run(int argc, char** argv) {
     p.causal = CausalAlign::BottomRight;
     if (const char* dt = std::getenv("AB_DTYPE")) p.dtype = parse_dtype(dt);
     if (const char* kd = std::getenv("AB_KV_DTYPE")) p.kv_dtype = parse_kv_dtype(kd);
-    if (const char* kb = std::getenv("AB_KV_BLOCK")) p.kv_block = std::atoll(kb);
+    if (const char* kb = std::getenv("AB_KV_BLOCK")) p.kv_block = whole(kb, "AB_KV_BLOCK", 0);
     if (std::getenv("AB_MIXED")) p.batch = 8, p.kv_lens = {1024, 2048, 4096, 8192, 16384, 32768, 49152, 65536};
   } else if (pattern != "dense") {
     std::fprintf(stderr, "unknown pattern %s\n", pattern.c_str());
