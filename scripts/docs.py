@@ -24,7 +24,6 @@ import importlib
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import types
@@ -107,11 +106,9 @@ def fraction_of_peak(row, machine, decode):
 def lead_per_pass(folder, lab, peer):
     """The lab's lead in each pass of the sweep alone (the report's pass_ratios), as median [min,
     max]; "-" for a run of one pass or without its repetitions."""
+    load = report_module("load")
     typed = [dict(r, rounds=int(r.get("rounds") or 1)) for r in (lab, peer)]
-    x = report_module("load").pass_ratios(os.path.join(RESULTS, folder), *typed)
-    if not x:
-        return "-"
-    return f"{statistics.median(x):.2f}x [{min(x):.2f}, {max(x):.2f}]"
+    return load.pass_ratio_text(load.pass_ratios(os.path.join(RESULTS, folder), *typed))
 
 
 def ms(seconds):

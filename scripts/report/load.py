@@ -214,3 +214,10 @@ def pass_ratios(folder, lab, peer):
     if not a or not b or len(a) != len(b) or len(a) < 2:
         return None
     return [statistics.median(tb) / statistics.median(ta) for ta, tb in zip(a, b)]
+
+
+def pass_ratio_text(xs):
+    """pass_ratios as the tables quote them: median [min, max], or "-" without them."""
+    if not xs:
+        return "-"
+    return f"{statistics.median(xs):.2f}x [{min(xs):.2f}, {max(xs):.2f}]"

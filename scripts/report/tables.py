@@ -2,11 +2,10 @@
 
 import collections
 import math
-import statistics
 
 from . import schema
 from .figures import fmt, fmt_bytes
-from .load import PEERS, is_decode, is_peer, pass_ratios
+from .load import PEERS, is_decode, is_peer, pass_ratio_text, pass_ratios
 
 
 def agreement(rows_k):
@@ -159,11 +158,6 @@ def peer_section(rows, ok, folder=None):
         per_pass = [pass_ratios(folder, lab, p) for lab, p in pairs]
         passes = any(per_pass)
 
-        def by_pass(xs):
-            if not xs:
-                return "-"
-            return f"{statistics.median(xs):.2f}x [{min(xs):.2f}, {max(xs):.2f}]"
-
         md += [f"Best lab kernel against the best peer, per shape ({len(pairs)} shapes where both ran): "
                f"the lab is {gm:.2f}x the best peer's speed (geometric mean; from {min(ratios):.2f}x to "
                f"{max(ratios):.2f}x). Speed-up = best peer's median time / best lab kernel's."
@@ -175,7 +169,7 @@ def peer_section(rows, ok, folder=None):
                "|---|---|---|---|---|---|---|---|" + ("---|" if passes else "")]
         for (lab, p), x, pp in zip(pairs, ratios, per_pass):
             md.append(f"| {shape_text(lab)} | {lab['mask']} | {lab['threads']} | {lab['kernel']} | {cell(lab)} | "
-                      f"{p['kernel']} | {cell(p)} | {x:.2f}x |" + (f" {by_pass(pp)} |" if passes else ""))
+                      f"{p['kernel']} | {cell(p)} | {x:.2f}x |" + (f" {pass_ratio_text(pp)} |" if passes else ""))
         md.append("")
     return md
 
