@@ -54,14 +54,8 @@ START=$SECONDS
 FAILED=0
 fail() { echo "qemu_check: FAIL: $*" >&2; FAILED=1; }
 
-# One shape per line: small, so the float64 reference and naive stay quick under emulation.
-SHAPES=(
-  "--batch 1 --q-heads 4 --kv-heads 2 --q-len 37 --kv-len 45 --head-dim 36 --causal"
-  "--batch 2 --q-heads 8 --kv-heads 2 --q-len 1 --kv-len 300 --head-dim 64 --causal"
-  "--batch 3 --q-heads 6 --kv-heads 2 --q-len 16 --kv-len 64 --head-dim 24 --window 8,0 --kv-lens 0,64,33 --layout bshd"
-  "--batch 1 --q-heads 2 --kv-heads 1 --q-len 70 --kv-len 200 --head-dim 128 --causal-top-left"
-  "--batch 1 --q-heads 3 --kv-heads 3 --q-len 40 --kv-len 17 --head-dim 8 --causal"
-)
+# shellcheck source=scripts/emulated_shapes.sh
+source "$ROOT/scripts/emulated_shapes.sh"
 
 # run CPU NAME ISA ARGS...: attnlab ARGS under qemu with that CPU model; ISA "" = unset.
 # Output (without QEMU's warnings about host features TCG lacks) in $TMP/NAME.out; the exit

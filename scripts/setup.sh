@@ -4,14 +4,17 @@
 # Usage: scripts/setup.sh [clang]   (clang: also clang 14 with libFuzzer and the sanitizer
 # runtimes, for scripts/lab fuzz and tsan-test)
 #        scripts/setup.sh bundle   (also patchelf: scripts/lab gpu-bundle sets the bundle's RPATH)
+#        scripts/setup.sh bochs [DIR]   (also busybox-static, isolinux, xorriso and debootstrap;
+# into DIR, default build-bochs/: Debian trixie's Bochs 3.0 unpacked by debootstrap, and a
+# bookworm kernel's vmlinuz: scripts/bochs_check.sh)
 #        scripts/setup.sh cross-aarch64 [SYSROOT]   (also the aarch64 cross compiler, qemu-user and
 # Debian's arm64 builds of the libraries, unpacked into SYSROOT, default build-aarch64-sysroot/:
 # scripts/lab cross-test aarch64, cmake/aarch64-linux-gnu.cmake)
 set -euo pipefail
 
 case "${1:-}" in
-  ""|clang|qemu|cross-aarch64|slurm|bundle) ;;
-  *) echo "setup: unknown mode '$1'; allowed: (none), clang, qemu, cross-aarch64, slurm, bundle" >&2; exit 2 ;;
+  ""|clang|qemu|bochs|cross-aarch64|slurm|bundle) ;;
+  *) echo "setup: unknown mode '$1'; allowed: (none), clang, qemu, bochs, cross-aarch64, slurm, bundle" >&2; exit 2 ;;
 esac
 
 PKGS=(
@@ -32,6 +35,9 @@ if [[ "${1:-}" == qemu ]]; then
 fi
 if [[ "${1:-}" == cross-aarch64 ]]; then
   PKGS+=(g++-aarch64-linux-gnu qemu-user)
+fi
+if [[ "${1:-}" == bochs ]]; then
+  PKGS+=(busybox-static isolinux syslinux-common xorriso cpio debootstrap bsdutils binutils)
 fi
 if [[ "${1:-}" == bundle ]]; then
   PKGS+=(patchelf)
@@ -71,6 +77,50 @@ if ((${#missing[@]} > 0)); then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   echo "setup: done" >&2
 fi
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+# Bochs 3.0 (Debian trixie; bookworm's 2.7 reports an XSAVE size for AVX-512 that Linux refuses,
+# so the kernel turns XSAVE off): a minimal trixie tree by debootstrap with bochs installed in it
+# (chroot apt, as root), run later through that tree's own loader; and a bookworm kernel image.
+if [[ "${1:-}" == bochs ]]; then
+  dir="${2:-$ROOT/build-bochs}"
+  if [[ -f "$dir/.attnlab-bochs" && -x "$dir/trixie/usr/bin/bochs-bin" && -f "$dir/vmlinuz" ]]; then
+    exit 0
+  fi
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "setup: bochs: debootstrap and chroot need root (run as root, or with sudo)" >&2
+    exit 2
+  fi
+  echo "setup: Debian trixie's bochs into $dir/trixie (debootstrap, ~40 s) and a bookworm kernel" >&2
+  rm -rf "$dir/trixie"
+  mkdir -p "$dir"
+  debootstrap --variant=minbase trixie "$dir/trixie" http://deb.debian.org/debian >"$dir/debootstrap.log" 2>&1 || {
+    tail -n 20 "$dir/debootstrap.log" >&2
+    exit 1
+  }
+  chroot "$dir/trixie" apt-get update -qq >"$dir/apt.log" 2>&1 &&
+    DEBIAN_FRONTEND=noninteractive chroot "$dir/trixie" apt-get install -y -qq --no-install-recommends \
+      bochs bochs-term bochsbios vgabios >>"$dir/apt.log" 2>&1 || {
+    tail -n 20 "$dir/apt.log" >&2
+    exit 1
+  }
+  chroot "$dir/trixie" dpkg-query -W -f='${Version}' bochs >"$dir/bochs-version"
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  kpkg() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}'; }
+  pkg="$(kpkg)"
+  if [[ -z "$pkg" ]] || ! (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root "$pkg") >/dev/null 2>&1; then
+    apt_update
+    pkg="$(kpkg)"
+    (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root "$pkg") >/dev/null
+  fi
+  dpkg-deb --fsys-tarfile "$tmp"/*.deb | tar -x -C "$tmp" --wildcards './boot/vmlinuz-*'
+  cp "$tmp"/boot/vmlinuz-* "$dir/"
+  ln -sf "$(basename "$tmp"/boot/vmlinuz-*)" "$dir/vmlinuz"
+  echo "$pkg" >"$dir/.attnlab-bochs"
+  echo "setup: done (bochs $(cat "$dir/bochs-version"), $pkg)" >&2
+  exit 0
+fi
 [[ "${1:-}" == cross-aarch64 ]] || exit 0
 
 # The arm64 libraries for the cross build. Installing them as :arm64 packages would tie the
@@ -81,7 +131,6 @@ fi
 ARM64_PKGS=(libtbb-dev libtbb12 libtbbmalloc2 libtbbbind-2-5 libgtest-dev libbenchmark-dev
             libbenchmark1debian libxsimd-dev)
 ALL_PKGS=(libcli11-dev nlohmann-json3-dev)  # Architecture: all (header-only)
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 sysroot="${2:-$ROOT/build-aarch64-sysroot}"
 want="${ARM64_PKGS[*]} ${ALL_PKGS[*]}"
 stamp="$sysroot/.attnlab-packages"  # first line: the package list it was made from
