@@ -10,8 +10,9 @@
 # binary run through trixie's own loader, no chroot; the model `ryzen` with the AVX-512
 # features added - the Intel models with AVX-512 hang Linux 6.1's early boot in Bochs 3.0, and
 # its Sapphire Rapids model has AMX without XFD, which Linux 6.1 refuses (#GP at XSETBV)), a
-# Debian bookworm kernel, an initramfs of busybox, attnlab and its libraries, and an /init that
-# runs the checks below and powers off; the results come back through the emulated serial port.
+# Debian bookworm kernel, an initramfs of busybox, attnlab, attn_tests and their libraries, and
+# an /init that runs the checks below and powers off; the results come back through the emulated
+# serial port.
 #
 #   attnlab list                     the dispatch: avx512 available and the default target
 #   verify --impl all                the qemu_check shapes (scripts/emulated_shapes.sh) and, per
@@ -21,13 +22,13 @@
 #                                    inputs. Every run must agree with the float64 reference, and
 #                                    every SIMD row must name avx512 (simd[avx512], decode[avx512]).
 #   ATTN_ISA=avx2 verify             one shape: the other target still runs there
-#   attn_kernel_tests                the avx512 SIMD-math cases: each quantized cache type's
+#   attn_tests                       the avx512 SIMD-math cases: each quantized cache type's
 #                                    register reader bit for bit against the rule on random
 #                                    bytes (NaN/Inf scales and codes included), partial loads,
 #                                    reductions, exp2 bit for bit, special values per lane (the
 #                                    exp/exp2 accuracy scans, 34 s of emulated time, are left out:
 #                                    they passed here once, and on the AVX-512 machines before)
-#   attn_tests                       the KV cache suites' quick cases (every target): the
+#                                    and the KV cache suites' quick cases (every target): the
 #                                    special-value suite per cache type, the planted reader and
 #                                    block-table bugs, byte layouts, bad input
 #
@@ -65,12 +66,10 @@ if grep -q '^ATTN_NATIVE:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null; then
        "default dispatched build; configure one with -DATTN_NATIVE=OFF" >&2
   exit 2
 fi
-for t in attn_kernel_tests attn_tests; do
-  if [[ ! -x "$BUILD/$t" ]]; then
-    echo "bochs_check: $BUILD/$t not found (cmake --build ${ARGS[0]} --target $t)" >&2
-    exit 2
-  fi
-done
+if [[ ! -x "$BUILD/attn_tests" ]]; then
+  echo "bochs_check: $BUILD/attn_tests not found (cmake --build ${ARGS[0]} --target attn_tests)" >&2
+  exit 2
+fi
 if [[ "$(uname -m)" != x86_64 ]]; then
   echo "bochs_check: Bochs here emulates x86-64 for an x86-64 build on an x86-64 host; this is $(uname -m)" >&2
   exit 2
@@ -106,6 +105,7 @@ CHECKS="$TMP/checks"
   echo "mla.shared verify --impl all --threads 1 --seed 6 --batch 1 --q-heads 8 --kv-heads 1 --q-len 2 --kv-len 150" \
        "--head-dim 96 --head-dim-v 64 --kv-shared true --causal --kv-dtype u8"
   echo "bf16 verify --impl all --threads 1 --seed 8 --dtype bf16 ${SHAPES[0]}"
+  echo "bf16.decode verify --impl all --threads 1 --seed 10 --dtype bf16 $decode"
   echo "f16 verify --impl all --threads 1 --seed 9 --dtype f16 $decode"
   echo "ISA=avx2 forced_avx2 verify --impl all --threads 1 --seed 7 ${SHAPES[1]}"
 } >"$CHECKS"
@@ -119,9 +119,8 @@ mkdir -p "$R"/{bin,dev,proc,sys,tmp,t,lib64}
 cp /bin/busybox "$R/bin/"
 for a in sh mount poweroff cat echo grep env uname sleep; do ln -s busybox "$R/bin/$a"; done
 strip -o "$R/t/attnlab" "$EXE"
-strip -o "$R/t/attn_kernel_tests" "$BUILD/attn_kernel_tests"
 strip -o "$R/t/attn_tests" "$BUILD/attn_tests"
-bins=("$EXE" "$BUILD/attn_kernel_tests" "$BUILD/attn_tests")
+bins=("$EXE" "$BUILD/attn_tests")
 for lib in $(ldd "${bins[@]}" | awk '/=> \//{print $3}' | sort -u); do
   mkdir -p "$R$(dirname "$lib")"
   cp -L "$lib" "$R$lib"
@@ -143,7 +142,7 @@ while read -r name args; do
   echo "=== END \$name rc=\$?"
 done </t/checks
 echo "=== BEGIN simd_math"
-./attn_kernel_tests --gtest_color=no --gtest_filter='Targets/SimdMath.*/avx512:-Targets/SimdMath.Exp*Accuracy*' 2>&1
+./attn_tests --gtest_color=no --gtest_filter='Targets/SimdMath.*/avx512:-Targets/SimdMath.Exp*Accuracy*' 2>&1
 echo "=== END simd_math rc=\$?"
 echo "=== BEGIN kv_suites"
 ./attn_tests --gtest_color=no --gtest_filter='KvQuant.*:KvCache.*:Paged.*:-$SLOW' 2>&1
@@ -258,7 +257,7 @@ gtest() {
     if grep -q '^\[  SKIPPED \]' <<<"$out"; then fail "$2: cases skipped: $(grep -m1 '^\[  SKIPPED \]' <<<"$out")"; fi
   fi
 }
-gtest simd_math "attn_kernel_tests Targets/SimdMath.*/avx512 (less the accuracy scans)"
+gtest simd_math "attn_tests Targets/SimdMath.*/avx512 (less the accuracy scans)"
 gtest kv_suites "attn_tests KvQuant, KvCache, Paged (less the agreement grids)"
 if ((GTEST)); then gtest gtest "attn_tests: the KV cache agreement grids"; fi
 
