@@ -8,8 +8,9 @@
 #
 # One boot of Bochs (Debian trixie's bochs 3.0, unpacked with debootstrap into build-bochs/, its
 # binary run through trixie's own loader, no chroot; the model `ryzen` with the AVX-512
-# features added - the Intel models with AVX-512 hang Linux 6.1's early boot in Bochs 3.0, and
-# its Sapphire Rapids model has AMX without XFD, which Linux 6.1 refuses (#GP at XSETBV)), a
+# features added - Bochs 3.0's Sapphire Rapids model has AMX without XFD, which Linux refuses
+# (#GP at XSETBV), and with AMX masked it stalls Linux 6.1's and 6.12's early boot, as 2.7's Tiger
+# Lake model did; docs/kernels.md), a
 # Debian bookworm kernel, an initramfs of busybox, attnlab, attn_tests and their libraries, and
 # an /init that runs the checks below and powers off; the results come back through the emulated
 # serial port.
@@ -37,9 +38,8 @@
 #            Paged.FlashAndDecodeGive..., KvShared.*; 1.6 s natively, more than 40 minutes under
 #            Bochs: for a change to the cache code, not for CI).
 # Set-up: scripts/setup.sh bochs (busybox-static, isolinux, xorriso, debootstrap; the trixie tree
-# and the kernel in build-bochs/, ~40 s the first time). The boot takes ~100 s of the
-# emulator's time, each verify a few seconds to a minute. Exit 0 all checks passed, 1 a check
-# failed, 2 usage / wrong build / set-up failed.
+# and the kernel in build-bochs/, ~45 s the first time). The boot and every check: ~105 s on a
+# 2-core Zen 3. Exit 0 all checks passed, 1 a check failed, 2 usage / wrong build / set-up failed.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
