@@ -16,7 +16,7 @@
 # serial port.
 #
 #   attnlab list                     the dispatch: avx512 available and the default target
-#   verify --impl all                the qemu_check shapes (scripts/emulated_shapes.sh) and, per
+#   verify --impl all                the qemu_check shapes (scripts/emulated.sh) and, per
 #                                    cache type (q8_0 q4_0 u8 u4 fp8_e4m3 fp8_e5m2), a GQA decode
 #                                    and a chunked prefill against the cache, contiguous and
 #                                    paged (--kv-block 16), an MLA shared cache; bf16 and f16
@@ -55,17 +55,9 @@ if [[ ${#ARGS[@]} -ne 1 ]]; then
   echo "usage: scripts/bochs_check.sh BUILD_DIR [--gtest] (the default build, ATTN_NATIVE=OFF)" >&2
   exit 2
 fi
-BUILD="$(cd "${ARGS[0]}" && pwd)"
-EXE="$BUILD/attnlab"
-if [[ ! -x "$EXE" ]]; then
-  echo "bochs_check: $EXE not found; build it first (cmake --build ${ARGS[0]} --target attnlab)" >&2
-  exit 2
-fi
-if grep -q '^ATTN_NATIVE:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null; then
-  echo "bochs_check: $BUILD is an ATTN_NATIVE=ON build (one target, -march=native): the check is for the" \
-       "default dispatched build; configure one with -DATTN_NATIVE=OFF" >&2
-  exit 2
-fi
+# shellcheck source=scripts/emulated.sh
+source "$ROOT/scripts/emulated.sh"
+dispatched_x86_build bochs_check "${ARGS[0]}"
 if [[ ! -x "$BUILD/attn_tests" ]]; then
   echo "bochs_check: $BUILD/attn_tests not found (cmake --build ${ARGS[0]} --target attn_tests)" >&2
   exit 2
@@ -77,8 +69,6 @@ fi
 BOCHS_DIR="${ATTN_BOCHS_DIR:-$ROOT/build-bochs}"
 "$ROOT/scripts/setup.sh" bochs "$BOCHS_DIR" || exit 2
 T="$BOCHS_DIR/trixie"
-# shellcheck source=scripts/emulated_shapes.sh
-source "$ROOT/scripts/emulated_shapes.sh"
 
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT

@@ -24,23 +24,9 @@ if [[ $# -ne 1 ]]; then
   echo "usage: scripts/qemu_check.sh BUILD_DIR (the default build, ATTN_NATIVE=OFF)" >&2
   exit 2
 fi
-BUILD="$(cd "$1" && pwd)"
-EXE="$BUILD/attnlab"
-if [[ ! -x "$EXE" ]]; then
-  echo "qemu_check: $EXE not found; build it first (cmake --build $1 --target attnlab)" >&2
-  exit 2
-fi
-if grep -q '^ATTN_NATIVE:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null; then
-  echo "qemu_check: $BUILD is an ATTN_NATIVE=ON build (one target, -march=native): the check is for the" \
-       "default dispatched build; configure one with -DATTN_NATIVE=OFF" >&2
-  exit 2
-fi
-# ELF e_machine (bytes 18-19, little endian) 0x3e = x86-64; od is coreutils (file may be absent).
-machine="$(od -An -t x1 -j 18 -N 2 "$EXE" | tr -d ' \n')"
-if [[ "$machine" != 3e00 ]]; then
-  echo "qemu_check: $EXE is not an x86-64 binary (ELF e_machine bytes: ${machine:-none})" >&2
-  exit 2
-fi
+# shellcheck source=scripts/emulated.sh
+source "$ROOT/scripts/emulated.sh"
+dispatched_x86_build qemu_check "$1"
 "$ROOT/scripts/setup.sh" qemu
 QEMU="$(command -v qemu-x86_64 || true)"
 if [[ -z "$QEMU" ]]; then
@@ -53,9 +39,6 @@ trap 'rm -rf "$TMP"' EXIT
 START=$SECONDS
 FAILED=0
 fail() { echo "qemu_check: FAIL: $*" >&2; FAILED=1; }
-
-# shellcheck source=scripts/emulated_shapes.sh
-source "$ROOT/scripts/emulated_shapes.sh"
 
 # run CPU NAME ISA ARGS...: attnlab ARGS under qemu with that CPU model; ISA "" = unset.
 # Output (without QEMU's warnings about host features TCG lacks) in $TMP/NAME.out; the exit
