@@ -48,6 +48,25 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
+// a * b and a + b each rounded on its own, never contracted into a fused multiply-add (nvcc
+// fuses by default): the textbook's arithmetic (textbook.hpp), which the tolerance baseline
+// makes. With scores ~1e4 an ulp of a score is ~1e-3 and exp() amplifies it, so two roundings
+// of the same dot product can differ by more than 4x the baseline's realized error.
+__device__ __forceinline__ float mul_rn(float a, float b) {
+#if defined(ATTN_CUDA_EMU)
+  return a * b;
+#else
+  return __fmul_rn(a, b);
+#endif
+}
+__device__ __forceinline__ float add_rn(float a, float b) {
+#if defined(ATTN_CUDA_EMU)
+  return a + b;
+#else
+  return __fadd_rn(a, b);
+#endif
+}
+
 // The block's dynamic shared memory (sized by the launch).
 template <class T>
 __device__ __forceinline__ T* dynamic_smem() {

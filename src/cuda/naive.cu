@@ -5,7 +5,10 @@
 // For its row it walks the visible keys [lo, hi) of the shared interval rule with the 32 lanes
 // taking every 32nd key: pass 1 writes s_j = scale * q.k_j to a global scratch row and finds
 // the max; pass 2 turns the scratch row into exp(s_j - max) and sums it; pass 3 has the lanes
-// split head_dim and accumulate sum_j p_j * v_j. Masked keys are never read (no NaN leaks);
+// split head_dim and accumulate sum_j p_j * v_j. The scores round as the textbook's do (no
+// fused multiply-add, device.cuh's mul_rn/add_rn): the float32 tolerance is a multiple of the
+// textbook's realized error, and at huge scores a fused rounding alone measured 4.6x it on an
+// H200 (results/2026-12-04-gpu_check). Masked keys are never read (no NaN leaks);
 // NaN/Inf in visible keys follow include/attnlab/online_softmax.hpp, as in the reference.
 // Memory: the scratch is (resident warps) x kv_len floats, not batch*heads*q_len*kv_len: the
 // grid is sized to the warps the GPU can hold (sm_count * 64), so it stays O(kv_len) per SM.
@@ -44,7 +47,7 @@ __global__ void __launch_bounds__(kThreads) naive_kernel(DeviceArgs a, float* sc
     for (int64_t j = iv.lo + lane; j < iv.hi; j += 32) {
       const E* k = ka + a.ks.at(b, hk, j);
       float dot = 0.f;
-      for (int64_t d = 0; d < a.head_dim; ++d) dot += to_float(q[d]) * to_float(k[d]);
+      for (int64_t d = 0; d < a.head_dim; ++d) dot = add_rn(dot, mul_rn(to_float(q[d]), to_float(k[d])));
       s[j] = a.scale * dot;
       m = fmaxf(m, s[j]);
     }
