@@ -224,6 +224,15 @@ def headline_table(folder, machine, rows):
     return out
 
 
+def gpu_of(folder):
+    """The '- CUDA device: NAME (...' line of a GPU check's summary.md, else '-'."""
+    with open(os.path.join(RESULTS, folder, "summary.md"), encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("- CUDA device: "):
+                return line[len("- CUDA device: "):].split(" (")[0].strip()
+    return "-"
+
+
 def runs():
     out = ["# Committed runs",
            "",
@@ -240,9 +249,12 @@ def runs():
         date = machine.get("date") or (folder[:10] if folder[:4].isdigit() else "")
         entries.append((date, folder, machine, rows))
     for date, folder, machine, rows in sorted(entries, reverse=True):
-        link = "report.md" if os.path.exists(os.path.join(RESULTS, folder, "report.md")) else (
-            "README.md" if os.path.exists(os.path.join(RESULTS, folder, "README.md")) else "")
+        link = next((f for f in ("report.md", "README.md", "summary.md")
+                     if os.path.exists(os.path.join(RESULTS, folder, f))), "")
         name = f"[{folder}](../results/{folder}/{link})" if link else folder
+        if not machine and link == "summary.md":  # a GPU bundle's run (scripts/gpu/run.sh)
+            out.append(f"| {name} | {date[:10] or '-'} | {gpu_of(folder)} | - | - | - | GPU check; no sweep | - | - |")
+            continue
         if not machine:
             out.append(f"| {name} | {date[:10] or '-'} | - | - | - | - | notes, probes or figures; no sweep | - | - |")
             continue
