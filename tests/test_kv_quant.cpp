@@ -201,6 +201,39 @@ TEST(KvQuant, NamesAndSizes) {
 
 // ---- Quantized caches in the kernels (Problem::kv_dtype) ----
 
+// The Q rule of integer K.Q (round_q_row): per 32-value block for q8_0 / q4_0, per row for u8 /
+// u4; scale = amax / 127, codes round(x / scale) within +-127; a zero block is scale 0, codes 0;
+// a row with a NaN or an Inf is not rounded.
+TEST(KvQuant, QRowsRoundToInt8ByTheirBlock) {
+  std::vector<float> x(64);
+  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j - 16) / 16.0f;  // amax 1 (x_0 = -1)
+  for (int j = 32; j < 64; ++j) x[j] = 0.f;                                 // an all-zero block
+  x[40] = 0.f;
+  std::vector<int8_t> q(64);
+  std::vector<float> sc(64);
+  ASSERT_TRUE(round_q_row(KvDType::Q8_0, x.data(), 64, q.data(), sc.data()));
+  EXPECT_EQ(q_block_values(KvDType::Q8_0, 64), 32);
+  EXPECT_FLOAT_EQ(sc[0], 1.0f / 127.0f);
+  EXPECT_EQ(q[0], -127);
+  EXPECT_EQ(q[16], 0);
+  EXPECT_EQ(q[24], static_cast<int8_t>(std::roundf(0.5f / (1.0f / 127.0f))));  // 63.5 -> 64
+  EXPECT_EQ(sc[1], 0.f);
+  for (int j = 32; j < 64; ++j) EXPECT_EQ(q[j], 0);
+  // u8 / u4: one block, the whole row; the largest magnitude is now 2 (x_63).
+  x[63] = 2.0f;
+  ASSERT_TRUE(round_q_row(KvDType::U8, x.data(), 64, q.data(), sc.data()));
+  EXPECT_EQ(q_block_values(KvDType::U4, 64), 64);
+  EXPECT_FLOAT_EQ(sc[0], 2.0f / 127.0f);
+  EXPECT_EQ(q[63], 127);
+  EXPECT_EQ(q[0], static_cast<int8_t>(std::roundf(-1.0f / (2.0f / 127.0f))));
+  for (int8_t c : q) EXPECT_GE(c, -127);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    x[5] = bad;
+    EXPECT_FALSE(round_q_row(KvDType::Q4_0, x.data(), 64, q.data(), sc.data())) << bad;
+  }
+  EXPECT_TRUE(kv_int_dot(KvDType::U4) && !kv_int_dot(KvDType::Fp8E4M3) && !kv_int_dot(KvDType::Same));
+}
+
 namespace kvcache {
 
 Problem cache_shape(int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d, KvDType t) {
@@ -226,7 +259,7 @@ KernelCheck check(const Kernel& k, const Problem& p, const Tensors& t, int threa
 
 }  // namespace kvcache
 
-// Every cache type through naive, flash and decode (every target): decode's key chunks (300 and
+// Every cache type through naive, flash, decode and decode_i8 (its integer types; every target): decode's key chunks (300 and
 // 1000 keys cross them), GQA and MQA, causal, a window, per-batch kv lengths (an empty one),
 // d_v != d, chunked prefill (query rows over a longer cache), and sparse patterns (sinks and a
 // window: the block map's words and its gathered sink tile, read from the quantized rows).
@@ -249,9 +282,10 @@ TEST(KvCache, KernelsThatReadACacheAgreeOnEveryCacheType) {
     for (const Problem& p : shapes) {
       p.validate();
       const Tensors t = random_tensors(p, 11);
-      for (const char* name : {"naive", "flash", "decode"}) {
+      for (const char* name : {"naive", "flash", "decode", "decode_i8"}) {
         for (const Kernel* k : kvcache::runnable(name)) {
-          if (std::string_view(name) == "decode" && p.q_len > 16) continue;  // prefill: decode refuses
+          if (std::string_view(name).starts_with("decode") && p.q_len > 16) continue;  // prefill: decode refuses
+          if (std::string_view(name) == "decode_i8" && !kv_int_dot(type)) continue;      // no integer codes
           const KernelCheck c = kvcache::check(*k, p, t);
           EXPECT_EQ(c.verdict, Verdict::Pass)
               << k->name() << "[" << k->isa() << "] " << p.describe() << ": " << c.reason << " (O err "
@@ -283,7 +317,7 @@ TEST(KvCache, OtherKernelsRefuseNamingTheOnesThatRead) {
     const Support s = supports_problem(*k, p);
     if (k->runs_kv_quant()) continue;
     ASSERT_FALSE(s) << k->name();
-    EXPECT_NE(s.reason.find("kv_dtype q8_0 (naive, flash, decode read a quantized cache)"), std::string::npos)
+    EXPECT_NE(s.reason.find("kv_dtype q8_0 (naive, flash, decode, decode_i8 read a quantized cache)"), std::string::npos)
         << s.reason;
   }
 }
@@ -323,8 +357,9 @@ TEST(KvCache, SpecialValuesFollowTheReference) {
     Tensors floats = random_tensors(f, 5);
     const_cast<float*>(floats.inputs.k.row(0, 1, 299))[3] = std::numeric_limits<float>::quiet_NaN();  // the last key
     const Tensors t = convert_inputs(p, floats.inputs);
-    for (const char* name : {"naive", "flash", "decode"}) {
+    for (const char* name : {"naive", "flash", "decode", "decode_i8"}) {
       for (const Kernel* k : kvcache::runnable(name)) {
+        if (std::string_view(name) == "decode_i8" && !kv_int_dot(type)) continue;
         const KernelCheck c = kvcache::check(*k, p, t);
         EXPECT_EQ(c.verdict, Verdict::Pass) << name << " " << to_string(type) << ": " << c.reason;
       }
@@ -364,7 +399,9 @@ TEST(KvCache, TileEngineRefusesAnFp8ScaleOtherThanOne) {
 // cache with one defect a reader could have.
 class PlantedCacheBug final : public test::Wrapped {
  public:
-  enum Bug { WrongScale, BlockOffByOne, SwappedNibbles, StaleRow };
+  // ZeroPointDropped (u8 / u4) and ScaleSquared (q8_0 / q4_0): what an integer K.Q that forgets
+  // the zero point's sum(q) term or applies K's scale twice computes.
+  enum Bug { WrongScale, BlockOffByOne, SwappedNibbles, StaleRow, ZeroPointDropped, ScaleSquared };
   PlantedCacheBug(const Kernel& inner, Bug bug) : Wrapped(inner), bug_(bug) {}
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     const int64_t rows = p.batch * p.kv_heads * p.kv_len, bytes = in.kq.dim;
@@ -380,6 +417,16 @@ class PlantedCacheBug final : public test::Wrapped {
           break;
         case StaleRow:
           if (r % p.kv_len == p.kv_len - 1) std::memcpy(row, row - bytes, static_cast<size_t>(bytes));
+          break;
+        case ZeroPointDropped: std::memset(row + 4, 0, 4); break;  // u8 / u4: zp = 0
+        case ScaleSquared:
+          for (int64_t b = 0; b < bytes; b += p.kv_dtype == KvDType::Q8_0 ? 34 : 18) {
+            uint16_t h;
+            std::memcpy(&h, row + b, 2);
+            const float d = to_float(f16{h});
+            h = to_f16(d * d).bits;
+            std::memcpy(row + b, &h, 2);
+          }
           break;
       }
     }
@@ -402,6 +449,73 @@ TEST(KvCache, PlantedReaderBugsFail) {
       EXPECT_EQ(kvcache::check(planted, p, t).verdict, Verdict::Fail) << "bug " << bug << " passed on " << k->isa();
     }
     EXPECT_EQ(kvcache::check(*k, p, t).verdict, Verdict::Pass) << "the same cache, read right";
+  }
+}
+
+// The same for decode_i8 under its own, wider tolerance (int8 products: what rounding Q costs, derived):
+// the reader bugs, a dropped zero point and a squared scale still fail on every target. Not
+// WrongScale: a scale 2^-8 off (0.4%) moves O by 1.7e-4 of the row scale here, inside the 7e-4 that
+// rounding Q to int8 (steps of 1/127 of each block's largest value) may - the float decode catches it.
+TEST(KvCache, PlantedBugsFailUnderTheInt8Tolerance) {
+  using B = PlantedCacheBug;
+  const std::vector<std::pair<KvDType, std::vector<B::Bug>>> cases = {
+      {KvDType::Q4_0, {B::BlockOffByOne, B::SwappedNibbles, B::StaleRow, B::ScaleSquared}},
+      {KvDType::Q8_0, {B::ScaleSquared, B::StaleRow}},
+      {KvDType::U8, {B::ZeroPointDropped, B::StaleRow}},
+      {KvDType::U4, {B::ZeroPointDropped}}};
+  int ran = 0;
+  for (const auto& [type, bugs] : cases) {
+    const Problem p = kvcache::cache_shape(1, 8, 2, 1, 300, 64, type);
+    const Tensors t = random_tensors(p, 9);
+    for (const Kernel* k : kvcache::runnable("decode_i8")) {
+      for (B::Bug bug : bugs) {
+        const PlantedCacheBug planted(*k, bug);
+        const KernelCheck c = kvcache::check(planted, p, t);
+        EXPECT_EQ(c.verdict, Verdict::Fail) << "bug " << bug << " passed on " << k->isa() << ", " << to_string(type)
+                                            << " (O err " << c.errors.o_rel << ", tol " << c.tol.o_rel << ")";
+      }
+      EXPECT_EQ(kvcache::check(*k, p, t).verdict, Verdict::Pass) << k->isa() << ", " << to_string(type);
+      ++ran;
+    }
+  }
+  EXPECT_GT(ran, 0) << "decode_i8's scalar target runs everywhere";
+}
+
+// A q8_0 cache another writer filled may hold the code -128 (the lab's and ggml's writers stop at
+// -127): q8_0's integer path offsets codes by 128, so -128 is its edge; it must read as -128 d.
+// Q rows with a NaN or an Inf cannot be rounded: their task multiplies in float32, and NaN / Inf
+// reach O as the reference has them; a zero Q row (scale 0) and a constant K row agree too.
+TEST(KvCache, Int8ScoresAtTheirEdges) {
+  Problem p = kvcache::cache_shape(1, 4, 2, 2, 200, 64, KvDType::Q8_0);
+  p.causal = CausalAlign::BottomRight;
+  Tensors t = random_tensors(p, 21);
+  auto* k = const_cast<std::byte*>(t.inputs.kq.data);
+  for (int64_t r = 0; r < p.kv_heads * p.kv_len; r += 3) k[r * t.inputs.kq.dim + 2 + r % 32] = std::byte{0x80};
+  for (const Kernel* dk : kvcache::runnable("decode_i8")) {
+    const KernelCheck c = kvcache::check(*dk, p, t);
+    EXPECT_EQ(c.verdict, Verdict::Pass) << dk->isa() << " code -128: " << c.reason;
+  }
+  for (KvDType type : {KvDType::Q4_0, KvDType::U8}) {
+    for (int plant = 0; plant < 4; ++plant) {
+      Problem pu = kvcache::cache_shape(1, 4, 2, 2, 200, 64, type);
+      pu.causal = CausalAlign::BottomRight;
+      Problem f = pu;
+      f.kv_dtype = KvDType::Same;
+      Tensors floats = random_tensors(f, 22);
+      auto* q = const_cast<float*>(floats.inputs.q.data);
+      auto* kf = const_cast<float*>(floats.inputs.k.row(0, 1, 150));
+      switch (plant) {
+        case 0: q[5] = std::numeric_limits<float>::quiet_NaN(); break;  // head 0, row 0
+        case 1: q[64 + 7] = std::numeric_limits<float>::infinity(); break;  // head 0, row 1
+        case 2: std::fill(q, q + 64, 0.f); break;
+        case 3: std::fill(kf, kf + 64, 0.25f); break;
+      }
+      const Tensors tt = convert_inputs(pu, floats.inputs);
+      for (const Kernel* dk : kvcache::runnable("decode_i8")) {
+        const KernelCheck c = kvcache::check(*dk, pu, tt);
+        EXPECT_EQ(c.verdict, Verdict::Pass) << dk->isa() << " " << to_string(type) << " plant " << plant << ": " << c.reason;
+      }
+    }
   }
 }
 

@@ -69,9 +69,13 @@ struct PhasePlan final : Plan {
 // The arithmetic a kernel's results carry, which the tolerance baseline reproduces (verify.hpp):
 //   F32           float32 products and sums on values widened exactly from storage (the textbook);
 //   Bf16Products  bf16 x bf16 products (exact) summed in float32, and the softmax weights P
-//                 rounded to bf16 before P.V (flash_bf16).
-enum class Arithmetic { F32, Bf16Products };
-const char* to_string(Arithmetic a);  // "f32", "bf16_products"
+//                 rounded to bf16 before P.V (flash_bf16);
+//   Int8Products  Q rounded to int8 by round_q_row (kv_quant.hpp) and K.Q as exact int32 dot
+//                 products with a quantized cache's integer codes, the scales applied after;
+//                 softmax and P.V in float32 (decode_i8). Its baseline is the textbook on the
+//                 Q it multiplies: what rounding Q costs is derived, never a chosen number.
+enum class Arithmetic { F32, Bf16Products, Int8Products };
+const char* to_string(Arithmetic a);  // "f32", "bf16_products", "int8_products"
 
 struct RunContext {
   int threads = 1;                 // size of the arena the kernel runs in

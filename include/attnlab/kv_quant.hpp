@@ -53,6 +53,18 @@ int64_t kv_row_bytes(KvDType t, int64_t dim);
 void quantize_row(KvDType t, const float* x, int64_t dim, std::byte* out, float tensor_scale = 1.0f);
 void dequantize_row(KvDType t, const std::byte* row, int64_t dim, float* y, float tensor_scale = 1.0f);
 
+// Q for integer K.Q (Arithmetic::Int8Products, decode_i8) over the caches with integer codes
+// (kv_int_dot: q8_0, q4_0, u8, u4). A Q row is rounded to int8 per block of q_block_values
+// values - 32 for q8_0 / q4_0, matching K's blocks (ggml's Q8_0 with a float32 scale); the whole
+// row for u8 / u4, whose one scale and zero point per K row fold through sum(q) - symmetrically:
+// scale = amax / 127, q = roundf(x / scale), 0 when the scale is 0; |q| <= 127. The value Q
+// then multiplies is q * scale. A row holding a NaN or an Inf has no such rounding (returns false,
+// q and scales unspecified): it is multiplied unrounded, in float32. The kernel and the tolerance
+// baseline (verify.cpp) both round by this one function.
+bool kv_int_dot(KvDType t);
+int64_t q_block_values(KvDType t, int64_t dim);
+bool round_q_row(KvDType t, const float* x, int64_t dim, int8_t* q, float* scales);
+
 // The OCP FP8 conversions (exact decode; encode rounds to nearest even, saturating as above).
 float fp8_e4m3_to_float(uint8_t b);
 float fp8_e5m2_to_float(uint8_t b);

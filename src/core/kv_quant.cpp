@@ -162,6 +162,34 @@ KvDType parse_kv_dtype(const std::string& text) {
 
 int64_t kv_block_values(KvDType t) { return t == KvDType::Q8_0 || t == KvDType::Q4_0 ? kBlock : 1; }
 
+bool kv_int_dot(KvDType t) {
+  return t == KvDType::Q8_0 || t == KvDType::Q4_0 || t == KvDType::U8 || t == KvDType::U4;
+}
+
+int64_t q_block_values(KvDType t, int64_t dim) {
+  return t == KvDType::Q8_0 || t == KvDType::Q4_0 ? kBlock : dim;
+}
+
+bool round_q_row(KvDType t, const float* x, int64_t dim, int8_t* q, float* scales) {
+  for (int64_t i = 0; i < dim; ++i) {
+    if (!std::isfinite(x[i])) return false;
+  }
+  const int64_t block = q_block_values(t, dim);
+  for (int64_t b0 = 0; b0 < dim; b0 += block) {
+    const int64_t n = std::min(block, dim - b0);
+    float amax = 0.f;
+    for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[b0 + i]));
+    const float scale = amax / 127.f;
+    scales[b0 / block] = scale;
+    for (int64_t i = 0; i < n; ++i) {
+      // |x / scale| <= 127 up to one rounding of the division: clamped, so |q| <= 127 always.
+      const float r = scale > 0.f ? std::roundf(x[b0 + i] / scale) : 0.f;
+      q[b0 + i] = static_cast<int8_t>(std::clamp(r, -127.f, 127.f));
+    }
+  }
+  return true;
+}
+
 int64_t kv_row_bytes(KvDType t, int64_t dim) {
   switch (t) {
     case KvDType::Q8_0: return dim / kBlock * (2 + kBlock);

@@ -13,7 +13,14 @@ std::string_view Kernel::isa() const { return "baseline"; }
 Support Kernel::available() const { return Support::yes(); }
 std::string_view Kernel::precision() const { return "f32/bf16/f16 in, widened exactly; f32 compute"; }
 Arithmetic Kernel::arithmetic() const { return Arithmetic::F32; }
-const char* to_string(Arithmetic a) { return a == Arithmetic::Bf16Products ? "bf16_products" : "f32"; }
+const char* to_string(Arithmetic a) {
+  switch (a) {
+    case Arithmetic::Bf16Products: return "bf16_products";
+    case Arithmetic::Int8Products: return "int8_products";
+    case Arithmetic::F32: break;
+  }
+  return "f32";
+}
 Support Kernel::supports(const Problem&) const { return Support::yes(); }
 size_t Kernel::workspace_bytes(const Problem&, int) const { return 0; }
 bool Kernel::runs_patterns() const { return false; }

@@ -6,8 +6,10 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <tuple>
 
+#include "attnlab/kv_quant.hpp"
 #include "attnlab/textbook.hpp"
 
 namespace attnlab {
@@ -170,7 +172,43 @@ Errors measure(const Reference& ref, const ConstView& o, const float* lse, const
   return e;
 }
 
+namespace {
+// Q as Arithmetic::Int8Products multiplies it: each row rounded by round_q_row (kv_quant.hpp) for
+// the cache's type and read back as q * scale; a row with a NaN or Inf as it is (the kernel
+// multiplies such a row unrounded). Contiguous (batch, heads, seq, dim) float32.
+std::vector<float> int8_rounded_q(const Problem& p, const ConstView& q) {
+  std::vector<float> out(static_cast<size_t>(q.batch * q.heads * q.seq * q.dim));
+  std::vector<int8_t> codes(static_cast<size_t>(q.dim));
+  std::vector<float> scales(static_cast<size_t>(q.dim));
+  const int64_t block = q_block_values(p.kv_dtype, q.dim);
+  float* dst = out.data();
+  for (int64_t b = 0; b < q.batch; ++b)
+    for (int64_t h = 0; h < q.heads; ++h)
+      for (int64_t i = 0; i < q.seq; ++i, dst += q.dim) {
+        const float* row = q.row(b, h, i);
+        if (!round_q_row(p.kv_dtype, row, q.dim, codes.data(), scales.data())) {
+          std::copy(row, row + q.dim, dst);
+          continue;
+        }
+        for (int64_t d = 0; d < q.dim; ++d) dst[d] = static_cast<float>(codes[d]) * scales[d / block];
+      }
+  return out;
+}
+}  // namespace
+
 Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref, Arithmetic arithmetic) {
+  if (arithmetic == Arithmetic::Int8Products) {
+    // Only a q8_0, q4_0, u8 or u4 cache has integer codes to multiply; a kernel of this arithmetic
+    // refuses the other problems (decode_i8's supports), which then multiply as the textbook.
+    if (!p.kv_quantized() || !kv_int_dot(p.kv_dtype) || in.dtype != DType::F32) {
+      return baseline_errors(p, in, ref, Arithmetic::F32);
+    }
+    const std::vector<float> q = int8_rounded_q(p, in.q);
+    Inputs rounded = in;
+    rounded.q = ConstView{q.data(), in.q.batch, in.q.heads, in.q.seq, in.q.dim,
+                          in.q.heads * in.q.seq * in.q.dim, in.q.seq * in.q.dim, in.q.dim};
+    return baseline_errors(p, rounded, ref, Arithmetic::F32);
+  }
   if (p.kv_paged()) {
     const UnpagedKv u = unpage_kv(p, in);
     return baseline_errors(u.problem, u.inputs, ref, arithmetic);
@@ -252,8 +290,9 @@ Agreement prepare_agreement(const Problem& p, const Inputs& in, std::vector<RowI
 
 Tolerance tolerance_for(Arithmetic arithmetic, const Problem& p, const Inputs& in, const Agreement& a) {
   if (arithmetic == Arithmetic::F32) return a.tol;
-  return Tolerance::from_baseline(baseline_errors(p, in, a.ref, arithmetic), Tolerance::kFloorBf16P)
-      .widened_by(a.widen);
+  // Int8Products: P.V stays float32, so float32's floor; the rounding of Q is in the baseline.
+  const double floor = arithmetic == Arithmetic::Int8Products ? Tolerance::kFloor : Tolerance::kFloorBf16P;
+  return Tolerance::from_baseline(baseline_errors(p, in, a.ref, arithmetic), floor).widened_by(a.widen);
 }
 
 Tolerance tolerance_for(const Kernel& k, const Problem& p, const Inputs& in, const Agreement& a) {

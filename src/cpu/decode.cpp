@@ -66,6 +66,9 @@
 #include "attnlab/kernel.hpp"
 #include "attnlab/online_softmax.hpp"
 #include "cpu/parallel.hpp"
+#include "attnlab/isa.hpp"
+#include "attnlab/kv_quant.hpp"
+#include "cpu/simd/int8_dot.hpp"
 #include "cpu/simd/tiles.hpp"
 #include "cpu/simd/vec_math.hpp"
 
@@ -100,7 +103,7 @@ struct Plan {
   int64_t rows, chunk_keys, chunks, dp, row_stride;
   size_t partial_bytes;
   size_t thread_bytes;  // per thread: the engine's scratch
-  explicit Plan(const Problem& p) : tiling(simd::make_tiling(p, p.q_len)) {
+  Plan(const Problem& p, bool int8) : tiling(simd::make_tiling(p, p.q_len, false, false, int8)) {
     rows = p.group() * p.q_len;  // the engine's row order: (i, g) -> i * group + g
     chunk_keys = decode_chunk_keys(p);
     chunks = std::max<int64_t>(1, (p.kv_len + chunk_keys - 1) / chunk_keys);
@@ -117,19 +120,42 @@ struct Plan {
   }
 };
 
+// int8: decode_i8 (src/cpu/decode_i8.cpp) - the same kernel with K.Q in integers (int8_dot.hpp).
 class Decode final : public Kernel {
  public:
-  std::string_view name() const override { return "decode"; }
+  explicit Decode(bool int8) : int8_(int8) {}
+  std::string_view name() const override { return int8_ ? "decode_i8" : "decode"; }
   std::string_view description() const override {
+    if (int8_) {
+      return "decode with integer K.Q: Q rounded to int8 once per row, vpdpbusd against a q8_0, q4_0, u8 or u4 "
+             "cache's codes, the scales after; softmax and P.V in float32";
+    }
     return "flash-decoding for q_len <= 16: key chunks of up to 2048 keys as oneTBB tasks, all query rows of a "
            "GQA group per task through flash's tile engine (K/V read once), partial (O, m, l) merged exactly";
+  }
+  Arithmetic arithmetic() const override { return int8_ ? Arithmetic::Int8Products : Arithmetic::F32; }
+  Support available() const override {
+    if (int8_ && *simd::kI8Unit && !cpu_runs_isa(simd::kI8Unit)) {
+      return Support::no(std::string("this CPU has no ") + simd::kI8Unit +
+                         " (vpdpbusd), the int8 unit this target's decode_i8 scores with; decode runs here");
+    }
+    return Support::yes();
   }
   Support supports(const Problem& p) const override {
     if (p.q_len > kMaxQLen) {
       return Support::no("q_len " + std::to_string(p.q_len) + " > " + std::to_string(kMaxQLen) +
                          ": decode splits the keys of a few new query rows; use flash for prefill");
     }
-    return Support::yes();
+    if (!int8_) return Support::yes();
+    if (!p.kv_quantized() || !kv_int_dot(p.kv_dtype)) {
+      return Support::no(std::string("kv_dtype ") + to_string(p.kv_dtype) +
+                         ": decode_i8 multiplies integer codes (q8_0, q4_0, u8, u4); decode runs the others");
+    }
+    if (p.group() * p.q_len > simd::kStreamRows) {
+      return Support::no("group x q_len = " + std::to_string(p.group() * p.q_len) + " > " +
+                         std::to_string(simd::kStreamRows) + ": decode_i8 scores direct tasks only; decode runs it");
+    }
+    return available();
   }
   bool runs_patterns() const override { return true; }
   bool runs_head_dim_v() const override { return true; }
@@ -140,11 +166,11 @@ class Decode final : public Kernel {
     return std::make_shared<BlockPlan>(build_block_map(p, p.q_len));
   }
   size_t workspace_bytes(const Problem& p, int threads) const override {
-    const Plan plan(p);
+    const Plan plan(p, int8_);
     return plan.partial_bytes + static_cast<size_t>(threads) * plan.thread_bytes;
   }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
-    const Plan plan(p);
+    const Plan plan(p, int8_);
     float* partials = reinterpret_cast<float*>(ctx.workspace.data());
     // A sparse pattern: the block map with one query tile of q_len rows (make_plan's, or built
     // here when run without a Session).
@@ -177,6 +203,8 @@ class Decode final : public Kernel {
   }
 
  private:
+  bool int8_;
+
   static void run_chunk(const Problem& p, const Inputs& in, const Plan& plan, const BlockMap* map,
                         const simd::Scratch& s, int64_t b, int64_t hk, int64_t chunk, float* partial) {
     const simd::Tiling& t = plan.tiling;
@@ -262,7 +290,12 @@ class Decode final : public Kernel {
 }  // namespace
 
 const Kernel& decode() {
-  static const Decode k;
+  static const Decode k(false);
+  return k;
+}
+
+const Kernel& decode_with_int8_scores() {
+  static const Decode k(true);
   return k;
 }
 

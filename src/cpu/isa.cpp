@@ -56,7 +56,7 @@ const std::vector<Built>& built() {
 struct Features {
   bool sse2 = false, avx = false, fma = false, f16c = false, avx2 = false, bmi1 = false, bmi2 = false, lzcnt = false,
        movbe = false, avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false, avx512cd = false,
-       avx512_bf16 = false, amx_bf16 = false, neon = false;
+       avx512_bf16 = false, amx_bf16 = false, avx512_vnni = false, avx_vnni = false, neon = false;
   std::string text() const {
     std::string t;
     auto add = [&](bool on, const char* name) {
@@ -79,6 +79,8 @@ struct Features {
     add(avx512vl, "avx512vl");
     add(avx512cd, "avx512cd");
     add(avx512_bf16, "avx512_bf16");
+    add(avx512_vnni, "avx512_vnni");
+    add(avx_vnni, "avx_vnni");
     add(amx_bf16, "amx_bf16");
     add(neon, "neon");
     return t.empty() ? "none detected" : t;
@@ -120,7 +122,11 @@ Features detect() {
     // AMX-BF16 (EDX bit 22) with AMX-TILE (bit 24), and the OS saving tile state (XCR0 bits 17
     // XTILECFG, 18 XTILEDATA); Linux also wants a per-process request (src/cpu/flash_bf16.cpp).
     f.amx_bf16 = (d & (1u << 22)) && (d & (1u << 24)) && (xcr0 & (uint64_t{3} << 17)) == (uint64_t{3} << 17);
-    if (a >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512_bf16 = (a & (1u << 5)) && f.avx512f;
+    f.avx512_vnni = (c & (1u << 11)) && f.avx512f;
+    if (a >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) {
+      f.avx512_bf16 = (a & (1u << 5)) && f.avx512f;
+      f.avx_vnni = (a & (1u << 4)) && f.avx;  // the VEX-encoded vpdpbusd on ymm
+    }
   }
   if (__get_cpuid(0x80000001u, &a, &b, &c, &d)) f.lzcnt = c & (1u << 5);
 #elif defined(__aarch64__)
@@ -144,6 +150,9 @@ bool runs(std::string_view isa, const Features& f) {
     return runs("avx2", f) && f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl && f.avx512cd;
   }
   if (isa == "avx512_bf16") return runs("avx512", f) && f.avx512_bf16;
+  // The int8 dot-product units (vpdpbusd) that decode_i8's avx512 / avx2 variants score with.
+  if (isa == "avx512_vnni") return runs("avx512", f) && f.avx512_vnni;
+  if (isa == "avx_vnni") return runs("avx2", f) && f.avx_vnni;
   if (isa == "amx_bf16") return runs("avx512_bf16", f) && f.amx_bf16;
   if (isa == "neon") return f.neon;
   return false;

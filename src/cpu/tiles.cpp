@@ -16,6 +16,7 @@
 #include "cpu/parallel.hpp"
 #include "cpu/simd/amx.hpp"
 #include "cpu/simd/bf16_dot.hpp"
+#include "cpu/simd/int8_dot.hpp"
 #include "cpu/simd/kv_load.hpp"
 #include "cpu/simd/microkernel.hpp"
 #include "cpu/simd/vec_math.hpp"
@@ -33,7 +34,6 @@ constexpr int64_t kMaxRows = 240;
 // ... but not at the cost of parallelism: Br shrinks (not below kTaskRows) while the problem has
 // fewer than kMinTasks (parallel.hpp) (batch, kv head, query tile) tasks.
 constexpr int64_t kTaskRows = 120;
-constexpr int64_t kStreamRows = 16;  // up to this many rows a task streams its K/V tiles
 #if defined(__AVX512BF16__)
 constexpr bool kPairsBuilt = true;  // this target has the bf16 dot-product engine (flash_bf16)
 #else
@@ -201,7 +201,16 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
   // S through L1; masked keys become -inf by a select (never arithmetic, so NaN/Inf in a
   // masked K row never leaks), the blocks outside [ja, jb) are never read unmasked.
   if constexpr (Direct) {
-    score_rows<MR>(s.qr + rr0 * t.dim_pad, t.dim_pad, s.qr + t.rows * t.dim_pad, kt.k, t.dim, ja, jb, s.p, step);
+    bool done = false;
+    if constexpr (kIntDot<E>) {
+      if (s.i8_on()) {
+        const std::byte* rows = s.i8 + 64;
+        score_rows_i8<MR, E::type>(rows + rr0 * t.i8_row, t.i8_row, rows + t.rows * t.i8_row, I8Layout(t.dim), kt.k,
+                                   ja, jb, s.p, step);
+        done = true;
+      }
+    }
+    if (!done) score_rows<MR>(s.qr + rr0 * t.dim_pad, t.dim_pad, s.qr + t.rows * t.dim_pad, kt.k, t.dim, ja, jb, s.p, step);
 #if defined(__AVX512BF16__)
   } else if constexpr (Pairs) {
     const auto* qw = reinterpret_cast<const uint32_t*>(s.q) + rr0 * pair_words(t.dim);
@@ -288,6 +297,18 @@ void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, cons
   const float q_scale = p.effective_scale() * kLog2e;
   if (s.qr) std::fill(s.qr, s.qr + (t.rows + 1) * t.dim_pad, 0.f);
   if (s.qa) std::fill(s.qa, s.qa + amx_rows(R) * padded_words(d), 0u);
+  if constexpr (std::is_same_v<E, float>) {
+    if (s.i8) {  // Q's integer rows; one row that cannot be rounded keeps the whole task in float32
+      const I8Layout l(d);
+      std::byte* rows = s.i8 + 64;
+      bool all = true;
+      for (int64_t rr = 0; rr < R && all; ++rr) {
+        all = pack_i8_row(p.kv_dtype, in.q.row(b, hk * G + rr % G, at[rr / G]), l, q_scale, rows + rr * t.i8_row);
+      }
+      std::memset(rows + t.rows * t.i8_row, 0, static_cast<size_t>(t.i8_row));
+      s.i8[0] = std::byte{all ? uint8_t{1} : uint8_t{0}};
+    }
+  }
   for (int64_t rr = 0; rr < R; ++rr) {
     const E* q = in.q.row(b, hk * G + rr % G, at[rr / G]);
     if constexpr (std::is_same_v<E, bf16>) {
@@ -503,7 +524,7 @@ void visit_kv(const Inputs& in, F&& f) {
 
 }  // namespace
 
-Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx) {
+Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool int8_dot) {
   if (bf16_dot && (!kPairsBuilt || p.dtype != DType::BF16)) {
     throw std::logic_error("make_tiling: bf16 dot products need bf16 inputs and a target with AVX512_BF16");
   }
@@ -560,6 +581,14 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx) {
   t.amx = amx;
   if (amx) t.qa_off = take(sizeof(uint32_t) * state_rows * padded_words(t.dim));
   if (t.direct) t.qr_off = take(sizeof(float) * (t.rows + 1) * t.dim_pad);
+  if (int8_dot) {
+    if (!t.direct || !p.kv_quantized() || !kv_int_dot(p.kv_dtype) || p.dtype != DType::F32) {
+      throw std::logic_error("make_tiling: int8 dot products need a direct task, a float32 Q and a q8_0, q4_0, u8 or u4 cache");
+    }
+    t.int8_dot = true;
+    t.i8_row = I8Layout(t.dim).row;
+    t.i8_off = take(64 + static_cast<size_t>((t.rows + 1) * t.i8_row));
+  }
   if (gathered_columns(p) > 0) {  // rows of the stored type: dim_pad values, or a quantized row's bytes
     const int64_t elem = p.kv_quantized() ? 1 : dtype_bytes(p.dtype);
     t.gather_ldk = p.kv_quantized() ? p.kv_row_bytes(t.dim) : t.dim_pad;
@@ -583,7 +612,8 @@ Scratch::Scratch(std::byte* base, const Tiling& t)
       gather(t.gather_off ? reinterpret_cast<float*>(base + t.gather_off) : nullptr),
       vp(t.bf16_dot ? reinterpret_cast<uint32_t*>(base + t.vp_off) : nullptr),
       pw(t.bf16_dot ? reinterpret_cast<uint32_t*>(base + t.pw_off) : nullptr),
-      qa(t.amx ? reinterpret_cast<uint32_t*>(base + t.qa_off) : nullptr) {}
+      qa(t.amx ? reinterpret_cast<uint32_t*>(base + t.qa_off) : nullptr),
+      i8(t.int8_dot ? base + t.i8_off : nullptr) {}
 
 AmxScope::AmxScope(const Tiling& t) : on(t.amx) {
 #if defined(ATTN_HAVE_AMX)

@@ -24,6 +24,10 @@
 
 namespace attnlab::ATTN_TARGET_NS::simd {
 
+// Up to this many rows (G x rows per task) a task is direct: it streams its K/V tiles and scores
+// straight from the K rows (score_rows, score_rows_i8).
+inline constexpr int64_t kStreamRows = 16;
+
 // Tile sizes and the per-thread scratch layout, a function of the problem (and of the
 // running machine's L2 when the caller lets the engine choose Br).
 struct Tiling {
@@ -50,13 +54,20 @@ struct Tiling {
   // rows; p and pw for 16 rows); the other tiles through the bf16 panels.
   bool amx = false;
   size_t qa_off = 0;
+  // int8 dot products (decode_i8, src/cpu/simd/int8_dot.hpp; direct tasks over a q8_0, q4_0, u8 or
+  // u4 cache): at i8_off a 64-byte flag (1: every row of the task rounded), then R + 1 rows of
+  // i8_row bytes (Q's integer form; the last all zero).
+  bool int8_dot = false;
+  size_t i8_off = 0;
+  int64_t i8_row = 0;
   size_t bytes = 0;  // per thread, a 64-byte multiple
 };
 
 // br = 0: the largest Br whose working set fits half the L2 (flash); else exactly br rows.
 // bf16_dot: flash_bf16's tiling (only where the target has AVX512_BF16; never direct); amx:
 // flash_amx's (bf16_dot too, and a target with AMX-BF16).
-Tiling make_tiling(const Problem& p, int64_t br = 0, bool bf16_dot = false, bool amx = false);
+// int8_dot: decode_i8's (a direct tiling, a float32 Q and a cache kv_int_dot takes).
+Tiling make_tiling(const Problem& p, int64_t br = 0, bool bf16_dot = false, bool amx = false, bool int8_dot = false);
 
 struct Scratch {
   float* q;       // R x d, panels of kPanelRows rows, k-major in a panel, times scale*log2e
@@ -74,7 +85,10 @@ struct Scratch {
   uint32_t* vp;   // bf16_dot: 32 x dim_v_pad words, the V tile by key pairs (else nullptr)
   uint32_t* pw;   // bf16_dot: kPanelRows (amx: 16) x 32 words, the panel's P rounded to bf16 pairs
   uint32_t* qa;   // amx: R rounded up to 16 rows of padded_words(d) words, Q rows as bf16 pairs
+  std::byte* i8;  // int8_dot: the flag, then Q's integer rows (Tiling::i8_off), else nullptr
   Scratch(std::byte* base, const Tiling& t);
+  // Whether this task scores in integers: int8_dot, and every row's Q rounded (round_q_row).
+  bool i8_on() const { return i8 && i8[0] == std::byte{1}; }
 };
 
 // A row's interval when another task computes it (attend_blocks: a solo position's row in its

@@ -1,0 +1,334 @@
+// decode_i8's integer K.Q (Arithmetic::Int8Products, include/attnlab/kernel.hpp): a direct task's
+// Q rows are rounded to int8 once (round_q_row, kv_quant.hpp: per 32-value block for q8_0 / q4_0,
+// per row for u8 / u4), then every score of a q8_0, q4_0, u8 or u4 key is an exact int32 dot product
+// of Q's codes with the cache's codes, the scales applied after (log2 units, as the float engine):
+//   q8_0, q4_0  s = sum_b (dq_b scale log2e) dk_b I_b,   I_b = sum_{i in b} q_i c_i
+//               (c: q8_0's int8 code; q4_0's nibble - 8, i.e. sum q nib - 8 sum_b q)
+//   u8, u4      s = (dq scale log2e) sc (I - zp sum q),  I = sum_i q_i c_i (c: the code 0..255 / 0..15)
+// score_row_rule is the definition (the scalar target runs it). AVX512-VNNI and AVX-VNNI compute the
+// same integers with vpdpbusd (unsigned bytes x signed bytes, four products summed per 32-bit lane,
+// never saturating): K's codes are the unsigned operand - q8_0's as c + 128 (one xor), the extra
+// 128 sum q taken back by starting each lane's accumulator at -128 x (its four q's), q4_0's -8 the
+// same way - and Q's codes the signed one, stored in the order K's codes unpack in (nibbles: the
+// lows, then the highs), so no K byte is shuffled. Block types convert each lane to float and scale
+// it by its block's dq dk; row types add the whole row in int32 and scale once per key.
+// Why: a widened code costs a load, two conversions and a multiply per lane before its FMA
+// (kv_load.hpp); vpdpbusd does four products per lane in one instruction, on the codes as stored.
+#pragma once
+
+#ifndef ATTN_TARGET_NS
+#error "src/cpu/simd/ is per-target code: include it only from ATTN_TARGET_SOURCES (src/cpu/target.hpp)"
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "attnlab/kv_quant.hpp"
+#include "attnlab/kv_read.hpp"
+#include "attnlab/problem.hpp"
+#include "cpu/simd/kv_load.hpp"
+#include "cpu/simd/microkernel.hpp"
+
+namespace attnlab::ATTN_TARGET_NS::simd {
+
+template <class E>
+inline constexpr bool kIntDot = false;
+template <>
+inline constexpr bool kIntDot<Quant<KvDType::Q8_0>> = true;
+template <>
+inline constexpr bool kIntDot<Quant<KvDType::Q4_0>> = true;
+template <>
+inline constexpr bool kIntDot<Quant<KvDType::U8>> = true;
+template <>
+inline constexpr bool kIntDot<Quant<KvDType::U4>> = true;
+
+inline constexpr bool is_row_type(KvDType t) { return t == KvDType::U8 || t == KvDType::U4; }
+
+// The integer unit of this target, and the ISA name the CPU must run for it (isa.cpp).
+#if defined(__AVX512F__)
+#define ATTN_I8_TARGET __attribute__((target("avx512vnni")))
+inline constexpr const char* kI8Unit = "avx512_vnni";
+inline constexpr int kI8Chunk = 64;  // Q/K values per vector step
+#elif defined(__AVX2__)
+#define ATTN_I8_TARGET __attribute__((target("avxvnni")))
+inline constexpr const char* kI8Unit = "avx_vnni";
+inline constexpr int kI8Chunk = 32;
+#else
+#define ATTN_I8_TARGET
+inline constexpr const char* kI8Unit = "";  // the scalar rule
+inline constexpr int kI8Chunk = 64;
+#endif
+
+// One Q row's integer form (I8Layout::row bytes each, 64-byte aligned): dpad = d rounded up to 64.
+//   nat[dpad]     the codes in natural order (score_row_rule), zero padded
+//   vec[dpad]     the same codes in the vector order (vec_slot)
+//   corr[dpad/4]  per 32-bit lane of vec: -off x the sum of its four codes (off: 128 q8_0, 8 q4_0, 0)
+//   dws[dpad/4]   per 32-bit lane of vec: its block's dq scale log2e (block types)
+//   bs[dpad/32]   per block: dq scale log2e (row types: one)
+//   bsum[dpad/32] per block: the sum of its codes (row types: one)
+struct I8Layout {
+  int64_t d = 0, dpad = 0, row = 0;
+  explicit I8Layout(int64_t dim = 0) : d(dim), dpad((dim + 63) / 64 * 64) {
+    row = (dpad * 2 + dpad / 4 * 8 + dpad / 32 * 8 + 63) / 64 * 64;
+  }
+};
+struct I8Row {
+  int8_t* nat;
+  int8_t* vec;
+  int32_t* corr;
+  float* dws;
+  float* bs;
+  int32_t* bsum;
+  I8Row(std::byte* base, const I8Layout& l)
+      : nat(reinterpret_cast<int8_t*>(base)),
+        vec(nat + l.dpad),
+        corr(reinterpret_cast<int32_t*>(vec + l.dpad)),
+        dws(reinterpret_cast<float*>(corr + l.dpad / 4)),
+        bs(dws + l.dpad / 4),
+        bsum(reinterpret_cast<int32_t*>(bs + l.dpad / 32)) {}
+};
+
+// Where natural value k of a row lies in the vector order: the order the target's loader
+// (load_codes) unpacks a chunk of K's codes in.
+inline int64_t vec_slot(KvDType t, int64_t k) {
+  const int64_t c = k / kI8Chunk * kI8Chunk, x = k % kI8Chunk;
+  if (t == KvDType::U4) return c + (x % 2 ? kI8Chunk / 2 : 0) + x / 2;  // lows (even values), then highs
+  if (t == KvDType::Q4_0 && kI8Chunk == 64) {  // two blocks: lows of both, then highs of both
+    const int64_t blk = x / 32, y = x % 32;
+    return c + (y / 16) * 32 + blk * 16 + y % 16;
+  }
+  return k;  // q8_0, u8; q4_0 with one block per chunk (its 16 lows then 16 highs are 0..31)
+}
+
+// Rounds Q row x (d floats) into its integer form; false (row untouched) when round_q_row cannot.
+inline bool pack_i8_row(KvDType t, const float* x, const I8Layout& l, float q_scale, std::byte* base) {
+  const I8Row r(base, l);
+  std::memset(base, 0, static_cast<size_t>(l.row));
+  float scales[Problem::kMaxHeadDim];
+  if (!round_q_row(t, x, l.d, r.nat, scales)) return false;
+  const int64_t block = q_block_values(t, l.d);
+  const int32_t off = t == KvDType::Q8_0 ? 128 : t == KvDType::Q4_0 ? 8 : 0;
+  for (int64_t b = 0; b < (l.d + block - 1) / block; ++b) r.bs[b] = scales[b] * q_scale;
+  for (int64_t k = 0; k < l.d; ++k) {
+    const int64_t v = vec_slot(t, k);
+    r.vec[v] = r.nat[k];
+    r.corr[v / 4] -= off * r.nat[k];
+    r.dws[v / 4] = r.bs[k / block];
+    r.bsum[k / block] += r.nat[k];
+  }
+  return true;
+}
+
+// The rule: one score of Q row q against K row kr (type T), by the formulas above.
+template <KvDType T>
+inline float score_row_rule(const I8Row& q, const std::byte* kr, int64_t d) {
+  const auto* u = reinterpret_cast<const uint8_t*>(kr);
+  if constexpr (is_row_type(T)) {
+    int32_t dot = 0;
+    for (int64_t i = 0; i < d; ++i) {
+      const int32_t c = T == KvDType::U8 ? u[8 + i] : (i % 2 ? u[8 + i / 2] >> 4 : u[8 + i / 2] & 0x0f);
+      dot += q.nat[i] * c;
+    }
+    const float sc = kv_read::load_f32(kr), zp = kv_read::load_f32(kr + 4);
+    return std::fma(-zp, static_cast<float>(q.bsum[0]), static_cast<float>(dot)) * q.bs[0] * sc;
+  } else {
+    constexpr int64_t kBytes = T == KvDType::Q8_0 ? 34 : 18;
+    float s = 0.f;
+    for (int64_t b = 0; b < d / 32; ++b) {
+      const uint8_t* blk = u + b * kBytes;
+      int32_t dot = 0;
+      for (int i = 0; i < 32; ++i) {
+        const int32_t c = T == KvDType::Q8_0 ? static_cast<int8_t>(blk[2 + i])
+                                             : (i < 16 ? blk[2 + i] & 0x0f : blk[2 + i - 16] >> 4) - 8;
+        dot += q.nat[b * 32 + i] * c;
+      }
+      s += q.bs[b] * kv_read::scale_f16(kr + b * kBytes) * static_cast<float>(dot);
+    }
+    return s;
+  }
+}
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+namespace i8_detail {
+
+#if defined(__AVX512F__)
+using IVec = __m512i;
+inline IVec bytes80() { return _mm512_set1_epi8(static_cast<char>(0x80)); }
+ATTN_I8_TARGET inline IVec dpbusd(IVec acc, IVec u, IVec s) { return _mm512_dpbusd_epi32(acc, u, s); }
+inline Batch to_float(IVec x) { return _mm512_cvtepi32_ps(x); }
+inline IVec load_ivec(const void* p) { return _mm512_load_si512(p); }
+inline IVec izero() { return _mm512_setzero_si512(); }
+// Lows of 32 bytes, then their highs, as 64 codes.
+inline IVec nibbles(__m256i x) {
+  const __m256i m = _mm256_set1_epi8(0x0f);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(x, m)),
+                            _mm256_and_si256(_mm256_srli_epi16(x, 4), m), 1);
+}
+inline __mmask64 first_bytes(int64_t n) { return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1; }
+
+// Chunk c (values [64c, 64c + 64)) of K row kr as unsigned codes in vec_slot's order, and (block
+// types) the per-lane dk. rem: the row's values from 64c on (< 64 only in the last chunk).
+template <KvDType T>
+inline IVec load_codes(const std::byte* kr, int64_t c, int64_t rem, Batch& dk) {
+  if constexpr (T == KvDType::Q8_0) {
+    const std::byte* b0 = kr + 2 * c * 34;
+    const bool two = rem > 32;
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2));
+    const __m256i hi = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 34 + 2)) : _mm256_setzero_si256();
+    const auto h0 = static_cast<short>(kv_detail::load_u16(b0));
+    const auto h1 = static_cast<short>(two ? kv_detail::load_u16(b0 + 34) : 0);
+    dk = _mm512_cvtph_ps(_mm256_setr_epi16(h0, h0, h0, h0, h0, h0, h0, h0, h1, h1, h1, h1, h1, h1, h1, h1));
+    return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), bytes80());
+  } else if constexpr (T == KvDType::Q4_0) {
+    const std::byte* b0 = kr + 2 * c * 18;
+    const bool two = rem > 32;
+    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 2));
+    const __m128i hi = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 18 + 2)) : _mm_setzero_si128();
+    const auto h0 = static_cast<short>(kv_detail::load_u16(b0));
+    const auto h1 = static_cast<short>(two ? kv_detail::load_u16(b0 + 18) : 0);
+    dk = _mm512_cvtph_ps(_mm256_setr_epi16(h0, h0, h0, h0, h1, h1, h1, h1, h0, h0, h0, h0, h1, h1, h1, h1));
+    return nibbles(_mm256_set_m128i(hi, lo));
+  } else if constexpr (T == KvDType::U8) {
+    const std::byte* p = kr + 8 + 64 * c;
+    return rem >= 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(first_bytes(rem), p);
+  } else {
+    static_assert(T == KvDType::U4);
+    const std::byte* p = kr + 8 + 32 * c;
+    const int64_t n = (rem + 1) / 2;
+    const __m256i x = n >= 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                              : _mm256_maskz_loadu_epi8(static_cast<__mmask32>(first_bytes(n)), p);
+    return nibbles(x);
+  }
+}
+#else  // AVX2 with AVX-VNNI
+using IVec = __m256i;
+inline IVec bytes80() { return _mm256_set1_epi8(static_cast<char>(0x80)); }
+ATTN_I8_TARGET inline IVec dpbusd(IVec acc, IVec u, IVec s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
+inline Batch to_float(IVec x) { return _mm256_cvtepi32_ps(x); }
+inline IVec load_ivec(const void* p) { return _mm256_load_si256(static_cast<const __m256i*>(p)); }
+inline IVec izero() { return _mm256_setzero_si256(); }
+inline IVec nibbles(__m128i x) {
+  const __m128i m = _mm_set1_epi8(0x0f);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m));
+}
+// n < full bytes at p, zero padded (AVX2 has no byte-masked load).
+inline void copy_bytes(const std::byte* p, int64_t n, std::byte* out, int64_t full) {
+  std::memset(out, 0, static_cast<size_t>(full));
+  std::memcpy(out, p, static_cast<size_t>(n));
+}
+
+template <KvDType T>
+inline IVec load_codes(const std::byte* kr, int64_t c, int64_t rem, Batch& dk) {
+  if constexpr (T == KvDType::Q8_0) {
+    const std::byte* b = kr + c * 34;
+    dk = Batch(kv_read::scale_f16(b));
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), bytes80());
+  } else if constexpr (T == KvDType::Q4_0) {
+    const std::byte* b = kr + c * 18;
+    dk = Batch(kv_read::scale_f16(b));
+    return nibbles(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
+  } else if constexpr (T == KvDType::U8) {
+    const std::byte* p = kr + 8 + 32 * c;
+    if (rem >= 32) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    alignas(32) std::byte buf[32];
+    copy_bytes(p, rem, buf, 32);
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
+  } else {
+    static_assert(T == KvDType::U4);
+    const std::byte* p = kr + 8 + 16 * c;
+    const int64_t n = (rem + 1) / 2;
+    if (n >= 16) return nibbles(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    alignas(16) std::byte buf[16];
+    copy_bytes(p, n, buf, 16);
+    return nibbles(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)));
+  }
+}
+#endif
+
+}  // namespace i8_detail
+
+// score_rows (microkernel.hpp) in integers: s[m * kTileKeys + j] for rows m < MR (I8Row rows
+// `ld` bytes apart from q0; rows past MR read `zero`, an all-zero row) and keys [ja, jb). The same
+// register block as the float path (kDotRows rows x kDotKeys keys), reduced by transpose_sum.
+template <int MR, KvDType T, class Step>
+ATTN_I8_TARGET void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte* zero, const I8Layout& l,
+                                  const Rows<Quant<T>>& k, int ja, int jb, float* s, Step& step) {
+  using namespace i8_detail;
+  constexpr int kAcc = kDotRows * kDotKeys;
+  constexpr bool kRow = is_row_type(T);
+  const int64_t d = l.d, chunks = (d + kI8Chunk - 1) / kI8Chunk;
+  for (int r0 = 0; r0 < MR; r0 += kDotRows) {
+    I8Row q[kDotRows] = {I8Row(const_cast<std::byte*>(zero), l), I8Row(const_cast<std::byte*>(zero), l),
+                         I8Row(const_cast<std::byte*>(zero), l), I8Row(const_cast<std::byte*>(zero), l)};
+    static_assert(kDotRows == 4, "the initializer above");
+    for (int r = 0; r < kDotRows && r0 + r < MR; ++r) q[r] = I8Row(const_cast<std::byte*>(q0 + (r0 + r) * ld), l);
+    alignas(64) float row_sum[kAcc], row_scale[kAcc];  // row types: sum q and dq scale log2e per lane
+    for (int a = 0; a < kAcc; ++a) {
+      row_sum[a] = static_cast<float>(q[a / kDotKeys].bsum[0]), row_scale[a] = q[a / kDotKeys].bs[0];
+    }
+    for (int j = ja; j < jb; j += kDotKeys) {
+      const std::byte* kr[kDotKeys];  // keys past jb repeat the last one (computed, never stored)
+      for (int c = 0; c < kDotKeys; ++c) kr[c] = reinterpret_cast<const std::byte*>(k.row(j + c < jb ? j + c : jb - 1));
+      Batch facc[kAcc];
+      IVec iacc[kAcc];
+      for (int a = 0; a < kAcc; ++a) facc[a] = Batch(0.f), iacc[a] = izero();
+      for (int64_t c = 0; c < chunks; ++c) {
+        for (int x = 0; x < kI8Chunk / kLanes; ++x) step();  // as many prefetch steps as the float path
+        IVec codes[kDotKeys];
+        Batch dk[kDotKeys];
+        for (int i = 0; i < kDotKeys; ++i) codes[i] = load_codes<T>(kr[i], c, d - c * kI8Chunk, dk[i]);
+        for (int r = 0; r < kDotRows; ++r) {
+          const IVec qv = load_ivec(q[r].vec + c * kI8Chunk);
+          if constexpr (kRow) {
+            for (int i = 0; i < kDotKeys; ++i) iacc[r * kDotKeys + i] = dpbusd(iacc[r * kDotKeys + i], codes[i], qv);
+          } else {
+            const IVec corr = load_ivec(q[r].corr + c * kI8Chunk / 4);
+            const Batch dq = Batch::load_aligned(q[r].dws + c * kI8Chunk / 4);
+            for (int i = 0; i < kDotKeys; ++i) {
+              facc[r * kDotKeys + i] = simd::fma(to_float(dpbusd(corr, codes[i], qv)), dq * dk[i], facc[r * kDotKeys + i]);
+            }
+          }
+        }
+      }
+      alignas(64) float tile[kAcc];
+      if constexpr (kRow) {
+        // (I - zp sum q) dq sc per (row, key), a vector of them at a time: lane r * kDotKeys + i.
+        for (int a = 0; a < kAcc; ++a) facc[a] = to_float(iacc[a]);
+        alignas(64) float zp[kAcc], sc[kAcc];
+        for (int a = 0; a < kAcc; ++a) {
+          sc[a] = kv_read::load_f32(kr[a % kDotKeys]), zp[a] = kv_read::load_f32(kr[a % kDotKeys] + 4);
+        }
+        for (int g = 0; g < kAcc; g += kLanes) {
+          const Batch v = simd::fma(-Batch::load_aligned(zp + g), Batch::load_aligned(row_sum + g),
+                                    transpose_sum(facc + g));
+          (v * Batch::load_aligned(row_scale + g) * Batch::load_aligned(sc + g)).store_aligned(tile + g);
+        }
+      } else {
+        for (int g = 0; g < kAcc; g += kLanes) transpose_sum(facc + g).store_aligned(tile + g);
+      }
+      const int rows = MR - r0 < kDotRows ? MR - r0 : kDotRows, keys = jb - j < kDotKeys ? jb - j : kDotKeys;
+      for (int r = 0; r < rows; ++r) {
+        std::memcpy(s + (r0 + r) * kTileKeys + j, tile + r * kDotKeys, sizeof(float) * static_cast<size_t>(keys));
+      }
+    }
+  }
+}
+#else
+// The scalar target: the rule, key by key.
+template <int MR, KvDType T, class Step>
+void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8Layout& l, const Rows<Quant<T>>& k,
+                   int ja, int jb, float* s, Step& step) {
+  for (int m = 0; m < MR; ++m) {
+    const I8Row q(const_cast<std::byte*>(q0 + m * ld), l);
+    for (int j = ja; j < jb; ++j) {
+      step();
+      s[m * kTileKeys + j] = score_row_rule<T>(q, reinterpret_cast<const std::byte*>(k.row(j)), l.d);
+    }
+  }
+}
+#endif
+
+}  // namespace attnlab::ATTN_TARGET_NS::simd
