@@ -207,7 +207,7 @@ TEST(KvQuant, NamesAndSizes) {
 TEST(KvQuant, QRowsRoundToInt8ByTheirBlock) {
   std::vector<float> x(64);
   for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j - 16) / 16.0f;  // amax 1 (x_0 = -1)
-  for (int j = 32; j < 64; ++j) x[j] = 0.f;                                 // an all-zero block
+  for (int j = 32; j < 64; ++j) x[j] = 0.f;                                // an all-zero block
   x[40] = 0.f;
   std::vector<int8_t> q(64);
   std::vector<float> sc(64);
@@ -259,10 +259,10 @@ KernelCheck check(const Kernel& k, const Problem& p, const Tensors& t, int threa
 
 }  // namespace kvcache
 
-// Every cache type through naive, flash, decode and decode_i8 (its integer types; every target): decode's key chunks (300 and
-// 1000 keys cross them), GQA and MQA, causal, a window, per-batch kv lengths (an empty one),
-// d_v != d, chunked prefill (query rows over a longer cache), and sparse patterns (sinks and a
-// window: the block map's words and its gathered sink tile, read from the quantized rows).
+// Every cache type through naive, flash, decode and decode_i8 (its integer types; every target): decode's key chunks
+// (300 and 1000 keys cross them), GQA and MQA, causal, a window, per-batch kv lengths (an empty one), d_v != d, chunked
+// prefill (query rows over a longer cache), and sparse patterns (sinks and a window: the block map's words and its
+// gathered sink tile, read from the quantized rows).
 TEST(KvCache, KernelsThatReadACacheAgreeOnEveryCacheType) {
   using kvcache::cache_shape;
   for (KvDType type : quantized_kv_dtypes()) {
@@ -285,7 +285,7 @@ TEST(KvCache, KernelsThatReadACacheAgreeOnEveryCacheType) {
       for (const char* name : {"naive", "flash", "decode", "decode_i8"}) {
         for (const Kernel* k : kvcache::runnable(name)) {
           if (std::string_view(name).starts_with("decode") && p.q_len > 16) continue;  // prefill: decode refuses
-          if (std::string_view(name) == "decode_i8" && !kv_int_dot(type)) continue;      // no integer codes
+          if (std::string_view(name) == "decode_i8" && !kv_int_dot(type)) continue;    // no integer codes
           const KernelCheck c = kvcache::check(*k, p, t);
           EXPECT_EQ(c.verdict, Verdict::Pass)
               << k->name() << "[" << k->isa() << "] " << p.describe() << ": " << c.reason << " (O err "
@@ -317,7 +317,8 @@ TEST(KvCache, OtherKernelsRefuseNamingTheOnesThatRead) {
     const Support s = supports_problem(*k, p);
     if (k->runs_kv_quant()) continue;
     ASSERT_FALSE(s) << k->name();
-    EXPECT_NE(s.reason.find("kv_dtype q8_0 (naive, flash, decode, decode_i8 read a quantized cache)"), std::string::npos)
+    EXPECT_NE(s.reason.find("kv_dtype q8_0 (naive, flash, decode, decode_i8 read a quantized cache)"),
+              std::string::npos)
         << s.reason;
   }
 }
@@ -505,7 +506,7 @@ TEST(KvCache, Int8ScoresAtTheirEdges) {
       auto* q = const_cast<float*>(floats.inputs.q.data);
       auto* kf = const_cast<float*>(floats.inputs.k.row(0, 1, 150));
       switch (plant) {
-        case 0: q[5] = std::numeric_limits<float>::quiet_NaN(); break;  // head 0, row 0
+        case 0: q[5] = std::numeric_limits<float>::quiet_NaN(); break;      // head 0, row 0
         case 1: q[64 + 7] = std::numeric_limits<float>::infinity(); break;  // head 0, row 1
         case 2: std::fill(q, q + 64, 0.f); break;
         case 3: std::fill(kf, kf + 64, 0.25f); break;
@@ -513,7 +514,8 @@ TEST(KvCache, Int8ScoresAtTheirEdges) {
       const Tensors tt = convert_inputs(pu, floats.inputs);
       for (const Kernel* dk : kvcache::runnable("decode_i8")) {
         const KernelCheck c = kvcache::check(*dk, pu, tt);
-        EXPECT_EQ(c.verdict, Verdict::Pass) << dk->isa() << " " << to_string(type) << " plant " << plant << ": " << c.reason;
+        EXPECT_EQ(c.verdict, Verdict::Pass)
+            << dk->isa() << " " << to_string(type) << " plant " << plant << ": " << c.reason;
       }
     }
   }

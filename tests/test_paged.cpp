@@ -115,6 +115,7 @@ TEST(Paged, PageAndUnpageAreInverses) {
 // The tile engine walks a tile's blocks as runs of rows (microkernel.hpp's Rows): the same keys in
 // the same order, so the paged cache's O and LSE are the contiguous cache's bit for bit. Block
 // sizes below, at and above the 64-key tile; tiles that start mid-block (a window, kv_lens).
+// (decode_i8 too, on the integer caches: its tasks round the same Q rows and walk the same keys.)
 TEST(Paged, FlashAndDecodeGiveTheContiguousResultBitForBit) {
   std::vector<Problem> shapes;
   shapes.push_back(shape(2, 8, 2, 1, 1000, 128, 0));  // decode, GQA, mixed lengths
@@ -148,9 +149,10 @@ TEST(Paged, FlashAndDecodeGiveTheContiguousResultBitForBit) {
         p.kv_block = block;
         p.validate();
         const Tensors paged = random_tensors(p, 21);
-        for (const char* name : {"flash", "decode"}) {
-          if (std::string_view(name) == "decode" && p.q_len > 16) continue;
+        for (const char* name : {"flash", "decode", "decode_i8"}) {
+          if (std::string_view(name).starts_with("decode") && p.q_len > 16) continue;
           for (const Kernel* k : runnable(name)) {
+            if (!k->supports(p)) continue;  // decode_i8: integer caches, direct tasks
             const Result a = run(*k, base, dense.inputs), b = run(*k, p, paged.inputs);
             EXPECT_TRUE(same_bits(a.o, b.o) && same_bits(a.lse, b.lse))
                 << name << "[" << k->isa() << "] " << p.describe();
@@ -169,7 +171,7 @@ TEST(Paged, KernelsThatReadAPagedCacheAgree) {
   p.kv_dtype = KvDType::Q4_0;
   const Tensors t = random_tensors(p, 4);
   const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
-  for (const char* name : {"naive", "flash", "decode"}) {
+  for (const char* name : {"naive", "flash", "decode", "decode_i8"}) {
     for (const Kernel* k : runnable(name)) {
       const KernelCheck c = check_kernel(*k, p, t.inputs, a, 2);
       EXPECT_EQ(c.verdict, Verdict::Pass) << name << "[" << k->isa() << "]: " << c.reason;
@@ -183,7 +185,8 @@ TEST(Paged, OtherKernelsRefuseNamingTheOnesThatRead) {
     if (k->runs_paged()) continue;
     const Support s = supports_problem(*k, p);
     ASSERT_FALSE(s) << k->name();
-    EXPECT_NE(s.reason.find("kv_block 64 (naive, flash, decode read a paged cache)"), std::string::npos) << s.reason;
+    EXPECT_NE(s.reason.find("kv_block 64 (naive, flash, decode, decode_i8 read a paged cache)"), std::string::npos)
+        << s.reason;
   }
   Problem dilated = shape(1, 4, 4, 64, 64, 64, 64);
   dilated.window_left = 16, dilated.window_right = 0, dilated.dilation = 2;

@@ -162,13 +162,9 @@ KvDType parse_kv_dtype(const std::string& text) {
 
 int64_t kv_block_values(KvDType t) { return t == KvDType::Q8_0 || t == KvDType::Q4_0 ? kBlock : 1; }
 
-bool kv_int_dot(KvDType t) {
-  return t == KvDType::Q8_0 || t == KvDType::Q4_0 || t == KvDType::U8 || t == KvDType::U4;
-}
+bool kv_int_dot(KvDType t) { return t == KvDType::Q8_0 || t == KvDType::Q4_0 || t == KvDType::U8 || t == KvDType::U4; }
 
-int64_t q_block_values(KvDType t, int64_t dim) {
-  return t == KvDType::Q8_0 || t == KvDType::Q4_0 ? kBlock : dim;
-}
+int64_t q_block_values(KvDType t, int64_t dim) { return t == KvDType::Q8_0 || t == KvDType::Q4_0 ? kBlock : dim; }
 
 bool round_q_row(KvDType t, const float* x, int64_t dim, int8_t* q, float* scales) {
   for (int64_t i = 0; i < dim; ++i) {

@@ -205,8 +205,9 @@ Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref,
     }
     const std::vector<float> q = int8_rounded_q(p, in.q);
     Inputs rounded = in;
-    rounded.q = ConstView{q.data(), in.q.batch, in.q.heads, in.q.seq, in.q.dim,
-                          in.q.heads * in.q.seq * in.q.dim, in.q.seq * in.q.dim, in.q.dim};
+    rounded.q = ConstView{
+        q.data(), in.q.batch, in.q.heads, in.q.seq, in.q.dim, in.q.heads * in.q.seq * in.q.dim, in.q.seq * in.q.dim,
+        in.q.dim};
     return baseline_errors(p, rounded, ref, Arithmetic::F32);
   }
   if (p.kv_paged()) {

@@ -205,12 +205,13 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
     if constexpr (kIntDot<E>) {
       if (s.i8_on()) {
         const std::byte* rows = s.i8 + 64;
-        score_rows_i8<MR, E::type>(rows + rr0 * t.i8_row, t.i8_row, rows + t.rows * t.i8_row, I8Layout(t.dim), kt.k,
-                                   ja, jb, s.p, step);
+        score_rows_i8<MR, E::type>(rows + rr0 * t.i8_row, t.i8_row, rows + t.rows * t.i8_row, I8Layout(t.dim), kt.k, ja,
+                                   jb, s.p, step);
         done = true;
       }
     }
-    if (!done) score_rows<MR>(s.qr + rr0 * t.dim_pad, t.dim_pad, s.qr + t.rows * t.dim_pad, kt.k, t.dim, ja, jb, s.p, step);
+    if (!done)
+      score_rows<MR>(s.qr + rr0 * t.dim_pad, t.dim_pad, s.qr + t.rows * t.dim_pad, kt.k, t.dim, ja, jb, s.p, step);
 #if defined(__AVX512BF16__)
   } else if constexpr (Pairs) {
     const auto* qw = reinterpret_cast<const uint32_t*>(s.q) + rr0 * pair_words(t.dim);
@@ -228,6 +229,23 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
 
   const float* a = rescale ? alpha : nullptr;
   if (full) {
+    if constexpr (kIntDot<E>) {
+      if constexpr (is_row_type(E::type)) {
+        if (s.i8_on()) {  // decode_i8: each key's scale on P, the codes' P.V, the zero points' share off O
+          float off[MR];
+          fold_row_scales<MR>(s.p, kt.v, off);
+          float* o = s.o + rr0 * t.dim_v_pad;
+          pv_rows<MR>(s.p, kTileKeys, codes_of(kt.v), o, t.dim_v_pad, a, 0, kt.nk, t.dim_v, step);
+          for (int m = 0; m < MR; ++m) {
+            const Batch c(off[m]);
+            for (int64_t x = 0; x < t.dim_v_pad; x += kLanes) {
+              (Batch::load_aligned(o + m * t.dim_v_pad + x) - c).store_aligned(o + m * t.dim_v_pad + x);
+            }
+          }
+          return;
+        }
+      }
+    }
     pv_keys<MR, Pairs>(t, s, rr0, 0, kt, a, 0, kt.nk, step);
     return;
   }
@@ -583,7 +601,8 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
   if (t.direct) t.qr_off = take(sizeof(float) * (t.rows + 1) * t.dim_pad);
   if (int8_dot) {
     if (!t.direct || !p.kv_quantized() || !kv_int_dot(p.kv_dtype) || p.dtype != DType::F32) {
-      throw std::logic_error("make_tiling: int8 dot products need a direct task, a float32 Q and a q8_0, q4_0, u8 or u4 cache");
+      throw std::logic_error(
+          "make_tiling: int8 dot products need a direct task, a float32 Q and a q8_0, q4_0, u8 or u4 cache");
     }
     t.int8_dot = true;
     t.i8_row = I8Layout(t.dim).row;

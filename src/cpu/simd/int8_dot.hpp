@@ -96,7 +96,7 @@ struct I8Row {
 inline int64_t vec_slot(KvDType t, int64_t k) {
   const int64_t c = k / kI8Chunk * kI8Chunk, x = k % kI8Chunk;
   if (t == KvDType::U4) return c + (x % 2 ? kI8Chunk / 2 : 0) + x / 2;  // lows (even values), then highs
-  if (t == KvDType::Q4_0 && kI8Chunk == 64) {  // two blocks: lows of both, then highs of both
+  if (t == KvDType::Q4_0 && kI8Chunk == 64) {                           // two blocks: lows of both, then highs of both
     const int64_t blk = x / 32, y = x % 32;
     return c + (y / 16) * 32 + blk * 16 + y % 16;
   }
@@ -180,7 +180,7 @@ inline IVec load_codes(const std::byte* kr, int64_t c, int64_t rem, Batch& dk) {
     const __m256i hi = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 34 + 2)) : _mm256_setzero_si256();
     const auto h0 = static_cast<short>(kv_detail::load_u16(b0));
     const auto h1 = static_cast<short>(two ? kv_detail::load_u16(b0 + 34) : 0);
-    dk = _mm512_cvtph_ps(_mm256_setr_epi16(h0, h0, h0, h0, h0, h0, h0, h0, h1, h1, h1, h1, h1, h1, h1, h1));
+    dk = _mm512_cvtph_ps(_mm256_mask_blend_epi16(0xff00, _mm256_set1_epi16(h0), _mm256_set1_epi16(h1)));
     return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), bytes80());
   } else if constexpr (T == KvDType::Q4_0) {
     const std::byte* b0 = kr + 2 * c * 18;
@@ -189,7 +189,7 @@ inline IVec load_codes(const std::byte* kr, int64_t c, int64_t rem, Batch& dk) {
     const __m128i hi = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 18 + 2)) : _mm_setzero_si128();
     const auto h0 = static_cast<short>(kv_detail::load_u16(b0));
     const auto h1 = static_cast<short>(two ? kv_detail::load_u16(b0 + 18) : 0);
-    dk = _mm512_cvtph_ps(_mm256_setr_epi16(h0, h0, h0, h0, h1, h1, h1, h1, h0, h0, h0, h0, h1, h1, h1, h1));
+    dk = _mm512_cvtph_ps(_mm256_mask_blend_epi16(0xf0f0, _mm256_set1_epi16(h0), _mm256_set1_epi16(h1)));
     return nibbles(_mm256_set_m128i(hi, lo));
   } else if constexpr (T == KvDType::U8) {
     const std::byte* p = kr + 8 + 64 * c;
@@ -288,7 +288,8 @@ ATTN_I8_TARGET void score_rows_i8(const std::byte* q0, int64_t ld, const std::by
             const IVec corr = load_ivec(q[r].corr + c * kI8Chunk / 4);
             const Batch dq = Batch::load_aligned(q[r].dws + c * kI8Chunk / 4);
             for (int i = 0; i < kDotKeys; ++i) {
-              facc[r * kDotKeys + i] = simd::fma(to_float(dpbusd(corr, codes[i], qv)), dq * dk[i], facc[r * kDotKeys + i]);
+              facc[r * kDotKeys + i] =
+                  simd::fma(to_float(dpbusd(corr, codes[i], qv)), dq * dk[i], facc[r * kDotKeys + i]);
             }
           }
         }
@@ -302,8 +303,8 @@ ATTN_I8_TARGET void score_rows_i8(const std::byte* q0, int64_t ld, const std::by
           sc[a] = kv_read::load_f32(kr[a % kDotKeys]), zp[a] = kv_read::load_f32(kr[a % kDotKeys] + 4);
         }
         for (int g = 0; g < kAcc; g += kLanes) {
-          const Batch v = simd::fma(-Batch::load_aligned(zp + g), Batch::load_aligned(row_sum + g),
-                                    transpose_sum(facc + g));
+          const Batch v =
+              simd::fma(-Batch::load_aligned(zp + g), Batch::load_aligned(row_sum + g), transpose_sum(facc + g));
           (v * Batch::load_aligned(row_scale + g) * Batch::load_aligned(sc + g)).store_aligned(tile + g);
         }
       } else {
@@ -330,5 +331,40 @@ void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8La
   }
 }
 #endif
+
+// decode_i8's P.V on a u8 / u4 V tile that every row of the panel sees whole (nk = kTileKeys):
+// x_j = (c_j - zp_j) sc_j, so sum_j p_j x_j = sum_j (p_j sc_j) c_j - sum_j p_j sc_j zp_j. P (MR rows,
+// kTileKeys apart) takes each key's scale in place and off[m] gets row m's second sum, to come off
+// O after the P.V over the codes alone (Codes<T>): V's widening loses its subtract and multiply.
+// A NaN scale or zero point (a V row that held NaN or Inf) makes the row's O NaN, as the reference.
+template <int MR, KvDType T>
+inline void fold_row_scales(float* p, const Rows<Quant<T>>& v, float* off) {
+  alignas(64) float sc[kTileKeys], zp[kTileKeys];
+  for (int j = 0; j < kTileKeys; ++j) {
+    const auto* r = reinterpret_cast<const std::byte*>(v.row(j));
+    sc[j] = kv_read::load_f32(r), zp[j] = kv_read::load_f32(r + 4);
+  }
+  for (int m = 0; m < MR; ++m) {
+    Batch c(0.f);
+    for (int j = 0; j < kTileKeys; j += kLanes) {
+      const Batch pj = Batch::load_aligned(p + m * kTileKeys + j) * Batch::load_aligned(sc + j);
+      pj.store_aligned(p + m * kTileKeys + j);
+      c = simd::fma(pj, Batch::load_aligned(zp + j), c);
+    }
+    off[m] = reduce_sum(c);
+  }
+}
+
+// The codes of V's rows: each run's first row 8 bytes on (past its scale and zero point).
+template <KvDType T>
+inline Rows<Codes<T>> codes_of(const Rows<Quant<T>>& v) {
+  Rows<Codes<T>> c;
+  for (int r = 0; r < v.runs; ++r) {
+    c.at[r] = reinterpret_cast<const Codes<T>*>(reinterpret_cast<const std::byte*>(v.at[r]) + 8);
+  }
+  std::copy(v.first, v.first + Rows<Quant<T>>::kMaxRuns + 1, c.first);
+  c.runs = v.runs, c.ld = v.ld;
+  return c;
+}
 
 }  // namespace attnlab::ATTN_TARGET_NS::simd

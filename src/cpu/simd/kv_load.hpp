@@ -40,9 +40,24 @@ inline constexpr bool kIsQuant = false;
 template <KvDType T>
 inline constexpr bool kIsQuant<Quant<T>> = true;
 
+// A u8 / u4 row's codes alone, as numbers (its 8-byte scale and zero point skipped: a row of
+// Codes<T> starts 8 bytes into the Quant<T> row): decode_i8's P.V, where each key's scale rides
+// on P and the zero points' share comes off once per row (int8_dot.hpp, fold_row_scales).
+template <KvDType T>
+struct Codes {
+  static constexpr KvDType type = T;
+  std::byte raw;
+};
+template <class E>
+inline constexpr bool kIsCodes = false;
+template <KvDType T>
+inline constexpr bool kIsCodes<Codes<T>> = true;
+
 template <class E>
 inline int64_t row_bytes(int64_t d) {
-  if constexpr (kIsQuant<E>) {
+  if constexpr (kIsCodes<E>) {
+    return E::type == KvDType::U8 ? d : (d + 1) / 2;
+  } else if constexpr (kIsQuant<E>) {
     return kv_row_bytes(E::type, d);
   } else {
     return d * static_cast<int64_t>(sizeof(E));
@@ -51,7 +66,10 @@ inline int64_t row_bytes(int64_t d) {
 
 template <class E>
 inline float value_at(const E* row, int64_t i) {
-  if constexpr (kIsQuant<E>) {
+  if constexpr (kIsCodes<E>) {
+    const auto* u = reinterpret_cast<const uint8_t*>(row);
+    return static_cast<float>(E::type == KvDType::U8 ? u[i] : i % 2 ? u[i / 2] >> 4 : u[i / 2] & 0x0f);
+  } else if constexpr (kIsQuant<E>) {
     return kv_read::value(E::type, reinterpret_cast<const std::byte*>(row), i, 1.0f);
   } else {
     return to_float(row[i]);
@@ -61,8 +79,8 @@ inline float value_at(const E* row, int64_t i) {
 namespace kv_detail {
 
 // Lanes [0, n) by the one-value rule, `fill` in the others.
-template <KvDType T>
-inline Batch lanes_of(const Quant<T>* row, int64_t c, int n, float fill) {
+template <class E>
+inline Batch lanes_of(const E* row, int64_t c, int n, float fill) {
   alignas(64) float lanes[kLanes];
   for (int i = 0; i < kLanes; ++i) lanes[i] = i < n ? value_at(row, c + i) : fill;
   return Batch::load_aligned(lanes);
@@ -160,7 +178,19 @@ inline Batch nan_where_7f(__m128i w, Batch x) {
 
 template <class E>
 inline Batch load_at(const E* row, int64_t c) {
-  if constexpr (!kIsQuant<E>) {
+  if constexpr (kIsCodes<E>) {
+#if defined(ATTN_KV_VECTOR)
+    using namespace kv_detail;
+    const auto* r = reinterpret_cast<const std::byte*>(row);
+    if constexpr (E::type == KvDType::U8) {
+      return to_floats(u8_lanes(r + c));
+    } else {
+      return to_floats(nibble_pair_lanes(r + c / 2));
+    }
+#else
+    return kv_detail::lanes_of(row, c, kLanes, 0.f);
+#endif
+  } else if constexpr (!kIsQuant<E>) {
     return load_unaligned(row + c);
   } else {
 #if defined(ATTN_KV_VECTOR)
@@ -194,7 +224,7 @@ inline Batch load_at(const E* row, int64_t c) {
 
 template <class E>
 inline Batch load_partial_at(const E* row, int64_t c, int n, float fill = 0.f) {
-  if constexpr (!kIsQuant<E>) {
+  if constexpr (!kIsQuant<E> && !kIsCodes<E>) {
     return load_partial(row + c, n, fill);
   } else {
     if (n == kLanes) return load_at(row, c);
