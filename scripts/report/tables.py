@@ -247,6 +247,56 @@ def kv_cache_section(rows, ok):
     return md
 
 
+# A narrow-arithmetic kernel and the float32 kernel it narrows (the same driver, the same bytes).
+NARROW_TWINS = {"decode_i8": "decode"}
+
+
+def arithmetic_section(rows, ok, folder=None):
+    """A narrow-arithmetic kernel against its float32 twin on the same point (same shape, cache and
+    target, same run): the time of each, the speed-up (and pass by pass with paired rounds), % of
+    the read bandwidth each reached against the probe beside it, and what each costs in accuracy:
+    O's error against float64 on the unrounded inputs, and the tolerance its arithmetic is held to."""
+    fields = sorted(set(schema.DIMS) | {"dtype", "kv_dtype", "kv_block", "kv_shared", "threads", "isa"})
+
+    def key(r):
+        return tuple((k, str(r.get(k))) for k in fields)
+
+    floats = {(r["kernel"], key(r)): r for r in ok}
+    pairs = [(r, floats.get((NARROW_TWINS[r["kernel"]], key(r)))) for r in ok if r["kernel"] in NARROW_TWINS]
+    pairs = [(n, f) for n, f in pairs if f]
+    if not pairs:
+        return []
+    md = ["## Arithmetic: narrow products against float32", "",
+          "Each row: a narrow-arithmetic kernel and its float32 twin on the same point in this run "
+          "(decode_i8: Q rounded to int8 once per row, K.Q as int32 dot products on the cache's codes; "
+          "decode: every code widened to float32). Speed-up: the twin's median time over the narrow "
+          "kernel's, and pass by pass (median [min, max]) where the sweep ran paired rounds. % of read "
+          "BW: against the probe measured beside each point (median). Error: O's relative error against "
+          "float64 on the unrounded Q (the end-to-end price of the arithmetic), with the tolerance each "
+          "is held to (int8 products: 4x the textbook's error on the rounded Q).", "",
+          "| shape | cache | isa | float32 ms | narrow ms | speed-up | per pass | % of read BW f32 / narrow "
+          "| error f32 / narrow | tolerance narrow |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def pct(r):
+        v = r.get("bw_fraction_probe_median")
+        return fmt(None if v is None else 100 * v, ".0f")
+
+    def order(nf):
+        return shape_text(nf[0]), str(nf[0].get("kv_dtype")), nf[0].get("isa") or ""
+
+    for n, f in sorted(pairs, key=order):
+        cache = n["dtype"] if n.get("kv_dtype") in (None, "", "dtype") else n["kv_dtype"]
+        md.append(f"| {shape_text(dict(n, kv_dtype='dtype'))} | {cache} | {n.get('isa') or '-'} | "
+                  f"{fmt(f['time_median_s'] * 1e3, '.3g')} | {fmt(n['time_median_s'] * 1e3, '.3g')} | "
+                  f"{fmt(f['time_median_s'] / n['time_median_s'], '.2f')}x | "
+                  f"{pass_ratio_text(pass_ratios(folder, n, f))} | "
+                  f"{pct(f)} / {pct(n)} | {fmt(f.get('err_o_rel'), '.1e')} / {fmt(n.get('err_o_rel'), '.1e')} | "
+                  f"{fmt(n.get('tol_o_rel'), '.1e')} |")
+    md.append("")
+    return md
+
+
 def paged_section(rows, ok):
     """Paged caches against their contiguous twin (the same point with kv_block 0, same run): the
     time ratio per block size, and % of the read bandwidth each reached against the probe measured

@@ -40,3 +40,26 @@ def test_no_ratios_without_passes_or_times(tmp_path):
     assert pass_ratios(folder, {"id": "peer", "rounds": 1}, {"id": "peer", "rounds": 1}) is None  # one pass
     assert pass_ratios(folder, {"id": "gone", "rounds": 2}, {"id": "peer", "rounds": 2}) is None  # no times
     assert pass_ratios(None, {"id": "lab", "rounds": 2}, {"id": "peer", "rounds": 2}) is None
+
+
+def test_arithmetic_section_pairs_a_narrow_kernel_with_its_float32_twin(tmp_path):
+    # decode_i8 beside decode on one point and target (the report's Arithmetic section); a decode
+    # point without a narrow twin, and a decode_i8 point of another target, make no row.
+    from report import schema
+    from report.tables import arithmetic_section
+    folder = str(tmp_path)
+    write_point(folder, "f", [4.0, 4.4, 2.0, 2.2])
+    write_point(folder, "n", [2.0, 2.2, 2.0, 2.2])
+    shape = {k: None for k in schema.DIMS}
+    shape.update(batch=1, q_heads=32, kv_heads=8, q_len=1, kv_len=32768, head_dim=128, kv_dtype="u8")
+    common = dict(shape, isa="avx512", rounds=2, err_o_rel=1e-8, tol_o_rel=7e-5, bw_fraction_probe_median=0.5)
+    f = dict(common, id="f", kernel="decode", time_median_s=0.004)
+    n = dict(common, id="n", kernel="decode_i8", time_median_s=0.002, err_o_rel=2e-5)
+    other = dict(n, id="o", isa="avx2")
+    lone = dict(common, id="l", kernel="decode", kv_dtype="q8_0", time_median_s=0.003)
+    md = arithmetic_section([f, n, other, lone], [f, n, other, lone], folder)
+    rows = [line for line in md if line.startswith("| b1")]
+    assert len(rows) == 1, md
+    assert "| u8 | avx512 | 4 | 2 | 2.00x | 1.50x [1.00, 2.00] |" in rows[0]
+    assert "2.0e-05 | 7.0e-05 |" in rows[0]
+    assert arithmetic_section([f, lone], [f, lone], folder) == []
