@@ -261,8 +261,11 @@ def arithmetic_section(rows, ok, folder=None):
     def key(r):
         return tuple((k, str(r.get(k))) for k in fields)
 
-    floats = {(r["kernel"], key(r)): r for r in ok}
-    pairs = [(r, floats.get((NARROW_TWINS[r["kernel"]], key(r)))) for r in ok if r["kernel"] in NARROW_TWINS]
+    def raw(r):  # the kernel's own name (label_targets writes kernel[isa] into "kernel")
+        return r.get("kernel_name") or r["kernel"]
+
+    floats = {(raw(r), key(r)): r for r in ok}
+    pairs = [(r, floats.get((NARROW_TWINS[raw(r)], key(r)))) for r in ok if raw(r) in NARROW_TWINS]
     pairs = [(n, f) for n, f in pairs if f]
     if not pairs:
         return []

@@ -63,3 +63,7 @@ def test_arithmetic_section_pairs_a_narrow_kernel_with_its_float32_twin(tmp_path
     assert "| u8 | avx512 | 4 | 2 | 2.00x | 1.50x [1.00, 2.00] |" in rows[0]
     assert "2.0e-05 | 7.0e-05 |" in rows[0]
     assert arithmetic_section([f, lone], [f, lone], folder) == []
+    # A kernel run on several targets is labelled kernel[isa] (label_targets): paired by its own name.
+    fl, nl = dict(f, kernel="decode[avx512]", kernel_name="decode"), dict(n, kernel="decode_i8[avx512]",
+                                                                          kernel_name="decode_i8")
+    assert len([line for line in arithmetic_section([fl, nl], [fl, nl], folder) if line.startswith("| b1")]) == 1
