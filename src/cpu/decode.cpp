@@ -134,6 +134,9 @@ class Decode final : public Kernel {
            "GQA group per task through flash's tile engine (K/V read once), partial (O, m, l) merged exactly";
   }
   Arithmetic arithmetic() const override { return int8_ ? Arithmetic::Int8Products : Arithmetic::F32; }
+  std::string_view precision() const override {
+    return int8_ ? "f32 Q to int8, int32 K.Q on int caches; f32 P.V" : Kernel::precision();
+  }
   Support available() const override {
     if (int8_ && *simd::kI8Unit && !cpu_runs_isa(simd::kI8Unit)) {
       return Support::no(std::string("this CPU has no ") + simd::kI8Unit +

@@ -111,13 +111,19 @@ inline bool pack_i8_row(KvDType t, const float* x, const I8Layout& l, float q_sc
   if (!round_q_row(t, x, l.d, r.nat, scales)) return false;
   const int64_t block = q_block_values(t, l.d);
   const int32_t off = t == KvDType::Q8_0 ? 128 : t == KvDType::Q4_0 ? 8 : 0;
-  for (int64_t b = 0; b < (l.d + block - 1) / block; ++b) r.bs[b] = scales[b] * q_scale;
-  for (int64_t k = 0; k < l.d; ++k) {
-    const int64_t v = vec_slot(t, k);
-    r.vec[v] = r.nat[k];
-    r.corr[v / 4] -= off * r.nat[k];
-    r.dws[v / 4] = r.bs[k / block];
-    r.bsum[k / block] += r.nat[k];
+  // Block by block: a division per value would cost as much as the rounding (decode's short
+  // chunks round Q once per task).
+  for (int64_t b = 0, b0 = 0; b0 < l.d; ++b, b0 += block) {
+    r.bs[b] = scales[b] * q_scale;
+    int32_t sum = 0;
+    for (int64_t k = b0; k < std::min(b0 + block, l.d); ++k) {
+      const int64_t v = vec_slot(t, k);
+      r.vec[v] = r.nat[k];
+      r.corr[v / 4] -= off * r.nat[k];
+      r.dws[v / 4] = r.bs[b];
+      sum += r.nat[k];
+    }
+    r.bsum[b] = sum;
   }
   return true;
 }
