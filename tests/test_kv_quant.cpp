@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -480,6 +481,35 @@ TEST(KvCache, PlantedBugsFailUnderTheInt8Tolerance) {
     }
   }
   EXPECT_GT(ran, 0) << "decode_i8's scalar target runs everywhere";
+}
+
+// Without VNNI the avx2 and avx512 targets sum the same products with vpmaddubsw + vpmaddwd (q8_0's
+// and u8's codes as magnitudes, their signs moved onto Q); ATTN_NO_VNNI=1 takes that path on a CPU
+// that has VNNI, so both run here: every integer type, GQA and MHA, d 96 (a half chunk on avx512),
+// u8's extreme codes 0 and 255 (each row's min and max) and q8_0's -128.
+TEST(KvCache, Int8WithoutVnniAgreesToo) {
+  for (const char* env : {"1", "0"}) {
+    ASSERT_EQ(setenv("ATTN_NO_VNNI", env, 1), 0);
+    for (KvDType type : {KvDType::Q8_0, KvDType::Q4_0, KvDType::U8, KvDType::U4}) {
+      for (int64_t heads : {2, 8}) {
+        Problem p = kvcache::cache_shape(1, 8, heads, 2, 333, 96, type);
+        p.causal = CausalAlign::BottomRight;
+        Tensors t = random_tensors(p, 31);
+        if (type == KvDType::Q8_0) {
+          auto* k = const_cast<std::byte*>(t.inputs.kq.data);
+          for (int64_t r = 0; r < p.kv_heads * p.kv_len; r += 5) k[r * t.inputs.kq.dim + 2 + r % 32] = std::byte{0x80};
+        }
+        for (const Kernel* k : kvcache::runnable("decode_i8")) {
+          const KernelCheck c = kvcache::check(*k, p, t);
+          EXPECT_EQ(c.verdict, Verdict::Pass) << "ATTN_NO_VNNI=" << env << " " << k->isa() << " " << to_string(type)
+                                              << " kv_heads " << heads << ": " << c.reason;
+        }
+      }
+    }
+  }
+  unsetenv("ATTN_NO_VNNI");
+  EXPECT_EQ(kvcache::runnable("decode_i8").size(), kvcache::runnable("decode").size())
+      << "decode_i8 runs on every target decode runs on (VNNI or not)";
 }
 
 // A q8_0 cache another writer filled may hold the code -128 (the lab's and ggml's writers stop at

@@ -127,8 +127,8 @@ class Decode final : public Kernel {
   std::string_view name() const override { return int8_ ? "decode_i8" : "decode"; }
   std::string_view description() const override {
     if (int8_) {
-      return "decode with integer K.Q: Q rounded to int8 once per row, vpdpbusd against a q8_0, q4_0, u8 or u4 "
-             "cache's codes, the scales after; softmax and P.V in float32";
+      return "decode with integer K.Q: Q rounded to int8 once per row, vpdpbusd (VNNI; else vpmaddubsw + "
+             "vpmaddwd) against a q8_0, q4_0, u8 or u4 cache's codes, the scales after; softmax and P.V in float32";
     }
     return "flash-decoding for q_len <= 16: key chunks of up to 2048 keys as oneTBB tasks, all query rows of a "
            "GQA group per task through flash's tile engine (K/V read once), partial (O, m, l) merged exactly";
@@ -136,13 +136,6 @@ class Decode final : public Kernel {
   Arithmetic arithmetic() const override { return int8_ ? Arithmetic::Int8Products : Arithmetic::F32; }
   std::string_view precision() const override {
     return int8_ ? "f32 Q to int8, int32 K.Q on int caches; f32 P.V" : Kernel::precision();
-  }
-  Support available() const override {
-    if (int8_ && *simd::kI8Unit && !cpu_runs_isa(simd::kI8Unit)) {
-      return Support::no(std::string("this CPU has no ") + simd::kI8Unit +
-                         " (vpdpbusd), the int8 unit this target's decode_i8 scores with; decode runs here");
-    }
-    return Support::yes();
   }
   Support supports(const Problem& p) const override {
     if (p.q_len > kMaxQLen) {
@@ -158,7 +151,7 @@ class Decode final : public Kernel {
       return Support::no("group x q_len = " + std::to_string(p.group() * p.q_len) + " > " +
                          std::to_string(simd::kStreamRows) + ": decode_i8 scores direct tasks only; decode runs it");
     }
-    return available();
+    return Support::yes();
   }
   bool runs_patterns() const override { return true; }
   bool runs_head_dim_v() const override { return true; }

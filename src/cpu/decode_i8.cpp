@@ -6,8 +6,8 @@
 // rounds its Q rows to int8 once (round_q_row, kv_quant.hpp: per 32 values for q8_0 / q4_0, per
 // row for u8 / u4) and scores every key with vpdpbusd - four byte products per 32-bit lane, exact -
 // on the codes as stored, the scales applied after (src/cpu/simd/int8_dot.hpp has the formulas).
-// Units: AVX512-VNNI on the avx512 target, AVX-VNNI on avx2 (a CPU without it: unavailable, and
-// decode runs), the scalar rule on scalar. Softmax and P.V are decode's, in float32 (V widened in
+// Units: vpdpbusd where the CPU has the target's VNNI (AVX512-VNNI on avx512, AVX-VNNI on avx2),
+// else vpmaddubsw + vpmaddwd on the same codes (ATTN_NO_VNNI=1 forces that), the scalar rule on scalar. Softmax and P.V are decode's, in float32 (V widened in
 // registers). A task whose Q holds a NaN or Inf scores that task in float32 (rounding would hide it).
 // Arithmetic: Int8Products (kernel.hpp): held to 4x the textbook's error on the rounded Q, plus
 // float32's floor - the cost of rounding Q is derived from the inputs, never chosen.

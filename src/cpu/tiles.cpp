@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "attnlab/isa.hpp"
@@ -205,8 +207,13 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
     if constexpr (kIntDot<E>) {
       if (s.i8_on()) {
         const std::byte* rows = s.i8 + 64;
-        score_rows_i8<MR, E::type>(rows + rr0 * t.i8_row, t.i8_row, rows + t.rows * t.i8_row, I8Layout(t.dim), kt.k, ja,
-                                   jb, s.p, step);
+        const I8Layout l(t.dim);
+        const std::byte* zero = rows + t.rows * t.i8_row;
+        if (t.i8_vnni) {
+          score_rows_i8<MR, E::type, true>(rows + rr0 * t.i8_row, t.i8_row, zero, l, kt.k, ja, jb, s.p, step);
+        } else {
+          score_rows_i8<MR, E::type, false>(rows + rr0 * t.i8_row, t.i8_row, zero, l, kt.k, ja, jb, s.p, step);
+        }
         done = true;
       }
     }
@@ -605,6 +612,8 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
           "make_tiling: int8 dot products need a direct task, a float32 Q and a q8_0, q4_0, u8 or u4 cache");
     }
     t.int8_dot = true;
+    const char* no_vnni = std::getenv("ATTN_NO_VNNI");
+    t.i8_vnni = *kI8Unit && cpu_runs_isa(kI8Unit) && !(no_vnni && std::string_view(no_vnni) == "1");
     t.i8_row = I8Layout(t.dim).row;
     t.i8_off = take(64 + static_cast<size_t>((t.rows + 1) * t.i8_row));
   }

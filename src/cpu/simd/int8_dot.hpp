@@ -5,13 +5,14 @@
 //   q8_0, q4_0  s = sum_b (dq_b scale log2e) dk_b I_b,   I_b = sum_{i in b} q_i c_i
 //               (c: q8_0's int8 code; q4_0's nibble - 8, i.e. sum q nib - 8 sum_b q)
 //   u8, u4      s = (dq scale log2e) sc (I - zp sum q),  I = sum_i q_i c_i (c: the code 0..255 / 0..15)
-// score_row_rule is the definition (the scalar target runs it). AVX512-VNNI and AVX-VNNI compute the
-// same integers with vpdpbusd (unsigned bytes x signed bytes, four products summed per 32-bit lane,
-// never saturating): K's codes are the unsigned operand - q8_0's as c + 128 (one xor), the extra
-// 128 sum q taken back by starting each lane's accumulator at -128 x (its four q's), q4_0's -8 the
-// same way - and Q's codes the signed one, stored in the order K's codes unpack in (nibbles: the
-// lows, then the highs), so no K byte is shuffled. Block types convert each lane to float and scale
-// it by its block's dq dk; row types add the whole row in int32 and scale once per key.
+// score_row_rule is the definition (the scalar target runs it). The avx512 and avx2 targets compute
+// the same integers with vpdpbusd where the CPU has AVX512-VNNI resp. AVX-VNNI (unsigned bytes x
+// signed bytes, four products summed per 32-bit lane, never saturating): K's codes are the unsigned
+// operand - q8_0's as c + 128 (one xor), the extra 128 sum q taken back by starting each lane's
+// accumulator at -128 x (its four q's), q4_0's -8 the same way - and Q's codes the signed one, stored
+// in the order K's codes unpack in (nibbles: the lows, then the highs), so no K byte is shuffled.
+// Elsewhere vpmaddubsw + vpmaddwd make the same sums (score_rows_i8 says how). Block types convert
+// each lane to float and scale it by its block's dq dk; row types add the row in int32, scale once.
 // Why: a widened code costs a load, two conversions and a multiply per lane before its FMA
 // (kv_load.hpp); vpdpbusd does four products per lane in one instruction, on the codes as stored.
 #pragma once
@@ -47,17 +48,16 @@ inline constexpr bool kIntDot<Quant<KvDType::U4>> = true;
 
 inline constexpr bool is_row_type(KvDType t) { return t == KvDType::U8 || t == KvDType::U4; }
 
-// The integer unit of this target, and the ISA name the CPU must run for it (isa.cpp).
+// The VNNI unit of this target (the ISA name the CPU must run for vpdpbusd, isa.cpp), and the
+// values a vector step takes. Without it (or with ATTN_NO_VNNI=1 in the environment: tests and
+// comparisons) the same sums come from vpmaddubsw + vpmaddwd (use_vnni).
 #if defined(__AVX512F__)
-#define ATTN_I8_TARGET __attribute__((target("avx512vnni")))
 inline constexpr const char* kI8Unit = "avx512_vnni";
 inline constexpr int kI8Chunk = 64;  // Q/K values per vector step
 #elif defined(__AVX2__)
-#define ATTN_I8_TARGET __attribute__((target("avxvnni")))
 inline constexpr const char* kI8Unit = "avx_vnni";
 inline constexpr int kI8Chunk = 32;
 #else
-#define ATTN_I8_TARGET
 inline constexpr const char* kI8Unit = "";  // the scalar rule
 inline constexpr int kI8Chunk = 64;
 #endif
@@ -163,7 +163,21 @@ namespace i8_detail {
 #if defined(__AVX512F__)
 using IVec = __m512i;
 inline IVec bytes80() { return _mm512_set1_epi8(static_cast<char>(0x80)); }
-ATTN_I8_TARGET inline IVec dpbusd(IVec acc, IVec u, IVec s) { return _mm512_dpbusd_epi32(acc, u, s); }
+// acc + the sums of four u8 x s8 products per 32-bit lane. vpdpbusd as inline assembly (EVEX): the
+// target's flags lack VNNI, and only a CPU that has it runs this (use_vnni). Without VNNI:
+// vpmaddubsw (pairs into int16, saturating - exact here: u <= 128, |s| <= 127) and vpmaddwd by 1.
+template <bool Vnni>
+inline IVec dot4(IVec acc, IVec u, IVec s) {
+  if constexpr (Vnni) {
+    asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+    return acc;
+  } else {
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+  }
+}
+inline IVec abs8(IVec x) { return _mm512_abs_epi8(x); }
+// s where c >= 0, -s where c < 0 (c = 0: |c| = 0 makes the product 0 whatever s is).
+inline IVec sign8(IVec s, IVec c) { return _mm512_mask_sub_epi8(s, _mm512_movepi8_mask(c), _mm512_setzero_si512(), s); }
 inline Batch to_float(IVec x) { return _mm512_cvtepi32_ps(x); }
 inline IVec load_ivec(const void* p) { return _mm512_load_si512(p); }
 inline IVec izero() { return _mm512_setzero_si512(); }
@@ -175,9 +189,11 @@ inline IVec nibbles(__m256i x) {
 }
 inline __mmask64 first_bytes(int64_t n) { return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1; }
 
-// Chunk c (values [64c, 64c + 64)) of K row kr as unsigned codes in vec_slot's order, and (block
-// types) the per-lane dk. rem: the row's values from 64c on (< 64 only in the last chunk).
-template <KvDType T>
+// Chunk c (values [64c, 64c + 64)) of K row kr as codes in vec_slot's order, and (block types) the
+// per-lane dk. rem: the row's values from 64c on (< 64 only in the last chunk). The codes are
+// unsigned (dot4's u) but for q8_0 and u8 without VNNI: signed, q8_0's as stored, u8's minus 128
+// (one xor) - score_rows_i8 takes their magnitude and moves their sign onto Q.
+template <KvDType T, bool Vnni>
 inline IVec load_codes(const std::byte* kr, int64_t c, int64_t rem, Batch& dk) {
   if constexpr (T == KvDType::Q8_0) {
     const std::byte* b0 = kr + 2 * c * 34;
@@ -187,7 +203,8 @@ inline IVec load_codes(const std::byte* kr, int64_t c, int64_t rem, Batch& dk) {
     const auto h0 = static_cast<short>(kv_detail::load_u16(b0));
     const auto h1 = static_cast<short>(two ? kv_detail::load_u16(b0 + 34) : 0);
     dk = _mm512_cvtph_ps(_mm256_mask_blend_epi16(0xff00, _mm256_set1_epi16(h0), _mm256_set1_epi16(h1)));
-    return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), bytes80());
+    const IVec c8 = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    return Vnni ? _mm512_xor_si512(c8, bytes80()) : c8;
   } else if constexpr (T == KvDType::Q4_0) {
     const std::byte* b0 = kr + 2 * c * 18;
     const bool two = rem > 32;
@@ -199,7 +216,8 @@ inline IVec load_codes(const std::byte* kr, int64_t c, int64_t rem, Batch& dk) {
     return nibbles(_mm256_set_m128i(hi, lo));
   } else if constexpr (T == KvDType::U8) {
     const std::byte* p = kr + 8 + 64 * c;
-    return rem >= 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(first_bytes(rem), p);
+    const IVec u = rem >= 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(first_bytes(rem), p);
+    return Vnni ? u : _mm512_xor_si512(u, bytes80());
   } else {
     static_assert(T == KvDType::U4);
     const std::byte* p = kr + 8 + 32 * c;
@@ -212,7 +230,19 @@ inline IVec load_codes(const std::byte* kr, int64_t c, int64_t rem, Batch& dk) {
 #else  // AVX2 with AVX-VNNI
 using IVec = __m256i;
 inline IVec bytes80() { return _mm256_set1_epi8(static_cast<char>(0x80)); }
-ATTN_I8_TARGET inline IVec dpbusd(IVec acc, IVec u, IVec s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
+// As the AVX-512 dot4: AVX-VNNI's VEX-encoded vpdpbusd on ymm ({vex}: the EVEX form needs
+// AVX512-VNNI), else vpmaddubsw + vpmaddwd.
+template <bool Vnni>
+inline IVec dot4(IVec acc, IVec u, IVec s) {
+  if constexpr (Vnni) {
+    asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));  // %{ %}: braces, not asm dialects
+    return acc;
+  } else {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+  }
+}
+inline IVec abs8(IVec x) { return _mm256_abs_epi8(x); }
+inline IVec sign8(IVec s, IVec c) { return _mm256_sign_epi8(s, c); }
 inline Batch to_float(IVec x) { return _mm256_cvtepi32_ps(x); }
 inline IVec load_ivec(const void* p) { return _mm256_load_si256(static_cast<const __m256i*>(p)); }
 inline IVec izero() { return _mm256_setzero_si256(); }
@@ -226,22 +256,28 @@ inline void copy_bytes(const std::byte* p, int64_t n, std::byte* out, int64_t fu
   std::memcpy(out, p, static_cast<size_t>(n));
 }
 
-template <KvDType T>
+template <KvDType T, bool Vnni>
 inline IVec load_codes(const std::byte* kr, int64_t c, int64_t rem, Batch& dk) {
   if constexpr (T == KvDType::Q8_0) {
     const std::byte* b = kr + c * 34;
     dk = Batch(kv_read::scale_f16(b));
-    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), bytes80());
+    const IVec c8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    return Vnni ? _mm256_xor_si256(c8, bytes80()) : c8;
   } else if constexpr (T == KvDType::Q4_0) {
     const std::byte* b = kr + c * 18;
     dk = Batch(kv_read::scale_f16(b));
     return nibbles(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
   } else if constexpr (T == KvDType::U8) {
     const std::byte* p = kr + 8 + 32 * c;
-    if (rem >= 32) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    alignas(32) std::byte buf[32];
-    copy_bytes(p, rem, buf, 32);
-    return _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
+    IVec u;
+    if (rem >= 32) {
+      u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    } else {
+      alignas(32) std::byte buf[32];
+      copy_bytes(p, rem, buf, 32);
+      u = _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
+    }
+    return Vnni ? u : _mm256_xor_si256(u, bytes80());
   } else {
     static_assert(T == KvDType::U4);
     const std::byte* p = kr + 8 + 16 * c;
@@ -259,12 +295,18 @@ inline IVec load_codes(const std::byte* kr, int64_t c, int64_t rem, Batch& dk) {
 // score_rows (microkernel.hpp) in integers: s[m * kTileKeys + j] for rows m < MR (I8Row rows
 // `ld` bytes apart from q0; rows past MR read `zero`, an all-zero row) and keys [ja, jb). The same
 // register block as the float path (kDotRows rows x kDotKeys keys), reduced by transpose_sum.
-template <int MR, KvDType T, class Step>
-ATTN_I8_TARGET void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte* zero, const I8Layout& l,
-                                  const Rows<Quant<T>>& k, int ja, int jb, float* s, Step& step) {
+// Vnni: dot4 by vpdpbusd (the CPU has the target's VNNI unit), else by vpmaddubsw + vpmaddwd, whose
+// unsigned operand must stay <= 128: q8_0's codes and u8's minus 128 go in as their magnitudes with
+// their signs moved onto Q (sign8), so q8_0 needs no offset (no -128 sum q start) and u8's sum is
+// I - 128 sum q (its zero point read 128 lower).
+template <int MR, KvDType T, bool Vnni, class Step>
+void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte* zero, const I8Layout& l, const Rows<Quant<T>>& k,
+                   int ja, int jb, float* s, Step& step) {
   using namespace i8_detail;
   constexpr int kAcc = kDotRows * kDotKeys;
   constexpr bool kRow = is_row_type(T);
+  constexpr bool kSigned = !Vnni && (T == KvDType::Q8_0 || T == KvDType::U8);  // magnitude x moved sign
+  constexpr float kZpShift = !Vnni && T == KvDType::U8 ? 128.f : 0.f;
   const int64_t d = l.d, chunks = (d + kI8Chunk - 1) / kI8Chunk;
   for (int r0 = 0; r0 < MR; r0 += kDotRows) {
     I8Row q[kDotRows] = {I8Row(const_cast<std::byte*>(zero), l), I8Row(const_cast<std::byte*>(zero), l),
@@ -285,17 +327,23 @@ ATTN_I8_TARGET void score_rows_i8(const std::byte* q0, int64_t ld, const std::by
         for (int x = 0; x < kI8Chunk / kLanes; ++x) step();  // as many prefetch steps as the float path
         IVec codes[kDotKeys];
         Batch dk[kDotKeys];
-        for (int i = 0; i < kDotKeys; ++i) codes[i] = load_codes<T>(kr[i], c, d - c * kI8Chunk, dk[i]);
+        IVec mag[kDotKeys];  // kSigned: the codes' magnitudes (dot4's unsigned operand)
+        for (int i = 0; i < kDotKeys; ++i) {
+          codes[i] = load_codes<T, Vnni>(kr[i], c, d - c * kI8Chunk, dk[i]);
+          mag[i] = kSigned ? abs8(codes[i]) : codes[i];
+        }
         for (int r = 0; r < kDotRows; ++r) {
           const IVec qv = load_ivec(q[r].vec + c * kI8Chunk);
           if constexpr (kRow) {
-            for (int i = 0; i < kDotKeys; ++i) iacc[r * kDotKeys + i] = dpbusd(iacc[r * kDotKeys + i], codes[i], qv);
+            for (int i = 0; i < kDotKeys; ++i) {
+              iacc[r * kDotKeys + i] = dot4<Vnni>(iacc[r * kDotKeys + i], mag[i], kSigned ? sign8(qv, codes[i]) : qv);
+            }
           } else {
-            const IVec corr = load_ivec(q[r].corr + c * kI8Chunk / 4);
+            const IVec init = kSigned ? izero() : load_ivec(q[r].corr + c * kI8Chunk / 4);
             const Batch dq = Batch::load_aligned(q[r].dws + c * kI8Chunk / 4);
             for (int i = 0; i < kDotKeys; ++i) {
-              facc[r * kDotKeys + i] =
-                  simd::fma(to_float(dpbusd(corr, codes[i], qv)), dq * dk[i], facc[r * kDotKeys + i]);
+              const IVec sum = dot4<Vnni>(init, mag[i], kSigned ? sign8(qv, codes[i]) : qv);
+              facc[r * kDotKeys + i] = simd::fma(to_float(sum), dq * dk[i], facc[r * kDotKeys + i]);
             }
           }
         }
@@ -306,7 +354,7 @@ ATTN_I8_TARGET void score_rows_i8(const std::byte* q0, int64_t ld, const std::by
         for (int a = 0; a < kAcc; ++a) facc[a] = to_float(iacc[a]);
         alignas(64) float zp[kAcc], sc[kAcc];
         for (int a = 0; a < kAcc; ++a) {
-          sc[a] = kv_read::load_f32(kr[a % kDotKeys]), zp[a] = kv_read::load_f32(kr[a % kDotKeys] + 4);
+          sc[a] = kv_read::load_f32(kr[a % kDotKeys]), zp[a] = kv_read::load_f32(kr[a % kDotKeys] + 4) - kZpShift;
         }
         for (int g = 0; g < kAcc; g += kLanes) {
           const Batch v =
@@ -325,7 +373,7 @@ ATTN_I8_TARGET void score_rows_i8(const std::byte* q0, int64_t ld, const std::by
 }
 #else
 // The scalar target: the rule, key by key.
-template <int MR, KvDType T, class Step>
+template <int MR, KvDType T, bool Vnni, class Step>
 void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8Layout& l, const Rows<Quant<T>>& k,
                    int ja, int jb, float* s, Step& step) {
   for (int m = 0; m < MR; ++m) {

@@ -58,6 +58,7 @@ struct Tiling {
   // u4 cache): at i8_off a 64-byte flag (1: every row of the task rounded), then R + 1 rows of
   // i8_row bytes (Q's integer form; the last all zero).
   bool int8_dot = false;
+  bool i8_vnni = false;  // vpdpbusd (the CPU has this target's VNNI unit; not ATTN_NO_VNNI=1), else vpmaddubsw
   size_t i8_off = 0;
   int64_t i8_row = 0;
   size_t bytes = 0;  // per thread, a 64-byte multiple
