@@ -10,13 +10,15 @@
 #                              simd[avx2]), and its rows equal those of ATTN_ISA=avx2 and
 #                              differ from ATTN_ISA=scalar (the errors, names aside);
 #                              ATTN_ISA=avx512 is refused (exit 2, naming what the CPU runs);
-#                              ATTN_ISA=avx2 and ATTN_ISA=scalar verify.
+#                              ATTN_ISA=avx2 and ATTN_ISA=scalar verify; decode_i8[avx2]
+#                              verifies on q8_0, q4_0, u8, u4 caches (no AVX-VNNI in this CPU's
+#                              CPUID: its vpmaddubsw path).
 #   qemu-x86_64 -cpu qemu64    no AVX at all: the default run verifies with scalar (the rows
 #                              of ATTN_ISA=scalar on Haswell); ATTN_ISA=avx2 is refused (exit 2).
 #
 # Usage: scripts/qemu_check.sh BUILD_DIR   (a build configured with ATTN_NATIVE=OFF, x86-64)
 # Installs qemu-user when missing (scripts/setup.sh qemu). Prints each step's time; about
-# 10 s on 2 cores (26 emulated runs of 0-3 s). Exit 0 all checks passed, 1 a check failed, 2 usage / wrong build.
+# 11 s on 2 cores (30 emulated runs of 0-3 s). Exit 0 all checks passed, 1 a check failed, 2 usage / wrong build.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -141,6 +143,17 @@ if [[ "$(rc_of avx512_refused)" != 2 ]] || ! grep -q 'cannot run avx512' <<<"$ms
 else
   echo "qemu_check: Haswell ATTN_ISA=avx512 refused: $msg"
 fi
+
+# decode_i8 on a CPU without AVX-VNNI: its avx2 variant sums with vpmaddubsw + vpmaddwd (a vpdpbusd
+# here would be SIGILL), on every cache type with integer codes.
+for t in q8_0 q4_0 u8 u4; do
+  run Haswell "i8_$t" "" verify --impl decode,decode_i8 --threads 2 --seed 7 --batch 1 --q-heads 8 --kv-heads 2 \
+    --q-len 2 --kv-len 300 --head-dim 64 --causal --kv-dtype "$t"
+  if [[ "$(rc_of "i8_$t")" != 0 ]] || ! grep -qE '^  decode_i8\[avx2\] .* PASS' "$TMP/i8_$t.out"; then
+    fail "Haswell decode_i8 $t: want decode_i8[avx2] PASS; got exit $(rc_of "i8_$t"):" \
+         "$(grep -m1 -E 'decode_i8|error' "$TMP/i8_$t.out" || true)"
+  fi
+done
 
 # ---- qemu64: x86-64 without AVX ----
 verify_all qemu64 "" qemu64_default
