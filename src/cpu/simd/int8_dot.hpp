@@ -50,7 +50,7 @@ inline constexpr bool is_row_type(KvDType t) { return t == KvDType::U8 || t == K
 
 // The VNNI unit of this target (the ISA name the CPU must run for vpdpbusd, isa.cpp), and the
 // values a vector step takes. Without it (or with ATTN_NO_VNNI=1 in the environment: tests and
-// comparisons) the same sums come from vpmaddubsw + vpmaddwd (use_vnni).
+// comparisons) the same sums come from vpmaddubsw + vpmaddwd (Tiling::i8_vnni, make_tiling).
 #if defined(__AVX512F__)
 inline constexpr const char* kI8Unit = "avx512_vnni";
 inline constexpr int kI8Chunk = 64;  // Q/K values per vector step
@@ -103,7 +103,8 @@ inline int64_t vec_slot(KvDType t, int64_t k) {
   return k;  // q8_0, u8; q4_0 with one block per chunk (its 16 lows then 16 highs are 0..31)
 }
 
-// Rounds Q row x (d floats) into its integer form; false (row untouched) when round_q_row cannot.
+// Rounds Q row x (d floats) into its integer form; false when round_q_row cannot (the task then
+// scores in float32 and never reads the row).
 inline bool pack_i8_row(KvDType t, const float* x, const I8Layout& l, float q_scale, std::byte* base) {
   const I8Row r(base, l);
   std::memset(base, 0, static_cast<size_t>(l.row));
@@ -164,7 +165,7 @@ namespace i8_detail {
 using IVec = __m512i;
 inline IVec bytes80() { return _mm512_set1_epi8(static_cast<char>(0x80)); }
 // acc + the sums of four u8 x s8 products per 32-bit lane. vpdpbusd as inline assembly (EVEX): the
-// target's flags lack VNNI, and only a CPU that has it runs this (use_vnni). Without VNNI:
+// target's flags lack VNNI, and only a CPU that has it runs this (Tiling::i8_vnni). Without VNNI:
 // vpmaddubsw (pairs into int16, saturating - exact here: u <= 128, |s| <= 127) and vpmaddwd by 1.
 template <bool Vnni>
 inline IVec dot4(IVec acc, IVec u, IVec s) {
