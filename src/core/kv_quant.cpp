@@ -178,9 +178,14 @@ bool round_q_row(KvDType t, const float* x, int64_t dim, int8_t* q, float* scale
     const float scale = amax / 127.f;
     scales[b0 / block] = scale;
     for (int64_t i = 0; i < n; ++i) {
-      // |x / scale| <= 127 up to one rounding of the division: clamped, so |q| <= 127 always.
-      const float r = scale > 0.f ? std::roundf(x[b0 + i] / scale) : 0.f;
-      q[b0 + i] = static_cast<int8_t>(std::clamp(r, -127.f, 127.f));
+      // roundf's rule (half away from zero) without its libm call, which was most of a decode
+      // task's Q rounding: |x / scale| <= 127 up to one rounding of the division, so the int
+      // conversion is exact; then clamped, so |q| <= 127 always.
+      const float y = scale > 0.f ? x[b0 + i] / scale : 0.f;
+      auto r = static_cast<int32_t>(y);  // toward zero
+      const float frac = y - static_cast<float>(r);
+      r += frac >= 0.5f ? 1 : frac <= -0.5f ? -1 : 0;
+      q[b0 + i] = static_cast<int8_t>(std::clamp(r, -127, 127));
     }
   }
   return true;
