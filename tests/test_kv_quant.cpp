@@ -516,6 +516,42 @@ TEST(KvCache, Int8WithoutVnniAgreesToo) {
       << "decode_i8 runs on every target decode runs on (VNNI or not)";
 }
 
+// Special values through the integer paths (VNNI and vpmaddubsw, every target): a NaN in K or an Inf
+// in V at the first and last key of a 64-key tile, a 4-key register block's last key and the last
+// key, in the first and the last 32-value block of the row (the first and the second half of an
+// AVX-512 chunk): the rows that see that key get what the reference gets, the others stay finite.
+TEST(KvCache, Int8SpecialValuesAtEveryKeyAndBlockPosition) {
+  const bool vnni = cpu_runs_isa("avx512_vnni") || cpu_runs_isa("avx_vnni");
+  int ran = 0;
+  for (const char* env : {"1", "0"}) {
+    if (!vnni && env[0] == '0') continue;
+    ASSERT_EQ(setenv("ATTN_NO_VNNI", env, 1), 0);
+    for (KvDType type : {KvDType::Q8_0, KvDType::Q4_0, KvDType::U8, KvDType::U4}) {
+      Problem p = kvcache::cache_shape(1, 4, 2, 2, 150, 64, type);
+      p.causal = CausalAlign::BottomRight;
+      Problem f = p;
+      f.kv_dtype = KvDType::Same;
+      for (int64_t j : {int64_t{0}, int64_t{3}, int64_t{63}, int64_t{64}, int64_t{149}}) {
+        for (int64_t at : {int64_t{5}, int64_t{63}}) {
+          Tensors floats = random_tensors(f, 41);
+          const bool in_k = (j + at) % 2 == 0;
+          float* row = const_cast<float*>((in_k ? floats.inputs.k : floats.inputs.v).row(0, 1, j));
+          row[at] = in_k ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+          const Tensors t = convert_inputs(p, floats.inputs);
+          for (const Kernel* k : kvcache::runnable("decode_i8")) {
+            const KernelCheck c = kvcache::check(*k, p, t);
+            EXPECT_EQ(c.verdict, Verdict::Pass) << "ATTN_NO_VNNI=" << env << " " << k->isa() << " " << to_string(type)
+                                                << " key " << j << " value " << at << ": " << c.reason;
+            ++ran;
+          }
+        }
+      }
+    }
+  }
+  unsetenv("ATTN_NO_VNNI");
+  EXPECT_GT(ran, 0);
+}
+
 // A q8_0 cache another writer filled may hold the code -128 (the lab's and ggml's writers stop at
 // -127): q8_0's integer path offsets codes by 128, so -128 is its edge; it must read as -128 d.
 // Q rows with a NaN or an Inf cannot be rounded: their task multiplies in float32, and NaN / Inf

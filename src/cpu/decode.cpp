@@ -66,7 +66,6 @@
 #include "attnlab/kernel.hpp"
 #include "attnlab/online_softmax.hpp"
 #include "cpu/parallel.hpp"
-#include "attnlab/isa.hpp"
 #include "attnlab/kv_quant.hpp"
 #include "cpu/simd/int8_dot.hpp"
 #include "cpu/simd/tiles.hpp"

@@ -320,8 +320,6 @@ void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, cons
   // for a direct task (score_rows); else panels of kPanelRows rows, k-major (score_panel).
   const int64_t G = t.group, d = t.dim;
   const float q_scale = p.effective_scale() * kLog2e;
-  if (s.qr) std::fill(s.qr, s.qr + (t.rows + 1) * t.dim_pad, 0.f);
-  if (s.qa) std::fill(s.qa, s.qa + amx_rows(R) * padded_words(d), 0u);
   if constexpr (std::is_same_v<E, float>) {
     if (s.i8) {  // Q's integer rows; one row that cannot be rounded keeps the whole task in float32
       const I8Layout l(d);
@@ -332,8 +330,11 @@ void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, cons
       }
       std::memset(rows + t.rows * t.i8_row, 0, static_cast<size_t>(t.i8_row));
       s.i8[0] = std::byte{all ? uint8_t{1} : uint8_t{0}};
+      if (all) return;  // the task scores in integers: its float rows (qr) are never read
     }
   }
+  if (s.qr) std::fill(s.qr, s.qr + (t.rows + 1) * t.dim_pad, 0.f);
+  if (s.qa) std::fill(s.qa, s.qa + amx_rows(R) * padded_words(d), 0u);
   for (int64_t rr = 0; rr < R; ++rr) {
     const E* q = in.q.row(b, hk * G + rr % G, at[rr / G]);
     if constexpr (std::is_same_v<E, bf16>) {
