@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
+#include <vector>
 
 #include "attnlab/dtype.hpp"
 #include "attnlab/problem.hpp"
@@ -167,10 +169,35 @@ bool kv_int_dot(KvDType t) { return t == KvDType::Q8_0 || t == KvDType::Q4_0 || 
 int64_t q_block_values(KvDType t, int64_t dim) { return t == KvDType::Q8_0 || t == KvDType::Q4_0 ? kBlock : dim; }
 
 bool round_q_row(KvDType t, const float* x, int64_t dim, int8_t* q, float* scales) {
+  return round_int8(x, dim, q_block_values(t, dim), q, scales);
+}
+
+bool key_mean(const float* rows, int64_t ld, int64_t n, int64_t dim, float* mean) {
+  std::fill(mean, mean + dim, 0.f);
+  if (n == 0) return true;
+  std::vector<double> sum(static_cast<size_t>(dim), 0.0);
+  for (int64_t j = 0; j < n; ++j) {
+    const float* r = rows + j * ld;
+    for (int64_t i = 0; i < dim; ++i) {
+      if (!std::isfinite(r[i])) return false;
+      sum[static_cast<size_t>(i)] += r[i];
+    }
+  }
+  for (int64_t i = 0; i < dim; ++i) mean[i] = static_cast<float>(sum[static_cast<size_t>(i)] / static_cast<double>(n));
+  return true;
+}
+
+bool round_smoothed_key(const float* x, const float* mean, int64_t dim, int8_t* q, float* scale) {
+  float centred[Problem::kMaxHeadDim];
+  if (dim > Problem::kMaxHeadDim) throw std::logic_error("round_smoothed_key: dim past Problem::kMaxHeadDim");
+  for (int64_t i = 0; i < dim; ++i) centred[i] = x[i] - mean[i];
+  return round_int8(centred, dim, dim, q, scale);  // false: x - mean overflowed (|x| near FLT_MAX)
+}
+
+bool round_int8(const float* x, int64_t dim, int64_t block, int8_t* q, float* scales) {
   for (int64_t i = 0; i < dim; ++i) {
     if (!std::isfinite(x[i])) return false;
   }
-  const int64_t block = q_block_values(t, dim);
   for (int64_t b0 = 0; b0 < dim; b0 += block) {
     const int64_t n = std::min(block, dim - b0);
     float amax = 0.f;

@@ -194,20 +194,56 @@ std::vector<float> int8_rounded_q(const Problem& p, const ConstView& q) {
       }
   return out;
 }
+
+// K as flash_int8 multiplies it: per (batch, kv head), the sequence's keys smoothed by their mean
+// and rounded per row (key_mean, round_smoothed_key: kv_quant.hpp), read back as mean + q * scale;
+// a head whose keys hold NaN or Inf (or overflow when centred) as it is, and the keys past a
+// batch entry's kv_len too. Contiguous (batch, kv heads, seq, dim) float32.
+std::vector<float> int8_smoothed_k(const Problem& p, const ConstView& k) {
+  std::vector<float> out(static_cast<size_t>(k.batch * k.heads * k.seq * k.dim));
+  std::vector<float> mean(static_cast<size_t>(k.dim));
+  std::vector<int8_t> codes(static_cast<size_t>(k.dim));
+  for (int64_t b = 0; b < k.batch; ++b)
+    for (int64_t h = 0; h < k.heads; ++h) {
+      float* head = out.data() + (b * k.heads + h) * k.seq * k.dim;
+      for (int64_t j = 0; j < k.seq; ++j) std::copy(k.row(b, h, j), k.row(b, h, j) + k.dim, head + j * k.dim);
+      const int64_t n = p.kv_len_of(b);
+      if (!key_mean(k.row(b, h, 0), k.stride_s, n, k.dim, mean.data())) continue;
+      std::vector<float> rounded(static_cast<size_t>(n * k.dim));
+      bool all = true;
+      for (int64_t j = 0; j < n && all; ++j) {
+        float scale = 0.f;
+        all = round_smoothed_key(k.row(b, h, j), mean.data(), k.dim, codes.data(), &scale);
+        for (int64_t d = 0; d < k.dim; ++d) rounded[j * k.dim + d] = mean[d] + static_cast<float>(codes[d]) * scale;
+      }
+      if (all) std::copy(rounded.begin(), rounded.end(), head);
+    }
+  return out;
+}
+
+ConstView contiguous_view(const std::vector<float>& data, const ConstView& like) {
+  return ConstView{data.data(), like.batch, like.heads, like.seq, like.dim, like.heads * like.seq * like.dim,
+                   like.seq * like.dim, like.dim};
+}
 }  // namespace
 
 Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref, Arithmetic arithmetic) {
   if (arithmetic == Arithmetic::Int8Products) {
-    // Only a q8_0, q4_0, u8 or u4 cache has integer codes to multiply; a kernel of this arithmetic
-    // refuses the other problems (decode_i8's supports), which then multiply as the textbook.
-    if (!p.kv_quantized() || !kv_int_dot(p.kv_dtype) || in.dtype != DType::F32) {
-      return baseline_errors(p, in, ref, Arithmetic::F32);
+    // Integer K: a q8_0, q4_0, u8 or u4 cache's codes as stored (decode_i8), or a dense float32
+    // K smoothed and rounded (flash_int8). A kernel of this arithmetic refuses the other
+    // problems (fp8 caches, other dtypes), which then multiply as the textbook.
+    const bool cache = p.kv_quantized() && kv_int_dot(p.kv_dtype);
+    if ((!cache && p.kv_quantized()) || in.dtype != DType::F32) return baseline_errors(p, in, ref, Arithmetic::F32);
+    if (!cache && p.kv_paged()) {
+      const UnpagedKv u = unpage_kv(p, in);
+      return baseline_errors(u.problem, u.inputs, ref, arithmetic);
     }
     const std::vector<float> q = int8_rounded_q(p, in.q);
     Inputs rounded = in;
-    rounded.q = ConstView{
-        q.data(), in.q.batch, in.q.heads, in.q.seq, in.q.dim, in.q.heads * in.q.seq * in.q.dim, in.q.seq * in.q.dim,
-        in.q.dim};
+    rounded.q = contiguous_view(q, in.q);
+    if (cache) return baseline_errors(p, rounded, ref, Arithmetic::F32);
+    const std::vector<float> k = int8_smoothed_k(p, in.k);
+    rounded.k = contiguous_view(k, in.k);
     return baseline_errors(p, rounded, ref, Arithmetic::F32);
   }
   if (p.kv_paged()) {

@@ -51,6 +51,22 @@ inline int64_t amx_rows(int64_t r) { return (r + kAmxRows - 1) / kAmxRows * kAmx
 
 inline size_t align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
+// flash_int8 (Tiling::i8_prefill): a head's shared area, and the running task's header in its
+// scratch (byte 0: the task scores in integers; bytes 8..15: its head's area).
+inline std::byte* i8_head_area(const Tiling& t, std::byte* shared, int64_t kv_heads, int64_t b, int64_t hk) {
+  return shared + static_cast<size_t>(b * kv_heads + hk) * t.i8_head;
+}
+inline const std::byte* i8_task_head(const Scratch& s) {
+  const std::byte* h = nullptr;
+  std::memcpy(&h, s.i8 + 8, sizeof h);
+  return h;
+}
+inline const float* i8_head_mean(const std::byte* head) { return reinterpret_cast<const float*>(head + 64); }
+inline const std::byte* i8_key_tile(const Tiling& t, const std::byte* head, int64_t j0) {
+  const size_t mean = align64(sizeof(float) * static_cast<size_t>(t.dim));
+  return head + 64 + mean + static_cast<size_t>(j0 / kTileKeys) * I8KeyTile(t.dim).bytes;
+}
+
 // One key tile as a task sees it; E is the storage type of K and V (float, bf16, f16, or a
 // quantized cache's Quant<T>: kv_load.hpp).
 template <class E>
@@ -225,7 +241,22 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
     score_panel_bf16<MR>(qw, reinterpret_cast<const uint32_t*>(s.kt), t.dim, t.score_scale, ja, jb, s.p, step);
 #endif
   } else {
-    score_panel<MR>(s.q + rr0 * t.dim, s.kt, t.dim, ja, jb, s.p, step);
+    bool done = false;
+    if constexpr (std::is_same_v<E, float>) {
+      if (t.i8_prefill && s.i8_on()) {  // flash_int8: the head's rounded key tile, Q's panel words
+        const I8KeyTile l(t.dim);
+        const auto* qw = reinterpret_cast<const int32_t*>(s.i8 + t.i8_qw_off) + rr0 * l.words;
+        const float* qsc = reinterpret_cast<const float*>(s.i8 + t.i8_qsc_off) + rr0;
+        const std::byte* tile = i8_key_tile(t, i8_task_head(s), kt.j0);
+        if (t.i8_vnni) {
+          score_panel_i8<MR, kI8Unit[0] != '\0'>(qw, l, tile, qsc, ja, jb, s.p);
+        } else {
+          score_panel_i8<MR, false>(qw, l, tile, qsc, ja, jb, s.p);
+        }
+        done = true;
+      }
+    }
+    if (!done) score_panel<MR>(s.q + rr0 * t.dim, s.kt, t.dim, ja, jb, s.p, step);
   }
   float alpha[MR];
   const bool rescale =
@@ -321,7 +352,28 @@ void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, cons
   const int64_t G = t.group, d = t.dim;
   const float q_scale = p.effective_scale() * kLog2e;
   if constexpr (std::is_same_v<E, float>) {
-    if (s.i8) {  // Q's integer rows; one row that cannot be rounded keeps the whole task in float32
+    if (t.i8_prefill) {  // flash_int8: Q's panel words if the head's keys and every Q row rounded
+      std::byte* head = i8_head_area(t, s.i8_keys, p.kv_heads, b, hk);
+      std::memcpy(s.i8 + 8, &head, sizeof head);
+      const I8KeyTile l(d);
+      auto* qw = reinterpret_cast<int32_t*>(s.i8 + t.i8_qw_off);
+      auto* qsc = reinterpret_cast<float*>(s.i8 + t.i8_qsc_off);
+      auto* c = reinterpret_cast<float*>(s.i8 + t.i8_c_off);
+      const float* mean = i8_head_mean(head);
+      bool all = head[0] == std::byte{1};
+      int8_t codes[Problem::kMaxHeadDim];
+      for (int64_t rr = 0; rr < R && all; ++rr) {
+        float scale = 0.f;
+        all = round_q_row(KvDType::Same, in.q.row(b, hk * G + rr % G, at[rr / G]), d, codes, &scale);
+        put_i8_q_row(l, qw, R, rr, codes, d, t.i8_vnni);
+        qsc[rr] = scale * q_scale;
+        float qm = 0.f;  // q.mean, the score shift smoothing took off (added back to the LSE)
+        for (int64_t k = 0; k < d; ++k) qm += static_cast<float>(codes[k]) * mean[k];
+        c[rr] = qm * scale * q_scale;
+      }
+      s.i8[0] = std::byte{all ? uint8_t{1} : uint8_t{0}};
+      if (all) return;  // its float panels (s.q) are never read
+    } else if (s.i8) {  // Q's integer rows; one row that cannot be rounded keeps the whole task in float32
       const I8Layout l(d);
       std::byte* rows = s.i8 + 64;
       bool all = true;
@@ -462,7 +514,7 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
       pack_v_pairs(kt.v, kt.nk, dv, s.vp, t.dim_v_pad);
     } else
 #endif
-        if (!s.qr)
+        if (!s.qr && !(t.i8_prefill && s.i8_on()))  // flash_int8's key tiles are packed once per run
       pack_k_transposed(kt.k, kt.nk, d, s.kt);
     const TileRef next = x + 1 < n ? at(x + 1) : TileRef{};
     const int nn = next.nk;
@@ -550,7 +602,7 @@ void visit_kv(const Inputs& in, F&& f) {
 
 }  // namespace
 
-Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool int8_dot) {
+Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool int8_dot, bool int8_prefill) {
   if (bf16_dot && (!kPairsBuilt || p.dtype != DType::BF16)) {
     throw std::logic_error("make_tiling: bf16 dot products need bf16 inputs and a target with AVX512_BF16");
   }
@@ -597,7 +649,7 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
   t.m_off = take(sizeof(float) * state_rows);
   t.l_off = take(sizeof(float) * state_rows * kLanes);
   t.iv_off = take(sizeof(Interval) * t.rows);
-  t.direct = !bf16_dot && t.rows <= kStreamRows;
+  t.direct = !bf16_dot && !int8_prefill && t.rows <= kStreamRows;
   t.bf16_dot = bf16_dot;
   t.score_scale = p.effective_scale() * kLog2e;
   if (bf16_dot) {
@@ -618,6 +670,22 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
     t.i8_row = I8Layout(t.dim).row;
     t.i8_off = take(64 + static_cast<size_t>((t.rows + 1) * t.i8_row));
   }
+  if (int8_prefill) {
+    if (p.kv_quantized() || p.dtype != DType::F32 || bf16_dot || int8_dot) {
+      throw std::logic_error("make_tiling: int8 prefill needs a dense float32 problem");
+    }
+    t.i8_prefill = true;
+    const char* no_vnni = std::getenv("ATTN_NO_VNNI");
+    t.i8_vnni = *kI8Unit && cpu_runs_isa(kI8Unit) && !(no_vnni && std::string_view(no_vnni) == "1");
+    const I8KeyTile l(t.dim);
+    t.i8_off = take(64);
+    t.i8_qw_off = take(sizeof(int32_t) * static_cast<size_t>(t.rows * l.words)) - t.i8_off;
+    t.i8_qsc_off = take(sizeof(float) * static_cast<size_t>(t.rows)) - t.i8_off;
+    t.i8_c_off = take(sizeof(float) * static_cast<size_t>(t.rows)) - t.i8_off;
+    const int64_t tiles = (p.kv_len + kTileKeys - 1) / kTileKeys;
+    t.i8_head = 64 + align64(sizeof(float) * static_cast<size_t>(t.dim)) + static_cast<size_t>(tiles) * l.bytes;
+    t.i8_shared = t.i8_head * static_cast<size_t>(p.batch * p.kv_heads);
+  }
   if (gathered_columns(p) > 0) {  // rows of the stored type: dim_pad values, or a quantized row's bytes
     const int64_t elem = p.kv_quantized() ? 1 : dtype_bytes(p.dtype);
     t.gather_ldk = p.kv_quantized() ? p.kv_row_bytes(t.dim) : t.dim_pad;
@@ -629,7 +697,7 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
   return t;
 }
 
-Scratch::Scratch(std::byte* base, const Tiling& t)
+Scratch::Scratch(std::byte* base, const Tiling& t, std::byte* shared)
     : q(reinterpret_cast<float*>(base + t.q_off)),
       o(reinterpret_cast<float*>(base + t.o_off)),
       kt(reinterpret_cast<float*>(base + t.kt_off)),
@@ -642,7 +710,10 @@ Scratch::Scratch(std::byte* base, const Tiling& t)
       vp(t.bf16_dot ? reinterpret_cast<uint32_t*>(base + t.vp_off) : nullptr),
       pw(t.bf16_dot ? reinterpret_cast<uint32_t*>(base + t.pw_off) : nullptr),
       qa(t.amx ? reinterpret_cast<uint32_t*>(base + t.qa_off) : nullptr),
-      i8(t.int8_dot ? base + t.i8_off : nullptr) {}
+      i8(t.int8_dot || t.i8_prefill ? base + t.i8_off : nullptr),
+      i8_keys(t.i8_prefill ? shared : nullptr) {
+  if (t.i8_prefill && !shared) throw std::logic_error("tile engine: int8 prefill without its shared key tiles");
+}
 
 AmxScope::AmxScope(const Tiling& t) : on(t.amx) {
 #if defined(ATTN_HAVE_AMX)
@@ -681,6 +752,9 @@ void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scra
   }
   span.lo = std::max(span.lo, keys.lo), span.hi = std::min(span.hi, keys.hi);
   if (span.empty()) return;
+  // flash_int8's key tiles are the sequence's 64-key tiles: the task's start at one's start
+  // (the rows' intervals still mask the keys before theirs).
+  if (t.i8_prefill) span.lo = std::max(keys.lo, span.lo / kTileKeys * kTileKeys);
   const int64_t n = (span.size() + kTileKeys - 1) / kTileKeys;
   const auto at = [&span](int64_t x) {
     const int64_t j0 = span.lo + x * kTileKeys;
@@ -756,8 +830,34 @@ void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Sc
     float* lse = lse_rows ? (lse_rows->base ? lse_rows->base + h * lse_rows->head_stride + i * lse_rows->step : nullptr)
                  : out.lse ? out.lse + (b * p.q_heads + h) * p.q_len + i
                            : nullptr;
-    if (lse) *lse = online_softmax::out_lse<kLog2>(empty, s.m[rr], l);
+    // flash_int8: the scores were smoothed (q.mean off each): the LSE takes it back.
+    const float shift = t.i8_prefill && s.i8_on() ? reinterpret_cast<const float*>(s.i8 + t.i8_c_off)[rr] : 0.f;
+    if (lse) *lse = online_softmax::out_lse<kLog2>(empty, s.m[rr] + shift, l);
   }
+}
+
+void prepare_i8_keys(const Problem& p, const Inputs& in, const Tiling& t, std::byte* shared) {
+  const I8KeyTile l(t.dim);
+  attnlab::parallel_tasks(
+      TaskRange(0, p.batch * p.kv_heads, 1),
+      [&](const TaskRange& range) {
+        int8_t codes[Problem::kMaxHeadDim];
+        for (int64_t bh = range.begin(); bh != range.end(); ++bh) {
+          const int64_t b = bh / p.kv_heads, hk = bh % p.kv_heads, n = p.kv_len_of(b);
+          std::byte* head = i8_head_area(t, shared, p.kv_heads, b, hk);
+          std::memset(head, 0, t.i8_head);  // keys past n: zero codes (masked, never read unmasked)
+          auto* mean = reinterpret_cast<float*>(head + 64);
+          bool ok = key_mean(in.k.row(b, hk, 0), in.k.stride_s, n, t.dim, mean);
+          for (int64_t j = 0; j < n && ok; ++j) {
+            float scale = 0.f;
+            ok = round_smoothed_key(in.k.row(b, hk, j), mean, t.dim, codes, &scale);
+            auto* tile = const_cast<std::byte*>(i8_key_tile(t, head, j / kTileKeys * kTileKeys));
+            put_i8_key(l, tile, static_cast<int>(j % kTileKeys), codes, t.dim, scale);
+          }
+          head[0] = std::byte{ok ? uint8_t{1} : uint8_t{0}};  // else its tasks multiply in float32
+        }
+      },
+      tbb::simple_partitioner());
 }
 
 }  // namespace attnlab::ATTN_TARGET_NS::simd

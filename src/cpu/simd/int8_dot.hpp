@@ -182,6 +182,7 @@ inline IVec sign8(IVec s, IVec c) { return _mm512_mask_sub_epi8(s, _mm512_movepi
 inline Batch to_float(IVec x) { return _mm512_cvtepi32_ps(x); }
 inline IVec load_ivec(const void* p) { return _mm512_load_si512(p); }
 inline IVec izero() { return _mm512_setzero_si512(); }
+inline IVec bcast32(int32_t x) { return _mm512_set1_epi32(x); }
 // Lows of 32 bytes, then their highs, as 64 codes.
 inline IVec nibbles(__m256i x) {
   const __m256i m = _mm256_set1_epi8(0x0f);
@@ -247,6 +248,7 @@ inline IVec sign8(IVec s, IVec c) { return _mm256_sign_epi8(s, c); }
 inline Batch to_float(IVec x) { return _mm256_cvtepi32_ps(x); }
 inline IVec load_ivec(const void* p) { return _mm256_load_si256(static_cast<const __m256i*>(p)); }
 inline IVec izero() { return _mm256_setzero_si256(); }
+inline IVec bcast32(int32_t x) { return _mm256_set1_epi32(x); }
 inline IVec nibbles(__m128i x) {
   const __m128i m = _mm_set1_epi8(0x0f);
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m));
@@ -382,6 +384,126 @@ void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8La
     for (int j = ja; j < jb; ++j) {
       step();
       s[m * kTileKeys + j] = score_row_rule<T>(q, reinterpret_cast<const std::byte*>(k.row(j)), l.d);
+    }
+  }
+}
+#endif
+
+// flash_int8's K.Q (src/cpu/flash_int8.cpp): Q rows and smoothed K rows rounded to int8 per row
+// (round_q_row, round_smoothed_key: kv_quant.hpp), the scores exact int32 dot products scaled
+// after. K is rounded once per run, per (batch, kv head), into key tiles of this layout:
+//   words[w * kTileKeys + j]   the 32-bit word of key j's codes 4w .. 4w + 3 (K^T by words;
+//                              codes past d and keys past the tile's zero)
+//   scale[kTileKeys]           key j's scale
+//   corr[kTileKeys]            -128 x the sum of key j's codes (the VNNI path's start, below)
+// and a task's Q rows into panels as flash packs them, words instead of floats: panel word
+// (w, m) at qw[w * MR + m]. vpdpbusd multiplies unsigned by signed bytes, so with VNNI Q goes in
+// as q + 128 (its codes xor 0x80), K as stored, and each lane starts at corr: the sum is
+// sum (q + 128) k - 128 sum k = q.k exactly. Without VNNI vpmaddubsw + vpmaddwd take |k| and Q
+// with k's sign (sign8: no int16 saturation, as score_rows_i8).
+struct I8KeyTile {
+  int64_t words = 0;  // ceil(d / 4)
+  size_t bytes = 0;   // of one tile, a 64-byte multiple
+  explicit I8KeyTile(int64_t d = 0)
+      : words((d + 3) / 4), bytes(static_cast<size_t>(words * kTileKeys * 4 + 2 * kTileKeys * 4)) {}
+  static int32_t* word_at(std::byte* tile) { return reinterpret_cast<int32_t*>(tile); }
+  float* scale(std::byte* tile) const { return reinterpret_cast<float*>(tile + words * kTileKeys * 4); }
+  int32_t* corr(std::byte* tile) const { return reinterpret_cast<int32_t*>(tile + words * kTileKeys * 4 + kTileKeys * 4); }
+};
+
+// Key j (< kTileKeys) of a tile from its d codes and scale.
+inline void put_i8_key(const I8KeyTile& l, std::byte* tile, int j, const int8_t* codes, int64_t d, float scale) {
+  int32_t* w = I8KeyTile::word_at(tile);
+  int32_t sum = 0;
+  for (int64_t x = 0; x < l.words; ++x) {
+    uint32_t word = 0;
+    for (int64_t b = 0; b < 4 && 4 * x + b < d; ++b) {
+      word |= uint32_t{static_cast<uint8_t>(codes[4 * x + b])} << (8 * b);
+      sum += codes[4 * x + b];
+    }
+    w[x * kTileKeys + j] = static_cast<int32_t>(word);
+  }
+  l.scale(tile)[j] = scale;
+  l.corr(tile)[j] = -128 * sum;
+}
+
+// Q row rr of a task (R rows, panels of kPanelRows) as its panel's words; vnni: q + 128.
+inline void put_i8_q_row(const I8KeyTile& l, int32_t* qw, int64_t R, int64_t rr, const int8_t* codes, int64_t d,
+                         bool vnni) {
+  const int64_t panel0 = rr / kPanelRows * kPanelRows, mr = std::min<int64_t>(kPanelRows, R - panel0);
+  int32_t* dst = qw + panel0 * l.words + (rr - panel0);
+  const uint8_t flip = vnni ? 0x80 : 0x00;
+  for (int64_t x = 0; x < l.words; ++x) {
+    uint32_t word = 0;
+    for (int64_t b = 0; b < 4; ++b) {
+      const uint8_t c = 4 * x + b < d ? static_cast<uint8_t>(codes[4 * x + b]) : uint8_t{0};
+      word |= uint32_t{static_cast<uint8_t>(c ^ flip)} << (8 * b);
+    }
+    dst[x * mr] = static_cast<int32_t>(word);
+  }
+}
+
+// GEMM 1 for one register panel in integers: s[m * kTileKeys + j] = qsc[m] scale_j (q_m . k_j)
+// for the register blocks overlapping [ja, jb) (whole blocks: keys past the tile's are zero codes
+// and never read unmasked). qw: the panel's words (qw[w * MR + m]); qsc: per row Q's scale times
+// the score scale (log2 units).
+#if defined(__AVX512F__) || defined(__AVX2__)
+template <int MR, bool Vnni>
+void score_panel_i8(const int32_t* qw, const I8KeyTile& l, const std::byte* tile, const float* qsc, int ja, int jb,
+                    float* s) {
+  using namespace i8_detail;
+  constexpr int kV = static_cast<int>(sizeof(IVec) / 4);  // int32 lanes per vector = kLanes
+  static_assert(kV == kLanes, "one int32 vector per float vector of scores");
+  constexpr int NV = kBlockKeys / kV;
+  const auto* kw = reinterpret_cast<const int32_t*>(tile);
+  const float* ks = l.scale(const_cast<std::byte*>(tile));
+  const int32_t* corr = l.corr(const_cast<std::byte*>(tile));
+  for (int j0 = ja / kBlockKeys * kBlockKeys; j0 < jb; j0 += kBlockKeys) {
+    IVec acc[MR][NV];
+    for (int v = 0; v < NV; ++v) {
+      const IVec init = Vnni ? load_ivec(corr + j0 + v * kV) : izero();
+      for (int m = 0; m < MR; ++m) acc[m][v] = init;
+    }
+    for (int64_t w = 0; w < l.words; ++w) {
+      IVec kv[NV], mag[NV];
+      for (int v = 0; v < NV; ++v) {
+        kv[v] = load_ivec(kw + w * kTileKeys + j0 + v * kV);
+        if constexpr (!Vnni) mag[v] = abs8(kv[v]);
+      }
+      for (int m = 0; m < MR; ++m) {
+        const IVec qb = bcast32(qw[w * MR + m]);
+        for (int v = 0; v < NV; ++v) {
+          acc[m][v] = Vnni ? dot4<true>(acc[m][v], qb, kv[v]) : dot4<false>(acc[m][v], mag[v], sign8(qb, kv[v]));
+        }
+      }
+    }
+    for (int v = 0; v < NV; ++v) {
+      const Batch sc = Batch::load_aligned(ks + j0 + v * kV);
+      for (int m = 0; m < MR; ++m) {
+        (to_float(acc[m][v]) * sc * Batch(qsc[m])).store_aligned(s + m * kTileKeys + j0 + v * kV);
+      }
+    }
+  }
+}
+#else
+// The scalar and NEON targets: the same integers, key by key.
+template <int MR, bool Vnni>
+void score_panel_i8(const int32_t* qw, const I8KeyTile& l, const std::byte* tile, const float* qsc, int ja, int jb,
+                    float* s) {
+  static_assert(!Vnni, "no VNNI unit on this target");
+  const auto* kw = reinterpret_cast<const int32_t*>(tile);
+  const float* ks = l.scale(const_cast<std::byte*>(tile));
+  const int j1 = std::min(kTileKeys, (jb + kBlockKeys - 1) / kBlockKeys * kBlockKeys);
+  for (int m = 0; m < MR; ++m) {
+    for (int j = ja / kBlockKeys * kBlockKeys; j < j1; ++j) {
+      int32_t dot = 0;
+      for (int64_t w = 0; w < l.words; ++w) {
+        const auto q = static_cast<uint32_t>(qw[w * MR + m]), k = static_cast<uint32_t>(kw[w * kTileKeys + j]);
+        for (int b = 0; b < 4; ++b) {
+          dot += static_cast<int8_t>(q >> (8 * b)) * static_cast<int8_t>(k >> (8 * b));
+        }
+      }
+      s[m * kTileKeys + j] = static_cast<float>(dot) * ks[j] * qsc[m];
     }
   }
 }

@@ -61,6 +61,14 @@ struct Tiling {
   bool i8_vnni = false;  // vpdpbusd (the CPU has this target's VNNI unit; not ATTN_NO_VNNI=1), else vpmaddubsw
   size_t i8_off = 0;
   int64_t i8_row = 0;
+  // int8 prefill (flash_int8: a dense float32 problem, src/cpu/simd/int8_dot.hpp): K smoothed and
+  // rounded once per run into shared key tiles (i8_shared bytes before the threads' scratch: per
+  // (batch, kv head) i8_head bytes, a 64-byte header - byte 0: 1 when the head's keys rounded -
+  // then the mean (d floats), then its key tiles of I8KeyTile(d).bytes); per thread at i8_off the
+  // task's header (byte 0: 1 when it scores in integers; its head's tiles), Q's panel words at
+  // i8_qw_off, per row the scale times the score scale, then the smoothing's LSE term (log2).
+  bool i8_prefill = false;
+  size_t i8_head = 0, i8_shared = 0, i8_qw_off = 0, i8_qsc_off = 0, i8_c_off = 0;
   size_t bytes = 0;  // per thread, a 64-byte multiple
 };
 
@@ -68,7 +76,9 @@ struct Tiling {
 // bf16_dot: flash_bf16's tiling (only where the target has AVX512_BF16; never direct); amx:
 // flash_amx's (bf16_dot too, and a target with AMX-BF16).
 // int8_dot: decode_i8's (a direct tiling, a float32 Q and a cache kv_int_dot takes).
-Tiling make_tiling(const Problem& p, int64_t br = 0, bool bf16_dot = false, bool amx = false, bool int8_dot = false);
+// int8_prefill: flash_int8's (never direct; a dense float32 problem).
+Tiling make_tiling(const Problem& p, int64_t br = 0, bool bf16_dot = false, bool amx = false, bool int8_dot = false,
+                   bool int8_prefill = false);
 
 struct Scratch {
   float* q;       // R x d, panels of kPanelRows rows, k-major in a panel, times scale*log2e
@@ -86,8 +96,10 @@ struct Scratch {
   uint32_t* vp;   // bf16_dot: 32 x dim_v_pad words, the V tile by key pairs (else nullptr)
   uint32_t* pw;   // bf16_dot: kPanelRows (amx: 16) x 32 words, the panel's P rounded to bf16 pairs
   uint32_t* qa;   // amx: R rounded up to 16 rows of padded_words(d) words, Q rows as bf16 pairs
-  std::byte* i8;  // int8_dot: the flag, then Q's integer rows (Tiling::i8_off), else nullptr
-  Scratch(std::byte* base, const Tiling& t);
+  std::byte* i8;  // int8_dot: the flag, then Q's integer rows (Tiling::i8_off); int8_prefill: the
+                  // task's header and Q words; else nullptr
+  std::byte* i8_keys;  // int8_prefill: the shared key tiles of all heads (Tiling::i8_shared), else nullptr
+  Scratch(std::byte* base, const Tiling& t, std::byte* shared = nullptr);
   // Whether this task scores in integers: int8_dot, and every row's Q rounded (round_q_row).
   bool i8_on() const { return i8 && i8[0] == std::byte{1}; }
 };
@@ -137,6 +149,8 @@ void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Sc
 std::shared_ptr<const Plan> prefill_plan(const Problem& p, const Tiling& t);
 void run_prefill(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx, const Tiling& t,
                  const char* kernel);
+// int8_prefill: rounds every head's keys into the shared tiles (run_prefill's first step).
+void prepare_i8_keys(const Problem& p, const Inputs& in, const Tiling& t, std::byte* shared);
 
 // The running thread's AMX tile configuration for the lifetime of the scope (Tiling::amx; else
 // nothing): tile state is per thread, so each task range sets it up and releases it.

@@ -1,0 +1,89 @@
+// flash_int8: flash (src/cpu/flash.cpp: the same tasks, tiles, online softmax, masks and sparse
+// patterns, through the same tile engine) with Q.K^T as exact int32 dot products of int8 codes -
+// SageAttention's recipe on the CPU.
+//
+// Idea. Once per run, every (batch, kv head)'s keys are smoothed - K minus its mean over the
+// sequence's keys: every score of a query row then moves by the same q.mean, which the softmax
+// does not see (the LSE adds it back), and what is left to round is the part that tells keys
+// apart, not a large channel they share - and rounded to int8 per key (key_mean,
+// round_smoothed_key: kv_quant.hpp), packed as K^T words of 4 codes per 64-key tile
+// (src/cpu/simd/int8_dot.hpp). Each task rounds its Q rows to int8 per row (round_q_row) into
+// panel words; GEMM 1 is then vpdpbusd (AVX512-VNNI on avx512, AVX-VNNI on avx2: 4 byte products
+// per 32-bit lane per instruction, 4x the lanes of a float32 FMA) on whole register blocks,
+// each score scaled once by its row's and its key's scale; without VNNI vpmaddubsw + vpmaddwd
+// (ATTN_NO_VNNI=1 forces it), the scalar rule on scalar and neon. The softmax and P.V are flash's,
+// float32, on V as stored: on CPUs whose bf16 dot product runs at half the FMA rate (the AMX
+// Xeon's `attnlab peak`) a bf16 P.V would be slower, not faster.
+// Arithmetic: Int8Products (kernel.hpp) - held to 4x the textbook's error on the Q and K it
+// multiplies (Q rounded, K = mean + rounded remainder: verify.cpp reads both through the same
+// two functions) plus float32's floor; the error against the unrounded inputs is what the
+// agreement reports. A head whose keys hold NaN or Inf, or a task whose Q rows do, multiplies in
+// float32 (rounding would turn them into numbers): special values reach O as the reference says.
+// Memory: flash's per-thread tiles, plus per thread the task's Q words (R x d bytes) and 2 R
+// floats; shared, the rounded keys: per (batch, kv head) ceil(kv_len / 64) tiles of 64 (d + 8)
+// bytes and d floats of mean (~1/4 of K).
+// Cost: flash's, with GEMM 1 at the int8 unit's rate (`attnlab peak`), plus one pass over K per
+// run (mean and rounding: O(kv_len d), against O(q_len kv_len d)) and one over each task's Q.
+#include <string>
+
+#include "attnlab/kernel.hpp"
+#include "attnlab/pattern.hpp"
+#include "cpu/simd/tiles.hpp"
+
+namespace attnlab::ATTN_TARGET_NS::cpu {
+namespace {
+
+class FlashInt8 final : public Kernel {
+ public:
+  std::string_view name() const override { return "flash_int8"; }
+  std::string_view description() const override {
+    return "flash with Q.K^T in int8 (SageAttention's recipe): K smoothed by its mean and rounded per key once per "
+           "run, Q per row, exact int32 sums (vpdpbusd where the CPU has VNNI), float32 softmax and P.V";
+  }
+  std::string_view precision() const override {
+    return "f32 in; Q per row and K - mean per key to int8, int32 K.Q; f32 softmax and P.V";
+  }
+  Arithmetic arithmetic() const override { return Arithmetic::Int8Products; }
+  bool runs_patterns() const override { return true; }
+  bool runs_head_dim_v() const override { return true; }
+  Support supports(const Problem& p) const override {
+    if (p.dtype != DType::F32) {
+      return Support::no(std::string("dtype: flash_int8 rounds float32 inputs, not ") + to_string(p.dtype) +
+                         "; run it with --dtype f32 (flash_bf16 and flash_amx take bf16)");
+    }
+    if (p.kv_quantized() || p.kv_paged()) {
+      return Support::no("kv_dtype / kv_block: flash_int8 rounds a dense float32 K itself; a quantized or paged "
+                         "cache runs through flash (decode_i8 for int8 scores over q8_0, q4_0, u8 and u4)");
+    }
+    if (p.dilation > 1) {
+      return Support::no("dilation " + std::to_string(p.dilation) +
+                         ": flash_int8's key tiles are the sequence's own; flash runs a dilated window as strided phases");
+    }
+    if (gathered_columns(p) > 0) {
+      return Support::no("pattern: global columns are gathered into one tile of copied rows, which flash_int8's "
+                         "rounded key tiles do not hold; flash runs it");
+    }
+    return Support::yes();
+  }
+  size_t workspace_bytes(const Problem& p, int threads) const override {
+    if (!supports(p)) return 0;
+    const simd::Tiling t = tiling(p);
+    return t.i8_shared + t.bytes * static_cast<size_t>(threads);
+  }
+  std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return simd::prefill_plan(p, tiling(p)); }
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    simd::run_prefill(p, in, out, ctx, tiling(p), "flash_int8");
+  }
+
+ private:
+  static simd::Tiling tiling(const Problem& p) { return simd::make_tiling(p, 0, false, false, false, true); }
+};
+
+}  // namespace
+
+const Kernel& flash_int8() {
+  static const FlashInt8 k;
+  return k;
+}
+
+}  // namespace attnlab::ATTN_TARGET_NS::cpu
