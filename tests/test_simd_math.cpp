@@ -309,6 +309,44 @@ TEST_P(SimdMath, QuantizedCacheRowsReadInRegistersAsTheRule) {
   }
 }
 
+// flash_int8 rounds Q and K in vectors (int8_dot.hpp: round_int8_row): the same codes and scale as
+// round_int8's rule, bit for bit, at every length and tail - rows with exact ties (y = k + 0.5 and
+// k - 0.5 after the division), the clamp's edge (amax itself: 127), a zero row, subnormals, signed
+// zeros - and false exactly when the rule refuses (a NaN or Inf anywhere, tail included).
+TEST_P(SimdMath, Int8RowsRoundInVectorsAsTheRule) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (int64_t n : {1, 3, 8, 15, 16, 17, 31, 64, 72, 128, 130, 256, 576}) {
+    for (int round = 0; round < 24; ++round) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& v : x) v = normal(rng) * (round % 3 == 0 ? 1e-3f : round % 3 == 1 ? 1.f : 1e30f);
+      if (round == 1) {  // ties: amax 127 -> scale 1, values k +- 0.5 exactly
+        for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 127) - 63.5f;
+        x[0] = 127.f;
+      }
+      if (round == 2) std::fill(x.begin(), x.end(), 0.f);
+      if (round == 3) {
+        for (int64_t i = 0; i < n; ++i) x[i] = (i % 2 ? -1.f : 1.f) * 1e-40f * static_cast<float>(i + 1);  // subnormal
+      }
+      if (round == 4) x[static_cast<size_t>(n - 1)] = -0.f;
+      if (round >= 20) {  // NaN / Inf at the first, the last and a middle position
+        const float bad = round % 2 ? std::numeric_limits<float>::quiet_NaN() : -std::numeric_limits<float>::infinity();
+        x[static_cast<size_t>(round == 20 ? 0 : round == 21 ? n - 1 : n / 2)] = bad;
+      }
+      std::vector<int8_t> want(static_cast<size_t>(n), 7), got(static_cast<size_t>(n), 9);
+      float want_scale = -1.f, got_scale = -2.f;
+      const bool want_ok = round_int8(x.data(), n, n, want.data(), &want_scale);
+      const bool got_ok = t_->probes.round_int8_row(x.data(), n, got.data(), &got_scale);
+      ASSERT_EQ(want_ok, got_ok) << "n " << n << " round " << round;
+      if (!want_ok) continue;
+      ASSERT_EQ(std::memcmp(&want_scale, &got_scale, 4), 0) << "n " << n << " round " << round;
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(want[i], got[i]) << "n " << n << " round " << round << " value " << i << " x " << x[i];
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Targets, SimdMath, ::testing::ValuesIn(built_isas()),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <iterator>
 
+#include "cpu/simd/int8_dot.hpp"
 #include "cpu/simd/microkernel.hpp"
 #include "cpu/simd/vec_math.hpp"
 
@@ -140,6 +141,7 @@ const TargetTable& target_table() {
                 simd::pack_k_transposed(simd::Rows<float>::strided(k_rows, ldk, nk), nk, d, kt);
               },
           .kv_row = simd::read_kv_row,
+          .round_int8_row = simd::round_int8_row,
       },
   };
   return t;

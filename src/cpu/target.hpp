@@ -46,6 +46,8 @@ struct TestProbes {
   // A quantized cache row of d values read as the tile engine reads it (kv_load.hpp's load_at per
   // whole vector, load_partial_at for the tail), into out[0..d).
   void (*kv_row)(KvDType t, const std::byte* row, int64_t d, float* out);
+  // flash_int8's vector rounding of one row (int8_dot.hpp: round_int8_row), round_int8's rule.
+  bool (*round_int8_row)(const float* x, int64_t n, int8_t* q, float* scale);
 };
 
 struct TargetTable {

@@ -364,7 +364,7 @@ void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, cons
       int8_t codes[Problem::kMaxHeadDim];
       for (int64_t rr = 0; rr < R && all; ++rr) {
         float scale = 0.f;
-        all = round_q_row(KvDType::Same, in.q.row(b, hk * G + rr % G, at[rr / G]), d, codes, &scale);
+        all = round_int8_row(in.q.row(b, hk * G + rr % G, at[rr / G]), d, codes, &scale);  // round_q_row's rule
         put_i8_q_row(l, qw, R, rr, codes, d, t.i8_vnni);
         qsc[rr] = scale * q_scale;
         float qm = 0.f;  // q.mean, the score shift smoothing took off (added back to the LSE)
@@ -850,7 +850,7 @@ void prepare_i8_keys(const Problem& p, const Inputs& in, const Tiling& t, std::b
           bool ok = key_mean(in.k.row(b, hk, 0), in.k.stride_s, n, t.dim, mean);
           for (int64_t j = 0; j < n && ok; ++j) {
             float scale = 0.f;
-            ok = round_smoothed_key(in.k.row(b, hk, j), mean, t.dim, codes, &scale);
+            ok = round_smoothed_row(in.k.row(b, hk, j), mean, t.dim, codes, &scale);  // round_smoothed_key's rule
             auto* tile = const_cast<std::byte*>(i8_key_tile(t, head, j / kTileKeys * kTileKeys));
             put_i8_key(l, tile, static_cast<int>(j % kTileKeys), codes, t.dim, scale);
           }

@@ -389,6 +389,58 @@ void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8La
 }
 #endif
 
+// round_int8 (kv_quant.hpp) over one block of n values, in vectors: the same operations in the same
+// order per value (amax by max, scale = amax / 127, y = x / scale, truncation, the fraction's test,
+// the clamp), so the same codes and scale bit for bit - tests/test_kv_quant.cpp checks it on every
+// target. The rule's scalar form spends a division and a branch per value: flash_int8 rounds every
+// Q and K value once per run.
+inline bool round_int8_row(const float* x, int64_t n, int8_t* q, float* scale_out) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+  Batch amax(0.f), bad(0.f);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const Batch v = load_partial(x + i, static_cast<int>(std::min<int64_t>(kLanes, n - i)));
+    bad += v - v;  // 0 for finite values; NaN from a NaN or an Inf
+    amax = max(amax, xsimd::abs(v));
+  }
+  if (reduce_sum(bad) != 0.f) return false;
+  const float scale = reduce_max(amax) / 127.f;
+  *scale_out = scale;
+  if (!(scale > 0.f)) {
+    std::memset(q, 0, static_cast<size_t>(n));
+    return true;
+  }
+  const Batch sc(scale), half(0.5f), one(1.f);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int m = static_cast<int>(std::min<int64_t>(kLanes, n - i));
+    const Batch y = load_partial(x + i, m) / sc;
+#if defined(__AVX512F__)
+    const __m512i t = _mm512_cvttps_epi32(y);
+    const Batch r = _mm512_cvtepi32_ps(t);
+#else
+    const __m256i t = _mm256_cvttps_epi32(y);
+    const Batch r = _mm256_cvtepi32_ps(t);
+#endif
+    const Batch frac = y - r;
+    // r + 1, r - 1 or r: exact in float (|r| <= 128), then clamped to +-127 as the rule.
+    const Batch rounded = select(frac >= half, r + one, select(frac <= -half, r - one, r));
+    const Batch c = min(max(rounded, Batch(-127.f)), Batch(127.f));
+    alignas(64) float out[kLanes];
+    c.store_aligned(out);
+    for (int k = 0; k < m; ++k) q[i + k] = static_cast<int8_t>(out[k]);
+  }
+  return true;
+#else
+  return round_int8(x, n, n, q, scale_out);
+#endif
+}
+
+// round_smoothed_key (kv_quant.hpp) by round_int8_row: x - mean in float32, then the row's rounding.
+inline bool round_smoothed_row(const float* x, const float* mean, int64_t n, int8_t* q, float* scale) {
+  alignas(64) float centred[Problem::kMaxHeadDim];
+  for (int64_t i = 0; i < n; ++i) centred[i] = x[i] - mean[i];
+  return round_int8_row(centred, n, q, scale);
+}
+
 // flash_int8's K.Q (src/cpu/flash_int8.cpp): Q rows and smoothed K rows rounded to int8 per row
 // (round_q_row, round_smoothed_key: kv_quant.hpp), the scores exact int32 dot products scaled
 // after. K is rounded once per run, per (batch, kv head), into key tiles of this layout:
@@ -414,15 +466,11 @@ struct I8KeyTile {
 // Key j (< kTileKeys) of a tile from its d codes and scale.
 inline void put_i8_key(const I8KeyTile& l, std::byte* tile, int j, const int8_t* codes, int64_t d, float scale) {
   int32_t* w = I8KeyTile::word_at(tile);
+  alignas(64) int8_t padded[Problem::kMaxHeadDim + 4] = {};
+  std::memcpy(padded, codes, static_cast<size_t>(d));
   int32_t sum = 0;
-  for (int64_t x = 0; x < l.words; ++x) {
-    uint32_t word = 0;
-    for (int64_t b = 0; b < 4 && 4 * x + b < d; ++b) {
-      word |= uint32_t{static_cast<uint8_t>(codes[4 * x + b])} << (8 * b);
-      sum += codes[4 * x + b];
-    }
-    w[x * kTileKeys + j] = static_cast<int32_t>(word);
-  }
+  for (int64_t i = 0; i < d; ++i) sum += codes[i];
+  for (int64_t x = 0; x < l.words; ++x) std::memcpy(w + x * kTileKeys + j, padded + 4 * x, 4);
   l.scale(tile)[j] = scale;
   l.corr(tile)[j] = -128 * sum;
 }
@@ -432,14 +480,13 @@ inline void put_i8_q_row(const I8KeyTile& l, int32_t* qw, int64_t R, int64_t rr,
                          bool vnni) {
   const int64_t panel0 = rr / kPanelRows * kPanelRows, mr = std::min<int64_t>(kPanelRows, R - panel0);
   int32_t* dst = qw + panel0 * l.words + (rr - panel0);
-  const uint8_t flip = vnni ? 0x80 : 0x00;
+  alignas(64) int8_t padded[Problem::kMaxHeadDim + 4] = {};
+  std::memcpy(padded, codes, static_cast<size_t>(d));
+  const uint32_t flip = vnni ? 0x80808080u : 0u;  // the padding too: q + 128 of a zero code
   for (int64_t x = 0; x < l.words; ++x) {
     uint32_t word = 0;
-    for (int64_t b = 0; b < 4; ++b) {
-      const uint8_t c = 4 * x + b < d ? static_cast<uint8_t>(codes[4 * x + b]) : uint8_t{0};
-      word |= uint32_t{static_cast<uint8_t>(c ^ flip)} << (8 * b);
-    }
-    dst[x * mr] = static_cast<int32_t>(word);
+    std::memcpy(&word, padded + 4 * x, 4);
+    dst[x * mr] = static_cast<int32_t>(word ^ flip);
   }
 }
 
