@@ -196,27 +196,39 @@ std::vector<float> int8_rounded_q(const Problem& p, const ConstView& q) {
 }
 
 // K as flash_int8 multiplies it: per (batch, kv head), the sequence's keys smoothed by their mean
-// and rounded per row (key_mean, round_smoothed_key: kv_quant.hpp), read back as mean + q * scale;
-// a head whose keys hold NaN or Inf (or overflow when centred) as it is, and the keys past a
-// batch entry's kv_len too. Contiguous (batch, kv heads, seq, dim) float32.
-std::vector<float> int8_smoothed_k(const Problem& p, const ConstView& k) {
-  std::vector<float> out(static_cast<size_t>(k.batch * k.heads * k.seq * k.dim));
-  std::vector<float> mean(static_cast<size_t>(k.dim));
+// and rounded per row (key_mean, round_smoothed_key: kv_quant.hpp), read back as q * scale - the
+// remainder; the kernel adds q.mean to each score after its integer dot product, and so does the
+// baseline (int8_dense_errors), so a mean that dwarfs the remainder costs both the same float32
+// cancellation. A head whose keys hold NaN or Inf (or overflow when centred) keeps them as they
+// are (smoothed[head] false), and the keys past a batch entry's kv_len too. Contiguous (batch,
+// kv heads, seq, dim) float32.
+struct SmoothedK {
+  std::vector<float> k, mean;  // mean: (batch, kv heads, dim)
+  std::vector<uint8_t> smoothed;
+};
+SmoothedK int8_smoothed_k(const Problem& p, const ConstView& k) {
+  SmoothedK out;
+  out.k.resize(static_cast<size_t>(k.batch * k.heads * k.seq * k.dim));
+  out.mean.assign(static_cast<size_t>(k.batch * k.heads * k.dim), 0.f);
+  out.smoothed.assign(static_cast<size_t>(k.batch * k.heads), 0);
   std::vector<int8_t> codes(static_cast<size_t>(k.dim));
   for (int64_t b = 0; b < k.batch; ++b)
     for (int64_t h = 0; h < k.heads; ++h) {
-      float* head = out.data() + (b * k.heads + h) * k.seq * k.dim;
+      float* head = out.k.data() + (b * k.heads + h) * k.seq * k.dim;
+      float* mean = out.mean.data() + (b * k.heads + h) * k.dim;
       for (int64_t j = 0; j < k.seq; ++j) std::copy(k.row(b, h, j), k.row(b, h, j) + k.dim, head + j * k.dim);
       const int64_t n = p.kv_len_of(b);
-      if (!key_mean(k.row(b, h, 0), k.stride_s, n, k.dim, mean.data())) continue;
+      if (!key_mean(k.row(b, h, 0), k.stride_s, n, k.dim, mean)) continue;
       std::vector<float> rounded(static_cast<size_t>(n * k.dim));
       bool all = true;
       for (int64_t j = 0; j < n && all; ++j) {
         float scale = 0.f;
-        all = round_smoothed_key(k.row(b, h, j), mean.data(), k.dim, codes.data(), &scale);
-        for (int64_t d = 0; d < k.dim; ++d) rounded[j * k.dim + d] = mean[d] + static_cast<float>(codes[d]) * scale;
+        all = round_smoothed_key(k.row(b, h, j), mean, k.dim, codes.data(), &scale);
+        for (int64_t d = 0; d < k.dim; ++d) rounded[j * k.dim + d] = static_cast<float>(codes[d]) * scale;
       }
-      if (all) std::copy(rounded.begin(), rounded.end(), head);
+      if (!all) continue;
+      std::copy(rounded.begin(), rounded.end(), head);
+      out.smoothed[b * k.heads + h] = 1;
     }
   return out;
 }
@@ -224,6 +236,57 @@ std::vector<float> int8_smoothed_k(const Problem& p, const ConstView& k) {
 ConstView contiguous_view(const std::vector<float>& data, const ConstView& like) {
   return ConstView{data.data(), like.batch, like.heads, like.seq, like.dim, like.heads * like.seq * like.dim,
                    like.seq * like.dim, like.dim};
+}
+
+// flash_int8's baseline: the textbook's scores on Q rounded and K's smoothed remainder, plus
+// scale * q.mean (Q rounded, summed in float32 as the kernel does), then its softmax and P.V; a row
+// whose Q does not round, or whose head's keys were not smoothed, the textbook on its inputs as
+// they are (the kernel's task multiplies them in float32: rounding Q there would turn an Inf
+// product into 0 * Inf).
+Errors int8_dense_errors(const Problem& p, const Inputs& in, Inputs rounded, const Reference& ref) {
+  const SmoothedK k = int8_smoothed_k(p, in.k);
+  rounded.k = contiguous_view(k.k, in.k);
+  Errors e;
+  std::vector<float> s(static_cast<size_t>(p.kv_len)), o(static_cast<size_t>(p.dim_v()));
+  std::vector<int8_t> codes(static_cast<size_t>(p.head_dim));
+  const TypedInputs<float> original = typed<float>(in), smoothed = typed<float>(rounded);
+  for (size_t r = 0; r < ref.rows.size(); ++r) {
+    const RowId& id = ref.rows[r];
+    const int64_t hk = p.kv_head_of(id.h);
+    float scale = 0.f;
+    const bool int8 = k.smoothed[id.b * p.kv_heads + hk] &&
+                      round_q_row(KvDType::Same, in.q.row(id.b, id.h, id.i), p.head_dim, codes.data(), &scale);
+    const std::vector<int64_t> keys = reference_keys(p, id);
+    const textbook::KeyList list{keys.data(), static_cast<int64_t>(keys.size())};
+    float lse = 0.f;
+    if (!int8) {
+      lse = textbook::row(p, original, id.b, id.h, id.i, list, s.data(), o.data());
+    } else {
+      textbook::scores(smoothed.q.row(id.b, id.h, id.i), smoothed.k, id.b, hk, list, p.effective_scale(), s.data());
+      const float* mean = k.mean.data() + (id.b * p.kv_heads + hk) * p.head_dim;
+      float qm = 0.f;
+      for (int64_t d = 0; d < p.head_dim; ++d) qm += static_cast<float>(codes[d]) * mean[d];
+      const float shift = qm * scale * p.effective_scale();
+      // The kernel rounds each score of this split (an integer sum times two scales, plus the
+      // shift: up to 3 roundings of values as large as |s| + |shift|) in another order than the
+      // textbook here, so where the mean dwarfs the remainder the two cancel differently. Its
+      // bound, not this baseline's luck, is what the row costs: 3 units of float32 roundoff of
+      // the largest such magnitude, in the score and hence the LSE; exp(2 bound) - 1 in O.
+      double big = 0;
+      for (size_t x = 0; x < keys.size(); ++x) {
+        big = std::max(big, std::fabs(static_cast<double>(s[x])) + std::fabs(static_cast<double>(shift)));
+        s[x] += shift;
+      }
+      const double bound = 3.0 * std::numeric_limits<float>::epsilon() / 2 * big;
+      lse = textbook::softmax_pv(s.data(), smoothed.v, id.b, hk, list, o.data());
+      accumulate(e, ref, r, o.data(), &lse);
+      if (std::isfinite(ref.lse[r])) e.lse = std::max(e.lse, bound / std::max(1.0, std::fabs(ref.lse[r])));
+      e.o_rel = std::max(e.o_rel, std::min(2.0, std::expm1(2 * bound)));
+      continue;
+    }
+    accumulate(e, ref, r, o.data(), &lse);
+  }
+  return e;
 }
 }  // namespace
 
@@ -242,9 +305,7 @@ Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref,
     Inputs rounded = in;
     rounded.q = contiguous_view(q, in.q);
     if (cache) return baseline_errors(p, rounded, ref, Arithmetic::F32);
-    const std::vector<float> k = int8_smoothed_k(p, in.k);
-    rounded.k = contiguous_view(k, in.k);
-    return baseline_errors(p, rounded, ref, Arithmetic::F32);
+    return int8_dense_errors(p, in, rounded, ref);
   }
   if (p.kv_paged()) {
     const UnpagedKv u = unpage_kv(p, in);

@@ -3,9 +3,10 @@
 // SageAttention's recipe on the CPU.
 //
 // Idea. Once per run, every (batch, kv head)'s keys are smoothed - K minus its mean over the
-// sequence's keys: every score of a query row then moves by the same q.mean, which the softmax
-// does not see (the LSE adds it back), and what is left to round is the part that tells keys
-// apart, not a large channel they share - and rounded to int8 per key (key_mean,
+// sequence's keys: what is left to round is the part that tells keys apart, not a large channel
+// they all share; every score of a query row moves by the same q.mean, which the softmax would
+// not see but the LSE does, so the score epilogue adds it back (an FMA where a multiply was) -
+// and rounded to int8 per key (key_mean,
 // round_smoothed_key: kv_quant.hpp), packed as K^T words of 4 codes per 64-key tile
 // (src/cpu/simd/int8_dot.hpp). Each task rounds its Q rows to int8 per row (round_q_row) into
 // panel words; GEMM 1 is then vpdpbusd (AVX512-VNNI on avx512, AVX-VNNI on avx2: 4 byte products

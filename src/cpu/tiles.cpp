@@ -247,11 +247,12 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
         const I8KeyTile l(t.dim);
         const auto* qw = reinterpret_cast<const int32_t*>(s.i8 + t.i8_qw_off) + rr0 * l.words;
         const float* qsc = reinterpret_cast<const float*>(s.i8 + t.i8_qsc_off) + rr0;
+        const float* qc = reinterpret_cast<const float*>(s.i8 + t.i8_c_off) + rr0;
         const std::byte* tile = i8_key_tile(t, i8_task_head(s), kt.j0);
         if (t.i8_vnni) {
-          score_panel_i8<MR, kI8Unit[0] != '\0'>(qw, l, tile, qsc, ja, jb, s.p);
+          score_panel_i8<MR, kI8Unit[0] != '\0'>(qw, l, tile, qsc, qc, ja, jb, s.p);
         } else {
-          score_panel_i8<MR, false>(qw, l, tile, qsc, ja, jb, s.p);
+          score_panel_i8<MR, false>(qw, l, tile, qsc, qc, ja, jb, s.p);
         }
         done = true;
       }
@@ -367,7 +368,7 @@ void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, cons
         all = round_int8_row(in.q.row(b, hk * G + rr % G, at[rr / G]), d, codes, &scale);  // round_q_row's rule
         put_i8_q_row(l, qw, R, rr, codes, d, t.i8_vnni);
         qsc[rr] = scale * q_scale;
-        float qm = 0.f;  // q.mean, the score shift smoothing took off (added back to the LSE)
+        float qm = 0.f;  // q.mean: smoothing took it off every score of the row, the epilogue adds it back
         for (int64_t k = 0; k < d; ++k) qm += static_cast<float>(codes[k]) * mean[k];
         c[rr] = qm * scale * q_scale;
       }
@@ -830,9 +831,7 @@ void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Sc
     float* lse = lse_rows ? (lse_rows->base ? lse_rows->base + h * lse_rows->head_stride + i * lse_rows->step : nullptr)
                  : out.lse ? out.lse + (b * p.q_heads + h) * p.q_len + i
                            : nullptr;
-    // flash_int8: the scores were smoothed (q.mean off each): the LSE takes it back.
-    const float shift = t.i8_prefill && s.i8_on() ? reinterpret_cast<const float*>(s.i8 + t.i8_c_off)[rr] : 0.f;
-    if (lse) *lse = online_softmax::out_lse<kLog2>(empty, s.m[rr] + shift, l);
+    if (lse) *lse = online_softmax::out_lse<kLog2>(empty, s.m[rr], l);
   }
 }
 

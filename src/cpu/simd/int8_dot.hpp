@@ -490,14 +490,14 @@ inline void put_i8_q_row(const I8KeyTile& l, int32_t* qw, int64_t R, int64_t rr,
   }
 }
 
-// GEMM 1 for one register panel in integers: s[m * kTileKeys + j] = qsc[m] scale_j (q_m . k_j)
+// GEMM 1 for one register panel in integers: s[m * kTileKeys + j] = qsc[m] scale_j (q_m . k_j) + qc[m]
 // for the register blocks overlapping [ja, jb) (whole blocks: keys past the tile's are zero codes
 // and never read unmasked). qw: the panel's words (qw[w * MR + m]); qsc: per row Q's scale times
-// the score scale (log2 units).
+// the score scale (log2 units); qc: per row the smoothing's term, q.mean in the same units.
 #if defined(__AVX512F__) || defined(__AVX2__)
 template <int MR, bool Vnni>
-void score_panel_i8(const int32_t* qw, const I8KeyTile& l, const std::byte* tile, const float* qsc, int ja, int jb,
-                    float* s) {
+void score_panel_i8(const int32_t* qw, const I8KeyTile& l, const std::byte* tile, const float* qsc, const float* qc,
+                    int ja, int jb, float* s) {
   using namespace i8_detail;
   constexpr int kV = static_cast<int>(sizeof(IVec) / 4);  // int32 lanes per vector = kLanes
   static_assert(kV == kLanes, "one int32 vector per float vector of scores");
@@ -527,7 +527,7 @@ void score_panel_i8(const int32_t* qw, const I8KeyTile& l, const std::byte* tile
     for (int v = 0; v < NV; ++v) {
       const Batch sc = Batch::load_aligned(ks + j0 + v * kV);
       for (int m = 0; m < MR; ++m) {
-        (to_float(acc[m][v]) * sc * Batch(qsc[m])).store_aligned(s + m * kTileKeys + j0 + v * kV);
+        simd::fma(to_float(acc[m][v]) * sc, Batch(qsc[m]), Batch(qc[m])).store_aligned(s + m * kTileKeys + j0 + v * kV);
       }
     }
   }
@@ -535,8 +535,8 @@ void score_panel_i8(const int32_t* qw, const I8KeyTile& l, const std::byte* tile
 #else
 // The scalar and NEON targets: the same integers, key by key.
 template <int MR, bool Vnni>
-void score_panel_i8(const int32_t* qw, const I8KeyTile& l, const std::byte* tile, const float* qsc, int ja, int jb,
-                    float* s) {
+void score_panel_i8(const int32_t* qw, const I8KeyTile& l, const std::byte* tile, const float* qsc, const float* qc,
+                    int ja, int jb, float* s) {
   static_assert(!Vnni, "no VNNI unit on this target");
   const auto* kw = reinterpret_cast<const int32_t*>(tile);
   const float* ks = l.scale(const_cast<std::byte*>(tile));
@@ -550,7 +550,7 @@ void score_panel_i8(const int32_t* qw, const I8KeyTile& l, const std::byte* tile
           dot += static_cast<int8_t>(q >> (8 * b)) * static_cast<int8_t>(k >> (8 * b));
         }
       }
-      s[m * kTileKeys + j] = static_cast<float>(dot) * ks[j] * qsc[m];
+      s[m * kTileKeys + j] = std::fma(static_cast<float>(dot) * ks[j], qsc[m], qc[m]);
     }
   }
 }

@@ -66,7 +66,7 @@ struct Tiling {
   // (batch, kv head) i8_head bytes, a 64-byte header - byte 0: 1 when the head's keys rounded -
   // then the mean (d floats), then its key tiles of I8KeyTile(d).bytes); per thread at i8_off the
   // task's header (byte 0: 1 when it scores in integers; its head's tiles), Q's panel words at
-  // i8_qw_off, per row the scale times the score scale, then the smoothing's LSE term (log2).
+  // i8_qw_off, per row the scale times the score scale, then the smoothing's score term q.mean (log2).
   bool i8_prefill = false;
   size_t i8_head = 0, i8_shared = 0, i8_qw_off = 0, i8_qsc_off = 0, i8_c_off = 0;
   size_t bytes = 0;  // per thread, a 64-byte multiple
