@@ -76,6 +76,9 @@ bool round_int8(const float* x, int64_t dim, int64_t block, int8_t* q, float* sc
 // round_smoothed_key: x - mean in float32, then round_int8 over the row; K then multiplies as
 // mean + q * scale; false when x - mean overflows (the head multiplies in float32). The kernel and
 // the tolerance baseline (verify.cpp) both use these two.
+// ATTN_I8_SMOOTH=0 in the environment (comparisons: what smoothing buys) makes key_mean's mean 0
+// for the kernel and the baseline alike; int8_smoothing() says whether it is on.
+bool int8_smoothing();
 bool key_mean(const float* rows, int64_t ld, int64_t n, int64_t dim, float* mean);
 bool round_smoothed_key(const float* x, const float* mean, int64_t dim, int8_t* q, float* scale);
 

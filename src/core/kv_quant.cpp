@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "attnlab/dtype.hpp"
@@ -172,9 +174,20 @@ bool round_q_row(KvDType t, const float* x, int64_t dim, int8_t* q, float* scale
   return round_int8(x, dim, q_block_values(t, dim), q, scales);
 }
 
+bool int8_smoothing() {
+  const char* v = std::getenv("ATTN_I8_SMOOTH");
+  return !(v && std::string(v) == "0");
+}
+
 bool key_mean(const float* rows, int64_t ld, int64_t n, int64_t dim, float* mean) {
   std::fill(mean, mean + dim, 0.f);
   if (n == 0) return true;
+  if (!int8_smoothing()) {  // no mean; still no rounding for a head holding NaN or Inf
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < dim; ++i)
+        if (!std::isfinite(rows[j * ld + i])) return false;
+    return true;
+  }
   std::vector<double> sum(static_cast<size_t>(dim), 0.0);
   for (int64_t j = 0; j < n; ++j) {
     const float* r = rows + j * ld;

@@ -234,7 +234,7 @@ SmoothedK int8_smoothed_k(const Problem& p, const ConstView& k) {
 }
 
 ConstView contiguous_view(const std::vector<float>& data, const ConstView& like) {
-  return ConstView{data.data(), like.batch, like.heads, like.seq, like.dim, like.heads * like.seq * like.dim,
+  return ConstView{data.data(),         like.batch, like.heads, like.seq, like.dim, like.heads * like.seq * like.dim,
                    like.seq * like.dim, like.dim};
 }
 

@@ -53,16 +53,19 @@ class FlashInt8 final : public Kernel {
                          "; run it with --dtype f32 (flash_bf16 and flash_amx take bf16)");
     }
     if (p.kv_quantized() || p.kv_paged()) {
-      return Support::no("kv_dtype / kv_block: flash_int8 rounds a dense float32 K itself; a quantized or paged "
-                         "cache runs through flash (decode_i8 for int8 scores over q8_0, q4_0, u8 and u4)");
+      return Support::no(
+          "kv_dtype / kv_block: flash_int8 rounds a dense float32 K itself; a quantized or paged "
+          "cache runs through flash (decode_i8 for int8 scores over q8_0, q4_0, u8 and u4)");
     }
     if (p.dilation > 1) {
-      return Support::no("dilation " + std::to_string(p.dilation) +
-                         ": flash_int8's key tiles are the sequence's own; flash runs a dilated window as strided phases");
+      return Support::no(
+          "dilation " + std::to_string(p.dilation) +
+          ": flash_int8's key tiles are the sequence's own; flash runs a dilated window as strided phases");
     }
     if (gathered_columns(p) > 0) {
-      return Support::no("pattern: global columns are gathered into one tile of copied rows, which flash_int8's "
-                         "rounded key tiles do not hold; flash runs it");
+      return Support::no(
+          "pattern: global columns are gathered into one tile of copied rows, which flash_int8's "
+          "rounded key tiles do not hold; flash runs it");
     }
     return Support::yes();
   }

@@ -460,7 +460,9 @@ struct I8KeyTile {
       : words((d + 3) / 4), bytes(static_cast<size_t>(words * kTileKeys * 4 + 2 * kTileKeys * 4)) {}
   static int32_t* word_at(std::byte* tile) { return reinterpret_cast<int32_t*>(tile); }
   float* scale(std::byte* tile) const { return reinterpret_cast<float*>(tile + words * kTileKeys * 4); }
-  int32_t* corr(std::byte* tile) const { return reinterpret_cast<int32_t*>(tile + words * kTileKeys * 4 + kTileKeys * 4); }
+  int32_t* corr(std::byte* tile) const {
+    return reinterpret_cast<int32_t*>(tile + words * kTileKeys * 4 + kTileKeys * 4);
+  }
 };
 
 // Key j (< kTileKeys) of a tile from its d codes and scale.

@@ -81,23 +81,23 @@ Tiling make_tiling(const Problem& p, int64_t br = 0, bool bf16_dot = false, bool
                    bool int8_prefill = false);
 
 struct Scratch {
-  float* q;       // R x d, panels of kPanelRows rows, k-major in a panel, times scale*log2e
-                  // (not written for a direct task, which uses qr; bf16_dot: R x d/2 words of
-                  // unscaled bf16 pairs, word-major in a panel)
-  float* o;       // R x dim_v_pad unnormalized output accumulators
-  float* kt;      // dim_pad x kTileKeys packed K tile
-  float* p;       // kPanelRows x kTileKeys scores, then probabilities, of the current panel
-  float* m;       // R running max (log2 units)
-  float* l;       // R x kLanes running sums, one partial sum per lane (row_sum adds them)
-  Interval* iv;   // R visible intervals, one per row (the G rows of a query row share it)
-  float* qr;      // (R + 1) x dim_pad: Q rows times scale*log2e, zero padded, then a zero
-                  // row (Tiling::direct only, else nullptr)
-  float* gather;  // 64 K rows, then 64 V rows (Tiling::gather_*), gathered as stored, or nullptr
-  uint32_t* vp;   // bf16_dot: 32 x dim_v_pad words, the V tile by key pairs (else nullptr)
-  uint32_t* pw;   // bf16_dot: kPanelRows (amx: 16) x 32 words, the panel's P rounded to bf16 pairs
-  uint32_t* qa;   // amx: R rounded up to 16 rows of padded_words(d) words, Q rows as bf16 pairs
-  std::byte* i8;  // int8_dot: the flag, then Q's integer rows (Tiling::i8_off); int8_prefill: the
-                  // task's header and Q words; else nullptr
+  float* q;            // R x d, panels of kPanelRows rows, k-major in a panel, times scale*log2e
+                       // (not written for a direct task, which uses qr; bf16_dot: R x d/2 words of
+                       // unscaled bf16 pairs, word-major in a panel)
+  float* o;            // R x dim_v_pad unnormalized output accumulators
+  float* kt;           // dim_pad x kTileKeys packed K tile
+  float* p;            // kPanelRows x kTileKeys scores, then probabilities, of the current panel
+  float* m;            // R running max (log2 units)
+  float* l;            // R x kLanes running sums, one partial sum per lane (row_sum adds them)
+  Interval* iv;        // R visible intervals, one per row (the G rows of a query row share it)
+  float* qr;           // (R + 1) x dim_pad: Q rows times scale*log2e, zero padded, then a zero
+                       // row (Tiling::direct only, else nullptr)
+  float* gather;       // 64 K rows, then 64 V rows (Tiling::gather_*), gathered as stored, or nullptr
+  uint32_t* vp;        // bf16_dot: 32 x dim_v_pad words, the V tile by key pairs (else nullptr)
+  uint32_t* pw;        // bf16_dot: kPanelRows (amx: 16) x 32 words, the panel's P rounded to bf16 pairs
+  uint32_t* qa;        // amx: R rounded up to 16 rows of padded_words(d) words, Q rows as bf16 pairs
+  std::byte* i8;       // int8_dot: the flag, then Q's integer rows (Tiling::i8_off); int8_prefill: the
+                       // task's header and Q words; else nullptr
   std::byte* i8_keys;  // int8_prefill: the shared key tiles of all heads (Tiling::i8_shared), else nullptr
   Scratch(std::byte* base, const Tiling& t, std::byte* shared = nullptr);
   // Whether this task scores in integers: int8_dot, and every row's Q rounded (round_q_row).
