@@ -248,7 +248,7 @@ def kv_cache_section(rows, ok):
 
 
 # A narrow-arithmetic kernel and the float32 kernel it narrows (the same driver, the same bytes).
-NARROW_TWINS = {"decode_i8": "decode"}
+NARROW_TWINS = {"decode_i8": "decode", "flash_int8": "flash"}
 
 
 def arithmetic_section(rows, ok, folder=None):
@@ -271,18 +271,25 @@ def arithmetic_section(rows, ok, folder=None):
         return []
     md = ["## Arithmetic: narrow products against float32", "",
           "Each row: a narrow-arithmetic kernel and its float32 twin on the same point in this run "
-          "(decode_i8: Q rounded to int8 once per row, K.Q as int32 dot products on the cache's codes; "
-          "decode: every code widened to float32). Speed-up: the twin's median time over the narrow "
-          "kernel's, and pass by pass (median [min, max]) where the sweep ran paired rounds. % of read "
-          "BW: against the probe measured beside each point (median). Error: O's relative error against "
-          "float64 on the unrounded Q (the end-to-end price of the arithmetic), with the tolerance each "
-          "is held to (int8 products: 4x the textbook's error on the rounded Q).", "",
-          "| shape | cache | isa | float32 ms | narrow ms | speed-up | per pass | % of read BW f32 / narrow "
-          "| error f32 / narrow | tolerance narrow |",
-          "|---|---|---|---|---|---|---|---|---|---|"]
+          "(decode_i8: Q rounded to int8 once per row, K.Q as int32 dot products on the cache's codes, "
+          "against decode, every code widened to float32; flash_int8: K smoothed by its mean and rounded "
+          "per key, Q per row, Q.K^T as int32 dot products, against float32 flash). Speed-up: the twin's "
+          "median time over the narrow kernel's, and pass by pass (median [min, max]) where the sweep ran "
+          "paired rounds. % of peak: against the float32 FMA peak of the point's target for both (the "
+          "narrow kernels' softmax and P.V are float32); % of read BW: against the probe measured beside "
+          "each point (median; decode's figure of merit). Error: O's relative error against float64 on "
+          "the unrounded inputs (the end-to-end price of the arithmetic), with the tolerance each is held "
+          "to (int8 products: 4x the textbook's error on the Q and K it multiplies).", "",
+          "| shape | cache | isa | float32 ms | narrow ms | speed-up | per pass | % of FMA peak f32 / narrow "
+          "| % of read BW f32 / narrow | error f32 / narrow | tolerance narrow |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def pct(r):
         v = r.get("bw_fraction_probe_median")
+        return fmt(None if v is None else 100 * v, ".0f")
+
+    def peak(r):
+        v = r.get("peak_fraction")
         return fmt(None if v is None else 100 * v, ".0f")
 
     def order(nf):
@@ -294,6 +301,7 @@ def arithmetic_section(rows, ok, folder=None):
                   f"{fmt(f['time_median_s'] * 1e3, '.3g')} | {fmt(n['time_median_s'] * 1e3, '.3g')} | "
                   f"{fmt(f['time_median_s'] / n['time_median_s'], '.2f')}x | "
                   f"{pass_ratio_text(pass_ratios(folder, n, f))} | "
+                  f"{peak(f)} / {peak(n)} | "
                   f"{pct(f)} / {pct(n)} | {fmt(f.get('err_o_rel'), '.1e')} / {fmt(n.get('err_o_rel'), '.1e')} | "
                   f"{fmt(n.get('tol_o_rel'), '.1e')} |")
     md.append("")

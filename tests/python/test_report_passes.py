@@ -67,3 +67,11 @@ def test_arithmetic_section_pairs_a_narrow_kernel_with_its_float32_twin(tmp_path
     fl, nl = dict(f, kernel="decode[avx512]", kernel_name="decode"), dict(n, kernel="decode_i8[avx512]",
                                                                           kernel_name="decode_i8")
     assert len([line for line in arithmetic_section([fl, nl], [fl, nl], folder) if line.startswith("| b1")]) == 1
+    # flash_int8 pairs with flash (prefill: its % of the FMA peak beside flash's); never with decode.
+    pre = dict(shape, q_len=4096, kv_len=4096, kv_dtype="dtype", dtype="f32")
+    ff = dict(common, **pre, id="f", kernel="flash", time_median_s=0.004, peak_fraction=0.6)
+    fi = dict(common, **pre, id="n", kernel="flash_int8", time_median_s=0.002, peak_fraction=1.2)
+    dec = dict(ff, kernel="decode")
+    rows = [line for line in arithmetic_section([ff, fi, dec], [ff, fi, dec], folder) if line.startswith("| b1")]
+    assert len(rows) == 1 and "| 60 / 120 |" in rows[0], rows
+    assert [line for line in arithmetic_section([dec, fi], [dec, fi], folder) if line.startswith("| b1")] == []
