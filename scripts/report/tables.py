@@ -292,12 +292,16 @@ def arithmetic_section(rows, ok, folder=None):
         v = r.get("peak_fraction")
         return fmt(None if v is None else 100 * v, ".0f")
 
+    def label(r):  # the shape and, when there is one, its mask (a dense and a causal twin differ only there)
+        mask = r.get("mask")
+        return shape_text(dict(r, kv_dtype="dtype")) + (f" {mask}" if mask and mask != "none" else "")
+
     def order(nf):
-        return shape_text(nf[0]), str(nf[0].get("kv_dtype")), nf[0].get("isa") or ""
+        return label(nf[0]), str(nf[0].get("kv_dtype")), nf[0].get("isa") or ""
 
     for n, f in sorted(pairs, key=order):
         cache = n["dtype"] if n.get("kv_dtype") in (None, "", "dtype") else n["kv_dtype"]
-        md.append(f"| {shape_text(dict(n, kv_dtype='dtype'))} | {cache} | {n.get('isa') or '-'} | "
+        md.append(f"| {label(n)} | {cache} | {n.get('isa') or '-'} | "
                   f"{fmt(f['time_median_s'] * 1e3, '.3g')} | {fmt(n['time_median_s'] * 1e3, '.3g')} | "
                   f"{fmt(f['time_median_s'] / n['time_median_s'], '.2f')}x | "
                   f"{pass_ratio_text(pass_ratios(folder, n, f))} | "

@@ -18,6 +18,10 @@
 #if (defined(__AMX_BF16__) && defined(__AMX_TILE__)) || (defined(__AMXBF16__) && defined(__AMXTILE__))
 #define ATTN_HAVE_AMX 1
 #endif
+// ... and AMX-INT8 (flash_int8_amx's scores: TDPBSSD, signed bytes x signed bytes into int32).
+#if defined(ATTN_HAVE_AMX) && (defined(__AMX_INT8__) || defined(__AMXINT8__))
+#define ATTN_HAVE_AMX_INT8 1
+#endif
 
 #if defined(ATTN_HAVE_AMX)
 #include <immintrin.h>
@@ -46,30 +50,47 @@ inline void amx_release() { _tile_release(); }
 // to the buffer just before it (P rounded to bf16, the packed tiles) could be moved after it.
 #define ATTN_TILE_LOAD(dst, base, stride) \
   __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #dst ::"r"((const void*)(base)), "r"((long)(stride)) : "memory")
-// sb[m * 64 + j] = sum_k Q[m][k] K[j][k] (unscaled) for 16 rows and one 64-key block: qa holds
-// the rows as words, ldq words apart, zero past the row's words; kt is pack_k_pairs' block
-// (dw = padded_words(d) word rows of 64 keys).
-inline void amx_scores(const uint32_t* qa, int64_t ldq, const uint32_t* kt, int64_t dw, float* sb) {
+// sb[m * 64 + j] = sum_k Q[m][k] K[j][k] (unscaled) for 16 rows and one 64-key block, on 32-bit
+// words of the reduction axis: bf16 pairs (TDPBF16PS, float32 out) or, Int8, four int8 codes
+// (TDPBSSD, int32 out: flash_int8_amx). qa holds the rows as words, ldq words apart, zero past the
+// row's words; kt is the key block as word rows of 64 keys (pack_k_pairs' block, or an int8 key
+// tile: int8_dot.hpp's I8KeyTile), dw word rows, a multiple of 16.
+template <bool Int8 = false>
+inline void amx_scores(const uint32_t* qa, int64_t ldq, const uint32_t* kt, int64_t dw, void* sb) {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
+  // One TDPBF16PS / TDPBSSD: immediate tile operands, so a macro.
+#if defined(ATTN_HAVE_AMX_INT8)
+#define ATTN_AMX_DOT(C, A, B) \
+  if constexpr (Int8) {       \
+    _tile_dpbssd(C, A, B);    \
+  } else {                    \
+    _tile_dpbf16ps(C, A, B);  \
+  }
+#else
+  static_assert(!Int8, "int8 tiles need AMX-INT8 (-mamx-int8)");
+#define ATTN_AMX_DOT(C, A, B) _tile_dpbf16ps(C, A, B);
+#endif
   for (int64_t w0 = 0; w0 < dw; w0 += 16) {
     const uint32_t* kb = kt + w0 * 64;
     ATTN_TILE_LOAD(4, qa + w0, ldq * 4);
     ATTN_TILE_LOAD(5, kb, 256);
-    _tile_dpbf16ps(0, 4, 5);
+    ATTN_AMX_DOT(0, 4, 5)
     ATTN_TILE_LOAD(6, kb + 16, 256);
-    _tile_dpbf16ps(1, 4, 6);
+    ATTN_AMX_DOT(1, 4, 6)
     ATTN_TILE_LOAD(7, kb + 32, 256);
-    _tile_dpbf16ps(2, 4, 7);
+    ATTN_AMX_DOT(2, 4, 7)
     ATTN_TILE_LOAD(5, kb + 48, 256);
-    _tile_dpbf16ps(3, 4, 5);
+    ATTN_AMX_DOT(3, 4, 5)
   }
-  _tile_stored(0, sb, 256);
-  _tile_stored(1, sb + 16, 256);
-  _tile_stored(2, sb + 32, 256);
-  _tile_stored(3, sb + 48, 256);
+#undef ATTN_AMX_DOT
+  auto* out = static_cast<uint32_t*>(sb);
+  _tile_stored(0, out, 256);
+  _tile_stored(1, out + 16, 256);
+  _tile_stored(2, out + 32, 256);
+  _tile_stored(3, out + 48, 256);
 }
 
 // o rows (16, ldo floats apart, columns [0, dim_pad), dim_pad a multiple of 16) += P . V over

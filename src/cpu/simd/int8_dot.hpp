@@ -453,15 +453,19 @@ inline bool round_smoothed_row(const float* x, const float* mean, int64_t n, int
 // as q + 128 (its codes xor 0x80), K as stored, and each lane starts at corr: the sum is
 // sum (q + 128) k - 128 sum k = q.k exactly. Without VNNI vpmaddubsw + vpmaddwd take |k| and Q
 // with k's sign (sign8: no int16 saturation, as score_rows_i8).
+// Word rows are stored rounded up to 16 (zero): whole AMX tiles for flash_int8_amx's TDPBSSD.
 struct I8KeyTile {
   int64_t words = 0;  // ceil(d / 4)
+  int64_t rows = 0;   // words rounded up to 16
   size_t bytes = 0;   // of one tile, a 64-byte multiple
   explicit I8KeyTile(int64_t d = 0)
-      : words((d + 3) / 4), bytes(static_cast<size_t>(words * kTileKeys * 4 + 2 * kTileKeys * 4)) {}
+      : words((d + 3) / 4),
+        rows((words + 15) / 16 * 16),
+        bytes(static_cast<size_t>(rows * kTileKeys * 4 + 2 * kTileKeys * 4)) {}
   static int32_t* word_at(std::byte* tile) { return reinterpret_cast<int32_t*>(tile); }
-  float* scale(std::byte* tile) const { return reinterpret_cast<float*>(tile + words * kTileKeys * 4); }
+  float* scale(std::byte* tile) const { return reinterpret_cast<float*>(tile + rows * kTileKeys * 4); }
   int32_t* corr(std::byte* tile) const {
-    return reinterpret_cast<int32_t*>(tile + words * kTileKeys * 4 + kTileKeys * 4);
+    return reinterpret_cast<int32_t*>(tile + rows * kTileKeys * 4 + kTileKeys * 4);
   }
 };
 
