@@ -31,6 +31,13 @@ std::vector<const Kernel*> runnable(std::string_view name) {
   return out;
 }
 
+// flash_int8 and flash_int8_amx (where this CPU has AMX-INT8 and the OS grants the tile state).
+std::vector<const Kernel*> int8_kernels() {
+  std::vector<const Kernel*> out = runnable("flash_int8");
+  for (const Kernel* k : runnable("flash_int8_amx")) out.push_back(k);
+  return out;
+}
+
 KernelCheck check(const Kernel& k, const Problem& p, const Tensors& t) {
   const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
   return check_kernel(k, p, t.inputs, a, 2);
@@ -127,7 +134,7 @@ TEST(FlashInt8, PlantedBugsFailUnderTheInt8Tolerance) {
           << ", tol " << c.tol.o_rel << ", " << c.tol.lse << ")";
     }
   }
-  for (const Kernel* k : runnable("flash_int8")) EXPECT_EQ(check(*k, p, t).verdict, Verdict::Pass) << k->isa();
+  for (const Kernel* k : int8_kernels()) EXPECT_EQ(check(*k, p, t).verdict, Verdict::Pass) << k->isa();
 }
 
 // Every target's flash_int8 multiplies what the plain int8 kernel does: one rule for the rounding,
@@ -156,7 +163,7 @@ TEST(FlashInt8, MultipliesInIntegers) {
   const Problem p = test::shape(1, 4, 4, 64, 64, 64);
   const Tensors t = random_tensors(p, 3);
   const KernelCheck f = check(*find_kernel("flash"), p, t);
-  for (const Kernel* k : runnable("flash_int8")) {
+  for (const Kernel* k : int8_kernels()) {
     const KernelCheck c = check(*k, p, t);
     EXPECT_EQ(c.verdict, Verdict::Pass) << c.reason;
     EXPECT_GT(c.errors.o_rel, 100 * f.errors.o_rel) << k->isa() << " computed as float32 flash does";
@@ -175,7 +182,7 @@ TEST(FlashInt8, WithoutVnniAgreesToo) {
       Problem p = test::shape(1, 3, kv_heads, 37, 150, 70);
       p.causal = CausalAlign::BottomRight;
       const Tensors t = offset_inputs(p, 9, 69, 1.5f);
-      for (const Kernel* k : runnable("flash_int8")) {
+      for (const Kernel* k : int8_kernels()) {
         const KernelCheck c = check(*k, p, t);
         EXPECT_EQ(c.verdict, Verdict::Pass) << "ATTN_NO_VNNI=" << env << " " << k->isa() << ": " << c.reason;
       }
@@ -191,7 +198,7 @@ TEST(FlashInt8, WithoutVnniAgreesToo) {
 TEST(FlashInt8, SmoothingRescuesALargeMeanChannel) {
   const Problem p = test::shape(1, 4, 2, 64, 256, 64);
   const Tensors t = offset_inputs(p, 23, 7, 8.f);
-  for (const Kernel* k : runnable("flash_int8")) {
+  for (const Kernel* k : int8_kernels()) {
     ASSERT_EQ(setenv("ATTN_I8_SMOOTH", "0", 1), 0);
     ASSERT_FALSE(int8_smoothing());
     const KernelCheck off = check(*k, p, t);
@@ -215,9 +222,31 @@ TEST(FlashInt8, ZeroScalesAtTheEdges) {
               const_cast<float*>(t.inputs.k.row(0, 0, j)));
   }
   std::fill(const_cast<float*>(t.inputs.q.row(0, 1, 5)), const_cast<float*>(t.inputs.q.row(0, 1, 5)) + p.head_dim, 0.f);
-  for (const Kernel* k : runnable("flash_int8")) {
+  for (const Kernel* k : int8_kernels()) {
     const KernelCheck c = check(*k, p, t);
     EXPECT_EQ(c.verdict, Verdict::Pass) << k->isa() << ": " << c.reason;
+  }
+}
+
+// flash_int8_amx runs its whole tiles on the tile unit: P and V rounded to bf16 there, so its O
+// differs from flash_int8's (same integers, float32 P.V) - and both pass, each under its own
+// arithmetic; on a causal problem its partial (diagonal) tiles are flash_int8's panels.
+TEST(FlashInt8, AmxTilesRun) {
+  const std::vector<const Kernel*> amx = runnable("flash_int8_amx");
+  if (amx.empty()) GTEST_SKIP() << "no AMX-INT8 here: " << find_kernel("flash_int8_amx")->available().reason;
+  for (const CausalAlign causal : {CausalAlign::None, CausalAlign::BottomRight}) {
+    Problem p = test::shape(1, 4, 2, 200, 256, 96);  // 16-row blocks of 2 x 100 rows, d 96: 24 words in 32
+    p.causal = causal;
+    const Tensors t = offset_inputs(p, 8, 1, 1.f);
+    const Tensors a = allocate_outputs(p), b = allocate_outputs(p);
+    Session(*runnable("flash_int8").front(), p, 2).run(t.inputs, a.outputs);
+    Session(*amx.front(), p, 2).run(t.inputs, b.outputs);
+    int64_t differ = 0;
+    for (int64_t x = 0; x < p.o_elems(); ++x) differ += a.o[x] != b.o[x];
+    EXPECT_GT(differ, p.o_elems() / 2) << "flash_int8_amx computed what flash_int8 does: the tile unit never ran";
+    const KernelCheck c = check(*amx.front(), p, t);
+    EXPECT_EQ(c.verdict, Verdict::Pass) << c.reason;
+    EXPECT_EQ(amx.front()->arithmetic(), Arithmetic::Int8Bf16Products);
   }
 }
 

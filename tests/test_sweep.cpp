@@ -555,6 +555,8 @@ TEST(SweepPeaks, PerTargetPeaksRoundTripAndOldFilesRead) {
   EXPECT_EQ(p2.flops_name("avx512_bf16"), "avx512_bf16 dot-product");
   EXPECT_DOUBLE_EQ(p2.ref("amx_bf16", 2).flops, 1.4e11) << "flash_amx: the AMX tile peak";
   EXPECT_EQ(p2.flops_name("amx_bf16"), "amx_bf16 tile");
+  EXPECT_DOUBLE_EQ(p2.ref("amx_int8", 2).flops, 1.4e11) << "flash_int8_amx: the AMX tile peak of its P.V";
+  EXPECT_EQ(p2.flops_name("amx_int8"), "amx_bf16 tile");
   EXPECT_EQ(p2.flops_name(narrow), narrow);
   EXPECT_EQ(p2.flops_name("baseline"), default_isa());
 

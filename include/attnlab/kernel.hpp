@@ -74,8 +74,10 @@ struct PhasePlan final : Plan {
 //                 products with a quantized cache's integer codes, the scales applied after;
 //                 softmax and P.V in float32 (decode_i8). Its baseline is the textbook on the
 //                 Q it multiplies: what rounding Q costs is derived, never a chosen number.
-enum class Arithmetic { F32, Bf16Products, Int8Products };
-const char* to_string(Arithmetic a);  // "f32", "bf16_products", "int8_products"
+//   Int8Bf16Products  Int8Products' K.Q (flash_int8's rounding), then P and V rounded to bf16 for
+//                 P.V (flash_int8_amx: TDPBSSD scores, TDPBF16PS P.V on the AMX tiles).
+enum class Arithmetic { F32, Bf16Products, Int8Products, Int8Bf16Products };
+const char* to_string(Arithmetic a);  // "f32", "bf16_products", "int8_products", "int8_bf16_products"
 
 struct RunContext {
   int threads = 1;                 // size of the arena the kernel runs in

@@ -279,8 +279,11 @@ PeakRef Peaks::ref(std::string_view kernel_isa, int threads) const {
   PeakRef ref;
   if (kernel_isa == cuda::kIsa) return {gpu.fp32_flops, gpu.read_bytes};
   if (const PeakAtThreads* d = at(threads)) ref.read_bytes = d->read_bytes;
-  if (kernel_isa == kBf16Isa || kernel_isa == kAmxIsa) {
-    if (const PeakAtThreads* d = at(threads)) ref.flops = kernel_isa == kAmxIsa ? d->amx_bf16_flops : d->bf16_dot_flops;
+  // flash_int8_amx (amx_int8): against the AMX bf16 tile peak, the unit of its P.V (its int8
+  // scores run on TDPBSSD, up to twice that rate).
+  if (kernel_isa == kBf16Isa || kernel_isa == kAmxIsa || kernel_isa == kAmxInt8Isa) {
+    if (const PeakAtThreads* d = at(threads))
+      ref.flops = kernel_isa == kBf16Isa ? d->bf16_dot_flops : d->amx_bf16_flops;
     return ref;
   }
   const PeakAtThreads* fma = is_per_target_isa(kernel_isa) ? at(kernel_isa, threads) : at(threads);
@@ -290,7 +293,7 @@ PeakRef Peaks::ref(std::string_view kernel_isa, int threads) const {
 
 std::string Peaks::flops_name(std::string_view kernel_isa) const {
   if (kernel_isa == kBf16Isa) return std::string(kBf16Isa) + " dot-product";
-  if (kernel_isa == kAmxIsa) return std::string(kAmxIsa) + " tile";
+  if (kernel_isa == kAmxIsa || kernel_isa == kAmxInt8Isa) return std::string(kAmxIsa) + " tile";
   if (kernel_isa == cuda::kIsa) return "GPU FP32" + (gpu.name.empty() ? std::string() : " (" + gpu.name + ")");
   return is_per_target_isa(kernel_isa) ? std::string(kernel_isa) : simd_arch;
 }

@@ -17,6 +17,7 @@ const char* to_string(Arithmetic a) {
   switch (a) {
     case Arithmetic::Bf16Products: return "bf16_products";
     case Arithmetic::Int8Products: return "int8_products";
+    case Arithmetic::Int8Bf16Products: return "int8_bf16_products";
     case Arithmetic::F32: break;
   }
   return "f32";

@@ -243,9 +243,20 @@ ConstView contiguous_view(const std::vector<float>& data, const ConstView& like)
 // whose Q does not round, or whose head's keys were not smoothed, the textbook on its inputs as
 // they are (the kernel's task multiplies them in float32: rounding Q there would turn an Inf
 // product into 0 * Inf).
-Errors int8_dense_errors(const Problem& p, const Inputs& in, Inputs rounded, const Reference& ref) {
+// bf16_pv (Int8Bf16Products): P and V rounded to bf16 for P.V on the rows that score in integers.
+Errors int8_dense_errors(const Problem& p, const Inputs& in, Inputs rounded, const Reference& ref, bool bf16_pv) {
   const SmoothedK k = int8_smoothed_k(p, in.k);
   rounded.k = contiguous_view(k.k, in.k);
+  std::vector<float> v;
+  if (bf16_pv) {
+    v.resize(static_cast<size_t>(in.v.batch * in.v.heads * in.v.seq * in.v.dim));
+    float* dst = v.data();
+    for (int64_t b = 0; b < in.v.batch; ++b)
+      for (int64_t h = 0; h < in.v.heads; ++h)
+        for (int64_t j = 0; j < in.v.seq; ++j)
+          for (int64_t c = 0; c < in.v.dim; ++c) *dst++ = to_float(to_bf16(in.v.row(b, h, j)[c]));
+    rounded.v = contiguous_view(v, in.v);
+  }
   Errors e;
   std::vector<float> s(static_cast<size_t>(p.kv_len)), o(static_cast<size_t>(p.dim_v()));
   std::vector<int8_t> codes(static_cast<size_t>(p.head_dim));
@@ -278,7 +289,7 @@ Errors int8_dense_errors(const Problem& p, const Inputs& in, Inputs rounded, con
         s[x] += shift;
       }
       const double bound = 3.0 * std::numeric_limits<float>::epsilon() / 2 * big;
-      lse = textbook::softmax_pv(s.data(), smoothed.v, id.b, hk, list, o.data());
+      lse = textbook::softmax_pv(s.data(), smoothed.v, id.b, hk, list, o.data(), bf16_pv);
       accumulate(e, ref, r, o.data(), &lse);
       if (std::isfinite(ref.lse[r])) e.lse = std::max(e.lse, bound / std::max(1.0, std::fabs(ref.lse[r])));
       e.o_rel = std::max(e.o_rel, std::min(2.0, std::expm1(2 * bound)));
@@ -291,7 +302,7 @@ Errors int8_dense_errors(const Problem& p, const Inputs& in, Inputs rounded, con
 }  // namespace
 
 Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref, Arithmetic arithmetic) {
-  if (arithmetic == Arithmetic::Int8Products) {
+  if (arithmetic == Arithmetic::Int8Products || arithmetic == Arithmetic::Int8Bf16Products) {
     // Integer K: a q8_0, q4_0, u8 or u4 cache's codes as stored (decode_i8), or a dense float32
     // K smoothed and rounded (flash_int8). A kernel of this arithmetic refuses the other
     // problems (fp8 caches, other dtypes), which then multiply as the textbook.
@@ -305,7 +316,7 @@ Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref,
     Inputs rounded = in;
     rounded.q = contiguous_view(q, in.q);
     if (cache) return baseline_errors(p, rounded, ref, Arithmetic::F32);
-    return int8_dense_errors(p, in, rounded, ref);
+    return int8_dense_errors(p, in, rounded, ref, arithmetic == Arithmetic::Int8Bf16Products);
   }
   if (p.kv_paged()) {
     const UnpagedKv u = unpage_kv(p, in);
@@ -388,7 +399,7 @@ Agreement prepare_agreement(const Problem& p, const Inputs& in, std::vector<RowI
 
 Tolerance tolerance_for(Arithmetic arithmetic, const Problem& p, const Inputs& in, const Agreement& a) {
   if (arithmetic == Arithmetic::F32) return a.tol;
-  // Int8Products: P.V stays float32, so float32's floor; the rounding of Q is in the baseline.
+  // Int8Products: P.V stays float32, so float32's floor; the rounding of Q (and K) is in the baseline.
   const double floor = arithmetic == Arithmetic::Int8Products ? Tolerance::kFloor : Tolerance::kFloorBf16P;
   return Tolerance::from_baseline(baseline_errors(p, in, a.ref, arithmetic), floor).widened_by(a.widen);
 }

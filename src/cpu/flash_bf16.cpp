@@ -39,9 +39,9 @@
 #include "cpu/simd/tiles.hpp"
 
 namespace attnlab::ATTN_TARGET_NS::cpu {
-namespace {
 
-// Linux: ask for the AMX tile data state once per process (every thread then has it).
+// Linux: ask for the AMX tile data state once per process (every thread then has it). Also
+// flash_int8_amx's (src/cpu/flash_int8.cpp).
 Support amx_permission() {
 #if defined(__linux__)
   static const long rc = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */);
@@ -51,6 +51,8 @@ Support amx_permission() {
   return Support::no("AMX tile state is only requested on Linux");
 #endif
 }
+
+namespace {
 
 // amx: flash_amx, else flash_bf16.
 class FlashBf16 final : public Kernel {

@@ -25,6 +25,15 @@
 // bytes and d floats of mean (~1/4 of K).
 // Cost: flash's, with GEMM 1 at the int8 unit's rate (`attnlab peak`), plus one pass over K per
 // run (mean and rounding: O(kv_len d), against O(q_len kv_len d)) and one over each task's Q.
+//
+// flash_int8_amx: the same kernel, but every key tile that all rows of a task see whole goes
+// through the AMX tile unit 16 query rows at a time (flash_amx's blocks, src/cpu/simd/amx.hpp):
+// S by TDPBSSD on the same codes (signed x signed: no +128 correction; the key tiles' word rows
+// are whole 64-byte tile rows), the float32 softmax on 16 rows, then P and V rounded to bf16 for
+// TDPBF16PS (V packed per tile from its float32 rows) - float32 P.V was two thirds of flash_int8's
+// time, and this CPU's vdpbf16ps runs at half its FMA rate. Partial tiles run flash_int8's panels.
+// Arithmetic: Int8Bf16Products - the baseline also rounds P and V to bf16, with bf16's floor.
+// Built only in the avx512_bf16 object (with AMX-INT8); needs the OS's AMX tile state.
 #include <string>
 
 #include "attnlab/kernel.hpp"
@@ -32,19 +41,36 @@
 #include "cpu/simd/tiles.hpp"
 
 namespace attnlab::ATTN_TARGET_NS::cpu {
+#if defined(ATTN_BF16_OBJECT)
+Support amx_permission();  // src/cpu/flash_bf16.cpp
+#endif
 namespace {
 
+// amx: flash_int8_amx (the avx512_bf16 object only), else flash_int8.
 class FlashInt8 final : public Kernel {
  public:
-  std::string_view name() const override { return "flash_int8"; }
+  explicit FlashInt8(bool amx) : amx_(amx) {}
+  std::string_view name() const override { return amx_ ? "flash_int8_amx" : "flash_int8"; }
   std::string_view description() const override {
-    return "flash with Q.K^T in int8 (SageAttention's recipe): K smoothed by its mean and rounded per key once per "
-           "run, Q per row, exact int32 sums (vpdpbusd where the CPU has VNNI), float32 softmax and P.V";
+    return amx_ ? "flash_int8 with every whole (unmasked) key tile on the AMX tile unit, 16 query rows at a time: "
+                  "TDPBSSD on the int8 codes, float32 softmax, P and V rounded to bf16 for TDPBF16PS; partial "
+                  "tiles as flash_int8"
+                : "flash with Q.K^T in int8 (SageAttention's recipe): K smoothed by its mean and rounded per key "
+                  "once per run, Q per row, exact int32 sums (vpdpbusd where the CPU has VNNI), float32 softmax "
+                  "and P.V";
   }
   std::string_view precision() const override {
-    return "f32 in; Q per row and K - mean per key to int8, int32 K.Q; f32 softmax and P.V";
+    return amx_ ? "f32 in; Q per row and K - mean per key to int8, int32 K.Q; f32 softmax; P and V to bf16 on "
+                  "whole tiles"
+                : "f32 in; Q per row and K - mean per key to int8, int32 K.Q; f32 softmax and P.V";
   }
-  Arithmetic arithmetic() const override { return Arithmetic::Int8Products; }
+  Arithmetic arithmetic() const override { return amx_ ? Arithmetic::Int8Bf16Products : Arithmetic::Int8Products; }
+  Support available() const override {
+#if defined(ATTN_BF16_OBJECT)
+    if (amx_) return amx_permission();
+#endif
+    return Support::yes();
+  }
   bool runs_patterns() const override { return true; }
   bool runs_head_dim_v() const override { return true; }
   Support supports(const Problem& p) const override {
@@ -76,18 +102,26 @@ class FlashInt8 final : public Kernel {
   }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return simd::prefill_plan(p, tiling(p)); }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
-    simd::run_prefill(p, in, out, ctx, tiling(p), "flash_int8");
+    simd::run_prefill(p, in, out, ctx, tiling(p), amx_ ? "flash_int8_amx" : "flash_int8");
   }
 
  private:
-  static simd::Tiling tiling(const Problem& p) { return simd::make_tiling(p, 0, false, false, false, true); }
+  simd::Tiling tiling(const Problem& p) const { return simd::make_tiling(p, 0, false, amx_, false, true); }
+  bool amx_;
 };
 
 }  // namespace
 
 const Kernel& flash_int8() {
-  static const FlashInt8 k;
+  static const FlashInt8 k(false);
   return k;
 }
+
+#if defined(ATTN_BF16_OBJECT)
+const Kernel& flash_int8_amx() {
+  static const FlashInt8 k(true);
+  return k;
+}
+#endif
 
 }  // namespace attnlab::ATTN_TARGET_NS::cpu

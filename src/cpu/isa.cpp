@@ -56,7 +56,7 @@ const std::vector<Built>& built() {
 struct Features {
   bool sse2 = false, avx = false, fma = false, f16c = false, avx2 = false, bmi1 = false, bmi2 = false, lzcnt = false,
        movbe = false, avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false, avx512cd = false,
-       avx512_bf16 = false, amx_bf16 = false, avx512_vnni = false, avx_vnni = false, neon = false;
+       avx512_bf16 = false, amx_bf16 = false, amx_int8 = false, avx512_vnni = false, avx_vnni = false, neon = false;
   std::string text() const {
     std::string t;
     auto add = [&](bool on, const char* name) {
@@ -82,6 +82,7 @@ struct Features {
     add(avx512_vnni, "avx512_vnni");
     add(avx_vnni, "avx_vnni");
     add(amx_bf16, "amx_bf16");
+    add(amx_int8, "amx_int8");
     add(neon, "neon");
     return t.empty() ? "none detected" : t;
   }
@@ -122,6 +123,7 @@ Features detect() {
     // AMX-BF16 (EDX bit 22) with AMX-TILE (bit 24), and the OS saving tile state (XCR0 bits 17
     // XTILECFG, 18 XTILEDATA); Linux also wants a per-process request (src/cpu/flash_bf16.cpp).
     f.amx_bf16 = (d & (1u << 22)) && (d & (1u << 24)) && (xcr0 & (uint64_t{3} << 17)) == (uint64_t{3} << 17);
+    f.amx_int8 = f.amx_bf16 && (d & (1u << 25));  // AMX-INT8 (EDX bit 25), on the same tile state
     f.avx512_vnni = (c & (1u << 11)) && f.avx512f;
     if (a >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) {
       f.avx512_bf16 = (a & (1u << 5)) && f.avx512f;
@@ -154,6 +156,7 @@ bool runs(std::string_view isa, const Features& f) {
   if (isa == "avx512_vnni") return runs("avx512", f) && f.avx512_vnni;
   if (isa == "avx_vnni") return runs("avx2", f) && f.avx_vnni;
   if (isa == "amx_bf16") return runs("avx512_bf16", f) && f.amx_bf16;
+  if (isa == "amx_int8") return runs("amx_bf16", f) && f.amx_int8;  // flash_int8_amx: int8 and bf16 tiles
   if (isa == "neon") return f.neon;
   return false;
 }

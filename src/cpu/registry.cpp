@@ -24,16 +24,17 @@ const Kernel& flash();
 
 namespace {
 
-// flash_bf16 and flash_amx in a build without the avx512_bf16 object (not x86-64, or
+// flash_bf16, flash_amx and flash_int8_amx in a build without the avx512_bf16 object (not x86-64, or
 // ATTN_NATIVE): listed, never available.
 class UnbuiltFlashBf16 final : public Kernel {
  public:
-  explicit UnbuiltFlashBf16(const char* name) : name_(name) {}
+  explicit UnbuiltFlashBf16(const char* name, Arithmetic a = Arithmetic::Bf16Products) : name_(name), arithmetic_(a) {}
   std::string_view name() const override { return name_; }
   std::string_view description() const override {
-    return "flash with bf16 products (AVX512_BF16 vdpbf16ps; flash_amx: AMX-BF16 tiles); bf16 inputs only";
+    return "flash with bf16 products (AVX512_BF16 vdpbf16ps; flash_amx: AMX-BF16 tiles; flash_int8_amx: AMX-INT8 "
+           "scores, AMX-BF16 P.V)";
   }
-  Arithmetic arithmetic() const override { return Arithmetic::Bf16Products; }
+  Arithmetic arithmetic() const override { return arithmetic_; }
   Support available() const override {
     return Support::no(
         "not in this build: the avx512_bf16 object is built only by x86-64 builds with run-time "
@@ -45,6 +46,7 @@ class UnbuiltFlashBf16 final : public Kernel {
 
  private:
   const char* name_;
+  Arithmetic arithmetic_;
 };
 
 // A SIMD kernel compiled for one target.
@@ -118,15 +120,19 @@ const std::vector<Entry>& entries() {
       }
       list.push_back(std::move(entry));
     }
-    static const UnbuiltFlashBf16 unbuilt_bf16("flash_bf16"), unbuilt_amx("flash_amx");
+    static const UnbuiltFlashBf16 unbuilt_bf16("flash_bf16"), unbuilt_amx("flash_amx"),
+        unbuilt_int8_amx("flash_int8_amx", Arithmetic::Int8Bf16Products);
     if (const Bf16Table* bt = bf16_table()) {
       owned.push_back(std::make_unique<TargetKernel>(*bt->flash_bf16, kBf16Isa));
       list.push_back({{owned.back().get()}});
       owned.push_back(std::make_unique<TargetKernel>(*bt->flash_amx, kAmxIsa));
       list.push_back({{owned.back().get()}});
+      owned.push_back(std::make_unique<TargetKernel>(*bt->flash_int8_amx, kAmxInt8Isa));
+      list.push_back({{owned.back().get()}});
     } else {
       list.push_back({{&unbuilt_bf16}});
       list.push_back({{&unbuilt_amx}});
+      list.push_back({{&unbuilt_int8_amx}});
     }
     list.push_back({{&cuda::naive()}});
     list.push_back({{&cuda::flash()}});

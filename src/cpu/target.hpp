@@ -65,12 +65,15 @@ struct TargetTable {
 // The avx512_bf16 object (CMakeLists.txt, src/cpu/target_bf16.cpp): x86-64-v4 plus AVX512_BF16,
 // built beside the dispatch targets of an x86-64 build for the kernels that need bf16 dot
 // products. Not a dispatch target: the other SIMD kernels have no variant for it.
-// Its kernels' isa() labels: flash_bf16 needs AVX512_BF16, flash_amx AMX-BF16 too.
+// Its kernels' isa() labels: flash_bf16 needs AVX512_BF16, flash_amx AMX-BF16 too, flash_int8_amx
+// AMX-INT8 as well.
 inline constexpr const char* kBf16Isa = "avx512_bf16";
 inline constexpr const char* kAmxIsa = "amx_bf16";
+inline constexpr const char* kAmxInt8Isa = "amx_int8";  // flash_int8_amx: AMX-INT8 and AMX-BF16
 struct Bf16Table {
   const Kernel* flash_bf16;
   const Kernel* flash_amx;
+  const Kernel* flash_int8_amx;
   int dot_chain_count;                 // independent vdpbf16ps chains
   float (*dot_chains)(int64_t iters);  // dot_chain_count chains x iters vdpbf16ps (64 FLOP each)
   // iters rounds of kAmxTiles independent TDPBF16PS (16 x 16 x 32 products, 16384 FLOP each);

@@ -10,7 +10,7 @@
 #include "cpu/target.hpp"
 
 #if !defined(__AVX512BF16__) || !defined(ATTN_HAVE_AMX)
-#error "src/cpu/target_bf16.cpp belongs to the avx512_bf16 object (-mavx512bf16 -mamx-tile -mamx-bf16)"
+#error "src/cpu/target_bf16.cpp belongs to the avx512_bf16 object (-mavx512bf16 -mamx-tile -mamx-bf16 -mamx-int8)"
 #endif
 
 namespace attnlab::ATTN_TARGET_NS {
@@ -18,6 +18,7 @@ namespace attnlab::ATTN_TARGET_NS {
 namespace cpu {
 const Kernel& flash_bf16();
 const Kernel& flash_amx();
+const Kernel& flash_int8_amx();
 }  // namespace cpu
 
 namespace {
@@ -81,7 +82,8 @@ __attribute__((noinline)) float amx_rounds(int64_t iters) {
 }  // namespace
 
 const Bf16Table& bf16_table() {
-  static const Bf16Table t{&cpu::flash_bf16(), &cpu::flash_amx(), kDotChains, dot_chains, kAmxTiles, amx_rounds};
+  static const Bf16Table t{&cpu::flash_bf16(), &cpu::flash_amx(), &cpu::flash_int8_amx(), kDotChains, dot_chains,
+                           kAmxTiles,          amx_rounds};
   return t;
 }
 

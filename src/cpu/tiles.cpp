@@ -46,6 +46,11 @@ constexpr bool kAmxBuilt = true;  // ... and the AMX blocks (flash_amx)
 #else
 constexpr bool kAmxBuilt = false;
 #endif
+#if defined(ATTN_HAVE_AMX_INT8)
+constexpr bool kAmxInt8Built = true;  // ... and the int8 ones (flash_int8_amx)
+#else
+constexpr bool kAmxInt8Built = false;
+#endif
 constexpr int64_t kAmxRows = 16;  // query rows per AMX block
 inline int64_t amx_rows(int64_t r) { return (r + kAmxRows - 1) / kAmxRows * kAmxRows; }
 
@@ -372,6 +377,17 @@ void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, cons
         for (int64_t k = 0; k < d; ++k) qm += static_cast<float>(codes[k]) * mean[k];
         c[rr] = qm * scale * q_scale;
       }
+      if (all && s.qa) {  // flash_int8_amx: the codes row-major too (TDPBSSD's A), R rounded up to 16 rows of zeros
+        std::fill(s.qa, s.qa + amx_rows(R) * l.rows, 0u);
+        for (int64_t rr = 0; rr < R; ++rr) {
+          const int64_t panel0 = rr / kPanelRows * kPanelRows, mr = std::min<int64_t>(kPanelRows, R - panel0);
+          const int32_t* src = qw + panel0 * l.words + (rr - panel0);  // the panel's words, back to a row
+          const uint32_t flip = t.i8_vnni ? 0x80808080u : 0u;
+          for (int64_t x = 0; x < l.words; ++x) s.qa[rr * l.rows + x] = static_cast<uint32_t>(src[x * mr]) ^ flip;
+        }
+        std::fill(qsc + R, qsc + amx_rows(R), 0.f);
+        std::fill(c + R, c + amx_rows(R), 0.f);
+      }
       s.i8[0] = std::byte{all ? uint8_t{1} : uint8_t{0}};
       if (all) return;  // its float panels (s.q) are never read
     } else if (s.i8) {  // Q's integer rows; one row that cannot be rounded keeps the whole task in float32
@@ -438,17 +454,14 @@ bool whole_tile(const Scratch& s, int64_t rows, const KeyTile<E>& kt, const uint
   return true;
 }
 
-// flash_amx on a whole tile (K^T and V packed as pairs in s.kt, s.vp): per block of 16 rows,
-// S on the tile unit, the float32 online softmax on all 16 rows (softmax_rows), P rounded to
-// bf16, the O rows whose max grew rescaled, O += P.V on the tile unit. Rows past the task's
-// are zero Q rows with state of their own (begin_rows), never read back.
-inline void amx_tile(const Tiling& t, const Scratch& s, int64_t rows) {
-  const int64_t dw = padded_words(t.dim);
+// The AMX blocks on a whole tile, per block of 16 rows: S (16 x 64, log2 units) by scores(rb), the
+// float32 online softmax on all 16 rows (softmax_rows), P rounded to bf16, the O rows whose max
+// grew rescaled, O += P.V on the tile unit (V pairs in s.vp). Rows past the task's are zero Q rows
+// with state of their own (begin_rows), never read back.
+template <class Scores>
+inline void amx_tile(const Tiling& t, const Scratch& s, int64_t rows, const Scores& scores) {
   for (int64_t rb = 0; rb < rows; rb += kAmxRows) {
-    amx_scores(s.qa + rb * dw, dw, reinterpret_cast<const uint32_t*>(s.kt), dw, s.p);
-    const Batch scale(t.score_scale);
-    for (int64_t v = 0; v < kAmxRows * kTileKeys; v += kLanes)
-      (Batch::load_aligned(s.p + v) * scale).store_aligned(s.p + v);
+    scores(rb);
     float alpha[kAmxRows];
     const bool rescale = softmax_rows<kAmxRows, false>(s, s.p, rb, true, nullptr, nullptr, nullptr, alpha);
     round_p_rows<kAmxRows>(s.p, s.pw);
@@ -462,6 +475,41 @@ inline void amx_tile(const Tiling& t, const Scratch& s, int64_t rows) {
     amx_pv(s.pw, s.vp, t.dim_v_pad, o, t.dim_v_pad, t.dim_v_pad);
   }
 }
+
+// flash_amx's scores: K^T pairs in s.kt, Q rows as words in s.qa; scaled once.
+inline void amx_tile_bf16(const Tiling& t, const Scratch& s, int64_t rows) {
+  const int64_t dw = padded_words(t.dim);
+  amx_tile(t, s, rows, [&](int64_t rb) {
+    amx_scores(s.qa + rb * dw, dw, reinterpret_cast<const uint32_t*>(s.kt), dw, s.p);
+    const Batch scale(t.score_scale);
+    for (int64_t v = 0; v < kAmxRows * kTileKeys; v += kLanes)
+      (Batch::load_aligned(s.p + v) * scale).store_aligned(s.p + v);
+  });
+}
+
+#if defined(ATTN_HAVE_AMX_INT8)
+// flash_int8_amx's scores: TDPBSSD on the task's Q codes (s.qa) and the head's int8 key tile at
+// j0, each int32 sum then scaled as score_panel_i8 does (its key's and its row's scales, plus the
+// row's q.mean), in place.
+inline void amx_tile_i8(const Tiling& t, const Scratch& s, int64_t rows, const std::byte* tile) {
+  const I8KeyTile l(t.dim);
+  const auto* words = reinterpret_cast<const uint32_t*>(tile);
+  const float* ks = l.scale(const_cast<std::byte*>(tile));
+  const float* qsc = reinterpret_cast<const float*>(s.i8 + t.i8_qsc_off);
+  const float* qc = reinterpret_cast<const float*>(s.i8 + t.i8_c_off);
+  amx_tile(t, s, rows, [&](int64_t rb) {
+    amx_scores<true>(s.qa + rb * l.rows, l.rows, words, l.rows, s.p);
+    const auto* si = reinterpret_cast<const __m512i*>(s.p);
+    for (int64_t m = 0; m < kAmxRows; ++m) {
+      const Batch sc(qsc[rb + m]), shift(qc[rb + m]);
+      for (int64_t v = 0; v < kTileKeys; v += kLanes) {
+        const Batch x = _mm512_cvtepi32_ps(_mm512_load_si512(si + (m * kTileKeys + v) / kLanes));
+        simd::fma(x * Batch::load_aligned(ks + v), sc, shift).store_aligned(s.p + m * kTileKeys + v);
+      }
+    }
+  });
+}
+#endif
 #endif  // AMX
 
 // Tiles at(0) .. at(n - 1) of a task, in that order.
@@ -525,7 +573,18 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
       if (t.amx && whole_tile<Words>(s, rows, kt, tile.words)) {
         prefetch_rows(kn.k, 0, nn, d);
         prefetch_rows(kn.v, 0, nn, dv);
-        amx_tile(t, s, rows);
+        amx_tile_bf16(t, s, rows);
+        continue;
+      }
+    }
+#endif
+#if defined(ATTN_HAVE_AMX_INT8)
+    if constexpr (!Pairs && std::is_same_v<E, float>) {  // flash_int8_amx: whole tiles on the tile unit
+      if (t.amx && s.i8_on() && whole_tile<Words>(s, rows, kt, tile.words)) {
+        pack_v_pairs(kt.v, kt.nk, dv, s.vp, t.dim_v_pad);
+        prefetch_rows(kn.k, 0, nn, d);
+        prefetch_rows(kn.v, 0, nn, dv);
+        amx_tile_i8(t, s, rows, i8_key_tile(t, i8_task_head(s), kt.j0));
         continue;
       }
     }
@@ -607,8 +666,9 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
   if (bf16_dot && (!kPairsBuilt || p.dtype != DType::BF16)) {
     throw std::logic_error("make_tiling: bf16 dot products need bf16 inputs and a target with AVX512_BF16");
   }
-  if (amx && (!bf16_dot || !kAmxBuilt))
-    throw std::logic_error("make_tiling: AMX needs bf16_dot and a target with AMX-BF16");
+  if (amx && !((bf16_dot && kAmxBuilt) || (int8_prefill && kAmxInt8Built)))
+    throw std::logic_error(
+        "make_tiling: AMX needs bf16_dot (AMX-BF16) or int8_prefill (AMX-INT8) in a target with them");
   Tiling t;
   t.group = p.group();
   t.dim = p.head_dim;
@@ -653,7 +713,7 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
   t.direct = !bf16_dot && !int8_prefill && t.rows <= kStreamRows;
   t.bf16_dot = bf16_dot;
   t.score_scale = p.effective_scale() * kLog2e;
-  if (bf16_dot) {
+  if (bf16_dot || amx) {  // (flash_int8_amx's P.V is on bf16 pairs too)
     t.vp_off = take(sizeof(uint32_t) * (kTileKeys / 2) * t.dim_v_pad);
     t.pw_off = take(sizeof(uint32_t) * panel_rows * (kTileKeys / 2));
   }
@@ -681,8 +741,8 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
     const I8KeyTile l(t.dim);
     t.i8_off = take(64);
     t.i8_qw_off = take(sizeof(int32_t) * static_cast<size_t>(t.rows * l.words)) - t.i8_off;
-    t.i8_qsc_off = take(sizeof(float) * static_cast<size_t>(t.rows)) - t.i8_off;
-    t.i8_c_off = take(sizeof(float) * static_cast<size_t>(t.rows)) - t.i8_off;
+    t.i8_qsc_off = take(sizeof(float) * static_cast<size_t>(state_rows)) - t.i8_off;
+    t.i8_c_off = take(sizeof(float) * static_cast<size_t>(state_rows)) - t.i8_off;
     const int64_t tiles = (p.kv_len + kTileKeys - 1) / kTileKeys;
     t.i8_head = 64 + align64(sizeof(float) * static_cast<size_t>(t.dim)) + static_cast<size_t>(tiles) * l.bytes;
     t.i8_shared = t.i8_head * static_cast<size_t>(p.batch * p.kv_heads);
@@ -708,8 +768,8 @@ Scratch::Scratch(std::byte* base, const Tiling& t, std::byte* shared)
       iv(reinterpret_cast<Interval*>(base + t.iv_off)),
       qr(t.direct ? reinterpret_cast<float*>(base + t.qr_off) : nullptr),
       gather(t.gather_off ? reinterpret_cast<float*>(base + t.gather_off) : nullptr),
-      vp(t.bf16_dot ? reinterpret_cast<uint32_t*>(base + t.vp_off) : nullptr),
-      pw(t.bf16_dot ? reinterpret_cast<uint32_t*>(base + t.pw_off) : nullptr),
+      vp(t.bf16_dot || t.amx ? reinterpret_cast<uint32_t*>(base + t.vp_off) : nullptr),
+      pw(t.bf16_dot || t.amx ? reinterpret_cast<uint32_t*>(base + t.pw_off) : nullptr),
       qa(t.amx ? reinterpret_cast<uint32_t*>(base + t.qa_off) : nullptr),
       i8(t.int8_dot || t.i8_prefill ? base + t.i8_off : nullptr),
       i8_keys(t.i8_prefill ? shared : nullptr) {

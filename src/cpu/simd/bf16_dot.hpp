@@ -83,6 +83,24 @@ inline void pack_v_pairs(const Rows<bf16>& v_rows, int nk, int64_t d, uint32_t* 
   }
 }
 
+// The same words from float32 V rows, each value rounded to bf16 (nearest even: vcvtneps2bf16) -
+// flash_int8_amx's P.V on float32 inputs.
+inline void pack_v_pairs(const Rows<float>& v_rows, int nk, int64_t d, uint32_t* vp, int64_t ldw) {
+  const auto lanes = [](const float* r, __mmask16 m) {
+    return _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, r))));
+  };
+  for (int j = 0; j < nk; j += 2) {
+    const float* a = v_rows.row(j);
+    const float* b = j + 1 < nk ? v_rows.row(j + 1) : nullptr;
+    uint32_t* out = vp + (j / 2) * ldw;
+    for (int64_t c = 0; c < d; c += 16) {
+      const __mmask16 m = d - c >= 16 ? __mmask16(0xffff) : __mmask16((1u << (d - c)) - 1);
+      const __m512i hi = b ? lanes(b + c, m) : _mm512_setzero_si512();
+      _mm512_store_si512(out + c, _mm512_or_si512(lanes(a + c, m), _mm512_slli_epi32(hi, 16)));
+    }
+  }
+}
+
 inline __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh>(x); }
 
 // GEMM 1 for one register panel: s[m * kTileKeys + j] = scale * sum_k Q[m][k] K[j][k] for the
