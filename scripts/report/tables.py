@@ -248,7 +248,9 @@ def kv_cache_section(rows, ok):
 
 
 # A narrow-arithmetic kernel and the float32 kernel it narrows (the same driver, the same bytes).
-NARROW_TWINS = {"decode_i8": "decode", "flash_int8": "flash"}
+# A narrow kernel's float32 twin: (its name, the twin's target when the narrow kernel's label is not
+# a dispatch target - flash_int8_amx is built in the avx512_bf16 object, x86-64-v4 based - else None).
+NARROW_TWINS = {"decode_i8": ("decode", None), "flash_int8": ("flash", None), "flash_int8_amx": ("flash", "avx512")}
 
 
 def arithmetic_section(rows, ok, folder=None):
@@ -265,7 +267,12 @@ def arithmetic_section(rows, ok, folder=None):
         return r.get("kernel_name") or r["kernel"]
 
     floats = {(raw(r), key(r)): r for r in ok}
-    pairs = [(r, floats.get((NARROW_TWINS[raw(r)], key(r)))) for r in ok if raw(r) in NARROW_TWINS]
+
+    def twin(r):
+        name, isa = NARROW_TWINS[raw(r)]
+        return floats.get((name, key(dict(r, isa=isa) if isa else r)))
+
+    pairs = [(r, twin(r)) for r in ok if raw(r) in NARROW_TWINS]
     pairs = [(n, f) for n, f in pairs if f]
     if not pairs:
         return []
@@ -273,7 +280,8 @@ def arithmetic_section(rows, ok, folder=None):
           "Each row: a narrow-arithmetic kernel and its float32 twin on the same point in this run "
           "(decode_i8: Q rounded to int8 once per row, K.Q as int32 dot products on the cache's codes, "
           "against decode, every code widened to float32; flash_int8: K smoothed by its mean and rounded "
-          "per key, Q per row, Q.K^T as int32 dot products, against float32 flash). Speed-up: the twin's "
+          "per key, Q per row, Q.K^T as int32 dot products, against float32 flash on the same target; "
+          "flash_int8_amx: the same on the AMX tiles with a bf16 P.V, against flash on avx512). Speed-up: the twin's "
           "median time over the narrow kernel's, and pass by pass (median [min, max]) where the sweep ran "
           "paired rounds. % of peak: against the float32 FMA peak of the point's target for both (the "
           "narrow kernels' softmax and P.V are float32); % of read BW: against the probe measured beside "

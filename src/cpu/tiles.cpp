@@ -56,6 +56,13 @@ inline int64_t amx_rows(int64_t r) { return (r + kAmxRows - 1) / kAmxRows * kAmx
 
 inline size_t align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
+// Whether the int8 paths sum with vpdpbusd: this target has a VNNI unit, the CPU runs it, and
+// ATTN_NO_VNNI=1 (tests, comparisons) does not ask for vpmaddubsw + vpmaddwd instead.
+inline bool i8_vnni_runs() {
+  const char* no_vnni = std::getenv("ATTN_NO_VNNI");
+  return kI8VnniBuilt && cpu_runs_isa(kI8Unit) && !(no_vnni && std::string_view(no_vnni) == "1");
+}
+
 // flash_int8 (Tiling::i8_prefill): a head's shared area, and the running task's header in its
 // scratch (byte 0: the task scores in integers; bytes 8..15: its head's area).
 inline std::byte* i8_head_area(const Tiling& t, std::byte* shared, int64_t kv_heads, int64_t b, int64_t hk) {
@@ -255,7 +262,7 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
         const float* qc = reinterpret_cast<const float*>(s.i8 + t.i8_c_off) + rr0;
         const std::byte* tile = i8_key_tile(t, i8_task_head(s), kt.j0);
         if (t.i8_vnni) {
-          score_panel_i8<MR, kI8Unit[0] != '\0'>(qw, l, tile, qsc, qc, ja, jb, s.p);
+          score_panel_i8<MR, kI8VnniBuilt>(qw, l, tile, qsc, qc, ja, jb, s.p);
         } else {
           score_panel_i8<MR, false>(qw, l, tile, qsc, qc, ja, jb, s.p);
         }
@@ -368,26 +375,20 @@ void pack_rows(const Problem& p, const TypedInputs<E>& in, const Tiling& t, cons
       const float* mean = i8_head_mean(head);
       bool all = head[0] == std::byte{1};
       int8_t codes[Problem::kMaxHeadDim];
+      // flash_int8_amx: the codes row-major too (TDPBSSD's A), R rounded up to 16 rows, zero padded.
+      const int64_t amx_state = s.qa ? amx_rows(R) : 0;
+      if (s.qa) std::fill(s.qa, s.qa + amx_state * l.rows, 0u);
       for (int64_t rr = 0; rr < R && all; ++rr) {
         float scale = 0.f;
         all = round_int8_row(in.q.row(b, hk * G + rr % G, at[rr / G]), d, codes, &scale);  // round_q_row's rule
         put_i8_q_row(l, qw, R, rr, codes, d, t.i8_vnni);
+        if (s.qa) std::memcpy(s.qa + rr * l.rows, codes, static_cast<size_t>(d));
         qsc[rr] = scale * q_scale;
         float qm = 0.f;  // q.mean: smoothing took it off every score of the row, the epilogue adds it back
         for (int64_t k = 0; k < d; ++k) qm += static_cast<float>(codes[k]) * mean[k];
         c[rr] = qm * scale * q_scale;
       }
-      if (all && s.qa) {  // flash_int8_amx: the codes row-major too (TDPBSSD's A), R rounded up to 16 rows of zeros
-        std::fill(s.qa, s.qa + amx_rows(R) * l.rows, 0u);
-        for (int64_t rr = 0; rr < R; ++rr) {
-          const int64_t panel0 = rr / kPanelRows * kPanelRows, mr = std::min<int64_t>(kPanelRows, R - panel0);
-          const int32_t* src = qw + panel0 * l.words + (rr - panel0);  // the panel's words, back to a row
-          const uint32_t flip = t.i8_vnni ? 0x80808080u : 0u;
-          for (int64_t x = 0; x < l.words; ++x) s.qa[rr * l.rows + x] = static_cast<uint32_t>(src[x * mr]) ^ flip;
-        }
-        std::fill(qsc + R, qsc + amx_rows(R), 0.f);
-        std::fill(c + R, c + amx_rows(R), 0.f);
-      }
+      for (int64_t rr = R; rr < amx_state; ++rr) qsc[rr] = c[rr] = 0.f;  // the AMX block's padding rows
       s.i8[0] = std::byte{all ? uint8_t{1} : uint8_t{0}};
       if (all) return;  // its float panels (s.q) are never read
     } else if (s.i8) {  // Q's integer rows; one row that cannot be rounded keeps the whole task in float32
@@ -726,8 +727,7 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
           "make_tiling: int8 dot products need a direct task, a float32 Q and a q8_0, q4_0, u8 or u4 cache");
     }
     t.int8_dot = true;
-    const char* no_vnni = std::getenv("ATTN_NO_VNNI");
-    t.i8_vnni = *kI8Unit && cpu_runs_isa(kI8Unit) && !(no_vnni && std::string_view(no_vnni) == "1");
+    t.i8_vnni = i8_vnni_runs();
     t.i8_row = I8Layout(t.dim).row;
     t.i8_off = take(64 + static_cast<size_t>((t.rows + 1) * t.i8_row));
   }
@@ -736,8 +736,7 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
       throw std::logic_error("make_tiling: int8 prefill needs a dense float32 problem");
     }
     t.i8_prefill = true;
-    const char* no_vnni = std::getenv("ATTN_NO_VNNI");
-    t.i8_vnni = *kI8Unit && cpu_runs_isa(kI8Unit) && !(no_vnni && std::string_view(no_vnni) == "1");
+    t.i8_vnni = i8_vnni_runs();
     const I8KeyTile l(t.dim);
     t.i8_off = take(64);
     t.i8_qw_off = take(sizeof(int32_t) * static_cast<size_t>(t.rows * l.words)) - t.i8_off;

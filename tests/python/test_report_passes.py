@@ -75,3 +75,7 @@ def test_arithmetic_section_pairs_a_narrow_kernel_with_its_float32_twin(tmp_path
     rows = [line for line in arithmetic_section([ff, fi, dec], [ff, fi, dec], folder) if line.startswith("| b1")]
     assert len(rows) == 1 and "| 60 / 120 |" in rows[0], rows
     assert [line for line in arithmetic_section([dec, fi], [dec, fi], folder) if line.startswith("| b1")] == []
+    # flash_int8_amx (isa amx_int8) pairs with flash on avx512.
+    fa = dict(fi, kernel="flash_int8_amx", isa="amx_int8")
+    rows = [line for line in arithmetic_section([ff, fa], [ff, fa], folder) if line.startswith("| b1")]
+    assert len(rows) == 1 and "| amx_int8 |" in rows[0], rows

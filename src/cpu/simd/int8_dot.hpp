@@ -61,6 +61,7 @@ inline constexpr int kI8Chunk = 32;
 inline constexpr const char* kI8Unit = "";  // the scalar rule
 inline constexpr int kI8Chunk = 64;
 #endif
+inline constexpr bool kI8VnniBuilt = kI8Unit[0] != '\0';  // this target has a vpdpbusd path
 
 // One Q row's integer form (I8Layout::row bytes each, 64-byte aligned): dpad = d rounded up to 64.
 //   nat[dpad]     the codes in natural order (score_row_rule), zero padded
