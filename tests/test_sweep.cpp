@@ -5,6 +5,8 @@
 // the newest folder and refuses another build, a point the process died on is recorded as
 // failed (not retried), the memory estimate covers what verification allocates, and a
 // failed write is an I/O error (exit code 4), not bad input.
+#include "cpu/isa_internal.hpp"
+#include "cpu/target.hpp"
 #include "sweep_fixture.hpp"
 
 namespace attnlab::bench {
@@ -575,6 +577,25 @@ TEST(SweepPeaks, PerTargetPeaksRoundTripAndOldFilesRead) {
   bad = old;
   bad["schema"] = "attnlab-peak-9";
   EXPECT_THROW(Peaks::from_json(bad), InvalidInput);
+}
+
+// The int8 units: each target's vpdpbusd where the CPU has that target's VNNI (the unit decode_i8
+// and flash_int8 score on), and AMX-INT8 where flash_int8_amx runs; each measures something.
+TEST(SweepPeaks, Int8PeaksWhereTheCpuHasThem) {
+  int measured = 0;
+  for (const std::string& isa : runnable_isas()) {
+    const TargetTable* t = target_table_for(isa);
+    ASSERT_NE(t, nullptr);
+    const double ops = bench::measure_i8_dot_ops(1, 0.01, *t);
+    const bool unit = t->peak.i8_chains && cpu_runs_isa(t->peak.i8_unit);
+    EXPECT_EQ(ops > 0, unit) << isa;
+    if (unit) EXPECT_GT(ops, 1e9) << isa, ++measured;
+  }
+  const Kernel* amx = find_kernel("flash_int8_amx");
+  ASSERT_NE(amx, nullptr);
+  EXPECT_EQ(bench::amx_int8_runnable(), static_cast<bool>(amx->available())) << amx->available().reason;
+  if (bench::amx_int8_runnable()) EXPECT_GT(bench::measure_amx_int8_ops(1, 0.01), 1e10);
+  if (measured == 0 && !bench::amx_int8_runnable()) GTEST_SKIP() << "no int8 dot-product unit on this CPU";
 }
 
 // The bf16 dot-product loop runs exactly where flash_bf16 is available, and measures something.

@@ -174,6 +174,22 @@ double measure_amx_bf16_flops(int threads, double seconds) {
   return loop_flops(threads, seconds, bf16_table()->amx_rounds, bf16_table()->amx_tiles * 16384.0);
 }
 
+bool amx_int8_runnable() {
+  const Bf16Table* bt = bf16_table();
+  return bt && cpu_runs_isa(kAmxInt8Isa) && bt->flash_int8_amx->available();  // (which requests the tile state)
+}
+
+double measure_amx_int8_ops(int threads, double seconds) {
+  if (!amx_int8_runnable()) return 0;
+  return loop_flops(threads, seconds, bf16_table()->amx_int8_rounds, bf16_table()->amx_tiles * 32768.0);
+}
+
+// The target's vpdpbusd, where it has one and this CPU runs it (0 otherwise).
+double measure_i8_dot_ops(int threads, double seconds, const TargetTable& tt) {
+  if (!tt.peak.i8_chains || !cpu_runs_isa(tt.peak.i8_unit)) return 0;
+  return loop_flops(threads, seconds, tt.peak.i8_chains, tt.peak.i8_chain_count * 8.0 * tt.lanes);
+}
+
 bool is_per_target_isa(std::string_view kernel_isa) {
   const auto& built = built_isas();
   return std::find(built.begin(), built.end(), kernel_isa) != built.end();
@@ -223,7 +239,7 @@ Peaks measure_peaks(const PeakOptions& options) {
   const auto [buffer, count] = read_buffer(options.buffer_bytes, max_lanes);
   peaks.buffer_bytes = count * sizeof(float);
 
-  const bool bf16 = bf16_dot_runnable(), amx = amx_bf16_runnable();
+  const bool bf16 = bf16_dot_runnable(), amx = amx_bf16_runnable(), amx_i8 = amx_int8_runnable();
   size_t def = 0;  // the default target's index: its rows carry the bf16 dot-product peak
   while (def + 1 < tables.size() && tables[def]->isa != peaks.simd_arch) ++def;
   for (int t : counts) {
@@ -236,9 +252,12 @@ Peaks measure_peaks(const PeakOptions& options) {
         rows[i].fma_runs.push_back(measure_fma_flops(t, options.seconds_per_run, isa));
         rows[i].read_runs.push_back(measure_read_bytes(t, buffer.get(), count, isa));
         rows[i].exp_runs.push_back(measure_exp_per_s(t, options.seconds_per_run, isa));
+        if (const double ops = measure_i8_dot_ops(t, options.seconds_per_run, *tables[i]); ops > 0)
+          rows[i].i8_dot_runs.push_back(ops);
       }
       if (bf16) rows[def].bf16_dot_runs.push_back(measure_bf16_dot_flops(t, options.seconds_per_run));
       if (amx) rows[def].amx_bf16_runs.push_back(measure_amx_bf16_flops(t, options.seconds_per_run));
+      if (amx_i8) rows[def].amx_int8_runs.push_back(measure_amx_int8_ops(t, options.seconds_per_run));
     }
     for (size_t i = 0; i < tables.size(); ++i) {
       PeakAtThreads& row = rows[i];
@@ -248,6 +267,8 @@ Peaks measure_peaks(const PeakOptions& options) {
       row.exp_per_s = median(row.exp_runs);
       if (!row.bf16_dot_runs.empty()) row.bf16_dot_flops = median(row.bf16_dot_runs);
       if (!row.amx_bf16_runs.empty()) row.amx_bf16_flops = median(row.amx_bf16_runs);
+      if (!row.i8_dot_runs.empty()) row.i8_dot_ops = median(row.i8_dot_runs);
+      if (!row.amx_int8_runs.empty()) row.amx_int8_ops = median(row.amx_int8_runs);
       peaks.targets[i].rows.push_back(std::move(row));
     }
   }
@@ -328,6 +349,14 @@ nlohmann::json rows_to_json(const std::vector<PeakAtThreads>& rows) {
       a.back()["amx_bf16_flops"] = r.amx_bf16_flops;
       a.back()["amx_bf16_runs"] = r.amx_bf16_runs;
     }
+    if (r.i8_dot_ops > 0) {
+      a.back()["i8_dot_ops"] = r.i8_dot_ops;
+      a.back()["i8_dot_runs"] = r.i8_dot_runs;
+    }
+    if (r.amx_int8_ops > 0) {
+      a.back()["amx_int8_ops"] = r.amx_int8_ops;
+      a.back()["amx_int8_runs"] = r.amx_int8_runs;
+    }
   }
   return a;
 }
@@ -347,6 +376,10 @@ std::vector<PeakAtThreads> rows_from_json(const nlohmann::json& a) {
     row.bf16_dot_runs = r.value("bf16_dot_runs", std::vector<double>{});
     row.amx_bf16_flops = r.value("amx_bf16_flops", 0.0);
     row.amx_bf16_runs = r.value("amx_bf16_runs", std::vector<double>{});
+    row.i8_dot_ops = r.value("i8_dot_ops", 0.0);
+    row.i8_dot_runs = r.value("i8_dot_runs", std::vector<double>{});
+    row.amx_int8_ops = r.value("amx_int8_ops", 0.0);
+    row.amx_int8_runs = r.value("amx_int8_runs", std::vector<double>{});
     rows.push_back(std::move(row));
   }
   return rows;
@@ -498,6 +531,24 @@ std::string format_peaks(const Peaks& peaks) {
         bf16_line("AMX bf16 tiles (tdpbf16ps, flash_amx's peak)", r.threads, r.amx_bf16_flops, r.amx_bf16_runs,
                   r.fma_flops);
       }
+      if (r.amx_int8_ops > 0) {
+        std::snprintf(line, sizeof line,
+                      "  AMX int8 tiles (tdpbssd, flash_int8_amx's scores), %d threads: %s GOP/s, "
+                      "%.2fx the %s FMA peak\n",
+                      r.threads, cell(r.amx_int8_ops, r.amx_int8_runs, 1e9).c_str(),
+                      r.fma_flops > 0 ? r.amx_int8_ops / r.fma_flops : 0.0, d->isa.c_str());
+        out += line;
+      }
+    }
+  }
+  // Each target's int8 unit (vpdpbusd: decode_i8's and flash_int8's scores).
+  for (const TargetPeaks& t : peaks.targets) {
+    for (const auto& r : t.rows) {
+      if (r.i8_dot_ops <= 0) continue;
+      std::snprintf(line, sizeof line, "  int8 dot products (vpdpbusd, %s), %d threads: %s GOP/s, %.2fx its FMA peak\n",
+                    t.isa.c_str(), r.threads, cell(r.i8_dot_ops, r.i8_dot_runs, 1e9).c_str(),
+                    r.fma_flops > 0 ? r.i8_dot_ops / r.fma_flops : 0.0);
+      out += line;
     }
   }
   return out;

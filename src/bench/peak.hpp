@@ -22,6 +22,10 @@
 //   amx bf16  where the CPU has AMX-BF16 (and the OS grants the tile state): the TDPBF16PS
 //         throughput (16 x 16 x 32 products = 16384 FLOP per instruction; four independent
 //         accumulator tiles per thread), in the default target's rows.
+//   int8 dot  per target, where the CPU has that target's int8 unit (AVX512-VNNI for avx512,
+//         AVX-VNNI for avx2): the vpdpbusd throughput in integer ops/s (4 byte products and their
+//         sums per 32-bit lane = 8 ops), chains as fma; the unit decode_i8 and flash_int8 score on.
+//   amx int8  where the CPU has AMX-INT8: TDPBSSD (16 x 16 x 64 products = 32768 ops), as amx bf16.
 // Every figure is the median of `repeats` runs; the runs themselves are kept. All threads
 // of a run start together (barrier) and the run's time is first start to last finish. The
 // targets are measured in turn inside each repetition, so a burst of load from other users
@@ -43,6 +47,10 @@
 
 #include <nlohmann/json.hpp>
 
+namespace attnlab {
+struct TargetTable;  // src/cpu/target.hpp
+}  // namespace attnlab
+
 namespace attnlab::bench {
 
 struct PeakOptions {
@@ -62,7 +70,9 @@ struct PeakAtThreads {
   double exp_per_s = 0;       // exp/s, median
   double bf16_dot_flops = 0;  // FLOP/s, median (default target's rows; 0 = not measured)
   double amx_bf16_flops = 0;  // FLOP/s, median (default target's rows; 0 = not measured)
-  std::vector<double> fma_runs, read_runs, exp_runs, bf16_dot_runs, amx_bf16_runs;
+  double i8_dot_ops = 0;      // integer ops/s of the target's vpdpbusd, median (0 = no such unit here)
+  double amx_int8_ops = 0;    // integer ops/s of TDPBSSD, median (default target's rows; 0 = not measured)
+  std::vector<double> fma_runs, read_runs, exp_runs, bf16_dot_runs, amx_bf16_runs, i8_dot_runs, amx_int8_runs;
 };
 
 // The peaks of one target.
@@ -163,6 +173,11 @@ bool bf16_dot_runnable();
 double measure_bf16_dot_flops(int threads, double seconds);
 bool amx_bf16_runnable();
 double measure_amx_bf16_flops(int threads, double seconds);
+// The int8 units: AMX-INT8's TDPBSSD (0 without a usable one) and a target's vpdpbusd (0 where the
+// target has no VNNI path or this CPU lacks it), in integer ops/s.
+bool amx_int8_runnable();
+double measure_amx_int8_ops(int threads, double seconds);
+double measure_i8_dot_ops(int threads, double seconds, const TargetTable& tt);
 
 // A table of the medians per target (GFLOP/s, GB/s, Gexp/s, with min-max spread over the
 // runs), and the ratio of each target's FMA peak to the narrowest one's.

@@ -74,27 +74,27 @@ class FlashInt8 final : public Kernel {
   bool runs_patterns() const override { return true; }
   bool runs_head_dim_v() const override { return true; }
   Support supports(const Problem& p) const override {
+    const std::string me(name());
     if (p.dtype != DType::F32) {
-      return Support::no(std::string("dtype: flash_int8 rounds float32 inputs, not ") + to_string(p.dtype) +
+      return Support::no("dtype: " + me + " rounds float32 inputs, not " + to_string(p.dtype) +
                          "; run it with --dtype f32 (flash_bf16 and flash_amx take bf16)");
     }
     if (p.kv_quantized() || p.kv_paged()) {
-      return Support::no(
-          "kv_dtype / kv_block: flash_int8 rounds a dense float32 K itself; a quantized or paged "
-          "cache runs through flash (decode_i8 for int8 scores over q8_0, q4_0, u8 and u4)");
+      return Support::no("kv_dtype / kv_block: " + me +
+                         " rounds a dense float32 K itself; a quantized or paged cache runs through flash "
+                         "(decode_i8 for int8 scores over q8_0, q4_0, u8 and u4)");
     }
     if (p.dilation > 1) {
-      return Support::no(
-          "dilation " + std::to_string(p.dilation) +
-          ": flash_int8's key tiles are the sequence's own; flash runs a dilated window as strided phases");
+      return Support::no("dilation " + std::to_string(p.dilation) + ": " + me +
+                         "'s key tiles are the sequence's own; flash runs a dilated window as strided phases");
     }
     if (gathered_columns(p) > 0) {
-      return Support::no(
-          "pattern: global columns are gathered into one tile of copied rows, which flash_int8's "
-          "rounded key tiles do not hold; flash runs it");
+      return Support::no("pattern: global columns are gathered into one tile of copied rows, which " + me +
+                         "'s rounded key tiles do not hold; flash runs it");
     }
     return Support::yes();
   }
+
   size_t workspace_bytes(const Problem& p, int threads) const override {
     if (!supports(p)) return 0;
     const simd::Tiling t = tiling(p);

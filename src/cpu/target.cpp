@@ -73,6 +73,29 @@ __attribute__((noinline)) float exp_rounds(const float* in, float* out, int64_t 
   return s;
 }
 
+// vpdpbusd chains acc += u x s (four byte products per 32-bit lane), as the FMA chains: its latency
+// (~5 cycles) x up to 2 per cycle. Bytes 1 and 1: the sums stay far from int32 overflow.
+#if defined(__AVX512F__) || defined(__AVX2__)
+constexpr int kI8Chains = kFmaChains;
+volatile int g_i8_one = 0x01010101;
+__attribute__((noinline)) float i8_chains(int64_t iters) {
+  using simd::i8_detail::IVec;
+  IVec acc[kI8Chains];
+  const IVec x = simd::i8_detail::bcast32(g_i8_one);
+  for (int j = 0; j < kI8Chains; ++j) acc[j] = simd::i8_detail::bcast32(j);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 16
+    for (int j = 0; j < kI8Chains; ++j) acc[j] = simd::i8_detail::dot4<true>(acc[j], x, x);
+  }
+  float s = 0;
+  for (int j = 0; j < kI8Chains; ++j) s += simd::reduce_sum(simd::i8_detail::to_float(acc[j]));
+  return s;
+}
+#else
+constexpr int kI8Chains = 0;
+float (*const i8_chains)(int64_t) = nullptr;
+#endif
+
 template <Batch (*F)(Batch)>
 void map_n(const float* in, float* out, size_t n) {
   size_t i = 0;
@@ -116,6 +139,9 @@ const TargetTable& target_table() {
               .stream_sum = stream_sum,
               .exp_elems = kExpElems,
               .exp_rounds = exp_rounds,
+              .i8_unit = simd::kI8Unit,
+              .i8_chain_count = kI8Chains,
+              .i8_chains = simd::kI8VnniBuilt ? i8_chains : nullptr,
           },
       .probes = {
           .exp2_n = map_n<simd::exp2>,

@@ -26,6 +26,12 @@ struct PeakLoops {
   float (*stream_sum)(const float* data, size_t count);  // count: multiple of 4 * lanes, 64-byte aligned
   size_t exp_elems;                                      // elements per exp round (L1-resident)
   float (*exp_rounds)(const float* in, float* out, int64_t rounds);
+  // The int8 dot-product unit the int8 kernels of this target sum with (vpdpbusd: its ISA name,
+  // int8_dot.hpp's kI8Unit; "" and nullptr where the target has none): i8_chain_count chains x
+  // iters instructions of 8 x lanes integer ops (4 multiply-adds per 32-bit lane).
+  const char* i8_unit;
+  int i8_chain_count;
+  float (*i8_chains)(int64_t iters);
 };
 
 // Test probes (tests/test_simd_math.cpp, tests/test_flash.cpp): the building blocks of
@@ -80,6 +86,8 @@ struct Bf16Table {
   // the caller has the AMX permission (flash_amx's available()).
   int amx_tiles;
   float (*amx_rounds)(int64_t iters);
+  // The same with TDPBSSD (16 x 16 x 64 int8 products, 32768 ops each; flash_int8_amx's scores).
+  float (*amx_int8_rounds)(int64_t iters);
 };
 
 }  // namespace attnlab

@@ -9,7 +9,7 @@
 #include "cpu/simd/amx.hpp"
 #include "cpu/target.hpp"
 
-#if !defined(__AVX512BF16__) || !defined(ATTN_HAVE_AMX)
+#if !defined(__AVX512BF16__) || !defined(ATTN_HAVE_AMX) || !defined(ATTN_HAVE_AMX_INT8)
 #error "src/cpu/target_bf16.cpp belongs to the avx512_bf16 object (-mavx512bf16 -mamx-tile -mamx-bf16 -mamx-int8)"
 #endif
 
@@ -79,11 +79,36 @@ __attribute__((noinline)) float amx_rounds(int64_t iters) {
   return out[0];
 }
 
+// The same rounds with TDPBSSD on bytes of 1 (flash_int8_amx's scores).
+__attribute__((noinline)) float amx_int8_rounds(int64_t iters) {
+  alignas(64) int8_t a[16 * 64];
+  alignas(64) int32_t out[16 * 16];
+  for (int8_t& e : a) e = static_cast<int8_t>(g_dot_start);
+  simd::amx_configure();
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  ATTN_TILE_LOAD(4, a, 64);
+  ATTN_TILE_LOAD(5, a, 64);
+  ATTN_TILE_LOAD(6, a, 64);
+  ATTN_TILE_LOAD(7, a, 64);
+  for (int64_t it = 0; it < iters; ++it) {
+    _tile_dpbssd(0, 4, 5);
+    _tile_dpbssd(1, 4, 6);
+    _tile_dpbssd(2, 4, 7);
+    _tile_dpbssd(3, 5, 6);
+  }
+  _tile_stored(0, out, 64);
+  simd::amx_release();
+  return static_cast<float>(out[0]);
+}
+
 }  // namespace
 
 const Bf16Table& bf16_table() {
   static const Bf16Table t{&cpu::flash_bf16(), &cpu::flash_amx(), &cpu::flash_int8_amx(), kDotChains, dot_chains,
-                           kAmxTiles,          amx_rounds};
+                           kAmxTiles,          amx_rounds,        amx_int8_rounds};
   return t;
 }
 
