@@ -146,7 +146,16 @@ def is_training(r):
 
 
 # The headline's tables: per group of peers (and of passes), the newest committed sweep with such
-# a peer in it.
+# a peer in it. The narrow-arithmetic kernels (int8 products: report/tables.py's NARROW_TWINS) are
+# left out: they answer to a wider tolerance than the runtimes' float paths they would be ranked
+# against; the report's Arithmetic section sets each beside its float32 twin instead.
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from report.tables import NARROW_TWINS  # noqa: E402
+
+
+def is_narrow(r):
+    return (r.get("kernel_name") or r["kernel"]) in NARROW_TWINS
+
 HEADLINE_GROUPS = (("the runtimes' attention (PyTorch, ONNX Runtime, OpenVINO, JAX)",
                     lambda k: k.split("_")[0] in ("torch", "ort", "ov", "jax"),
                     lambda r: not is_training(r) and not is_decode(r)),
@@ -165,7 +174,7 @@ def headline():
     for title, wanted, passes in HEADLINE_GROUPS:
         candidates = []
         for folder, machine, rows in folders:
-            mine = [r for r in rows if passes(r) and (not is_peer(r) or wanted(r["kernel"]))]
+            mine = [r for r in rows if passes(r) and not is_narrow(r) and (not is_peer(r) or wanted(r["kernel"]))]
             if any(is_peer(r) and ok(r) for r in mine) and any(not is_peer(r) and ok(r) for r in mine):
                 candidates.append((machine.get("date", ""), folder, machine, mine))
         if candidates:
@@ -212,7 +221,9 @@ def headline_table(folder, machine, rows):
         peer = min(peers, key=lambda r: float(r["time_median_s"]))
         decode = int(best["q_len"]) <= DECODE_Q_LEN
         frac = fraction_of_peak(best, machine, decode)
-        what = "read BW" if decode else "FMA peak"
+        # The unit the point's peak is of (report/peaks.py's peak_for): bf16 kernels have their own.
+        unit = {"avx512_bf16": "vdpbf16ps peak", "amx_bf16": "AMX tile peak"}.get(best.get("isa"), "FMA peak")
+        what = "read BW" if decode else unit
         lead = float(peer["time_median_s"]) / float(best["time_median_s"])
         cached = " (K/V in cache)" if decode and float(frac) > 1 else ""
         out.append(f"| {shape_of(best)} | {best['kernel']} | {ms(best['time_median_s'])} | "

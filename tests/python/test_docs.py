@@ -44,3 +44,20 @@ def test_unmeasured_thread_count_takes_the_largest_row():
     m = machine((100e9, 10e9), (120e9, 11e9))
     assert docs.peak_row(m, 8) == {"fma_flops": 120e9, "read_bytes": 11e9}
     assert docs.peak_row({}, 2) == {}
+
+
+def test_headline_ranks_float_kernels_against_the_runtimes_not_int8_ones(monkeypatch):
+    # flash_int8_amx is faster than flash and than the peer, but multiplies in int8 (a wider
+    # tolerance than the runtime's float path): the headline sets flash against the peer.
+    shape = {"batch": "1", "q_heads": "8", "kv_heads": "8", "head_dim": "128", "head_dim_v": "128", "q_len": "4096",
+             "kv_len": "4096", "mask": "none", "dtype": "f32", "threads": "2", "status": "ok", "rounds": "1",
+             "flops": "1e11", "bytes": "1e9"}
+    rows = [dict(shape, kernel="flash", isa="avx2", time_median_s="0.3", id="a"),
+            dict(shape, kernel="flash_int8_amx", isa="amx_int8", time_median_s="0.07", id="b"),
+            dict(shape, kernel="ov_sdpa", isa="peer", time_median_s="0.28", id="c")]
+    monkeypatch.setattr(docs, "committed_folders", lambda: ["run"])
+    monkeypatch.setattr(docs, "load", lambda folder: (dict(machine((100e9, 10e9)), date="2026-12-04"), rows))
+    monkeypatch.setattr(docs, "lead_per_pass", lambda *a: "-")
+    text = docs.headline()
+    assert "| flash | 300 ms" in text and "flash_int8_amx" not in text, text
+    assert docs.is_narrow({"kernel": "decode_i8"}) and not docs.is_narrow({"kernel": "decode"})

@@ -392,7 +392,7 @@ void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8La
 
 // round_int8 (kv_quant.hpp) over one block of n values, in vectors: the same operations in the same
 // order per value (amax by max, scale = amax / 127, y = x / scale, truncation, the fraction's test,
-// the clamp), so the same codes and scale bit for bit - tests/test_kv_quant.cpp checks it on every
+// the clamp), so the same codes and scale bit for bit - tests/test_simd_math.cpp checks it on every
 // target. The rule's scalar form spends a division and a branch per value: flash_int8 rounds every
 // Q and K value once per run.
 inline bool round_int8_row(const float* x, int64_t n, int8_t* q, float* scale_out) {
