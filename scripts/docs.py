@@ -136,8 +136,8 @@ def shape_of(r):
 
 
 def is_decode(r):
-    """A few new query rows against a longer cache (the decode kernel's points: q_len <= 16)."""
-    return int(r["q_len"]) <= 16 < int(r["kv_len"])
+    """A few new query rows against a longer cache: the report's rule (report/load.py)."""
+    return report_module("load").is_decode({"q_len": int(r["q_len"]), "kv_len": int(r["kv_len"])})
 
 
 def is_training(r):
@@ -149,12 +149,8 @@ def is_training(r):
 # a peer in it. The narrow-arithmetic kernels (int8 products: report/tables.py's NARROW_TWINS) are
 # left out: they answer to a wider tolerance than the runtimes' float paths they would be ranked
 # against; the report's Arithmetic section sets each beside its float32 twin instead.
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from report.tables import NARROW_TWINS  # noqa: E402
-
-
 def is_narrow(r):
-    return (r.get("kernel_name") or r["kernel"]) in NARROW_TWINS
+    return (r.get("kernel_name") or r["kernel"]) in report_module("load").NARROW_TWINS
 
 HEADLINE_GROUPS = (("the runtimes' attention (PyTorch, ONNX Runtime, OpenVINO, JAX)",
                     lambda k: k.split("_")[0] in ("torch", "ort", "ov", "jax"),

@@ -15,6 +15,12 @@ DECODE_MAX_Q = 16  # q_len at most this (and below kv_len) counts as decode
 
 
 # What users run instead (attnlab sweep --peers; src/bench/peers.hpp), in report order.
+# The narrow-arithmetic kernels (int8 products) and each one's float32 twin: (its name, the twin's
+# target when the narrow kernel's label is not a dispatch target - flash_int8_amx is built in the
+# avx512_bf16 object, x86-64-v4 based - else None). The report's Arithmetic section pairs them;
+# the README headline (scripts/docs.py) leaves them out of the ranking against the runtimes.
+NARROW_TWINS = {"decode_i8": ("decode", None), "flash_int8": ("flash", None), "flash_int8_amx": ("flash", "avx512")}
+
 PEERS = ("torch_sdpa", "torch_flex", "ort_mha", "ort_gqa", "ov_sdpa", "ov_decode", "jax_dpa", "ggml_fa")
 
 

@@ -5,7 +5,7 @@ import math
 
 from . import schema
 from .figures import fmt, fmt_bytes
-from .load import PEERS, is_decode, is_peer, pass_ratio_text, pass_ratios
+from .load import NARROW_TWINS, PEERS, is_decode, is_peer, pass_ratio_text, pass_ratios
 
 
 def agreement(rows_k):
@@ -248,9 +248,6 @@ def kv_cache_section(rows, ok):
 
 
 # A narrow-arithmetic kernel and the float32 kernel it narrows (the same driver, the same bytes).
-# A narrow kernel's float32 twin: (its name, the twin's target when the narrow kernel's label is not
-# a dispatch target - flash_int8_amx is built in the avx512_bf16 object, x86-64-v4 based - else None).
-NARROW_TWINS = {"decode_i8": ("decode", None), "flash_int8": ("flash", None), "flash_int8_amx": ("flash", "avx512")}
 
 
 def arithmetic_section(rows, ok, folder=None):

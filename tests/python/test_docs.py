@@ -61,3 +61,10 @@ def test_headline_ranks_float_kernels_against_the_runtimes_not_int8_ones(monkeyp
     text = docs.headline()
     assert "| flash | 300 ms" in text and "flash_int8_amx" not in text, text
     assert docs.is_narrow({"kernel": "decode_i8"}) and not docs.is_narrow({"kernel": "decode"})
+
+
+def test_decode_is_the_reports_rule():
+    # q_len 4 against kv_len 8 is decode for the report (q_len <= 16, q_len < kv_len); docs.py once
+    # asked for kv_len > 16 too, so the two sorted that point into different tables.
+    assert docs.is_decode({"q_len": "4", "kv_len": "8"})
+    assert not docs.is_decode({"q_len": "8", "kv_len": "8"}) and not docs.is_decode({"q_len": "17", "kv_len": "4096"})
