@@ -1,6 +1,7 @@
 // attnlab list: every kernel, what it is, whether it can run here, and per kernel the
 // instruction-set targets it is built for, the ones this CPU runs and the one it uses by
 // default (include/attnlab/isa.hpp); above the table, the CPU's features and cache sizes.
+#include <algorithm>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -43,8 +44,16 @@ Command add_list(CLI::App& app) {
                       << "targets built: " << join(built_isas(), ", ")
                       << "; this CPU runs: " << join(runnable_isas(), ", ") << "; default: " << def
                       << " (--isa NAME or ATTN_ISA=NAME to force one)\n\n";
-            std::cout << std::left << std::setw(12) << "kernel" << std::setw(11) << "available" << std::setw(22)
-                      << "targets" << std::setw(22) << "runs here" << std::setw(13) << "default" << std::setw(58)
+            // Columns as wide as their longest entry (plus two spaces): a long name or precision
+            // never runs into the next column.
+            size_t name_w = 12, prec_w = 58;
+            for (const Kernel* k : registry()) {
+              name_w = std::max(name_w, k->name().size() + 2);
+              prec_w = std::max(prec_w, k->precision().size() + 2);
+            }
+            const auto nw = static_cast<int>(name_w), pw = static_cast<int>(prec_w);
+            std::cout << std::left << std::setw(nw) << "kernel" << std::setw(11) << "available" << std::setw(22)
+                      << "targets" << std::setw(22) << "runs here" << std::setw(13) << "default" << std::setw(pw)
                       << "precision (storage in; compute)" << std::setw(10) << "patterns"
                       << "description\n";
             for (const Kernel* k : registry()) {
@@ -55,9 +64,9 @@ Command add_list(CLI::App& app) {
                 const Kernel* v = find_kernel(k->name(), t);
                 if (v && v->available()) runs.push_back(t);
               }
-              std::cout << std::left << std::setw(12) << k->name() << std::setw(11) << (a ? "yes" : "no")
+              std::cout << std::left << std::setw(nw) << k->name() << std::setw(11) << (a ? "yes" : "no")
                         << std::setw(22) << join(targets, ",") << std::setw(22)
-                        << (runs.empty() ? "-" : join(runs, ",")) << std::setw(13) << k->isa() << std::setw(58)
+                        << (runs.empty() ? "-" : join(runs, ",")) << std::setw(13) << k->isa() << std::setw(pw)
                         << k->precision() << std::setw(10) << (k->runs_patterns() ? "sparse" : "interval")
                         << k->description();
               if (!a) std::cout << "  [unavailable: " << a.reason << "]";
