@@ -70,14 +70,13 @@ bool round_int8(const float* x, int64_t dim, int64_t block, int8_t* q, float* sc
 // flash_int8's K (SageAttention's smoothing, Arithmetic::Int8Products on a dense problem): a
 // (batch, kv head)'s key rows minus their mean over the sequence's keys [0, kv_len of the batch
 // entry) - every score of a query row then moves by the same q.mean, which softmax does not see
-// (the LSE takes it back) - each rounded to int8 per row by round_int8. key_mean: the mean,
-// summed in double and rounded to float once; false when a value is NaN or Inf (the head then
-// multiplies in float32). n = 0: the mean is 0. rows: n rows of dim floats, ld apart.
-// round_smoothed_key: x - mean in float32, then round_int8 over the row; K then multiplies as
-// mean + q * scale; false when x - mean overflows (the head multiplies in float32). The kernel and
-// the tolerance baseline (verify.cpp) both use these two.
-// ATTN_I8_SMOOTH=0 in the environment (comparisons: what smoothing buys) makes key_mean's mean 0
-// for the kernel and the baseline alike; int8_smoothing() says whether it is on.
+// (the LSE does: the kernel adds it back to each score) - each rounded to int8 per row by round_int8. key_mean: the
+// mean, summed in double and rounded to float once; false when a value is NaN or Inf (the head then multiplies in
+// float32). n = 0: the mean is 0. rows: n rows of dim floats, ld apart. round_smoothed_key: x - mean in float32, then
+// round_int8 over the row; K then multiplies as mean + q * scale; false when x - mean overflows (the head multiplies in
+// float32). The kernel and the tolerance baseline (verify.cpp) both use these two. ATTN_I8_SMOOTH=0 in the environment
+// (comparisons: what smoothing buys) makes key_mean's mean 0 for the kernel and the baseline alike; int8_smoothing()
+// says whether it is on.
 bool int8_smoothing();
 bool key_mean(const float* rows, int64_t ld, int64_t n, int64_t dim, float* mean);
 bool round_smoothed_key(const float* x, const float* mean, int64_t dim, int8_t* q, float* scale);

@@ -93,9 +93,10 @@ struct Scratch {
   float* qr;           // (R + 1) x dim_pad: Q rows times scale*log2e, zero padded, then a zero
                        // row (Tiling::direct only, else nullptr)
   float* gather;       // 64 K rows, then 64 V rows (Tiling::gather_*), gathered as stored, or nullptr
-  uint32_t* vp;        // bf16_dot: 32 x dim_v_pad words, the V tile by key pairs (else nullptr)
-  uint32_t* pw;        // bf16_dot: kPanelRows (amx: 16) x 32 words, the panel's P rounded to bf16 pairs
+  uint32_t* vp;        // bf16_dot or amx: 32 x dim_v_pad words, the V tile by key pairs (else nullptr)
+  uint32_t* pw;        // bf16_dot or amx: kPanelRows (amx: 16) x 32 words, the panel's P rounded to bf16 pairs
   uint32_t* qa;        // amx: R rounded up to 16 rows of padded_words(d) words, Q rows as bf16 pairs
+                       // (flash_int8_amx: as int8 codes, I8KeyTile(d).rows words a row)
   std::byte* i8;       // int8_dot: the flag, then Q's integer rows (Tiling::i8_off); int8_prefill: the
                        // task's header and Q words; else nullptr
   std::byte* i8_keys;  // int8_prefill: the shared key tiles of all heads (Tiling::i8_shared), else nullptr
