@@ -250,5 +250,26 @@ TEST(FlashInt8, AmxTilesRun) {
   }
 }
 
+// What it does not run it refuses by the field, naming the kernel that runs it instead.
+TEST(FlashInt8, RefusesWhatItDoesNotRoundNamingTheField) {
+  const Kernel* k = find_kernel("flash_int8");
+  ASSERT_NE(k, nullptr);
+  const auto refused = [&](const Problem& p, const std::string& field) {
+    const Support s = k->supports(p);
+    EXPECT_FALSE(s) << field;
+    EXPECT_EQ(s.reason.rfind(field, 0), 0u) << s.reason;
+  };
+  Problem p = test::shape(1, 2, 1, 64, 64, 32);
+  EXPECT_TRUE(k->supports(p));
+  p.dtype = DType::BF16;
+  refused(p, "dtype: flash_int8 rounds float32 inputs, not bf16");
+  p.dtype = DType::F32;
+  p.kv_dtype = KvDType::Q8_0;
+  refused(p, "kv_dtype / kv_block: flash_int8");
+  p.kv_dtype = KvDType::Same;
+  p.window_left = 8, p.window_right = 0, p.dilation = 2;
+  refused(p, "dilation 2: flash_int8");
+}
+
 }  // namespace
 }  // namespace attnlab

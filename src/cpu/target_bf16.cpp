@@ -5,6 +5,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu/simd/amx.hpp"
 #include "cpu/target.hpp"
@@ -54,11 +55,15 @@ __attribute__((noinline)) float dot_chains(int64_t iters) {
 // tile unit's throughput, not its latency (here ~1-1.6 TFLOP/s per core, results/2026-12-01-precision).
 constexpr int kAmxTiles = 4;
 
-__attribute__((noinline)) float amx_rounds(int64_t iters) {
-  alignas(64) uint16_t a[16 * 32];
-  alignas(64) float out[16 * 16];
-  const uint16_t x = static_cast<uint16_t>(std::bit_cast<uint32_t>(static_cast<float>(g_dot_x)) >> 16);
-  for (uint16_t& e : a) e = x;
+// Int8: the same rounds with TDPBSSD on bytes of 1 (flash_int8_amx's scores). One 16 x 64-byte
+// operand tile either way: bf16 pairs of g_dot_x, or int8 ones.
+template <bool Int8>
+__attribute__((noinline)) float amx_tile_rounds(int64_t iters) {
+  using Elem = std::conditional_t<Int8, int8_t, uint16_t>;
+  alignas(64) Elem a[64 / sizeof(Elem) * 16];
+  alignas(64) uint32_t out[16 * 16];
+  const auto x = Int8 ? Elem{1} : static_cast<Elem>(std::bit_cast<uint32_t>(static_cast<float>(g_dot_x)) >> 16);
+  for (Elem& e : a) e = x;
   simd::amx_configure();
   _tile_zero(0);
   _tile_zero(1);
@@ -69,46 +74,28 @@ __attribute__((noinline)) float amx_rounds(int64_t iters) {
   ATTN_TILE_LOAD(6, a, 64);
   ATTN_TILE_LOAD(7, a, 64);
   for (int64_t it = 0; it < iters; ++it) {
-    _tile_dpbf16ps(0, 4, 5);
-    _tile_dpbf16ps(1, 4, 6);
-    _tile_dpbf16ps(2, 4, 7);
-    _tile_dpbf16ps(3, 5, 6);
+    if constexpr (Int8) {
+      _tile_dpbssd(0, 4, 5);
+      _tile_dpbssd(1, 4, 6);
+      _tile_dpbssd(2, 4, 7);
+      _tile_dpbssd(3, 5, 6);
+    } else {
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_dpbf16ps(1, 4, 6);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_dpbf16ps(3, 5, 6);
+    }
   }
   _tile_stored(0, out, 64);
   simd::amx_release();
-  return out[0];
-}
-
-// The same rounds with TDPBSSD on bytes of 1 (flash_int8_amx's scores).
-__attribute__((noinline)) float amx_int8_rounds(int64_t iters) {
-  alignas(64) int8_t a[16 * 64];
-  alignas(64) int32_t out[16 * 16];
-  for (int8_t& e : a) e = static_cast<int8_t>(g_dot_start);
-  simd::amx_configure();
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  ATTN_TILE_LOAD(4, a, 64);
-  ATTN_TILE_LOAD(5, a, 64);
-  ATTN_TILE_LOAD(6, a, 64);
-  ATTN_TILE_LOAD(7, a, 64);
-  for (int64_t it = 0; it < iters; ++it) {
-    _tile_dpbssd(0, 4, 5);
-    _tile_dpbssd(1, 4, 6);
-    _tile_dpbssd(2, 4, 7);
-    _tile_dpbssd(3, 5, 6);
-  }
-  _tile_stored(0, out, 64);
-  simd::amx_release();
-  return static_cast<float>(out[0]);
+  return static_cast<float>(out[0]);  // (a value the compiler must compute; its type does not matter)
 }
 
 }  // namespace
 
 const Bf16Table& bf16_table() {
-  static const Bf16Table t{&cpu::flash_bf16(), &cpu::flash_amx(), &cpu::flash_int8_amx(), kDotChains, dot_chains,
-                           kAmxTiles,          amx_rounds,        amx_int8_rounds};
+  static const Bf16Table t{&cpu::flash_bf16(), &cpu::flash_amx(), &cpu::flash_int8_amx(), kDotChains,
+                           dot_chains,         kAmxTiles,         amx_tile_rounds<false>, amx_tile_rounds<true>};
   return t;
 }
 

@@ -30,6 +30,8 @@ inline int64_t padded_words(int64_t d) { return (pair_words(d) + 15) / 16 * 16; 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 
+#include <type_traits>
+
 #include "attnlab/dtype.hpp"
 #include "cpu/simd/microkernel.hpp"
 
@@ -67,31 +69,24 @@ inline void pack_k_pairs(const Rows<bf16>& k_rows, int nk, int64_t d, uint32_t* 
   }
 }
 
-// V tile (nk rows of d bf16) -> words vp[(j / 2) * ldw + c] = (V[j][c], V[j + 1][c])
+// V tile (nk rows of d values) -> words vp[(j / 2) * ldw + c] = (V[j][c], V[j + 1][c])
 // for c < d, zero up to the next whole vector (ldw = padded_dim(d) words); V[nk] reads as zero.
-inline void pack_v_pairs(const Rows<bf16>& v_rows, int nk, int64_t d, uint32_t* vp, int64_t ldw) {
-  for (int j = 0; j < nk; j += 2) {
-    const bf16* a = v_rows.row(j);
-    const bf16* b = j + 1 < nk ? v_rows.row(j + 1) : nullptr;
-    uint32_t* out = vp + (j / 2) * ldw;
-    for (int64_t c = 0; c < d; c += 16) {
-      const __mmask16 m = d - c >= 16 ? __mmask16(0xffff) : __mmask16((1u << (d - c)) - 1);
-      const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a + c));
-      const __m512i hi = b ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, b + c)) : _mm512_setzero_si512();
-      _mm512_store_si512(out + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+// bf16 rows as stored; float32 rows (flash_int8_amx) each value rounded to bf16 (nearest even:
+// vcvtneps2bf16).
+template <class E>
+inline void pack_v_pairs(const Rows<E>& v_rows, int nk, int64_t d, uint32_t* vp, int64_t ldw) {
+  static_assert(std::is_same_v<E, bf16> || std::is_same_v<E, float>, "bf16 or float32 V rows");
+  // 16 values of a row as the low halves of 16 words.
+  const auto lanes = [](const E* r, __mmask16 m) {
+    if constexpr (std::is_same_v<E, bf16>) {
+      return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r));
+    } else {
+      return _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, r))));
     }
-  }
-}
-
-// The same words from float32 V rows, each value rounded to bf16 (nearest even: vcvtneps2bf16) -
-// flash_int8_amx's P.V on float32 inputs.
-inline void pack_v_pairs(const Rows<float>& v_rows, int nk, int64_t d, uint32_t* vp, int64_t ldw) {
-  const auto lanes = [](const float* r, __mmask16 m) {
-    return _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, r))));
   };
   for (int j = 0; j < nk; j += 2) {
-    const float* a = v_rows.row(j);
-    const float* b = j + 1 < nk ? v_rows.row(j + 1) : nullptr;
+    const E* a = v_rows.row(j);
+    const E* b = j + 1 < nk ? v_rows.row(j + 1) : nullptr;
     uint32_t* out = vp + (j / 2) * ldw;
     for (int64_t c = 0; c < d; c += 16) {
       const __mmask16 m = d - c >= 16 ? __mmask16(0xffff) : __mmask16((1u << (d - c)) - 1);
