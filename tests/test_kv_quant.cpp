@@ -236,6 +236,39 @@ TEST(KvQuant, QRowsRoundToInt8ByTheirBlock) {
   EXPECT_TRUE(kv_int_dot(KvDType::U4) && !kv_int_dot(KvDType::Fp8E4M3) && !kv_int_dot(KvDType::Same));
 }
 
+// decode_i8's P rounding by hand (round_p_tile): against the largest |w|, half to even, the same
+// codes for the same weights times any power of two (the kernel's running max never changes them),
+// signed with 127 levels for q4_0 alone, zeros to zeros, and no rounding of a NaN or an Inf.
+TEST(KvQuant, PRoundsAgainstTheTilesLargestWeight) {
+  std::vector<int32_t> codes(6);
+  float q = 0.f;
+  const std::vector<float> w = {255.f, 127.5f, 0.5f, 1.5f, 2.5f, 0.f};
+  ASSERT_TRUE(round_p_tile(w.data(), 6, false, codes.data(), &q));
+  EXPECT_EQ(codes, (std::vector<int32_t>{255, 128, 0, 2, 2, 0}));
+  EXPECT_EQ(q, 1.f);
+  std::vector<float> small = w;
+  for (float& x : small) x = std::ldexp(x, -20);
+  std::vector<int32_t> again(6);
+  ASSERT_TRUE(round_p_tile(small.data(), 6, false, again.data(), &q));
+  EXPECT_EQ(again, codes);
+  EXPECT_EQ(q, std::ldexp(1.f, -20));
+  const std::vector<float> sw = {-127.f, 63.5f, -0.5f, 10.f};
+  ASSERT_TRUE(round_p_tile(sw.data(), 4, true, codes.data(), &q));
+  EXPECT_EQ(std::vector<int32_t>(codes.begin(), codes.begin() + 4), (std::vector<int32_t>{-127, 64, 0, 10}));
+  EXPECT_EQ(q, 1.f);
+  const std::vector<float> zeros(6, 0.f);
+  codes.assign(6, 9);
+  ASSERT_TRUE(round_p_tile(zeros.data(), 6, false, codes.data(), &q));
+  EXPECT_EQ(codes, std::vector<int32_t>(6, 0));
+  EXPECT_EQ(q, 0.f);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<float> x = w;
+    x[3] = bad;
+    EXPECT_FALSE(round_p_tile(x.data(), 6, false, codes.data(), &q)) << bad;
+  }
+  for (KvDType t : quantized_kv_dtypes()) EXPECT_EQ(p_codes_signed(t), t == KvDType::Q4_0) << to_string(t);
+}
+
 namespace kvcache {
 
 Problem cache_shape(int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t sk, int64_t d, KvDType t) {

@@ -4,6 +4,7 @@
 // transposed sum) and the tail-safe partial loads/stores.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -342,6 +343,52 @@ TEST_P(SimdMath, Int8RowsRoundInVectorsAsTheRule) {
       ASSERT_EQ(std::memcmp(&want_scale, &got_scale, 4), 0) << "n " << n << " round " << round;
       for (int64_t i = 0; i < n; ++i) {
         ASSERT_EQ(want[i], got[i]) << "n " << n << " round " << round << " value " << i << " x " << x[i];
+      }
+    }
+  }
+}
+
+// decode_i8's P rounding (int8_dot.hpp: round_p_row) is round_p_tile's rule bit for bit on every
+// target: the codes and the quantum, unsigned (u8, u4, q8_0) and signed (q4_0), on softmax-like
+// weights, exact ties (wmax 255: weights k + 1/2), zeros, subnormals, -0, and a NaN or an Inf at
+// the first, the last and a middle key (no rounding: false).
+TEST_P(SimdMath, PRowsRoundInVectorsAsTheRule) {
+  constexpr int kKeys = 64;
+  ASSERT_EQ(t_->probes.tile_keys, kKeys);
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> uni(0.f, 1.f);
+  for (bool is_signed : {false, true}) {
+    for (int round = 0; round < 40; ++round) {
+      std::vector<float> p(kKeys), sc(kKeys);
+      for (int j = 0; j < kKeys; ++j) {
+        p[j] = std::exp2(-8.f * uni(rng));
+        sc[j] = (0.5f + uni(rng)) * (round % 4 == 0 ? 1e-3f : 1.f) * (is_signed && uni(rng) < 0.5f ? -1.f : 1.f);
+      }
+      if (round == 1) {  // ties
+        for (int j = 0; j < kKeys; ++j) p[j] = static_cast<float>(j % 100) + 0.5f, sc[j] = 1.f;
+        p[0] = is_signed ? 127.f : 255.f;
+      }
+      if (round == 2) std::fill(p.begin(), p.end(), 0.f);
+      if (round == 3) std::fill(sc.begin(), sc.end(), 1e-41f);  // subnormal weights
+      if (round == 5) p[kKeys - 1] = -0.f;
+      if (round >= 34) {
+        const float bad = round % 2 ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+        (round < 36 ? p : sc)[round % 3 == 0 ? 0 : round % 3 == 1 ? kKeys - 1 : kKeys / 2] = bad;
+      }
+      std::vector<float> w(kKeys);
+      for (int j = 0; j < kKeys; ++j) w[j] = p[j] * sc[j];
+      std::vector<int32_t> want(kKeys, 7);
+      alignas(64) uint8_t got[kKeys];
+      std::fill(got, got + kKeys, uint8_t{9});
+      float want_q = -1.f, got_q = -2.f;
+      const bool want_ok = round_p_tile(w.data(), kKeys, is_signed, want.data(), &want_q);
+      const bool got_ok = t_->probes.round_p_row(p.data(), sc.data(), is_signed, got, &got_q);
+      ASSERT_EQ(want_ok, got_ok) << "signed " << is_signed << " round " << round;
+      if (!want_ok) continue;
+      ASSERT_EQ(std::memcmp(&want_q, &got_q, 4), 0) << "signed " << is_signed << " round " << round;
+      for (int j = 0; j < kKeys; ++j) {
+        const int32_t code = is_signed ? static_cast<int8_t>(got[j]) : got[j];
+        ASSERT_EQ(want[j], code) << "signed " << is_signed << " round " << round << " key " << j << " w " << w[j];
       }
     }
   }

@@ -72,8 +72,11 @@ struct PhasePlan final : Plan {
 //                 rounded to bf16 before P.V (flash_bf16);
 //   Int8Products  Q rounded to int8 by round_q_row (kv_quant.hpp) and K.Q as exact int32 dot
 //                 products with a quantized cache's integer codes, the scales applied after;
-//                 softmax and P.V in float32 (decode_i8). Its baseline is the textbook on the
-//                 Q it multiplies: what rounding Q costs is derived, never a chosen number.
+//                 softmax in float32; on a tile of 64 keys a row sees whole, P times V's scales
+//                 rounded by round_p_tile and P.V as exact int32 sums with V's codes (decode_i8).
+//                 Its baseline is the textbook on the Q it multiplies with P rounded by the same
+//                 rule: what rounding costs is derived, never a chosen number. On a dense
+//                 problem (flash_int8) K is smoothed and rounded too, and P.V stays float32.
 //   Int8Bf16Products  Int8Products' K.Q (flash_int8's rounding), then P and V rounded to bf16 for
 //                 P.V (flash_int8_amx: TDPBSSD scores, TDPBF16PS P.V on the AMX tiles).
 enum class Arithmetic { F32, Bf16Products, Int8Products, Int8Bf16Products };

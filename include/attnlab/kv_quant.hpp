@@ -67,6 +67,20 @@ bool round_q_row(KvDType t, const float* x, int64_t dim, int8_t* q, float* scale
 // The rounding itself, per block of `block` values (round_q_row with its block size).
 bool round_int8(const float* x, int64_t dim, int64_t block, int8_t* q, float* scales);
 
+// decode_i8's P.V on an integer cache (Arithmetic::Int8Products): per query row, 64-key tile the
+// row sees whole, and V scale block (the row for u8 / u4, each 32 values for q8_0 / q4_0), the
+// weights w_j = p_j x key j's V scale are rounded against the largest |w| of the tile, wmax:
+// code_j = nearbyint(w_j x (L / wmax)) (float32, half to even), then clamped to [0, L] or [-L, L];
+// w_j then multiplies as code_j x (wmax / L), the quantum. L = 255 for the types whose V scales are
+// >= 0 (u8, u4, q8_0: the codes are unsigned bytes), 127 with a sign for q4_0 (its d = m / -8 takes
+// either sign). wmax = 0: codes 0, quantum 0. false when a w is NaN or Inf: that tile multiplies in
+// float32. Rounding against the tile's own largest weight makes the codes independent of the
+// running max the weights are taken against (a common factor cancels), so the tolerance baseline
+// (verify.cpp) rounds its own P by this rule and gets the kernel's codes. The kernel (every
+// target, bit for bit: src/cpu/simd/int8_dot.hpp) and the baseline both use it.
+bool p_codes_signed(KvDType t);
+bool round_p_tile(const float* w, int64_t n, bool is_signed, int32_t* codes, float* quantum);
+
 // flash_int8's K (SageAttention's smoothing, Arithmetic::Int8Products on a dense problem): a
 // (batch, kv head)'s key rows minus their mean over the sequence's keys [0, kv_len of the batch
 // entry) - every score of a query row then moves by the same q.mean, which softmax does not see

@@ -231,6 +231,29 @@ bool round_int8(const float* x, int64_t dim, int64_t block, int8_t* q, float* sc
   return true;
 }
 
+bool p_codes_signed(KvDType t) { return t == KvDType::Q4_0; }
+
+bool round_p_tile(const float* w, int64_t n, bool is_signed, int32_t* codes, float* quantum) {
+  float wmax = 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    if (!std::isfinite(w[j])) return false;
+    wmax = std::max(wmax, std::fabs(w[j]));
+  }
+  const int32_t levels = is_signed ? 127 : 255;
+  if (!(wmax > 0.f)) {
+    std::fill(codes, codes + n, 0);
+    *quantum = 0.f;
+    return true;
+  }
+  const float inv = static_cast<float>(levels) / wmax;
+  for (int64_t j = 0; j < n; ++j) {
+    const auto c = static_cast<int32_t>(std::nearbyint(w[j] * inv));
+    codes[j] = std::clamp(c, is_signed ? -levels : 0, levels);
+  }
+  *quantum = wmax / static_cast<float>(levels);
+  return true;
+}
+
 int64_t kv_row_bytes(KvDType t, int64_t dim) {
   switch (t) {
     case KvDType::Q8_0: return dim / kBlock * (2 + kBlock);

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "attnlab/kv_quant.hpp"
+#include "attnlab/kv_read.hpp"
 #include "attnlab/textbook.hpp"
 
 namespace attnlab {
@@ -299,6 +300,112 @@ Errors int8_dense_errors(const Problem& p, const Inputs& in, Inputs rounded, con
   }
   return e;
 }
+
+// Key j's V code in units of its scale (value = scale x unit): u8 / u4 c - zp, q8_0 c, q4_0 nibble - 8.
+double v_unit(KvDType t, const std::byte* row, int64_t i) {
+  const auto* u = reinterpret_cast<const uint8_t*>(row);
+  switch (t) {
+    case KvDType::U8: return static_cast<double>(u[8 + i]) - kv_read::load_f32(row + 4);
+    case KvDType::U4:
+      return static_cast<double>(i % 2 ? u[8 + i / 2] >> 4 : u[8 + i / 2] & 0x0f) - kv_read::load_f32(row + 4);
+    case KvDType::Q8_0: return static_cast<int8_t>(u[i / 32 * 34 + 2 + i % 32]);
+    case KvDType::Q4_0: {
+      const uint8_t* blk = u + i / 32 * 18 + 2;
+      const int64_t y = i % 32;
+      return (y < 16 ? blk[y] & 0x0f : blk[y - 16] >> 4) - 8;
+    }
+    default: throw std::logic_error("v_unit: not an integer cache");
+  }
+}
+double v_scale_of(KvDType t, const std::byte* row, int64_t block) {
+  if (t == KvDType::U8 || t == KvDType::U4) return kv_read::load_f32(row);
+  return kv_read::scale_f16(row + block * (t == KvDType::Q8_0 ? 34 : 18));
+}
+
+// decode_i8's baseline on an integer cache: the textbook's scores on Q rounded (int8_rounded_q)
+// against the cache as stored, its softmax, and P.V with P rounded as the kernel rounds it - on
+// every 64-key tile the row sees whole, per V scale block, P times V's scales by round_p_tile
+// (kv_quant.hpp), each code then multiplying V's code (v_unit) by its quantum; the other keys
+// unrounded. The rule rounds against the tile's largest weight, so the kernel's running max does
+// not change the codes - but its scores differ from these by float32 roundoff, which can move a
+// code across a half: each row is charged one such code (its tile's quantum times the largest
+// |unit|), on top of the error it makes here. A kernel panel whose other rows do not see the tile
+// whole multiplies it unrounded, a subset of this baseline's rounding.
+Errors int8_cache_errors(const Problem& p, const Inputs& in, const Reference& ref) {
+  const DequantizedKv dq = dequantize_kv(p, in);
+  const TypedInputs<float> f = typed<float>(dq.inputs);
+  const KvDType t = p.kv_dtype;
+  const int64_t dv = p.dim_v(), nblk = (t == KvDType::U8 || t == KvDType::U4) ? 1 : dv / 32;
+  const int64_t span = (t == KvDType::U8 || t == KvDType::U4) ? dv : 32;
+  constexpr int64_t kTile = 64;
+  Errors e;
+  std::vector<float> s(static_cast<size_t>(p.kv_len));
+  std::vector<double> o(static_cast<size_t>(dv));
+  std::vector<float> of(static_cast<size_t>(dv));
+  std::vector<float> w(static_cast<size_t>(nblk * kTile)), quantum(static_cast<size_t>(nblk));
+  std::vector<int32_t> codes(static_cast<size_t>(nblk * kTile));
+  for (size_t r = 0; r < ref.rows.size(); ++r) {
+    const RowId& id = ref.rows[r];
+    const int64_t hk = p.kv_head_of(id.h);
+    const std::vector<int64_t> keys = reference_keys(p, id);
+    const int64_t n = static_cast<int64_t>(keys.size());
+    std::fill(o.begin(), o.end(), 0.0);
+    float lse = -std::numeric_limits<float>::infinity();
+    double flip = 0;  // one code across a half, at the largest quantum x |unit| of the row's rounded tiles
+    if (n > 0) {
+      textbook::scores(f.q.row(id.b, id.h, id.i), f.k, id.b, hk, textbook::KeyList{keys.data(), n}, p.effective_scale(),
+                       s.data());
+      float m = s[0];
+      for (int64_t x = 1; x < n; ++x) m = s[x] > m ? s[x] : m;
+      float l = 0.f;
+      for (int64_t x = 0; x < n; ++x) {
+        s[x] = std::exp(s[x] - m);
+        l += s[x];
+      }
+      for (int64_t x = 0; x < n;) {
+        const int64_t j = keys[x];
+        const bool whole = j % kTile == 0 && x + kTile <= n && keys[x + kTile - 1] == j + kTile - 1;
+        bool rounded = whole;
+        for (int64_t b = 0; b < nblk && rounded; ++b) {
+          for (int64_t y = 0; y < kTile; ++y) {
+            w[b * kTile + y] = s[x + y] * static_cast<float>(v_scale_of(t, in.vq.row(id.b, hk, j + y), b));
+          }
+          rounded = round_p_tile(&w[b * kTile], kTile, p_codes_signed(t), &codes[b * kTile], &quantum[b]);
+        }
+        if (!rounded) {  // a key as it is
+          const float* vr = f.v.row(id.b, hk, j);
+          for (int64_t i = 0; i < dv; ++i) o[i] += static_cast<double>(s[x]) * vr[i];
+          ++x;
+          continue;
+        }
+        for (int64_t y = 0; y < kTile; ++y) {
+          const std::byte* vr = in.vq.row(id.b, hk, j + y);
+          for (int64_t i = 0; i < dv; ++i) {
+            const int64_t b = i / span;
+            const double u = v_unit(t, vr, i);
+            o[i] += static_cast<double>(quantum[b]) * codes[b * kTile + y] * u;
+            flip = std::max(flip, static_cast<double>(quantum[b]) * std::fabs(u));
+          }
+        }
+        x += kTile;
+      }
+      for (int64_t i = 0; i < dv; ++i) o[i] /= l;
+      flip /= l;
+      lse = m + std::log(l);
+    }
+    for (int64_t i = 0; i < dv; ++i) of[i] = static_cast<float>(o[i]);
+    Errors row;
+    accumulate(row, ref, r, of.data(), &lse);
+    const double scale = std::isnan(ref.row_scale[r]) ? 1.0 : std::max(ref.row_scale[r], 1e-30);
+    row.o_rel += flip / scale;
+    if (r == 0 || row.o_rel > e.o_rel) e.worst = id;
+    e.o_rel = std::max(e.o_rel, row.o_rel);
+    e.o_abs = std::max(e.o_abs, row.o_abs);
+    e.lse = std::max(e.lse, row.lse);
+    e.lse_checked = true;
+  }
+  return e;
+}
 }  // namespace
 
 Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref, Arithmetic arithmetic) {
@@ -315,7 +422,11 @@ Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref,
     const std::vector<float> q = int8_rounded_q(p, in.q);
     Inputs rounded = in;
     rounded.q = contiguous_view(q, in.q);
-    if (cache) return baseline_errors(p, rounded, ref, Arithmetic::F32);
+    if (cache) {
+      if (!p.kv_paged()) return int8_cache_errors(p, rounded, ref);
+      const UnpagedKv u = unpage_kv(p, rounded);
+      return int8_cache_errors(u.problem, u.inputs, ref);
+    }
     return int8_dense_errors(p, in, rounded, ref, arithmetic == Arithmetic::Int8Bf16Products);
   }
   if (p.kv_paged()) {

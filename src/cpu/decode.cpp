@@ -126,15 +126,16 @@ class Decode final : public Kernel {
   std::string_view name() const override { return int8_ ? "decode_i8" : "decode"; }
   std::string_view description() const override {
     if (int8_) {
-      return "decode with integer K.Q: Q rounded to int8 once per row, vpdpbusd (VNNI; else vpmaddubsw + "
-             "vpmaddwd) against a q8_0, q4_0, u8 or u4 cache's codes, the scales after; softmax and P.V in float32";
+      return "decode with integer K.Q and P.V: Q rounded to int8 once per row, vpdpbusd (VNNI; else vpmaddubsw + "
+             "vpmaddwd) against a q8_0, q4_0, u8 or u4 cache's codes; P times V's scales rounded to 8 bits per "
+             "64-key tile against V's codes (VNNI); the scales after, softmax in float32";
     }
     return "flash-decoding for q_len <= 16: key chunks of up to 2048 keys as oneTBB tasks, all query rows of a "
            "GQA group per task through flash's tile engine (K/V read once), partial (O, m, l) merged exactly";
   }
   Arithmetic arithmetic() const override { return int8_ ? Arithmetic::Int8Products : Arithmetic::F32; }
   std::string_view precision() const override {
-    return int8_ ? "f32 Q to int8, int32 K.Q on int caches; f32 P.V" : Kernel::precision();
+    return int8_ ? "f32 Q to int8, P to 8 bits per tile; int32 K.Q and P.V on int caches" : Kernel::precision();
   }
   Support supports(const Problem& p) const override {
     if (p.q_len > kMaxQLen) {

@@ -168,6 +168,12 @@ const TargetTable& target_table() {
               },
           .kv_row = simd::read_kv_row,
           .round_int8_row = simd::round_int8_row,
+          .round_p_row =
+              [](const float* p, const float* sc, bool is_signed, uint8_t* codes, float* quantum) {
+                float corr = 0.f;
+                return is_signed ? simd::round_p_row<true>(p, sc, nullptr, codes, quantum, &corr)
+                                 : simd::round_p_row<false>(p, sc, nullptr, codes, quantum, &corr);
+              },
       },
   };
   return t;

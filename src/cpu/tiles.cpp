@@ -63,6 +63,15 @@ inline bool i8_vnni_runs() {
   return kI8VnniBuilt && cpu_runs_isa(kI8Unit) && !(no_vnni && std::string_view(no_vnni) == "1");
 }
 
+// Whether decode_i8 multiplies P.V in integers (pv_tile_i8): vpdpbusd on the vector targets (its
+// u8 x s8 products overflow vpmaddubsw's int16 pairs at P's 255 levels: without VNNI P.V stays
+// float32), the rule's sums on the scalar and NEON targets; ATTN_I8_PV=0 (comparisons) keeps P.V
+// in float32 everywhere.
+inline bool i8_pv_runs(bool vnni) {
+  const char* v = std::getenv("ATTN_I8_PV");
+  return (vnni || !ATTN_I8_PV_VECTOR) && !(v && std::string_view(v) == "0");
+}
+
 // flash_int8 (Tiling::i8_prefill): a head's shared area, and the running task's header in its
 // scratch (byte 0: the task scores in integers; bytes 8..15: its head's area).
 inline std::byte* i8_head_area(const Tiling& t, std::byte* shared, int64_t kv_heads, int64_t b, int64_t hk) {
@@ -281,6 +290,15 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
   const float* a = rescale ? alpha : nullptr;
   if (full) {
     if constexpr (kIntDot<E>) {
+      if (s.i8_on() && t.i8_pv) {  // decode_i8: P rounded per tile (round_p_tile), P.V in integers
+        const std::byte* vr[kTileKeys];
+        for (int j = 0; j < kTileKeys; ++j) vr[j] = reinterpret_cast<const std::byte*>(kt.v.row(j));
+        PCodes<MR> pc;
+        if (round_p_rows<MR, E::type>(s.p, vr, t.dim_v, pc)) {
+          pv_tile_i8<MR, E::type>(pc, vr, t.dim_v, s.o + rr0 * t.dim_v_pad, t.dim_v_pad, a, step);
+          return;
+        }
+      }
       if constexpr (is_row_type(E::type)) {
         if (s.i8_on()) {  // decode_i8: each key's scale on P, the codes' P.V, the zero points' share off O
           float off[MR];
@@ -728,6 +746,7 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
     }
     t.int8_dot = true;
     t.i8_vnni = i8_vnni_runs();
+    t.i8_pv = i8_pv_runs(t.i8_vnni);
     t.i8_row = I8Layout(t.dim).row;
     t.i8_off = take(64 + static_cast<size_t>((t.rows + 1) * t.i8_row));
   }

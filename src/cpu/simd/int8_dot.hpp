@@ -563,6 +563,366 @@ void score_panel_i8(const int32_t* qw, const I8KeyTile& l, const std::byte* tile
 }
 #endif
 
+// decode_i8's P.V in integers, on a V tile that every row of the panel sees whole (nk = kTileKeys).
+// Each row's P times V's scales is rounded per V scale block by round_p_tile's rule (kv_quant.hpp:
+// u8 codes against the tile's largest weight; signed, 127 levels, for q4_0), then each output
+// column is an exact int32 sum over the tile's 64 keys of the P codes times V's codes as stored,
+// scaled once by the block's quantum:
+//   u8, u4  O_i += q sum_j P_j c_ji - q sum_j P_j zp_j      (c: the code; u8 read as c - 128, zp - 128)
+//   q8_0    O_i += q_b sum_j P_jb c_ji                        (c: the int8 code)
+//   q4_0    O_i += q_b sum_j P_jb n_ji - 8 q_b sum_j P_jb     (n: the nibble; P signed)
+// vpdpbusd takes four keys per 32-bit lane: four V rows' codes for one column run interleave in
+// registers (two unpack stages), P's four codes of those keys broadcast as one word, and the
+// accumulators' column order (lane 4L + c of vector k holds column 16L + 4k + c) is undone once per
+// tile by a 4 x 4 transpose of 128-bit lanes. Against the float path per key and 64 columns:
+// 4 V loads and 8 unpacks per 4 keys, one vpdpbusd per row, instead of widening 64 codes (two
+// conversions per 16) and 4 FMAs per row.
+#if defined(__AVX512F__) || defined(__AVX2__)
+#define ATTN_I8_PV_VECTOR 1
+#else
+#define ATTN_I8_PV_VECTOR 0
+#endif
+inline constexpr int kMaxPBlocks = Problem::kMaxHeadDim / 32;
+template <int MR>
+struct PCodes {
+  alignas(64) uint8_t code[MR][kMaxPBlocks][kTileKeys];  // round_p_tile's codes as bytes (q4_0: int8)
+  float quantum[MR][kMaxPBlocks];
+  float sub[MR][kMaxPBlocks];  // what comes off each column of the block, per row (formulas above)
+};
+
+// V's scale of key row r for column block b, and (row types) its zero point.
+template <KvDType T>
+inline float v_scale(const std::byte* r, int64_t b) {
+  if constexpr (is_row_type(T)) return kv_read::load_f32(r);
+  return kv_read::scale_f16(r + b * (T == KvDType::Q8_0 ? 34 : 18));
+}
+template <KvDType T>
+inline int64_t p_blocks(int64_t dv) {
+  return is_row_type(T) ? 1 : dv / 32;
+}
+// The zero point as P.V's sum sees it: u8's codes go in as c - 128 (vpdpbusd's signed operand).
+template <KvDType T>
+inline float zp_of(const std::byte* r) {
+  return kv_read::load_f32(r + 4) - (T == KvDType::U8 && ATTN_I8_PV_VECTOR ? 128.f : 0.f);
+}
+
+// One row's P (kTileKeys weights' p) times the scales sc rounded into out by round_p_tile's rule, in
+// vectors on AVX2 / AVX-512 (bit for bit the rule: the same max, one division, the same products
+// and the same round-half-to-even conversion; tests/test_simd_math.cpp), the rule itself elsewhere.
+// *quantum: wmax / L; *corr: sum_j code_j zp_j (zp given: row types) or sum_j code_j. false when a
+// weight is NaN or Inf (nothing written that is used).
+template <bool kSigned>
+inline bool round_p_row(const float* p, const float* sc, const float* zp, uint8_t* out, float* quantum,
+                        float* corr_out) {
+  [[maybe_unused]] constexpr int32_t kLevels = kSigned ? 127 : 255;  // round_p_tile's
+  float q = 0.f, corr = 0.f;
+#if ATTN_I8_PV_VECTOR
+  alignas(64) float w[kTileKeys];
+  Batch amax(0.f), bad(0.f);
+  for (int j = 0; j < kTileKeys; j += kLanes) {
+    const Batch x = Batch::load_aligned(p + j) * Batch::load_aligned(sc + j);
+    x.store_aligned(w + j);
+    bad += x - x;  // 0 for finite weights; NaN from a NaN or an Inf
+    amax = max(amax, xsimd::abs(x));
+  }
+  if (reduce_sum(bad) != 0.f) return false;
+  const float wmax = reduce_max(amax);
+  if (wmax > 0.f) {
+    q = wmax / static_cast<float>(kLevels);
+    const Batch inv(static_cast<float>(kLevels) / wmax);
+    Batch acc(0.f);
+    alignas(64) int32_t ci[kTileKeys];
+    for (int j = 0; j < kTileKeys; j += kLanes) {
+#if defined(__AVX512F__)
+      __m512i c = _mm512_cvtps_epi32(Batch::load_aligned(w + j) * inv);  // MXCSR's round half to even
+      c = _mm512_min_epi32(_mm512_max_epi32(c, _mm512_set1_epi32(kSigned ? -kLevels : 0)), _mm512_set1_epi32(kLevels));
+      _mm512_store_si512(ci + j, c);
+      const Batch cf = _mm512_cvtepi32_ps(c);
+#else
+      __m256i c = _mm256_cvtps_epi32(Batch::load_aligned(w + j) * inv);
+      c = _mm256_min_epi32(_mm256_max_epi32(c, _mm256_set1_epi32(kSigned ? -kLevels : 0)), _mm256_set1_epi32(kLevels));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(ci + j), c);
+      const Batch cf = _mm256_cvtepi32_ps(c);
+#endif
+      acc = zp ? simd::fma(cf, Batch::load_aligned(zp + j), acc) : acc + cf;
+    }
+    corr = reduce_sum(acc);
+#if defined(__AVX512F__)
+    for (int j = 0; j < kTileKeys; j += 16) {
+      _mm_store_si128(reinterpret_cast<__m128i*>(out + j), _mm512_cvtepi32_epi8(_mm512_load_si512(ci + j)));
+    }
+#else
+    for (int j = 0; j < kTileKeys; j += 32) {
+      const auto* c = reinterpret_cast<const __m256i*>(ci + j);
+      const __m256i w16a = _mm256_packs_epi32(_mm256_load_si256(c), _mm256_load_si256(c + 1));
+      const __m256i w16b = _mm256_packs_epi32(_mm256_load_si256(c + 2), _mm256_load_si256(c + 3));
+      const __m256i bytes = kSigned ? _mm256_packs_epi16(w16a, w16b) : _mm256_packus_epi16(w16a, w16b);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out + j),
+                         _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
+#endif
+  } else {
+    std::memset(out, 0, kTileKeys);
+  }
+#else  // the rule itself
+  float w[kTileKeys];
+  int32_t ci[kTileKeys];
+  for (int j = 0; j < kTileKeys; ++j) w[j] = p[j] * sc[j];
+  if (!round_p_tile(w, kTileKeys, kSigned, ci, &q)) return false;
+  for (int j = 0; j < kTileKeys; ++j) {
+    out[j] = static_cast<uint8_t>(ci[j]);
+    corr += static_cast<float>(ci[j]) * (zp ? zp[j] : 1.f);
+  }
+#endif
+  *quantum = q, *corr_out = corr;
+  return true;
+}
+
+// Rounds the panel's P (MR rows, kTileKeys apart) times V's scales (vr: the tile's V rows) into pc,
+// row by row and block by block (round_p_row); false when a weight is NaN or Inf (then nothing is
+// used: the tile runs in float32).
+template <int MR, KvDType T>
+inline bool round_p_rows(const float* p, const std::byte* const* vr, int64_t dv, PCodes<MR>& pc) {
+  constexpr bool kSigned = T == KvDType::Q4_0;
+  const int64_t nb = p_blocks<T>(dv);
+  for (int64_t b = 0; b < nb; ++b) {
+    alignas(64) float sc[kTileKeys], zp[kTileKeys];
+    if constexpr (is_row_type(T) || !ATTN_I8_PV_VECTOR) {
+      for (int j = 0; j < kTileKeys; ++j) {
+        sc[j] = v_scale<T>(vr[j], b);
+        if constexpr (is_row_type(T)) zp[j] = zp_of<T>(vr[j]);
+      }
+    } else {  // the f16 scales by F16C, kLanes at a time (a scalar conversion per key and block cost more)
+      alignas(64) uint16_t bits[kTileKeys];
+      for (int j = 0; j < kTileKeys; ++j) bits[j] = kv_detail::load_u16(vr[j] + b * (T == KvDType::Q8_0 ? 34 : 18));
+#if defined(__AVX512F__)
+      for (int j = 0; j < kTileKeys; j += 16) {
+        _mm512_store_ps(sc + j, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(bits + j))));
+      }
+#elif defined(__AVX2__)
+      for (int j = 0; j < kTileKeys; j += 8) {
+        _mm256_store_ps(sc + j, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(bits + j))));
+      }
+#endif
+    }
+    for (int m = 0; m < MR; ++m) {
+      float q = 0.f, corr = 0.f;
+      if (!round_p_row<kSigned>(p + m * kTileKeys, sc, is_row_type(T) ? zp : nullptr, pc.code[m][b], &q, &corr)) {
+        return false;
+      }
+      pc.quantum[m][b] = q;
+      pc.sub[m][b] = is_row_type(T) ? q * corr : kSigned ? 8.f * q * corr : 0.f;
+    }
+  }
+  return true;
+}
+
+#if ATTN_I8_PV_VECTOR
+namespace i8_detail {
+#if defined(__AVX512F__)
+inline constexpr int kPvRows = 4;  // rows per pass: 4 x 4 accumulators, the 4 rows' codes and their unpacks
+// V row r's codes for columns [c0, c0 + 64) in column order, zero past the row (rem: its columns
+// from c0 on): u8 as c - 128 (vpdpbusd's signed operand), u4 and q4_0 as nibbles 0..15, q8_0 as stored.
+template <KvDType T>
+inline IVec v_codes(const std::byte* r, int64_t c0, int64_t rem) {
+  if constexpr (T == KvDType::U8) {
+    const std::byte* p = r + 8 + c0;
+    const IVec u = rem >= 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(first_bytes(rem), p);
+    return _mm512_xor_si512(u, bytes80());
+  } else if constexpr (T == KvDType::U4) {
+    const std::byte* p = r + 8 + c0 / 2;
+    const int64_t n = (rem + 1) / 2;
+    const __m256i y = n >= 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                              : _mm256_maskz_loadu_epi8(static_cast<__mmask32>(first_bytes(n)), p);
+    // byte 2i: byte i's low nibble, byte 2i + 1 its high one: (z | z << 4) & 0x0f0f per word
+    const IVec z = _mm512_cvtepu8_epi16(y);
+    return _mm512_ternarylogic_epi32(z, _mm512_slli_epi16(z, 4), _mm512_set1_epi16(0x0f0f), 0xa8);
+  } else if constexpr (T == KvDType::Q8_0) {
+    const std::byte* b0 = r + c0 / 32 * 34;
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2));
+    const __m256i hi =
+        rem > 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 36)) : _mm256_setzero_si256();
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  } else {
+    static_assert(T == KvDType::Q4_0);
+    // A block's 16 bytes hold values 0..15 (low nibbles) and 16..31 (high): lanes [B0, B0, B1, B1],
+    // the odd lanes shifted by 4, then the nibbles.
+    const std::byte* b0 = r + c0 / 32 * 18;
+    const __m128i x0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 2));
+    const __m128i x1 = rem > 32 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 20)) : _mm_setzero_si128();
+    IVec z =
+        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_broadcastsi128_si256(x0)), _mm256_broadcastsi128_si256(x1), 1);
+    z = _mm512_mask_srli_epi16(z, 0xff00ff00u, z, 4);
+    return _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
+  }
+}
+inline IVec lo8(IVec a, IVec b) { return _mm512_unpacklo_epi8(a, b); }
+inline IVec hi8(IVec a, IVec b) { return _mm512_unpackhi_epi8(a, b); }
+inline IVec lo16(IVec a, IVec b) { return _mm512_unpacklo_epi16(a, b); }
+inline IVec hi16(IVec a, IVec b) { return _mm512_unpackhi_epi16(a, b); }
+// x[k] lane 4L + c holds column 16L + 4k + c: out[n] = columns 16n .. 16n + 15 (128-bit lane n of each x[k]).
+inline void column_order(const IVec x[4], IVec out[4]) {
+  const IVec t0 = _mm512_shuffle_i32x4(x[0], x[1], 0x44), t1 = _mm512_shuffle_i32x4(x[2], x[3], 0x44);
+  const IVec t2 = _mm512_shuffle_i32x4(x[0], x[1], 0xee), t3 = _mm512_shuffle_i32x4(x[2], x[3], 0xee);
+  out[0] = _mm512_shuffle_i32x4(t0, t1, 0x88), out[1] = _mm512_shuffle_i32x4(t0, t1, 0xdd);
+  out[2] = _mm512_shuffle_i32x4(t2, t3, 0x88), out[3] = _mm512_shuffle_i32x4(t2, t3, 0xdd);
+}
+// P's operand for keys 4g .. 4g + 3 of row m over columns [c0, c0 + 64): the word of each lane's block.
+template <KvDType T, int MR>
+inline IVec p_word(const PCodes<MR>& pc, int m, int g, int64_t c0, bool two) {
+  int32_t w0, w1;
+  if constexpr (is_row_type(T)) {
+    std::memcpy(&w0, pc.code[m][0] + 4 * g, 4);
+    return bcast32(w0);
+  } else {
+    const int64_t b = c0 / 32;
+    std::memcpy(&w0, pc.code[m][b] + 4 * g, 4);
+    std::memcpy(&w1, pc.code[m][two ? b + 1 : b] + 4 * g, 4);
+    return _mm512_mask_blend_epi32(0xff00, bcast32(w0), bcast32(w1));  // columns 32.. of the chunk: block b + 1
+  }
+}
+#else  // AVX2 with AVX-VNNI
+inline constexpr int kPvRows = 2;  // 16 registers: 2 x 4 accumulators, the 4 rows' codes and their unpacks
+template <KvDType T>
+inline IVec v_codes(const std::byte* r, int64_t c0, int64_t rem) {
+  if constexpr (T == KvDType::U8) {
+    const std::byte* p = r + 8 + c0;
+    IVec u;
+    if (rem >= 32) {
+      u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    } else {
+      alignas(32) std::byte buf[32];
+      copy_bytes(p, rem, buf, 32);
+      u = _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
+    }
+    return _mm256_xor_si256(u, bytes80());
+  } else if constexpr (T == KvDType::U4) {
+    const std::byte* p = r + 8 + c0 / 2;
+    const int64_t n = (rem + 1) / 2;
+    __m128i x;
+    if (n >= 16) {
+      x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    } else {
+      alignas(16) std::byte buf[16];
+      copy_bytes(p, n, buf, 16);
+      x = _mm_load_si128(reinterpret_cast<const __m128i*>(buf));
+    }
+    const IVec z = _mm256_cvtepu8_epi16(x);
+    return _mm256_and_si256(_mm256_or_si256(z, _mm256_slli_epi16(z, 4)), _mm256_set1_epi16(0x0f0f));
+  } else if constexpr (T == KvDType::Q8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + c0 / 32 * 34 + 2));
+  } else {
+    static_assert(T == KvDType::Q4_0);
+    const IVec z = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + c0 / 32 * 18 + 2)));
+    return _mm256_and_si256(_mm256_blend_epi32(z, _mm256_srli_epi16(z, 4), 0xf0), _mm256_set1_epi8(0x0f));
+  }
+}
+inline IVec lo8(IVec a, IVec b) { return _mm256_unpacklo_epi8(a, b); }
+inline IVec hi8(IVec a, IVec b) { return _mm256_unpackhi_epi8(a, b); }
+inline IVec lo16(IVec a, IVec b) { return _mm256_unpacklo_epi16(a, b); }
+inline IVec hi16(IVec a, IVec b) { return _mm256_unpackhi_epi16(a, b); }
+// x[k] lane 4L + c holds column 16L + 4k + c: out[n] = columns 8n .. 8n + 7.
+inline void column_order(const IVec x[4], IVec out[4]) {
+  out[0] = _mm256_permute2x128_si256(x[0], x[1], 0x20), out[1] = _mm256_permute2x128_si256(x[2], x[3], 0x20);
+  out[2] = _mm256_permute2x128_si256(x[0], x[1], 0x31), out[3] = _mm256_permute2x128_si256(x[2], x[3], 0x31);
+}
+template <KvDType T, int MR>
+inline IVec p_word(const PCodes<MR>& pc, int m, int g, int64_t c0, bool) {
+  int32_t w;
+  std::memcpy(&w, pc.code[m][is_row_type(T) ? 0 : c0 / 32] + 4 * g, 4);  // a 32-column chunk: one block
+  return bcast32(w);
+}
+#endif
+}  // namespace i8_detail
+
+// o[m] (ldo apart, dv_pad floats) = o[m] alpha[m] (alpha given) + the tile's P.V by the formulas above;
+// vr: the tile's kTileKeys V rows.
+template <int MR, KvDType T, class Step>
+void pv_tile_i8(const PCodes<MR>& pc, const std::byte* const* vr, int64_t dv, float* o, int64_t ldo, const float* alpha,
+                Step& step) {
+  using namespace i8_detail;
+  const int64_t dv_pad = padded_dim(dv);
+  if (alpha) {
+    for (int m = 0; m < MR; ++m) {
+      const Batch a(alpha[m]);
+      for (int64_t x = 0; x < dv_pad; x += kLanes)
+        (Batch::load_aligned(o + m * ldo + x) * a).store_aligned(o + m * ldo + x);
+    }
+  }
+  for (int64_t c0 = 0; c0 < dv; c0 += kI8Chunk) {
+    const int64_t rem = dv - c0;
+    const bool two = rem > 32;  // block types, AVX-512: the chunk's second block exists
+    for (int m0 = 0; m0 < MR; m0 += kPvRows) {
+      constexpr int kRows = MR < kPvRows ? MR : kPvRows;
+      const int rows = MR - m0 < kRows ? MR - m0 : kRows;
+      IVec acc[kRows][4];
+      for (int r = 0; r < kRows; ++r)
+        for (int k = 0; k < 4; ++k) acc[r][k] = izero();
+      for (int g = 0; g < kTileKeys / 4; ++g) {
+        for (int x = 0; x < kI8Chunk / kLanes; ++x) step();
+        const IVec r0 = v_codes<T>(vr[4 * g], c0, rem), r1 = v_codes<T>(vr[4 * g + 1], c0, rem);
+        const IVec r2 = v_codes<T>(vr[4 * g + 2], c0, rem), r3 = v_codes<T>(vr[4 * g + 3], c0, rem);
+        const IVec a = lo8(r0, r1), b = lo8(r2, r3), c = hi8(r0, r1), d = hi8(r2, r3);
+        const IVec xk[4] = {lo16(a, b), hi16(a, b), lo16(c, d), hi16(c, d)};
+        for (int r = 0; r < kRows; ++r) {
+          if (r >= rows) break;
+          const IVec pw = p_word<T>(pc, m0 + r, g, c0, two);
+          for (int k = 0; k < 4; ++k) {
+            acc[r][k] = T == KvDType::Q4_0 ? dot4<true>(acc[r][k], xk[k], pw) : dot4<true>(acc[r][k], pw, xk[k]);
+          }
+        }
+      }
+      for (int r = 0; r < rows; ++r) {
+        const int m = m0 + r;
+        IVec cols[4];
+        column_order(acc[r], cols);
+        for (int n = 0; n < 4; ++n) {
+          const int64_t col = c0 + n * kLanes;
+          if (col >= dv_pad) break;
+          const int64_t b = is_row_type(T) ? 0 : col / 32;
+          float* dst = o + m * ldo + col;
+          const Batch v = simd::fma(to_float(cols[n]), Batch(pc.quantum[m][b]), Batch::load_aligned(dst));
+          (v - Batch(pc.sub[m][b])).store_aligned(dst);
+        }
+      }
+    }
+  }
+}
+#else
+// The scalar and NEON targets: the same sums, column by column (codes as they are; u8's zero point unshifted).
+template <int MR, KvDType T, class Step>
+void pv_tile_i8(const PCodes<MR>& pc, const std::byte* const* vr, int64_t dv, float* o, int64_t ldo, const float* alpha,
+                Step& step) {
+  for (int m = 0; m < MR; ++m) {
+    float* om = o + m * ldo;
+    if (alpha)
+      for (int64_t i = 0; i < dv; ++i) om[i] *= alpha[m];
+    for (int64_t i = 0; i < dv; ++i) {
+      const int64_t b = is_row_type(T) ? 0 : i / 32;
+      int32_t sum = 0;
+      for (int j = 0; j < kTileKeys; ++j) {
+        step();
+        const auto* u = reinterpret_cast<const uint8_t*>(vr[j]);
+        int32_t c;
+        if constexpr (T == KvDType::U8) {
+          c = u[8 + i];
+        } else if constexpr (T == KvDType::U4) {
+          c = i % 2 ? u[8 + i / 2] >> 4 : u[8 + i / 2] & 0x0f;
+        } else if constexpr (T == KvDType::Q8_0) {
+          c = static_cast<int8_t>(u[b * 34 + 2 + i % 32]);
+        } else {
+          const int64_t y = i % 32;
+          c = y < 16 ? u[b * 18 + 2 + y] & 0x0f : u[b * 18 + 2 + y - 16] >> 4;
+        }
+        const int32_t pj = T == KvDType::Q4_0 ? static_cast<int8_t>(pc.code[m][b][j]) : pc.code[m][b][j];
+        sum += pj * c;
+      }
+      om[i] = std::fma(static_cast<float>(sum), pc.quantum[m][b], om[i]) - pc.sub[m][b];
+    }
+  }
+}
+#endif
+
 // decode_i8's P.V on a u8 / u4 V tile that every row of the panel sees whole (nk = kTileKeys):
 // x_j = (c_j - zp_j) sc_j, so sum_j p_j x_j = sum_j (p_j sc_j) c_j - sum_j p_j sc_j zp_j. P (MR rows,
 // kTileKeys apart) takes each key's scale in place and off[m] gets row m's second sum, to come off

@@ -59,6 +59,7 @@ struct Tiling {
   // i8_row bytes (Q's integer form; the last all zero).
   bool int8_dot = false;
   bool i8_vnni = false;  // vpdpbusd (the CPU has this target's VNNI unit; not ATTN_NO_VNNI=1), else vpmaddubsw
+  bool i8_pv = false;    // decode_i8's P.V in integers (pv_tile_i8, int8_dot.hpp), else float32
   size_t i8_off = 0;
   int64_t i8_row = 0;
   // int8 prefill (flash_int8: a dense float32 problem, src/cpu/simd/int8_dot.hpp): K smoothed and
