@@ -238,7 +238,8 @@ TEST(KvQuant, QRowsRoundToInt8ByTheirBlock) {
 
 // decode_i8's P rounding by hand (round_p_tile): against the largest |w|, half to even, the same
 // codes for the same weights times any power of two (the kernel's running max never changes them),
-// signed with 127 levels for q4_0 alone, zeros to zeros, and no rounding of a NaN or an Inf.
+// signed with 127 levels for q4_0 alone, zeros to zeros, and no rounding of a NaN, an Inf, a
+// negative weight (unsigned) or weights too small for a step.
 TEST(KvQuant, PRoundsAgainstTheTilesLargestWeight) {
   std::vector<int32_t> codes(6);
   float q = 0.f;
@@ -266,6 +267,11 @@ TEST(KvQuant, PRoundsAgainstTheTilesLargestWeight) {
     x[3] = bad;
     EXPECT_FALSE(round_p_tile(x.data(), 6, false, codes.data(), &q)) << bad;
   }
+  const std::vector<float> negative = {3.f, -1.f};  // unsigned codes: a negative weight does not round
+  EXPECT_FALSE(round_p_tile(negative.data(), 2, false, codes.data(), &q));
+  EXPECT_TRUE(round_p_tile(negative.data(), 2, true, codes.data(), &q));
+  const std::vector<float> tiny = {1e-44f, 3e-45f};  // 255 / wmax overflows: no step to round to
+  EXPECT_FALSE(round_p_tile(tiny.data(), 2, false, codes.data(), &q));
   for (KvDType t : quantized_kv_dtypes()) EXPECT_EQ(p_codes_signed(t), t == KvDType::Q4_0) << to_string(t);
 }
 

@@ -73,9 +73,10 @@ bool round_int8(const float* x, int64_t dim, int64_t block, int8_t* q, float* sc
 // code_j = nearbyint(w_j x (L / wmax)) (float32, half to even), then clamped to [0, L] or [-L, L];
 // w_j then multiplies as code_j x (wmax / L), the quantum. L = 255 for the types whose V scales are
 // >= 0 (u8, u4, q8_0: the codes are unsigned bytes), 127 with a sign for q4_0 (its d = m / -8 takes
-// either sign). wmax = 0: codes 0, quantum 0. false when a w is NaN or Inf: that tile multiplies in
-// float32. Rounding against the tile's own largest weight makes the codes independent of the
-// running max the weights are taken against (a common factor cancels), so the tolerance baseline
+// either sign). wmax = 0: codes 0, quantum 0. false when a w is NaN or Inf, negative for the
+// unsigned codes (a q8_0 block another writer stored with d < 0), or all below FLT_MIN x L (L / wmax
+// overflows): that tile multiplies in float32. Rounding against the tile's own largest weight makes the codes
+// independent of the running max the weights are taken against (a common factor cancels), so the tolerance baseline
 // (verify.cpp) rounds its own P by this rule and gets the kernel's codes. The kernel (every
 // target, bit for bit: src/cpu/simd/int8_dot.hpp) and the baseline both use it.
 bool p_codes_signed(KvDType t);

@@ -236,7 +236,7 @@ bool p_codes_signed(KvDType t) { return t == KvDType::Q4_0; }
 bool round_p_tile(const float* w, int64_t n, bool is_signed, int32_t* codes, float* quantum) {
   float wmax = 0.f;
   for (int64_t j = 0; j < n; ++j) {
-    if (!std::isfinite(w[j])) return false;
+    if (!std::isfinite(w[j]) || (!is_signed && w[j] < 0.f)) return false;
     wmax = std::max(wmax, std::fabs(w[j]));
   }
   const int32_t levels = is_signed ? 127 : 255;
@@ -246,6 +246,7 @@ bool round_p_tile(const float* w, int64_t n, bool is_signed, int32_t* codes, flo
     return true;
   }
   const float inv = static_cast<float>(levels) / wmax;
+  if (!std::isfinite(inv)) return false;  // weights below FLT_MIN x L: no step to round them to
   for (int64_t j = 0; j < n; ++j) {
     const auto c = static_cast<int32_t>(std::nearbyint(w[j] * inv));
     codes[j] = std::clamp(c, is_signed ? -levels : 0, levels);

@@ -2,6 +2,7 @@
 // at its vector width, and its vector math for the tests. Compiled once per target.
 #include "cpu/target.hpp"
 
+#include <cstring>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -170,9 +171,17 @@ const TargetTable& target_table() {
           .round_int8_row = simd::round_int8_row,
           .round_p_row =
               [](const float* p, const float* sc, bool is_signed, uint8_t* codes, float* quantum) {
-                float corr = 0.f;
-                return is_signed ? simd::round_p_row<true>(p, sc, nullptr, codes, quantum, &corr)
-                                 : simd::round_p_row<false>(p, sc, nullptr, codes, quantum, &corr);
+                alignas(64) float pa[simd::kTileKeys], sa[simd::kTileKeys];  // the kernel's rows are aligned
+                std::memcpy(pa, p, sizeof pa);
+                std::memcpy(sa, sc, sizeof sa);
+                simd::PCodes<1> pc;
+                simd::Batch bad(0.f);
+                const bool ok = is_signed ? simd::round_p_block<1, true>(pa, sa, nullptr, 0, pc, bad)
+                                          : simd::round_p_block<1, false>(pa, sa, nullptr, 0, pc, bad);
+                if (!ok || simd::bad_weights(bad)) return false;
+                std::memcpy(codes, pc.code[0][0], static_cast<size_t>(simd::kTileKeys));
+                *quantum = pc.quantum[0][0];
+                return true;
               },
       },
   };

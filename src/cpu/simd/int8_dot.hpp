@@ -8,11 +8,12 @@
 // score_row_rule is the definition (the scalar target runs it). The avx512 and avx2 targets compute
 // the same integers with vpdpbusd where the CPU has AVX512-VNNI resp. AVX-VNNI (unsigned bytes x
 // signed bytes, four products summed per 32-bit lane, never saturating): K's codes are the unsigned
-// operand - q8_0's as c + 128 (one xor), the extra 128 sum q taken back by starting each lane's
-// accumulator at -128 x (its four q's), q4_0's -8 the same way - and Q's codes the signed one, stored
-// in the order K's codes unpack in (nibbles: the lows, then the highs), so no K byte is shuffled.
-// Elsewhere vpmaddubsw + vpmaddwd make the same sums (score_rows_i8 says how). Block types convert
-// each lane to float and scale it by its block's dq dk; row types add the row in int32, scale once.
+// operand - q8_0's as c + 128 (one xor), the extra 128 sum_b q taken back by starting one lane per key
+// at -128 sum_b q, q4_0's -8 the same way - and Q's codes the signed one, stored in the order K's
+// u4 nibbles unpack in (the lows, then the highs), so no K byte is shuffled; keys ride in 128-bit
+// lanes (score_rows_i8). Elsewhere vpmaddubsw + vpmaddwd make the same sums (score_rows_i8 says how).
+// Block types scale each block's int32 sum by its dq dk; row types add the row in int32, scale once.
+// decode_i8's P.V in integers (round_p_rows, pv_tile_i8) follows below.
 // Why: a widened code costs a load, two conversions and a multiply per lane before its FMA
 // (kv_load.hpp); vpdpbusd does four products per lane in one instruction, on the codes as stored.
 #pragma once
@@ -26,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "attnlab/kv_quant.hpp"
 #include "attnlab/kv_read.hpp"
@@ -64,44 +66,34 @@ inline constexpr int kI8Chunk = 64;
 inline constexpr bool kI8VnniBuilt = kI8Unit[0] != '\0';  // this target has a vpdpbusd path
 
 // One Q row's integer form (I8Layout::row bytes each, 64-byte aligned): dpad = d rounded up to 64.
-//   nat[dpad]     the codes in natural order (score_row_rule), zero padded
-//   vec[dpad]     the same codes in the vector order (vec_slot)
-//   corr[dpad/4]  per 32-bit lane of vec: -off x the sum of its four codes (off: 128 q8_0, 8 q4_0, 0)
-//   dws[dpad/4]   per 32-bit lane of vec: its block's dq scale log2e (block types)
+//   nat[dpad]     the codes in natural order (score_row_rule; the block types' slices), zero padded
+//   vec[dpad]     the same codes in the vector order (vec_slot: u4's lows then highs per chunk)
 //   bs[dpad/32]   per block: dq scale log2e (row types: one)
 //   bsum[dpad/32] per block: the sum of its codes (row types: one)
 struct I8Layout {
   int64_t d = 0, dpad = 0, row = 0;
   explicit I8Layout(int64_t dim = 0) : d(dim), dpad((dim + 63) / 64 * 64) {
-    row = (dpad * 2 + dpad / 4 * 8 + dpad / 32 * 8 + 63) / 64 * 64;
+    row = (dpad * 2 + dpad / 32 * 8 + 63) / 64 * 64;
   }
 };
 struct I8Row {
   int8_t* nat;
   int8_t* vec;
-  int32_t* corr;
-  float* dws;
   float* bs;
   int32_t* bsum;
   I8Row(std::byte* base, const I8Layout& l)
       : nat(reinterpret_cast<int8_t*>(base)),
         vec(nat + l.dpad),
-        corr(reinterpret_cast<int32_t*>(vec + l.dpad)),
-        dws(reinterpret_cast<float*>(corr + l.dpad / 4)),
-        bs(dws + l.dpad / 4),
+        bs(reinterpret_cast<float*>(vec + l.dpad)),
         bsum(reinterpret_cast<int32_t*>(bs + l.dpad / 32)) {}
 };
 
-// Where natural value k of a row lies in the vector order: the order the target's loader
-// (load_codes) unpacks a chunk of K's codes in.
+// Where natural value k of a row lies in the vector order: the order score_rows_i8 unpacks a chunk
+// of a u4 row's codes in (the bytes' low nibbles - the even values - then their high ones).
 inline int64_t vec_slot(KvDType t, int64_t k) {
   const int64_t c = k / kI8Chunk * kI8Chunk, x = k % kI8Chunk;
-  if (t == KvDType::U4) return c + (x % 2 ? kI8Chunk / 2 : 0) + x / 2;  // lows (even values), then highs
-  if (t == KvDType::Q4_0 && kI8Chunk == 64) {                           // two blocks: lows of both, then highs of both
-    const int64_t blk = x / 32, y = x % 32;
-    return c + (y / 16) * 32 + blk * 16 + y % 16;
-  }
-  return k;  // q8_0, u8; q4_0 with one block per chunk (its 16 lows then 16 highs are 0..31)
+  if (t == KvDType::U4) return c + (x % 2 ? kI8Chunk / 2 : 0) + x / 2;
+  return k;
 }
 
 // Rounds Q row x (d floats) into its integer form; false when round_q_row cannot (the task then
@@ -112,17 +104,13 @@ inline bool pack_i8_row(KvDType t, const float* x, const I8Layout& l, float q_sc
   float scales[Problem::kMaxHeadDim];
   if (!round_q_row(t, x, l.d, r.nat, scales)) return false;
   const int64_t block = q_block_values(t, l.d);
-  const int32_t off = t == KvDType::Q8_0 ? 128 : t == KvDType::Q4_0 ? 8 : 0;
   // Block by block: a division per value would cost as much as the rounding (decode's short
   // chunks round Q once per task).
   for (int64_t b = 0, b0 = 0; b0 < l.d; ++b, b0 += block) {
     r.bs[b] = scales[b] * q_scale;
     int32_t sum = 0;
     for (int64_t k = b0; k < std::min(b0 + block, l.d); ++k) {
-      const int64_t v = vec_slot(t, k);
-      r.vec[v] = r.nat[k];
-      r.corr[v / 4] -= off * r.nat[k];
-      r.dws[v / 4] = r.bs[b];
+      r.vec[vec_slot(t, k)] = r.nat[k];
       sum += r.nat[k];
     }
     r.bsum[b] = sum;
@@ -184,52 +172,8 @@ inline Batch to_float(IVec x) { return _mm512_cvtepi32_ps(x); }
 inline IVec load_ivec(const void* p) { return _mm512_load_si512(p); }
 inline IVec izero() { return _mm512_setzero_si512(); }
 inline IVec bcast32(int32_t x) { return _mm512_set1_epi32(x); }
-// Lows of 32 bytes, then their highs, as 64 codes.
-inline IVec nibbles(__m256i x) {
-  const __m256i m = _mm256_set1_epi8(0x0f);
-  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(x, m)),
-                            _mm256_and_si256(_mm256_srli_epi16(x, 4), m), 1);
-}
 inline __mmask64 first_bytes(int64_t n) { return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1; }
 
-// Chunk c (values [64c, 64c + 64)) of K row kr as codes in vec_slot's order, and (block types) the
-// per-lane dk. rem: the row's values from 64c on (< 64 only in the last chunk). The codes are
-// unsigned (dot4's u) but for q8_0 and u8 without VNNI: signed, q8_0's as stored, u8's minus 128
-// (one xor) - score_rows_i8 takes their magnitude and moves their sign onto Q.
-template <KvDType T, bool Vnni>
-inline IVec load_codes(const std::byte* kr, int64_t c, int64_t rem, Batch& dk) {
-  if constexpr (T == KvDType::Q8_0) {
-    const std::byte* b0 = kr + 2 * c * 34;
-    const bool two = rem > 32;
-    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2));
-    const __m256i hi = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 34 + 2)) : _mm256_setzero_si256();
-    const auto h0 = static_cast<short>(kv_detail::load_u16(b0));
-    const auto h1 = static_cast<short>(two ? kv_detail::load_u16(b0 + 34) : 0);
-    dk = _mm512_cvtph_ps(_mm256_mask_blend_epi16(0xff00, _mm256_set1_epi16(h0), _mm256_set1_epi16(h1)));
-    const IVec c8 = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    return Vnni ? _mm512_xor_si512(c8, bytes80()) : c8;
-  } else if constexpr (T == KvDType::Q4_0) {
-    const std::byte* b0 = kr + 2 * c * 18;
-    const bool two = rem > 32;
-    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 2));
-    const __m128i hi = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 18 + 2)) : _mm_setzero_si128();
-    const auto h0 = static_cast<short>(kv_detail::load_u16(b0));
-    const auto h1 = static_cast<short>(two ? kv_detail::load_u16(b0 + 18) : 0);
-    dk = _mm512_cvtph_ps(_mm256_mask_blend_epi16(0xf0f0, _mm256_set1_epi16(h0), _mm256_set1_epi16(h1)));
-    return nibbles(_mm256_set_m128i(hi, lo));
-  } else if constexpr (T == KvDType::U8) {
-    const std::byte* p = kr + 8 + 64 * c;
-    const IVec u = rem >= 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(first_bytes(rem), p);
-    return Vnni ? u : _mm512_xor_si512(u, bytes80());
-  } else {
-    static_assert(T == KvDType::U4);
-    const std::byte* p = kr + 8 + 32 * c;
-    const int64_t n = (rem + 1) / 2;
-    const __m256i x = n >= 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
-                              : _mm256_maskz_loadu_epi8(static_cast<__mmask32>(first_bytes(n)), p);
-    return nibbles(x);
-  }
-}
 #else  // AVX2 with AVX-VNNI
 using IVec = __m256i;
 inline IVec bytes80() { return _mm256_set1_epi8(static_cast<char>(0x80)); }
@@ -250,127 +194,238 @@ inline Batch to_float(IVec x) { return _mm256_cvtepi32_ps(x); }
 inline IVec load_ivec(const void* p) { return _mm256_load_si256(static_cast<const __m256i*>(p)); }
 inline IVec izero() { return _mm256_setzero_si256(); }
 inline IVec bcast32(int32_t x) { return _mm256_set1_epi32(x); }
-inline IVec nibbles(__m128i x) {
-  const __m128i m = _mm_set1_epi8(0x0f);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m));
-}
 // n < full bytes at p, zero padded (AVX2 has no byte-masked load).
 inline void copy_bytes(const std::byte* p, int64_t n, std::byte* out, int64_t full) {
   std::memset(out, 0, static_cast<size_t>(full));
   std::memcpy(out, p, static_cast<size_t>(n));
 }
 
-template <KvDType T, bool Vnni>
-inline IVec load_codes(const std::byte* kr, int64_t c, int64_t rem, Batch& dk) {
-  if constexpr (T == KvDType::Q8_0) {
-    const std::byte* b = kr + c * 34;
-    dk = Batch(kv_read::scale_f16(b));
-    const IVec c8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
-    return Vnni ? _mm256_xor_si256(c8, bytes80()) : c8;
-  } else if constexpr (T == KvDType::Q4_0) {
-    const std::byte* b = kr + c * 18;
-    dk = Batch(kv_read::scale_f16(b));
-    return nibbles(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
-  } else if constexpr (T == KvDType::U8) {
-    const std::byte* p = kr + 8 + 32 * c;
-    IVec u;
-    if (rem >= 32) {
-      u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    } else {
-      alignas(32) std::byte buf[32];
-      copy_bytes(p, rem, buf, 32);
-      u = _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
-    }
-    return Vnni ? u : _mm256_xor_si256(u, bytes80());
-  } else {
-    static_assert(T == KvDType::U4);
-    const std::byte* p = kr + 8 + 16 * c;
-    const int64_t n = (rem + 1) / 2;
-    if (n >= 16) return nibbles(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    alignas(16) std::byte buf[16];
-    copy_bytes(p, n, buf, 16);
-    return nibbles(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)));
-  }
-}
 #endif
 
 }  // namespace i8_detail
 
-// score_rows (microkernel.hpp) in integers: s[m * kTileKeys + j] for rows m < MR (I8Row rows
-// `ld` bytes apart from q0; rows past MR read `zero`, an all-zero row) and keys [ja, jb). The same
-// register block as the float path (kDotRows rows x kDotKeys keys), reduced by transpose_sum.
+// score_rows (microkernel.hpp) in integers: s[m * kTileKeys + j] for rows m < MR (I8Row rows `ld`
+// bytes apart from q0) and keys [ja, jb). Keys ride in 128-bit lanes: a vector holds kSliceKeys keys
+// (4 on AVX-512, 2 on AVX2), each with the same 16 of its codes (a slice, put together from the K
+// rows by lane-masked broadcasts), and vpdpbusd against Q's matching 16 codes broadcast to every
+// lane leaves per key 4 partial sums; summing those is one shuffle stage per 4 vectors of keys
+// (group_sums), where a key x row block of dot products would need a whole horizontal reduction
+// per (row, key). Slices: u8 16 codes; u4 a slice of 16 bytes gives two (lows, highs: Q's vec_slot
+// order); q8_0 a block's two halves; q4_0 a block's 16 bytes give its values 0..15 and 16..31.
+// Row types sum in int32 across the row and scale once per key: (I - zp sum q) dq sc; block types
+// scale each block's int32 sum by dq_b dk_b (dk per lane: its key's), summed in float.
 // Vnni: dot4 by vpdpbusd (the CPU has the target's VNNI unit), else by vpmaddubsw + vpmaddwd, whose
 // unsigned operand must stay <= 128: q8_0's codes and u8's minus 128 go in as their magnitudes with
-// their signs moved onto Q (sign8), so q8_0 needs no offset (no -128 sum q start) and u8's sum is
-// I - 128 sum q (its zero point read 128 lower).
+// their signs moved onto Q (sign8), so q8_0 needs no offset and u8's sum is I - 128 sum q (its zero
+// point read 128 lower). With VNNI q8_0's codes go in as c + 128 (one xor) and q4_0's nibbles as
+// they are; each block's lane 0 per key starts at -128 sum_b q resp. -8 sum_b q.
+#if defined(__AVX512F__)
+inline constexpr int kSliceKeys = 4;                         // keys per vector: one per 128-bit lane
+inline __m128i slice_bytes(const std::byte* p, int64_t n) {  // 16 bytes at p, zero past n
+  return n >= 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))
+                 : _mm_maskz_loadu_epi8(static_cast<__mmask16>(n <= 0 ? 0 : (1u << n) - 1), p);
+}
+// The 16 bytes at p[k] + off of each key k in its lane k (n: the bytes there are).
+inline i8_detail::IVec slice_of(const std::byte* const* p, int64_t off, int64_t n) {
+  __m512i v = _mm512_broadcast_i32x4(slice_bytes(p[0] + off, n));
+  v = _mm512_mask_broadcast_i32x4(v, 0x00f0, slice_bytes(p[1] + off, n));
+  v = _mm512_mask_broadcast_i32x4(v, 0x0f00, slice_bytes(p[2] + off, n));
+  return _mm512_mask_broadcast_i32x4(v, 0xf000, slice_bytes(p[3] + off, n));
+}
+inline i8_detail::IVec bcast_slice(const int8_t* q) {
+  return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(q)));
+}
+inline i8_detail::IVec lane0_of_each_key(int32_t x) { return _mm512_maskz_set1_epi32(0x1111, x); }
+inline i8_detail::IVec xor80(i8_detail::IVec x) { return _mm512_xor_si512(x, i8_detail::bytes80()); }
+inline Batch f16_lanes(const uint16_t* p) {  // 16 binary16 values, 32-byte aligned
+  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline i8_detail::IVec nibbles_lo(i8_detail::IVec x) { return _mm512_and_si512(x, _mm512_set1_epi8(0x0f)); }
+inline i8_detail::IVec nibbles_hi(i8_detail::IVec x) {
+  return _mm512_and_si512(_mm512_srli_epi16(x, 4), _mm512_set1_epi8(0x0f));
+}
+// Per-key values (kSliceKeys x 4 groups = 16, in key order) spread so that vector g holds key
+// 4g + k's value in all of lane k.
+inline Batch spread_keys(Batch v, int g) {
+  const __m512i idx =
+      _mm512_add_epi32(_mm512_set1_epi32(4 * g),
+                       _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 2));
+  return _mm512_permutexvar_ps(idx, v);
+}
+// Four vectors of keys' partial sums (vector g: keys 4g .. 4g + 3, one per 128-bit lane) -> the 16
+// keys' sums in key order.
+inline __m512i group_sums(const __m512i a[4]) {
+  const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpackhi_epi32(a[0], a[1]));
+  const __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2], a[3]), _mm512_unpackhi_epi32(a[2], a[3]));
+  const __m512i t =
+      _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));  // lane 4L+g: key 4g+L
+  return _mm512_permutexvar_epi32(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), t);
+}
+inline Batch group_sums(const Batch a[4]) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
+  const __m512d x = _mm512_castps_pd(ab), y = _mm512_castps_pd(cd);
+  const __m512 t =
+      _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  return _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), t);
+}
+#else  // AVX2
+inline constexpr int kSliceKeys = 2;
+inline __m128i slice_bytes(const std::byte* p, int64_t n) {
+  if (n >= 16) return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  alignas(16) std::byte buf[16] = {};
+  if (n > 0) std::memcpy(buf, p, static_cast<size_t>(n));
+  return _mm_load_si128(reinterpret_cast<const __m128i*>(buf));
+}
+inline i8_detail::IVec slice_of(const std::byte* const* p, int64_t off, int64_t n) {
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(slice_bytes(p[0] + off, n)), slice_bytes(p[1] + off, n), 1);
+}
+inline i8_detail::IVec bcast_slice(const int8_t* q) {
+  return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(q)));
+}
+inline i8_detail::IVec lane0_of_each_key(int32_t x) { return _mm256_setr_epi32(x, 0, 0, 0, x, 0, 0, 0); }
+inline i8_detail::IVec xor80(i8_detail::IVec x) { return _mm256_xor_si256(x, i8_detail::bytes80()); }
+inline Batch f16_lanes(const uint16_t* p) {  // 8 binary16 values, 16-byte aligned
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline i8_detail::IVec nibbles_lo(i8_detail::IVec x) { return _mm256_and_si256(x, _mm256_set1_epi8(0x0f)); }
+inline i8_detail::IVec nibbles_hi(i8_detail::IVec x) {
+  return _mm256_and_si256(_mm256_srli_epi16(x, 4), _mm256_set1_epi8(0x0f));
+}
+// 8 keys' values in key order; vector g holds key 2g + k's value in all of lane k.
+inline Batch spread_keys(Batch v, int g) {
+  return _mm256_permutevar8x32_ps(
+      v, _mm256_setr_epi32(2 * g, 2 * g, 2 * g, 2 * g, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1));
+}
+inline __m256i group_sums(const __m256i a[4]) {
+  const __m256i ab = _mm256_add_epi32(_mm256_unpacklo_epi32(a[0], a[1]), _mm256_unpackhi_epi32(a[0], a[1]));
+  const __m256i cd = _mm256_add_epi32(_mm256_unpacklo_epi32(a[2], a[3]), _mm256_unpackhi_epi32(a[2], a[3]));
+  const __m256i t =
+      _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));  // lane 4L+g: key 2g+L
+  return _mm256_permutevar8x32_epi32(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+inline Batch group_sums(const Batch a[4]) {
+  const __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(a[0], a[1]), _mm256_unpackhi_ps(a[0], a[1]));
+  const __m256 cd = _mm256_add_ps(_mm256_unpacklo_ps(a[2], a[3]), _mm256_unpackhi_ps(a[2], a[3]));
+  const __m256d x = _mm256_castps_pd(ab), y = _mm256_castps_pd(cd);
+  const __m256 t =
+      _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+  return _mm256_permutevar8x32_ps(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+#endif
+inline constexpr int kSliceBlock = 4 * kSliceKeys;                 // keys per register block: 4 vectors of keys
+inline constexpr int kSliceRows = kVectorRegisters == 32 ? 4 : 2;  // rows per pass: 4 x 4 accumulators (AVX2: 2 x 4)
+
 template <int MR, KvDType T, bool Vnni, class Step>
-void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte* zero, const I8Layout& l, const Rows<Quant<T>>& k,
+void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8Layout& l, const Rows<Quant<T>>& k,
                    int ja, int jb, float* s, Step& step) {
   using namespace i8_detail;
-  constexpr int kAcc = kDotRows * kDotKeys;
   constexpr bool kRow = is_row_type(T);
   constexpr bool kSigned = !Vnni && (T == KvDType::Q8_0 || T == KvDType::U8);  // magnitude x moved sign
   constexpr float kZpShift = !Vnni && T == KvDType::U8 ? 128.f : 0.f;
-  const int64_t d = l.d, chunks = (d + kI8Chunk - 1) / kI8Chunk;
-  for (int r0 = 0; r0 < MR; r0 += kDotRows) {
-    I8Row q[kDotRows] = {I8Row(const_cast<std::byte*>(zero), l), I8Row(const_cast<std::byte*>(zero), l),
-                         I8Row(const_cast<std::byte*>(zero), l), I8Row(const_cast<std::byte*>(zero), l)};
-    static_assert(kDotRows == 4, "the initializer above");
-    for (int r = 0; r < kDotRows && r0 + r < MR; ++r) q[r] = I8Row(const_cast<std::byte*>(q0 + (r0 + r) * ld), l);
-    alignas(64) float row_sum[kAcc], row_scale[kAcc];  // row types: sum q and dq scale log2e per lane
-    for (int a = 0; a < kAcc; ++a) {
-      row_sum[a] = static_cast<float>(q[a / kDotKeys].bsum[0]), row_scale[a] = q[a / kDotKeys].bs[0];
+  const int64_t d = l.d, chunks = (d + kI8Chunk - 1) / kI8Chunk, blocks = d / 32;
+  // One dot4 of a K slice with Q's slice at q (int8, 16 codes).
+  const auto dot = [](IVec acc, IVec kv, const int8_t* q) {
+    const IVec qb = bcast_slice(q);
+    return kSigned ? dot4<Vnni>(acc, abs8(kv), sign8(qb, kv)) : dot4<Vnni>(acc, kv, qb);
+  };
+  for (int j0 = ja / kSliceBlock * kSliceBlock; j0 < jb; j0 += kSliceBlock) {
+    const std::byte* kr[kSliceBlock];  // keys past jb repeat the last one (computed, never stored)
+    for (int c = 0; c < kSliceBlock; ++c)
+      kr[c] = reinterpret_cast<const std::byte*>(k.row(j0 + c < jb ? j0 + c : jb - 1));
+    alignas(64) float sc[kSliceBlock], zp[kSliceBlock];
+    if constexpr (kRow) {
+      for (int c = 0; c < kSliceBlock; ++c)
+        sc[c] = kv_read::load_f32(kr[c]), zp[c] = kv_read::load_f32(kr[c] + 4) - kZpShift;
     }
-    for (int j = ja; j < jb; j += kDotKeys) {
-      const std::byte* kr[kDotKeys];  // keys past jb repeat the last one (computed, never stored)
-      for (int c = 0; c < kDotKeys; ++c) kr[c] = reinterpret_cast<const std::byte*>(k.row(j + c < jb ? j + c : jb - 1));
-      Batch facc[kAcc];
-      IVec iacc[kAcc];
-      for (int a = 0; a < kAcc; ++a) facc[a] = Batch(0.f), iacc[a] = izero();
-      for (int64_t c = 0; c < chunks; ++c) {
-        for (int x = 0; x < kI8Chunk / kLanes; ++x) step();  // as many prefetch steps as the float path
-        IVec codes[kDotKeys];
-        Batch dk[kDotKeys];
-        IVec mag[kDotKeys];  // kSigned: the codes' magnitudes (dot4's unsigned operand)
-        for (int i = 0; i < kDotKeys; ++i) {
-          codes[i] = load_codes<T, Vnni>(kr[i], c, d - c * kI8Chunk, dk[i]);
-          mag[i] = kSigned ? abs8(codes[i]) : codes[i];
-        }
-        for (int r = 0; r < kDotRows; ++r) {
-          const IVec qv = load_ivec(q[r].vec + c * kI8Chunk);
-          if constexpr (kRow) {
-            for (int i = 0; i < kDotKeys; ++i) {
-              iacc[r * kDotKeys + i] = dot4<Vnni>(iacc[r * kDotKeys + i], mag[i], kSigned ? sign8(qv, codes[i]) : qv);
+    const int n = jb - j0 < kSliceBlock ? jb - j0 : kSliceBlock;
+    const int lo = ja > j0 ? ja - j0 : 0;
+    for (int r0 = 0; r0 < MR; r0 += kSliceRows) {
+      constexpr int kR = MR < kSliceRows ? MR : kSliceRows;
+      const int rows = MR - r0 < kR ? MR - r0 : kR;
+      const auto q = [&](int r) {  // rows past MR repeat the pass's first (computed, never stored)
+        return I8Row(const_cast<std::byte*>(q0 + (r0 + (r < rows ? r : 0)) * ld), l);
+      };
+      Batch sums[kR];
+      if constexpr (kRow) {
+        IVec acc[kR][4];
+        for (int r = 0; r < kR; ++r)
+          for (int g = 0; g < 4; ++g) acc[r][g] = izero();
+        for (int64_t c = 0; c < chunks; ++c) {
+          const int64_t rem = d - c * kI8Chunk;
+#pragma GCC unroll 4
+          for (int g = 0; g < 4; ++g) {
+            for (int x = 0; x < kSliceKeys * kI8Chunk / kLanes / kDotKeys; ++x) step();  // score_rows' pace
+            const std::byte* const* p = kr + g * kSliceKeys;
+            IVec v[kI8Chunk / 16];
+            if constexpr (T == KvDType::U8) {
+              for (int x = 0; x < kI8Chunk / 16; ++x) {
+                v[x] = slice_of(p, 8 + c * kI8Chunk + 16 * x, rem - 16 * x);
+                if constexpr (!Vnni) v[x] = xor80(v[x]);
+              }
+            } else {  // u4: kI8Chunk / 32 slices of 16 bytes, lows then highs (vec_slot's order)
+              constexpr int kB = kI8Chunk / 32;
+              for (int x = 0; x < kB; ++x) {
+                const IVec a = slice_of(p, 8 + c * kI8Chunk / 2 + 16 * x, (rem + 1) / 2 - 16 * x);
+                v[x] = nibbles_lo(a), v[kB + x] = nibbles_hi(a);
+              }
             }
-          } else {
-            const IVec init = kSigned ? izero() : load_ivec(q[r].corr + c * kI8Chunk / 4);
-            const Batch dq = Batch::load_aligned(q[r].dws + c * kI8Chunk / 4);
-            for (int i = 0; i < kDotKeys; ++i) {
-              const IVec sum = dot4<Vnni>(init, mag[i], kSigned ? sign8(qv, codes[i]) : qv);
-              facc[r * kDotKeys + i] = simd::fma(to_float(sum), dq * dk[i], facc[r * kDotKeys + i]);
+            for (int r = 0; r < kR; ++r) {
+              const int8_t* qv = q(r).vec + c * kI8Chunk;
+              for (int x = 0; x < kI8Chunk / 16; ++x) acc[r][g] = dot(acc[r][g], v[x], qv + 16 * x);
             }
           }
         }
-      }
-      alignas(64) float tile[kAcc];
-      if constexpr (kRow) {
-        // (I - zp sum q) dq sc per (row, key), a vector of them at a time: lane r * kDotKeys + i.
-        for (int a = 0; a < kAcc; ++a) facc[a] = to_float(iacc[a]);
-        alignas(64) float zp[kAcc], sc[kAcc];
-        for (int a = 0; a < kAcc; ++a) {
-          sc[a] = kv_read::load_f32(kr[a % kDotKeys]), zp[a] = kv_read::load_f32(kr[a % kDotKeys] + 4) - kZpShift;
-        }
-        for (int g = 0; g < kAcc; g += kLanes) {
-          const Batch v =
-              simd::fma(-Batch::load_aligned(zp + g), Batch::load_aligned(row_sum + g), transpose_sum(facc + g));
-          (v * Batch::load_aligned(row_scale + g) * Batch::load_aligned(sc + g)).store_aligned(tile + g);
+        for (int r = 0; r < kR; ++r) {
+          const Batch dot_sum = to_float(group_sums(acc[r]));
+          sums[r] = simd::fma(-Batch::load_aligned(zp), Batch(static_cast<float>(q(r).bsum[0])), dot_sum) *
+                    Batch(q(r).bs[0]) * Batch::load_aligned(sc);
         }
       } else {
-        for (int g = 0; g < kAcc; g += kLanes) transpose_sum(facc + g).store_aligned(tile + g);
+        Batch acc[kR][4];
+        for (int r = 0; r < kR; ++r)
+          for (int g = 0; g < 4; ++g) acc[r][g] = Batch(0.f);
+        constexpr int kBytes = T == KvDType::Q8_0 ? 34 : 18;
+        for (int64_t b = 0; b < blocks; ++b) {
+          alignas(64) uint16_t bits[kSliceBlock];
+          for (int c = 0; c < kSliceBlock; ++c) bits[c] = kv_detail::load_u16(kr[c] + b * kBytes);
+          const Batch dk = f16_lanes(bits);
+          IVec start[kR];  // each key's lane 0: the codes' offset times the block's sum of Q codes
+          for (int r = 0; r < kR; ++r) {
+            start[r] = Vnni ? lane0_of_each_key((T == KvDType::Q8_0 ? -128 : -8) * q(r).bsum[b])
+                            : lane0_of_each_key(T == KvDType::Q4_0 ? -8 * q(r).bsum[b] : 0);
+          }
+#pragma GCC unroll 4
+          for (int g = 0; g < 4; ++g) {
+            for (int x = 0; x < kSliceKeys * 32 / kLanes / kDotKeys; ++x) step();
+            const std::byte* const* p = kr + g * kSliceKeys;
+            IVec v0, v1;
+            if constexpr (T == KvDType::Q8_0) {
+              v0 = slice_of(p, b * kBytes + 2, 16), v1 = slice_of(p, b * kBytes + 18, 16);
+              if constexpr (Vnni) v0 = xor80(v0), v1 = xor80(v1);
+            } else {
+              const IVec a = slice_of(p, b * kBytes + 2, 16);
+              v0 = nibbles_lo(a), v1 = nibbles_hi(a);
+            }
+            const Batch dkv = spread_keys(dk, g);
+            for (int r = 0; r < kR; ++r) {
+              const int8_t* qn = q(r).nat + 32 * b;
+              const IVec sum = dot(dot(start[r], v0, qn), v1, qn + 16);
+              acc[r][g] = simd::fma(to_float(sum), dkv * Batch(q(r).bs[b]), acc[r][g]);
+            }
+          }
+        }
+        for (int r = 0; r < kR; ++r) sums[r] = group_sums(acc[r]);
       }
-      const int rows = MR - r0 < kDotRows ? MR - r0 : kDotRows, keys = jb - j < kDotKeys ? jb - j : kDotKeys;
       for (int r = 0; r < rows; ++r) {
-        std::memcpy(s + (r0 + r) * kTileKeys + j, tile + r * kDotKeys, sizeof(float) * static_cast<size_t>(keys));
+        float* dst = s + (r0 + r) * kTileKeys + j0;
+        if (lo == 0 && n == kSliceBlock) {
+          sums[r].store_aligned(dst);
+        } else {  // an edge block: its keys in [ja, jb) only
+          alignas(64) float lanes[kSliceBlock];
+          sums[r].store_aligned(lanes);
+          for (int c = lo; c < n; ++c) dst[c] = lanes[c];
+        }
       }
     }
   }
@@ -606,85 +661,123 @@ inline float zp_of(const std::byte* r) {
   return kv_read::load_f32(r + 4) - (T == KvDType::U8 && ATTN_I8_PV_VECTOR ? 128.f : 0.f);
 }
 
-// One row's P (kTileKeys weights' p) times the scales sc rounded into out by round_p_tile's rule, in
-// vectors on AVX2 / AVX-512 (bit for bit the rule: the same max, one division, the same products
-// and the same round-half-to-even conversion; tests/test_simd_math.cpp), the rule itself elsewhere.
-// *quantum: wmax / L; *corr: sum_j code_j zp_j (zp given: row types) or sum_j code_j. false when a
-// weight is NaN or Inf (nothing written that is used).
-template <bool kSigned>
-inline bool round_p_row(const float* p, const float* sc, const float* zp, uint8_t* out, float* quantum,
-                        float* corr_out) {
-  [[maybe_unused]] constexpr int32_t kLevels = kSigned ? 127 : 255;  // round_p_tile's
-  float q = 0.f, corr = 0.f;
 #if ATTN_I8_PV_VECTOR
-  alignas(64) float w[kTileKeys];
-  Batch amax(0.f), bad(0.f);
-  for (int j = 0; j < kTileKeys; j += kLanes) {
-    const Batch x = Batch::load_aligned(p + j) * Batch::load_aligned(sc + j);
-    x.store_aligned(w + j);
-    bad += x - x;  // 0 for finite weights; NaN from a NaN or an Inf
-    amax = max(amax, xsimd::abs(x));
-  }
-  if (reduce_sum(bad) != 0.f) return false;
-  const float wmax = reduce_max(amax);
-  if (wmax > 0.f) {
-    q = wmax / static_cast<float>(kLevels);
-    const Batch inv(static_cast<float>(kLevels) / wmax);
-    Batch acc(0.f);
-    alignas(64) int32_t ci[kTileKeys];
-    for (int j = 0; j < kTileKeys; j += kLanes) {
+// Lanes 0..3 of the result: the max (Max) or the sum of each of a, b, c, d's lanes.
+template <bool Max>
+inline Batch reduce4(Batch a, Batch b, Batch c, Batch d) {
+  const auto op = [](Batch x, Batch y) { return Max ? max(x, y) : x + y; };
 #if defined(__AVX512F__)
-      __m512i c = _mm512_cvtps_epi32(Batch::load_aligned(w + j) * inv);  // MXCSR's round half to even
-      c = _mm512_min_epi32(_mm512_max_epi32(c, _mm512_set1_epi32(kSigned ? -kLevels : 0)), _mm512_set1_epi32(kLevels));
-      _mm512_store_si512(ci + j, c);
+  const Batch ab = op(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));  // per 128-bit lane [a02 b02 a13 b13]
+  const Batch cd = op(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512d x = _mm512_castps_pd(ab), y = _mm512_castps_pd(cd);
+  Batch t = op(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));  // [a b c d]
+  t = op(t, _mm512_shuffle_f32x4(t, t, 0x4e));
+  return op(t, _mm512_shuffle_f32x4(t, t, 0xb1));
+#else
+  const Batch ab = op(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+  const Batch cd = op(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+  const __m256d x = _mm256_castps_pd(ab), y = _mm256_castps_pd(cd);
+  const Batch t = op(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+  return op(t, _mm256_permute2f128_ps(t, t, 0x01));
+#endif
+}
+#endif
+
+// The MR rows' P (kTileKeys apart) times the scales sc of V scale block b rounded into pc by
+// round_p_tile's rule. Vector targets: bit for bit the rule (the same max, one division, the same
+// products, the same round-half-to-even conversion; tests/test_simd_math.cpp), four rows' horizontal
+// max and sum at a time; `bad` gathers NaN from a NaN / Inf weight and, unsigned, from a negative
+// one (the rule's false), checked once per tile by the caller (bad_weights). The rule itself
+// elsewhere (false at once). zp: row types' zero points (sub = q sum code zp), else nullptr
+// (sub = 8 q sum code for q4_0, 0 for q8_0).
+template <int MR, bool kSigned>
+inline bool round_p_block(const float* p, const float* sc, const float* zp, int64_t b, PCodes<MR>& pc, Batch& bad) {
+  [[maybe_unused]] constexpr int32_t kLevels = kSigned ? 127 : 255;  // round_p_tile's
+#if ATTN_I8_PV_VECTOR
+  constexpr int kV = kTileKeys / kLanes;
+  Batch w[MR][kV], amax[MR + 3];
+  for (int m = 0; m < MR; ++m) {
+    amax[m] = Batch(0.f);
+    for (int v = 0; v < kV; ++v) {
+      w[m][v] = Batch::load_aligned(p + m * kTileKeys + v * kLanes) * Batch::load_aligned(sc + v * kLanes);
+      bad += w[m][v] - w[m][v];  // 0 for finite weights; NaN from a NaN or an Inf
+      if constexpr (!kSigned) {
+        bad += select(w[m][v] < Batch(0.f), Batch(std::numeric_limits<float>::quiet_NaN()), Batch(0.f));
+      }
+      amax[m] = max(amax[m], xsimd::abs(w[m][v]));
+    }
+  }
+  for (int m = MR; m < MR + 3; ++m) amax[m] = Batch(0.f);
+  alignas(64) float wmax[MR + 3], lanes[kLanes];
+  for (int m = 0; m < MR; m += 4) {
+    reduce4<true>(amax[m], amax[m + 1], amax[m + 2], amax[m + 3]).store_aligned(lanes);
+    for (int x = 0; x < 4 && m + x < MR; ++x) wmax[m + x] = lanes[x];
+  }
+  Batch corr[MR + 3];
+  for (int m = 0; m < MR + 3; ++m) corr[m] = Batch(0.f);
+  for (int m = 0; m < MR; ++m) {
+    uint8_t* out = pc.code[m][b];
+    const float inv_s = static_cast<float>(kLevels) / wmax[m];
+    if (!(wmax[m] > 0.f) || !std::isfinite(inv_s)) {  // all zero; a NaN or subnormal weights (rejected)
+      if (wmax[m] > 0.f || std::isnan(wmax[m])) bad += Batch(std::numeric_limits<float>::quiet_NaN());
+      std::memset(out, 0, kTileKeys);
+      pc.quantum[m][b] = 0.f;
+      continue;
+    }
+    pc.quantum[m][b] = wmax[m] / static_cast<float>(kLevels);
+    const Batch inv(inv_s);
+    for (int v = 0; v < kV; ++v) {
+#if defined(__AVX512F__)
+      const __m512i c = _mm512_cvtps_epi32(w[m][v] * inv);  // MXCSR's round half to even; |c| <= L
+      _mm_store_si128(reinterpret_cast<__m128i*>(out + v * 16), _mm512_cvtepi32_epi8(c));
       const Batch cf = _mm512_cvtepi32_ps(c);
 #else
-      __m256i c = _mm256_cvtps_epi32(Batch::load_aligned(w + j) * inv);
-      c = _mm256_min_epi32(_mm256_max_epi32(c, _mm256_set1_epi32(kSigned ? -kLevels : 0)), _mm256_set1_epi32(kLevels));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(ci + j), c);
+      const __m256i c = _mm256_cvtps_epi32(w[m][v] * inv);
+      const __m128i c16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + v * 8),
+                       kSigned ? _mm_packs_epi16(c16, c16) : _mm_packus_epi16(c16, c16));
       const Batch cf = _mm256_cvtepi32_ps(c);
 #endif
-      acc = zp ? simd::fma(cf, Batch::load_aligned(zp + j), acc) : acc + cf;
+      corr[m] = zp ? simd::fma(cf, Batch::load_aligned(zp + v * kLanes), corr[m]) : corr[m] + cf;
     }
-    corr = reduce_sum(acc);
-#if defined(__AVX512F__)
-    for (int j = 0; j < kTileKeys; j += 16) {
-      _mm_store_si128(reinterpret_cast<__m128i*>(out + j), _mm512_cvtepi32_epi8(_mm512_load_si512(ci + j)));
-    }
-#else
-    for (int j = 0; j < kTileKeys; j += 32) {
-      const auto* c = reinterpret_cast<const __m256i*>(ci + j);
-      const __m256i w16a = _mm256_packs_epi32(_mm256_load_si256(c), _mm256_load_si256(c + 1));
-      const __m256i w16b = _mm256_packs_epi32(_mm256_load_si256(c + 2), _mm256_load_si256(c + 3));
-      const __m256i bytes = kSigned ? _mm256_packs_epi16(w16a, w16b) : _mm256_packus_epi16(w16a, w16b);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(out + j),
-                         _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    }
-#endif
-  } else {
-    std::memset(out, 0, kTileKeys);
   }
-#else  // the rule itself
-  float w[kTileKeys];
-  int32_t ci[kTileKeys];
-  for (int j = 0; j < kTileKeys; ++j) w[j] = p[j] * sc[j];
-  if (!round_p_tile(w, kTileKeys, kSigned, ci, &q)) return false;
-  for (int j = 0; j < kTileKeys; ++j) {
-    out[j] = static_cast<uint8_t>(ci[j]);
-    corr += static_cast<float>(ci[j]) * (zp ? zp[j] : 1.f);
+  for (int m = 0; m < MR; m += 4) {
+    reduce4<false>(corr[m], corr[m + 1], corr[m + 2], corr[m + 3]).store_aligned(lanes);
+    for (int x = 0; x < 4 && m + x < MR; ++x) {
+      const float q = pc.quantum[m + x][b];
+      pc.sub[m + x][b] = zp ? q * lanes[x] : kSigned ? 8.f * q * lanes[x] : 0.f;
+    }
   }
-#endif
-  *quantum = q, *corr_out = corr;
   return true;
+#else  // the rule itself
+  (void)bad;
+  for (int m = 0; m < MR; ++m) {
+    float w[kTileKeys];
+    int32_t ci[kTileKeys];
+    for (int j = 0; j < kTileKeys; ++j) w[j] = p[m * kTileKeys + j] * sc[j];
+    float q = 0.f;
+    if (!round_p_tile(w, kTileKeys, kSigned, ci, &q)) return false;
+    float corr = 0.f;
+    for (int j = 0; j < kTileKeys; ++j) {
+      pc.code[m][b][j] = static_cast<uint8_t>(ci[j]);
+      corr += static_cast<float>(ci[j]) * (zp ? zp[j] : 1.f);
+    }
+    pc.quantum[m][b] = q;
+    pc.sub[m][b] = zp ? q * corr : kSigned ? 8.f * q * corr : 0.f;
+  }
+  return true;
+#endif
 }
+inline bool bad_weights(Batch bad) { return reduce_sum(bad) != 0.f; }
 
 // Rounds the panel's P (MR rows, kTileKeys apart) times V's scales (vr: the tile's V rows) into pc,
-// row by row and block by block (round_p_row); false when a weight is NaN or Inf (then nothing is
-// used: the tile runs in float32).
+// block by block (round_p_block); false when a weight is NaN or Inf (or negative, unsigned): then
+// nothing is used and the tile runs in float32.
 template <int MR, KvDType T>
 inline bool round_p_rows(const float* p, const std::byte* const* vr, int64_t dv, PCodes<MR>& pc) {
   constexpr bool kSigned = T == KvDType::Q4_0;
   const int64_t nb = p_blocks<T>(dv);
+  Batch bad(0.f);
   for (int64_t b = 0; b < nb; ++b) {
     alignas(64) float sc[kTileKeys], zp[kTileKeys];
     if constexpr (is_row_type(T) || !ATTN_I8_PV_VECTOR) {
@@ -695,26 +788,13 @@ inline bool round_p_rows(const float* p, const std::byte* const* vr, int64_t dv,
     } else {  // the f16 scales by F16C, kLanes at a time (a scalar conversion per key and block cost more)
       alignas(64) uint16_t bits[kTileKeys];
       for (int j = 0; j < kTileKeys; ++j) bits[j] = kv_detail::load_u16(vr[j] + b * (T == KvDType::Q8_0 ? 34 : 18));
-#if defined(__AVX512F__)
-      for (int j = 0; j < kTileKeys; j += 16) {
-        _mm512_store_ps(sc + j, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(bits + j))));
-      }
-#elif defined(__AVX2__)
-      for (int j = 0; j < kTileKeys; j += 8) {
-        _mm256_store_ps(sc + j, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(bits + j))));
-      }
+#if ATTN_I8_PV_VECTOR
+      for (int j = 0; j < kTileKeys; j += kLanes) f16_lanes(bits + j).store_aligned(sc + j);
 #endif
     }
-    for (int m = 0; m < MR; ++m) {
-      float q = 0.f, corr = 0.f;
-      if (!round_p_row<kSigned>(p + m * kTileKeys, sc, is_row_type(T) ? zp : nullptr, pc.code[m][b], &q, &corr)) {
-        return false;
-      }
-      pc.quantum[m][b] = q;
-      pc.sub[m][b] = is_row_type(T) ? q * corr : kSigned ? 8.f * q * corr : 0.f;
-    }
+    if (!round_p_block<MR, kSigned>(p, sc, is_row_type(T) ? zp : nullptr, b, pc, bad)) return false;
   }
-  return true;
+  return !bad_weights(bad);
 }
 
 #if ATTN_I8_PV_VECTOR
