@@ -276,15 +276,18 @@ def arithmetic_section(rows, ok, folder=None):
     md = ["## Arithmetic: narrow products against float32", "",
           "Each row: a narrow-arithmetic kernel and its float32 twin on the same point in this run "
           "(decode_i8: Q rounded to int8 once per row, K.Q as int32 dot products on the cache's codes, "
-          "against decode, every code widened to float32; flash_int8: K smoothed by its mean and rounded "
+          "P times V's scales rounded to 8 bits per whole 64-key tile and P.V as int32 sums on V's codes "
+          "(where the CPU has VNNI), against decode, every code widened to float32; flash_int8: K smoothed "
+          "by its mean and rounded "
           "per key, Q per row, Q.K^T as int32 dot products, against float32 flash on the same target; "
           "flash_int8_amx: the same on the AMX tiles with a bf16 P.V, against flash on avx512). Speed-up: the twin's "
           "median time over the narrow kernel's, and pass by pass (median [min, max]) where the sweep ran "
           "paired rounds. % of peak: against the float32 FMA peak of the point's target for both (the "
-          "narrow kernels' softmax and P.V are float32); % of read BW: against the probe measured beside "
+          "narrow kernels' softmax is float32); % of read BW: against the probe measured beside "
           "each point (median; decode's figure of merit). Error: O's relative error against float64 on "
           "the unrounded inputs (the end-to-end price of the arithmetic), with the tolerance each is held "
-          "to (int8 products: 4x the textbook's error on the Q and K it multiplies).", "",
+          "to (int8 products: 4x the textbook's error on the Q, K and P it multiplies, rounded as it rounds "
+          "them).", "",
           "| shape | cache | isa | float32 ms | narrow ms | speed-up | per pass | % of FMA peak f32 / narrow "
           "| % of read BW f32 / narrow | error f32 / narrow | tolerance narrow |",
           "|---|---|---|---|---|---|---|---|---|---|---|"]
