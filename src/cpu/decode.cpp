@@ -148,9 +148,9 @@ class Decode final : public Kernel {
                          ": decode_i8 multiplies integer codes (q8_0, q4_0, u8, u4); decode runs the others");
     }
     // Measured (MQA 32/1, 32k keys, the AMX Xeon): 32-row direct int8 tasks ran 0.63-0.79x decode's
-    // packed float panels - the 4 x 4 blocks' horizontal reductions cost more than the products
-    // save at that many rows; an int8 panel with keys in lanes (flash_int8's score_panel_i8) is the
-    // way there, not a larger direct task.
+    // packed float panels - then the 4 x 4 blocks' horizontal reductions cost more than the products
+    // saved at that many rows. score_rows_i8 now puts keys in lanes (no reduction per row and key);
+    // whether that lifts a 32-row direct task is not measured yet, so the refusal stands.
     if (p.group() * p.q_len > simd::kStreamRows) {
       return Support::no("group x q_len = " + std::to_string(p.group() * p.q_len) + " > " +
                          std::to_string(simd::kStreamRows) + ": decode_i8 scores direct tasks only; decode runs it");
