@@ -24,13 +24,7 @@
 namespace attnlab {
 namespace {
 
-std::vector<const Kernel*> runnable(std::string_view name) {
-  std::vector<const Kernel*> out;
-  for (const Kernel* k : variants()) {
-    if (k->name() == name && k->available()) out.push_back(k);
-  }
-  return out;
-}
+using test::runnable;
 
 // Whether this variant multiplies P.V in integers here: vpdpbusd where the target's VNNI unit runs,
 // the rule's sums on the scalar and NEON targets (tiles.cpp: i8_pv_runs).
@@ -63,9 +57,8 @@ Tensors cache_inputs(const Problem& p, uint64_t seed, float v_offset) {
   return convert_inputs(p, floats.inputs);
 }
 
-KernelCheck check(const Kernel& k, const Problem& p, const Tensors& t) {
-  const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
-  return check_kernel(k, p, t.inputs, a, 2);
+KernelCheck check(const Kernel& k, const Problem& p, const Tensors& t, int threads = 2) {
+  return test::check_all_rows(k, p, t, threads);
 }
 
 // Key j's V value in units of its scale, and the scale of its column block (u8 / u4: the row's).

@@ -23,13 +23,7 @@
 namespace attnlab {
 namespace {
 
-std::vector<const Kernel*> runnable(std::string_view name) {
-  std::vector<const Kernel*> out;
-  for (const Kernel* k : variants()) {
-    if (k->name() == name && k->available()) out.push_back(k);
-  }
-  return out;
-}
+using test::runnable;
 
 // flash_int8 and flash_int8_amx (where this CPU has AMX-INT8 and the OS grants the tile state).
 std::vector<const Kernel*> int8_kernels() {
@@ -38,9 +32,8 @@ std::vector<const Kernel*> int8_kernels() {
   return out;
 }
 
-KernelCheck check(const Kernel& k, const Problem& p, const Tensors& t) {
-  const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
-  return check_kernel(k, p, t.inputs, a, 2);
+KernelCheck check(const Kernel& k, const Problem& p, const Tensors& t, int threads = 2) {
+  return test::check_all_rows(k, p, t, threads);
 }
 
 // flash_int8's arithmetic, written plainly (Q per row, K - mean per key, exact integer sums, the

@@ -284,18 +284,10 @@ Problem cache_shape(int64_t b, int64_t hq, int64_t hkv, int64_t sq, int64_t sk, 
   return p;
 }
 
-// Every variant of `name` this CPU runs.
-std::vector<const Kernel*> runnable(std::string_view name) {
-  std::vector<const Kernel*> out;
-  for (const Kernel* k : variants()) {
-    if (k->name() == name && k->available()) out.push_back(k);
-  }
-  return out;
-}
+using test::runnable;
 
 KernelCheck check(const Kernel& k, const Problem& p, const Tensors& t, int threads = 2) {
-  const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
-  return check_kernel(k, p, t.inputs, a, threads);
+  return test::check_all_rows(k, p, t, threads);
 }
 
 }  // namespace kvcache

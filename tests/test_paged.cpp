@@ -31,13 +31,7 @@ Problem contiguous(Problem p) {
   return p;
 }
 
-std::vector<const Kernel*> runnable(std::string_view name) {
-  std::vector<const Kernel*> out;
-  for (const Kernel* k : variants()) {
-    if (k->name() == name && k->available()) out.push_back(k);
-  }
-  return out;
-}
+using test::runnable;
 
 struct Result {
   std::vector<float> o, lse;

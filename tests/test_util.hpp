@@ -5,10 +5,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "attnlab/kernel.hpp"
 #include "attnlab/problem.hpp"
+#include "attnlab/tensor.hpp"
+#include "attnlab/verify.hpp"
 #include "bench/peak.hpp"  // is_per_target_isa
 
 namespace attnlab::test {
@@ -123,6 +126,21 @@ inline bool small_mode() {
   const char* s = std::getenv("ATTN_TEST_SMALL");
   return s && std::string(s) == "1";
 #endif
+}
+
+// Every variant of kernel `name` this CPU runs (one per built target for the SIMD kernels).
+inline std::vector<const Kernel*> runnable(std::string_view name) {
+  std::vector<const Kernel*> out;
+  for (const Kernel* k : variants()) {
+    if (k->name() == name && k->available()) out.push_back(k);
+  }
+  return out;
+}
+
+// k against the float64 reference on every row of p, under its arithmetic's tolerance.
+inline KernelCheck check_all_rows(const Kernel& k, const Problem& p, const Tensors& t, int threads = 2) {
+  const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
+  return check_kernel(k, p, t.inputs, a, threads);
 }
 
 }  // namespace attnlab::test

@@ -39,19 +39,27 @@ void scores(const E* q, const View4<const E>& k, int64_t b, int64_t hk, const Ke
 // o = sum_x p_x V[b, hk, key x, :]. Returns the natural-log LSE (-inf, and o = 0, for a row
 // that sees no key). round_p: each exp(s - max) rounded to bf16 before P.V (the sum stays
 // unrounded), the arithmetic of Arithmetic::Bf16Products (kernel.hpp).
+// The softmax's first half for n >= 1 scores: s[j] = exp(s[j] - max) in place; *m = the max,
+// returns the sum of the exps (the textbook order, shared with verify.cpp's int8 cache baseline).
+inline float exp_shifted(float* s, int64_t n, float* m) {
+  *m = s[0];
+  for (int64_t j = 1; j < n; ++j) *m = s[j] > *m ? s[j] : *m;
+  float sum = 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = std::exp(s[j] - *m);
+    sum += s[j];
+  }
+  return sum;
+}
+
 template <class E, class Keys>
 float softmax_pv(float* s, const View4<const E>& v, int64_t b, int64_t hk, const Keys& keys, float* o,
                  bool round_p = false) {
   const int64_t n = key_count(keys);
   for (int64_t d = 0; d < v.dim; ++d) o[d] = 0.f;
   if (n == 0) return -std::numeric_limits<float>::infinity();
-  float m = s[0];
-  for (int64_t j = 1; j < n; ++j) m = s[j] > m ? s[j] : m;
-  float sum = 0.f;
-  for (int64_t j = 0; j < n; ++j) {
-    s[j] = std::exp(s[j] - m);
-    sum += s[j];
-  }
+  float m = 0.f;
+  const float sum = exp_shifted(s, n, &m);
   const float inv = 1.f / sum;
   for (int64_t j = 0; j < n; ++j) {
     const float p = (round_p ? round_to(DType::BF16, s[j]) : s[j]) * inv;

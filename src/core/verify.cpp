@@ -355,13 +355,8 @@ Errors int8_cache_errors(const Problem& p, const Inputs& in, const Reference& re
     if (n > 0) {
       textbook::scores(f.q.row(id.b, id.h, id.i), f.k, id.b, hk, textbook::KeyList{keys.data(), n}, p.effective_scale(),
                        s.data());
-      float m = s[0];
-      for (int64_t x = 1; x < n; ++x) m = s[x] > m ? s[x] : m;
-      float l = 0.f;
-      for (int64_t x = 0; x < n; ++x) {
-        s[x] = std::exp(s[x] - m);
-        l += s[x];
-      }
+      float m = 0.f;
+      const float l = textbook::exp_shifted(s.data(), n, &m);
       for (int64_t x = 0; x < n;) {
         const int64_t j = keys[x];
         const bool whole = j % kTile == 0 && x + kTile <= n && keys[x + kTile - 1] == j + kTile - 1;

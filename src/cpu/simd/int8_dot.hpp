@@ -261,13 +261,26 @@ inline __m512i group_sums(const __m512i a[4]) {
       _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));  // lane 4L+g: key 4g+L
   return _mm512_permutexvar_epi32(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), t);
 }
-inline Batch group_sums(const Batch a[4]) {
-  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
-  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
+// Per 128-bit lane L: [a, b, c, d] = each vector's lanes 4L .. 4L + 3 reduced (Max: max, else +).
+template <bool Max>
+inline Batch lane_reduce4(Batch a, Batch b, Batch c, Batch d) {
+  const auto op = [](Batch x, Batch y) { return Max ? max(x, y) : x + y; };
+  const Batch ab = op(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));  // [a02 b02 a13 b13]
+  const Batch cd = op(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
   const __m512d x = _mm512_castps_pd(ab), y = _mm512_castps_pd(cd);
-  const __m512 t =
-      _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  return _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), t);
+  return op(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+}
+// Lanes 0..3: a, b, c, d reduced whole.
+template <bool Max>
+inline Batch reduce4(Batch a, Batch b, Batch c, Batch d) {
+  const auto op = [](Batch x, Batch y) { return Max ? max(x, y) : x + y; };
+  const Batch t = lane_reduce4<Max>(a, b, c, d);
+  const Batch u = op(t, _mm512_shuffle_f32x4(t, t, 0x4e));
+  return op(u, _mm512_shuffle_f32x4(u, u, 0xb1));
+}
+inline Batch group_sums(const Batch a[4]) {
+  return _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0),
+                               lane_reduce4<false>(a[0], a[1], a[2], a[3]));
 }
 #else  // AVX2
 inline constexpr int kSliceKeys = 2;
@@ -304,13 +317,23 @@ inline __m256i group_sums(const __m256i a[4]) {
       _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));  // lane 4L+g: key 2g+L
   return _mm256_permutevar8x32_epi32(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
-inline Batch group_sums(const Batch a[4]) {
-  const __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(a[0], a[1]), _mm256_unpackhi_ps(a[0], a[1]));
-  const __m256 cd = _mm256_add_ps(_mm256_unpacklo_ps(a[2], a[3]), _mm256_unpackhi_ps(a[2], a[3]));
+template <bool Max>
+inline Batch lane_reduce4(Batch a, Batch b, Batch c, Batch d) {
+  const auto op = [](Batch x, Batch y) { return Max ? max(x, y) : x + y; };
+  const Batch ab = op(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+  const Batch cd = op(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
   const __m256d x = _mm256_castps_pd(ab), y = _mm256_castps_pd(cd);
-  const __m256 t =
-      _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
-  return _mm256_permutevar8x32_ps(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  return op(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+}
+template <bool Max>
+inline Batch reduce4(Batch a, Batch b, Batch c, Batch d) {
+  const Batch t = lane_reduce4<Max>(a, b, c, d);
+  const Batch u = _mm256_permute2f128_ps(t, t, 0x01);
+  return Max ? max(t, u) : t + u;
+}
+inline Batch group_sums(const Batch a[4]) {
+  return _mm256_permutevar8x32_ps(lane_reduce4<false>(a[0], a[1], a[2], a[3]),
+                                  _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 #endif
 inline constexpr int kSliceBlock = 4 * kSliceKeys;                 // keys per register block: 4 vectors of keys
@@ -660,28 +683,6 @@ template <KvDType T>
 inline float zp_of(const std::byte* r) {
   return kv_read::load_f32(r + 4) - (T == KvDType::U8 && ATTN_I8_PV_VECTOR ? 128.f : 0.f);
 }
-
-#if ATTN_I8_PV_VECTOR
-// Lanes 0..3 of the result: the max (Max) or the sum of each of a, b, c, d's lanes.
-template <bool Max>
-inline Batch reduce4(Batch a, Batch b, Batch c, Batch d) {
-  const auto op = [](Batch x, Batch y) { return Max ? max(x, y) : x + y; };
-#if defined(__AVX512F__)
-  const Batch ab = op(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));  // per 128-bit lane [a02 b02 a13 b13]
-  const Batch cd = op(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-  const __m512d x = _mm512_castps_pd(ab), y = _mm512_castps_pd(cd);
-  Batch t = op(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));  // [a b c d]
-  t = op(t, _mm512_shuffle_f32x4(t, t, 0x4e));
-  return op(t, _mm512_shuffle_f32x4(t, t, 0xb1));
-#else
-  const Batch ab = op(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
-  const Batch cd = op(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
-  const __m256d x = _mm256_castps_pd(ab), y = _mm256_castps_pd(cd);
-  const Batch t = op(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
-  return op(t, _mm256_permute2f128_ps(t, t, 0x01));
-#endif
-}
-#endif
 
 // The MR rows' P (kTileKeys apart) times the scales sc of V scale block b rounded into pc by
 // round_p_tile's rule. Vector targets: bit for bit the rule (the same max, one division, the same
