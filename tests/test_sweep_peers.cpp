@@ -116,7 +116,7 @@ TEST_F(SweepPeers, BackwardPeersAreCheckedOnTheirGradients) {
 }
 
 // Which peers run a 16-bit or quantized cache is one rule (peers.cpp own_cache): ggml_fa on its
-// f16 / q8_0 / q4_0, ov_decode on f16 / u8, ov_sdpa on bf16 (its bf16 precision hint) - handed the
+// f16 / q8_0 / q4_0, ov_decode on f16 / u8 / u4, ov_sdpa on bf16 (its bf16 precision hint) - handed the
 // stored values as float32 and verified - and every other peer skips with the reason, so no peer
 // is timed on values it was not given.
 TEST_F(SweepPeers, OnlyPeersWithTheirOwnCacheRunQuantizedOr16BitPoints) {
@@ -159,7 +159,7 @@ TEST_F(SweepPeers, OnlyPeersWithTheirOwnCacheRunQuantizedOr16BitPoints) {
                 {"ov_sdpa f32/dtype", "ok"},   {"ov_sdpa f16/dtype", "skipped"},  {"ov_sdpa bf16/dtype", "ok"},
                 {"ov_sdpa f32/u8", "skipped"}, {"ov_sdpa f32/q8_0", "skipped"},   {"ov_sdpa f32/u4", "skipped"},
                 {"ov_decode f32/dtype", "ok"}, {"ov_decode f16/dtype", "ok"},     {"ov_decode bf16/dtype", "skipped"},
-                {"ov_decode f32/u8", "ok"},    {"ov_decode f32/q8_0", "skipped"}, {"ov_decode f32/u4", "skipped"},
+                {"ov_decode f32/u8", "ok"},    {"ov_decode f32/q8_0", "skipped"}, {"ov_decode f32/u4", "ok"},
                 {"ggml_fa f32/dtype", "ok"},   {"ggml_fa f16/dtype", "ok"},       {"ggml_fa bf16/dtype", "skipped"},
                 {"ggml_fa f32/u8", "skipped"}, {"ggml_fa f32/q8_0", "ok"},        {"ggml_fa f32/u4", "skipped"},
                 {"ort_gqa f32/dtype", "ok"},   {"ort_gqa f16/dtype", "skipped"},  {"ort_gqa bf16/dtype", "skipped"},

@@ -16,8 +16,8 @@ ov_decode: its generation path - a stateful model whose KV cache is the model's 
 Assigned back), the pattern an exported LLM has and the CPU plugin fuses into its
 ScaledDotProductAttentionWithKVCache node, which keeps the cache in KV_CACHE_PRECISION (f32 for
 a float32 point, f16 for a dtype f16 point, u8 - its x86 default, a scale and zero point per
-token and head - for a kv_dtype u8 point). Decode points only (q_len 1): the state holds the
-first kv_len - 1 keys, a call appends the last one and attends. Each timed call appends one
+token and head - for a kv_dtype u8 point, u4 for a u4 one). Decode points only (q_len 1): the
+state holds the first kv_len - 1 keys, a call appends the last one and attends. Each timed call appends one
 more token (the plugin's own append, as in generation), so the calls run over kv_len ..
 kv_len + calls keys; O is taken from a call on the exact cache (the state set again)."""
 import numpy as np
@@ -64,8 +64,14 @@ def _group_heads(p, x, kv_len, dim):
 
 
 # The cache precision ov_decode keeps for a point (the lab's dtype, kv_dtype): the stored values
-# exactly for f32 and f16; u8 re-quantizes the lab's u8 cache (the same per-row rule).
-CACHE_PRECISION = {("f32", "dtype"): "f32", ("f16", "dtype"): "f16", ("f32", "u8"): "u8"}
+# exactly for f32 and f16; u8 and u4 re-quantize the lab's u8 / u4 cache (the same per-row rule).
+CACHE_PRECISION = {("f32", "dtype"): "f32", ("f16", "dtype"): "f16", ("f32", "u8"): "u8", ("f32", "u4"): "u4"}
+# A u4 cache cannot be set as a state: openvino 2026.4's CPU plugin corrupts its heap on
+# set_state into a u4 cache at any length (a segfault or glibc's malloc abort). It is filled by
+# the plugin's own append instead, FILL_CHUNK tokens a call - each call also attends its chunk's
+# rows to everything before, so filling costs ~kv_len^2 / 2 query-key pairs (15 s at 8192 keys on
+# 2 cores, 4 min at 32768): u4 runs up to FILL_MAX_KEYS.
+FILL_CHUNK, FILL_MAX_KEYS = 512, 8192
 
 
 def prepare_decode(p, q, k, v):
@@ -80,14 +86,20 @@ def prepare_decode(p, q, k, v):
         raise Skip("ov_decode attends to the whole cache (one length for the batch: no window, pattern or kv_lens)")
     if p.causal == "top-left" and p.kv_len > 1:
         raise Skip("top-left causal with q_len 1 sees one key; a decode query is the last position")
+    append = precision == "u4"  # the cache filled by the plugin's append (above), not set
+    if append and p.kv_len > FILL_MAX_KEYS:
+        raise Skip(f"kv_len {p.kv_len}: ov_decode's u4 cache is filled through the plugin's own append (setting "
+                   f"a u4 state crashes openvino's CPU plugin), ~kv_len^2 work: up to {FILL_MAX_KEYS} keys")
     how = [f"stateful model, its KV cache the model's state, fused by the CPU plugin into "
            f"ScaledDotProductAttentionWithKVCache; KV_CACHE_PRECISION {precision}"]
-    f32, n = ov.Type.f32, p.kv_len
-    qn = ops.parameter([p.batch, p.q_heads, 1, p.head_dim], f32, name="q")
+    if append:
+        how.append(f"cache filled by the plugin's append ({FILL_CHUNK} tokens a call: a u4 state cannot be set)")
+    f32, n, new = ov.Type.f32, p.kv_len, -1 if append else 1
+    qn = ops.parameter([p.batch, p.q_heads, new, p.head_dim], f32, name="q")
     beam = ops.parameter([p.batch], ov.Type.i32, name="beam_idx")
     params, variables, sinks, present = [qn], [], [], []
     for name, dim in (("k", p.head_dim), ("v", p.head_dim_v)):
-        cur = ops.parameter([p.batch, p.kv_heads, 1, dim], f32, name=name)
+        cur = ops.parameter([p.batch, p.kv_heads, new, dim], f32, name=name)
         info = ov.op.util.VariableInfo()
         info.data_shape = ov.PartialShape([p.batch, p.kv_heads, -1, dim])
         info.data_type, info.variable_id = f32, "past_" + name
@@ -113,16 +125,25 @@ def prepare_decode(p, q, k, v):
                    "): not its generation path")
     req = compiled.create_infer_request()
     feeds = {"q": q_in, "k": k[:, :, n - 1:], "v": v[:, :, n - 1:], "beam_idx": np.arange(p.batch, dtype=np.int32)}
-    for name, arr in feeds.items():
-        req.set_tensor(name, ov.Tensor(np.ascontiguousarray(arr, dtype=arr.dtype)))
     past = {"past_k": k[:, :, :n - 1], "past_v": v[:, :, :n - 1]}
+
+    def feed(name, arr):
+        req.set_tensor(name, ov.Tensor(np.ascontiguousarray(arr, dtype=arr.dtype)))
 
     def set_cache():
         for state in req.query_state():
-            if n > 1:
+            if n > 1 and not append:
                 state.state = ov.Tensor(np.ascontiguousarray(past[state.name], dtype=np.float32))
             else:
                 state.reset()
+        feed("beam_idx", feeds["beam_idx"])
+        for t0 in range(0, n - 1 if append else 0, FILL_CHUNK):
+            t1 = min(n - 1, t0 + FILL_CHUNK)
+            feed("q", np.zeros((p.batch, p.q_heads, t1 - t0, p.head_dim), np.float32))
+            feed("k", k[:, :, t0:t1]), feed("v", v[:, :, t0:t1])
+            req.infer()
+        for name, arr in feeds.items():
+            feed(name, arr)
 
     set_cache()
     how.append(f"CPU plugin, {_threads} inference threads; each timed call appends a token (kv_len .. "

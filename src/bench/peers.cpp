@@ -110,7 +110,8 @@ bool ggml_own_cache(const std::string& kernel, const Problem& p) {
 bool own_cache(const std::string& kernel, const Problem& p) {
   if (kernel == "ov_sdpa") return p.dtype == DType::BF16 && !p.kv_quantized();  // its bf16 precision hint
   if (kernel == "ov_decode") {
-    return (p.dtype == DType::F16 && !p.kv_quantized()) || (p.dtype == DType::F32 && p.kv_dtype == KvDType::U8);
+    return (p.dtype == DType::F16 && !p.kv_quantized()) ||
+           (p.dtype == DType::F32 && (p.kv_dtype == KvDType::U8 || p.kv_dtype == KvDType::U4));
   }
   return ggml_own_cache(kernel, p);
 }
@@ -401,7 +402,7 @@ PeerAnswer PeerPool::run(const std::string& kernel, const Problem& p, const Inpu
   if (p.kv_quantized() && !own) {
     return answer(S::Skipped, std::string("kv_dtype ") + to_string(p.kv_dtype) +
                                   ": the peers take float32 K/V (none of them reads this cache layout; ggml_fa reads "
-                                  "q8_0 and q4_0, ov_decode u8)");
+                                  "q8_0 and q4_0, ov_decode u8 and u4)");
   }
   Server& s = server(family, threads);
   if (!s.unavailable.empty()) return answer(S::Skipped, s.unavailable);
