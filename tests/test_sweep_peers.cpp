@@ -166,6 +166,29 @@ TEST_F(SweepPeers, OnlyPeersWithTheirOwnCacheRunQuantizedOr16BitPoints) {
                 {"ort_gqa f32/u8", "skipped"}, {"ort_gqa f32/q8_0", "skipped"},   {"ort_gqa f32/u4", "skipped"}}));
 }
 
+// ov_sage rounds Q and K to int8 and V to u8: its tolerance is the bf16-products policy plus 4x what
+// those roundings move the float64 O (peers.cpp peer_tolerance), so a peer erring by exactly that
+// rounding passes as ov_sage and fails as a float32 peer, held to the float32 policy.
+TEST_F(SweepPeers, OvSageIsJudgedByWhatItsRoundingCosts) {
+  ::setenv("ATTN_FAKE_PEER", "ov_sage=sage,torch_sdpa=sage", 1);
+  const std::string dir = fresh_dir("peers_sage");
+  const Experiment e = parse_experiment(
+      Json::parse(R"({"description": "d", "implementations": ["naive"], "q_len": 64, "kv_len": 64, "q_heads": 4,
+                      "kv_heads": 2, "head_dim": 32, "causal": true, "threads": 1, "repetitions": 2,
+                      "min_time_s": 0.001, "peers": ["ov_sage", "torch_sdpa"]})"),
+      "peers_sage", names);
+  run_sweep(e, peer_options(dir));
+  std::map<std::string, PointRecord> got;
+  for (const auto& pf : read_points(dir)) got[pf.record.kernel] = pf.record;
+  for (const char* k : {"naive", "ov_sage", "torch_sdpa"}) ASSERT_EQ(got.count(k), 1u) << k;
+  const PointRecord& sage = got["ov_sage"];
+  EXPECT_EQ(sage.status, PointStatus::Ok) << sage.reason;
+  EXPECT_NE(sage.how.find("what rounding Q and K to int8 per token and V to u8"), std::string::npos) << sage.how;
+  EXPECT_GT(sage.err_o_rel, got["naive"].tol_o_rel) << "the rounding is far above the float32 policy";
+  EXPECT_LT(sage.err_o_rel, sage.tol_o_rel);
+  EXPECT_EQ(got["torch_sdpa"].status, PointStatus::Failed) << "the same O from a float32 peer";
+}
+
 TEST_F(SweepPeers, MissingEnvironmentOrLibrarySkipsWithTheReason) {
   {
     SweepOptions o = peer_options(fresh_dir("peers_nopython"));

@@ -19,12 +19,22 @@ a float32 point, f16 for a dtype f16 point, u8 - its x86 default, a scale and ze
 token and head - for a kv_dtype u8 point, u4 for a u4 one). Decode points only (q_len 1): the
 state holds the first kv_len - 1 keys, a call appends the last one and attends. Each timed call appends one
 more token (the plugin's own append, as in generation), so the calls run over kv_len ..
-kv_len + calls keys; O is taken from a call on the exact cache (the state set again)."""
+kv_len + calls keys; O is taken from a call on the exact cache (the state set again).
+
+ov_sage: its SageAttention path - the CPU plugin's PagedAttention node (the op OpenVINO GenAI's
+continuous batching runs, built here directly: 28 inputs, the K/V head counts as runtime info)
+compiled with ENABLE_SAGE_ATTN, where the plugin rounds Q and the new keys to int8 per token
+(an int8 key cache with a scale per token and head), takes Q.K^T as int8 products on AMX-INT8 or
+AVX-VNNI-INT8, and keeps V in its u8 cache; the bf16 precision hint (its fastest: P.V in bf16)
+where the CPU has AVX512_BF16 or AMX. Prefill only, as the plugin's sage path is: a point is one
+prompt per batch entry (q_len = kv_len, bottom-right causal - PagedAttention is causal), and a
+call writes the prompt's K/V into a fresh paged cache (rounding them) and attends, as a prefill
+step does."""
 import numpy as np
 
 from common import Skip, empty_rows, mask_choice
 
-KERNELS = ("ov_sdpa", "ov_decode")
+KERNELS = ("ov_sdpa", "ov_decode", "ov_sage")
 ov = ops = None
 _threads = 1
 
@@ -157,11 +167,98 @@ def prepare_decode(p, q, k, v):
     return req.infer, collect, "; ".join(how)
 
 
+SAGE_BLOCK = 32  # tokens per cache block (the plugin's x86 block size)
+
+
+def sage_rounded(q, k, v):
+    """Q and K rounded to int8 per (token, head) (amax / 127), V to u8 with a scale and zero point
+    per (token, head): what the sage path multiplies, as floats (float64 arrays of the same
+    shapes; the tests' model of the plugin, and the rule peers.cpp derives ov_sage's tolerance from)."""
+    def int8(x):
+        scale = np.abs(x).max(-1, keepdims=True) / 127
+        return np.round(x / np.where(scale > 0, scale, 1)) * scale
+
+    def u8(x):
+        lo, hi = x.min(-1, keepdims=True), x.max(-1, keepdims=True)
+        scale = np.where(hi > lo, (hi - lo) / 255, 1)
+        return np.clip(np.round((x - lo) / scale), 0, 255) * scale + lo
+    return int8(q.astype(np.float64)), int8(k.astype(np.float64)), u8(v.astype(np.float64))
+
+
+def prepare_sage(p, q, k, v):
+    if p.dtype != "f32":
+        raise Skip(f"dtype {p.dtype}: ov_sage runs float32 points (the plugin rounds Q, K and V itself)")
+    if p.causal == "none" or p.q_len != p.kv_len or p.kv_lens or p.windowed or p.sparse:
+        raise Skip("ov_sage runs prefill points: q_len = kv_len, causal, no kv_lens, window or pattern "
+                   "(PagedAttention is causal; its sage path is prefill only)")
+    if p.head_dim != p.head_dim_v:
+        raise Skip("ov_sage: head_dim_v != head_dim")
+    from openvino._pyopenvino.op import _PagedAttentionExtension
+    B, n, hq, hk, d = p.batch, p.q_len, p.q_heads, p.kv_heads, p.head_dim
+    f32, i32 = ov.Type.f32, ov.Type.i32
+    tokens = {name: ops.parameter([-1, h * d], f32, name=name) for name, h in (("q", hq), ("k", hk), ("v", hk))}
+    caches = [ops.parameter([-1, hk, SAGE_BLOCK, d], ov.Type.dynamic, name=name)
+              for name in ("key_cache", "value_cache")]
+    index = {name: ops.parameter([-1], i32, name=name)
+             for name in ("past_lens", "subsequence_begins", "block_indices", "block_indices_begins")}
+    longest = ops.parameter([], i32, name="max_context_len")
+    none_i, none_f = ops.constant(np.zeros(0, np.int32)), ops.constant(np.zeros(0, np.float32))
+    zero = ops.constant(np.int32(0))
+    inputs = [*tokens.values(), *caches, *index.values(), ops.constant(np.float32(p.scale)),
+              zero,                       # sliding_window: none
+              none_f,                     # alibi_slopes
+              longest,
+              none_i,                     # score_aggregation_window
+              none_i, ops.constant(np.zeros((0, 1), np.int32)), ops.constant(np.zeros((0, d), np.float32)),
+              none_f, zero, zero,         # xattention threshold, block size, stride: off
+              none_f,                     # sinks
+              zero, none_i, none_i, none_i,  # adaptive RKV: off
+              none_i, ops.constant(np.zeros(0, np.uint8)), none_i]  # token types, qq bias
+    node = _PagedAttentionExtension([x.output(0) for x in inputs])
+    for key, value in (("k_head_size", d), ("num_k_heads", hk), ("v_head_size", d), ("num_v_heads", hk)):
+        node.get_rt_info()[key] = value
+    params = [*tokens.values(), *caches, *index.values(), longest]
+    model = ov.Model([node.output(0)], params, "sage")
+    hint = "bf16" if ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES").count("BF16") else "f32"
+    compiled = _compile(model, _config({"ENABLE_SAGE_ATTN": True, "INFERENCE_PRECISION_HINT": hint}))
+    kcache = compiled.input("key_cache")
+    if kcache.get_element_type() != ov.Type.i8:
+        raise Skip(f"the CPU plugin did not take its sage path (key cache {kcache.get_element_type()}, not i8)")
+    blocks = (n + SAGE_BLOCK - 1) // SAGE_BLOCK
+    req = compiled.create_infer_request()
+    for port in (kcache, compiled.input("value_cache")):
+        shape = [B * blocks] + [x.get_length() for x in list(port.get_partial_shape())[1:]]
+        req.set_tensor(port.get_any_name(), ov.Tensor(port.get_element_type(), shape))
+    feeds = {name: np.ascontiguousarray(x.transpose(0, 2, 1, 3).reshape(B * n, -1), dtype=np.float32)
+             for name, x in (("q", q), ("k", k), ("v", v))}
+    feeds.update(past_lens=np.zeros(B, np.int32), subsequence_begins=np.arange(B + 1, dtype=np.int32) * n,
+                 block_indices=np.arange(B * blocks, dtype=np.int32),
+                 block_indices_begins=np.arange(B + 1, dtype=np.int32) * blocks, max_context_len=np.array(n, np.int32))
+    for name, arr in feeds.items():
+        req.set_tensor(name, ov.Tensor(arr))
+    try:
+        req.infer()
+    except RuntimeError as e:  # e.g. "sage_attn needs amx_int8/vnni2": a CPU without the units
+        raise Skip("openvino refused the sage path: " + str(e).strip().splitlines()[-1][:300])
+    how = (f"PagedAttention node built directly, ENABLE_SAGE_ATTN, {hint} precision hint (the compiled model: "
+           f"{compiled.get_property('INFERENCE_PRECISION_HINT').get_type_name()}); Q and K rounded to int8 per "
+           f"token by the plugin, V to its u8 cache; paged cache of {SAGE_BLOCK}-token blocks written by each call; "
+           f"CPU plugin, {_threads} inference threads")
+
+    def collect():
+        req.infer()
+        return np.array(req.get_output_tensor(0).data, dtype=np.float32).reshape(B, n, hq, d).transpose(0, 2, 1, 3)
+
+    return req.infer, collect, how
+
+
 def prepare(kernel, p, q, k, v):
     if p.backward:
         raise Skip("OpenVINO has no backward pass (an inference runtime)")
     if kernel == "ov_decode":
         return prepare_decode(p, q, k, v)
+    if kernel == "ov_sage":
+        return prepare_sage(p, q, k, v)
     if p.dtype not in ("f32", "bf16"):
         raise Skip(f"dtype {p.dtype}: ov_sdpa runs float32 points and bf16 ones (its bf16 precision hint)")
     how = []

@@ -21,11 +21,12 @@ DECODE_MAX_Q = 16  # q_len at most this (and below kv_len) counts as decode
 # the README headline (scripts/docs.py) leaves them out of the ranking against the runtimes.
 NARROW_TWINS = {"decode_i8": ("decode", None), "flash_int8": ("flash", None), "flash_int8_amx": ("flash", "avx512")}
 
-PEERS = ("torch_sdpa", "torch_flex", "ort_mha", "ort_gqa", "ov_sdpa", "ov_decode", "jax_dpa", "ggml_fa")
+PEERS = ("torch_sdpa", "torch_flex", "ort_mha", "ort_gqa", "ov_sdpa", "ov_decode", "ov_sage", "jax_dpa", "ggml_fa")
 
 
 PEER_COLORS = {"torch_sdpa": "black", "torch_flex": "dimgray", "ort_mha": "darkgoldenrod", "ort_gqa": "saddlebrown",
-               "ov_sdpa": "royalblue", "ov_decode": "steelblue", "jax_dpa": "mediumvioletred", "ggml_fa": "teal"}
+               "ov_sdpa": "royalblue", "ov_decode": "steelblue", "ov_sage": "navy",
+               "jax_dpa": "mediumvioletred", "ggml_fa": "teal"}
 
 
 def is_peer(kernel):

@@ -116,6 +116,34 @@ bool own_cache(const std::string& kernel, const Problem& p) {
   return ggml_own_cache(kernel, p);
 }
 
+// Each row of a float32 view (a StoredAsFloat copy), with its length, to round in place.
+template <class F>
+void for_each_row(const ConstView& v, F&& f) {
+  for (int64_t b = 0; b < v.batch; ++b)
+    for (int64_t h = 0; h < v.heads; ++h)
+      for (int64_t s = 0; s < v.seq; ++s) f(const_cast<float*>(v.row(b, h, s)), v.dim);
+}
+
+// What a peer's own rounding of its inputs costs: the largest change, over the reference's rows and
+// relative to each row's scale, of the float64 O when the point's stored values are rounded by
+// `round` (applied to a float32 copy) - a peer doing that arithmetic may err kFactor times this more.
+template <class F>
+double rounding_cost(const Problem& p, const Inputs& in, const Agreement& ag, F&& round) {
+  StoredAsFloat f = stored_as_float(p, in);
+  round(f.tensors);
+  const Reference rounded = reference(f.problem, f.tensors.inputs, ag.ref.rows);
+  double cost = 0;
+  for (size_t r = 0; r < rounded.rows.size(); ++r) {
+    const double scale = ag.ref.row_scale[r] > 0 ? ag.ref.row_scale[r] : 1.0;
+    for (int64_t d = 0; d < rounded.dim; ++d) {
+      const size_t x = r * static_cast<size_t>(rounded.dim) + static_cast<size_t>(d);
+      if (std::isfinite(rounded.o[x]) && std::isfinite(ag.ref.o[x]))
+        cost = std::max(cost, std::fabs(rounded.o[x] - ag.ref.o[x]) / scale);
+    }
+  }
+  return cost;
+}
+
 PeerAnswer answer(PeerAnswer::Status s, std::string reason) {
   PeerAnswer a;
   a.status = s;
@@ -131,6 +159,35 @@ PeerTolerance peer_tolerance(const std::string& kernel, const Problem& p, const 
     return {tolerance_for(Arithmetic::Bf16Products, p, in, ag),
             "tolerance: the bf16-products policy (flash_bf16's: P rounded to bf16), for OpenVINO's bf16 precision"};
   }
+  if (kernel == "ov_sage") {
+    // OpenVINO's sage path rounds Q and K to int8 per (token, head) - symmetric, amax / 127, the
+    // rule round_q_row applies to a row - and V to its u8 cache (the lab's u8 rule), and takes P.V
+    // in bf16 under its bf16 hint: the bf16-products policy, plus 4x what those roundings move the
+    // float64 O.
+    std::vector<int8_t> codes(static_cast<size_t>(p.head_dim));
+    std::vector<std::byte> row_bytes(static_cast<size_t>(kv_row_bytes(KvDType::U8, p.dim_v())));
+    const double cost = rounding_cost(p, in, ag, [&](Tensors& t) {
+      const auto int8 = [&](float* row, int64_t dim) {
+        float scale = 0;
+        if (!round_q_row(KvDType::Same, row, dim, codes.data(), &scale)) return;  // NaN/Inf: unrounded
+        for (int64_t i = 0; i < dim; ++i) row[i] = static_cast<float>(codes[static_cast<size_t>(i)]) * scale;
+      };
+      for_each_row(t.inputs.q, int8), for_each_row(t.inputs.k, int8);
+      for_each_row(t.inputs.v, [&](float* row, int64_t dim) {
+        quantize_row(KvDType::U8, row, dim, row_bytes.data());
+        dequantize_row(KvDType::U8, row_bytes.data(), dim, row);
+      });
+    });
+    PeerTolerance t{tolerance_for(Arithmetic::Bf16Products, p, in, ag), ""};
+    t.tol.o_rel += Tolerance::kFactor * cost;
+    char text[240];
+    std::snprintf(text, sizeof text,
+                  "tolerance: the bf16-products policy + 4 x %.2g (what rounding Q and K to int8 per token and V to "
+                  "u8, as OpenVINO's sage path does, moves the float64 O)",
+                  cost);
+    t.rule = text;
+    return t;
+  }
   if (!ggml_own_cache(kernel, p)) return {ag.tol, ""};
   PeerTolerance t{ag.tol, ""};
   if (p.dtype == DType::F16) {
@@ -141,26 +198,13 @@ PeerTolerance peer_tolerance(const std::string& kernel, const Problem& p, const 
   }
   // ggml rounds Q to q8_0 for its dot products with a q8_0/q4_0 K: the float64 attention with Q
   // so rounded differs from the reference by what that rounding costs; the peer may err 4x it more.
-  StoredAsFloat f = stored_as_float(p, in);
-  const ConstView& q = f.tensors.inputs.q;
   std::vector<std::byte> block(static_cast<size_t>(kv_row_bytes(KvDType::Q8_0, p.head_dim)));
-  for (int64_t b = 0; b < q.batch; ++b)
-    for (int64_t h = 0; h < q.heads; ++h)
-      for (int64_t s = 0; s < q.seq; ++s) {
-        float* row = const_cast<float*>(q.row(b, h, s));
-        quantize_row(KvDType::Q8_0, row, p.head_dim, block.data());
-        dequantize_row(KvDType::Q8_0, block.data(), p.head_dim, row);
-      }
-  const Reference rounded = reference(f.problem, f.tensors.inputs, ag.ref.rows);
-  double cost = 0;
-  for (size_t r = 0; r < rounded.rows.size(); ++r) {
-    const double scale = ag.ref.row_scale[r] > 0 ? ag.ref.row_scale[r] : 1.0;
-    for (int64_t d = 0; d < rounded.dim; ++d) {
-      const size_t x = r * static_cast<size_t>(rounded.dim) + static_cast<size_t>(d);
-      if (std::isfinite(rounded.o[x]) && std::isfinite(ag.ref.o[x]))
-        cost = std::max(cost, std::fabs(rounded.o[x] - ag.ref.o[x]) / scale);
-    }
-  }
+  const double cost = rounding_cost(p, in, ag, [&](Tensors& t) {
+    for_each_row(t.inputs.q, [&](float* row, int64_t dim) {
+      quantize_row(KvDType::Q8_0, row, dim, block.data());
+      dequantize_row(KvDType::Q8_0, block.data(), dim, row);
+    });
+  });
   t.tol.o_rel += Tolerance::kFactor * cost;
   char text[200];
   std::snprintf(text, sizeof text,
@@ -173,8 +217,8 @@ PeerTolerance peer_tolerance(const std::string& kernel, const Problem& p, const 
 
 const std::vector<std::pair<std::string, std::string>>& peer_kernels() {
   static const std::vector<std::pair<std::string, std::string>> k = {
-      {"torch_sdpa", "torch"}, {"torch_flex", "torch"}, {"ort_mha", "ort"}, {"ort_gqa", "ort"},
-      {"ov_sdpa", "ov"},       {"ov_decode", "ov"},     {"jax_dpa", "jax"}, {"ggml_fa", "ggml"}};
+      {"torch_sdpa", "torch"}, {"torch_flex", "torch"}, {"ort_mha", "ort"}, {"ort_gqa", "ort"}, {"ov_sdpa", "ov"},
+      {"ov_decode", "ov"},     {"ov_sage", "ov"},       {"jax_dpa", "jax"}, {"ggml_fa", "ggml"}};
   return k;
 }
 

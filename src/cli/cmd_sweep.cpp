@@ -63,11 +63,12 @@ Command add_sweep(CLI::App& app) {
   sub->add_option("--peak-json", args->peak_json, "use peaks from attnlab peak --json instead of measuring");
   sub->add_option("--peak-repeats", args->peak_repeats, "runs per peak figure when measuring");
   sub->add_option("--results-root", args->results_root, "folder for default results folders");
-  sub->add_option("--peers", args->peers,
-                  "measure peers beside the kernels on every shape: torch, ort, jax, ggml (families) or torch_sdpa, "
-                  "torch_flex, ort_mha, ort_gqa, ov_sdpa, ov_decode, jax_dpa, ggml_fa, comma-separated; replaces the "
-                  "experiment's \"peers\" "
-                  "(recorded in the folder's experiment.json). They run in .venv-peers (scripts/lab peers-setup)");
+  sub->add_option(
+      "--peers", args->peers,
+      "measure peers beside the kernels on every shape: torch, ort, jax, ggml (families) or torch_sdpa, "
+      "torch_flex, ort_mha, ort_gqa, ov_sdpa, ov_decode, ov_sage, jax_dpa, ggml_fa, comma-separated; replaces the "
+      "experiment's \"peers\" "
+      "(recorded in the folder's experiment.json). They run in .venv-peers (scripts/lab peers-setup)");
   sub->add_option("--peers-python", args->peers_python,
                   "the peers' Python (default: $ATTN_PEERS_PYTHON, else .venv-peers/bin/python of the source tree)");
   sub->add_flag("--dry-run", args->dry_run, "print the planned points (FLOP count order) and exit");

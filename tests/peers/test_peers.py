@@ -15,9 +15,13 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts", "peers"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
 from common import Problem, Skip, time_calls  # noqa: E402
 from numpy_attention import attention, attention_backward  # noqa: E402
+from ov_peer import sage_rounded  # noqa: E402  (numpy only: openvino is imported by setup)
 
 MODULES = {"torch_sdpa": "torch_peer", "torch_flex": "torch_peer", "ort_mha": "ort_peer",
-           "ort_gqa": "ort_peer", "ov_sdpa": "ov_peer", "ov_decode": "ov_peer", "jax_dpa": "jax_peer", "ggml_fa": "ggml_peer"}
+           "ort_gqa": "ort_peer", "ov_sdpa": "ov_peer", "ov_decode": "ov_peer", "ov_sage": "ov_peer", "jax_dpa": "jax_peer",
+           "ggml_fa": "ggml_peer"}
+# The peers that compute on the float32 values they are given (ov_sage rounds them to int8: its own test).
+FLOAT_PEERS = sorted(k for k in MODULES if k != "ov_sage")
 
 
 def peer(kernel):
@@ -99,7 +103,7 @@ def check_against_numpy(o, p, how, what):
     np.testing.assert_allclose(o, want, atol=2e-5, rtol=0, err_msg=f"{what}: {how}")
 
 
-@pytest.mark.parametrize("kernel", sorted(MODULES))
+@pytest.mark.parametrize("kernel", FLOAT_PEERS)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_peer_matches_numpy(kernel, case):
     mod = peer(kernel)
@@ -108,7 +112,7 @@ def test_peer_matches_numpy(kernel, case):
     check_against_numpy(o, p, how, f"{kernel} {case}")
 
 
-@pytest.mark.parametrize("kernel", sorted(MODULES))
+@pytest.mark.parametrize("kernel", FLOAT_PEERS)
 def test_planted_window_off_by_one_is_caught(kernel):
     """The comparison above can fail: the peer run on a window one key wider than the problem
     it is checked against (what an off-by-one in a peer's mask would do) disagrees."""
@@ -138,6 +142,56 @@ def test_ov_decode_cache_off_by_one_is_caught():
         check_against_numpy(o, p, how, "ov_decode without the oldest key")
     o, how = run_peer(mod, "ov_decode", p, "decode")
     check_against_numpy(o, p, how, "ov_decode")  # the same peer on the whole cache agrees
+
+
+SAGE_CASES = {"causal": CASES["causal"], "batch_gqa": dict(batch=2, causal=1, q_len=40, kv_len=40),
+              "mha_d128": dict(causal=1, q_len=70, kv_len=70, q_heads=2, kv_heads=2, head_dim=128, head_dim_v=128)}
+
+
+def sage_check(o, p, q, k, v, how):
+    """O within 4x what the sage roundings move float64 attention, plus bf16's 2^-8 for P.V."""
+    def att(q, k, v):
+        return attention(*(x.astype(np.float64) for x in (q, k, v)), p.scale, p.causal, p.left, p.right,
+                         [p.kv_len] * p.batch)[0]
+    want = att(q, k, v)
+    cost = np.abs(att(*sage_rounded(q, k, v)) - want).max()
+    np.testing.assert_allclose(o, want, atol=4 * cost + 2 ** -8 * np.abs(v).max(), rtol=0, err_msg=how)
+
+
+@pytest.mark.parametrize("case", sorted(SAGE_CASES))
+def test_ov_sage_matches_attention_on_its_rounded_inputs(case):
+    """ov_sage (OpenVINO's PagedAttention with ENABLE_SAGE_ATTN: int8 Q.K^T, u8 V cache) on prefill
+    points: one prompt per batch entry, GQA, past one 32-token cache block, d 128."""
+    mod = peer("ov_sage")
+    p = problem(**SAGE_CASES[case])
+    o, how = run_peer(mod, "ov_sage", p, case)
+    assert "ENABLE_SAGE_ATTN" in how, how
+    sage_check(o, p, *inputs(p), how)
+
+
+def test_ov_sage_swapped_prompts_are_caught():
+    """The check above can fail: the peer handed the batch's two prompts' K/V swapped disagrees."""
+    mod = peer("ov_sage")
+    p = problem(**SAGE_CASES["batch_gqa"])
+    q, k, v = inputs(p)
+    try:
+        fn, collect, how = mod.prepare("ov_sage", p, q, k[::-1].copy(), v[::-1].copy())
+    except Skip as e:
+        pytest.skip(f"ov_sage: {e}")
+    fn()
+    o = np.asarray(collect(), dtype=np.float64)
+    with pytest.raises(AssertionError):
+        sage_check(o, p, q, k, v, how)
+    sage_check(o, p, q, k[::-1], v[::-1], how)  # ...and agrees with the inputs it was given
+
+
+@pytest.mark.parametrize("case", ["dense", "decode", "window", "kv_lens"])
+def test_ov_sage_skips_what_it_does_not_run(case):
+    """Non-causal, decode, windowed and kv_lens points: a Skip that says why, never an O."""
+    mod = peer("ov_sage")
+    p = problem(**CASES[case])
+    with pytest.raises(Skip, match="prefill points"):
+        mod.prepare("ov_sage", p, *inputs(p))
 
 
 def bf16_values(x):
