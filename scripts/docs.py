@@ -146,11 +146,13 @@ def is_training(r):
 
 
 # The headline's tables: per group of peers (and of passes), the newest committed sweep with such
-# a peer in it. The narrow-arithmetic kernels (int8 products: report/tables.py's NARROW_TWINS) are
-# left out: they answer to a wider tolerance than the runtimes' float paths they would be ranked
-# against; the report's Arithmetic section sets each beside its float32 twin instead.
+# a peer in it. The narrow-arithmetic kernels and peers (int8 products: report/load.py's NARROW_TWINS
+# and NARROW_PEERS) are left out: they answer to a wider tolerance than the float paths they would
+# be ranked against; the report's Arithmetic section sets each lab kernel beside its float32 twin
+# instead, and its Peers section the lab's best beside the sage path.
 def is_narrow(r):
-    return (r.get("kernel_name") or r["kernel"]) in report_module("load").NARROW_TWINS
+    load = report_module("load")
+    return (r.get("kernel_name") or r["kernel"]) in (*load.NARROW_TWINS, *load.NARROW_PEERS)
 
 HEADLINE_GROUPS = (("the runtimes' attention (PyTorch, ONNX Runtime, OpenVINO, JAX)",
                     lambda k: k.split("_")[0] in ("torch", "ort", "ov", "jax"),

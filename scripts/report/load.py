@@ -20,6 +20,9 @@ DECODE_MAX_Q = 16  # q_len at most this (and below kv_len) counts as decode
 # avx512_bf16 object, x86-64-v4 based - else None). The report's Arithmetic section pairs them;
 # the README headline (scripts/docs.py) leaves them out of the ranking against the runtimes.
 NARROW_TWINS = {"decode_i8": ("decode", None), "flash_int8": ("flash", None), "flash_int8_amx": ("flash", "avx512")}
+# Peers whose products are int8 (OpenVINO's sage path): judged, like the lab's NARROW_TWINS, by a
+# tolerance derived from their rounding, so never ranked against float kernels.
+NARROW_PEERS = ("ov_sage",)
 
 PEERS = ("torch_sdpa", "torch_flex", "ort_mha", "ort_gqa", "ov_sdpa", "ov_decode", "ov_sage", "jax_dpa", "ggml_fa")
 
