@@ -19,7 +19,8 @@
 //   experiments/sparse.json; 8 kv heads, by default 8 query heads and d 128; or decode: one
 //   token against N keys through the decode kernel, by default 32 query heads, with the cache
 //   from the environment: AB_DTYPE (f32 bf16 f16), AB_KV_DTYPE (q8_0 u8 ...), AB_KV_BLOCK (a
-//   paged cache's block), AB_MIXED=1 (8 sequences of 1k..64k keys, kv_lens; N = 65536))
+//   paged cache's block), AB_MIXED=1 (8 sequences of 1k..64k keys, kv_lens; N = 65536);
+//   AB_KERNEL runs another kernel than decode / flash on the same problem (decode_i8, flash_int8))
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -115,7 +116,8 @@ static int run(int argc, char** argv) {
     return 2;
   }
   p.validate();
-  const Kernel& k = kernel_or_throw(pattern == "decode" ? "decode" : "flash");
+  const char* named = std::getenv("AB_KERNEL");  // another kernel of the same interface (decode_i8, flash_int8)
+  const Kernel& k = kernel_or_throw(named ? named : pattern == "decode" ? "decode" : "flash");
   Session session(k, p, threads);
   Tensors t = random_tensors(p, 1);
   if (efficiency) {

@@ -540,9 +540,10 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
   // Next-tile prefetching. Many rows (prefill): the next tile's K and V rows a slice per
   // panel, so they arrive in L2 while this tile computes. Few rows (decode: R / 2 FLOP per
   // K/V element): too little compute per panel to hide a burst, so the first tile is read
-  // in address order (touch_rows) and the next tile's lines are prefetched one per
-  // inner-loop step of the GEMMs (LineStream), spread over the whole tile's compute
-  // (measured on Zen 3, q_len 1, 32/8, d 128: 0.45-0.55 -> 0.52-0.72 of the read bandwidth).
+  // in address order (touch_rows) and the next tile's lines are prefetched as many per
+  // inner-loop step of the GEMMs as the step loads (LineStream), spread over the whole tile's
+  // compute (measured on Zen 3, q_len 1, 32/8, d 128: 0.45-0.55 -> 0.52-0.72 of the read
+  // bandwidth), into L1 or L2 by Tiling::stream_l2.
   // Only a direct task (Tiling::direct: rows <= kStreamRows) streams; it scores straight from
   // the K rows (score_rows: no K^T packing). A flash task's short last query tile prefetches
   // by slices as the others do: one streaming engine per element type, not two (the tile
@@ -610,7 +611,7 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
 #endif
     if constexpr (!Pairs) {
       if (stream) {
-        LineStream ahead(kn.k, d, kn.v, dv, nn);
+        LineStream ahead(kn.k, d, kn.v, dv, nn, t.stream_l2);
         for (int64_t rr0 = 0; rr0 < rows; rr0 += kPanelRows) {
           const int mr = static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0));
           process_panel_any<true, Words, false>(mr, t, s, rr0, kt, tile.words, ahead);
@@ -730,6 +731,12 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
   t.l_off = take(sizeof(float) * state_rows * kLanes);
   t.iv_off = take(sizeof(Interval) * t.rows);
   t.direct = !bf16_dot && !int8_prefill && t.rows <= kStreamRows;
+  // A direct task's next tile goes to L1 when it fits there beside the one being read, else to L2
+  // (where L1 would evict the current tile's lines before they are used): paired A/B at 32/8,
+  // d 128, 32k keys - float32 1.15x (avx512) and 1.17x (avx2) from L2, bf16 1.05x / 1.11x; a u8
+  // cache through decode_i8 (17 KiB tiles) 1.07x from L1 (docs/performance.md).
+  const int64_t l1 = cache().l1d > 0 ? cache().l1d : int64_t{32} << 10;
+  t.stream_l2 = 2 * kTileKeys * (p.kv_row_bytes(t.dim) + p.kv_row_bytes(t.dim_v)) > l1;
   t.bf16_dot = bf16_dot;
   t.score_scale = p.effective_scale() * kLog2e;
   if (bf16_dot || amx) {  // (flash_int8_amx's P.V is on bf16 pairs too)

@@ -53,6 +53,14 @@ inline constexpr bool kIsCodes = false;
 template <KvDType T>
 inline constexpr bool kIsCodes<Codes<T>> = true;
 
+// Bits a stored value takes, its row's scales aside (what a vector load of kLanes values reads).
+template <class E>
+inline constexpr int kValueBits = 8 * static_cast<int>(sizeof(E));
+template <KvDType T>
+inline constexpr int kValueBits<Codes<T>> = T == KvDType::U8 ? 8 : 4;
+template <KvDType T>
+inline constexpr int kValueBits<Quant<T>> = T == KvDType::Q4_0 || T == KvDType::U4 ? 4 : 8;
+
 template <class E>
 inline int64_t row_bytes(int64_t d) {
   if constexpr (kIsCodes<E>) {

@@ -205,12 +205,21 @@ inline void touch_rows(const Rows<E>& rows, int n, int64_t d) {
   (void)sink;
 }
 
+// Cache lines a loop step loads when it reads `loads` vectors of kLanes values of E (at least 1).
+template <class E, int Loads>
+inline constexpr int step_lines() {
+  constexpr int bytes = Loads * kLanes * kValueBits<E> / 8;
+  return bytes / 64 > 1 ? bytes / 64 : 1;
+}
+
 // A GEMM inner loop calls step() once per iteration: NoStep does nothing (compiled away);
 // LineStream issues one software prefetch per call for the cache lines of two row ranges
 // (the next tile's K rows, then its V rows), so a decode task's prefetches are spread
 // through the compute of the current tile instead of arriving as one burst.
 struct NoStep {
   void operator()() const {}
+  template <int N>
+  void lines() const {}
 };
 struct LineStream {
   // The current run of lines (next, up to end), then the remaining runs: per tensor (K, then V)
@@ -227,10 +236,12 @@ struct LineStream {
   int nruns[2];
   bool contiguous[2];
   int which = 0, run = 0, row = 0;
+  bool to_l2 = false;  // prefetch into L2 (else L1): the tiling's stream_l2
   // K rows of d values and V rows of dv values, n of each.
   template <class E>
-  LineStream(const Rows<E>& a, int64_t d, const Rows<E>& b, int64_t dv, int n)
+  LineStream(const Rows<E>& a, int64_t d, const Rows<E>& b, int64_t dv, int n, bool l2)
       : ld_bytes{a.ld * int64_t{sizeof(E)}, b.ld * int64_t{sizeof(E)}}, row_b{row_bytes<E>(d), row_bytes<E>(dv)} {
+    to_l2 = l2;
     const Rows<E>* rows[2] = {&a, &b};
     for (int x = 0; x < 2; ++x) {
       contiguous[x] = ld_bytes[x] == row_b[x];
@@ -251,9 +262,20 @@ struct LineStream {
     next = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(start) & ~uintptr_t{63});  // its first line
     end = start + (contiguous[which] ? rows_of[which][run] * row_b[which] : row_b[which]);
   }
+  // N steps, for a loop step that loads N cache lines of the current tile: the stream keeps pace
+  // with the loads, so the next tile is prefetched whole by the end of this one (one line a step
+  // covered a quarter of a float32 tile on avx512 - 1.16x decode's time, bf16 1.28x; 32/8, d 128,
+  // 32k keys, paired A/B: docs/performance.md).
+  template <int N>
+  __attribute__((always_inline)) void lines() {
+    for (int i = 0; i < N; ++i) (*this)();
+  }
   __attribute__((always_inline)) void operator()() {
     if (next < end) {
-      __builtin_prefetch(next, 0, 3);
+      if (to_l2)
+        __builtin_prefetch(next, 0, 2);
+      else
+        __builtin_prefetch(next, 0, 3);
       next += 64;
     } else if (which < 2) {
       if (contiguous[which] || ++row == rows_of[which][run]) row = 0, ++run;
@@ -399,8 +421,7 @@ inline void score_rows(const float* qr, int64_t ldq, const float* zero, const Ro
       // held in registers; a quantized K one vector per step (step_block).
       if constexpr (kEvenOdd<E> || std::is_same_v<E, float> || std::is_same_v<E, f16>) {
         for (; c + 2 * kLanes <= full; c += 2 * kLanes) {
-          step();
-          step();  // as many prefetch steps as kLanes-wide steps: the stream covers the tile
+          step.template lines<2 * step_lines<E, kDotKeys>()>();  // the lines this step loads
           Batch k0[kDotKeys], k1[kDotKeys];
           for (int i = 0; i < kDotKeys; ++i) {
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -422,7 +443,7 @@ inline void score_rows(const float* qr, int64_t ldq, const float* zero, const Ro
         }
       }
       for (; c < full; c += kLanes) {
-        step();
+        step.template lines<step_lines<E, kDotKeys>()>();
         step_block(c, false);
       }
       if (tail > 0) step_block(full, true);
@@ -453,7 +474,7 @@ inline void pv_panel(const float* p, int64_t ldp, const E* v, int64_t col, int64
     }
   }
   for (int j = ja; j < jb; ++j) {
-    step();
+    step.template lines<step_lines<E, NV>()>();
     const E* vr = v + j * ldv;
     Batch vv[NV];
     for (int c = 0; c < NV; ++c) {

@@ -39,7 +39,8 @@ struct Tiling {
   int64_t dim_v = 1;     // d_v, of V and O (head_dim_v)
   int64_t dim_v_pad = 16;
   size_t q_off = 0, o_off = 0, kt_off = 0, p_off = 0, m_off = 0, l_off = 0, iv_off = 0;
-  bool direct = false;  // rows few enough for unpacked scores (decode): q rows at qr_off
+  bool direct = false;     // rows few enough for unpacked scores (decode): q rows at qr_off
+  bool stream_l2 = false;  // a direct task prefetches the next tile into L2 (two tiles exceed L1d)
   size_t qr_off = 0;
   size_t gather_off = 0;                   // 0: no gathered key tile (pattern.hpp: gathered_columns)
   size_t gather_v_off = 0;                 // its V rows, bytes after its K rows
