@@ -15,6 +15,7 @@
 
 #include "attnlab/isa.hpp"
 #include "attnlab/kv_quant.hpp"
+#include "attnlab/kv_read.hpp"
 #include "cpu/isa_internal.hpp"
 
 namespace attnlab {
@@ -346,6 +347,73 @@ TEST_P(SimdMath, Int8RowsRoundInVectorsAsTheRule) {
       }
     }
   }
+}
+
+// decode_i8's scores (int8_dot.hpp: score_rows_i8) are the rule's integers on every target, with
+// the target's dot-product unit (vpdpbusd, NEON's sdot: where the CPU has it) and without it
+// (vpmaddubsw; the rule): against the exact integer dot products of Q's and K's codes per block,
+// combined in double, within a few float roundings of the magnitudes summed - one code off moves
+// a score by its block's scales, far more. Every cache type with integer codes, head dims with
+// partial vectors and slices (row types), keys with a large zero point and all-equal rows.
+TEST_P(SimdMath, I8ScoresAreTheRulesIntegers) {
+  if (!t_->probes.i8_score) GTEST_SKIP() << "no i8 probe";
+  const std::string unit_isa = t_->peak.i8_unit && *t_->peak.i8_unit ? t_->peak.i8_unit
+                               : std::string(t_->isa) == "neon"      ? "neon_dotprod"
+                                                                     : "";
+  const bool unit_runs = !unit_isa.empty() && cpu_runs_isa(unit_isa);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uni(-2.f, 2.f);
+  int checked = 0;
+  for (KvDType t : {KvDType::Q8_0, KvDType::Q4_0, KvDType::U8, KvDType::U4}) {
+    const bool block = t == KvDType::Q8_0 || t == KvDType::Q4_0;
+    for (int64_t d : {32, 64, 96, 128, 160, 256, 37, 50, 71, 127}) {
+      if (block && d % 32 != 0) continue;
+      for (int round = 0; round < 6; ++round) {
+        std::vector<float> q(static_cast<size_t>(d)), k(static_cast<size_t>(d));
+        for (int64_t i = 0; i < d; ++i) q[i] = uni(rng), k[i] = uni(rng) + (round == 1 ? 40.f : 0.f);
+        if (round == 2) std::fill(k.begin(), k.end(), 0.75f);
+        std::vector<std::byte> kb(static_cast<size_t>(kv_row_bytes(t, d)) + 64);
+        quantize_row(t, k.data(), d, kb.data());
+        std::vector<int8_t> qc(static_cast<size_t>(d));
+        std::vector<float> qs(static_cast<size_t>(d));
+        ASSERT_TRUE(round_q_row(t, q.data(), d, qc.data(), qs.data()));
+        const auto* u = reinterpret_cast<const uint8_t*>(kb.data());
+        double want = 0, mag = 0;
+        if (block) {
+          const int64_t bytes = t == KvDType::Q8_0 ? 34 : 18;
+          for (int64_t b = 0; b < d / 32; ++b) {
+            const uint8_t* blk = u + b * bytes;
+            int64_t dot = 0, size = 0;
+            for (int i = 0; i < 32; ++i) {
+              const int c = t == KvDType::Q8_0 ? static_cast<int8_t>(blk[2 + i])
+                                               : (i < 16 ? blk[2 + i] & 0x0f : blk[2 + i - 16] >> 4) - 8;
+              dot += qc[b * 32 + i] * c, size += std::abs(qc[b * 32 + i] * c);
+            }
+            const double scale = static_cast<double>(qs[b]) * kv_read::scale_f16(kb.data() + b * bytes);
+            want += scale * static_cast<double>(dot), mag += std::fabs(scale) * static_cast<double>(size);
+          }
+        } else {
+          int64_t dot = 0, size = 0, qsum = 0;
+          for (int64_t i = 0; i < d; ++i) {
+            const int c = t == KvDType::U8 ? u[8 + i] : (i % 2 ? u[8 + i / 2] >> 4 : u[8 + i / 2] & 0x0f);
+            dot += qc[i] * c, size += std::abs(qc[i] * c), qsum += qc[i];
+          }
+          const double sc = kv_read::load_f32(kb.data()), zp = kv_read::load_f32(kb.data() + 4);
+          want = (static_cast<double>(dot) - zp * static_cast<double>(qsum)) * qs[0] * sc;
+          mag = (static_cast<double>(size) + std::fabs(zp * static_cast<double>(qsum))) * std::fabs(qs[0] * sc);
+        }
+        for (bool unit : {false, true}) {
+          if (unit && !unit_runs) continue;
+          const float got = t_->probes.i8_score(t, unit, q.data(), d, kb.data());
+          EXPECT_LE(std::fabs(got - want), 8 * std::numeric_limits<float>::epsilon() * mag + 1e-30)
+              << to_string(t) << " d " << d << " round " << round << (unit ? " with " + unit_isa : " without the unit")
+              << ": " << got << " want " << want;
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
 }
 
 // decode_i8's P rounding (int8_dot.hpp: round_p_row) is round_p_tile's rule bit for bit on every

@@ -12,8 +12,10 @@
 // per vpdpbusd lane), scaled once; partial tiles and tiles with a NaN or Inf weight stay float32.
 // src/cpu/simd/int8_dot.hpp has the formulas. Units: vpdpbusd where the CPU has the target's VNNI
 // (AVX512-VNNI on avx512, AVX-VNNI on avx2); without it K.Q is vpmaddubsw + vpmaddwd on the same codes
-// (ATTN_NO_VNNI=1 forces that) and P.V float32 (P's 255 levels overflow vpmaddubsw's int16 pairs); the
-// rule's sums on scalar and NEON. ATTN_I8_PV=0 keeps P.V float32 (comparisons). Softmax is decode's,
+// (ATTN_NO_VNNI=1 forces that) and P.V float32 (P's 255 levels overflow vpmaddubsw's int16 pairs); on
+// NEON K.Q is sdot where the CPU has FEAT_DotProd (u8's codes as c - 128, 128 sum q added back; key by
+// key, the rule's own combination of the integers), else the rule; P.V the rule's sums on scalar and
+// NEON. ATTN_I8_PV=0 keeps P.V float32 (comparisons). Softmax is decode's,
 // in float32. A task whose Q holds a NaN or Inf scores that task in float32 (rounding would hide it).
 // Arithmetic: Int8Products (kernel.hpp): held to 4x the textbook's error with Q and P rounded by the
 // same rules (verify.cpp: int8_cache_errors), plus float32's floor - the cost of rounding is derived

@@ -16,6 +16,8 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#elif defined(__aarch64__)
+#include <sys/auxv.h>
 #endif
 
 // CMake lists the built targets: ATTN_TARGET_LIST = X(scalar) X(avx2) ... and, per target,
@@ -56,7 +58,8 @@ const std::vector<Built>& built() {
 struct Features {
   bool sse2 = false, avx = false, fma = false, f16c = false, avx2 = false, bmi1 = false, bmi2 = false, lzcnt = false,
        movbe = false, avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false, avx512cd = false,
-       avx512_bf16 = false, amx_bf16 = false, amx_int8 = false, avx512_vnni = false, avx_vnni = false, neon = false;
+       avx512_bf16 = false, amx_bf16 = false, amx_int8 = false, avx512_vnni = false, avx_vnni = false, neon = false,
+       neon_dotprod = false;
   std::string text() const {
     std::string t;
     auto add = [&](bool on, const char* name) {
@@ -84,6 +87,7 @@ struct Features {
     add(amx_bf16, "amx_bf16");
     add(amx_int8, "amx_int8");
     add(neon, "neon");
+    add(neon_dotprod, "neon_dotprod");
     return t.empty() ? "none detected" : t;
   }
 };
@@ -132,7 +136,8 @@ Features detect() {
   }
   if (__get_cpuid(0x80000001u, &a, &b, &c, &d)) f.lzcnt = c & (1u << 5);
 #elif defined(__aarch64__)
-  f.neon = true;  // Advanced SIMD is part of the AArch64 baseline
+  f.neon = true;                                       // Advanced SIMD is part of the AArch64 baseline
+  f.neon_dotprod = getauxval(AT_HWCAP) & (1ul << 20);  // HWCAP_ASIMDDP: sdot / udot (FEAT_DotProd)
 #endif
   return f;
 }
@@ -158,6 +163,7 @@ bool runs(std::string_view isa, const Features& f) {
   if (isa == "amx_bf16") return runs("avx512_bf16", f) && f.amx_bf16;
   if (isa == "amx_int8") return runs("amx_bf16", f) && f.amx_int8;  // flash_int8_amx: int8 and bf16 tiles
   if (isa == "neon") return f.neon;
+  if (isa == "neon_dotprod") return f.neon && f.neon_dotprod;  // decode_i8's sdot (int8_dot.hpp)
   return false;
 }
 

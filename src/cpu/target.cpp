@@ -6,6 +6,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <limits>
+
+#include "attnlab/problem.hpp"
 
 #include "cpu/simd/int8_dot.hpp"
 #include "cpu/simd/microkernel.hpp"
@@ -105,6 +108,32 @@ void map_n(const float* in, float* out, size_t n) {
     simd::store_partial(out + i, F(simd::load_partial(in + i, static_cast<int>(n - i))), static_cast<int>(n - i));
 }
 
+// TestProbes::i8_score: score_rows_i8 on one key (its other lanes repeat it: computed, never read).
+template <KvDType T>
+float i8_score_as(bool unit, const float* q, int64_t d, const std::byte* k) {
+  const simd::I8Layout l(d);
+  alignas(64) std::byte row[2 * simd::I8Layout(Problem::kMaxHeadDim).row];
+  if (!simd::pack_i8_row(T, q, l, 1.f, row)) return std::numeric_limits<float>::quiet_NaN();
+  const auto rows = simd::Rows<simd::Quant<T>>::strided(reinterpret_cast<const simd::Quant<T>*>(k), 0, 1);
+  alignas(64) float s[simd::kTileKeys] = {};
+  simd::NoStep none;
+  if (unit) {
+    simd::score_rows_i8<1, T, true>(row, l.row, row + l.row, l, rows, 0, 1, s, none);
+  } else {
+    simd::score_rows_i8<1, T, false>(row, l.row, row + l.row, l, rows, 0, 1, s, none);
+  }
+  return s[0];
+}
+float i8_score(KvDType t, bool unit, const float* q, int64_t d, const std::byte* k) {
+  switch (t) {
+    case KvDType::Q8_0: return i8_score_as<KvDType::Q8_0>(unit, q, d, k);
+    case KvDType::Q4_0: return i8_score_as<KvDType::Q4_0>(unit, q, d, k);
+    case KvDType::U8: return i8_score_as<KvDType::U8>(unit, q, d, k);
+    case KvDType::U4: return i8_score_as<KvDType::U4>(unit, q, d, k);
+    default: return std::numeric_limits<float>::quiet_NaN();
+  }
+}
+
 }  // namespace
 
 // The name of what this object was compiled for (ATTN_NATIVE builds: what -march=native enabled).
@@ -183,6 +212,7 @@ const TargetTable& target_table() {
                 *quantum = pc.quantum[0][0];
                 return true;
               },
+          .i8_score = i8_score,
       },
   };
   return t;

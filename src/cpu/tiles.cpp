@@ -58,9 +58,15 @@ inline size_t align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
 // Whether the int8 paths sum with vpdpbusd: this target has a VNNI unit, the CPU runs it, and
 // ATTN_NO_VNNI=1 (tests, comparisons) does not ask for vpmaddubsw + vpmaddwd instead.
-inline bool i8_vnni_runs() {
-  const char* no_vnni = std::getenv("ATTN_NO_VNNI");
-  return kI8VnniBuilt && cpu_runs_isa(kI8Unit) && !(no_vnni && std::string_view(no_vnni) == "1");
+inline bool no_vnni_asked() {
+  const char* v = std::getenv("ATTN_NO_VNNI");
+  return v && std::string_view(v) == "1";
+}
+inline bool i8_vnni_runs() { return kI8VnniBuilt && cpu_runs_isa(kI8Unit) && !no_vnni_asked(); }
+// decode_i8's K.Q unit: vpdpbusd as above, or on the NEON target sdot where the CPU has it
+// (FEAT_DotProd; ATTN_NO_VNNI=1 keeps the rule there too).
+inline bool i8_dot_unit_runs() {
+  return i8_vnni_runs() || (kI8SdotBuilt && cpu_runs_isa("neon_dotprod") && !no_vnni_asked());
 }
 
 // Whether decode_i8 multiplies P.V in integers (pv_tile_i8): vpdpbusd on the vector targets (its
@@ -752,7 +758,7 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
           "make_tiling: int8 dot products need a direct task, a float32 Q and a q8_0, q4_0, u8 or u4 cache");
     }
     t.int8_dot = true;
-    t.i8_vnni = i8_vnni_runs();
+    t.i8_vnni = i8_dot_unit_runs();
     t.i8_pv = i8_pv_runs(t.i8_vnni);
     t.i8_row = I8Layout(t.dim).row;
     t.i8_off = take(64 + static_cast<size_t>((t.rows + 1) * t.i8_row));

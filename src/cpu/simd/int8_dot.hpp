@@ -29,6 +29,10 @@
 #include <cstring>
 #include <limits>
 
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
 #include "attnlab/kv_quant.hpp"
 #include "attnlab/kv_read.hpp"
 #include "attnlab/problem.hpp"
@@ -64,6 +68,12 @@ inline constexpr const char* kI8Unit = "";  // the scalar rule
 inline constexpr int kI8Chunk = 64;
 #endif
 inline constexpr bool kI8VnniBuilt = kI8Unit[0] != '\0';  // this target has a vpdpbusd path
+// The NEON target scores decode_i8 with sdot where the CPU has it (FEAT_DotProd: "neon_dotprod").
+#if defined(__aarch64__) && !defined(ATTN_TARGET_SCALAR)
+inline constexpr bool kI8SdotBuilt = true;
+#else
+inline constexpr bool kI8SdotBuilt = false;
+#endif
 
 // One Q row's integer form (I8Layout::row bytes each, 64-byte aligned): dpad = d rounded up to 64.
 //   nat[dpad]     the codes in natural order (score_row_rule; the block types' slices), zero padded
@@ -118,33 +128,44 @@ inline bool pack_i8_row(KvDType t, const float* x, const I8Layout& l, float q_sc
   return true;
 }
 
+// A score from its integer dot products: dot(b) is the exact int32 sum of Q's codes times K's codes
+// over block b (a row type: b = 0, the whole row, K's codes as stored, the zero point after). The
+// rule and the NEON target's sdot path combine their integers here, so they agree bit for bit.
+template <KvDType T, class Dot>
+inline float score_from_dots(const I8Row& q, const std::byte* kr, int64_t d, Dot&& dot) {
+  if constexpr (is_row_type(T)) {
+    const float sc = kv_read::load_f32(kr), zp = kv_read::load_f32(kr + 4);
+    return std::fma(-zp, static_cast<float>(q.bsum[0]), static_cast<float>(dot(0))) * q.bs[0] * sc;
+  } else {
+    constexpr int64_t kBytes = T == KvDType::Q8_0 ? 34 : 18;
+    float s = 0.f;
+    for (int64_t b = 0; b < d / 32; ++b)
+      s += q.bs[b] * kv_read::scale_f16(kr + b * kBytes) * static_cast<float>(dot(b));
+    return s;
+  }
+}
+
 // The rule: one score of Q row q against K row kr (type T), by the formulas above.
 template <KvDType T>
 inline float score_row_rule(const I8Row& q, const std::byte* kr, int64_t d) {
   const auto* u = reinterpret_cast<const uint8_t*>(kr);
-  if constexpr (is_row_type(T)) {
+  return score_from_dots<T>(q, kr, d, [&](int64_t b) {
     int32_t dot = 0;
-    for (int64_t i = 0; i < d; ++i) {
-      const int32_t c = T == KvDType::U8 ? u[8 + i] : (i % 2 ? u[8 + i / 2] >> 4 : u[8 + i / 2] & 0x0f);
-      dot += q.nat[i] * c;
-    }
-    const float sc = kv_read::load_f32(kr), zp = kv_read::load_f32(kr + 4);
-    return std::fma(-zp, static_cast<float>(q.bsum[0]), static_cast<float>(dot)) * q.bs[0] * sc;
-  } else {
-    constexpr int64_t kBytes = T == KvDType::Q8_0 ? 34 : 18;
-    float s = 0.f;
-    for (int64_t b = 0; b < d / 32; ++b) {
-      const uint8_t* blk = u + b * kBytes;
-      int32_t dot = 0;
+    if constexpr (is_row_type(T)) {
+      for (int64_t i = 0; i < d; ++i) {
+        const int32_t c = T == KvDType::U8 ? u[8 + i] : (i % 2 ? u[8 + i / 2] >> 4 : u[8 + i / 2] & 0x0f);
+        dot += q.nat[i] * c;
+      }
+    } else {
+      const uint8_t* blk = u + b * (T == KvDType::Q8_0 ? 34 : 18);
       for (int i = 0; i < 32; ++i) {
         const int32_t c = T == KvDType::Q8_0 ? static_cast<int8_t>(blk[2 + i])
                                              : (i < 16 ? blk[2 + i] & 0x0f : blk[2 + i - 16] >> 4) - 8;
         dot += q.nat[b * 32 + i] * c;
       }
-      s += q.bs[b] * kv_read::scale_f16(kr + b * kBytes) * static_cast<float>(dot);
     }
-    return s;
-  }
+    return dot;
+  });
 }
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -454,7 +475,54 @@ void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8La
   }
 }
 #else
-// The scalar target: the rule, key by key.
+#if defined(__aarch64__) && !defined(ATTN_TARGET_SCALAR)
+namespace i8_detail {
+// acc + the sums of four s8 x s8 products per 32-bit lane (sdot, FEAT_DotProd). The target's flags
+// are the AArch64 baseline: the functions that issue it carry the extension (kI8Sdot) and run only
+// where the CPU has it (Tiling::i8_vnni: i8_dot_unit_runs, tiles.cpp).
+#define ATTN_I8_SDOT __attribute__((target("arch=armv8.2-a+dotprod")))  // arm_neon.h's vdotq_s32 target
+ATTN_I8_SDOT inline int32x4_t sdot(int32x4_t acc, int8x16_t a, int8x16_t b) { return vdotq_s32(acc, a, b); }
+// 16 bytes at p of which n (1..16) belong to the row: the rest read as zeros, never past the row.
+inline uint8x16_t bytes16(const uint8_t* p, int64_t n) {
+  if (n >= 16) return vld1q_u8(p);
+  alignas(16) uint8_t b[16] = {};
+  std::memcpy(b, p, static_cast<size_t>(n));
+  return vld1q_u8(b);
+}
+// One key's integer dot products with one Q row, block by block (score_from_dots' dot(b)).
+template <KvDType T>
+ATTN_I8_SDOT int32_t sdot_block(const I8Row& q, const uint8_t* u, int64_t d, int64_t b) {
+  int32x4_t acc = vdupq_n_s32(0);
+  if constexpr (T == KvDType::U8) {  // c - 128 as s8 (one eor), 128 sum q added back
+    for (int64_t i = 0; i < d; i += 16)
+      acc = sdot(acc, vreinterpretq_s8_u8(veorq_u8(bytes16(u + 8 + i, d - i), vdupq_n_u8(0x80))), vld1q_s8(q.nat + i));
+    // the padding lanes read 0 ^ 0x80 = -128 against Q's zero padding: nothing
+    return vaddvq_s32(acc) + 128 * q.bsum[0];
+  } else if constexpr (T == KvDType::U4) {  // 16 bytes = 32 values: lows are the even ones
+    for (int64_t i = 0; i < d; i += 32) {
+      const uint8x16_t a = bytes16(u + 8 + i / 2, (d - i + 1) / 2);
+      const uint8x16_t lo = vandq_u8(a, vdupq_n_u8(0x0f)), hi = vshrq_n_u8(a, 4);
+      acc = sdot(acc, vreinterpretq_s8_u8(vzip1q_u8(lo, hi)), vld1q_s8(q.nat + i));
+      acc = sdot(acc, vreinterpretq_s8_u8(vzip2q_u8(lo, hi)), vld1q_s8(q.nat + i + 16));
+    }
+    return vaddvq_s32(acc);
+  } else if constexpr (T == KvDType::Q8_0) {
+    const uint8_t* c = u + b * 34 + 2;
+    acc = sdot(acc, vreinterpretq_s8_u8(vld1q_u8(c)), vld1q_s8(q.nat + 32 * b));
+    acc = sdot(acc, vreinterpretq_s8_u8(vld1q_u8(c + 16)), vld1q_s8(q.nat + 32 * b + 16));
+    return vaddvq_s32(acc);
+  } else {  // q4_0: lows are values 0..15, highs 16..31, each minus 8
+    const uint8x16_t a = vld1q_u8(u + b * 18 + 2);
+    const int8x16_t eight = vdupq_n_s8(8);
+    acc = sdot(acc, vsubq_s8(vreinterpretq_s8_u8(vandq_u8(a, vdupq_n_u8(0x0f))), eight), vld1q_s8(q.nat + 32 * b));
+    acc = sdot(acc, vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(a, 4)), eight), vld1q_s8(q.nat + 32 * b + 16));
+    return vaddvq_s32(acc);
+  }
+}
+}  // namespace i8_detail
+#endif
+// The scalar target: the rule, key by key; the NEON target with Vnni (the CPU has sdot): the same
+// integers by sdot, combined by the rule's own code (score_from_dots).
 template <int MR, KvDType T, bool Vnni, class Step>
 void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8Layout& l, const Rows<Quant<T>>& k,
                    int ja, int jb, float* s, Step& step) {
@@ -462,7 +530,16 @@ void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8La
     const I8Row q(const_cast<std::byte*>(q0 + m * ld), l);
     for (int j = ja; j < jb; ++j) {
       step();
-      s[m * kTileKeys + j] = score_row_rule<T>(q, reinterpret_cast<const std::byte*>(k.row(j)), l.d);
+      const auto* kr = reinterpret_cast<const std::byte*>(k.row(j));
+#if defined(__aarch64__) && !defined(ATTN_TARGET_SCALAR)
+      if constexpr (Vnni) {
+        const auto* u = reinterpret_cast<const uint8_t*>(kr);
+        s[m * kTileKeys + j] =
+            score_from_dots<T>(q, kr, l.d, [&](int64_t b) { return i8_detail::sdot_block<T>(q, u, l.d, b); });
+        continue;
+      }
+#endif
+      s[m * kTileKeys + j] = score_row_rule<T>(q, kr, l.d);
     }
   }
 }

@@ -59,7 +59,8 @@ struct Tiling {
   // u4 cache): at i8_off a 64-byte flag (1: every row of the task rounded), then R + 1 rows of
   // i8_row bytes (Q's integer form; the last all zero).
   bool int8_dot = false;
-  bool i8_vnni = false;  // vpdpbusd (the CPU has this target's VNNI unit; not ATTN_NO_VNNI=1), else vpmaddubsw
+  bool i8_vnni = false;  // vpdpbusd (the CPU has this target's VNNI unit; not ATTN_NO_VNNI=1), else vpmaddubsw;
+                         // decode_i8 on NEON: sdot where the CPU has it, else the rule
   bool i8_pv = false;    // decode_i8's P.V in integers (pv_tile_i8, int8_dot.hpp), else float32
   size_t i8_off = 0;
   int64_t i8_row = 0;
