@@ -170,6 +170,17 @@ def prepare_decode(p, q, k, v):
 SAGE_BLOCK = 32  # tokens per cache block (the plugin's x86 block size)
 
 
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def sage_rounded(q, k, v):
     """Q and K rounded to int8 per (token, head) (amax / 127), V to u8 with a scale and zero point
     per (token, head): what the sage path multiplies, as floats (float64 arrays of the same
@@ -193,6 +204,8 @@ def prepare_sage(p, q, k, v):
                    "(PagedAttention is causal; its sage path is prefill only)")
     if p.head_dim != p.head_dim_v:
         raise Skip("ov_sage: head_dim_v != head_dim")
+    if not _cpu_flags() & {"amx_int8", "avx_vnni_int8"}:  # before the plugin is asked at all
+        raise Skip("ov_sage: OpenVINO's sage path needs AMX-INT8 or AVX-VNNI-INT8, which this CPU lacks")
     from openvino._pyopenvino.op import _PagedAttentionExtension
     B, n, hq, hk, d = p.batch, p.q_len, p.q_heads, p.kv_heads, p.head_dim
     f32, i32 = ov.Type.f32, ov.Type.i32
