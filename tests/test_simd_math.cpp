@@ -357,9 +357,7 @@ TEST_P(SimdMath, Int8RowsRoundInVectorsAsTheRule) {
 // partial vectors and slices (row types), keys with a large zero point and all-equal rows.
 TEST_P(SimdMath, I8ScoresAreTheRulesIntegers) {
   if (!t_->probes.i8_score) GTEST_SKIP() << "no i8 probe";
-  const std::string unit_isa = t_->peak.i8_unit && *t_->peak.i8_unit ? t_->peak.i8_unit
-                               : std::string(t_->isa) == "neon"      ? "neon_dotprod"
-                                                                     : "";
+  const std::string unit_isa = t_->probes.i8_score_unit;
   const bool unit_runs = !unit_isa.empty() && cpu_runs_isa(unit_isa);
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> uni(-2.f, 2.f);

@@ -23,6 +23,12 @@ struct SweepPeers : SweepRun {
     o.peers_serve = fake;
     return o;
   }
+  // The experiment (JSON text) swept against the stand-in server into a fresh folder `name`: its points.
+  std::vector<PointFile> sweep_points(const std::string& name, const char* experiment) {
+    const std::string dir = fresh_dir(name);
+    run_sweep(parse_experiment(Json::parse(experiment), name, names), peer_options(dir));
+    return read_points(dir);
+  }
   void TearDown() override {
     ::unsetenv("ATTN_FAKE_PEER");
     ::unsetenv("ATTN_FAKE_PEER_UNAVAILABLE");
@@ -121,16 +127,14 @@ TEST_F(SweepPeers, BackwardPeersAreCheckedOnTheirGradients) {
 // is timed on values it was not given.
 TEST_F(SweepPeers, OnlyPeersWithTheirOwnCacheRunQuantizedOr16BitPoints) {
   ::setenv("ATTN_FAKE_PEER", "ov_decode=exact,ov_sdpa=exact,ggml_fa=exact,ort_gqa=exact", 1);
-  const std::string dir = fresh_dir("peers_caches");
-  const Experiment e = parse_experiment(
-      Json::parse(R"({"description": "d", "implementations": ["naive"], "q_len": 1, "kv_len": 64, "q_heads": 4,
-                      "gqa_groups": 2, "head_dim": 32, "causal": true, "threads": 1, "repetitions": 2,
-                      "min_time_s": 0.001, "grids": [{"dtype": ["f32", "f16", "bf16"]}, {"kv_dtype": ["u8", "q8_0", "u4"]}],
-                      "peers": ["ov_sdpa", "ov_decode", "ggml_fa", "ort_gqa"]})"),
-      "peers_caches", names);
-  run_sweep(e, peer_options(dir));
+  const auto points =
+      sweep_points("peers_caches",
+                   R"({"description": "d", "implementations": ["naive"], "q_len": 1, "kv_len": 64, "q_heads": 4,
+          "gqa_groups": 2, "head_dim": 32, "causal": true, "threads": 1, "repetitions": 2,
+          "min_time_s": 0.001, "grids": [{"dtype": ["f32", "f16", "bf16"]}, {"kv_dtype": ["u8", "q8_0", "u4"]}],
+          "peers": ["ov_sdpa", "ov_decode", "ggml_fa", "ort_gqa"]})");
   std::map<std::string, std::string> got;  // "kernel dtype/kv_dtype" -> status
-  for (const auto& pf : read_points(dir)) {
+  for (const auto& pf : points) {
     const PointRecord& r = pf.record;
     if (r.kernel == "naive") continue;
     const std::string key = r.kernel + " " + to_string(r.problem.dtype) + "/" + to_string(r.problem.kv_dtype);
@@ -171,15 +175,12 @@ TEST_F(SweepPeers, OnlyPeersWithTheirOwnCacheRunQuantizedOr16BitPoints) {
 // rounding passes as ov_sage and fails as a float32 peer, held to the float32 policy.
 TEST_F(SweepPeers, OvSageIsJudgedByWhatItsRoundingCosts) {
   ::setenv("ATTN_FAKE_PEER", "ov_sage=sage,torch_sdpa=sage", 1);
-  const std::string dir = fresh_dir("peers_sage");
-  const Experiment e = parse_experiment(
-      Json::parse(R"({"description": "d", "implementations": ["naive"], "q_len": 64, "kv_len": 64, "q_heads": 4,
-                      "kv_heads": 2, "head_dim": 32, "causal": true, "threads": 1, "repetitions": 2,
-                      "min_time_s": 0.001, "peers": ["ov_sage", "torch_sdpa"]})"),
-      "peers_sage", names);
-  run_sweep(e, peer_options(dir));
   std::map<std::string, PointRecord> got;
-  for (const auto& pf : read_points(dir)) got[pf.record.kernel] = pf.record;
+  for (const auto& pf : sweep_points("peers_sage",
+                                     R"({"description": "d", "implementations": ["naive"], "q_len": 64, "kv_len": 64,
+                                         "q_heads": 4, "kv_heads": 2, "head_dim": 32, "causal": true, "threads": 1,
+                                         "repetitions": 2, "min_time_s": 0.001, "peers": ["ov_sage", "torch_sdpa"]})"))
+    got[pf.record.kernel] = pf.record;
   for (const char* k : {"naive", "ov_sage", "torch_sdpa"}) ASSERT_EQ(got.count(k), 1u) << k;
   const PointRecord& sage = got["ov_sage"];
   EXPECT_EQ(sage.status, PointStatus::Ok) << sage.reason;

@@ -112,7 +112,8 @@ void map_n(const float* in, float* out, size_t n) {
 template <KvDType T>
 float i8_score_as(bool unit, const float* q, int64_t d, const std::byte* k) {
   const simd::I8Layout l(d);
-  alignas(64) std::byte row[2 * simd::I8Layout(Problem::kMaxHeadDim).row];
+  constexpr int64_t kRow = simd::I8Layout(Problem::kMaxHeadDim).row;
+  alignas(64) std::byte row[2 * kRow];  // the row and score_rows_i8's zero row
   if (!simd::pack_i8_row(T, q, l, 1.f, row)) return std::numeric_limits<float>::quiet_NaN();
   const auto rows = simd::Rows<simd::Quant<T>>::strided(reinterpret_cast<const simd::Quant<T>*>(k), 0, 1);
   alignas(64) float s[simd::kTileKeys] = {};
@@ -213,6 +214,7 @@ const TargetTable& target_table() {
                 return true;
               },
           .i8_score = i8_score,
+          .i8_score_unit = simd::kI8ScoreUnit,
       },
   };
   return t;

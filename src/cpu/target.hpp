@@ -59,9 +59,10 @@ struct TestProbes {
   bool (*round_p_row)(const float* p, const float* sc, bool is_signed, uint8_t* codes, float* quantum);
   // decode_i8's score of Q row q (d floats, rounded by its rule) against K row k of a q8_0, q4_0,
   // u8 or u4 cache (int8_dot.hpp: score_rows_i8 on one key), through the target's dot-product
-  // unit (vpdpbusd / sdot: only where the CPU has it) or without it (vpmaddubsw; the rule elsewhere).
-  // NaN when Q does not round.
+  // unit i8_score_unit (vpdpbusd / sdot: only where the CPU runs it; "" on scalar) or without it
+  // (vpmaddubsw; the rule elsewhere). NaN when Q does not round.
   float (*i8_score)(KvDType t, bool unit, const float* q, int64_t d, const std::byte* k);
+  const char* i8_score_unit;
 };
 
 struct TargetTable {

@@ -63,11 +63,9 @@ inline bool no_vnni_asked() {
   return v && std::string_view(v) == "1";
 }
 inline bool i8_vnni_runs() { return kI8VnniBuilt && cpu_runs_isa(kI8Unit) && !no_vnni_asked(); }
-// decode_i8's K.Q unit: vpdpbusd as above, or on the NEON target sdot where the CPU has it
-// (FEAT_DotProd; ATTN_NO_VNNI=1 keeps the rule there too).
-inline bool i8_dot_unit_runs() {
-  return i8_vnni_runs() || (kI8SdotBuilt && cpu_runs_isa("neon_dotprod") && !no_vnni_asked());
-}
+// decode_i8's K.Q unit (kI8ScoreUnit: vpdpbusd as above, or NEON's sdot): ATTN_NO_VNNI=1 keeps
+// the rule on NEON too.
+inline bool i8_dot_unit_runs() { return kI8ScoreUnit[0] != '\0' && cpu_runs_isa(kI8ScoreUnit) && !no_vnni_asked(); }
 
 // Whether decode_i8 multiplies P.V in integers (pv_tile_i8): vpdpbusd on the vector targets (its
 // u8 x s8 products overflow vpmaddubsw's int16 pairs at P's 255 levels: without VNNI P.V stays
@@ -740,7 +738,7 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
   // A direct task's next tile goes to L1 when it fits there beside the one being read, else to L2
   // (where L1 would evict the current tile's lines before they are used): paired A/B at 32/8,
   // d 128, 32k keys - float32 1.15x (avx512) and 1.17x (avx2) from L2, bf16 1.05x / 1.11x; a u8
-  // cache through decode_i8 (17 KiB tiles) 1.07x from L1 (docs/performance.md).
+  // cache through decode_i8 (17 KiB tiles) 1.07x from L1 (results/2026-12-04-kv_cache).
   const int64_t l1 = cache().l1d > 0 ? cache().l1d : int64_t{32} << 10;
   t.stream_l2 = 2 * kTileKeys * (p.kv_row_bytes(t.dim) + p.kv_row_bytes(t.dim_v)) > l1;
   t.bf16_dot = bf16_dot;

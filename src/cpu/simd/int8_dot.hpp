@@ -68,11 +68,12 @@ inline constexpr const char* kI8Unit = "";  // the scalar rule
 inline constexpr int kI8Chunk = 64;
 #endif
 inline constexpr bool kI8VnniBuilt = kI8Unit[0] != '\0';  // this target has a vpdpbusd path
-// The NEON target scores decode_i8 with sdot where the CPU has it (FEAT_DotProd: "neon_dotprod").
+// The unit decode_i8's K.Q sums with where the CPU runs it (isa.cpp's name): the VNNI unit above,
+// or on the NEON target sdot (FEAT_DotProd); "" on the scalar target (the rule).
 #if defined(__aarch64__) && !defined(ATTN_TARGET_SCALAR)
-inline constexpr bool kI8SdotBuilt = true;
+inline constexpr const char* kI8ScoreUnit = "neon_dotprod";
 #else
-inline constexpr bool kI8SdotBuilt = false;
+inline constexpr const char* kI8ScoreUnit = kI8Unit;
 #endif
 
 // One Q row's integer form (I8Layout::row bytes each, 64-byte aligned): dpad = d rounded up to 64.
@@ -82,7 +83,7 @@ inline constexpr bool kI8SdotBuilt = false;
 //   bsum[dpad/32] per block: the sum of its codes (row types: one)
 struct I8Layout {
   int64_t d = 0, dpad = 0, row = 0;
-  explicit I8Layout(int64_t dim = 0) : d(dim), dpad((dim + 63) / 64 * 64) {
+  constexpr explicit I8Layout(int64_t dim = 0) : d(dim), dpad((dim + 63) / 64 * 64) {
     row = (dpad * 2 + dpad / 32 * 8 + 63) / 64 * 64;
   }
 };
@@ -478,8 +479,8 @@ void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8La
 #if defined(__aarch64__) && !defined(ATTN_TARGET_SCALAR)
 namespace i8_detail {
 // acc + the sums of four s8 x s8 products per 32-bit lane (sdot, FEAT_DotProd). The target's flags
-// are the AArch64 baseline: the functions that issue it carry the extension (kI8Sdot) and run only
-// where the CPU has it (Tiling::i8_vnni: i8_dot_unit_runs, tiles.cpp).
+// are the AArch64 baseline: the functions that issue it carry the extension (ATTN_I8_SDOT) and run
+// only where the CPU has it (Tiling::i8_vnni: i8_dot_unit_runs, tiles.cpp).
 #define ATTN_I8_SDOT __attribute__((target("arch=armv8.2-a+dotprod")))  // arm_neon.h's vdotq_s32 target
 ATTN_I8_SDOT inline int32x4_t sdot(int32x4_t acc, int8x16_t a, int8x16_t b) { return vdotq_s32(acc, a, b); }
 // 16 bytes at p of which n (1..16) belong to the row: the rest read as zeros, never past the row.
