@@ -18,9 +18,10 @@
 //   (PATTERN: dense causal window sinks longformer bigbird docs dilated, the shapes of
 //   experiments/sparse.json; 8 kv heads, by default 8 query heads and d 128; or decode: one
 //   token against N keys through the decode kernel, by default 32 query heads, with the cache
-//   from the environment: AB_DTYPE (f32 bf16 f16), AB_KV_DTYPE (q8_0 u8 ...), AB_KV_BLOCK (a
-//   paged cache's block), AB_MIXED=1 (8 sequences of 1k..64k keys, kv_lens; N = 65536);
-//   AB_KERNEL runs another kernel than decode / flash on the same problem (decode_i8, flash_int8))
+//   from the environment: AB_KV_DTYPE (q8_0 u8 ...), AB_KV_BLOCK (a paged cache's block),
+//   AB_MIXED=1 (8 sequences of 1k..64k keys, kv_lens; N = 65536); for every pattern AB_DTYPE
+//   (f32 bf16 f16: the inputs' type) and AB_KERNEL, another kernel than decode / flash on the
+//   same problem (decode_i8, flash_int8, flash_amx with AB_DTYPE=bf16))
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -107,7 +108,6 @@ static int run(int argc, char** argv) {
   } else if (pattern == "decode") {  // one token against N keys: decode's kernel, 32 query heads
     p.q_len = 1, p.q_heads = argc > 7 ? p.q_heads : 32;
     p.causal = CausalAlign::BottomRight;
-    if (const char* dt = std::getenv("AB_DTYPE")) p.dtype = parse_dtype(dt);
     if (const char* kd = std::getenv("AB_KV_DTYPE")) p.kv_dtype = parse_kv_dtype(kd);
     if (const char* kb = std::getenv("AB_KV_BLOCK")) p.kv_block = whole(kb, "AB_KV_BLOCK", 0);
     if (std::getenv("AB_MIXED")) p.batch = 8, p.kv_lens = {1024, 2048, 4096, 8192, 16384, 32768, 49152, 65536};
@@ -115,6 +115,7 @@ static int run(int argc, char** argv) {
     std::fprintf(stderr, "unknown pattern %s\n", pattern.c_str());
     return 2;
   }
+  if (const char* dt = std::getenv("AB_DTYPE")) p.dtype = parse_dtype(dt);
   p.validate();
   const char* named = std::getenv("AB_KERNEL");  // another kernel of the same interface (decode_i8, flash_int8)
   const Kernel& k = kernel_or_throw(named ? named : pattern == "decode" ? "decode" : "flash");

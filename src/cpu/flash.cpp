@@ -186,16 +186,18 @@ void run_prefill(const Problem& p, const Inputs& in, const Outputs& out, RunCont
   // Per (b, kv head): the solo tiles of a sparse pattern first (global rows, which see every
   // key, up to br of them together), then the query tiles, the last (most keys under causal)
   // first.
-  // flash_int8: every head's keys rounded once, into the workspace's shared part.
-  std::byte* const shared = t.i8_prefill ? ctx.workspace.data() : nullptr;
-  if (shared) prepare_i8_keys(p, in, t, shared);
+  // flash_int8: every head's keys rounded once, into the workspace's shared part; flash_amx:
+  // every head's tiles packed once.
+  std::byte* const shared = t.shared_bytes() ? ctx.workspace.data() : nullptr;
+  if (t.i8_prefill) prepare_i8_keys(p, in, t, shared);
+  if (t.pairs_shared) prepare_pairs(p, in, t, shared + t.i8_shared);
   const int64_t nq = (p.q_len + t.br - 1) / t.br, ns = map ? map->solo_tiles() : 0;
   const int64_t per_bh = ns + nq;
   const int64_t tasks = p.batch * p.kv_heads * per_bh;
   attnlab::parallel_tasks(
       TaskRange(0, tasks, 1),
       [&](const TaskRange& range) {
-        const Scratch s(thread_scratch(ctx, t.bytes, kernel, t.i8_shared), t, shared);
+        const Scratch s(thread_scratch(ctx, t.bytes, kernel, t.shared_bytes()), t, shared);
         const AmxScope amx(t);
         for (int64_t task = range.begin(); task != range.end(); ++task) {
           const int64_t bh = task / per_bh, b = bh / p.kv_heads, hk = bh % p.kv_heads, x = task % per_bh;

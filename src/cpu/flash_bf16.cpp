@@ -21,13 +21,20 @@
 //
 // flash_amx: the same kernel, but every key tile that all rows of a task see whole (no mask
 // inside it: everything but the diagonal tiles of causal and the edges of windows and patterns)
-// goes through the AMX tile unit, 16 query rows at a time (src/cpu/simd/amx.hpp): S and P.V by
+// goes through the AMX tile unit, 32 query rows at a time (src/cpu/simd/amx.hpp): S and P.V by
 // TDPBF16PS on the same pair layouts (~16x the float32 FMA rate per core), the softmax in
-// float32 vectors on 16 rows. Partial tiles run flash_bf16's panels. Same arithmetic, so the
-// same tolerance. Linux grants a process the AMX tile state only on request (arch_prctl
-// ARCH_REQ_XCOMP_PERM), which `available` makes once.
-// Memory (flash_amx): flash_bf16's, with the row state and scores for R rounded up to 16 rows,
-// plus Q rows as words (R x d / 2 words).
+// float32 vectors on 32 rows. Every head's K^T and V pairs are packed once per run, before the
+// tasks, and a task's whole tiles run row block by row block, four tiles per softmax step
+// (src/cpu/tiles.cpp: amx_prepacked_tiles). A masked tile of the causal diagonal or a window's
+// edge runs there too when its V is finite (checked in the packing: P = 0 times a finite V adds
+// nothing); other partial tiles (sparse patterns' holes, a V with NaN or Inf) run flash_bf16's
+// panels. Br is at most 64. Same arithmetic, so the same tolerance.
+// Linux grants a process the AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM),
+// which `available` makes once.
+// Memory (flash_amx): flash_bf16's, with the row state for R rounded up to 32 rows, scores and P
+// for 32 rows x 256 keys, plus Q rows as words (R x d / 2 words); shared: the packed tiles,
+// batch x kv_heads x (kv_len / 64) x (64 d + 32 d_v words + 64 bytes) - K and V's own size in
+// bf16.
 // Built only in the avx512_bf16 object (x86-64-v4 + AVX512_BF16 + AMX-BF16, CMakeLists.txt);
 // `available` says why not on a CPU without the instructions.
 #if defined(__linux__)
@@ -60,7 +67,7 @@ class FlashBf16 final : public Kernel {
   explicit FlashBf16(bool amx) : amx_(amx) {}
   std::string_view name() const override { return amx_ ? "flash_amx" : "flash_bf16"; }
   std::string_view description() const override {
-    return amx_ ? "flash_bf16 with the whole (unmasked) key tiles on the AMX tile unit (TDPBF16PS), 16 query rows "
+    return amx_ ? "flash_bf16 with the whole (unmasked) key tiles on the AMX tile unit (TDPBF16PS), 32 query rows "
                   "at a time; partial tiles as flash_bf16; bf16 inputs only"
                 : "flash with bf16 dot products (AVX512_BF16 vdpbf16ps): Q.K^T and P.V on bf16 pairs, float32 "
                   "accumulators and online softmax, P rounded to bf16; bf16 inputs only";
@@ -77,7 +84,8 @@ class FlashBf16 final : public Kernel {
   }
   size_t workspace_bytes(const Problem& p, int threads) const override {
     if (p.dtype != DType::BF16) return 0;  // not supported (make_tiling would refuse it)
-    return tiling(p).bytes * static_cast<size_t>(threads);
+    const simd::Tiling t = tiling(p);
+    return t.shared_bytes() + t.bytes * static_cast<size_t>(threads);
   }
   bool runs_patterns() const override { return true; }
   bool runs_head_dim_v() const override { return true; }

@@ -27,9 +27,9 @@
 // run (mean and rounding: O(kv_len d), against O(q_len kv_len d)) and one over each task's Q.
 //
 // flash_int8_amx: the same kernel, but every key tile that all rows of a task see whole goes
-// through the AMX tile unit 16 query rows at a time (flash_amx's blocks, src/cpu/simd/amx.hpp):
+// through the AMX tile unit 32 query rows at a time (flash_amx's blocks, src/cpu/simd/amx.hpp):
 // S by TDPBSSD on the same codes (signed x signed: no +128 correction; the key tiles' word rows
-// are whole 64-byte tile rows), the float32 softmax on 16 rows, then P and V rounded to bf16 for
+// are whole 64-byte tile rows), the float32 softmax on 32 rows, then P and V rounded to bf16 for
 // TDPBF16PS (V packed per tile from its float32 rows) - float32 P.V was two thirds of flash_int8's
 // time, and this CPU's vdpbf16ps runs at half its FMA rate. Partial tiles run flash_int8's panels.
 // Arithmetic: Int8Bf16Products - the baseline also rounds P and V to bf16, with bf16's floor.
@@ -52,7 +52,7 @@ class FlashInt8 final : public Kernel {
   explicit FlashInt8(bool amx) : amx_(amx) {}
   std::string_view name() const override { return amx_ ? "flash_int8_amx" : "flash_int8"; }
   std::string_view description() const override {
-    return amx_ ? "flash_int8 with every whole (unmasked) key tile on the AMX tile unit, 16 query rows at a time: "
+    return amx_ ? "flash_int8 with every whole (unmasked) key tile on the AMX tile unit, 32 query rows at a time: "
                   "TDPBSSD on the int8 codes, float32 softmax, P and V rounded to bf16 for TDPBF16PS; partial "
                   "tiles as flash_int8"
                 : "flash with Q.K^T in int8 (SageAttention's recipe): K smoothed by its mean and rounded per key "
@@ -98,7 +98,7 @@ class FlashInt8 final : public Kernel {
   size_t workspace_bytes(const Problem& p, int threads) const override {
     if (!supports(p)) return 0;
     const simd::Tiling t = tiling(p);
-    return t.i8_shared + t.bytes * static_cast<size_t>(threads);
+    return t.shared_bytes() + t.bytes * static_cast<size_t>(threads);
   }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return simd::prefill_plan(p, tiling(p)); }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {

@@ -51,10 +51,17 @@ struct Tiling {
   float score_scale = 1.f;
   size_t vp_off = 0, pw_off = 0;
   // amx (flash_amx, src/cpu/simd/amx.hpp): key tiles that every row sees whole go through the
-  // tile unit 16 rows at a time (Q rows as words at qa_off; o, m, l for R rounded up to 16
-  // rows; p and pw for 16 rows); the other tiles through the bf16 panels.
+  // tile unit 32 rows at a time (Q rows as words at qa_off; o, m, l for R rounded up to 32
+  // rows; p and pw for 32 rows); the other tiles through the bf16 panels.
   bool amx = false;
   size_t qa_off = 0;
+  // flash_amx: every head's 64-key tiles packed once per run as TDPBF16PS's B operands (tiles.cpp:
+  // amx_prepacked_tiles; pairs_shared bytes after i8_shared, before the threads' scratch: per
+  // (batch, kv head) pairs_head bytes, kv_len / 64 tiles of pairs_tile bytes - K^T pairs
+  // (pack_k_pairs), then at pairs_v_off V pairs (pack_v_pairs), then at pairs_flag_off a byte,
+  // 1 when every V value of the tile is finite); 0 for the other kernels.
+  size_t pairs_tile = 0, pairs_v_off = 0, pairs_flag_off = 0, pairs_head = 0, pairs_shared = 0;
+  int64_t kv_heads = 0;
   // int8 dot products (decode_i8, src/cpu/simd/int8_dot.hpp; direct tasks over a q8_0, q4_0, u8 or
   // u4 cache): at i8_off a 64-byte flag (1: every row of the task rounded), then R + 1 rows of
   // i8_row bytes (Q's integer form; the last all zero).
@@ -73,6 +80,8 @@ struct Tiling {
   bool i8_prefill = false;
   size_t i8_head = 0, i8_shared = 0, i8_qw_off = 0, i8_qsc_off = 0, i8_c_off = 0;
   size_t bytes = 0;  // per thread, a 64-byte multiple
+  // The run's shared part of the workspace (before the threads' scratch): int8 key tiles, packed pairs.
+  size_t shared_bytes() const { return i8_shared + pairs_shared; }
 };
 
 // br = 0: the largest Br whose working set fits half the L2 (flash); else exactly br rows.
@@ -84,25 +93,27 @@ Tiling make_tiling(const Problem& p, int64_t br = 0, bool bf16_dot = false, bool
                    bool int8_prefill = false);
 
 struct Scratch {
-  float* q;            // R x d, panels of kPanelRows rows, k-major in a panel, times scale*log2e
-                       // (not written for a direct task, which uses qr; bf16_dot: R x d/2 words of
-                       // unscaled bf16 pairs, word-major in a panel)
-  float* o;            // R x dim_v_pad unnormalized output accumulators
-  float* kt;           // dim_pad x kTileKeys packed K tile
-  float* p;            // kPanelRows x kTileKeys scores, then probabilities, of the current panel
-  float* m;            // R running max (log2 units)
-  float* l;            // R x kLanes running sums, one partial sum per lane (row_sum adds them)
-  Interval* iv;        // R visible intervals, one per row (the G rows of a query row share it)
-  float* qr;           // (R + 1) x dim_pad: Q rows times scale*log2e, zero padded, then a zero
-                       // row (Tiling::direct only, else nullptr)
-  float* gather;       // 64 K rows, then 64 V rows (Tiling::gather_*), gathered as stored, or nullptr
-  uint32_t* vp;        // bf16_dot or amx: 32 x dim_v_pad words, the V tile by key pairs (else nullptr)
-  uint32_t* pw;        // bf16_dot or amx: kPanelRows (amx: 16) x 32 words, the panel's P rounded to bf16 pairs
-  uint32_t* qa;        // amx: R rounded up to 16 rows of padded_words(d) words, Q rows as bf16 pairs
-                       // (flash_int8_amx: as int8 codes, I8KeyTile(d).rows words a row)
-  std::byte* i8;       // int8_dot: the flag, then Q's integer rows (Tiling::i8_off); int8_prefill: the
-                       // task's header and Q words; else nullptr
-  std::byte* i8_keys;  // int8_prefill: the shared key tiles of all heads (Tiling::i8_shared), else nullptr
+  float* q;                // R x d, panels of kPanelRows rows, k-major in a panel, times scale*log2e
+                           // (not written for a direct task, which uses qr; bf16_dot: R x d/2 words of
+                           // unscaled bf16 pairs, word-major in a panel)
+  float* o;                // R x dim_v_pad unnormalized output accumulators
+  float* kt;               // dim_pad x kTileKeys packed K tile
+  float* p;                // kPanelRows x kTileKeys scores, then probabilities, of the current panel
+                           // (amx: 32 x 256, the scores of up to four whole tiles side by side)
+  float* m;                // R running max (log2 units)
+  float* l;                // R x kLanes running sums, one partial sum per lane (row_sum adds them)
+  Interval* iv;            // R visible intervals, one per row (the G rows of a query row share it)
+  float* qr;               // (R + 1) x dim_pad: Q rows times scale*log2e, zero padded, then a zero
+                           // row (Tiling::direct only, else nullptr)
+  float* gather;           // 64 K rows, then 64 V rows (Tiling::gather_*), gathered as stored, or nullptr
+  uint32_t* vp;            // bf16_dot or amx: 32 x dim_v_pad words, the V tile by key pairs (else nullptr)
+  uint32_t* pw;            // bf16_dot or amx: kPanelRows x 32 words (amx: 32 x 128), P rounded to bf16 pairs
+  uint32_t* qa;            // amx: R rounded up to 32 rows of padded_words(d) words, Q rows as bf16 pairs
+                           // (flash_int8_amx: as int8 codes, I8KeyTile(d).rows words a row)
+  std::byte* i8;           // int8_dot: the flag, then Q's integer rows (Tiling::i8_off); int8_prefill: the
+                           // task's header and Q words; else nullptr
+  std::byte* i8_keys;      // int8_prefill: the shared key tiles of all heads (Tiling::i8_shared), else nullptr
+  const std::byte* pairs;  // flash_amx: the packed tiles of all heads (Tiling::pairs_shared), else nullptr
   Scratch(std::byte* base, const Tiling& t, std::byte* shared = nullptr);
   // Whether this task scores in integers: int8_dot, and every row's Q rounded (round_q_row).
   bool i8_on() const { return i8 && i8[0] == std::byte{1}; }
@@ -155,6 +166,8 @@ void run_prefill(const Problem& p, const Inputs& in, const Outputs& out, RunCont
                  const char* kernel);
 // int8_prefill: rounds every head's keys into the shared tiles (run_prefill's first step).
 void prepare_i8_keys(const Problem& p, const Inputs& in, const Tiling& t, std::byte* shared);
+// flash_amx (Tiling::pairs_shared): packs every head's whole 64-key tiles at area (run_prefill's first step).
+void prepare_pairs(const Problem& p, const Inputs& in, const Tiling& t, std::byte* area);
 
 // The running thread's AMX tile configuration for the lifetime of the scope (Tiling::amx; else
 // nothing): tile state is per thread, so each task range sets it up and releases it.
