@@ -30,8 +30,11 @@
 // through the AMX tile unit 32 query rows at a time (flash_amx's blocks, src/cpu/simd/amx.hpp):
 // S by TDPBSSD on the same codes (signed x signed: no +128 correction; the key tiles' word rows
 // are whole 64-byte tile rows), the float32 softmax on 32 rows, then P and V rounded to bf16 for
-// TDPBF16PS (V packed per tile from its float32 rows) - float32 P.V was two thirds of flash_int8's
-// time, and this CPU's vdpbf16ps runs at half its FMA rate. Partial tiles run flash_int8's panels.
+// TDPBF16PS (V rounded and packed once per run, with flash_amx's structure: 32-row blocks over
+// four tiles per softmax step, the causal diagonal and window edges there too when their V is
+// finite; src/cpu/tiles.cpp amx_prepacked_tiles) - float32 P.V was two thirds of flash_int8's
+// time, and this CPU's vdpbf16ps runs at half its FMA rate. Other partial tiles run flash_int8's
+// panels.
 // Arithmetic: Int8Bf16Products - the baseline also rounds P and V to bf16, with bf16's floor.
 // Built only in the avx512_bf16 object (with AMX-INT8); needs the OS's AMX tile state.
 #include <string>

@@ -36,10 +36,12 @@ constexpr int64_t kMaxRows = 240;
 // ... but not at the cost of parallelism: Br shrinks (not below kTaskRows) while the problem has
 // fewer than kMinTasks (parallel.hpp) (batch, kv head, query tile) tasks.
 constexpr int64_t kTaskRows = 120;
-// The AMX kernels' Br: their partial tiles (a causal diagonal, a window's edges) run the vector
-// panels for all of a task's rows at a tenth of the tile unit's rate, so fewer rows per task:
-// flash_amx at 8/8, d 128, 4096, causal 44-50 ms at Br 240 -> 35 ms at 64 (128: 37 ms), dense
-// unchanged (2 threads, the AMX Xeon).
+// The AMX kernels' Br: a partial tile they cannot run on the tile unit runs the vector panels for
+// all of a task's rows at a tenth of the tile unit's rate, and their tiles are packed once per
+// run, not per task, so fewer rows per task cost little: flash_amx at 8/8, d 128, 4096, causal
+// 44-50 ms at Br 240 -> 35 ms at 64 (128: 37 ms), dense unchanged (2 threads, the AMX Xeon;
+// measured before masked tiles ran on the tile unit). While flash_int8_amx still packed V per
+// task and tile, Br 64 made it 1.3x slower.
 constexpr int64_t kAmxMaxRows = 64;
 #if defined(__AVX512BF16__)
 constexpr bool kPairsBuilt = true;  // this target has the bf16 dot-product engine (flash_bf16)
@@ -609,28 +611,30 @@ inline bool packed_v_finite(const Tiling& t, const std::byte* head, int64_t j0) 
 }
 
 #if defined(ATTN_HAVE_AMX_INT8)
-// flash_int8_amx's scores: TDPBSSD on the task's Q codes (s.qa) and the head's int8 key tile at
-// j0, each int32 sum then scaled as score_panel_i8 does (its key's and its row's scales, plus the
-// row's q.mean), in place.
-inline void amx_tile_i8(const Tiling& t, const Scratch& s, int64_t rows, const std::byte* tile) {
+// flash_int8_amx's scores for the 32 rows at rb into sb (rows lds floats apart): TDPBSSD on the
+// task's Q codes (s.qa) and the head's int8 key tile (I8KeyTile), each int32 sum then scaled as
+// score_panel_i8 does (its key's and its row's scales, plus the row's q.mean), in place - log2
+// units, so the softmax's scale is 1.
+inline void amx_scores_i8(const Tiling& t, const Scratch& s, int64_t rb, const std::byte* tile, float* sb,
+                          int64_t lds = kTileKeys) {
   const I8KeyTile l(t.dim);
-  const auto* words = reinterpret_cast<const uint32_t*>(tile);
   const float* ks = l.scale(const_cast<std::byte*>(tile));
   const float* qsc = reinterpret_cast<const float*>(s.i8 + t.i8_qsc_off);
   const float* qc = reinterpret_cast<const float*>(s.i8 + t.i8_c_off);
-  const auto scores = [&](int64_t rb) {
-    amx_scores<true>(s.qa + rb * l.rows, l.rows, words, l.rows, s.p);
-    const auto* si = reinterpret_cast<const __m512i*>(s.p);
-    for (int64_t m = 0; m < kAmxRows; ++m) {
-      const Batch sc(qsc[rb + m]), shift(qc[rb + m]);
-      for (int64_t v = 0; v < kTileKeys; v += kLanes) {
-        const Batch x = _mm512_cvtepi32_ps(_mm512_load_si512(si + (m * kTileKeys + v) / kLanes));
-        simd::fma(x * Batch::load_aligned(ks + v), sc, shift).store_aligned(s.p + m * kTileKeys + v);
-      }
+  amx_scores<true>(s.qa + rb * l.rows, l.rows, reinterpret_cast<const uint32_t*>(tile), l.rows, sb, lds);
+  for (int64_t m = 0; m < kAmxRows; ++m) {
+    const Batch sc(qsc[rb + m]), shift(qc[rb + m]);
+    float* row = sb + m * lds;
+    for (int64_t v = 0; v < kTileKeys; v += kLanes) {
+      const Batch x = _mm512_cvtepi32_ps(_mm512_load_si512(row + v));
+      simd::fma(x * Batch::load_aligned(ks + v), sc, shift).store_aligned(row + v);
     }
-  };
+  }
+}
+// A whole tile's blocks of 32 rows in turn (its key tile at tile, V pairs in s.vp).
+inline void amx_tile_i8(const Tiling& t, const Scratch& s, int64_t rows, const std::byte* tile) {
   for (int64_t rb = 0; rb < rows; rb += kAmxRows) {
-    scores(rb);
+    amx_scores_i8(t, s, rb, tile, s.p);
     const uint32_t* vp = s.vp;
     amx_softmax_pv(t, s, rb, s.p, 1.f, &vp);
   }
@@ -639,8 +643,9 @@ inline void amx_tile_i8(const Tiling& t, const Scratch& s, int64_t rows, const s
 #endif  // AMX
 
 #if defined(ATTN_HAVE_AMX)
-// flash_amx's whole tiles of a task, packed before the tasks (prepare_pairs, Tiling::pairs_head:
-// every 64-key tile of the sequence, once per run instead of once per task), block of 32 rows by
+// The AMX kernels' whole tiles of a task, packed before the tasks (prepare_pairs, Tiling::pairs_head:
+// every 64-key tile of the sequence's K^T and V pairs - flash_int8_amx's keys are its int8 key
+// tiles - once per run instead of once per task), block of 32 rows by
 // block: per chunk of those tiles that fits half the L2, each row block runs through all of them
 // kAmxGroup tiles at a time - their scores side by side (32 x 256), one softmax over the group,
 // one load and store of the block's O tiles for the group's P.V - so its O and Q rows (16 + 8 KiB
@@ -652,7 +657,8 @@ inline void amx_tile_i8(const Tiling& t, const Scratch& s, int64_t rows, const s
 // here (amx_runs); the online softmax takes a row's tiles in any order.
 // Measured (8/8, d 128, 4096, bf16, 2 threads, the AMX Xeon, paired with the version before):
 // tile by tile (every row block per tile, K and V packed per task, 16-row blocks) 63-68 ms,
-// 16-17% of the tile peak, causal 46-51 ms; this 53-56 ms, causal 28 ms (with Br 64). Issuing
+// 16-17% of the tile peak, causal 46-51 ms; this 53-56 ms, causal 28 ms (with Br 64);
+// flash_int8_amx (float32 inputs) 64-71 -> 59-62 ms, causal 44 -> 36 ms. Issuing
 // the next tile's scores and the last one's P.V between the softmax's rows, so the tile unit
 // would run beside the vector units, changed nothing (1.00x): here the two do not overlap.
 inline bool prepacked_tile(const Tiling& t, const TileRef& r) {
@@ -672,6 +678,15 @@ void amx_prepacked_tiles(const Tiling& t, const Scratch& s, int64_t b, int64_t h
   constexpr int64_t kMaxChunk = 64;
   const int64_t chunk = std::clamp<int64_t>(planning_l2_bytes() / 2 / static_cast<int64_t>(t.pairs_tile), 1, kMaxChunk);
   const Interval common = common_keys(s, rows);
+  // flash_amx: bf16 K^T pairs, packed here; flash_int8_amx: the head's int8 key tiles (scaled
+  // into log2 units by amx_scores_i8, so the softmax's scale is 1).
+  const auto score = [&](int64_t rb, int64_t j0, float* out, int64_t lds) {
+#if defined(ATTN_HAVE_AMX_INT8)
+    if (t.i8_prefill) return amx_scores_i8(t, s, rb, i8_key_tile(t, i8_task_head(s), j0), out, lds);
+#endif
+    amx_scores_bf16(t, s, rb, packed_k(t, head, j0), out, lds);
+  };
+  const float scale = t.i8_prefill ? 1.f : t.score_scale;
   int64_t first[kMaxChunk], masked[kMaxChunk];  // the chunk's whole and masked tiles, by their first key
   for (int64_t x = 0; x < n;) {
     int64_t c = 0, cm = 0;
@@ -686,10 +701,10 @@ void amx_prepacked_tiles(const Tiling& t, const Scratch& s, int64_t b, int64_t h
         const int nt = static_cast<int>(std::min(kAmxGroup, c - g));
         const uint32_t* vp[kAmxGroup];
         for (int q = 0; q < nt; ++q) {
-          amx_scores_bf16(t, s, rb, packed_k(t, head, first[g + q]), s.p + q * kTileKeys, kAmxGroupKeys);
+          score(rb, first[g + q], s.p + q * kTileKeys, kAmxGroupKeys);
           vp[q] = packed_v(t, head, first[g + q]);
         }
-        amx_softmax_pv<kAmxGroupKeys>(t, s, rb, s.p, t.score_scale, vp, nt);
+        amx_softmax_pv<kAmxGroupKeys>(t, s, rb, s.p, scale, vp, nt);
       }
       for (int64_t i = 0; i < cm; ++i) {  // the causal diagonal, a window's edges
         const int64_t j0 = masked[i];
@@ -704,8 +719,8 @@ void amx_prepacked_tiles(const Tiling& t, const Scratch& s, int64_t b, int64_t h
         }
         if (!seen) continue;  // no row of the block sees a key of it
         const uint32_t* vp = packed_v(t, head, j0);
-        amx_scores_bf16(t, s, rb, packed_k(t, head, j0), s.p);
-        amx_softmax_pv(t, s, rb, s.p, t.score_scale, &vp, 1, lo, hi);
+        score(rb, j0, s.p, kTileKeys);
+        amx_softmax_pv(t, s, rb, s.p, scale, &vp, 1, lo, hi);
       }
     }
   }
@@ -732,7 +747,7 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
   const bool stream = s.qr != nullptr;
 #if defined(ATTN_HAVE_AMX)
   const Interval common = t.amx ? common_keys(s, rows) : Interval{};
-  const bool prepacked = Pairs && t.amx && s.pairs;
+  const bool prepacked = t.amx && s.pairs && (Pairs || (t.i8_prefill && s.i8_on()));
   if (prepacked) amx_prepacked_tiles<Words>(t, s, b, hk, rows, n, at);
 #endif
   for (int64_t x = 0; x < n; ++x) {
@@ -913,8 +928,8 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
   }
   t.amx = amx;
   if (amx) t.qa_off = take(sizeof(uint32_t) * state_rows * padded_words(t.dim));
-  if (amx && bf16_dot) {  // flash_amx's tiles packed once per run (amx_prepacked_tiles)
-    t.pairs_v_off = align64(sizeof(uint32_t) * padded_words(t.dim) * kTileKeys);
+  if (amx) {  // the tiles packed once per run (amx_prepacked_tiles): K^T pairs (flash_amx), V pairs
+    t.pairs_v_off = bf16_dot ? align64(sizeof(uint32_t) * padded_words(t.dim) * kTileKeys) : 0;
     t.pairs_flag_off = t.pairs_v_off + align64(sizeof(uint32_t) * (kTileKeys / 2) * t.dim_v_pad);
     t.pairs_tile = t.pairs_flag_off + 64;
     t.pairs_head = t.pairs_tile * static_cast<size_t>(p.kv_len / kTileKeys);
@@ -1123,18 +1138,12 @@ void prepare_i8_keys(const Problem& p, const Inputs& in, const Tiling& t, std::b
 }
 
 #if defined(ATTN_HAVE_AMX)
-// Whether every value of the nk bf16 rows (d each) is finite (exponent field not all ones).
-inline bool finite_rows(const Rows<bf16>& rows, int nk, int64_t d) {
+// Whether all n packed words (bf16 pairs, n a multiple of 16) are finite: no exponent field all ones.
+inline bool finite_words(const uint32_t* w, int64_t n) {
   const __m512i exp = _mm512_set1_epi16(0x7f80);
   __mmask32 bad = 0;
-  for (int j = 0; j < nk; ++j) {
-    const bf16* r = rows.row(j);
-    for (int64_t c = 0; c < d; c += 32) {
-      const __mmask32 m = d - c >= 32 ? ~__mmask32{0} : (__mmask32{1} << (d - c)) - 1;
-      const __m512i x = _mm512_maskz_loadu_epi16(m, r + c);
-      bad |= _mm512_mask_cmpeq_epi16_mask(m, _mm512_and_si512(x, exp), exp);
-    }
-  }
+  for (int64_t i = 0; i < n; i += 16)
+    bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(_mm512_load_si512(w + i), exp), exp);
   return bad == 0;
 }
 #endif
@@ -1143,8 +1152,8 @@ void prepare_pairs(const Problem& p, const Inputs& in, const Tiling& t, std::byt
 #if defined(ATTN_HAVE_AMX)
   visit_inputs(in, [&](const auto& typed) {
     using E = std::remove_const_t<std::remove_pointer_t<decltype(typed.k.data)>>;
-    if constexpr (std::is_same_v<E, bf16>) {
-      const int64_t tiles = p.kv_len / kTileKeys;  // whole tiles only (a short one is never whole)
+    if constexpr (std::is_same_v<E, bf16> || std::is_same_v<E, float>) {
+      const int64_t tiles = p.kv_len / kTileKeys;  // whole tiles only (a short one is never run there)
       attnlab::parallel_tasks(
           TaskRange(0, p.batch * p.kv_heads * tiles, 8),
           [&](const TaskRange& range) {
@@ -1154,9 +1163,13 @@ void prepare_pairs(const Problem& p, const Inputs& in, const Tiling& t, std::byt
               const KeyTile<E> kt = key_tile(typed, t, b, hk, TileRef{j0, static_cast<int>(kTileKeys)});
               std::byte* tile =
                   area + static_cast<size_t>(bh) * t.pairs_head + static_cast<size_t>(x % tiles) * t.pairs_tile;
-              pack_k_pairs(kt.k, kt.nk, t.dim, reinterpret_cast<uint32_t*>(tile));
-              pack_v_pairs(kt.v, kt.nk, t.dim_v, reinterpret_cast<uint32_t*>(tile + t.pairs_v_off), t.dim_v_pad);
-              tile[t.pairs_flag_off] = std::byte{finite_rows(kt.v, kt.nk, t.dim_v) ? uint8_t{1} : uint8_t{0}};
+              if constexpr (std::is_same_v<E, bf16>)
+                pack_k_pairs(kt.k, kt.nk, t.dim, reinterpret_cast<uint32_t*>(tile));
+              auto* vp = reinterpret_cast<uint32_t*>(tile + t.pairs_v_off);
+              pack_v_pairs(kt.v, kt.nk, t.dim_v, vp, t.dim_v_pad);  // (float32 V: rounded to bf16 here)
+              // The values P.V multiplies: a float32 V near FLT_MAX rounds to an Inf.
+              const bool finite = finite_words(vp, (kTileKeys / 2) * t.dim_v_pad);
+              tile[t.pairs_flag_off] = std::byte{finite ? uint8_t{1} : uint8_t{0}};
             }
           },
           tbb::simple_partitioner());

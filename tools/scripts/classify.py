@@ -13,7 +13,7 @@ parts = [("GEMM 1 (score_panel / score_rows)", r"score_panel|score_rows|score_bl
          ("first-tile reads (touch_rows)", r"touch_rows"),
          ("normalize, LSE (finish_rows, scale_row)", r"finish_rows|scale_row"),
          ("oneTBB, scheduling", r"tbb::|parallel_tasks|thread_scratch")]
-setup = r"dot_chains|fma_chains|amx_rounds|exp_rounds|stream_sum|measure_peaks|reference_row|baseline_errors|random_tensors|peak|Peak|exc_page_fault|clear_page|memset|memcg|_raw_spin|ieee754|verify|fill_random|Xoshiro|normal_dist"
+setup = r"dot_chains|fma_chains|amx_rounds|amx_tile_rounds|i8_chains|read_buffer|exp_rounds|stream_sum|measure_peaks|reference_row|baseline_errors|random_tensors|peak|Peak|exc_page_fault|clear_page|memset|memcg|_raw_spin|ieee754|verify|fill_random|Xoshiro|normal_dist"
 share = {name: 0.0 for name, _ in parts}
 other = 0.0
 for line in open(sys.argv[1]):

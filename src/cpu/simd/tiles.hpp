@@ -55,11 +55,12 @@ struct Tiling {
   // rows; p and pw for 32 rows); the other tiles through the bf16 panels.
   bool amx = false;
   size_t qa_off = 0;
-  // flash_amx: every head's 64-key tiles packed once per run as TDPBF16PS's B operands (tiles.cpp:
+  // amx: every head's 64-key tiles packed once per run as TDPBF16PS's B operands (tiles.cpp:
   // amx_prepacked_tiles; pairs_shared bytes after i8_shared, before the threads' scratch: per
   // (batch, kv head) pairs_head bytes, kv_len / 64 tiles of pairs_tile bytes - K^T pairs
-  // (pack_k_pairs), then at pairs_v_off V pairs (pack_v_pairs), then at pairs_flag_off a byte,
-  // 1 when every V value of the tile is finite); 0 for the other kernels.
+  // (pack_k_pairs; flash_amx only, pairs_v_off 0 for flash_int8_amx), then at pairs_v_off V
+  // pairs (pack_v_pairs), then at pairs_flag_off a byte, 1 when every V pair of the tile is
+  // finite); 0 for the other kernels.
   size_t pairs_tile = 0, pairs_v_off = 0, pairs_flag_off = 0, pairs_head = 0, pairs_shared = 0;
   int64_t kv_heads = 0;
   // int8 dot products (decode_i8, src/cpu/simd/int8_dot.hpp; direct tasks over a q8_0, q4_0, u8 or
