@@ -29,6 +29,26 @@ TEST(Limits, CheckedProductRefusesOverflowNegativesAndTheLimit) {
   EXPECT_EQ(pow2_text(100000), "100000");
 }
 
+// The one thread-count rule (every entry point calls it): 1..kMaxThreads as given, 0 for all
+// cores, anything else refused naming the field and the allowed values.
+TEST(Limits, ThreadCountIsOneRule) {
+  EXPECT_GE(all_cores(), 1);
+  EXPECT_LE(all_cores(), kMaxThreads);
+  EXPECT_EQ(thread_count(1), 1);
+  EXPECT_EQ(thread_count(3), 3);
+  EXPECT_EQ(thread_count(kMaxThreads), kMaxThreads);
+  EXPECT_EQ(thread_count(0), all_cores());
+  for (int64_t bad : {int64_t{-1}, int64_t{kMaxThreads} + 1, int64_t{1} << 40}) {
+    try {
+      thread_count(bad, "--threads");
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const InvalidInput& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "--threads: " + std::to_string(bad) + " is not allowed; allowed: 1 to 1024, or 0 for all cores");
+    }
+  }
+}
+
 // Sets ATTN_MEMORY_BUDGET for one test, restores the previous value after.
 class Budget : public ::testing::Test {
  protected:

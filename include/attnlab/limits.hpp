@@ -33,6 +33,16 @@ inline std::optional<int64_t> checked_product(std::initializer_list<int64_t> fac
 // "2^36 (68719476736)": how error messages name a power-of-two limit.
 std::string pow2_text(int64_t limit);
 
+// Threads, one rule for every entry point (flags, experiment files, Python, sessions): a run
+// takes 1..kMaxThreads; 0 - a flag's and Python's "all cores", an experiment's "all" - means
+// all_cores().
+inline constexpr int kMaxThreads = 1024;
+// Every core: std::thread::hardware_concurrency(), at least 1 (at most kMaxThreads).
+int all_cores();
+// n as a run takes it: n for 1..kMaxThreads, all_cores() for 0; otherwise InvalidInput naming
+// `field` and the allowed values.
+int thread_count(int64_t n, const std::string& field = "threads");
+
 // Bytes one run may allocate: ATTN_MEMORY_BUDGET when set (bytes, or with a K, M, G or T
 // suffix, powers of 1024), otherwise half the physical memory (what a sweep assumes).
 // Throws InvalidInput naming ATTN_MEMORY_BUDGET when its value is malformed.

@@ -184,7 +184,9 @@ void GenerationConfig::validate() const {
     throw InvalidInput("capacity: " + std::to_string(capacity) + " is below prompt + steps (" +
                        std::to_string(prompt + steps) + "); allowed: 0 (= prompt + steps) or at least that");
   }
-  if (threads < 1) throw InvalidInput("threads: " + std::to_string(threads) + "; allowed: >= 1");
+  if (threads < 1 || threads > kMaxThreads)  // a resolved count (thread_count ran when it was read)
+    throw InvalidInput("threads: " + std::to_string(threads) + " is not allowed; allowed: 1 to " +
+                       std::to_string(kMaxThreads));
   if (prefill_max_tokens < 0) throw InvalidInput("prefill_max_tokens: negative; allowed: an integer >= 0");
   if (verify_steps < 0) throw InvalidInput("verify_steps: negative; allowed: an integer >= 0");
   if (repetitions < 1) throw InvalidInput("repetitions: " + std::to_string(repetitions) + "; allowed: >= 1");
@@ -505,7 +507,8 @@ std::vector<GenerationConfig> load_generation_experiment(const std::string& path
   if (doc.contains("kernel")) base.kernel = doc["kernel"].get<std::string>();
   if (doc.contains("prefill_kernel")) base.prefill_kernel = doc["prefill_kernel"].get<std::string>();
   base.threads = all_threads;
-  if (doc.contains("threads") && doc["threads"] != "all") base.threads = static_cast<int>(int_at(doc, "threads", 1, 1));
+  if (doc.contains("threads") && doc["threads"] != "all")
+    base.threads = thread_count(int_at(doc, "threads", 1, 1), path + ": threads");
   const std::vector<int64_t> prompts = prompts_at(doc, {1024});
 
   std::vector<GenerationConfig> out;

@@ -9,7 +9,6 @@
 #include <fstream>
 #include <set>
 #include <sstream>
-#include <thread>
 
 #include <CLI/Version.hpp>
 #include <benchmark/benchmark.h>
@@ -19,6 +18,7 @@
 #include "attnlab/isa.hpp"
 
 #include "attnlab/kernel.hpp"
+#include "attnlab/limits.hpp"
 
 #ifndef ATTN_BUILD_TYPE
 #define ATTN_BUILD_TYPE "unknown"
@@ -121,7 +121,7 @@ nlohmann::json describe_machine() {
     m["os"] = std::string(u.sysname) + " " + u.release + " " + u.machine;
   }
   m["cpu_model"] = cpuinfo_field("model name");
-  m["cores"] = std::max(1u, std::thread::hardware_concurrency());
+  m["cores"] = all_cores();
   m["memory_bytes"] = physical_memory_bytes();
   {
     // Other users of the machine slow every figure: record how busy it was.

@@ -10,6 +10,7 @@
 #include "attnlab/cuda.hpp"
 #include "attnlab/isa.hpp"
 #include "attnlab/kernel.hpp"
+#include "attnlab/limits.hpp"
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
 #include "bench/stats.hpp"
@@ -67,8 +68,6 @@ int64_t calibrate(Fn&& run_iters, double seconds) {
     n *= 2;
   }
 }
-
-int hardware_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
 }  // namespace
 
@@ -200,12 +199,8 @@ Peaks measure_peaks(const PeakOptions& options) {
     throw InvalidInput("repeats: " + std::to_string(options.repeats) + " is not allowed; allowed: >= 1");
   }
   std::vector<int> counts = options.threads;
-  if (counts.empty()) counts = {1, hardware_threads()};
-  for (int t : counts) {
-    if (t < 1 || t > 1024) {
-      throw InvalidInput("threads: " + std::to_string(t) + " is not allowed; allowed: 1 to 1024");
-    }
-  }
+  if (counts.empty()) counts = {1, all_cores()};
+  for (int& t : counts) t = thread_count(t);
   std::sort(counts.begin(), counts.end());
   counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
 

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "attnlab/limits.hpp"
+
 namespace attnlab::bench {
 
 namespace {
@@ -153,18 +155,20 @@ std::vector<Json> window_values(W w, K key, const Json& v) {
   return parse_list(w, key, v, allowed, one);
 }
 std::vector<Json> thread_values(W w, K key, const Json& v) {
-  const std::string allowed = "\"all\" (every core), an integer 1..1024, a list of these, or INTS";
+  // thread_count's rule (limits.hpp); 0 stands for "all" until the sweep resolves it.
+  const std::string allowed =
+      "\"all\" (every core), an integer 1.." + std::to_string(kMaxThreads) + ", a list of these, or INTS";
   if (v.is_object()) {
     std::vector<Json> out;
     for (int64_t t : parse_ints(w, key, v, 1)) {
-      if (t > 1024) w.bad(key, v, allowed);
+      if (t > kMaxThreads) w.bad(key, v, allowed);
       out.emplace_back(t);
     }
     return out;
   }
   return parse_list(w, key, v, allowed, [&](const Json& x) -> Json {
     if (x.is_string() && x.get<std::string>() == "all") return 0;
-    if (is_int(x) && x.get<int64_t>() >= 1 && x.get<int64_t>() <= 1024) return x;
+    if (is_int(x) && x.get<int64_t>() >= 1 && x.get<int64_t>() <= kMaxThreads) return x;
     w.bad(key, v, allowed);
   });
 }

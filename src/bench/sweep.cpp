@@ -17,7 +17,6 @@
 #include <optional>
 #include <set>
 #include <sstream>
-#include <thread>
 #include <tuple>
 
 #include <benchmark/benchmark.h>
@@ -262,8 +261,7 @@ SweepSummary run_sweep(const Experiment& e, const SweepOptions& o) {
                        " is not allowed; allowed: i/n with 0 <= i < n");
   }
   std::ostream& log = o.progress ? *o.progress : std::cerr;
-  const int all_threads =
-      o.all_threads > 0 ? o.all_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int all_threads = thread_count(o.all_threads, "all_threads");
   const std::vector<GridPoint> grid = expand(e, all_threads);
 
   SweepPlan plan;

@@ -7,10 +7,10 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
-#include <thread>
 
 #include "attnlab/atomic_write.hpp"
 #include "attnlab/isa.hpp"
+#include "attnlab/limits.hpp"
 #include "bench/bench_point.hpp"
 #include "bench/generation.hpp"
 #include "bench/machine.hpp"
@@ -53,8 +53,7 @@ Command add_generate(CLI::App& app) {
   a->isa.add_to(*sub, false);
   return {sub, [a, sub] {
             a->isa.apply();
-            const int all = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-            if (a->threads < 0) throw InvalidInput("threads: negative; allowed: >= 1, or 0 for all cores");
+            const int threads = thread_count(a->threads);
             std::vector<bench::GenerationConfig> configs;
             if (!a->experiment.empty()) {
               for (const char* flag : {"--name", "--prompt", "--steps", "--capacity"}) {
@@ -66,10 +65,10 @@ Command add_generate(CLI::App& app) {
                 throw InvalidInput(bench::flag_of(a->head.as_experiment_keys().begin().key()) +
                                    ": not allowed with --experiment (the file sets it)");
               }
-              configs = bench::load_generation_experiment(a->experiment, a->threads > 0 ? a->threads : all);
+              configs = bench::load_generation_experiment(a->experiment, threads);
             } else {
               a->head.apply(a->one.head);
-              a->one.threads = a->threads > 0 ? a->threads : all;
+              a->one.threads = threads;
               a->one.validate();
               configs.push_back(a->one);
             }

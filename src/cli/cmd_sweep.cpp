@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <cstdio>
 #include <iostream>
-#include <thread>
 
+#include "attnlab/limits.hpp"
 #include "bench/experiment.hpp"
 #include "bench/peers.hpp"
 #include "bench/sweep.hpp"
@@ -86,7 +86,7 @@ Command add_sweep(CLI::App& app) {
               e.source["peers"] = e.peers;  // the folder records what ran (and --resume compares it)
             }
             if (args->dry_run) {
-              const auto grid = bench::expand(e, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+              const auto grid = bench::expand(e, all_cores());
               std::printf("%s: %zu points\n", e.name.c_str(), grid.size());
               for (const auto& g : grid) std::printf("  %-66s %10.3g GFLOP\n", g.id().c_str(), g.flops * 1e-9);
               return 0;

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <sstream>
-#include <thread>
 
 #include "attnlab/isa.hpp"
+#include "attnlab/limits.hpp"
 #include "attnlab/npy.hpp"
 
 namespace attnlab::cli {
@@ -135,12 +135,7 @@ void MaskFlags::apply(Problem& p) const {
   settings.apply(p);
 }
 
-int MaskFlags::thread_count() const {
-  if (threads > 0) return threads;
-  if (threads < 0)
-    throw InvalidInput("threads: " + std::to_string(threads) + " is not allowed; allowed: >= 1, or 0 for all cores");
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
+int MaskFlags::thread_count() const { return attnlab::thread_count(threads); }
 
 void AxisFlags::add_to(CLI::App& app, std::initializer_list<bench::AxisKind> kinds) {
   for (const bench::Axis& a : bench::axes()) {

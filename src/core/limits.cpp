@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "attnlab/problem.hpp"
 
@@ -78,6 +80,19 @@ std::string over_memory_budget(int64_t bytes, const std::string& what) {
          (from_env ? std::string("set by ") + kBudgetEnv
                    : std::string("half the physical memory; set ") + kBudgetEnv + " to change it") +
          ")";
+}
+
+int all_cores() {
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, static_cast<unsigned>(kMaxThreads)));
+}
+
+int thread_count(int64_t n, const std::string& field) {
+  if (n == 0) return all_cores();
+  if (n < 1 || n > kMaxThreads) {
+    throw InvalidInput(field + ": " + std::to_string(n) + " is not allowed; allowed: 1 to " +
+                       std::to_string(kMaxThreads) + ", or 0 for all cores");
+  }
+  return static_cast<int>(n);
 }
 
 }  // namespace attnlab

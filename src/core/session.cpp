@@ -127,8 +127,9 @@ Session::Session(const Kernel& kernel, const Problem& problem, int threads, bool
       backward_(backward || problem.pass != Pass::Forward) {
   backward = backward_;
   problem_.validate();
-  if (threads < 1 || threads > 1024) {
-    throw InvalidInput("threads: " + std::to_string(threads) + " is not allowed; allowed: 1 to 1024");
+  if (threads < 1 || threads > kMaxThreads) {  // a resolved count (thread_count: 0 means all cores before here)
+    throw InvalidInput("threads: " + std::to_string(threads) + " is not allowed; allowed: 1 to " +
+                       std::to_string(kMaxThreads));
   }
   if (Support a = kernel.available(); !a) {
     throw InvalidInput(std::string(kernel.name()) + " is not available: " + a.reason);

@@ -31,12 +31,12 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "attnlab/kernel.hpp"
+#include "attnlab/limits.hpp"
 #include "attnlab/verify.hpp"
 #include "bench/bench_point.hpp"
 #include "bench/peak.hpp"
@@ -456,12 +456,8 @@ Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, co
   return c;
 }
 
-int thread_count(const std::optional<int>& threads) {
-  if (!threads) return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (*threads < 1)
-    throw py::value_error("threads: " + std::to_string(*threads) + "; allowed: >= 1, or None for all cores");
-  return *threads;
-}
+// None and 0: all cores (attnlab::thread_count's rule, InvalidInput -> ValueError).
+int thread_count(const std::optional<int>& threads) { return attnlab::thread_count(threads.value_or(0)); }
 
 const Kernel& kernel_named(const std::string& name, const std::optional<std::string>& isa) {
   return kernel_or_throw(name, isa ? std::string_view(*isa) : std::string_view());

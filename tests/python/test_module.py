@@ -264,8 +264,8 @@ def test_errors_name_the_argument():
         attnlab.attention(q, k, v, kernel="fastest")
     with pytest.raises(ValueError, match="head_dim_v != head_dim"):
         attnlab.attention(*inputs(dv=8), kernel="simd")  # simd keeps one head_dim: says who runs it
-    with pytest.raises(ValueError, match="^threads"):
-        attnlab.attention(q, k, v, threads=0)
+    with pytest.raises(ValueError, match="^threads: -1 is not allowed; allowed: 1 to 1024, or 0 for all cores"):
+        attnlab.attention(q, k, v, threads=-1)  # (0 and None: all cores, the lab's one thread rule)
     with pytest.raises(TypeError, match="dtype=\"bf16\""):
         attnlab.attention(np.zeros(q.shape, np.uint16), k, v)  # bf16 bits need dtype="bf16"
 

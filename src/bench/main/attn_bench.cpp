@@ -20,7 +20,6 @@
 #include <cstring>
 #include <iostream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "attnlab/kernel.hpp"
@@ -111,8 +110,7 @@ int run(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
 
-  const int all =
-      flags.threads > 0 ? flags.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int all = thread_count(flags.threads, "--attn_threads");
   std::vector<const Kernel*> kernels;
   if (flags.kernels.empty()) {
     kernels = registry();
