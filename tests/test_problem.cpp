@@ -264,5 +264,41 @@ TEST(Problem, LayoutParsing) {
   EXPECT_THROW(parse_layout("bhds"), InvalidInput);
 }
 
+// The one rule from arrays to a problem's sizes (the CLI's .npy files and the Python module call
+// it): sizes in either layout, and each refusal naming the array.
+TEST(Problem, SizeFromArraysIsTheOneRule) {
+  Problem p;
+  size_from_arrays(p, {{2, 8, 5, 16}, {2, 4, 7, 16}, {2, 4, 7, 24}});
+  EXPECT_EQ(std::vector<int64_t>({p.batch, p.q_heads, p.q_len, p.head_dim, p.head_dim_v, p.kv_heads, p.kv_len}),
+            std::vector<int64_t>({2, 8, 5, 16, 24, 4, 7}));
+  p.layout = Layout::BSHD;
+  size_from_arrays(p, {{2, 5, 8, 16}, {2, 7, 4, 16}, {2, 7, 4, 16}});
+  EXPECT_EQ(std::vector<int64_t>({p.batch, p.q_heads, p.q_len, p.head_dim, p.head_dim_v, p.kv_heads, p.kv_len}),
+            std::vector<int64_t>({2, 8, 5, 16, 0, 4, 7}));
+  const auto refused = [](const ArrayShapes& a) {
+    Problem q;
+    try {
+      size_from_arrays(q, a);
+    } catch (const InvalidInput& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(refused({{2, 8, 5}, {2, 4, 7, 16}, {2, 4, 7, 16}, "q.npy"}),
+            "q.npy: shape (2, 8, 5) has 3 dimensions; allowed: 4, (batch, heads, seq, head_dim) for layout bhsd");
+  EXPECT_EQ(refused({{2, 8, 5, 16}, {2, 0, 7, 16}, {2, 0, 7, 16}}),
+            "k: shape (2, 0, 7, 16) has a zero dimension; allowed: all >= 1");
+  EXPECT_EQ(refused({{2, 8, 5, 16}, {2, 4, 7, 16}, {2, 4, 6, 16}}),
+            "v: shape (2, 4, 6, 16) differs from K's (2, 4, 7, 16); allowed: V has K's shape but for its last "
+            "dimension (head_dim_v)");
+  EXPECT_EQ(refused({{2, 8, 5, 16}, {3, 4, 7, 16}, {3, 4, 7, 16}}).substr(0, 31), "k: batch 3 differs from Q's bat");
+  EXPECT_EQ(refused({{2, 8, 5, 16}, {2, 4, 7, 8}, {2, 4, 7, 8}}),
+            "k: head_dim 8 differs from Q's head_dim 16; allowed: K's last dimension = Q's");
+  // A pool's first dimension counts blocks; a raw cache's last one counts bytes.
+  EXPECT_EQ(refused({{2, 8, 5, 16}, {9, 4, 7, 16}, {9, 4, 7, 16}, "q", "k", "v", false, true}), "accepted");
+  EXPECT_EQ(refused({{2, 8, 5, 16}, {2, 4, 7, 18}, {2, 4, 7, 18}, "q", "k", "v", true}), "accepted");
+  EXPECT_EQ(shape_text({5}), "(5,)");
+}
+
 }  // namespace
 }  // namespace attnlab

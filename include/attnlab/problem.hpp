@@ -147,4 +147,23 @@ struct Problem {
   std::string describe() const;  // one line, for tables and error messages
 };
 
+// Q, K and V given as arrays - the CLI's .npy files, the Python module's arrays: the one rule
+// from their shapes to a problem's sizes, with the errors both give.
+// "(2, 8, 64)": how errors show an array's shape (numpy's tuple, "(5,)" for one dimension).
+std::string shape_text(const std::vector<int64_t>& shape);
+// An array Q, K or V must be: 4-D in layout's order (bhsd: batch, heads, seq, dim; bshd: batch,
+// seq, heads, dim), no dimension 0. InvalidInput naming it (`name`: "q", "k.npy") otherwise.
+void check_array_shape(const std::string& name, const std::vector<int64_t>& shape, Layout layout);
+struct ArrayShapes {
+  std::vector<int64_t> q, k, v;
+  std::string q_name = "q", k_name = "k", v_name = "v";
+  bool raw = false;   // K and V are a quantized cache's rows: their last dimension counts bytes
+  bool pool = false;  // K and V are a paged cache's pool: their first dimension counts blocks
+};
+// Checks the three shapes (check_array_shape, then V = K's shape but for the last dimension, K's
+// batch and head_dim = Q's but where raw or pool says otherwise) and sets p's batch, q_heads,
+// q_len, head_dim, head_dim_v (0 when V's last dimension is Q's), kv_heads and kv_len (a pool's:
+// its block size; the caller sets kv_len from its block table) in p.layout's order.
+void size_from_arrays(Problem& p, const ArrayShapes& a);
+
 }  // namespace attnlab

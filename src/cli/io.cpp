@@ -9,12 +9,6 @@
 
 namespace attnlab::cli {
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "(";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + ")";
-}
-
 namespace {
 
 // The dtype Q, K and V are stored in: --dtype, else what the files hold ('<f2': f16).
@@ -134,39 +128,7 @@ LoadedInputs load_contiguous(const std::string& qp, const std::string& kp, const
   Problem& p = li.problem;
   flags.apply(p);
   p.kv_block = 0;  // read as a contiguous cache first
-  const bool bhsd = p.layout == Layout::BHSD;
-  const char* dims =
-      bhsd ? "(batch, heads, seq, head_dim) for layout bhsd" : "(batch, seq, heads, head_dim) for layout bshd";
-  for (auto [path, arr] : {std::pair{&qp, &li.q}, {&kp, &li.k}, {&vp, &li.v}}) {
-    if (arr->shape.size() != 4) {
-      throw InvalidInput(*path + ": shape " + shape_text(arr->shape) + " has " + std::to_string(arr->shape.size()) +
-                         " dimensions; allowed: 4 " + dims);
-    }
-    for (int64_t s : arr->shape) {
-      if (s == 0)
-        throw InvalidInput(*path + ": shape " + shape_text(arr->shape) + " has a zero dimension; allowed: all >= 1");
-    }
-  }
-  const auto& qs = li.q.shape;
-  const auto& ks = li.k.shape;
-  const auto& vs = li.v.shape;
-  if (!std::equal(ks.begin(), ks.end() - 1, vs.begin())) {
-    throw InvalidInput(vp + ": shape " + shape_text(vs) + " differs from K's " + shape_text(ks) +
-                       "; allowed: V has K's shape but for its last dimension (head_dim_v)");
-  }
-  const int hi = bhsd ? 1 : 2, si = bhsd ? 2 : 1;
-  if (ks[0] != qs[0])
-    throw InvalidInput(kp + ": batch " + std::to_string(ks[0]) + " differs from Q's batch " + std::to_string(qs[0]));
-  if (ks[3] != qs[3] && !raw)
-    throw InvalidInput(kp + ": head_dim " + std::to_string(ks[3]) + " differs from Q's head_dim " +
-                       std::to_string(qs[3]));
-  p.batch = qs[0];
-  p.q_heads = qs[hi];
-  p.q_len = qs[si];
-  p.head_dim = qs[3];
-  p.head_dim_v = vs[3] == qs[3] ? 0 : vs[3];
-  p.kv_heads = ks[hi];
-  p.kv_len = ks[si];
+  size_from_arrays(p, ArrayShapes{li.q.shape, li.k.shape, li.v.shape, qp, kp, vp, raw});
   if (raw) {
     load_raw_cache(li, kp, vp, flags);
     return li;

@@ -1,5 +1,6 @@
 #include "attnlab/problem.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -389,6 +390,53 @@ std::string Problem::describe() const {
   if (dtype != DType::F32) s << " dtype=" << to_string(dtype);
   if (pass != Pass::Forward) s << " pass=" << to_string(pass);
   return s.str();
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string t = "(";
+  for (size_t i = 0; i < shape.size(); ++i) t += (i ? ", " : "") + std::to_string(shape[i]);
+  return t + (shape.size() == 1 ? ",)" : ")");
+}
+
+void check_array_shape(const std::string& name, const std::vector<int64_t>& shape, Layout layout) {
+  if (shape.size() != 4) {
+    throw InvalidInput(name + ": shape " + shape_text(shape) + " has " + std::to_string(shape.size()) +
+                       " dimensions; allowed: 4, " +
+                       (layout == Layout::BHSD ? "(batch, heads, seq, head_dim) for layout bhsd"
+                                               : "(batch, seq, heads, head_dim) for layout bshd"));
+  }
+  for (int64_t s : shape) {
+    if (s == 0) throw InvalidInput(name + ": shape " + shape_text(shape) + " has a zero dimension; allowed: all >= 1");
+  }
+}
+
+void size_from_arrays(Problem& p, const ArrayShapes& a) {
+  check_array_shape(a.q_name, a.q, p.layout);
+  check_array_shape(a.k_name, a.k, p.layout);
+  check_array_shape(a.v_name, a.v, p.layout);
+  const auto &qs = a.q, &ks = a.k, &vs = a.v;
+  if (!std::equal(ks.begin(), ks.end() - 1, vs.begin())) {
+    throw InvalidInput(a.v_name + ": shape " + shape_text(vs) + " differs from K's " + shape_text(ks) +
+                       "; allowed: V has K's shape but for its last dimension (head_dim_v)");
+  }
+  if (ks[0] != qs[0] && !a.pool) {
+    throw InvalidInput(a.k_name + ": batch " + std::to_string(ks[0]) + " differs from Q's batch " +
+                       std::to_string(qs[0]) +
+                       "; allowed: the same batch (a paged pool's first dimension is "
+                       "its blocks, with a block table)");
+  }
+  if (ks[3] != qs[3] && !a.raw) {
+    throw InvalidInput(a.k_name + ": head_dim " + std::to_string(ks[3]) + " differs from Q's head_dim " +
+                       std::to_string(qs[3]) + "; allowed: K's last dimension = Q's");
+  }
+  const int hi = p.layout == Layout::BHSD ? 1 : 2, si = p.layout == Layout::BHSD ? 2 : 1;
+  p.batch = qs[0];
+  p.q_heads = qs[hi];
+  p.q_len = qs[si];
+  p.head_dim = qs[3];
+  p.head_dim_v = vs[3] == qs[3] ? 0 : vs[3];
+  p.kv_heads = ks[hi];
+  p.kv_len = ks[si];
 }
 
 }  // namespace attnlab

@@ -85,12 +85,6 @@ struct Arr {
   std::string library = "numpy";  // the module of the object's type: where outputs go back
 };
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "(";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + (shape.size() == 1 ? ",)" : ")");
-}
-
 std::string type_name(const py::handle& obj) {
   const py::handle t = py::type::of(obj);
   return std::string(py::str(t.attr("__module__"))) + "." + std::string(py::str(t.attr("__name__")));
@@ -111,12 +105,7 @@ bool c_contiguous(const std::vector<int64_t>& shape, const std::vector<int64_t>&
 // The checks both ways in share: 4 dimensions, C order, the dtype= argument.
 void check_array(const char* name, const std::vector<int64_t>& shape, bool contiguous, Layout layout, Arr& r,
                  const std::optional<std::string>& dtype, const std::string& seen) {
-  if (shape.size() != 4) {
-    throw py::value_error(std::string(name) + ": shape " + shape_text(shape) + " has " + std::to_string(shape.size()) +
-                          " dimensions; allowed: 4, " +
-                          (layout == Layout::BHSD ? "(batch, heads, seq, head_dim) for layout bhsd"
-                                                  : "(batch, seq, heads, head_dim) for layout bshd"));
-  }
+  check_array_shape(name, shape, layout);  // (the CLI's rule for .npy files too: InvalidInput -> ValueError)
   if (!contiguous) {
     throw py::value_error(std::string(name) +
                           ": not C-contiguous; allowed: a C-contiguous array (np.ascontiguousarray(x), "
@@ -349,28 +338,19 @@ Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, co
   if (!raw && (ak.dtype != aq.dtype || av.dtype != aq.dtype)) {
     throw py::type_error("k, v: dtypes differ from q's; allowed: the same dtype for q, k and v");
   }
-  const int hi = p.layout == Layout::BHSD ? 1 : 2, si = p.layout == Layout::BHSD ? 2 : 1;
-  for (int i : {0, hi, si}) {
-    if (ak.shape[i] != av.shape[i]) {
-      throw py::value_error(
-          "v: shape differs from k's but for the last dimension; allowed: v = k's shape with head_dim_v last");
-    }
-  }
+  const int si = p.layout == Layout::BHSD ? 2 : 1;
   // k and v as a paged cache's pool (blocks, kv_heads, block, d) (bshd: (blocks, block, kv_heads,
   // d)) when a block table is given: vLLM's and OpenVINO's layout, read in place.
   const py::object table = settings.contains("block_table") ? py::object(settings["block_table"]) : py::none();
   const bool pool = !table.is_none();
-  if (ak.shape[0] != aq.shape[0] && !pool) throw py::value_error("k: batch differs from q's");
-  if (ak.shape[3] != aq.shape[3] && !raw) throw py::value_error("k: head_dim differs from q's");
-  p.batch = aq.shape[0], p.q_heads = aq.shape[hi], p.q_len = aq.shape[si], p.head_dim = aq.shape[3];
-  p.kv_heads = ak.shape[hi], p.kv_len = ak.shape[si];
+  const auto shape = [](const Arr& a) { return std::vector<int64_t>(a.shape.begin(), a.shape.end()); };
+  size_from_arrays(p, ArrayShapes{shape(aq), shape(ak), shape(av), "q", "k", "v", raw, pool});
   if (pool) {
     c.table = block_table_of(table, p.batch);
     const int64_t entries = c.table->shape[1], block = ak.shape[si];
     p.kv_len = entries * block;
     if (kv_lens) p.kv_len = *std::max_element(kv_lens->begin(), kv_lens->end());
   }
-  p.head_dim_v = av.shape[3] == aq.shape[3] ? 0 : av.shape[3];
   p.dtype = aq.dtype;
   if (causal.is_none() || (py::isinstance<py::bool_>(causal) && !causal.cast<bool>())) {
     p.causal = CausalAlign::None;

@@ -256,6 +256,9 @@ def test_errors_name_the_argument():
         attnlab.attention(q, k, v.transpose(0, 1, 3, 2).copy().transpose(0, 1, 3, 2))
     with pytest.raises(ValueError, match="^q: shape \\(6, 33, 40\\) has 3 dimensions"):
         attnlab.attention(q[0], k, v)
+    # The CLI's rule and text for .npy files (size_from_arrays, attnlab/problem.hpp).
+    with pytest.raises(ValueError, match="^v: shape .* differs from K's .*; allowed: V has K's shape but for its last"):
+        attnlab.attention(q, k, v[:, :, :-1].copy())
     with pytest.raises(ValueError, match="^causal: 'diagonal'"):
         attnlab.attention(q, k, v, causal="diagonal")
     with pytest.raises(ValueError, match="kv_heads"):
