@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -17,6 +18,22 @@ namespace attnlab {
 
 namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// f(problem, inputs) on the cache as the reference reads it, made here once: a paged cache copied
+// into an independent contiguous one (unpage_kv), a quantized one read back as float32 by its
+// writer's rule (dequantize_kv); p and in themselves when the cache is neither.
+template <class F>
+decltype(auto) with_plain_cache(const Problem& p, const Inputs& in, F&& f) {
+  if (!p.kv_paged() && !p.kv_quantized()) return f(p, in);
+  const Problem* q = &p;
+  const Inputs* i = &in;
+  std::optional<UnpagedKv> unpaged;
+  std::optional<DequantizedKv> dequantized;
+  if (q->kv_paged()) unpaged.emplace(unpage_kv(*q, *i)), q = &unpaged->problem, i = &unpaged->inputs;
+  if (q->kv_quantized())
+    dequantized.emplace(dequantize_kv(*q, *i)), q = &dequantized->problem, i = &dequantized->inputs;
+  return f(*q, *i);
+}
 
 void accumulate(Errors& e, const Reference& ref, size_t r, const float* o_row, const float* lse) {
   const double* want = &ref.o[r * ref.dim];
@@ -143,13 +160,8 @@ double reference_row(const Problem& p, const Inputs& in, const RowId& r, double*
 }
 
 Reference reference(const Problem& p, const Inputs& in, std::vector<RowId> rows) {
-  if (p.kv_paged()) {  // the reference reads an independent contiguous copy of a paged cache
-    const UnpagedKv u = unpage_kv(p, in);
-    return reference(u.problem, u.inputs, std::move(rows));
-  }
-  if (p.kv_quantized()) {  // the reference reads the cache by the writer's own rule
-    const DequantizedKv d = dequantize_kv(p, in);
-    return reference(d.problem, d.inputs, std::move(rows));
+  if (p.kv_paged() || p.kv_quantized()) {
+    return with_plain_cache(p, in, [&](const Problem& q, const Inputs& i) { return reference(q, i, std::move(rows)); });
   }
   Reference ref;
   ref.dim = p.dim_v();
@@ -424,13 +436,9 @@ Errors baseline_errors(const Problem& p, const Inputs& in, const Reference& ref,
     }
     return int8_dense_errors(p, in, rounded, ref, arithmetic == Arithmetic::Int8Bf16Products);
   }
-  if (p.kv_paged()) {
-    const UnpagedKv u = unpage_kv(p, in);
-    return baseline_errors(u.problem, u.inputs, ref, arithmetic);
-  }
-  if (p.kv_quantized()) {
-    const DequantizedKv d = dequantize_kv(p, in);
-    return baseline_errors(d.problem, d.inputs, ref, arithmetic);
+  if (p.kv_paged() || p.kv_quantized()) {
+    return with_plain_cache(p, in,
+                            [&](const Problem& q, const Inputs& i) { return baseline_errors(q, i, ref, arithmetic); });
   }
   const bool round_p = arithmetic == Arithmetic::Bf16Products;
   Errors e;
@@ -488,13 +496,9 @@ std::string Tolerance::why_failed(const Errors& e) const {
 namespace attnlab {
 
 Agreement prepare_agreement(const Problem& p, const Inputs& in, std::vector<RowId> rows) {
-  if (p.kv_paged()) {  // copied once for both
-    const UnpagedKv u = unpage_kv(p, in);
-    return prepare_agreement(u.problem, u.inputs, std::move(rows));
-  }
-  if (p.kv_quantized()) {  // read once for both: a quantized cache agrees on its dequantized K/V
-    const DequantizedKv d = dequantize_kv(p, in);
-    return prepare_agreement(d.problem, d.inputs, std::move(rows));
+  if (p.kv_paged() || p.kv_quantized()) {  // made once for both: a quantized cache agrees on its dequantized K/V
+    return with_plain_cache(
+        p, in, [&](const Problem& q, const Inputs& i) { return prepare_agreement(q, i, std::move(rows)); });
   }
   Agreement a;
   a.ref = reference(p, in, std::move(rows));
