@@ -29,7 +29,7 @@
 #include "bench/machine.hpp"
 #include "bench/results.hpp"
 #include "bench/peers.hpp"
-#include "bench/stats.hpp"
+#include "peaks/stats.hpp"
 #include "bench/sweep.hpp"
 #include "test_util.hpp"
 

@@ -358,7 +358,7 @@ TEST_F(Cli, VerifyNamedKernelThatCannotRunExits3) {
     EXPECT_NE(pair.out.find("verified 1 of 2 kernels; not run: cuda_flash"), std::string::npos) << pair.out;
   }
   // Supported by decode for no shape: q_len 100 > 16. Named with its target: decode[avx2].
-  const std::string label = bench::kernel_label(kernel_or_throw("decode"));
+  const std::string label = kernel_label(kernel_or_throw("decode"));
   Result decode = attnlab("verify --impl decode --q-len 100 --kv-len 300 --head-dim 8");
   EXPECT_EQ(decode.code, 3) << decode.out;
   EXPECT_NE(decode.out.find("verified 0 of 1 kernels; not run: " + label + " (q_len 100 > 16"), std::string::npos)
@@ -486,11 +486,11 @@ TEST_F(Cli, BadInputGetsClearErrorsAndWritesNothing) {
   };
   const std::vector<Bad> cases = {
       {"run --impl fastest " + qkv() + out, "impl: 'fastest' is not a kernel; allowed: naive, blocked"},
-      {"run --impl naive " + qkv() + out + " --window 3", "window: '3' must be two integers"},
+      {"run --impl naive " + qkv() + out + " --window 3", "--window: bad value 3; allowed: null (no window), [L, R]"},
       {"run --impl naive " + qkv() + out + " --kv-lens 9", "kv_lens[0]: 9 is out of range"},
       {"run --impl naive " + qkv() + out + " --kv-shared true", "kv_shared: the .npy files give V as its own tensor"},
       {"run --impl naive " + qkv() + out + " --kv-block 48", "kv_block: 48 is not allowed; allowed: 0"},
-      {"run --impl naive " + qkv() + out + " --causal --causal-top-left", "exclude each other"},
+      {"run --impl naive " + qkv() + out + " --causal --causal-top-left", "--causal excludes --causal-top-left"},
       {"run --impl naive --q " + path("k.npy") + " --k " + path("q.npy") + " --v " + path("missing.npy") + out,
        "cannot open"},
       {"verify --q-heads 3 --kv-heads 2", "kv_heads: 2 does not divide q_heads (3)"},
@@ -700,7 +700,7 @@ TEST_F(Cli, HostileInputFailsFastWithClearErrors) {
        "elements per tensor; allowed: at most 2^36"},
       {"verify --q-len 9223372036854775807 --kv-len 9223372036854775807 --head-dim 1 --q-heads 1 --kv-heads 1",
        "allowed: at most 2^36"},
-      {"verify --window -2,3", "window_left: -2 is not allowed; allowed: -1 (unbounded) or an integer >= 0"},
+      {"verify --window -2,3", "--window: bad value [-2,3]; allowed: null (no window), [L, R] with integers >= -1"},
       {"run --impl flash --q /dev/zero --k /dev/zero --v /dev/zero" + out,
        "/dev/zero: is not a regular file (a character device); allowed: a regular .npy file"},
       {"run --impl flash --q " + path("long.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + out,

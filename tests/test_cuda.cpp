@@ -134,7 +134,7 @@ TEST(Cuda, CudaCommandSaysWhyThereIsNoDevice) {
   std::string out = run_command(test::attnlab_exe() + " cuda", &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("CUDA: unavailable: " + s.reason), std::string::npos) << out;
-  out = run_command(test::attnlab_exe() + " cuda --time --seq 64", &rc);
+  out = run_command(test::attnlab_exe() + " cuda --time --q-len 64", &rc);
   EXPECT_EQ(WEXITSTATUS(rc), 2) << out;  // bad input: no device to time
   EXPECT_NE(out.find(s.reason), std::string::npos) << out;
 }

@@ -311,12 +311,14 @@ TEST(Experiment, IsaAxisRunsEachPerTargetKernelOncePerTarget) {
   std::set<std::string> ids;
   for (const auto& p : g) ids.insert(p.id());
   EXPECT_EQ(ids.size(), g.size());
-  EXPECT_NE(isa_error_of(R"({"description": "d", "q_len": {"range": [1, 4000, 1]}, "kv_len": {"range": [1, 20, 1]},
+  EXPECT_NE(
+      isa_error_of(R"({"description": "d", "q_len": {"range": [1, 4000, 1]}, "kv_len": {"range": [1, 20, 1]},
                               "isa": ["scalar", "avx2"]})")
-                .find("x 2 values of implementations x batch x q_heads x kv_heads x q_len x kv_len x head_dim x "
-                      "head_dim_v x causal "
-                      "x window x layout x dtype x kv_dtype x kv_block x kv_shared x pass x threads x isa"),
-            std::string::npos);
+          .find("x 2 values of implementations x batch x q_heads x kv_heads x q_len x kv_len x head_dim x "
+                "head_dim_v x causal "
+                "x window x kv_lens x sinks x global x doc_lens x dilation x bigbird x mask_file x layout x dtype "
+                "x kv_dtype x kv_block x kv_shared x pass x threads x isa"),
+      std::string::npos);
 }
 
 TEST(Experiment, IsaErrorsNameTheAllowedTargets) {

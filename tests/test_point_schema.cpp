@@ -1,4 +1,4 @@
-// The point schema (src/bench/point_schema.hpp): the ids of every committed run come out of it
+// The point schema (src/schema/point_schema.hpp): the ids of every committed run come out of it
 // unchanged, every field reaches the id or is derived, results.csv's header and rows come
 // from the same cells, and a point survives experiment -> id -> point JSON -> CSV -> report.
 #include <gtest/gtest.h>
@@ -11,13 +11,14 @@
 #include <sstream>
 #include <tuple>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_point.hpp"
 #include "bench/experiment.hpp"
 #include "bench/files.hpp"
-#include "bench/point_schema.hpp"
+#include "schema/point_schema.hpp"
 #include "bench/results.hpp"
 #include "test_util.hpp"
 
@@ -79,7 +80,7 @@ TEST(PointSchema, IdsOfCommittedRunsAreUnchanged) {
       }
       int unused = 0;  // the setting and sweep axes (kv_dtype, pass, ...) from their columns, where a folder has them
       for (const Axis& a : axes()) {
-        if (recorded(a) && row.count(a.key) && !row.at(a.key).empty())
+        if ((a.kind == AxisKind::Setting || a.kind == AxisKind::Sweep) && row.count(a.key) && !row.at(a.key).empty())
           set_axis(a, Where{csv}, json_of_flag_text(row.at(a.key)), p, unused);
       }
       const int threads = static_cast<int>(int_of(row, "threads", 1));
@@ -268,10 +269,15 @@ TEST(PointSchema, EveryAxisIsAKeyAFlagAndAKeyword) {
     pclose(pipe);
     return out;
   };
-  const std::map<std::string, std::string> helps = {
-      {"run", help("run")}, {"verify", help("verify")}, {"sweep", help("sweep")}, {"generate", help("generate")}};
+  const std::map<std::string, std::string> helps = {{"run", help("run")},
+                                                    {"verify", help("verify")},
+                                                    {"sweep", help("sweep")},
+                                                    {"generate", help("generate")},
+                                                    {"cuda", help("cuda")}};
   const std::map<AxisKind, std::vector<std::string>> commands = {
-      {AxisKind::Size, {"verify"}}, {AxisKind::Setting, {"run", "verify", "sweep", "generate"}}};
+      {AxisKind::Size, {"verify", "cuda"}},
+      {AxisKind::Mask, {"run", "verify", "cuda"}},
+      {AxisKind::Setting, {"run", "verify", "sweep", "generate", "cuda"}}};
   for (const Axis& a : axes()) {
     Json doc = {{"description", "d"}, {"implementations", {"naive"}}, {"q_len", 8}};
     doc[a.key] = a.fallback ? Json::parse(a.fallback) : Json(8);
@@ -291,6 +297,62 @@ TEST(PointSchema, EveryAxisIsAKeyAFlagAndAKeyword) {
   // The sizes generate takes, and none that it does not (its lengths are the prompt's).
   EXPECT_NE(helps.at("generate").find("--kv-heads"), std::string::npos);
   EXPECT_EQ(helps.at("generate").find("--q-len"), std::string::npos);
+}
+
+// The point file's problem is the axes table: every recorded axis under its key, read back
+// through the same parsers to the same problem (pattern terms and a mask file included); the
+// files written before (window_left/window_right, globals, causal 0/1/2, bigbird [0, 0, 0])
+// still read.
+TEST(PointSchema, ProblemFileIsTheAxesTable) {
+  const std::string dir = (fs::temp_directory_path() / ("attn_problem_file_" + std::to_string(getpid()))).string();
+  fs::create_directories(dir);
+  const std::string mask = dir + "/m.npy";
+  {  // a (40, 100) uint8 mask, one pair hidden
+    std::string dict = "{'descr': '|u1', 'fortran_order': False, 'shape': (40, 100), }";
+    while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
+    dict += '\n';
+    std::string bytes(40 * 100, '\x01');
+    bytes[7] = 0;
+    std::ofstream f(mask, std::ios::binary);
+    f << "\x93NUMPY" << '\x01' << '\x00' << static_cast<char>(dict.size()) << '\x00' << dict << bytes;
+  }
+  Problem p;
+  p.batch = 2, p.q_heads = 4, p.kv_heads = 2, p.q_len = 40, p.kv_len = 100, p.head_dim = 64, p.head_dim_v = 32;
+  p.causal = CausalAlign::TopLeft, p.window_left = 30, p.window_right = 2, p.sinks = 3, p.globals = {0, 50};
+  p.dilation = 2, p.bigbird = BigBird{16, 1, 9}, p.kv_lens = {100, 60}, p.kv_dtype = KvDType::Q8_0;
+  int threads = 1;
+  set_axis(*find_axis("mask_file"), Where{"t"}, Json(mask), p, threads);
+  p.validate();
+  const Json j = problem_to_json(p);
+  for (const Axis& a : axes()) {  // every recorded axis (documents need q_len = kv_len: off here, absent)
+    EXPECT_EQ(j.contains(a.key), a.read != nullptr && std::string_view(a.key) != "doc_lens")
+        << a.key << ": " << j.dump();
+  }
+  const Problem back = problem_from_json(j);
+  EXPECT_EQ(problem_to_json(back), j);
+  EXPECT_EQ(back.describe(), p.describe());
+  EXPECT_EQ(mask_name(back), mask_name(p));
+  EXPECT_EQ(back.visible_pairs(), p.visible_pairs());
+  // Off is the key's absence (its fallback), never a null that a reader has to know.
+  EXPECT_EQ(problem_to_json(Problem{}).dump().find("null"), std::string::npos);
+
+  const Problem old = problem_from_json(Json::parse(R"({"batch": 1, "bigbird": [0, 0, 0], "causal": 2,
+      "dilation": 1, "doc_lens": [], "dtype": "f32", "globals": [5], "head_dim": 64, "head_dim_v": 64, "kv_heads": 2,
+      "kv_len": 100, "kv_lens": [], "layout": "bhsd", "q_heads": 4, "q_len": 50, "sinks": 0, "window_left": 8,
+      "window_right": -1})"));
+  EXPECT_EQ(old.causal, CausalAlign::TopLeft);
+  EXPECT_EQ(old.window_left, 8);
+  EXPECT_EQ(old.window_right, -1);
+  EXPECT_EQ(old.globals, std::vector<int64_t>{5});
+  EXPECT_FALSE(old.bigbird.on());
+  EXPECT_EQ(old.head_dim_v, 0);
+  try {
+    problem_from_json(Json::parse(R"({"batch": 1, "q_heads": 4})"));
+    ADD_FAILURE() << "a point file without q_len read";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("point file: missing key 'q_len'"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
 }
 
 // The odometer turns every axis: a grid's point count is the product of its values' counts,

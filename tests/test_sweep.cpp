@@ -586,25 +586,25 @@ TEST(SweepPeaks, Int8PeaksWhereTheCpuHasThem) {
   for (const std::string& isa : runnable_isas()) {
     const TargetTable* t = target_table_for(isa);
     ASSERT_NE(t, nullptr);
-    const double ops = bench::measure_i8_dot_ops(1, 0.01, *t);
+    const double ops = peaks::measure_i8_dot_ops(1, 0.01, *t);
     const bool unit = t->peak.i8_chains && cpu_runs_isa(t->peak.i8_unit);
     EXPECT_EQ(ops > 0, unit) << isa;
     if (unit) EXPECT_GT(ops, 1e9) << isa, ++measured;
   }
   const Kernel* amx = find_kernel("flash_int8_amx");
   ASSERT_NE(amx, nullptr);
-  EXPECT_EQ(bench::amx_int8_runnable(), static_cast<bool>(amx->available())) << amx->available().reason;
-  if (bench::amx_int8_runnable()) EXPECT_GT(bench::measure_amx_int8_ops(1, 0.01), 1e10);
-  if (measured == 0 && !bench::amx_int8_runnable()) GTEST_SKIP() << "no int8 dot-product unit on this CPU";
+  EXPECT_EQ(peaks::amx_int8_runnable(), static_cast<bool>(amx->available())) << amx->available().reason;
+  if (peaks::amx_int8_runnable()) EXPECT_GT(peaks::measure_amx_int8_ops(1, 0.01), 1e10);
+  if (measured == 0 && !peaks::amx_int8_runnable()) GTEST_SKIP() << "no int8 dot-product unit on this CPU";
 }
 
 // The bf16 dot-product loop runs exactly where flash_bf16 is available, and measures something.
 TEST(SweepPeaks, Bf16DotPeakWhereTheCpuHasIt) {
   const Kernel* k = find_kernel("flash_bf16");
   ASSERT_NE(k, nullptr);
-  EXPECT_EQ(bench::bf16_dot_runnable(), static_cast<bool>(k->available())) << k->available().reason;
-  const double f = bench::measure_bf16_dot_flops(1, 0.01);
-  if (!bench::bf16_dot_runnable()) {
+  EXPECT_EQ(peaks::bf16_dot_runnable(), static_cast<bool>(k->available())) << k->available().reason;
+  const double f = peaks::measure_bf16_dot_flops(1, 0.01);
+  if (!peaks::bf16_dot_runnable()) {
     EXPECT_EQ(f, 0);
     GTEST_SKIP() << k->available().reason;
   }
@@ -613,9 +613,9 @@ TEST(SweepPeaks, Bf16DotPeakWhereTheCpuHasIt) {
   // The AMX tile peak, where flash_amx runs: far above the vector dot products.
   const Kernel* amx = find_kernel("flash_amx");
   ASSERT_NE(amx, nullptr);
-  EXPECT_EQ(bench::amx_bf16_runnable(), static_cast<bool>(amx->available())) << amx->available().reason;
-  if (bench::amx_bf16_runnable()) {
-    EXPECT_GT(bench::measure_amx_bf16_flops(1, 0.01), 2 * f);
+  EXPECT_EQ(peaks::amx_bf16_runnable(), static_cast<bool>(amx->available())) << amx->available().reason;
+  if (peaks::amx_bf16_runnable()) {
+    EXPECT_GT(peaks::measure_amx_bf16_flops(1, 0.01), 2 * f);
   }
 }
 

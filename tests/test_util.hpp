@@ -12,14 +12,14 @@
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
 #include "attnlab/verify.hpp"
-#include "bench/peak.hpp"  // is_per_target_isa
+#include "peaks/peak.hpp"  // is_per_target_isa
 
 namespace attnlab::test {
 
 // A variant's name in test names: "flash_avx2" for the SIMD kernels (one variant per
 // built target, include/attnlab/isa.hpp), the plain name for single-build kernels.
 inline std::string variant_name(const Kernel& k) {
-  if (!bench::is_per_target_isa(k.isa())) return std::string(k.name());
+  if (!is_per_target_isa(k.isa())) return std::string(k.name());
   return std::string(k.name()) + "_" + std::string(k.isa());
 }
 

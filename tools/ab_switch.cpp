@@ -13,15 +13,17 @@
 // (the sparse report's, results/*-sparse), median and quartiles.
 //
 // Built by CMake as build/attn_ab_switch (tools/, ctest Tools.ab_switch runs it); the committed
-// runs (results/2026-12-02-ab, -sparse-work) ran the same source as /tmp/ab_switch.
-// Run: build/attn_ab_switch [--efficiency | --thp] PATTERN N LAYOUT [PAIRS] [THREADS] [HEAD_DIM] [Q_HEADS]
-//   (PATTERN: dense causal window sinks longformer bigbird docs dilated, the shapes of
-//   experiments/sparse.json; 8 kv heads, by default 8 query heads and d 128; or decode: one
-//   token against N keys through the decode kernel, by default 32 query heads, with the cache
-//   from the environment: AB_KV_DTYPE (q8_0 u8 ...), AB_KV_BLOCK (a paged cache's block),
-//   AB_MIXED=1 (8 sequences of 1k..64k keys, kv_lens; N = 65536); for every pattern AB_DTYPE
-//   (f32 bf16 f16: the inputs' type) and AB_KERNEL, another kernel than decode / flash on the
-//   same problem (decode_i8, flash_int8, flash_amx with AB_DTYPE=bf16))
+// runs (results/2026-12-02-ab, -sparse-work) ran the same source as /tmp/ab_switch, with the
+// positional arguments and AB_* variables it took before the point schema's flags.
+// Run: build/attn_ab_switch [--efficiency | --thp] PRESET [--pairs P] [--kernel NAME] [--threads T]
+//        [the point schema's size, mask and setting flags: --q-len, --kv-len, --head-dim, --q-heads,
+//         --dtype, --kv-dtype, --kv-block, --kv-lens, --batch, --layout, --causal, --sinks, ...]
+//   PRESET: dense causal window sinks longformer bigbird docs dilated, the shapes of
+//   experiments/sparse.json (8 query and 8 kv heads, d 128), or decode: one token against
+//   --kv-len keys, 32 query heads, through the decode kernel; the flags replace the preset's
+//   values (one value each: the run is one point). --kernel: another kernel of the interface on
+//   the same problem (decode_i8, flash_int8, flash_amx with --dtype bf16); default decode for
+//   the decode preset, else flash.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,11 +33,11 @@
 #include <string>
 #include <vector>
 
-#include "attnlab/dtype.hpp"
 #include "attnlab/kernel.hpp"
-#include "attnlab/kv_quant.hpp"
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
+#include "bench/experiment.hpp"
+#include "cli/common.hpp"
 
 extern "C" __attribute__((weak)) int attn_ab_variant = 1;
 
@@ -52,73 +54,57 @@ static double seconds(Session& session, const Tensors& t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// A whole number argument or AB_* value, or an error naming it (atoll would read "x" as 0).
-static int64_t whole(const char* text, const char* what, int64_t min) {
-  size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || text[used] != '\0' || v < min) {
-    throw InvalidInput(std::string(what) + ": '" + text + "'; allowed: a whole number >= " + std::to_string(min));
-  }
-  return v;
-}
+// The presets as experiment keys: experiments/sparse.json's patterns, and decode.
+static const nlohmann::json kPresets = {
+    {"dense", nlohmann::json::object()},
+    {"causal", {{"causal", true}}},
+    {"window", {{"causal", true}, {"window", {512, 0}}}},
+    {"sinks", {{"causal", true}, {"window", {512, 0}}, {"sinks", 4}}},
+    {"longformer", {{"window", {256, 256}}, {"global", {{"spread", 16}}}}},
+    {"bigbird", {{"window", {96, 96}}, {"global", {{"spread", 8}}}, {"bigbird", {64, 3, 1}}}},
+    {"docs", {{"causal", true}, {"doc_lens", {{"mean", 1024}}}}},
+    {"dilated", {{"causal", true}, {"window", {2048, 0}}, {"dilation", 4}}},
+    {"decode", {{"q_len", 1}, {"q_heads", 32}, {"causal", true}, {"kv_len", 65536}}},
+};
 
 static int run(int argc, char** argv) {
-  const bool efficiency = argc > 1 && std::string(argv[1]) == "--efficiency";
-  const bool thp = argc > 1 && std::string(argv[1]) == "--thp";
-  if (efficiency || thp) --argc, ++argv;
-  if (argc < 4) {
-    std::fprintf(stderr,
-                 "usage: ab_switch [--efficiency | --thp] PATTERN N LAYOUT [PAIRS] [THREADS] [HEAD_DIM] [Q_HEADS]\n");
-    return 2;
+  CLI::App app{"paired A/B calls of one point inside one process (tools/ab_switch.cpp)"};
+  bool efficiency = false, thp = false;
+  std::string preset, kernel_name;
+  int pairs = 20, threads = 2;
+  cli::AxisFlags axes;
+  app.add_flag("--efficiency", efficiency, "the pattern against the dense problem of the same n, in turn");
+  app.add_flag("--thp", thp, "4 KiB pages against transparent huge pages (root)");
+  app.add_option("preset", preset, "dense causal window sinks longformer bigbird docs dilated decode")->required();
+  app.add_option("--pairs", pairs, "pairs of calls")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--threads", threads, "threads")->check(CLI::Range(1, 1024));
+  app.add_option("--kernel", kernel_name, "the kernel (default: decode for the decode preset, else flash)");
+  axes.add_to(app, {schema::AxisKind::Size, schema::AxisKind::Mask, schema::AxisKind::Setting});
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
   }
-  const std::string pattern = argv[1];
-  const int64_t n = whole(argv[2], "N", 1);
-  const int pairs = argc > 4 ? static_cast<int>(whole(argv[4], "PAIRS", 1)) : 20;
-  const int threads = argc > 5 ? static_cast<int>(whole(argv[5], "THREADS", 1)) : 2;
-  Problem p;
-  p.q_heads = p.kv_heads = 8;
-  p.q_len = p.kv_len = n;
-  p.head_dim = argc > 6 ? whole(argv[6], "HEAD_DIM", 1) : 128;
-  if (argc > 7) p.q_heads = whole(argv[7], "Q_HEADS", 1);
-  p.layout = parse_layout(argv[3]);
-  const auto spread = [&](int k) {
-    for (int g = 0; g < k; ++g) p.globals.push_back(g * n / k);
-  };
-  if (pattern == "causal") {
-    p.causal = CausalAlign::BottomRight;
-  } else if (pattern == "window" || pattern == "sinks") {
-    p.causal = CausalAlign::BottomRight, p.window_left = 512, p.window_right = 0;
-    if (pattern == "sinks") p.sinks = 4;
-  } else if (pattern == "longformer") {
-    p.window_left = p.window_right = 256, spread(16);
-  } else if (pattern == "bigbird") {
-    p.window_left = p.window_right = 96, spread(8), p.bigbird = BigBird{64, 3, 1};
-  } else if (pattern == "docs") {
-    p.causal = CausalAlign::BottomRight;
-    const int64_t cycle[3] = {512, 1536, 1024};
-    for (int64_t at = 0, x = 0; at < n; ++x)
-      p.doc_lens.push_back(std::min(cycle[x % 3], n - at)), at += p.doc_lens.back();
-  } else if (pattern == "dilated") {
-    p.causal = CausalAlign::BottomRight, p.window_left = 2048, p.window_right = 0, p.dilation = 4;
-  } else if (pattern == "decode") {  // one token against N keys: decode's kernel, 32 query heads
-    p.q_len = 1, p.q_heads = argc > 7 ? p.q_heads : 32;
-    p.causal = CausalAlign::BottomRight;
-    if (const char* kd = std::getenv("AB_KV_DTYPE")) p.kv_dtype = parse_kv_dtype(kd);
-    if (const char* kb = std::getenv("AB_KV_BLOCK")) p.kv_block = whole(kb, "AB_KV_BLOCK", 0);
-    if (std::getenv("AB_MIXED")) p.batch = 8, p.kv_lens = {1024, 2048, 4096, 8192, 16384, 32768, 49152, 65536};
-  } else if (pattern != "dense") {
-    std::fprintf(stderr, "unknown pattern %s\n", pattern.c_str());
-    return 2;
+  if (!kPresets.contains(preset)) {
+    throw InvalidInput("preset: '" + preset +
+                       "'; allowed: dense, causal, window, sinks, longformer, bigbird, docs, dilated, decode");
   }
-  if (const char* dt = std::getenv("AB_DTYPE")) p.dtype = parse_dtype(dt);
-  p.validate();
-  const char* named = std::getenv("AB_KERNEL");  // another kernel of the same interface (decode_i8, flash_int8)
-  const Kernel& k = kernel_or_throw(named ? named : pattern == "decode" ? "decode" : "flash");
+  // One point: the base shape, the preset's keys, then the flags, through the schema's grid.
+  nlohmann::json doc = {
+      {"description", "ab_switch"}, {"q_heads", 8}, {"kv_heads", 8}, {"q_len", 4096}, {"head_dim", 128},
+      {"threads", threads}};
+  bench::override_keys(doc, kPresets[preset]);
+  bench::override_keys(doc, axes.as_experiment_keys());
+  if (kernel_name.empty()) kernel_name = preset == "decode" ? "decode" : "flash";
+  const Kernel& k = kernel_or_throw(kernel_name);
+  doc["implementations"] = {kernel_name};
+  const std::vector<bench::GridPoint> grid =
+      bench::expand(bench::parse_experiment(doc, "ab_switch", {kernel_name}), threads);
+  if (grid.size() != 1) {
+    throw InvalidInput("the flags name " + std::to_string(grid.size()) + " points; allowed: one value per flag");
+  }
+  const Problem p = grid[0].problem;
+  const std::string point = schema::describe_point(schema::PointView{kernel_name, p, threads, "", ""}, k.name());
   Session session(k, p, threads);
   Tensors t = random_tensors(p, 1);
   if (efficiency) {
@@ -139,10 +125,10 @@ static int run(int argc, char** argv) {
       eff.push_back(d * density / pt.back());
     }
     std::printf(
-        "%-10s %6lld %s: density %.4f, dense %8.2f ms, pattern %8.2f ms (%d calls per pair); "
+        "%s: density %.4f, dense %8.2f ms, pattern %8.2f ms (%d calls per pair); "
         "efficiency per pair: median %.3f [q1 %.3f, q3 %.3f] (%d pairs)\n",
-        pattern.c_str(), static_cast<long long>(n), argv[3], density, quantile(dt, 0.5) * 1e3, quantile(pt, 0.5) * 1e3,
-        per, quantile(eff, 0.5), quantile(eff, 0.25), quantile(eff, 0.75), pairs);
+        point.c_str(), density, quantile(dt, 0.5) * 1e3, quantile(pt, 0.5) * 1e3, per, quantile(eff, 0.5),
+        quantile(eff, 0.25), quantile(eff, 0.75), pairs);
     return 0;
   }
   std::vector<double> time[2], ratio;
@@ -188,18 +174,16 @@ static int run(int argc, char** argv) {
     time[0].push_back(s[0]), time[1].push_back(s[1]);
     ratio.push_back(s[0] / s[1]);
   }
-  std::printf(
-      "%-10s %6lld %s: before %8.2f ms, after %8.2f ms; before/after per pair: median %.3f [q1 %.3f, q3 %.3f] (%d "
-      "pairs)\n",
-      pattern.c_str(), static_cast<long long>(n), argv[3], quantile(time[0], 0.5) * 1e3, quantile(time[1], 0.5) * 1e3,
-      quantile(ratio, 0.5), quantile(ratio, 0.25), quantile(ratio, 0.75), pairs);
+  std::printf("%s: before %8.2f ms, after %8.2f ms; before/after per pair: median %.3f [q1 %.3f, q3 %.3f] (%d pairs)\n",
+              point.c_str(), quantile(time[0], 0.5) * 1e3, quantile(time[1], 0.5) * 1e3, quantile(ratio, 0.5),
+              quantile(ratio, 0.25), quantile(ratio, 0.75), pairs);
   return 0;
 }
 
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
-  } catch (const std::exception& e) {  // a bad shape or AB_* value: the problem's own message
+  } catch (const std::exception& e) {  // a bad flag or shape: the schema's or the problem's own message
     std::fprintf(stderr, "ab_switch: %s\n", e.what());
     return 2;
   }

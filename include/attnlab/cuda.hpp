@@ -32,7 +32,7 @@ struct Outputs;
 
 namespace attnlab::cuda {
 
-// Kernel::isa() of the CUDA kernels: their % of peak is against the GPU (bench/peak.hpp).
+// Kernel::isa() of the CUDA kernels: their % of peak is against the GPU (peaks/peak.hpp).
 inline constexpr const char* kIsa = "cuda";
 
 // The two kernels (also in registry(); here for direct use).

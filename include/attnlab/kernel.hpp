@@ -158,6 +158,13 @@ const Kernel& kernel_or_throw(std::string_view name, std::string_view isa = {});
 std::string kernel_names();  // "naive, blocked, ..."
 // The targets kernel `name` is built for (one entry, its isa(), for single-build kernels).
 std::vector<std::string> kernel_isas(std::string_view name);
+// Whether a kernel's isa() names a target it was compiled for (one of built_isas()), as
+// opposed to "baseline" or "cuda": such kernels have one variant per target.
+bool is_per_target_isa(std::string_view kernel_isa);
+// How output names a kernel variant: "flash[avx2]" for a kernel built per target, the plain
+// name ("naive", "cuda_flash") otherwise.
+std::string kernel_label(std::string_view name, std::string_view isa);
+std::string kernel_label(const Kernel& k);
 
 // The kernels whose capability holds ("naive, flash, ..."), for refusals that name them. The
 // registry hands its list over at start-up (set_kernel_catalog): attn_core does not link the

@@ -133,10 +133,10 @@ step tests 90 "$OUT/tests.txt" bash -c tests
 
 # 3. kernel-only times (needs the device).
 if ((!cpu_only)); then
-  grid=(--seq 512,1024,2048,4096,8192,16384 --head-dim 64,128 --gqa 1,4 --batch 2 --q-heads 16 --reps 5
+  grid=(--q-len 512,1024,2048,4096,8192,16384 --head-dim 64,128 --gqa-groups 1,4 --batch 2 --q-heads 16 --reps 5
         --verify-rows 64 --naive-max-seq 4096)
   step cuda-causal 100 "$W/logs/cuda_causal.txt" "$EXE" cuda --time "${grid[@]}" --csv "$W/kt_causal.csv"
-  step cuda-nomask 80 "$W/logs/cuda_nomask.txt" "$EXE" cuda --time "${grid[@]}" --no-causal --csv "$W/kt_nomask.csv"
+  step cuda-nomask 80 "$W/logs/cuda_nomask.txt" "$EXE" cuda --time "${grid[@]}" --causal=false --csv "$W/kt_nomask.csv"
   { cat "$W/kt_causal.csv" 2>/dev/null; tail -n +2 "$W/kt_nomask.csv" 2>/dev/null; } >"$OUT/kernel_times.csv"
 else
   echo "kernel,skipped" >"$OUT/kernel_times.csv"

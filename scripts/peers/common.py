@@ -1,7 +1,7 @@
 """What every peer runner shares: the request's problem, its dense mask, the timing loop.
 
-A request's "problem" is the lab's point record problem (src/bench/results.cpp
-problem_to_json) plus "kv_lens" and "scale" (the effective float32 scale). Inputs arrive as
+A request's "problem" is the lab's point record problem (src/schema/point_schema.cpp
+problem_to_json: one key per axis of the schema) plus "scale" (the effective float32 scale). Inputs arrive as
 float32 .npy files in the problem's layout: (B, H, S, D) for bhsd, (B, S, H, D) for bshd; a
 backward point ("pass" backward or forward_backward) adds do.npy (O's shape, same layout).
 """
@@ -14,7 +14,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from numpy_attention import pattern_mask  # noqa: E402  the lab's independent dense mask builder
 
-CAUSAL = {0: "none", 1: "bottom-right", 2: "top-left"}
+# The causal axis's values (false, true, "top_left").
+CAUSAL = {False: "none", True: "bottom-right", "top_left": "top-left"}
 
 
 class Skip(Exception):
@@ -28,17 +29,18 @@ class Problem:
         self.q_len, self.kv_len, self.head_dim = d["q_len"], d["kv_len"], d["head_dim"]
         self.head_dim_v = d.get("head_dim_v") or self.head_dim
         self.causal = CAUSAL[d["causal"]]
-        self.left, self.right = d["window_left"], d["window_right"]
+        self.left, self.right = d.get("window") or (-1, -1)
         self.layout, self.dtype = d["layout"], d["dtype"]
         self.kv_lens = list(d.get("kv_lens") or [])
         self.scale = float(d["scale"])
-        self.sinks, self.globals = d.get("sinks", 0), list(d.get("globals", []))
-        self.doc_lens, self.dilation = list(d.get("doc_lens", [])), d.get("dilation", 1)
-        # "forward", "backward" or "forward_backward" (absent from servers' older callers: forward)
+        self.sinks, self.globals = d.get("sinks", 0), list(d.get("global") or [])
+        self.doc_lens, self.dilation = list(d.get("doc_lens") or []), d.get("dilation", 1)
+        # "forward", "backward" or "forward_backward"
         self.pass_ = d.get("pass", "forward")
         self.d_o = None  # a backward point's dO, (B, Hq, Sq, Dv) float32 (serve.py loads it)
-        bb = d.get("bigbird", [0, 0, 0])
+        bb = d.get("bigbird")
         self.bigbird = tuple(bb) if bb and bb[0] > 0 else None
+        self.mask_file = d.get("mask_file")  # a boolean .npy: (Sq, Skv) or (B|1, 1|Hq, Sq, Skv)
 
     @property
     def backward(self):
@@ -50,7 +52,8 @@ class Problem:
 
     @property
     def sparse(self):
-        return bool(self.sinks or self.globals or self.doc_lens or self.dilation > 1 or self.bigbird)
+        return bool(self.sinks or self.globals or self.doc_lens or self.dilation > 1 or self.bigbird
+                    or self.mask_file)
 
     @property
     def windowed(self):
@@ -72,10 +75,17 @@ class Problem:
             n != self.kv_len for n in self.kv_lens)
 
     def keep(self):
-        """The dense mask, bool (B, 1, Sq, Skv): True = attend (numpy_attention.pattern_mask's rule)."""
-        return np.stack([pattern_mask(self.q_len, self.kv_len, self.kv_len_of(b), self.causal, self.left,
+        """The dense mask, bool (B, 1, Sq, Skv): True = attend (numpy_attention.pattern_mask's rule,
+        and the mask file's where there is one)."""
+        keep = np.stack([pattern_mask(self.q_len, self.kv_len, self.kv_len_of(b), self.causal, self.left,
                                       self.right, self.sinks, self.globals, self.doc_lens, self.dilation,
                                       self.bigbird)[None] for b in range(self.batch)])
+        if self.mask_file:
+            m = np.load(self.mask_file) != 0
+            if m.ndim == 4 and m.shape[1] != 1:
+                raise Skip("a mask file with a mask per head (the peers take one mask for all heads)")
+            keep &= m.reshape((-1, 1) + m.shape[-2:])
+        return keep
 
     def mask_bytes(self):
         return self.batch * self.q_len * self.kv_len

@@ -156,7 +156,7 @@ UNIT_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 def id_of_name(name, schema=None):
     """A Google Benchmark name (attn/flash/b:1/hq:8/.../mask:none/t:2[/isa:avx2][/min_time:..]
     [/repeats:..]/real_time) as the point id (flash-b1-hq8-...-none-t2[-avx2]), segment by
-    segment in the order the schema's "id" gives (schema.json, src/bench/point_schema.hpp;
+    segment in the order the schema's "id" gives (schema.json, src/schema/point_schema.hpp;
     default: report.LEGACY_SCHEMA); None when it is not a point's name."""
     parts = name.split("/")
     if len(parts) < 3 or parts[0] != "attn":

@@ -17,7 +17,7 @@ def peak_targets(block):
 
 
 # The bf16-product kernels' isa labels and the peak figure (in the default target's rows of
-# machine.json) their % of peak is against (src/bench/peak.hpp, Peaks::ref).
+# machine.json) their % of peak is against (src/peaks/peak.hpp, Peaks::ref).
 PRODUCT_PEAKS = {"avx512_bf16": "bf16_dot_flops", "amx_bf16": "amx_bf16_flops"}
 
 
@@ -43,7 +43,7 @@ def best_peaks(machine):
 
 
 def peak_for(row, best, machine):
-    """The one rule for % of peak (src/bench/peak.hpp, Peaks::ref): (FMA FLOP/s, read bytes/s)
+    """The one rule for % of peak (src/peaks/peak.hpp, Peaks::ref): (FMA FLOP/s, read bytes/s)
     a row is measured against at its thread count. FMA: the peak of the row's own target for
     a kernel built per target, the default target's for kernels built once (baseline);
     read bandwidth: the default target's. CUDA kernels (isa cuda): the GPU's FP32 peak and memory

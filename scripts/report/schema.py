@@ -6,7 +6,7 @@ import json
 import os
 
 
-# A point's fields come from the folder's schema.json (src/bench/point_schema.hpp: the one
+# A point's fields come from the folder's schema.json (src/schema/point_schema.hpp: the one
 # table the sweep writes ids, names, counters and results.csv from). Folders written before
 # schema.json held these fields, frozen here as they were:
 LEGACY_SCHEMA = {

@@ -22,13 +22,6 @@ std::string point_id(std::string_view kernel, const Problem& p, int threads, std
 std::string BenchPoint::name() const { return point_name(kernel->name(), problem, threads, named_isa); }
 std::string BenchPoint::id() const { return point_id(kernel->name(), problem, threads, named_isa); }
 
-std::string kernel_label(std::string_view name, std::string_view isa) {
-  if (!is_per_target_isa(isa)) return std::string(name);
-  return std::string(name) + "[" + std::string(isa) + "]";
-}
-
-std::string kernel_label(const Kernel& k) { return kernel_label(k.name(), k.isa()); }
-
 size_t fixture_bytes(const Problem& p) {
   // random_tensors: Q, K, V (at p.dtype), O, LSE, each as alloc_bytes takes it
   // (allocated_bytes); a 16-bit problem also holds the float32 tensors its inputs are rounded

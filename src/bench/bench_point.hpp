@@ -30,8 +30,7 @@
 #include "attnlab/kernel.hpp"
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
-#include "bench/peak.hpp"  // PeakRef: what a point's fractions are relative to
-#include "bench/point_schema.hpp"
+#include "bench/using.hpp"
 
 namespace attnlab::bench {
 
@@ -56,11 +55,6 @@ struct BenchPoint {
 // call these).
 std::string point_id(std::string_view kernel, const Problem& p, int threads, std::string_view named_isa = {});
 std::string point_name(std::string_view kernel, const Problem& p, int threads, std::string_view named_isa = {});
-
-// How output names a kernel variant: "flash[avx2]" for a kernel built per target (its
-// isa() is one of built_isas()), the plain name ("naive", "cuda_flash") otherwise.
-std::string kernel_label(std::string_view name, std::string_view isa);
-std::string kernel_label(const Kernel& k);
 
 // Memory a point needs while it is verified (on up to `verify_rows` sampled rows) and
 // timed: its Q, K, V, O, LSE (fixture_bytes) plus verification_bytes (verify.hpp), which

@@ -20,13 +20,12 @@ namespace {
 constexpr int64_t kMaxGridPoints = 100000;  // points of all grids together
 
 // Keys of one grid (allowed at the top level and inside "grids" entries): the kernels, the
-// schema's axes, the grid's label and targets, its sparse pattern.
+// schema's axes (the mask and the sparse pattern terms among them), the grid's label and targets.
 const std::vector<std::string>& grid_keys() {
   static const std::vector<std::string> keys = [] {
     std::vector<std::string> k = {"implementations"};
     for (const Axis& a : axes()) k.emplace_back(a.key);
-    for (const char* x : {"model", "isa", "sinks", "global", "doc_lens", "dilation", "bigbird", "kv_lens"})
-      k.emplace_back(x);
+    for (const char* x : {"model", "isa"}) k.emplace_back(x);
     return k;
   }();
   return keys;
@@ -38,48 +37,6 @@ bool is_grid_key(const std::string& key) {
 // Keys allowed only at the top level.
 const std::vector<std::string> kRunKeys = {"description",       "repetitions", "rounds", "min_time_s", "time_cap_s",
                                            "memory_budget_mib", "verify_rows", "seed",   "grids",      "peers"};
-
-// A list of integers >= min_value, or {"<form>": n} with n >= 1.
-void parse_list_or_form(const Where& w, const std::string& key, const Json& v, const char* form, int64_t min_value,
-                        std::vector<int64_t>& list, int64_t& n, const std::string& allowed) {
-  if (v.is_object() && v.size() == 1 && v.contains(form)) {
-    n = parse_one_int(w, key, v[form], 1, allowed);
-    return;
-  }
-  if (!v.is_array() || v.empty()) w.bad(key, v, allowed);
-  check_list_length(w, key, v, v.size());
-  for (const auto& x : v) list.push_back(parse_one_int(w, key, x, min_value, allowed));
-}
-
-PatternKeys parse_pattern(const Where& w, const Json& doc) {
-  PatternKeys k;
-  if (doc.contains("sinks")) k.sinks = parse_one_int(w, "sinks", doc["sinks"], 0, "an integer >= 0 (keys j < N)");
-  if (doc.contains("dilation")) k.dilation = parse_one_int(w, "dilation", doc["dilation"], 1, "an integer >= 1");
-  if (doc.contains("global")) {
-    parse_list_or_form(w, "global", doc["global"], "spread", 0, k.globals, k.global_spread,
-                       "a list of positions >= 0, or {\"spread\": N} (N positions i * kv_len / N)");
-  }
-  if (doc.contains("doc_lens")) {
-    parse_list_or_form(w, "doc_lens", doc["doc_lens"], "mean", 1, k.doc_lens, k.doc_mean,
-                       "a list of lengths >= 1 adding up to q_len = kv_len, or {\"mean\": M} (lengths M/2, "
-                       "3M/2, M repeating, the last cut to fit)");
-  }
-  if (doc.contains("kv_lens")) {
-    const Json& v = doc["kv_lens"];
-    const std::string allowed = "a list of cache lengths >= 0, one per batch entry (each <= kv_len)";
-    if (!v.is_array() || v.empty()) w.bad("kv_lens", v, allowed);
-    check_list_length(w, "kv_lens", v, v.size());
-    for (const auto& x : v) k.kv_lens.push_back(parse_one_int(w, "kv_lens", x, 0, allowed));
-  }
-  if (doc.contains("bigbird")) {
-    const Json& v = doc["bigbird"];
-    const std::string allowed = "[BLOCK, RANDOM, SEED]: integers, BLOCK >= 1, RANDOM >= 0, SEED >= 0";
-    if (!v.is_array() || v.size() != 3) w.bad("bigbird", v, allowed);
-    k.bigbird = BigBird{parse_one_int(w, "bigbird", v[0], 1, allowed), parse_one_int(w, "bigbird", v[1], 0, allowed),
-                        parse_one_int(w, "bigbird", v[2], 0, allowed)};
-  }
-  return k;
-}
 
 // "all" | NAME | [NAME, ...]: the targets, in build order (narrowest first).
 std::vector<std::string> parse_isa(const Where& w, const Json& v, const IsaChoices& isas) {
@@ -150,7 +107,6 @@ Grid parse_grid(const Where& w, const Json& doc, const std::vector<std::string>&
     if (!is_label(g.model)) w.bad("model", m, std::string("a name of ") + kLabelAllowed);
   }
   if (doc.contains("isa")) g.isa = parse_isa(w, doc["isa"], isas);
-  g.pattern = parse_pattern(w, doc);
   return g;
 }
 
@@ -303,6 +259,22 @@ Experiment parse_experiment_text(const std::string& text, const std::string& nam
   return parse_experiment(doc, name, known_kernels, isas);
 }
 
+void override_keys(Json& doc, const Json& overrides) {
+  for (const auto& item : overrides.items()) {
+    const std::string key = item.key();  // (clang 14 cannot capture a structured binding)
+    const Axis* axis = find_axis(key);
+    const auto drop = [&](Json& d) {
+      d.erase(key);
+      if (axis && axis->alternative) d.erase(axis->alternative);
+    };
+    drop(doc);
+    if (doc.contains("grids")) {
+      for (Json& g : doc["grids"]) drop(g);
+    }
+    doc[key] = item.value();
+  }
+}
+
 Experiment load_experiment(const std::string& path, const std::vector<std::string>& known_kernels,
                            const IsaChoices& isas, const Json& overrides) {
   const std::string text = read_text_file(path);
@@ -311,45 +283,11 @@ Experiment load_experiment(const std::string& path, const std::vector<std::strin
     e = parse_experiment_text(text, path, known_kernels, isas);
   } else {
     Json doc = parse_experiment_text(text, path, known_kernels, isas).source;
-    for (const auto& item : overrides.items()) {
-      const std::string key = item.key();  // (clang 14 cannot capture a structured binding)
-      const Json& value = item.value();
-      const Axis* axis = find_axis(key);
-      const auto drop = [&](Json& d) {
-        d.erase(key);
-        if (axis && axis->alternative) d.erase(axis->alternative);
-      };
-      drop(doc);
-      if (doc.contains("grids")) {
-        for (Json& g : doc["grids"]) drop(g);
-      }
-      doc[key] = value;
-    }
+    override_keys(doc, overrides);
     e = parse_experiment(doc, path, known_kernels, isas);
   }
   e.name = std::filesystem::path(path).stem().string();
   return e;
-}
-
-void PatternKeys::apply(Problem& p) const {
-  p.kv_lens = kv_lens;
-  p.sinks = sinks;
-  p.dilation = dilation;
-  p.bigbird = bigbird;
-  p.globals = globals;
-  for (int64_t g = 0; g < global_spread; ++g) {
-    const int64_t at = g * p.kv_len / global_spread;
-    if (p.globals.empty() || at > p.globals.back()) p.globals.push_back(at);
-  }
-  p.doc_lens = doc_lens;
-  if (doc_mean > 0) {
-    const int64_t cycle[3] = {std::max<int64_t>(1, doc_mean / 2), doc_mean + doc_mean / 2, doc_mean};
-    for (int64_t at = 0, n = 0; at < p.q_len; ++n) {
-      const int64_t len = std::min(cycle[n % 3], p.q_len - at);
-      p.doc_lens.push_back(len);
-      at += len;
-    }
-  }
 }
 
 std::string GridPoint::id() const { return point_id(PointView{kernel, problem, threads, isa, model}); }
@@ -401,7 +339,6 @@ std::vector<GridPoint> expand(const Experiment& e, int all_threads) {
             a.axis->apply(w, a.axis->key, a.values[at[i]], p, threads);
           }
           gp.threads = threads == 0 ? all_threads : threads;
-          gr.pattern.apply(p);
           try {
             p.validate();
           } catch (const InvalidInput& err) {

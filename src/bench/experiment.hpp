@@ -25,15 +25,16 @@
 //                   times: O and LSE, or dQ, dK, dV (Problem::pass; FLOPs 2.5x, both 3.5x)  default "forward"
 //     "threads":    INTS | "all" | [int or "all", ...]            default "all"
 //     "isa":        "all" | NAME | [NAME, ...]                    default: not an axis
-//   A grid's sparse pattern (include/attnlab/pattern.hpp; one per grid, not an axis: use
-//   "grids" for several), resolved per point where it depends on the lengths:
-//     "sinks":      int >= 0                                      default 0
-//     "global":     [position, ...] | {"spread": N}  (positions i * kv_len / N)
-//     "doc_lens":   [length, ...] | {"mean": M}  (M/2, 3M/2, M repeating, the last cut to fit)
-//     "dilation":   int >= 1                                      default 1
-//     "bigbird":    [BLOCK, RANDOM, SEED]
-//   and, per grid too, a mixed-length batch (continuous batching: one cache length per entry):
-//     "kv_lens":    [length, ...]  batch entries' lengths, each <= kv_len; batch = their count
+//   The rest of the mask: a mixed-length batch and the sparse pattern terms (include/attnlab/
+//   pattern.hpp), axes like the others (a list of their values is an axis), resolved per point
+//   where they depend on the lengths:
+//     "kv_lens":    null | [length, ...]  batch entries' cache lengths, each <= kv_len   default null
+//     "sinks":      INTS (>= 0)                                   default 0
+//     "global":     null | [position, ...] | {"spread": N}  (positions i * kv_len / N)   default null
+//     "doc_lens":   null | [length, ...] | {"mean": M}  (M/2, 3M/2, M repeating, the last cut to fit)
+//     "dilation":   INTS (>= 1)                                   default 1
+//     "bigbird":    null | [BLOCK, RANDOM, SEED]                  default null
+//     "mask_file":  null | "PATH.npy" (a boolean mask)            default null
 //     "repetitions": int >= 1          timed repetitions per point (median, spread)  default 3
 //     "rounds":      int 1..100        passes over the points: with N > 1 every point is timed
 //                    N times (its repetitions each time), pass after pass, so points compared
@@ -78,26 +79,9 @@
 #include <nlohmann/json.hpp>
 
 #include "attnlab/problem.hpp"
-#include "bench/point_schema.hpp"
+#include "bench/using.hpp"
 
 namespace attnlab::bench {
-
-// One Cartesian grid.
-// A grid's sparse pattern (pattern.hpp), one per grid (use "grids" for several): the same for
-// every point, with the sizes that depend on the sequence length resolved per point.
-struct PatternKeys {
-  int64_t sinks = 0;
-  std::vector<int64_t> globals;   // positions, or
-  int64_t global_spread = 0;      // {"spread": N}: N positions i * kv_len / N
-  std::vector<int64_t> doc_lens;  // lengths, or
-  int64_t doc_mean = 0;           // {"mean": M}: lengths M/2, 3M/2, M, ... (repeating), the last cut to fit
-  int64_t dilation = 1;
-  BigBird bigbird;
-  // Not a pattern, but per grid like one: a mixed-length batch's cache lengths (Problem::kv_lens).
-  std::vector<int64_t> kv_lens;
-  // Sets the pattern fields (and kv_lens) of p (its lengths already set).
-  void apply(Problem& p) const;
-};
 
 // The values one axis (point_schema.hpp) takes in a grid.
 struct AxisValues {
@@ -105,13 +89,13 @@ struct AxisValues {
   std::vector<Json> values;  // normalized, as Axis::parse gives them
 };
 
+// One Cartesian grid.
 struct Grid {
   std::vector<std::string> implementations;  // kernel names
   std::vector<AxisValues> axes;              // the axes the grid sets (given or default), in axes() order
   std::string model;                         // "model" label of every point ("" = none)
   std::vector<std::string> isa;              // targets named by "isa", narrowest first; empty = key absent
-  PatternKeys pattern;
-  std::string where;  // the grid in errors: "FILE" or "FILE grids[i]"
+  std::string where;                         // the grid in errors: "FILE" or "FILE grids[i]"
   // The values of `key`; nullptr when the grid does not set it (its alternative is set).
   const std::vector<Json>* values(std::string_view key) const;
   // Replaces the values of `key` (an axis of the table), e.g. a command line's override.
@@ -156,6 +140,10 @@ Experiment parse_experiment(const nlohmann::json& doc, const std::string& name,
 Experiment parse_experiment_text(const std::string& text, const std::string& name,
                                  const std::vector<std::string>& known_kernels,
                                  const IsaChoices& isas = IsaChoices::here());
+// Replaces doc's values of the keys in `overrides` (grid keys, e.g. a command line's flags), at
+// the top level and in every "grids" entry; an axis's alternative goes with it (kv_heads drops
+// gqa_groups).
+void override_keys(nlohmann::json& doc, const nlohmann::json& overrides);
 // Reads and parses a file (name = file stem); JSON syntax errors name the file and position.
 // `overrides` (grid keys, e.g. a sweep's --dtype) replace the file's values of those keys,
 // at the top level and in every "grids" entry (an axis's alternative goes with it).

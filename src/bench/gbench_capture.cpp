@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/stats.hpp"
+#include "bench/using.hpp"
 
 namespace attnlab::bench {
 

@@ -13,8 +13,7 @@
 #include "bench/bench_point.hpp"
 #include "bench/files.hpp"
 #include "bench/machine.hpp"
-#include "bench/point_schema.hpp"
-#include "bench/stats.hpp"
+#include "bench/using.hpp"
 
 namespace attnlab::bench {
 

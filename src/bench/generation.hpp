@@ -28,6 +28,10 @@
 
 #include "attnlab/problem.hpp"
 
+namespace attnlab::schema {
+struct Axis;
+}
+
 namespace attnlab::bench {
 
 struct GenerationConfig {
@@ -58,10 +62,9 @@ struct GenerationConfig {
   std::string cache_text() const;
 };
 
-struct Axis;
 // The point schema's axes a generation run (or attnlab generate's flags) sets: the heads and
 // head dims, and every setting axis (dtype, ...).
-bool is_generation_axis(const Axis& a);
+bool is_generation_axis(const schema::Axis& a);
 
 struct GenerationStep {
   int64_t step = 0;     // 0-based

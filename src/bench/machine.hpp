@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/peak.hpp"
+#include "bench/using.hpp"
 
 namespace attnlab::bench {
 

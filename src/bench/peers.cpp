@@ -467,7 +467,6 @@ PeerAnswer PeerPool::run(const std::string& kernel, const Problem& p, const Inpu
     write_inputs(dir, f.problem, f.tensors.inputs);
   }
   Json problem = problem_to_json(p);
-  problem["kv_lens"] = p.kv_lens;
   problem["scale"] = p.effective_scale();
   const Json request = {{"cmd", "run"},
                         {"kernel", kernel},

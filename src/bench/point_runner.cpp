@@ -14,7 +14,7 @@
 #include "bench/files.hpp"
 #include "bench/gbench_capture.hpp"
 #include "bench/machine.hpp"
-#include "bench/stats.hpp"
+#include "bench/using.hpp"
 
 namespace attnlab::bench {
 

@@ -14,7 +14,7 @@
 #include "attnlab/kernel.hpp"
 #include "bench/bench_point.hpp"
 #include "bench/experiment.hpp"
-#include "bench/peak.hpp"
+#include "bench/using.hpp"
 #include "bench/peers.hpp"
 #include "bench/results.hpp"
 #include "bench/sweep.hpp"

@@ -18,48 +18,12 @@
 #include "bench/bench_point.hpp"
 #include "bench/files.hpp"
 #include "bench/machine.hpp"
-#include "bench/point_schema.hpp"
-#include "bench/stats.hpp"
+#include "bench/using.hpp"
 
 namespace attnlab::bench {
 
 namespace {
 using Json = nlohmann::json;
-
-Problem problem_from_json(const Json& j) {
-  Problem p;
-  p.batch = j.at("batch").get<int64_t>();
-  p.q_heads = j.at("q_heads").get<int64_t>();
-  p.kv_heads = j.at("kv_heads").get<int64_t>();
-  p.q_len = j.at("q_len").get<int64_t>();
-  p.kv_len = j.at("kv_len").get<int64_t>();
-  p.head_dim = j.at("head_dim").get<int64_t>();
-  p.head_dim_v = j.value("head_dim_v", int64_t{0});  // absent before d_v != d_qk: the same
-  if (p.head_dim_v == p.head_dim) p.head_dim_v = 0;
-  const int c = j.at("causal").get<int>();
-  if (c < 0 || c > 2) throw InvalidInput("causal: " + std::to_string(c) + "; allowed: 0, 1, 2");
-  p.causal = static_cast<CausalAlign>(c);
-  p.window_left = j.at("window_left").get<int64_t>();
-  p.window_right = j.at("window_right").get<int64_t>();
-  p.layout = parse_layout(j.at("layout").get<std::string>());
-  if (j.contains("dtype")) p.dtype = parse_dtype(j.at("dtype").get<std::string>());  // absent before 16-bit
-  if (j.contains("sinks")) {                                                         // absent before sparse patterns
-    p.sinks = j.at("sinks").get<int64_t>();
-    p.globals = j.at("globals").get<std::vector<int64_t>>();
-    p.doc_lens = j.at("doc_lens").get<std::vector<int64_t>>();
-    p.dilation = j.at("dilation").get<int64_t>();
-    const auto bb = j.at("bigbird").get<std::vector<int64_t>>();
-    if (bb.size() != 3) throw InvalidInput("bigbird: " + std::to_string(bb.size()) + " values; allowed: 3");
-    p.bigbird = BigBird{bb[0], bb[1], bb[2]};
-  }
-  p.kv_lens = j.value("kv_lens", std::vector<int64_t>{});  // absent before mixed-length batches
-  // The schema's setting axes (problem_to_json writes each as its column's value).
-  int threads = 0;
-  for (const Axis& a : axes()) {
-    if (recorded(a) && j.contains(a.key)) set_axis(a, Where{"", "point file"}, j.at(a.key), p, threads);
-  }
-  return p;
-}
 
 // JSON has no inf or NaN (nlohmann writes null, which then fails to load, so a failed
 // point's error vanished): non-finite numbers are the strings "inf", "-inf", "nan" and read
@@ -101,43 +65,6 @@ std::string csv_field(const std::string& s) {
 }
 
 }  // namespace
-
-namespace {
-Json problem_fields_json(const Problem& p) {
-  return {{"batch", p.batch},
-          {"q_heads", p.q_heads},
-          {"kv_heads", p.kv_heads},
-          {"q_len", p.q_len},
-          {"kv_len", p.kv_len},
-          {"head_dim", p.head_dim},
-          {"head_dim_v", p.dim_v()},
-          {"causal", static_cast<int>(p.causal)},
-          {"window_left", p.window_left},
-          {"window_right", p.window_right},
-          {"layout", to_string(p.layout)},
-          {"dtype", to_string(p.dtype)},
-          {"sinks", p.sinks},
-          {"globals", p.globals},
-          {"doc_lens", p.doc_lens},
-          {"dilation", p.dilation},
-          {"bigbird", {p.bigbird.block, p.bigbird.random, p.bigbird.seed}},
-          {"kv_lens", p.kv_lens}};
-}
-}  // namespace
-
-nlohmann::json problem_to_json(const Problem& p) {
-  Json j = problem_fields_json(p);
-  // Every setting axis of the schema (kv_dtype, ...) as its results.csv column's value, which
-  // its experiment key reads back (problem_from_json).
-  const PointView view{"", p, 1, "", ""};
-  for (const Axis& a : axes()) {
-    if (!recorded(a) || j.contains(a.key)) continue;
-    for (const PointField& f : point_fields()) {
-      if (std::string_view(f.name) == a.key) j[a.key] = json_of_flag_text(f.value(view));
-    }
-  }
-  return j;
-}
 
 const char* to_string(PointStatus s) {
   switch (s) {

@@ -29,13 +29,12 @@
 
 #include "attnlab/backward.hpp"
 #include "attnlab/problem.hpp"
+#include "bench/using.hpp"  // problem_to_json: a point record's problem (also what peer servers read)
 
 namespace attnlab::bench {
 
 enum class PointStatus { Ok, Failed, Skipped };
 
-// A problem as point records store it (also what peer servers read, scripts/peers/common.py).
-nlohmann::json problem_to_json(const Problem& p);
 const char* to_string(PointStatus s);
 PointStatus parse_point_status(const std::string& s);
 

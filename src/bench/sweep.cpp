@@ -29,13 +29,12 @@
 #include "bench/files.hpp"
 #include "bench/gbench_capture.hpp"
 #include "bench/machine.hpp"
-#include "bench/peak.hpp"
+#include "bench/using.hpp"
 #include "bench/peers.hpp"
 #include "bench/point_runner.hpp"
 #include "bench/results.hpp"
 #include "bench/stop_signals.hpp"
 #include "bench/sweep_folder.hpp"
-#include "bench/stats.hpp"
 
 namespace attnlab::bench {
 

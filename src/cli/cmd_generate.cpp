@@ -14,8 +14,8 @@
 #include "bench/bench_point.hpp"
 #include "bench/generation.hpp"
 #include "bench/machine.hpp"
-#include "bench/peak.hpp"
-#include "bench/stats.hpp"
+#include "peaks/peak.hpp"
+#include "peaks/stats.hpp"
 #include "common.hpp"
 
 namespace attnlab::cli {
@@ -62,7 +62,7 @@ Command add_generate(CLI::App& app) {
                 }
               }
               if (a->head.any_given()) {
-                throw InvalidInput(bench::flag_of(a->head.as_experiment_keys().begin().key()) +
+                throw InvalidInput(schema::flag_of(a->head.as_experiment_keys().begin().key()) +
                                    ": not allowed with --experiment (the file sets it)");
               }
               configs = bench::load_generation_experiment(a->experiment, threads);
@@ -79,10 +79,10 @@ Command add_generate(CLI::App& app) {
               for (const auto& c : configs) {
                 if (bandwidth.count(c.threads)) continue;
                 // What the steps' bytes per second are compared with, measured in the same run.
-                bandwidth[c.threads] = bench::measure_read_bandwidth(c.threads, size_t{512} << 20, 3);
+                bandwidth[c.threads] = peaks::measure_read_bandwidth(c.threads, size_t{512} << 20, 3);
                 std::vector<double> runs;
-                for (int r = 0; r < 3; ++r) runs.push_back(bench::measure_fma_flops(c.threads, 0.1));
-                fma[c.threads] = bench::median(runs);
+                for (int r = 0; r < 3; ++r) runs.push_back(peaks::measure_fma_flops(c.threads, 0.1));
+                fma[c.threads] = peaks::median(runs);
               }
               for (const auto& [t, bw] : bandwidth) machine["read_bandwidth"][std::to_string(t)] = bw;
               for (const auto& [t, f] : fma) machine["fma_flops"][std::to_string(t)] = f;

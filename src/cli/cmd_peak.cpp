@@ -1,12 +1,12 @@
 // attnlab peak: the machine's float32 FMA throughput, streaming read bandwidth and vector
 // exp throughput, for 1 thread and all threads, for every instruction-set target this CPU
-// runs (or the ones --isa names) (src/bench/peak.hpp says how).
+// runs (or the ones --isa names) (src/peaks/peak.hpp says how).
 #include <cstdio>
 #include <iostream>
 
 #include "attnlab/isa.hpp"
 #include "attnlab/npy.hpp"
-#include "bench/peak.hpp"
+#include "peaks/peak.hpp"
 #include "common.hpp"
 
 namespace attnlab::cli {
@@ -36,7 +36,7 @@ Command add_peak(CLI::App& app) {
       "alone (it becomes the default); with several, the default target (ATTN_ISA, else the widest) is "
       "measured too: its read bandwidth is what % of read bandwidth is against.");
   return {sub, [args] {
-            bench::PeakOptions o;
+            peaks::PeakOptions o;
             o.isas = args->isa.apply();
             if (o.isas.empty()) o.isas = runnable_isas();
             if (!args->threads.empty()) {
@@ -52,8 +52,8 @@ Command add_peak(CLI::App& app) {
             o.repeats = args->repeats;
             o.buffer_bytes = static_cast<size_t>(args->buffer_mib * (1 << 20));
             o.seconds_per_run = args->seconds;
-            const bench::Peaks peaks = bench::measure_peaks(o);
-            std::fputs(bench::format_peaks(peaks).c_str(), stdout);
+            const peaks::Peaks peaks = peaks::measure_peaks(o);
+            std::fputs(peaks::format_peaks(peaks).c_str(), stdout);
             if (!args->json.empty()) write_file_atomic(args->json, peaks.to_json().dump(2) + "\n");
             return 0;
           }};

@@ -82,7 +82,7 @@ int run_backward(const RunArgs& a, const Kernel& kernel, const LoadedInputs& li)
   write_npy(a.dq, g.dq.get(), shape_of(p, p.q_heads, p.q_len, p.head_dim));
   write_npy(a.dk, g.dk.get(), shape_of(p, p.kv_heads, p.kv_len, p.head_dim));
   write_npy(a.dv, g.dv.get(), shape_of(p, p.kv_heads, p.kv_len, p.dim_v()));
-  std::printf("%s: %s\n", bench::kernel_label(kernel).c_str(), p.describe().c_str());
+  std::printf("%s: %s\n", kernel_label(kernel).c_str(), p.describe().c_str());
   if (a.o_in.empty()) {
     std::printf("forward %.3f ms, %.2f GFLOP/s; ", forward_s * 1e3, p.forward_flops() / forward_s * 1e-9);
   } else {
@@ -144,7 +144,7 @@ Command add_run(CLI::App& app) {
             session.run(li.inputs, out.outputs);
             const double secs = seconds_since(t0);
             write_outputs(*args, p, out);
-            std::printf("%s: %s\n", bench::kernel_label(kernel).c_str(), p.describe().c_str());
+            std::printf("%s: %s\n", kernel_label(kernel).c_str(), p.describe().c_str());
             std::printf("time %.3f ms, %.2f GFLOP/s, %d thread(s), workspace %.1f KiB\n", secs * 1e3,
                         p.flops() / secs * 1e-9, session.threads(), session.workspace_bytes() / 1024.0);
             return 0;

@@ -74,7 +74,7 @@ Command add_sweep(CLI::App& app) {
   sub->add_flag("--dry-run", args->dry_run, "print the planned points (FLOP count order) and exit");
   sub->add_option("--max-points", args->max_points, "stop after deciding this many points (a resumable partial run)");
   args->isa.add_to(*sub, false);
-  args->settings.add_to(*sub, {bench::AxisKind::Setting, bench::AxisKind::Sweep});
+  args->settings.add_to(*sub, {schema::AxisKind::Setting, schema::AxisKind::Sweep});
   return {sub, [args] {
             // The default target: what the SIMD kernels of an experiment without an "isa" key run.
             args->isa.apply();

@@ -46,7 +46,7 @@ std::vector<const Kernel*> selected(const std::string& impl, const std::vector<s
     if (std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
   };
   for (const Kernel* k : named) {
-    if (isas.empty() || !bench::is_per_target_isa(k->isa())) {
+    if (isas.empty() || !is_per_target_isa(k->isa())) {
       add(k);
       continue;
     }
@@ -111,7 +111,7 @@ class Tally {
   const std::vector<const Kernel*>& kernels() const { return kernels_; }
   // A backward check: printed with its gradients' errors, recorded as a forward check is.
   void add(size_t i, const BackwardCheck& b) {
-    const std::string label = bench::kernel_label(*kernels_[i]);
+    const std::string label = kernel_label(*kernels_[i]);
     if (b.verdict == Verdict::Skip) {
       std::printf("  %-18s %12s %12s %12s  SKIP (%s)\n", label.c_str(), "-", "-", "-", b.reason.c_str());
     } else {
@@ -123,7 +123,7 @@ class Tally {
   // Prints the check (labelled with the variant) and records it for kernels()[i].
   void add(size_t i, const KernelCheck& check) {
     KernelCheck c = check;
-    c.kernel = bench::kernel_label(*kernels_[i]);
+    c.kernel = kernel_label(*kernels_[i]);
     print_check(c);
     if (const Arithmetic ar = kernels_[i]->arithmetic(); ar != Arithmetic::F32 && c.verdict != Verdict::Skip) {
       std::printf("  %-18s held to the textbook's error in its own arithmetic (%s): tolerance O %.3g, LSE %.3g\n", "",
@@ -154,7 +154,7 @@ class Tally {
       if (s.ran) continue;
       std::string why;
       for (const std::string& r : s.skips) why += (why.empty() ? "" : "; ") + r;
-      not_run += (not_run.empty() ? "" : ", ") + bench::kernel_label(*kernels_[i]) + " (" + why + ")";
+      not_run += (not_run.empty() ? "" : ", ") + kernel_label(*kernels_[i]) + " (" + why + ")";
     }
     std::printf("\nverified %zu of %zu kernels%s%s\n", ran, kernels_.size(),
                 not_run.empty() ? "" : "; not run: ", not_run.c_str());
@@ -329,9 +329,8 @@ Command add_verify(CLI::App& app) {
             }
             // Any flag but the settings (--dtype, ...) names one shape; the settings alone apply to
             // every default shape.
-            const bool mask_given = sub->count("--causal") + sub->count("--causal-top-left") + sub->count("--window") +
-                                        sub->count("--kv-lens") + sub->count("--scale") + sub->count("--layout") >
-                                    0;
+            // (A pattern flag alone once ran the default shapes without its pattern: every mask axis counts.)
+            const bool mask_given = a.mask.masks.any_given() || sub->count("--scale") + sub->count("--layout") > 0;
             if (!a.shape.any_given() && !mask_given) {
               std::vector<Problem> shapes = default_shapes();
               for (Problem& p : shapes) a.mask.settings.apply(p);

@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "attnlab/problem.hpp"
-#include "bench/point_schema.hpp"
+#include "schema/point_schema.hpp"
 
 namespace attnlab::cli {
 
-// The point schema's axes of some kinds as flags (bench/point_schema.hpp): --q-len, --kv-heads,
+// The point schema's axes of some kinds as flags (schema/point_schema.hpp): --q-len, --kv-heads,
 // --gqa-groups, ... for the sizes, --layout, --dtype (every setting axis) for the settings.
 // Values are what the experiment key takes, written "a,b" for a list: the same parser and the
 // same checks, so a new axis of the table is a flag of every command that takes its kind.
@@ -23,11 +23,15 @@ struct AxisFlags {
   // Takes o's values into the flags' own storage, which the CLI::App holds references to:
   // `flags = AxisFlags{}` resets them to "not given" between two parses (the fuzz harness).
   AxisFlags& operator=(const AxisFlags& o);
-  void add_to(CLI::App& app, std::initializer_list<bench::AxisKind> kinds);
-  void add_to(CLI::App& app, bool (*pick)(const bench::Axis&));
+  void add_to(CLI::App& app, std::initializer_list<schema::AxisKind> kinds);
+  void add_to(CLI::App& app, bool (*pick)(const schema::Axis&));
   bool given(const std::string& key) const;
   bool any_given() const;
   std::string text(const std::string& key) const;  // "" when not given
+  // Another flag for the same axis: `name` alone sets `value` ("--causal-top-left", "top_left"),
+  // or takes the value like the axis's own flag (value nullptr: "--mask" for --mask-file).
+  CLI::Option* alias(CLI::App& app, const std::string& key, const std::string& name, const char* value,
+                     const std::string& help);
   // Sets each given flag's value into p, in the table's order; one value each (InvalidInput).
   void apply(Problem& p) const;
   // The given flags as experiment keys (a sweep's flags replace the experiment's values).
@@ -37,33 +41,20 @@ struct AxisFlags {
   std::map<std::string, std::string> text_;  // key -> the flag's text ("" not given)
 };
 
-// Mask, scale, settings (layout, dtype, ...: the schema's setting axes) and threads flags
-// (used by run and verify).
+// The problem's flags beside its sizes (run and verify): the schema's mask axes (--causal alone
+// or --causal=top_left, --window, --kv-lens and every sparse pattern term: --sinks, --global,
+// --doc-lens, --dilation, --bigbird, --mask-file), its setting axes (--layout, --dtype, ...),
+// the scale and the threads. --causal-top-left and --mask are the CLI's older spellings.
 struct MaskFlags {
-  bool causal = false;
-  bool causal_top_left = false;
-  std::string window;    // "L,R"
-  std::string kv_lens;   // "a,b,..."
-  int64_t sinks = 0;     // sparse pattern terms (pattern.hpp)
-  std::string globals;   // "i,j,..."
-  std::string doc_lens;  // "a,b,..."
-  int64_t dilation = 1;
-  std::string bigbird;    // "BLOCK,RANDOM,SEED"
-  std::string mask_file;  // boolean .npy
+  AxisFlags masks;
   std::optional<float> scale;
   AxisFlags settings;  // --layout, --dtype (""/absent: f32, or inferred from .npy inputs ('<f2' files: f16))
   int threads = 0;     // 0 = all cores
   void add_to(CLI::App& app);
-  // Fills the mask/scale/setting fields of p (throws InvalidInput on malformed text).
+  // Fills the mask/scale/setting fields of p (throws InvalidInput on a bad value, naming the flag).
   void apply(Problem& p) const;
   int thread_count() const;
-
- private:
-  mutable std::shared_ptr<const BoolMask> mask_;  // read once, shared by every problem
 };
-
-// A boolean mask .npy (bool or uint8) as the problem's mask file.
-BoolMask read_mask(const std::string& path);
 
 // Explicit shape flags (verify with random inputs): the schema's size axes, over a base shape.
 struct ShapeFlags {

@@ -192,6 +192,18 @@ const Kernel* find_kernel(std::string_view name, std::string_view isa) {
   return nullptr;
 }
 
+bool is_per_target_isa(std::string_view kernel_isa) {
+  const auto& built = built_isas();
+  return std::find(built.begin(), built.end(), kernel_isa) != built.end();
+}
+
+std::string kernel_label(std::string_view name, std::string_view isa) {
+  if (!is_per_target_isa(isa)) return std::string(name);
+  return std::string(name) + "[" + std::string(isa) + "]";
+}
+
+std::string kernel_label(const Kernel& k) { return kernel_label(k.name(), k.isa()); }
+
 std::string kernel_names() {
   std::string names;
   for (const Entry& e : entries()) {

@@ -19,7 +19,7 @@ namespace attnlab {
 
 class Kernel;
 
-// Measurement loops for `attnlab peak` (src/bench/peak.cpp), at the target's width.
+// Measurement loops for `attnlab peak` (src/peaks/peak.cpp), at the target's width.
 struct PeakLoops {
   int fma_chain_count;                                   // independent FMA chains
   float (*fma_chains)(int64_t iters);                    // fma_chain_count chains x iters FMAs

@@ -11,7 +11,7 @@
 // elsewhere is given as stored: uint8 k and v whose last dimension is a row's bytes in kv_dtype's
 // layout, read in place; with block_table= (int32, (batch, blocks per sequence)) k and v are a
 // paged cache's pool (blocks, kv_heads, block, d), read in place through the table.
-// Every setting axis of the point schema (bench/point_schema.hpp) beyond layout and dtype is
+// Every setting axis of the point schema (schema/point_schema.hpp) beyond layout and dtype is
 // a keyword too, taking what the experiment key takes (a new axis needs no edit here).
 // Inputs are 4-D C-contiguous CPU arrays, read in place (never copied): numpy arrays through the
 // buffer protocol, anything else with __dlpack__ (torch, JAX) through DLPack - never through
@@ -38,9 +38,8 @@
 #include "attnlab/kernel.hpp"
 #include "attnlab/limits.hpp"
 #include "attnlab/verify.hpp"
-#include "bench/bench_point.hpp"
-#include "bench/peak.hpp"
-#include "bench/point_schema.hpp"
+#include "peaks/peak.hpp"
+#include "schema/point_schema.hpp"
 
 namespace py = pybind11;
 using namespace attnlab;
@@ -261,22 +260,29 @@ nlohmann::json json_of(const py::handle& x) {
                        std::string(py::str(py::type::of(x).attr("__name__"))));
 }
 
-// The setting axes given as keywords (all but layout and dtype, which have their own).
+// The setting and mask axes given as keywords (the sparse pattern terms: sinks, global, doc_lens,
+// dilation, bigbird, mask_file; a new axis of the table is a keyword here), all but the ones
+// with parameters of their own (causal, window, kv_lens, layout, dtype).
+bool own_parameter(std::string_view key) {
+  return key == "causal" || key == "window" || key == "kv_lens" || key == "layout" || key == "dtype";
+}
+bool keyword_axis(const schema::Axis& a) {
+  return (a.kind == schema::AxisKind::Setting || a.kind == schema::AxisKind::Mask) && !own_parameter(a.key);
+}
 void apply_settings(const py::kwargs& settings, Problem& p) {
   int threads = 0;
   for (const auto& [name, value] : settings) {
     const std::string key = py::str(name);
     if (key == "block_table") continue;  // make_call's: k and v are then a paged cache's pool
-    const bench::Axis* a = bench::find_axis(key);
-    if (!a || a->kind != bench::AxisKind::Setting || key == "layout" || key == "dtype") {
+    const schema::Axis* a = schema::find_axis(key);
+    if (!a || !keyword_axis(*a)) {
       std::string allowed = "kernel, causal, window, kv_lens, scale, layout, threads, dtype, isa, block_table";
-      for (const bench::Axis& x : bench::axes()) {
-        const std::string_view k = x.key;
-        if (x.kind == bench::AxisKind::Setting && k != "layout" && k != "dtype") allowed += ", " + std::string(k);
+      for (const schema::Axis& x : schema::axes()) {
+        if (keyword_axis(x)) allowed += ", " + std::string(x.key);
       }
       throw py::type_error("unexpected keyword argument '" + key + "'; allowed: " + allowed);
     }
-    bench::set_axis(*a, bench::Where{"", "attnlab", false}, json_of(value), p, threads);
+    schema::set_axis(*a, schema::Where{"", "attnlab", false}, json_of(value), p, threads);
   }
 }
 
@@ -557,7 +563,7 @@ py::list kernels() {
     py::dict d;
     d["name"] = std::string(k->name());
     d["isa"] = std::string(k->isa());
-    d["label"] = bench::kernel_label(*k);
+    d["label"] = kernel_label(*k);
     d["description"] = std::string(k->description());
     d["precision"] = std::string(k->precision());
     d["available"] = a.ok;
@@ -595,7 +601,7 @@ py::list verify(const py::handle& q, const py::handle& k, const py::handle& v, c
     const KernelCheck r = check_kernel(*kern, c.p, c.in, a, t);
     py::gil_scoped_acquire locked;
     py::dict d;
-    d["kernel"] = bench::kernel_label(*kern);
+    d["kernel"] = kernel_label(*kern);
     d["verdict"] = to_string(r.verdict);
     d["o_rel"] = r.errors.o_rel;
     d["lse"] = r.errors.lse;
@@ -614,8 +620,8 @@ py::dict peak(const std::optional<int>& threads, double seconds) {
   double fma = 0, read = 0;
   {
     py::gil_scoped_release unlocked;
-    fma = bench::measure_fma_flops(t, seconds);
-    read = bench::measure_read_bandwidth(t, size_t{256} << 20, 1);
+    fma = peaks::measure_fma_flops(t, seconds);
+    read = peaks::measure_read_bandwidth(t, size_t{256} << 20, 1);
   }
   d["threads"] = t;
   d["fma_flops"] = fma;
@@ -627,10 +633,10 @@ py::dict peak(const std::optional<int>& threads, double seconds) {
 py::list axes() {
   py::list out;
   const py::object loads = py::module_::import("json").attr("loads");
-  for (const bench::Axis& a : bench::axes()) {
+  for (const schema::Axis& a : schema::axes()) {
     py::dict d;
     d["key"] = a.key;
-    d["kind"] = bench::to_string(a.kind);
+    d["kind"] = schema::to_string(a.kind);
     d["help"] = a.help;
     d["default"] = a.fallback ? loads(a.fallback) : py::none();
     out.append(d);

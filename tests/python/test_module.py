@@ -290,10 +290,14 @@ def test_kernels_verify_and_peak():
 
 
 def test_every_setting_axis_is_a_keyword():
-    """The point schema's setting axes are keywords of attention and verify, with the experiment
-    key's grammar (src/bench/point_schema.cpp); others are refused, naming the allowed ones."""
+    """The point schema's setting and mask axes are keywords of attention and verify, with the
+    experiment key's grammar (src/schema/point_schema.cpp); others are refused, naming the
+    allowed ones."""
     q, k, v = inputs(lq=5, lk=9)
-    settings = [a for a in attnlab.axes() if a["kind"] == "setting"]
+    settings = [a for a in attnlab.axes() if a["kind"] in ("setting", "mask")
+                and a["key"] not in ("causal", "window", "kv_lens")]  # parameters of their own
+    assert {"layout", "dtype", "sinks", "global", "doc_lens", "dilation", "bigbird", "mask_file"} <= {
+        a["key"] for a in settings}
     assert {"layout", "dtype"} <= {a["key"] for a in settings}
     assert {a["kind"] for a in attnlab.axes()} == {"size", "setting", "mask", "run", "sweep"}
     # The sweep's pass axis is not a keyword: attention_backward computes the backward.
@@ -310,6 +314,21 @@ def test_every_setting_axis_is_a_keyword():
         attnlab.attention(q, k, v, colour=1)
     with pytest.raises(TypeError, match="unexpected keyword argument 'q_len'"):
         attnlab.attention(q, k, v, q_len=5)  # a size: read off the arrays
+
+
+def test_sparse_pattern_keywords():
+    """A sparse pattern term is a keyword (an axis of the schema): flash and naive agree on it, it
+    changes O, and a bad value names the key and what it allows."""
+    q, k, v = inputs(lq=64, lk=64)
+    terms = {"window": (8, 0), "sinks": 3, "global": [5, 40], "dilation": 2}
+    o = attnlab.attention(q, k, v, kernel="flash", **terms)
+    n = attnlab.attention(q, k, v, kernel="naive", **terms)
+    assert np.abs(o - n).max() < 1e-5
+    assert np.abs(o - attnlab.attention(q, k, v, kernel="flash", window=(8, 0))).max() > 1e-3
+    r = attnlab.verify(q, k, v, kernels=["naive", "flash"], rows=8, window=(8, 8), bigbird=[16, 1, 3])
+    assert [x["verdict"] for x in r] == ["PASS", "PASS"]
+    with pytest.raises(attnlab.InvalidInput, match="'sinks': bad value -1; allowed: .*each >= 0"):
+        attnlab.attention(q, k, v, window=(8, 0), sinks=-1)
 
 
 def test_quantized_cache_keyword():

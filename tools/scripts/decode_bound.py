@@ -8,7 +8,7 @@ out of the way; the ratio DRAM / cache says which limit holds (results/2026-12-0
         [--types f32,bf16,...] [--cached 4096] [--dram 32768] [--pairs 16,6] [--raw FILE]
     tools/scripts/decode_bound.py --from FILE        (the summary of recorded raw lines)
 
-Each measurement is one `attn_ab_switch decode N bhsd PAIRS THREADS` (AB_DTYPE / AB_KV_DTYPE
+Each measurement is one `attn_ab_switch decode --kv-len N --pairs P --threads T` (--dtype / --kv-dtype
 select the cache; with no A/B switch compiled in, both variants are the same code, so its two
 medians are two samples). f32 runs at half the cached length (its bytes are twice bf16's). Raw
 lines: `round cache keys median_a_ms median_b_ms` (--raw writes them; --from reads them back).
@@ -22,15 +22,14 @@ import subprocess
 import sys
 
 TYPES = ("f32", "bf16", "f16", "fp8_e5m2", "u8", "q8_0", "u4", "q4_0")
-DTYPES = ("f32", "bf16", "f16")  # Q's storage too (AB_DTYPE); the others are cache types (AB_KV_DTYPE)
+DTYPES = ("f32", "bf16", "f16")  # Q's storage too (--dtype); the others are cache types (--kv-dtype)
 LINE = re.compile(r"before +([0-9.]+) ms, after +([0-9.]+) ms")
 
 
 def measure(ab, kv, keys, pairs, threads):
-    env = dict(os.environ)
-    env["AB_DTYPE" if kv in DTYPES else "AB_KV_DTYPE"] = kv
-    cmd = [ab, "decode", str(keys), "bhsd", str(pairs), str(threads)]
-    run = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    cmd = [ab, "decode", "--kv-len", str(keys), "--pairs", str(pairs), "--threads", str(threads),
+           "--dtype" if kv in DTYPES else "--kv-dtype", kv]
+    run = subprocess.run(cmd, capture_output=True, text=True)
     m = LINE.search(run.stdout + run.stderr)
     if run.returncode != 0 or not m:
         sys.exit(f"decode_bound: {' '.join(cmd)} (cache {kv}) gave no timing (exit {run.returncode}): "

@@ -27,7 +27,7 @@
 #include "bench/bench_point.hpp"
 #include "bench/experiment.hpp"
 #include "bench/machine.hpp"
-#include "bench/peak.hpp"
+#include "bench/using.hpp"
 #include "bench/files.hpp"
 
 namespace {

@@ -51,7 +51,7 @@ namespace attnlab {
 struct TargetTable;  // src/cpu/target.hpp
 }  // namespace attnlab
 
-namespace attnlab::bench {
+namespace attnlab::peaks {
 
 struct PeakOptions {
   std::vector<int> threads;                 // thread counts to measure; empty = {1, all cores}
@@ -130,10 +130,6 @@ struct Peaks {
   static Peaks from_json(const nlohmann::json& j);  // throws InvalidInput on bad JSON
 };
 
-// Whether a kernel's isa() names a target it was compiled for (one of built_isas()), as
-// opposed to "baseline" or "cuda": such kernels have one variant per target.
-bool is_per_target_isa(std::string_view kernel_isa);
-
 Peaks measure_peaks(const PeakOptions& options);
 
 // Each measurement alone (one run, `threads` threads), for tests and the sweep.
@@ -186,4 +182,4 @@ std::string format_peaks(const Peaks& peaks);
 // Name of the exp measured (and used by the kernels).
 const char* exp_function_name();
 
-}  // namespace attnlab::bench
+}  // namespace attnlab::peaks

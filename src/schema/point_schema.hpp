@@ -10,12 +10,14 @@
 // The input side is the second table, axes(): what an experiment key, a grid entry, a CLI
 // flag and a Python keyword may set, parsed and applied the same way everywhere.
 //
-// Adding an axis: its field in Problem, then one row in each table of point_schema.cpp (the
-// column it is measured as, the key that sets it); the kernels that use it are the rest
-// (docs/architecture.md). Experiment files, expand(), the CLI flags, the Python keywords,
-// point ids, counters, results.csv and reports follow from the rows.
+// Adding an axis (a sparse pattern term is one): its field in Problem, then one row in each
+// table of point_schema.cpp (the column it is measured as, the key that sets it and reads it
+// back); the kernels that use it are the rest (docs/architecture.md). Experiment files,
+// expand(), the CLI flags, the Python keywords, the point file's problem, point ids, counters,
+// results.csv and reports follow from the rows.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,9 +25,9 @@
 #include <nlohmann/json.hpp>
 
 #include "attnlab/problem.hpp"
-#include "bench/values.hpp"
+#include "schema/values.hpp"
 
-namespace attnlab::bench {
+namespace attnlab::schema {
 
 // A point as the schema sees it: the problem and the grid's extras.
 struct PointView {
@@ -71,11 +73,13 @@ std::string describe_point(const PointView& v, std::string_view label);
 nlohmann::json schema_json();
 
 // An input axis: a key of experiment files (top level or a "grids" entry, a list of values
-// making it an axis of the grid), a CLI flag (flag_of(key)) and a Python keyword.
+// making it an axis of the grid), a CLI flag (flag_of(key)), a Python keyword and a key of the
+// point file's problem (problem_to_json).
 enum class AxisKind {
   Size,     // a size: read off the arrays where there are arrays (run, the Python module)
   Setting,  // a setting every interface takes: CLI flag on run, verify, sweep; Python keyword
-  Mask,     // the mask: the CLI's mask flags (--causal, --window, ...) and keywords say it
+  Mask,     // the mask: causal, window, per-batch cache lengths and every sparse pattern term; the
+            // CLI's mask flags (--causal, --window, --sinks, ...) and Python keywords
   Run,      // how it runs (threads)
   Sweep,    // what a sweep's point computes (pass): experiment files and sweep's flag only (run and
             // verify say --backward; Python has attention_backward)
@@ -90,13 +94,16 @@ struct Axis {
   std::vector<Json> (*parse)(const Where& w, const std::string& key, const Json& v);
   // Sets one value into a point; earlier axes are set already (kv_heads reads q_heads).
   void (*apply)(const Where& w, const std::string& key, const Json& v, Problem& p, int& threads);
+  // The value a problem holds, as parse reads it back (the point file's problem); nullptr: not
+  // recorded (an alternative's value is its partner's; threads are the point's, not the problem's).
+  Json (*read)(const Problem& p) = nullptr;
+  // The CLI flag alone means this value (--causal: true; --causal=top_left names another); nullptr:
+  // the flag takes a value.
+  const char* bare = nullptr;
 };
 
 // "size", "setting", "mask", "run", "sweep".
 const char* to_string(AxisKind kind);
-// Whether a point's record keeps this axis as its column's value (problem_to_json, and the
-// readers of results folders): the settings and the sweep's pass.
-inline bool recorded(const Axis& a) { return a.kind == AxisKind::Setting || a.kind == AxisKind::Sweep; }
 
 // The table, in the order values are applied.
 const std::vector<Axis>& axes();
@@ -105,6 +112,13 @@ const Axis* find_axis(std::string_view key);
 // Sets one axis of `p` from a JSON value holding one value (a CLI flag, a Python keyword);
 // several values, or a bad one, are an error naming the key.
 void set_axis(const Axis& a, const Where& w, const Json& value, Problem& p, int& threads);
+
+// The point file's problem: every recorded axis (Axis::read) under its key, so the file reads
+// back through the same parsers (problem_from_json), and a new axis is recorded by its row.
+nlohmann::json problem_to_json(const Problem& p);
+// Reads problem_to_json's object (and the older files' key names: window_left/window_right,
+// globals, causal as 0/1/2); a missing required key or a bad value is InvalidInput naming it.
+Problem problem_from_json(const nlohmann::json& j);
 
 // "none", "causal", "causal_tl", "window_L_R", "causal_window_L_R" (L/R: -1 = unbounded),
 // then the sparse pattern's name.
@@ -116,4 +130,4 @@ double density(const Problem& p);
 // float() reads).
 std::string csv_number(double v);
 
-}  // namespace attnlab::bench
+}  // namespace attnlab::schema

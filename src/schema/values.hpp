@@ -13,7 +13,7 @@
 
 #include "attnlab/problem.hpp"
 
-namespace attnlab::bench {
+namespace attnlab::schema {
 
 using Json = nlohmann::json;
 
@@ -75,4 +75,4 @@ int64_t parse_int_at_least(const Where& w, const std::string& key, const Json& v
 // A flag's text as a value: "a,b" is a list; each item an integer, true/false, null, or a name.
 Json json_of_flag_text(const std::string& text);
 
-}  // namespace attnlab::bench
+}  // namespace attnlab::schema

@@ -1,4 +1,4 @@
-#include "bench/peak.hpp"
+#include "peaks/peak.hpp"
 
 #include <algorithm>
 #include <barrier>
@@ -13,10 +13,10 @@
 #include "attnlab/limits.hpp"
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
-#include "bench/stats.hpp"
+#include "peaks/stats.hpp"
 #include "cpu/isa_internal.hpp"
 
-namespace attnlab::bench {
+namespace attnlab::peaks {
 
 namespace {
 
@@ -187,11 +187,6 @@ double measure_amx_int8_ops(int threads, double seconds) {
 double measure_i8_dot_ops(int threads, double seconds, const TargetTable& tt) {
   if (!tt.peak.i8_chains || !cpu_runs_isa(tt.peak.i8_unit)) return 0;
   return loop_flops(threads, seconds, tt.peak.i8_chains, tt.peak.i8_chain_count * 8.0 * tt.lanes);
-}
-
-bool is_per_target_isa(std::string_view kernel_isa) {
-  const auto& built = built_isas();
-  return std::find(built.begin(), built.end(), kernel_isa) != built.end();
 }
 
 Peaks measure_peaks(const PeakOptions& options) {
@@ -549,4 +544,4 @@ std::string format_peaks(const Peaks& peaks) {
   return out;
 }
 
-}  // namespace attnlab::bench
+}  // namespace attnlab::peaks

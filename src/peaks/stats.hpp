@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-namespace attnlab::bench {
+namespace attnlab::peaks {
 
 // Median of the values (mean of the middle two for an even count); 0 for none.
 inline double median(std::vector<double> v) {
@@ -31,4 +31,4 @@ inline double stddev(const std::vector<double>& v) {
   return std::sqrt(s / static_cast<double>(v.size() - 1));
 }
 
-}  // namespace attnlab::bench
+}  // namespace attnlab::peaks

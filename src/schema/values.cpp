@@ -1,9 +1,9 @@
-#include "bench/values.hpp"
+#include "schema/values.hpp"
 
 #include <algorithm>
 #include <climits>
 
-namespace attnlab::bench {
+namespace attnlab::schema {
 
 std::string Where::prefix() const { return source.empty() ? "experiment " + file : source; }
 
@@ -145,4 +145,4 @@ Json json_of_flag_text(const std::string& text) {
   return items.size() == 1 ? items[0] : items;
 }
 
-}  // namespace attnlab::bench
+}  // namespace attnlab::schema

@@ -1,12 +1,17 @@
-#include "bench/point_schema.hpp"
+#include "schema/point_schema.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "attnlab/limits.hpp"
+#include "attnlab/npy.hpp"
+#include "attnlab/pattern.hpp"
 
-namespace attnlab::bench {
+namespace attnlab::schema {
 
 namespace {
 
@@ -123,9 +128,13 @@ std::vector<Json> names(W w, K key, const Json& v, const std::vector<std::string
   return out;
 }
 std::vector<Json> causal_values(W w, K key, const Json& v) {
-  const std::string allowed = "false, true (bottom-right aligned), \"bottom_right\", \"top_left\", or a list of these";
+  const std::string allowed =
+      "false, true (bottom-right aligned), \"bottom_right\", \"top_left\", 0, 1, 2 (as results.csv writes them), "
+      "or a list of these";
   return parse_list(w, key, v, allowed, [&](const Json& x) -> Json {
     if (x.is_boolean()) return x;
+    if (is_int(x) && x.get<int64_t>() >= 0 && x.get<int64_t>() <= 1) return x.get<int64_t>() == 1;
+    if (is_int(x) && x.get<int64_t>() == 2) return "top_left";
     if (x.is_string() && x.get<std::string>() == "top_left") return x;
     if (x.is_string() && x.get<std::string>() == "bottom_right") return true;
     w.bad(key, v, allowed);
@@ -191,17 +200,88 @@ std::vector<std::string> pass_names() {
 }
 constexpr DType kDTypes[] = {DType::F32, DType::BF16, DType::F16};
 
-#define ATTN_SET(stmt)                                                                         \
+// A value that is itself a list (positions, lengths, [B, R, S]) or an object ({"spread": N}):
+// `one` reads one such value (null: off); a list of values that are lists, objects or null is
+// an axis of several.
+template <class One>
+std::vector<Json> list_values(W w, K key, const Json& v, const std::string& allowed, One one) {
+  const auto composite = [](const Json& x) { return x.is_array() || x.is_object() || x.is_null(); };
+  if (v.is_array() && !v.empty() && std::all_of(v.begin(), v.end(), composite))
+    return parse_list(w, key, v, allowed, one);
+  return {one(v)};
+}
+// null, [] (off), an integer (a list of one) or a list of integers >= min_value; or the
+// object {form: N} with N >= 1 when `form` is given. Normalized: null, a list, or the object.
+std::vector<Json> int_list_values(W w, K key, const Json& v, int64_t min_value, const char* form,
+                                  const std::string& allowed) {
+  return list_values(w, key, v, allowed, [&](const Json& x) -> Json {
+    if (x.is_null() || (x.is_array() && x.empty())) return nullptr;
+    if (form && x.is_object() && x.size() == 1 && x.contains(form)) {
+      return Json{{form, parse_one_int(w, key, x[form], 1, allowed)}};
+    }
+    if (is_int(x)) return Json::array({parse_one_int(w, key, x, min_value, allowed)});
+    if (!x.is_array()) w.bad(key, v, allowed);
+    check_list_length(w, key, x, x.size());
+    Json out = Json::array();
+    for (const Json& y : x) out.push_back(parse_one_int(w, key, y, min_value, allowed));
+    return out;
+  });
+}
+std::vector<int64_t> int_list(const Json& v) {
+  return v.is_null() ? std::vector<int64_t>{} : v.get<std::vector<int64_t>>();
+}
+Json list_or_null(const std::vector<int64_t>& v) { return v.empty() ? Json() : Json(v); }
+
+std::vector<Json> bigbird_values(W w, K key, const Json& v) {
+  const std::string allowed = "[BLOCK, RANDOM, SEED]: integers, BLOCK >= 1, RANDOM >= 0, SEED >= 0; or null (off)";
+  return list_values(w, key, v, allowed, [&](const Json& x) -> Json {
+    if (x.is_null()) return nullptr;
+    if (!x.is_array() || x.size() != 3) w.bad(key, v, allowed);
+    return Json::array({parse_one_int(w, key, x[0], 1, allowed), parse_one_int(w, key, x[1], 0, allowed),
+                        parse_one_int(w, key, x[2], 0, allowed)});
+  });
+}
+
+// A mask file: a boolean .npy (bool or uint8, nonzero = attend) of shape (q_len, kv_len),
+// (batch|1, 1, q_len, kv_len) or (batch|1, q_heads, q_len, kv_len). Read once per path while
+// any problem holds it (a sweep's points share it).
+std::shared_ptr<const BoolMask> mask_of_file(const std::string& path) {
+  static std::mutex lock;
+  static std::map<std::string, std::weak_ptr<const BoolMask>> read;
+  const std::lock_guard<std::mutex> hold(lock);
+  if (auto m = read[path].lock()) return m;
+  NpyArray a = read_npy_mask(path);
+  BoolMask m;
+  m.source = path;
+  if (a.shape.size() == 2) {
+    m.q_len = a.shape[0], m.kv_len = a.shape[1];
+  } else if (a.shape.size() == 4) {
+    m.batch = a.shape[0], m.heads = a.shape[1], m.q_len = a.shape[2], m.kv_len = a.shape[3];
+  } else {
+    throw InvalidInput("mask_file: " + path + " has " + std::to_string(a.shape.size()) +
+                       " dimensions; allowed: 2 (q_len, kv_len) or 4 (batch|1, 1|q_heads, q_len, kv_len)");
+  }
+  m.data = std::move(a.bytes8);
+  for (uint8_t& x : m.data) x = x != 0;
+  auto shared = std::make_shared<const BoolMask>(std::move(m));
+  read[path] = shared;
+  return shared;
+}
+
+#define ATTN_SET(...)                                                                          \
   []([[maybe_unused]] W w, [[maybe_unused]] K key, const Json& v, [[maybe_unused]] Problem& p, \
-     [[maybe_unused]] int& threads) { stmt; }
+     [[maybe_unused]] int& threads) { __VA_ARGS__; }
+#define ATTN_READ(...) [](const Problem& p) -> Json { return __VA_ARGS__; }
 
 std::vector<Axis> make_axes() {
   return {
-      {"batch", AxisKind::Size, "batch size", nullptr, "1", ints<1>, ATTN_SET(p.batch = v.get<int64_t>())},
-      {"q_heads", AxisKind::Size, "query heads", nullptr, "8", ints<1>, ATTN_SET(p.q_heads = v.get<int64_t>())},
+      {"batch", AxisKind::Size, "batch size", nullptr, "1", ints<1>, ATTN_SET(p.batch = v.get<int64_t>()),
+       ATTN_READ(p.batch)},
+      {"q_heads", AxisKind::Size, "query heads", nullptr, "8", ints<1>, ATTN_SET(p.q_heads = v.get<int64_t>()),
+       ATTN_READ(p.q_heads)},
       {"kv_heads", AxisKind::Size, "key/value heads (divides q_heads), or \"q_heads\"", "gqa_groups", "\"q_heads\"",
        [](W w, K key, const Json& v) { return ints_or<1>(w, key, v, "q_heads"); },
-       ATTN_SET(p.kv_heads = v.is_string() ? p.q_heads : v.get<int64_t>())},
+       ATTN_SET(p.kv_heads = v.is_string() ? p.q_heads : v.get<int64_t>()), ATTN_READ(p.kv_heads)},
       {"gqa_groups", AxisKind::Size, "query heads per key/value head (instead of kv_heads)", "kv_heads", nullptr,
        ints<1>, ATTN_SET({
          const int64_t g = v.get<int64_t>();
@@ -209,12 +289,13 @@ std::vector<Axis> make_axes() {
            w.bad(key, v, "divisors of every q_heads value (" + std::to_string(p.q_heads) + " is not divisible)");
          p.kv_heads = p.q_heads / g;
        })},
-      {"q_len", AxisKind::Size, "query length", nullptr, nullptr, ints<1>, ATTN_SET(p.q_len = v.get<int64_t>())},
+      {"q_len", AxisKind::Size, "query length", nullptr, nullptr, ints<1>, ATTN_SET(p.q_len = v.get<int64_t>()),
+       ATTN_READ(p.q_len)},
       {"kv_len", AxisKind::Size, "key/value length, or \"q_len\"", nullptr, "\"q_len\"",
        [](W w, K key, const Json& v) { return ints_or<0>(w, key, v, "q_len"); },
-       ATTN_SET(p.kv_len = v.is_string() ? p.q_len : v.get<int64_t>())},
+       ATTN_SET(p.kv_len = v.is_string() ? p.q_len : v.get<int64_t>()), ATTN_READ(p.kv_len)},
       {"head_dim", AxisKind::Size, "head dimension of Q and K", "d_model", "128", ints<1>,
-       ATTN_SET(p.head_dim = v.get<int64_t>())},
+       ATTN_SET(p.head_dim = v.get<int64_t>()), ATTN_READ(p.head_dim)},
       {"d_model", AxisKind::Size, "model width: head_dim = d_model / q_heads (instead of head_dim)", "head_dim",
        nullptr, ints<1>, ATTN_SET({
          const int64_t dm = v.get<int64_t>();
@@ -226,44 +307,126 @@ std::vector<Axis> make_axes() {
        ints<0>, ATTN_SET({
          const int64_t dv = v.get<int64_t>();
          p.head_dim_v = dv == p.head_dim ? 0 : dv;
-       })},
+       }),
+       ATTN_READ(p.dim_v())},
       {"causal", AxisKind::Mask, "false, true (bottom-right) or \"top_left\"", nullptr, "false", causal_values,
        ATTN_SET(p.causal = v.is_string() ? CausalAlign::TopLeft
-                                         : (v.get<bool>() ? CausalAlign::BottomRight : CausalAlign::None))},
+                                         : (v.get<bool>() ? CausalAlign::BottomRight : CausalAlign::None)),
+       ATTN_READ(p.causal == CausalAlign::TopLeft ? Json("top_left") : Json(p.causal == CausalAlign::BottomRight)),
+       "true"},
       {"window", AxisKind::Mask, "sliding window [L, R] (-1 = unbounded), or null", nullptr, "null", window_values,
        ATTN_SET({
          p.window_left = v[0].get<int64_t>();
          p.window_right = v[1].get<int64_t>();
-       })},
+       }),
+       ATTN_READ(p.window_left < 0 && p.window_right < 0 ? Json() : Json::array({p.window_left, p.window_right}))},
+      // The lengths and the pattern terms read the sizes (a spread of global positions over
+      // kv_len, documents filling q_len), so they come after them.
+      {"kv_lens", AxisKind::Mask,
+       "per batch entry its cache length (a mixed-length batch): a list of lengths, each in [0, kv_len]; null: all "
+       "kv_len",
+       nullptr, "null",
+       [](W w, K key, const Json& v) {
+         return int_list_values(w, key, v, 0, nullptr, "null, or a list of cache lengths >= 0 (each <= kv_len)");
+       },
+       ATTN_SET(p.kv_lens = int_list(v)), ATTN_READ(list_or_null(p.kv_lens))},
+      {"sinks", AxisKind::Mask, "sparse: keys j < N are seen by every row (with a window: StreamingLLM)", nullptr, "0",
+       ints<0>, ATTN_SET(p.sinks = v.get<int64_t>()), ATTN_READ(p.sinks)},
+      {"global", AxisKind::Mask,
+       "sparse: global positions (their keys seen by every row, their rows see every key; with a window: "
+       "Longformer), a list, or {\"spread\": N} (N positions i * kv_len / N)",
+       nullptr, "null",
+       [](W w, K key, const Json& v) {
+         return int_list_values(w, key, v, 0, "spread",
+                                "null, a list of positions >= 0, or {\"spread\": N} (N positions i * kv_len / N)");
+       },
+       ATTN_SET({
+         if (!v.is_object()) {
+           p.globals = int_list(v);
+           return;
+         }
+         p.globals.clear();
+         const int64_t n = v["spread"].get<int64_t>();
+         for (int64_t g = 0; g < n; ++g) {
+           const int64_t at = g * p.kv_len / n;
+           if (p.globals.empty() || at > p.globals.back()) p.globals.push_back(at);
+         }
+       }),
+       ATTN_READ(list_or_null(p.globals))},
+      {"doc_lens", AxisKind::Mask,
+       "sparse: packed documents, a list of lengths adding up to q_len = kv_len (a token sees only its own "
+       "document's keys), or {\"mean\": M} (lengths M/2, 3M/2, M repeating, the last cut to fit)",
+       nullptr, "null",
+       [](W w, K key, const Json& v) {
+         return int_list_values(w, key, v, 1, "mean",
+                                "null, a list of lengths >= 1 adding up to q_len = kv_len, or {\"mean\": M}");
+       },
+       ATTN_SET({
+         if (!v.is_object()) {
+           p.doc_lens = int_list(v);
+           return;
+         }
+         p.doc_lens.clear();
+         const int64_t mean = v["mean"].get<int64_t>();
+         const int64_t cycle[3] = {std::max<int64_t>(1, mean / 2), mean + mean / 2, mean};
+         for (int64_t at = 0, n = 0; at < p.q_len; ++n) {
+           const int64_t len = std::min(cycle[n % 3], p.q_len - at);
+           p.doc_lens.push_back(len);
+           at += len;
+         }
+       }),
+       ATTN_READ(list_or_null(p.doc_lens))},
+      {"dilation", AxisKind::Mask, "sparse: window keys only at distances from the diagonal that are multiples of D",
+       nullptr, "1", ints<1>, ATTN_SET(p.dilation = v.get<int64_t>()), ATTN_READ(p.dilation)},
+      {"bigbird", AxisKind::Mask,
+       "sparse: [BLOCK, RANDOM, SEED]: RANDOM random key blocks per query block of BLOCK (with a window), or null",
+       nullptr, "null", bigbird_values,
+       ATTN_SET(p.bigbird =
+                    v.is_null() ? BigBird{} : BigBird{v[0].get<int64_t>(), v[1].get<int64_t>(), v[2].get<int64_t>()}),
+       ATTN_READ(p.bigbird.block > 0 ? Json::array({p.bigbird.block, p.bigbird.random, p.bigbird.seed}) : Json())},
+      {"mask_file", AxisKind::Mask,
+       "sparse: a boolean mask .npy (bool or uint8, nonzero = attend) of shape (q_len, kv_len), (batch|1, 1, q_len, "
+       "kv_len) or (batch|1, q_heads, q_len, kv_len); null: none",
+       nullptr, "null",
+       [](W w, K key, const Json& v) {
+         const std::string allowed = "the path of a boolean .npy file, a list of them, or null";
+         return parse_list(w, key, v, allowed, [&](const Json& x) -> Json {
+           if (!x.is_null() && (!x.is_string() || x.get<std::string>().empty())) w.bad(key, v, allowed);
+           return x;
+         });
+       },
+       ATTN_SET(p.mask = v.is_null() ? nullptr : mask_of_file(v.get<std::string>())),
+       ATTN_READ(p.mask ? Json(p.mask->source) : Json())},
       {"layout", AxisKind::Setting, "memory layout: bhsd (batch, heads, seq, dim) or bshd", nullptr, "\"bhsd\"",
        [](W w, K key, const Json& v) { return names(w, key, v, enum_names(kLayouts)); },
-       ATTN_SET(p.layout = parse_layout(v.get<std::string>()))},
+       ATTN_SET(p.layout = parse_layout(v.get<std::string>())), ATTN_READ(to_string(p.layout))},
       {"dtype", AxisKind::Setting, "storage of Q, K, V: f32, bf16 or f16 (O and LSE stay float32)", nullptr, "\"f32\"",
        [](W w, K key, const Json& v) { return names(w, key, v, enum_names(kDTypes)); },
-       ATTN_SET(p.dtype = parse_dtype(v.get<std::string>()))},
+       ATTN_SET(p.dtype = parse_dtype(v.get<std::string>())), ATTN_READ(to_string(p.dtype))},
       {"kv_dtype", AxisKind::Setting,
        "storage of K and V: dtype (as Q), or a quantized cache: q8_0, q4_0 (ggml's "
        "blocks), u8, u4 (scale and zero point per row), fp8_e4m3, fp8_e5m2",
        nullptr, "\"dtype\"", [](W w, K key, const Json& v) { return names(w, key, v, kv_dtype_names()); },
-       ATTN_SET(p.kv_dtype = parse_kv_dtype(v.get<std::string>()))},
+       ATTN_SET(p.kv_dtype = parse_kv_dtype(v.get<std::string>())), ATTN_READ(to_string(p.kv_dtype))},
       {"kv_block", AxisKind::Setting,
        "a paged cache: tokens per block (a power of two 16..256; 0 = contiguous K/V), its blocks scattered "
        "over a pool through a block table (vLLM's and OpenVINO's PagedAttention)",
-       nullptr, "0", ints<0>, ATTN_SET(p.kv_block = v.get<int64_t>())},
+       nullptr, "0", ints<0>, ATTN_SET(p.kv_block = v.get<int64_t>()), ATTN_READ(p.kv_block)},
       {"kv_shared", AxisKind::Setting,
        "true: one cache tensor, V the first head_dim_v columns of K's rows (MLA's latent cache; head_dim_v <= "
        "head_dim)",
-       nullptr, "false", bool_values, ATTN_SET(p.kv_shared = v.get<bool>())},
+       nullptr, "false", bool_values, ATTN_SET(p.kv_shared = v.get<bool>()), ATTN_READ(p.kv_shared)},
       {"pass", AxisKind::Sweep,
        "forward (O, LSE), backward (dQ, dK, dV from a random dO and the kernel's own forward's O and LSE, "
        "untimed; FLOPs 2.5x the forward's) or forward_backward (both, timed together)",
        nullptr, "\"forward\"", [](W w, K key, const Json& v) { return names(w, key, v, pass_names()); },
-       ATTN_SET(p.pass = parse_pass(v.get<std::string>()))},
+       ATTN_SET(p.pass = parse_pass(v.get<std::string>())), ATTN_READ(to_string(p.pass))},
       {"threads", AxisKind::Run, "threads (\"all\": every core)", nullptr, "\"all\"", thread_values,
        ATTN_SET(threads = v.get<int>())},
   };
 }
 
+#undef ATTN_READ
 #undef ATTN_SET
 
 // The grid's extras in the id and name after the table's fields; model's column is written
@@ -360,6 +523,39 @@ void set_axis(const Axis& a, const Where& w, const Json& value, Problem& p, int&
   a.apply(w, a.key, values[0], p, threads);
 }
 
+nlohmann::json problem_to_json(const Problem& p) {
+  Json j = Json::object();
+  for (const Axis& a : axes()) {
+    if (!a.read) continue;
+    Json v = a.read(p);
+    if (!v.is_null()) j[a.key] = std::move(v);  // null is off, as the key's absence is (its fallback)
+  }
+  return j;
+}
+
+Problem problem_from_json(const nlohmann::json& in) {
+  if (!in.is_object()) throw InvalidInput("problem: " + in.dump() + "; allowed: a JSON object of the axes' keys");
+  // Files written before the pattern terms were rows of the table: the old key names.
+  Json j = in;
+  if (!j.contains("window") && j.contains("window_left") && j.contains("window_right"))
+    j["window"] = Json::array({j["window_left"], j["window_right"]});
+  if (!j.contains("global") && j.contains("globals")) j["global"] = j["globals"];
+  if (j.contains("bigbird") && j["bigbird"].is_array() && !j["bigbird"].empty() && j["bigbird"][0] == 0)
+    j["bigbird"] = nullptr;
+  Problem p;
+  const Where w{"", "point file"};
+  int threads = 0;
+  for (const Axis& a : axes()) {
+    if (!a.read) continue;
+    if (j.contains(a.key)) {
+      set_axis(a, w, j.at(a.key), p, threads);
+    } else if (!a.fallback) {
+      w.fail(std::string("missing key '") + a.key + "'; allowed: " + a.help);
+    }
+  }
+  return p;
+}
+
 std::string point_id(const PointView& v) { return joined(v, std::string(v.kernel), true); }
 
 std::string point_name(const PointView& v) { return joined(v, "attn/" + std::string(v.kernel), false); }
@@ -420,4 +616,4 @@ nlohmann::json schema_json() {
   return {{"schema", "attnlab-point-1"}, {"fields", fields}, {"id", id}};
 }
 
-}  // namespace attnlab::bench
+}  // namespace attnlab::schema
