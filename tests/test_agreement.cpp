@@ -219,11 +219,36 @@ std::vector<Param> params() {
 
 class KernelAgreement : public ::testing::TestWithParam<Param> {};
 
+// Which grid cases each kernel must run: its declared capabilities (runs_patterns(),
+// runs_head_dim_v(), runs_kv_quant(), runs_paged(), arithmetic()) and the limits its description
+// states, written here apart from the kernels' supports() - so a kernel that loses a capability
+// fails its cases instead of skipping them. A kernel unavailable here (no CUDA device, a CPU
+// without its unit) skips.
+bool must_run(const Kernel& k, const Problem& p) {
+  if (p.sparse() && !k.runs_patterns()) return false;
+  if (p.dim_v() != p.head_dim && !k.runs_head_dim_v()) return false;
+  if (p.kv_quantized() && !k.runs_kv_quant()) return false;
+  if (p.kv_paged() && !k.runs_paged()) return false;
+  const std::string_view name = k.name();
+  if (name == "decode" || name == "decode_i8") {
+    if (p.q_len > 16) return false;                    // "flash-decoding for q_len <= 16"
+    if (name == "decode_i8") return p.kv_quantized();  // integer codes: a q8_0, q4_0, u8 or u4 cache
+  }
+  const Arithmetic a = k.arithmetic();
+  if ((a == Arithmetic::Int8Products || a == Arithmetic::Int8Bf16Products) && p.dtype != DType::F32)
+    return false;  // flash_int8, flash_int8_amx: "f32 in" (Q and K rounded from float32)
+  return true;     // bf16-only kernels: params() gives them the f32/bf16 cases at bf16 (case_dtype)
+}
+
 TEST_P(KernelAgreement, MatchesFloat64Reference) {
   const Kernel& k = *GetParam().kernel;
   const Problem& p = GetParam().c.p;
   if (Support a = k.available(); !a) GTEST_SKIP() << k.name() << " unavailable: " << a.reason;
-  if (Support s = supports_problem(k, p); !s) GTEST_SKIP() << k.name() << " does not support this shape: " << s.reason;
+  if (Support s = supports_problem(k, p); !s) {
+    if (must_run(k, p))
+      FAIL() << k.name() << " must run " << p.describe() << " (must_run) and refuses it: " << s.reason;
+    GTEST_SKIP() << k.name() << " does not support this shape: " << s.reason;
+  }
   Tensors t = random_tensors(p, 42);
   // At most 768 rows are checked (always the first and last of every head).
   const Agreement a = prepare_agreement(p, t.inputs, sample_rows(p, 768, 7));
