@@ -121,7 +121,7 @@ TEST_F(SweepPeers, BackwardPeersAreCheckedOnTheirGradients) {
   }
 }
 
-// Which peers run a 16-bit or quantized cache is one rule (peers.cpp own_cache): ggml_fa on its
+// Which peers run a 16-bit or quantized cache is one rule (peer_tolerance.cpp peer_keeps_own_cache): ggml_fa on its
 // f16 / q8_0 / q4_0, ov_decode on f16 / u8 / u4, ov_sdpa on bf16 (its bf16 precision hint) - handed the
 // stored values as float32 and verified - and every other peer skips with the reason, so no peer
 // is timed on values it was not given.
@@ -171,7 +171,7 @@ TEST_F(SweepPeers, OnlyPeersWithTheirOwnCacheRunQuantizedOr16BitPoints) {
 }
 
 // ov_sage rounds Q and K to int8 and V to u8: its tolerance is the bf16-products policy plus 4x what
-// those roundings move the float64 O (peers.cpp peer_tolerance), so a peer erring by exactly that
+// those roundings move the float64 O (peer_tolerance.cpp peer_tolerance), so a peer erring by exactly that
 // rounding passes as ov_sage and fails as a float32 peer, held to the float32 policy.
 TEST_F(SweepPeers, OvSageIsJudgedByWhatItsRoundingCosts) {
   ::setenv("ATTN_FAKE_PEER", "ov_sage=sage,torch_sdpa=sage", 1);

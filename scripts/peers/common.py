@@ -40,7 +40,6 @@ class Problem:
         self.d_o = None  # a backward point's dO, (B, Hq, Sq, Dv) float32 (serve.py loads it)
         bb = d.get("bigbird")
         self.bigbird = tuple(bb) if bb and bb[0] > 0 else None
-        self.mask_file = d.get("mask_file")  # a boolean .npy: (Sq, Skv) or (B|1, 1|Hq, Sq, Skv)
 
     @property
     def backward(self):
@@ -52,8 +51,7 @@ class Problem:
 
     @property
     def sparse(self):
-        return bool(self.sinks or self.globals or self.doc_lens or self.dilation > 1 or self.bigbird
-                    or self.mask_file)
+        return bool(self.sinks or self.globals or self.doc_lens or self.dilation > 1 or self.bigbird)
 
     @property
     def windowed(self):
@@ -75,17 +73,11 @@ class Problem:
             n != self.kv_len for n in self.kv_lens)
 
     def keep(self):
-        """The dense mask, bool (B, 1, Sq, Skv): True = attend (numpy_attention.pattern_mask's rule,
-        and the mask file's where there is one)."""
-        keep = np.stack([pattern_mask(self.q_len, self.kv_len, self.kv_len_of(b), self.causal, self.left,
+        """The dense mask, bool (B, 1, Sq, Skv): True = attend (numpy_attention.pattern_mask's rule;
+        a point with a mask file is not handed to peers, src/bench/peers.cpp)."""
+        return np.stack([pattern_mask(self.q_len, self.kv_len, self.kv_len_of(b), self.causal, self.left,
                                       self.right, self.sinks, self.globals, self.doc_lens, self.dilation,
                                       self.bigbird)[None] for b in range(self.batch)])
-        if self.mask_file:
-            m = np.load(self.mask_file) != 0
-            if m.ndim == 4 and m.shape[1] != 1:
-                raise Skip("a mask file with a mask per head (the peers take one mask for all heads)")
-            keep &= m.reshape((-1, 1) + m.shape[-2:])
-        return keep
 
     def mask_bytes(self):
         return self.batch * self.q_len * self.kv_len

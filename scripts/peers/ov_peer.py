@@ -184,7 +184,7 @@ def _cpu_flags():
 def sage_rounded(q, k, v):
     """Q and K rounded to int8 per (token, head) (amax / 127), V to u8 with a scale and zero point
     per (token, head): what the sage path multiplies, as floats (float64 arrays of the same
-    shapes; the tests' model of the plugin, and the rule peers.cpp derives ov_sage's tolerance from)."""
+    shapes; the tests' model of the plugin, and the rule peer_tolerance.cpp derives ov_sage's tolerance from)."""
     def int8(x):
         scale = np.abs(x).max(-1, keepdims=True) / 127
         return np.round(x / np.where(scale > 0, scale, 1)) * scale

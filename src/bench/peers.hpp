@@ -58,6 +58,19 @@ std::vector<std::string> split_list(const std::string& text);
 // that materialize the scores (measured: jax_dpa, ort_mha under a mask) twice the float32
 // score matrix.
 size_t peer_memory_bytes(const std::string& kernel, const Problem& p);
+// The family of a peer kernel ("torch" for torch_sdpa), "" for a name that is not a peer's.
+std::string peer_family(const std::string& kernel);
+
+// The values a point's inputs store, as float32 inputs of the same shapes (what a peer is handed
+// for a 16-bit or quantized point: 16-bit values widened exactly, a quantized cache read by its rule).
+struct StoredAsFloat {
+  Problem problem;
+  Tensors tensors;
+};
+StoredAsFloat stored_as_float(const Problem& p, const Inputs& in);
+// Whether a peer keeps a point's 16-bit or quantized cache in a cache of its own that holds the
+// lab's values (ggml_fa on ggml's cache types, ov_decode on f16/u8, ov_sdpa's bf16 precision).
+bool peer_keeps_own_cache(const std::string& kernel, const Problem& p);
 
 // The tolerance a peer's O is judged with: the point's float32 policy (Agreement::tol), widened
 // for ggml_fa on its own cache types by what its arithmetic implies - Q rounded to q8_0 for the

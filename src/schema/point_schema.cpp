@@ -430,7 +430,7 @@ std::vector<Axis> make_axes() {
 #undef ATTN_SET
 
 // The grid's extras in the id and name after the table's fields; model's column is written
-// with the record's labels (results.cpp), so it is not in the table.
+// with the record's labels (results_csv.cpp), so it is not in the table.
 struct Extra {
   const char* id_prefix;
   const char* name_prefix;

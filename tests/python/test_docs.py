@@ -49,14 +49,16 @@ def test_unmeasured_thread_count_takes_the_largest_row():
 def test_headline_ranks_float_kernels_against_the_runtimes_not_int8_ones(monkeypatch):
     # flash_int8_amx is faster than flash and than the peer, but multiplies in int8 (a wider
     # tolerance than the runtime's float path): the headline sets flash against the peer.
-    shape = {"batch": "1", "q_heads": "8", "kv_heads": "8", "head_dim": "128", "head_dim_v": "128", "q_len": "4096",
-             "kv_len": "4096", "mask": "none", "dtype": "f32", "threads": "2", "status": "ok", "rounds": "1",
-             "flops": "1e11", "bytes": "1e9"}
-    rows = [dict(shape, kernel="flash", isa="avx2", time_median_s="0.3", id="a"),
-            dict(shape, kernel="flash_int8_amx", isa="amx_int8", time_median_s="0.07", id="b"),
-            dict(shape, kernel="ov_sdpa", isa="peer", time_median_s="0.28", id="c")]
+    # Rows as the report's loader types them (docs.load reads folders through it).
+    shape = {"batch": 1, "q_heads": 8, "kv_heads": 8, "head_dim": 128, "head_dim_v": 128, "q_len": 4096,
+             "kv_len": 4096, "mask": "none", "dtype": "f32", "threads": 2, "status": "ok", "rounds": 1,
+             "flops": 1e11, "bytes": 1e9}
+    rows = [dict(shape, kernel="flash", isa="avx2", time_median_s=0.3, id="a"),
+            dict(shape, kernel="flash_int8_amx", isa="amx_int8", time_median_s=0.07, id="b"),
+            dict(shape, kernel="ov_sdpa", isa="peer", time_median_s=0.28, id="c")]
+    dims = ["batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "head_dim_v", "mask", "dtype", "threads"]
     monkeypatch.setattr(docs, "committed_folders", lambda: ["run"])
-    monkeypatch.setattr(docs, "load", lambda folder: (dict(machine((100e9, 10e9)), date="2026-12-04"), rows))
+    monkeypatch.setattr(docs, "load", lambda folder: (dict(machine((100e9, 10e9)), date="2026-12-04"), rows, dims))
     monkeypatch.setattr(docs, "lead_per_pass", lambda *a: "-")
     text = docs.headline()
     assert "| flash | 300 ms" in text and "flash_int8_amx" not in text, text
@@ -66,5 +68,5 @@ def test_headline_ranks_float_kernels_against_the_runtimes_not_int8_ones(monkeyp
 def test_decode_is_the_reports_rule():
     # q_len 4 against kv_len 8 is decode for the report (q_len <= 16, q_len < kv_len); docs.py once
     # asked for kv_len > 16 too, so the two sorted that point into different tables.
-    assert docs.is_decode({"q_len": "4", "kv_len": "8"})
-    assert not docs.is_decode({"q_len": "8", "kv_len": "8"}) and not docs.is_decode({"q_len": "17", "kv_len": "4096"})
+    assert docs.is_decode({"q_len": 4, "kv_len": 8})
+    assert not docs.is_decode({"q_len": 8, "kv_len": 8}) and not docs.is_decode({"q_len": 17, "kv_len": 4096})
