@@ -48,3 +48,57 @@ def test_what_it_does_not_take_is_an_error():
         at.attention(q, k, v)
     with pytest.raises(ValueError, match="backward: blocked has no backward pass"):
         at.attention(q, k, v, enable_gqa=True, kernel="blocked").sum().backward()
+
+
+def test_operators_pass_torch_library_opcheck():
+    # The schema, the fake (meta) implementations against the real ones, the autograd registration
+    # and AOT dispatch: what torch.compile relies on.
+    q, k, v = tensors(lq=19, lk=23)
+    for causal in ("none", "top_left", "bottom_right"):
+        torch.library.opcheck(torch.ops.attnlab.attention.default, (q, k, v, causal, None, "flash", 2))
+    o, lse = torch.ops.attnlab.attention(q, k, v, "none", 0.3, "naive", 1)
+    do = torch.rand_like(o)
+    torch.library.opcheck(torch.ops.attnlab.attention_backward.default,
+                          (do, q.detach(), k.detach(), v.detach(), o.detach(), lse, "none", 0.3, "naive", 1))
+    with pytest.raises(ValueError, match="causal: 'sideways'; allowed: none, top_left, bottom_right"):
+        torch.ops.attnlab.attention(q, k, v, "sideways", None, "flash", 1)
+
+
+class _Block(torch.nn.Module):
+    """A model's attention as models write it: projections, heads split by a transposed view (not
+    contiguous), the lab's attention, the heads merged back."""
+
+    def __init__(self, d=64, heads=4, kv_heads=2):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, d // heads
+        self.q = torch.nn.Linear(d, d)
+        self.kv = torch.nn.Linear(d, 2 * kv_heads * self.hd)
+        self.o = torch.nn.Linear(d, d)
+
+    def forward(self, x, attend):
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, self.heads, self.hd).transpose(1, 2)
+        k, v = self.kv(x).view(b, n, 2, self.kv_heads, self.hd).permute(2, 0, 3, 1, 4)
+        o = attend(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o(o.transpose(1, 2).reshape(b, n, -1))
+
+
+def test_torch_compile_keeps_the_op_in_one_graph():
+    # fullgraph=True raises at the first graph break: the lab's forward and backward compile into
+    # the model's graph, and agree with eager and with torch's SDPA in the same model.
+    torch.manual_seed(0)
+    block = _Block()
+    x = torch.rand(2, 29, 64, requires_grad=True)
+    lab = lambda *a, **kw: at.attention(*a, **kw, threads=2)
+    compiled = torch.compile(lambda x: block(x, lab), fullgraph=True, backend="aot_eager")
+    got = compiled(x)
+    want = block(x, torch.nn.functional.scaled_dot_product_attention)
+    assert torch.max(torch.abs(got - want)) < 1e-5
+    got.sum().backward()
+    g_lab = x.grad.clone()
+    x.grad = None
+    want.sum().backward()
+    assert torch.max(torch.abs(g_lab - x.grad)) < 1e-4
+    # The inductor backend (C++ code generated around the op) as well: the default of torch.compile.
+    inductor = torch.compile(lambda x: block(x, lab), fullgraph=True)
+    assert torch.max(torch.abs(inductor(x.detach()) - want.detach())) < 1e-5

@@ -1,37 +1,87 @@
-"""attnlab.torch: the lab's attention as a torch.autograd.Function - forward by a lab kernel, backward
-by the same kernel's backward pass (dQ, dK, dV; backward.hpp) - usable where
+"""attnlab.torch: the lab's attention as torch operators - forward by a lab kernel, backward by the
+same kernel's backward pass (dQ, dK, dV; backward.hpp) - usable where
 torch.nn.functional.scaled_dot_product_attention is, for the arguments the two share.
 
     import attnlab.torch as at
     o = at.attention(q, k, v, is_causal=True, enable_gqa=True)   # (B, H, L, E) tensors, CPU
     o.sum().backward()                                          # q.grad, k.grad, v.grad by the lab
+    torch.compile(model, fullgraph=True)                        # the op stays in the graph
 
-Tensors are read in place (DLPack): contiguous CPU float32, bfloat16 or float16; gradients come back
-float32 (cast to the input's dtype). is_causal is torch's top-left alignment; scale as torch's
-(default 1/sqrt(E)); enable_gqa as torch's (K/V heads divide Q heads; the lab reads the shared heads,
-never repeats them). Not taken (a clear error, never ignored): attn_mask, dropout_p > 0.
+The two operators are registered with torch.library (torch.ops.attnlab.attention and
+attention_backward), each with a fake (meta) implementation that gives the output shapes without
+running anything, and the forward's autograd formula is the backward operator: torch.compile keeps
+them in its graph (no graph break), and torch.library.opcheck holds them to torch's rules.
+
+Tensors are read in place (DLPack) when contiguous, else copied once to contiguous memory (a
+model's transposed views); CPU float32, bfloat16 or float16; O comes back float32, gradients float32
+cast to the input's dtype. is_causal is torch's top-left alignment; scale as torch's (default
+1/sqrt(E)); enable_gqa as torch's (K/V heads divide Q heads; the lab reads the shared heads, never
+repeats them). Not taken (a clear error, never ignored): attn_mask, dropout_p > 0.
 """
+from typing import Optional
+
 import torch
 
 from . import _core
 
+# The causal argument of the operators (a schema takes str, not the module's False/"top_left").
+_CAUSAL = {"none": False, "top_left": "top_left", "bottom_right": "bottom_right"}
 
-class _Attention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal, scale, kernel, threads):
-        kw = dict(causal=causal, scale=scale, kernel=kernel, threads=threads)
-        o, lse = _core.attention(q.detach(), k.detach(), v.detach(), return_lse=True, **kw)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.kw = kw
-        return o
 
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _core.attention_backward(
-            q.detach(), k.detach(), v.detach(), do.detach().float().contiguous(), o=o.detach(), lse=lse.detach(),
-            **ctx.kw)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+def _in(x):
+    """A tensor as the module reads it: no autograd (the operators' formula is the backward's), and
+    C-contiguous (a copy only where it is not)."""
+    return x.detach().contiguous()
+
+
+def _kw(causal, scale, kernel, threads):
+    if causal not in _CAUSAL:
+        raise ValueError(f"causal: {causal!r}; allowed: " + ", ".join(_CAUSAL))
+    return dict(causal=_CAUSAL[causal], scale=scale, kernel=kernel, threads=threads)
+
+
+@torch.library.custom_op("attnlab::attention", mutates_args=(), device_types="cpu")
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: str, scale: Optional[float],
+               kernel: str, threads: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    o, lse = _core.attention(_in(q), _in(k), _in(v), return_lse=True, **_kw(causal, scale, kernel, threads))
+    return o, lse
+
+
+@_attention.register_fake
+def _(q, k, v, causal, scale, kernel, threads):
+    b, h, n, _ = q.shape
+    return q.new_empty((b, h, n, v.shape[-1]), dtype=torch.float32), q.new_empty((b, h, n), dtype=torch.float32)
+
+
+@torch.library.custom_op("attnlab::attention_backward", mutates_args=(), device_types="cpu")
+def _attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                        lse: torch.Tensor, causal: str, scale: Optional[float], kernel: str,
+                        threads: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv = _core.attention_backward(_in(q), _in(k), _in(v), _in(do.float()), o=_in(o), lse=_in(lse),
+                                          **_kw(causal, scale, kernel, threads))
+    return dq, dk, dv
+
+
+@_attention_backward.register_fake
+def _(do, q, k, v, o, lse, causal, scale, kernel, threads):
+    return tuple(x.new_empty(x.shape, dtype=torch.float32) for x in (q, k, v))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, kernel, threads = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.args = (causal, scale, kernel, threads)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, do, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = _attention_backward(do, q, k, v, o, lse, *ctx.args)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+
+_attention.register_autograd(_backward, setup_context=_setup_context)
 
 
 def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
@@ -47,4 +97,4 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     if key.shape[1] != query.shape[1] and not enable_gqa:
         raise ValueError(f"key: {key.shape[1]} heads for {query.shape[1]} query heads; allowed: the same "
                          "number, or enable_gqa=True (as torch's scaled_dot_product_attention)")
-    return _Attention.apply(query, key, value, "top_left" if is_causal else False, scale, kernel, threads)
+    return _attention(query, key, value, "top_left" if is_causal else "none", scale, kernel, threads)[0]
