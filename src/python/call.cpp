@@ -42,10 +42,10 @@ void apply_settings(const py::kwargs& settings, Problem& p) {
   int threads = 0;
   for (const auto& [name, value] : settings) {
     const std::string key = py::str(name);
-    if (key == "block_table") continue;  // make_call's: k and v are then a paged cache's pool
+    if (key == "block_table" || key == "mask") continue;  // make_call's: arrays, not axes
     const schema::Axis* a = schema::find_axis(key);
     if (!a || !keyword_axis(*a)) {
-      std::string allowed = "kernel, causal, window, kv_lens, scale, layout, threads, dtype, isa, block_table";
+      std::string allowed = "kernel, causal, window, kv_lens, scale, layout, threads, dtype, isa, block_table, mask";
       for (const schema::Axis& x : schema::axes()) {
         if (keyword_axis(x)) allowed += ", " + std::string(x.key);
       }
@@ -53,6 +53,42 @@ void apply_settings(const py::kwargs& settings, Problem& p) {
     }
     schema::set_axis(*a, schema::Where{"", "attnlab", false}, json_of(value), p, threads);
   }
+}
+
+// mask: a boolean array (bool or uint8, nonzero = attend: torch's bool attn_mask) of shape
+// (q_len, kv_len) or (batch|1, 1|q_heads, q_len, kv_len), C order; copied once into the problem's
+// mask (the rule of a mask file: Pattern::visible). The problem's checks name a shape that does
+// not fit.
+std::shared_ptr<const BoolMask> mask_of(const py::handle& obj) {
+  Py_buffer got{};
+  if (PyObject_GetBuffer(obj.ptr(), &got, PyBUF_RECORDS_RO) != 0) {
+    PyErr_Clear();
+    throw py::type_error("mask: " + type_name(obj) +
+                         " has no buffer; allowed: a numpy bool or uint8 array (a torch bool tensor: .numpy())");
+  }
+  const std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> view(&got, PyBuffer_Release);
+  std::string fmt = got.format ? got.format : "B";
+  if (!fmt.empty() && std::string("@=<|").find(fmt[0]) != std::string::npos) fmt.erase(0, 1);
+  const std::vector<int64_t> shape(got.shape, got.shape + got.ndim);
+  std::vector<int64_t> strides;
+  if (got.strides) strides.assign(got.strides, got.strides + got.ndim);
+  if ((fmt != "?" && fmt != "B" && fmt != "b") || got.itemsize != 1 || (got.ndim != 2 && got.ndim != 4) ||
+      !c_contiguous(shape, strides)) {
+    throw py::value_error("mask: shape " + shape_text(shape) + ", format '" + fmt +
+                          "'; allowed: a C-contiguous bool or uint8 array (nonzero = attend) of shape (q_len, "
+                          "kv_len) or (batch|1, 1|q_heads, q_len, kv_len)");
+  }
+  BoolMask m;
+  m.source = "the mask argument";
+  if (got.ndim == 2) {
+    m.q_len = shape[0], m.kv_len = shape[1];
+  } else {
+    m.batch = shape[0], m.heads = shape[1], m.q_len = shape[2], m.kv_len = shape[3];
+  }
+  const auto* bytes = static_cast<const uint8_t*>(got.buf);
+  m.data.resize(static_cast<size_t>(got.len));
+  for (size_t i = 0; i < m.data.size(); ++i) m.data[i] = bytes[i] != 0;
+  return std::make_shared<const BoolMask>(std::move(m));
 }
 
 // block_table: int32 (batch, entries per sequence), C order, read in place.
@@ -136,6 +172,10 @@ Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, co
   if (kv_lens) p.kv_lens = *kv_lens;
   p.scale = scale;
   apply_settings(settings, p);
+  if (settings.contains("mask") && !py::object(settings["mask"]).is_none()) {
+    if (p.mask) throw py::value_error("mask: given beside mask_file; allowed: one of them");
+    p.mask = mask_of(settings["mask"]);
+  }
   if (p.kv_shared) {
     throw InvalidInput(
         "kv_shared: the arrays give V as its own tensor; allowed: False here (the CLI's verify, run "

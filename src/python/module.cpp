@@ -10,9 +10,11 @@
 // (a copy, the cache a runtime would hold) and runs on it; Q is read in place. A cache written
 // elsewhere is given as stored: uint8 k and v whose last dimension is a row's bytes in kv_dtype's
 // layout, read in place; with block_table= (int32, (batch, blocks per sequence)) k and v are a
-// paged cache's pool (blocks, kv_heads, block, d), read in place through the table.
-// Every setting axis of the point schema (schema/point_schema.hpp) beyond layout and dtype is
-// a keyword too, taking what the experiment key takes (a new axis needs no edit here).
+// paged cache's pool (blocks, kv_heads, block, d), read in place through the table; mask= a
+// boolean array (nonzero = attend), copied once into the problem's mask.
+// Every setting and mask axis of the point schema (schema/point_schema.hpp) beyond the
+// parameters of their own is a keyword too, taking what the experiment key takes (a new axis
+// needs no edit here).
 // Inputs are 4-D C-contiguous CPU arrays, read in place (never copied): numpy arrays through the
 // buffer protocol, anything else with __dlpack__ (torch, JAX) through DLPack - never through
 // numpy's C structures, so the module works with numpy 1.x and 2.x alike. float32, float16,

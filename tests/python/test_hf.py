@@ -48,7 +48,7 @@ def test_kernel_by_rows():
 
     class Spy:
         def __call__(self, *args):
-            calls.append((args[0].shape[2], args[1].shape[2], args[5]))
+            calls.append((args[0].shape[2], args[1].shape[2], args[6]))
             return real(*args)
 
     attnlab.hf.register()
@@ -65,21 +65,63 @@ def test_kernel_by_rows():
     assert calls == [(20, 20, "flash")] * 2 + [(1, 21, "decode")] * 2 + [(1, 22, "decode")] * 2
 
 
-def test_other_masks_and_settings_are_refused():
+def generate(m, implementation, ids, mask=None, steps=32):
+    m.set_attn_implementation(implementation)
+    with torch.no_grad():
+        return m.generate(ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
+
+
+def test_padding_in_a_batch():
+    # Left padding (transformers' generation convention): the mask arrives as a bool tensor and is the
+    # lab's problem mask; the real positions' logits as SDPA's, and the same greedy tokens per row.
+    attnlab.hf.register()
+    m = model()
+    ids = torch.randint(0, 256, (3, 17), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones(3, 17, dtype=torch.long)
+    mask[0, :5] = 0
+    mask[2, :11] = 0
+    outs = {}
+    for implementation in ("sdpa", "attnlab"):
+        m.set_attn_implementation(implementation)
+        with torch.no_grad():
+            outs[implementation] = m(ids, attention_mask=mask).logits
+    real = mask.bool()
+    want, got = outs["sdpa"][real], outs["attnlab"][real]
+    assert torch.max(torch.abs(got - want)) <= 1e-5 * torch.max(torch.abs(want))
+    assert torch.equal(generate(m, "attnlab", ids, mask), generate(m, "sdpa", ids, mask))
+
+
+def test_sliding_window():
+    # A Mistral-architecture model with an 8-token sliding window: the window arrives in the mask.
+    attnlab.hf.register()
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, sliding_window=8,
+                                        max_position_embeddings=512)
+    m = transformers.MistralForCausalLM(config).eval()
+    ids = torch.randint(0, 256, (1, 30), generator=torch.Generator().manual_seed(6))
+    want, got = logits(m, ids, "sdpa"), logits(m, ids, "attnlab")
+    assert torch.max(torch.abs(got - want)) <= 1e-5 * torch.max(torch.abs(want))
+    # (the window matters: without it the logits move)
+    config_full = transformers.MistralConfig(**{**config.to_dict(), "sliding_window": None})
+    full = transformers.MistralForCausalLM(config_full).eval()
+    full.load_state_dict(m.state_dict())
+    assert torch.max(torch.abs(logits(full, ids, "attnlab") - got)) > 1e-3
+    assert torch.equal(generate(m, "attnlab", ids), generate(m, "sdpa", ids))
+
+
+def test_what_it_does_not_take_is_refused():
     attnlab.hf.register()
     m = model()
     m.set_attn_implementation("attnlab")
     ids = torch.randint(0, 256, (2, 10))
-    padding = torch.ones(2, 10, dtype=torch.long)
-    padding[0, :3] = 0  # left padding in a batch: not the plain causal mask
-    with pytest.raises(ValueError, match=r"attention_mask: a \(2, 1, 10, 10\) mask beyond the causal one"):
-        with torch.no_grad():
-            m(ids, attention_mask=padding)
-    with torch.no_grad():  # an all-ones padding mask is the plain causal one: taken
-        assert m(ids, attention_mask=torch.ones(2, 10, dtype=torch.long)).logits.shape == (2, 10, 256)
     m.train()
-    m.config.attention_dropout = 0.1
     for layer in m.model.layers:
         layer.self_attn.attention_dropout = 0.1
     with pytest.raises(ValueError, match="dropout: 0.1; allowed: 0.0"):
         m(ids)
+    q = torch.rand(1, 4, 5, 32)
+    with pytest.raises(ValueError, match="attention_mask: torch.float32; allowed: a bool mask"):
+        attnlab.hf.attention_forward(m.model.layers[0].self_attn, q, q, q, torch.zeros(1, 1, 5, 5))
+    with pytest.raises(ValueError, match="softcap: 30.0"):
+        attnlab.hf.attention_forward(m.model.layers[0].self_attn, q, q, q, None, softcap=30.0)

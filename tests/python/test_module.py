@@ -459,3 +459,22 @@ def test_paged_cache_keyword():
         attnlab.attention(q, k, v, kv_block=24)
     with pytest.raises(ValueError, match="kv_shared: the arrays give V as its own tensor"):
         attnlab.attention(q, k, v, kv_shared=True)
+
+
+def test_mask_keyword(tmp_path):
+    """mask= (a bool or uint8 array, nonzero = attend) is the problem's mask: flash and naive agree
+    on it with a float64 reference, a row that sees nothing is 0, and a bad array names the key."""
+    q, k, v = inputs(lq=9, lk=13)
+    rng = np.random.default_rng(7)
+    m = rng.random((2, 1, 9, 13)) < 0.6
+    m[1, 0, 4, :] = False
+    f = attnlab.attention(q, k, v, kernel="flash", mask=m)
+    n = attnlab.attention(q, k, v, kernel="naive", mask=m.astype(np.uint8))
+    assert np.abs(f - n).max() < 1e-5
+    assert not f[1, :, 4].any()
+    with pytest.raises(ValueError, match="mask: shape \\(9, 12\\), format '\\?'"):
+        attnlab.attention(q, k, v, mask=np.ones((9, 13), bool)[:, :12])
+    np.save(tmp_path / "m.npy", m)
+    assert np.array_equal(attnlab.attention(q, k, v, kernel="flash", mask_file=str(tmp_path / "m.npy")), f)
+    with pytest.raises(ValueError, match="mask: given beside mask_file"):
+        attnlab.attention(q, k, v, mask=m, mask_file=str(tmp_path / "m.npy"))

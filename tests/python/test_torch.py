@@ -40,8 +40,8 @@ def test_a_training_step_through_a_loss():
 
 def test_what_it_does_not_take_is_an_error():
     q, k, v = tensors()
-    with pytest.raises(ValueError, match="^attn_mask"):
-        at.attention(q, k, v, attn_mask=torch.ones(37, 37, dtype=torch.bool), enable_gqa=True)
+    with pytest.raises(ValueError, match="^attn_mask: torch.float32"):
+        at.attention(q, k, v, attn_mask=torch.zeros(37, 37), enable_gqa=True)  # an additive mask
     with pytest.raises(ValueError, match="^dropout_p"):
         at.attention(q, k, v, dropout_p=0.1, enable_gqa=True)
     with pytest.raises(ValueError, match="^key: 2 heads for 4 query heads"):
@@ -55,13 +55,40 @@ def test_operators_pass_torch_library_opcheck():
     # and AOT dispatch: what torch.compile relies on.
     q, k, v = tensors(lq=19, lk=23)
     for causal in ("none", "top_left", "bottom_right"):
-        torch.library.opcheck(torch.ops.attnlab.attention.default, (q, k, v, causal, None, "flash", 2))
-    o, lse = torch.ops.attnlab.attention(q, k, v, "none", 0.3, "naive", 1)
+        torch.library.opcheck(torch.ops.attnlab.attention.default, (q, k, v, None, causal, None, "flash", 2))
+    mask = torch.rand(2, 1, 19, 23, generator=torch.Generator().manual_seed(3)) < 0.7
+    torch.library.opcheck(torch.ops.attnlab.attention.default, (q, k, v, mask, "none", None, "flash", 2))
+    o, lse = torch.ops.attnlab.attention(q, k, v, mask, "none", 0.3, "naive", 1)
     do = torch.rand_like(o)
     torch.library.opcheck(torch.ops.attnlab.attention_backward.default,
-                          (do, q.detach(), k.detach(), v.detach(), o.detach(), lse, "none", 0.3, "naive", 1))
+                          (do, q.detach(), k.detach(), v.detach(), o.detach(), lse, mask, "none", 0.3, "naive", 1))
     with pytest.raises(ValueError, match="causal: 'sideways'; allowed: none, top_left, bottom_right"):
-        torch.ops.attnlab.attention(q, k, v, "sideways", None, "flash", 1)
+        torch.ops.attnlab.attention(q, k, v, None, "sideways", None, "flash", 1)
+
+
+@pytest.mark.parametrize("kernel", ["flash", "naive"])
+def test_a_bool_mask_as_torch_takes_it(kernel):
+    # torch's bool attn_mask (True = attend), forward and gradients; with is_causal (which torch's
+    # SDPA refuses beside a mask) the intersection; a row that sees no key is O = 0 (torch gives NaN
+    # there: the compared masks give every row a key).
+    q, k, v = tensors(lq=21, lk=21)
+    mask = torch.rand(2, 1, 21, 21, generator=torch.Generator().manual_seed(4)) < 0.5
+    mask[..., 0] = True  # every row sees a key (torch's NaN rows would spoil the comparison)
+    o = at.attention(q, k, v, attn_mask=mask, enable_gqa=True, kernel=kernel, threads=2)
+    rq, rk, rv = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(rq, rk, rv, attn_mask=mask, enable_gqa=True)
+    assert torch.max(torch.abs(o.double() - ref)) < 1e-5
+    do = torch.rand_like(o)
+    o.backward(do)
+    ref.backward(do.double())
+    for got, want in ((q.grad, rq.grad), (k.grad, rk.grad), (v.grad, rv.grad)):
+        assert torch.max(torch.abs(got.double() - want)) < 1e-5 * max(1.0, torch.max(torch.abs(want)).item())
+    both = at.attention(q, k, v, attn_mask=mask, is_causal=True, enable_gqa=True, kernel=kernel)
+    tril = torch.ones(21, 21, dtype=torch.bool).tril()
+    assert torch.equal(both, at.attention(q, k, v, attn_mask=mask & tril, enable_gqa=True, kernel=kernel))
+    empty = torch.zeros(21, 21, dtype=torch.bool)
+    assert torch.count_nonzero(at.attention(q, k, v, attn_mask=empty, enable_gqa=True)) == 0
+
 
 
 class _Block(torch.nn.Module):

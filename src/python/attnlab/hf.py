@@ -13,10 +13,11 @@ come from transformers' own cache (DynamicCache): the lab's caches behind a tran
 not here yet.
 
 The mask: the backend registers transformers' SDPA mask builder under its name, which gives no mask
-when the model's mask is the plain causal one; any other mask (padding in a batch, a sliding window,
-a bidirectional or packed layout) arrives as a tensor, and the backend refuses it with a ValueError
-naming it - never computes it as causal. Also refused: dropout in training, softcap, and asking for
-the attention weights.
+when the model's mask is the plain causal one (then the lab's causal flag is the whole mask), and a
+boolean mask (True = attend) otherwise - padding in a batch, a sliding window, a packed or
+bidirectional layout - which the lab takes as the problem's mask (its block map skips the tiles it
+hides; a row that sees no key, a left-padded position, gives O = 0). Refused with a ValueError
+naming it: an additive float mask, dropout in training, softcap, and asking for the weights.
 """
 import torch
 
@@ -31,28 +32,28 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
                       **kwargs):
     """transformers' attention-function interface: query (B, Hq, Lq, D), key and value (B, Hkv, Lk, D);
     returns (the output as (B, Lq, Hq, Dv) in the query's dtype, None)."""
-    if attention_mask is not None:
-        raise ValueError(f"attention_mask: a {tuple(attention_mask.shape)} mask beyond the causal one (padding in a "
-                         "batch, a sliding window, ...); allowed: the plain causal mask (transformers then passes "
-                         "none) - attnlab.hf does not take other masks yet")
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        raise ValueError(f"attention_mask: {attention_mask.dtype}; allowed: a bool mask (True = attend), as "
+                         "transformers' SDPA mask builder (registered with the backend) makes it")
     if dropout:
         raise ValueError(f"dropout: {dropout}; allowed: 0.0 (the lab computes attention without dropout; "
                          "model.eval() for inference)")
-    for what in ("softcap", "sliding_window"):
-        if kwargs.get(what) is not None:
-            raise ValueError(f"{what}: {kwargs[what]}; allowed: None (not taken by attnlab.hf yet)")
+    if kwargs.get("softcap") is not None:
+        raise ValueError(f"softcap: {kwargs['softcap']}; allowed: None (not taken by attnlab.hf yet)")
     if kwargs.get("output_attentions"):
         raise ValueError("output_attentions: True; allowed: False (the lab never forms the attention weights)")
     q_len, kv_len = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    # A mask is the whole rule (it holds causality, the window, the padding); else causal, bottom-right.
+    causal = "bottom_right" if causal and attention_mask is None else "none"
     kernel = "decode" if q_len <= DECODE_MAX_Q and q_len < kv_len else "flash"
-    o, _ = _attention_op(query, key, value, "bottom_right" if causal else "none", scaling, kernel, None)
+    o, _ = _attention_op(query, key, value, attention_mask, causal, scaling, kernel, None)
     return o.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
 def _mask(*args, **kwargs):
     """transformers' SDPA mask builder: None for the plain causal mask (then the backend's causal
-    flag is the whole mask), a boolean tensor otherwise (which attention_forward refuses)."""
+    flag is the whole mask), a boolean tensor (True = attend) otherwise."""
     from transformers.masking_utils import sdpa_mask
 
     kwargs["allow_is_causal_skip"] = True

@@ -16,7 +16,9 @@ Tensors are read in place (DLPack) when contiguous, else copied once to contiguo
 model's transposed views); CPU float32, bfloat16 or float16; O comes back float32, gradients float32
 cast to the input's dtype. is_causal is torch's top-left alignment; scale as torch's (default
 1/sqrt(E)); enable_gqa as torch's (K/V heads divide Q heads; the lab reads the shared heads, never
-repeats them). Not taken (a clear error, never ignored): attn_mask, dropout_p > 0.
+repeats them); attn_mask a bool mask (True = attend) of shape (L, S) or (B|1, H|1, L, S), with
+is_causal or without (both: their intersection; a row with no visible key gives O = 0). Not taken
+(a clear error, never ignored): an additive float attn_mask, dropout_p > 0.
 """
 from typing import Optional
 
@@ -34,51 +36,54 @@ def _in(x):
     return x.detach().contiguous()
 
 
-def _kw(causal, scale, kernel, threads):
+def _kw(mask, causal, scale, kernel, threads):
     if causal not in _CAUSAL:
         raise ValueError(f"causal: {causal!r}; allowed: " + ", ".join(_CAUSAL))
-    return dict(causal=_CAUSAL[causal], scale=scale, kernel=kernel, threads=threads)
+    kw = dict(causal=_CAUSAL[causal], scale=scale, kernel=kernel, threads=threads)
+    if mask is not None:  # bool, True = attend: handed over as a uint8 numpy array (copied once there)
+        kw["mask"] = mask.detach().to(torch.uint8).contiguous().numpy()
+    return kw
 
 
 @torch.library.custom_op("attnlab::attention", mutates_args=(), device_types="cpu")
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: str, scale: Optional[float],
-               kernel: str, threads: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    o, lse = _core.attention(_in(q), _in(k), _in(v), return_lse=True, **_kw(causal, scale, kernel, threads))
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], causal: str,
+               scale: Optional[float], kernel: str, threads: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    o, lse = _core.attention(_in(q), _in(k), _in(v), return_lse=True, **_kw(mask, causal, scale, kernel, threads))
     return o, lse
 
 
 @_attention.register_fake
-def _(q, k, v, causal, scale, kernel, threads):
+def _(q, k, v, mask, causal, scale, kernel, threads):
     b, h, n, _ = q.shape
     return q.new_empty((b, h, n, v.shape[-1]), dtype=torch.float32), q.new_empty((b, h, n), dtype=torch.float32)
 
 
 @torch.library.custom_op("attnlab::attention_backward", mutates_args=(), device_types="cpu")
 def _attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                        lse: torch.Tensor, causal: str, scale: Optional[float], kernel: str,
-                        threads: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        lse: torch.Tensor, mask: Optional[torch.Tensor], causal: str, scale: Optional[float],
+                        kernel: str, threads: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dq, dk, dv = _core.attention_backward(_in(q), _in(k), _in(v), _in(do.float()), o=_in(o), lse=_in(lse),
-                                          **_kw(causal, scale, kernel, threads))
+                                          **_kw(mask, causal, scale, kernel, threads))
     return dq, dk, dv
 
 
 @_attention_backward.register_fake
-def _(do, q, k, v, o, lse, causal, scale, kernel, threads):
+def _(do, q, k, v, o, lse, mask, causal, scale, kernel, threads):
     return tuple(x.new_empty(x.shape, dtype=torch.float32) for x in (q, k, v))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, kernel, threads = inputs
+    q, k, v, mask, causal, scale, kernel, threads = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.save_for_backward(q, k, v, o, lse, mask)
     ctx.args = (causal, scale, kernel, threads)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, do, _dlse):
-    q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = _attention_backward(do, q, k, v, o, lse, *ctx.args)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+    q, k, v, o, lse, mask = ctx.saved_tensors
+    dq, dk, dv = _attention_backward(do, q, k, v, o, lse, mask, *ctx.args)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
 _attention.register_autograd(_backward, setup_context=_setup_context)
@@ -86,9 +91,10 @@ _attention.register_autograd(_backward, setup_context=_setup_context)
 
 def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
               *, kernel="flash", threads=None):
-    """O = softmax(scale Q K^T [+ causal mask]) V by the lab's `kernel` (forward and backward)."""
-    if attn_mask is not None:
-        raise ValueError("attn_mask: not taken by attnlab.torch yet; allowed: None (with is_causal)")
+    """O = softmax(scale Q K^T [+ causal mask] [+ attn_mask]) V by the lab's `kernel` (forward and backward)."""
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        raise ValueError(f"attn_mask: {attn_mask.dtype}; allowed: a bool mask (True = attend), shape (L, S) or "
+                         "(B|1, H|1, L, S) - an additive float mask is not taken")
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p: {dropout_p}; allowed: 0.0 (the lab computes attention without dropout)")
     for name, x in (("query", query), ("key", key), ("value", value)):
@@ -97,4 +103,4 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     if key.shape[1] != query.shape[1] and not enable_gqa:
         raise ValueError(f"key: {key.shape[1]} heads for {query.shape[1]} query heads; allowed: the same "
                          "number, or enable_gqa=True (as torch's scaled_dot_product_attention)")
-    return _attention(query, key, value, "top_left" if is_causal else "none", scale, kernel, threads)[0]
+    return _attention(query, key, value, attn_mask, "top_left" if is_causal else "none", scale, kernel, threads)[0]
