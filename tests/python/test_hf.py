@@ -125,3 +125,18 @@ def test_what_it_does_not_take_is_refused():
         attnlab.hf.attention_forward(m.model.layers[0].self_attn, q, q, q, torch.zeros(1, 1, 5, 5))
     with pytest.raises(ValueError, match="softcap: 30.0"):
         attnlab.hf.attention_forward(m.model.layers[0].self_attn, q, q, q, None, softcap=30.0)
+
+
+def test_the_model_compiles_whole():
+    # torch.compile(fullgraph=True) raises at the first graph break: the model's forward with every
+    # attention layer on the lab's operator is one graph (the mask builder makes its mask tensor
+    # while compiling), and gives SDPA's logits.
+    attnlab.hf.register()
+    m = model()
+    ids = torch.randint(0, 256, (1, 24), generator=torch.Generator().manual_seed(8))
+    want = logits(m, ids, "sdpa")
+    m.set_attn_implementation("attnlab")
+    compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        got = compiled(ids).logits
+    assert torch.max(torch.abs(got - want)) <= 1e-5 * torch.max(torch.abs(want))
