@@ -35,10 +35,22 @@ def peer(kernel):
 
 
 def problem(**kw):
-    d = dict(batch=1, q_heads=4, kv_heads=2, q_len=9, kv_len=9, head_dim=16, head_dim_v=16, causal=0,
+    """A request's problem as the lab writes it (problem_to_json: one key per axis, an off term
+    absent), from the cases' terms: causal 0/1/2 (none, bottom-right, top-left), window_left and
+    window_right (-1 unbounded), globals."""
+    t = dict(batch=1, q_heads=4, kv_heads=2, q_len=9, kv_len=9, head_dim=16, head_dim_v=16, causal=0,
              window_left=-1, window_right=-1, layout="bhsd", dtype="f32", sinks=0, globals=[], doc_lens=[],
-             dilation=1, bigbird=[0, 0, 0], kv_lens=[])
-    d.update(kw)
+             dilation=1, kv_lens=[])
+    t.update(kw)
+    d = {k: v for k, v in t.items() if k not in ("causal", "window_left", "window_right", "globals")}
+    d["causal"] = {0: False, 1: True, 2: "top_left"}[t["causal"]]
+    if t["window_left"] >= 0 or t["window_right"] >= 0:
+        d["window"] = [t["window_left"], t["window_right"]]
+    for key, value in (("global", t["globals"]), ("doc_lens", t["doc_lens"]), ("kv_lens", t["kv_lens"])):
+        if value:
+            d[key] = value
+        else:
+            d.pop(key, None)
     d["scale"] = float(np.float32(1 / np.sqrt(d["head_dim"])))
     return Problem(d)
 
