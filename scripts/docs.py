@@ -51,7 +51,8 @@ def load(folder):
     load_results: typed columns, the older folders' defaults) and the shape fields of the schema
     it was written with ([] rows for a folder without results.csv)."""
     path = os.path.join(RESULTS, folder)
-    if os.path.exists(os.path.join(path, "results.csv")):
+    # A sweep's folder: results.csv beside machine.json (another program's CSV is not a sweep's).
+    if all(os.path.exists(os.path.join(path, f)) for f in ("results.csv", "machine.json")):
         rows, machine, _, _ = report_module("load").load_results(path)
         return machine, rows, list(report_module("schema").DIMS)  # the DIMS of this folder, read now
     machine = {}

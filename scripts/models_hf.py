@@ -16,7 +16,7 @@ context, after a warm-up of both. Attention's time is measured inside the model 
 each implementation wrapped by a timer around its attention function, registered as
 "sdpa_timed" / "attnlab_timed" with the same mask builder - so its share of a step is measured, not
 modelled. The greedy tokens of the two are compared (the same tokens, or the first step they differ).
-Writes results.csv (whole, after every point) and summary.md into --out.
+Writes models_hf.csv (whole, after every point) and summary.md into --out.
 """
 import argparse
 import csv
@@ -116,7 +116,7 @@ def measure(args):
         w = csv.DictWriter(text, FIELDS)
         w.writeheader()
         w.writerows(rows)
-        write_atomic(os.path.join(args.out, "results.csv"), text.getvalue())
+        write_atomic(os.path.join(args.out, "models_hf.csv"), text.getvalue())
     return rows
 
 
@@ -144,7 +144,7 @@ def plot(folder):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with open(os.path.join(folder, "results.csv")) as f:
+    with open(os.path.join(folder, "models_hf.csv")) as f:
         rows = list(csv.DictReader(f))
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for impl, color in (("sdpa", "black"), ("attnlab", "tab:blue")):
@@ -176,7 +176,7 @@ def main(argv):
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--plot", metavar="FOLDER", help="plot FOLDER's results.csv (matplotlib) and exit")
+    ap.add_argument("--plot", metavar="FOLDER", help="plot FOLDER's models_hf.csv (matplotlib) and exit")
     args = ap.parse_args(argv)
     if args.plot:
         plot(args.plot)
