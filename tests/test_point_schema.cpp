@@ -352,6 +352,21 @@ TEST(PointSchema, ProblemFileIsTheAxesTable) {
   } catch (const InvalidInput& e) {
     EXPECT_NE(std::string(e.what()).find("point file: missing key 'q_len'"), std::string::npos) << e.what();
   }
+  // A grid takes one mask file: two would share a point id (one would vanish as a duplicate).
+  try {
+    parse_experiment(Json::parse(R"({"description": "d", "implementations": ["naive"], "q_len": 40, "kv_len": 100,
+        "mask_file": [")" + mask +
+                                 R"(", "b.npy"]})"),
+                     "t.json", registry_kernel_names());
+    ADD_FAILURE() << "two mask files in one grid parsed";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("one file per grid"), std::string::npos) << e.what();
+  }
+  const Experiment both = parse_experiment(Json::parse(R"({"description": "d", "implementations": ["naive"],
+      "q_len": 40, "kv_len": 100, "mask_file": [null, ")" +
+                                                       mask + R"("]})"),
+                                           "t.json", registry_kernel_names());
+  EXPECT_EQ(expand(both, 1).size(), 2u);  // dense and the file's pattern
   fs::remove_all(dir);
 }
 

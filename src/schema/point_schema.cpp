@@ -389,11 +389,17 @@ std::vector<Axis> make_axes() {
        "kv_len) or (batch|1, q_heads, q_len, kv_len); null: none",
        nullptr, "null",
        [](W w, K key, const Json& v) {
-         const std::string allowed = "the path of a boolean .npy file, a list of them, or null";
-         return parse_list(w, key, v, allowed, [&](const Json& x) -> Json {
+         // One file per grid: a point's id names "maskfile", not which file, so the points of two
+         // files would share an id (and the second would vanish as a duplicate).
+         const std::string allowed = "the path of a boolean .npy file, or null, or a list of null and one path";
+         int64_t files = 0;
+         auto values = parse_list(w, key, v, allowed, [&](const Json& x) -> Json {
            if (!x.is_null() && (!x.is_string() || x.get<std::string>().empty())) w.bad(key, v, allowed);
+           files += x.is_string();
            return x;
          });
+         if (files > 1) w.bad(key, v, allowed + " (one file per grid: \"grids\" for several)");
+         return values;
        },
        ATTN_SET(p.mask = v.is_null() ? nullptr : mask_of_file(v.get<std::string>())),
        ATTN_READ(p.mask ? Json(p.mask->source) : Json())},
