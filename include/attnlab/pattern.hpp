@@ -33,17 +33,23 @@ namespace attnlab {
 
 struct Problem;
 
-// A boolean mask read from a file (True = attend, PyTorch's bool attn_mask), broadcast over
-// batch and heads when those dimensions are 1.
+// A boolean mask read from a file or handed over as an array (True = attend, PyTorch's bool
+// attn_mask), broadcast over batch and heads when those dimensions are 1.
 struct BoolMask {
   int64_t batch = 1, heads = 1, q_len = 0, kv_len = 0;
   std::vector<uint8_t> data;  // batch x heads x q_len x kv_len, 0 or 1
-  std::string source;         // the file it came from (for messages)
+  std::string source;         // the file (or argument) it came from (for messages)
   bool at(int64_t b, int64_t h, int64_t i, int64_t j) const {
     const int64_t bb = batch == 1 ? 0 : b, hh = heads == 1 ? 0 : h;
     return data[static_cast<size_t>(((bb * heads + hh) * q_len + i) * kv_len + j)] != 0;
   }
 };
+
+// A mask of `shape` (q_len, kv_len) or (batch|1, 1|q_heads, q_len, kv_len) from its bytes in C
+// order (nonzero = attend, kept as 0/1); another number of dimensions is InvalidInput naming
+// `field` and `source`. Whether the sizes fit a problem is Problem::validate's.
+BoolMask bool_mask(const std::vector<int64_t>& shape, std::vector<uint8_t> bytes, std::string source,
+                   const std::string& field);
 
 // BigBird's random blocks: R key blocks of B keys per query block of B positions, drawn with
 // bigbird_pick() (splitmix64 of the seed, the query block and the draw; scripts/numpy_attention.py

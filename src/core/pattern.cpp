@@ -11,6 +11,24 @@
 #include "attnlab/problem.hpp"
 
 namespace attnlab {
+
+BoolMask bool_mask(const std::vector<int64_t>& shape, std::vector<uint8_t> bytes, std::string source,
+                   const std::string& field) {
+  BoolMask m;
+  if (shape.size() == 2) {
+    m.q_len = shape[0], m.kv_len = shape[1];
+  } else if (shape.size() == 4) {
+    m.batch = shape[0], m.heads = shape[1], m.q_len = shape[2], m.kv_len = shape[3];
+  } else {
+    throw InvalidInput(field + ": " + source + " has " + std::to_string(shape.size()) +
+                       " dimensions; allowed: 2 (q_len, kv_len) or 4 (batch|1, 1|q_heads, q_len, kv_len)");
+  }
+  for (uint8_t& x : bytes) x = x != 0;
+  m.data = std::move(bytes);
+  m.source = std::move(source);
+  return m;
+}
+
 namespace {
 
 uint64_t mix64(uint64_t x) {  // splitmix64

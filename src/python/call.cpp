@@ -78,17 +78,9 @@ std::shared_ptr<const BoolMask> mask_of(const py::handle& obj) {
                           "'; allowed: a C-contiguous bool or uint8 array (nonzero = attend) of shape (q_len, "
                           "kv_len) or (batch|1, 1|q_heads, q_len, kv_len)");
   }
-  BoolMask m;
-  m.source = "the mask argument";
-  if (got.ndim == 2) {
-    m.q_len = shape[0], m.kv_len = shape[1];
-  } else {
-    m.batch = shape[0], m.heads = shape[1], m.q_len = shape[2], m.kv_len = shape[3];
-  }
   const auto* bytes = static_cast<const uint8_t*>(got.buf);
-  m.data.resize(static_cast<size_t>(got.len));
-  for (size_t i = 0; i < m.data.size(); ++i) m.data[i] = bytes[i] != 0;
-  return std::make_shared<const BoolMask>(std::move(m));
+  return std::make_shared<const BoolMask>(
+      bool_mask(shape, std::vector<uint8_t>(bytes, bytes + got.len), "the mask argument", "mask"));
 }
 
 // block_table: int32 (batch, entries per sequence), C order, read in place.

@@ -251,18 +251,7 @@ std::shared_ptr<const BoolMask> mask_of_file(const std::string& path) {
   const std::lock_guard<std::mutex> hold(lock);
   if (auto m = read[path].lock()) return m;
   NpyArray a = read_npy_mask(path);
-  BoolMask m;
-  m.source = path;
-  if (a.shape.size() == 2) {
-    m.q_len = a.shape[0], m.kv_len = a.shape[1];
-  } else if (a.shape.size() == 4) {
-    m.batch = a.shape[0], m.heads = a.shape[1], m.q_len = a.shape[2], m.kv_len = a.shape[3];
-  } else {
-    throw InvalidInput("mask_file: " + path + " has " + std::to_string(a.shape.size()) +
-                       " dimensions; allowed: 2 (q_len, kv_len) or 4 (batch|1, 1|q_heads, q_len, kv_len)");
-  }
-  m.data = std::move(a.bytes8);
-  for (uint8_t& x : m.data) x = x != 0;
+  BoolMask m = bool_mask(a.shape, std::move(a.bytes8), path, "mask_file");
   auto shared = std::make_shared<const BoolMask>(std::move(m));
   read[path] = shared;
   return shared;

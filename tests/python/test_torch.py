@@ -13,14 +13,10 @@ def tensors(b=2, hq=4, hkv=2, lq=37, lk=37, d=32, dtype=torch.float32, seed=0):
     return make(hq, lq), make(hkv, lk), make(hkv, lk)
 
 
-@pytest.mark.parametrize("kernel", ["flash", "naive"])
-@pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("gqa", [False, True])
-def test_forward_and_gradients_match_torch(kernel, is_causal, gqa):
-    q, k, v = tensors(hkv=2 if gqa else 4, lk=37 if is_causal else 53)
-    o = at.attention(q, k, v, is_causal=is_causal, enable_gqa=gqa, kernel=kernel, threads=2)
+def agrees_with_torch(o, q, k, v, **sdpa):
+    """O and, through a random dO, dQ, dK, dV (float32) against torch's SDPA and autograd in float64."""
     rq, rk, rv = (x.detach().double().requires_grad_() for x in (q, k, v))
-    ref = torch.nn.functional.scaled_dot_product_attention(rq, rk, rv, is_causal=is_causal, enable_gqa=gqa)
+    ref = torch.nn.functional.scaled_dot_product_attention(rq, rk, rv, **sdpa)
     assert torch.max(torch.abs(o.double() - ref)) < 1e-5
     do = torch.rand_like(o)
     o.backward(do)
@@ -28,6 +24,15 @@ def test_forward_and_gradients_match_torch(kernel, is_causal, gqa):
     for got, want in ((q.grad, rq.grad), (k.grad, rk.grad), (v.grad, rv.grad)):
         assert got.dtype == torch.float32 and got.shape == want.shape
         assert torch.max(torch.abs(got.double() - want)) < 1e-5 * max(1.0, torch.max(torch.abs(want)).item())
+
+
+@pytest.mark.parametrize("kernel", ["flash", "naive"])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("gqa", [False, True])
+def test_forward_and_gradients_match_torch(kernel, is_causal, gqa):
+    q, k, v = tensors(hkv=2 if gqa else 4, lk=37 if is_causal else 53)
+    o = at.attention(q, k, v, is_causal=is_causal, enable_gqa=gqa, kernel=kernel, threads=2)
+    agrees_with_torch(o, q, k, v, is_causal=is_causal, enable_gqa=gqa)
 
 
 def test_a_training_step_through_a_loss():
@@ -75,14 +80,7 @@ def test_a_bool_mask_as_torch_takes_it(kernel):
     mask = torch.rand(2, 1, 21, 21, generator=torch.Generator().manual_seed(4)) < 0.5
     mask[..., 0] = True  # every row sees a key (torch's NaN rows would spoil the comparison)
     o = at.attention(q, k, v, attn_mask=mask, enable_gqa=True, kernel=kernel, threads=2)
-    rq, rk, rv = (x.detach().double().requires_grad_() for x in (q, k, v))
-    ref = torch.nn.functional.scaled_dot_product_attention(rq, rk, rv, attn_mask=mask, enable_gqa=True)
-    assert torch.max(torch.abs(o.double() - ref)) < 1e-5
-    do = torch.rand_like(o)
-    o.backward(do)
-    ref.backward(do.double())
-    for got, want in ((q.grad, rq.grad), (k.grad, rk.grad), (v.grad, rv.grad)):
-        assert torch.max(torch.abs(got.double() - want)) < 1e-5 * max(1.0, torch.max(torch.abs(want)).item())
+    agrees_with_torch(o, q, k, v, attn_mask=mask, enable_gqa=True)
     both = at.attention(q, k, v, attn_mask=mask, is_causal=True, enable_gqa=True, kernel=kernel)
     tril = torch.ones(21, 21, dtype=torch.bool).tril()
     assert torch.equal(both, at.attention(q, k, v, attn_mask=mask & tril, enable_gqa=True, kernel=kernel))

@@ -40,8 +40,8 @@ def _kw(mask, causal, scale, kernel, threads):
     if causal not in _CAUSAL:
         raise ValueError(f"causal: {causal!r}; allowed: " + ", ".join(_CAUSAL))
     kw = dict(causal=_CAUSAL[causal], scale=scale, kernel=kernel, threads=threads)
-    if mask is not None:  # bool, True = attend: handed over as a uint8 numpy array (copied once there)
-        kw["mask"] = mask.detach().to(torch.uint8).contiguous().numpy()
+    if mask is not None:  # bool (True = attend) as numpy shares it; the module copies it once
+        kw["mask"] = mask.detach().contiguous().numpy()
     return kw
 
 
