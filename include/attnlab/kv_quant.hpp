@@ -34,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include "attnlab/dtype.hpp"
+
 namespace attnlab {
 
 // How K and V are stored: as Q's dtype (Same), or in one of the quantized layouts above.
@@ -52,6 +54,11 @@ int64_t kv_row_bytes(KvDType t, int64_t dim);
 // types' per-tensor scale (ignored by the others).
 void quantize_row(KvDType t, const float* x, int64_t dim, std::byte* out, float tensor_scale = 1.0f);
 void dequantize_row(KvDType t, const std::byte* row, int64_t dim, float* y, float tensor_scale = 1.0f);
+// A cache row as a cache of kv_dtype `t` over inputs of `dtype` stores it: quantize_row for a
+// quantized cache, else the values rounded to `dtype` (nearest even; float32 copied) - where a
+// runtime appends a token (generate's cache, the Python module's write_kv). load_row reads it back.
+void store_row(KvDType t, DType dtype, const float* x, int64_t dim, std::byte* out, float tensor_scale = 1.0f);
+void load_row(KvDType t, DType dtype, const std::byte* row, int64_t dim, float* y, float tensor_scale = 1.0f);
 
 // Q for integer K.Q (Arithmetic::Int8Products, decode_i8) over the caches with integer codes
 // (kv_int_dot: q8_0, q4_0, u8, u4). A Q row is rounded to int8 per block of q_block_values

@@ -62,12 +62,7 @@ struct Cache {
   // n floats stored at `at`: converted to the storage dtype, or written into a quantized cache
   // row by its layout's rule (kv_quant.hpp), as a runtime appends a token.
   void put(std::byte* at, const float* x, int64_t n, bool kv_row) const {
-    if (kv_row && c.head.kv_quantized()) return quantize_row(c.head.kv_dtype, x, n, at);
-    visit_dtype(c.head.dtype, [&](auto e) {
-      using E = decltype(e);
-      E* dst = reinterpret_cast<E*>(at);
-      for (int64_t i = 0; i < n; ++i) dst[i] = from_float<E>(x[i]);
-    });
+    store_row(kv_row ? c.head.kv_dtype : KvDType::Same, c.head.dtype, x, n, at);
   }
   // Token j of kv head h (tokens arrive in order; a new block is taken when j starts one).
   void put_kv(int64_t h, int64_t j, const float* kx, const float* vx) {

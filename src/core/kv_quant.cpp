@@ -295,6 +295,24 @@ void dequantize_row(KvDType t, const std::byte* row, int64_t dim, float* y, floa
   kv_read::row(t, row, dim, y, tensor_scale);
 }
 
+void store_row(KvDType t, DType dtype, const float* x, int64_t dim, std::byte* out, float tensor_scale) {
+  if (t != KvDType::Same) return quantize_row(t, x, dim, out, tensor_scale);
+  visit_dtype(dtype, [&](auto e) {
+    using E = decltype(e);
+    E* dst = reinterpret_cast<E*>(out);
+    for (int64_t i = 0; i < dim; ++i) dst[i] = from_float<E>(x[i]);
+  });
+}
+
+void load_row(KvDType t, DType dtype, const std::byte* row, int64_t dim, float* y, float tensor_scale) {
+  if (t != KvDType::Same) return dequantize_row(t, row, dim, y, tensor_scale);
+  visit_dtype(dtype, [&](auto e) {
+    using E = decltype(e);
+    const E* src = reinterpret_cast<const E*>(row);
+    for (int64_t i = 0; i < dim; ++i) y[i] = to_float(src[i]);
+  });
+}
+
 float fp8_e4m3_to_float(uint8_t b) { return kv_read::e4m3(b); }
 float fp8_e5m2_to_float(uint8_t b) { return kv_read::e5m2(b); }
 uint8_t float_to_fp8_e4m3(float x) { return kE4M3.encode(x); }

@@ -25,7 +25,8 @@ namespace py = pybind11;
 struct Arr {
   const void* data = nullptr;
   DType dtype = DType::F32;
-  bool bytes = false;  // uint8: a quantized cache's rows as stored (k and v only; dtype unused)
+  bool bytes = false;      // uint8: a quantized cache's rows as stored (k and v only; dtype unused)
+  bool read_only = false;  // a read-only buffer, or a JAX array (immutable): never written (write_kv)
   std::array<int64_t, 4> shape{};
   std::shared_ptr<void> hold;
   std::string library = "numpy";  // the module of the object's type: where outputs go back

@@ -46,6 +46,7 @@ Arr from_buffer(const py::handle& obj, const char* name, const std::optional<std
   }
   check_array(name, shape, whole_items && c_contiguous(shape, strides), layout, r, dtype, seen);
   r.data = view->buf;
+  r.read_only = view->readonly != 0;
   return r;
 }
 

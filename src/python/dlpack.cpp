@@ -80,6 +80,7 @@ Arr from_dlpack(const py::handle& obj, const char* name, const std::optional<std
   }
   check_array(name, shape, c_contiguous(shape, strides), layout, r, dtype, seen);
   r.data = static_cast<const char*>(t.data) + t.byte_offset;
+  r.read_only = r.library == "jax" || r.library == "jaxlib";  // (unversioned DLPack has no read-only flag)
   return r;
 }
 

@@ -42,6 +42,7 @@
 #include "attnlab/verify.hpp"
 #include "peaks/peak.hpp"
 #include "python/arrays.hpp"
+#include "python/cache.hpp"
 #include "python/call.hpp"
 #include "schema/point_schema.hpp"
 
@@ -301,6 +302,22 @@ PYBIND11_MODULE(_core, m) {  // attnlab._core; the package attnlab (src/python/a
   m.def("axes", &axes,
         "The point schema's input axes (experiment keys): key, kind (size, setting, mask, run), help, default.\n"
         "Every 'setting' is a keyword of attention() and verify().");
+  m.def("write_kv", &write_kv, py::arg("cache"), py::arg("rows"), py::arg("start"), py::arg("kv_dtype") = py::none(),
+        py::arg("block_table") = py::none(), py::arg("layout") = "bhsd",
+        "Stores rows (float32 (batch, kv_heads, n, d)) at positions [start, start + n) of a KV cache you hold,\n"
+        "by the lab's rule for its layout: cache (batch, kv_heads, capacity, row) - uint8 rows of kv_dtype's\n"
+        "bytes (q8_0, q4_0, u8, u4, fp8_e4m3, fp8_e5m2), or a float32/bfloat16/float16 cache (rounded to\n"
+        "nearest even) - or, with block_table (int32 (batch, entries)), a pool (blocks, kv_heads, block, row).\n"
+        "attention(q, cache_k, cache_v, kv_dtype=..., kv_lens=..., block_table=...) then reads it in place.");
+  m.def("read_kv", &read_kv, py::arg("cache"), py::arg("kv_dtype") = py::none(), py::arg("length") = py::none(),
+        py::arg("block_table") = py::none(), py::arg("layout") = "bhsd", py::arg("dim") = py::none(),
+        "A cache's first `length` rows per sequence read back as float32 (batch, kv_heads, length, d): the\n"
+        "values attention() multiplies. Same cache arguments as write_kv.");
+  m.def(
+      "kv_row_bytes", [](const std::string& kv_dtype, int64_t dim) { return cache_row_bytes(kv_dtype, dim); },
+      py::arg("kv_dtype"), py::arg("dim"),
+      "Bytes of one cache row of `dim` values in a quantized layout (kv_quant.hpp).");
+  m.attr("KV_BLOCKS") = py::make_tuple(Problem::kMinKvBlock, Problem::kMaxKvBlock);  // a paged cache's block sizes
   m.def("_views", &views, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("layout") = "bhsd",
         py::arg("dtype") = py::none(), "The data pointers the kernels would read (tests: no copies).");
 }

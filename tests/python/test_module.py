@@ -478,3 +478,61 @@ def test_mask_keyword(tmp_path):
     assert np.array_equal(attnlab.attention(q, k, v, kernel="flash", mask_file=str(tmp_path / "m.npy")), f)
     with pytest.raises(ValueError, match="mask: given beside mask_file"):
         attnlab.attention(q, k, v, mask=m, mask_file=str(tmp_path / "m.npy"))
+
+
+def test_write_kv_appends_where_attention_reads():
+    """write_kv stores rows at their positions - a prompt, then one token at a time - in a contiguous
+    cache and, through a block table, in a pool: the bytes ggml's q8_0 writer gives for the whole K
+    (numpy's, written here), nothing else touched; read_kv reads them back as the layout says (f16
+    scale times int8 codes); attention reads the growing cache in place with kv_lens, bitwise as the
+    cache written whole. A float16 cache holds the rounded values. Bad calls are refused by name."""
+    rng = np.random.default_rng(9)
+    q, k, v = inputs(b=2, hq=4, hkv=2, lq=1, lk=50, d=64)
+    kc, vc = (np.zeros((2, 2, 64, attnlab.kv_row_bytes("q8_0", 64)), np.uint8) for _ in "kv")
+    for lo, hi in [(0, 40)] + [(t, t + 1) for t in range(40, 50)]:
+        attnlab.write_kv(kc, np.ascontiguousarray(k[:, :, lo:hi]), lo, kv_dtype="q8_0")
+        attnlab.write_kv(vc, np.ascontiguousarray(v[:, :, lo:hi]), lo, kv_dtype="q8_0")
+    assert np.array_equal(kc[:, :, :50], q8_0_rows(k)) and not kc[:, :, 50:].any()
+    blocks = kc[:, :, :50].reshape(2, 2, 50, 2, 34)
+    scales = blocks[..., :2].copy().view(np.float16).astype(np.float32)
+    codes = blocks[..., 2:].copy().view(np.int8).astype(np.float32)
+    assert np.array_equal(attnlab.read_kv(kc, kv_dtype="q8_0", length=50), (scales * codes).reshape(2, 2, 50, 64))
+    want = attnlab.attention(q, q8_0_rows(k), q8_0_rows(v), kernel="decode", causal=True, kv_dtype="q8_0")
+    got = attnlab.attention(q, kc, vc, kernel="decode", causal=True, kv_dtype="q8_0", kv_lens=[50, 50])
+    assert np.array_equal(want, got)
+
+    pool, table = to_pool(q8_0_rows(k), [50, 50], 16, rng)
+    fresh = np.zeros_like(pool)
+    attnlab.write_kv(fresh, np.ascontiguousarray(k[:, :, :20]), 0, kv_dtype="q8_0", block_table=table)
+    attnlab.write_kv(fresh, np.ascontiguousarray(k[:, :, 20:]), 20, kv_dtype="q8_0", block_table=table)
+    assert np.array_equal(fresh, pool)
+    assert np.array_equal(attnlab.read_kv(fresh, kv_dtype="q8_0", length=50, block_table=table),
+                          attnlab.read_kv(kc, kv_dtype="q8_0", length=50))
+
+    half = np.zeros((2, 2, 64, 64), np.float16)
+    attnlab.write_kv(half, k, 7)
+    assert np.array_equal(half[:, :, 7:57], k.astype(np.float16)) and not half[:, :, :7].any()
+    assert np.array_equal(attnlab.read_kv(half, length=57)[:, :, 7:], k.astype(np.float16).astype(np.float32))
+
+    with pytest.raises(ValueError, match=r"start: rows \[30, 80\) written; allowed: within \[0, 64\)"):
+        attnlab.write_kv(kc, k, 30, kv_dtype="q8_0")
+    with pytest.raises(TypeError, match="rows: f16 data; allowed: float32"):
+        attnlab.write_kv(half, k.astype(np.float16), 0)
+    with pytest.raises(TypeError, match="cache: uint8 rows without kv_dtype"):
+        attnlab.write_kv(kc, k, 0)
+    with pytest.raises(ValueError, match=r"cache: rows of 68 bytes; allowed: 72 \(a u8 row of 64 values"):
+        attnlab.write_kv(kc, k, 0, kv_dtype="u8")
+    with pytest.raises(ValueError, match="rows: 2 sequences x 2 kv heads; allowed: the cache's 2 x 4"):
+        attnlab.write_kv(np.zeros((2, 4, 64, 64), np.float32), k, 0)
+    bad = table.copy()
+    bad[1, 3] = -1
+    with pytest.raises(ValueError, match=r"block_table\[1\]\[3\]: -1; allowed: a block of the pool"):
+        attnlab.write_kv(fresh, k, 0, kv_dtype="q8_0", block_table=bad)
+    frozen = np.zeros((2, 2, 64, 64), np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="cache: read-only memory"):
+        attnlab.write_kv(frozen, k, 0)
+    with pytest.raises(ValueError, match="rows of 40 bytes are a row of 63 or 64 values; allowed: dim="):
+        attnlab.read_kv(np.zeros((1, 1, 4, 40), np.uint8), kv_dtype="u4")
+    with pytest.raises(ValueError, match="dim: 50; allowed: a multiple of 32 for q8_0"):
+        attnlab.kv_row_bytes("q8_0", 50)

@@ -9,8 +9,18 @@ Each attention layer then runs through the lab's torch operator (attnlab.torch:
 torch.ops.attnlab.attention): prefill by `flash`, a few new rows against a longer cache (decode,
 q_len <= 16) by `decode`; GQA native (the K/V heads as the model keeps them, never repeated);
 causal bottom-right, which is a cache's alignment (the new rows are the cache's last ones). K and V
-come from transformers' own cache (DynamicCache): the lab's caches behind a transformers Cache are
-not here yet.
+come from transformers' own cache (DynamicCache), or from the lab's:
+
+    cache = attnlab.hf.LabCache(kv_dtype="q8_0", block=16)        # f32, bf16, f16, q8_0, q4_0, u8, u4,
+    model.generate(ids, cache=cache, max_new_tokens=64)          # fp8_e4m3, fp8_e5m2; paged or not
+
+LabCache holds each layer's K and V as the lab stores them - a float cache, or the rows of a
+quantized layout (kv_quant.hpp) - contiguous (batch, kv_heads, capacity, row) or paged (a pool of
+blocks and a block table, vLLM's layout), appended each step by the lab's writer (attnlab.write_kv:
+only the new rows are converted) and read in place by the kernels (attnlab.attention with kv_dtype,
+kv_lens and block_table): no float copy of the cache per step. Every step, prefill included, attends
+over the cache as stored (as llama.cpp does), so the prompt's own attention sees the rounded K/V too.
+Not under torch.compile (the cache's handle is a Python object, a graph break per layer).
 
 The mask: the backend registers transformers' SDPA mask builder under its name, which gives no mask
 when the model's mask is the plain causal one (then the lab's causal flag is the whole mask), and a
@@ -19,9 +29,16 @@ bidirectional layout - which the lab takes as the problem's mask (its block map 
 hides; a row that sees no key, a left-padded position, gives O = 0). Refused with a ValueError
 naming it: an additive float mask, dropout in training, softcap, and asking for the weights.
 """
+import numpy
 import torch
 
+from . import _core
 from . import torch as _ops  # noqa: F401  (registers torch.ops.attnlab.*)
+
+try:  # transformers' cache classes (LabCache); attention_forward needs none of transformers
+    from transformers.cache_utils import Cache, CacheLayerMixin
+except ImportError:  # pragma: no cover
+    Cache = CacheLayerMixin = None
 
 NAME = "attnlab"
 _attention_op = torch.ops.attnlab.attention  # (a name of this module, so a test can watch the calls)
@@ -30,8 +47,9 @@ DECODE_MAX_Q = 16  # decode's range (src/cpu/decode.cpp: "q_len <= 16")
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                       **kwargs):
-    """transformers' attention-function interface: query (B, Hq, Lq, D), key and value (B, Hkv, Lk, D);
-    returns (the output as (B, Lq, Hq, Dv) in the query's dtype, None)."""
+    """transformers' attention-function interface: query (B, Hq, Lq, D), key and value (B, Hkv, Lk, D)
+    tensors or a LabCache layer's handles; returns (the output as (B, Lq, Hq, Dv) in the query's
+    dtype, None)."""
     if attention_mask is not None and attention_mask.dtype != torch.bool:
         raise ValueError(f"attention_mask: {attention_mask.dtype}; allowed: a bool mask (True = attend), as "
                          "transformers' SDPA mask builder (registered with the backend) makes it")
@@ -47,7 +65,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     # A mask is the whole rule (it holds causality, the window, the padding); else causal, bottom-right.
     causal = "bottom_right" if causal and attention_mask is None else "none"
     kernel = "decode" if q_len <= DECODE_MAX_Q and q_len < kv_len else "flash"
-    o, _ = _attention_op(query, key, value, attention_mask, causal, scaling, kernel, None)
+    if isinstance(key, Stored):
+        o = key.layer.attention(query, attention_mask, causal, scaling, kernel)
+    else:
+        o, _ = _attention_op(query, key, value, attention_mask, causal, scaling, kernel, None)
     return o.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
@@ -68,3 +89,167 @@ def register(name=NAME):
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, _mask)
     return name
+
+
+# The storage of each cache type: a float cache in torch's dtype, or uint8 rows of a quantized layout.
+FLOAT_CACHES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+QUANTIZED_CACHES = ("q8_0", "q4_0", "u8", "u4", "fp8_e4m3", "fp8_e5m2")
+CACHE_TYPES = tuple(FLOAT_CACHES) + QUANTIZED_CACHES
+INTEGER_CACHES = ("q8_0", "q4_0", "u8", "u4")  # decode_i8's (integer codes)
+
+
+class Stored:
+    """What a LabCache layer's update hands the attention function for K (and for V): the layer,
+    whose storage the kernels read in place; .shape as the K (V) a DynamicCache would return."""
+
+    def __init__(self, layer, dim):
+        self.layer, self.shape = layer, (layer.batch, layer.heads, layer.length, dim)
+
+
+class LabLayer(CacheLayerMixin if CacheLayerMixin is not None else object):
+    """One layer's K and V as the lab stores them (see LabCache)."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = True
+
+    def __init__(self, kv_dtype="f32", block=0, max_cache_len=None, decode_kernel="decode", threads=None):
+        super().__init__()
+        if kv_dtype not in CACHE_TYPES:
+            raise ValueError(f"kv_dtype: {kv_dtype!r}; allowed: " + ", ".join(CACHE_TYPES))
+        low, high = _core.KV_BLOCKS
+        if block and not (low <= block <= high and block & (block - 1) == 0):
+            raise ValueError(f"block: {block}; allowed: 0 (contiguous) or a power of two {low}..{high} (tokens per "
+                             "block)")
+        if decode_kernel not in ("decode", "decode_i8"):
+            raise ValueError(f"decode_kernel: {decode_kernel!r}; allowed: decode, decode_i8 (integer K.Q and P.V on "
+                             "q8_0, q4_0, u8, u4)")
+        self.kv_dtype, self.block, self.max_cache_len = kv_dtype, block, max_cache_len
+        self.decode_kernel, self.threads = decode_kernel, threads
+        self.length = 0
+
+    # storage: contiguous (batch, heads, capacity, row) or a pool (blocks, heads, block, row) + table
+    def _row(self, dim):
+        if self.kv_dtype in FLOAT_CACHES:
+            return dim, FLOAT_CACHES[self.kv_dtype]
+        return _core.kv_row_bytes(self.kv_dtype, dim), torch.uint8
+
+    def _storage(self, rows, dim):
+        width, dtype = self._row(dim)
+        return torch.zeros((rows, self.heads, self.block, width) if self.block else
+                           (self.batch, self.heads, rows, width), dtype=dtype)
+
+    def lazy_initialization(self, key_states, value_states):
+        self.batch, self.heads, _, self.dim = key_states.shape
+        self.dim_v = value_states.shape[-1]
+        self.capacity = 0  # tokens per sequence (contiguous), blocks (paged)
+        self.keys = self.values = None
+        self.table = numpy.zeros((self.batch, 0), dtype=numpy.int32)  # paged: the block table
+        self.is_initialized = True
+
+    def _grow(self, length):
+        """Room for `length` tokens per sequence: a contiguous cache doubles its capacity (up to
+        max_cache_len; the rows so far copied once), a paged one takes free blocks of its pool for
+        each sequence (the pool doubling when none are left: the blocks keep their ids)."""
+        if self.max_cache_len is not None and length > self.max_cache_len:
+            raise ValueError(f"max_cache_len: {self.max_cache_len}; the cache needs {length} tokens")
+        rows_for = lambda n: -(-n // self.block) * self.batch if self.block else n  # noqa: E731
+        need = rows_for(length)
+        if need > self.capacity:
+            rows = rows_for(self.max_cache_len) if self.max_cache_len else max(need, 2 * self.capacity, rows_for(256))
+            keys, values = self._storage(rows, self.dim), self._storage(rows, self.dim_v)
+            if self.keys is not None:
+                used = slice(0, self.capacity) if self.block else (slice(None), slice(None), slice(0, self.length))
+                keys[used], values[used] = self.keys[used], self.values[used]
+            self.keys, self.values, self.capacity = keys, values, rows
+        if self.block:
+            entries = -(-length // self.block)
+            taken = self.table.shape[1]
+            if entries > taken:  # sequence b's next blocks, handed out in turn as tokens arrive
+                fresh = numpy.arange(taken * self.batch, entries * self.batch, dtype=numpy.int32)
+                self.table = numpy.ascontiguousarray(numpy.concatenate(
+                    [self.table, fresh.reshape(entries - taken, self.batch).T], axis=1))
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        self._grow(self.length + n)
+        kw = dict(kv_dtype=None if self.kv_dtype in FLOAT_CACHES else self.kv_dtype,
+                  block_table=self.table if self.block else None)
+        _core.write_kv(self.keys, key_states.detach().float().contiguous(), self.length, **kw)
+        _core.write_kv(self.values, value_states.detach().float().contiguous(), self.length, **kw)
+        self.length += n
+        return Stored(self, self.dim), Stored(self, self.dim_v)
+
+    def attention(self, query, mask, causal, scale, kernel):
+        """O (B, Hq, Lq, Dv) float32 of query over the stored K and V, read in place."""
+        float_cache = self.kv_dtype in FLOAT_CACHES
+        q = query.detach().to(FLOAT_CACHES[self.kv_dtype] if float_cache else torch.float32).contiguous()
+        kw = dict(kv_lens=[self.length] * self.batch, threads=self.threads, scale=scale,
+                  causal=causal != "none")
+        if not float_cache:
+            kw["kv_dtype"] = self.kv_dtype
+        if self.block:
+            kw["block_table"] = self.table
+        if mask is not None:  # as wide as the cache's keys: a contiguous cache's capacity past them hidden
+            width = self.length if self.block else self.capacity
+            kw["mask"] = torch.nn.functional.pad(mask, (0, width - mask.shape[-1]), value=False).contiguous().numpy()
+        if kernel == "decode" and self.kv_dtype in INTEGER_CACHES:
+            kernel = self.decode_kernel
+        return _core.attention(q, self.keys, self.values, kernel=kernel, **kw)
+
+    def get_mask_sizes(self, query_length):
+        return self.length + query_length, 0
+
+    def get_seq_length(self):
+        return self.length
+
+    def get_max_length(self):
+        return -1 if self.max_cache_len is None else self.max_cache_len
+
+    def reset(self):
+        self.length = 0
+
+    def crop(self, tokens_to_remove):
+        if tokens_to_remove > 0:  # transformers' rule: a negative count of tokens to drop
+            raise ValueError(f"tokens_to_remove: {tokens_to_remove}; allowed: <= 0 (minus the tokens to drop)")
+        self.length = max(0, self.length + tokens_to_remove)
+
+    def reorder_cache(self, beam_idx):
+        """Beam search: sequence b takes sequence beam_idx[b]'s rows (a paged cache copies the
+        blocks, each sequence keeping its own)."""
+        if not self.is_initialized or self.length == 0:
+            return
+        idx = beam_idx.cpu()
+        if self.block:
+            dst = torch.from_numpy(self.table.reshape(-1).astype(numpy.int64))
+            src = torch.from_numpy(self.table[idx.numpy()].reshape(-1).astype(numpy.int64))
+            self.keys[dst], self.values[dst] = self.keys[src], self.values[src]
+        else:
+            self.keys, self.values = self.keys.index_select(0, idx), self.values.index_select(0, idx)
+
+
+class LabCache(Cache if Cache is not None else object):
+    """A transformers Cache whose layers are the lab's caches (LabLayer): kv_dtype f32, bf16, f16
+    (a float cache; Q rounded to it for the dot products) or q8_0, q4_0, u8, u4, fp8_e4m3, fp8_e5m2
+    (kv_quant.hpp's layouts); block 0 (contiguous, capacity doubling as it fills) or tokens per block
+    (paged: a pool and a block table); max_cache_len bounds (and preallocates up to) the tokens per
+    sequence. decode_kernel "decode" (float32 dot products on the dequantized rows) or "decode_i8"
+    (integer dot products on q8_0, q4_0, u8, u4 codes). Use with attn_implementation="attnlab"."""
+
+    def __init__(self, config=None, kv_dtype="f32", block=0, max_cache_len=None, decode_kernel="decode",
+                 threads=None):
+        make = lambda: LabLayer(kv_dtype, block, max_cache_len, decode_kernel, threads)  # noqa: E731
+        make()  # the arguments' checks, before any model runs
+        if config is not None:
+            layers = config.get_text_config(decoder=True).num_hidden_layers
+            super().__init__(layers=[make() for _ in range(layers)])
+        else:
+            super().__init__(layer_class_to_replicate=make)
+        self.kv_dtype, self.block = kv_dtype, block
+
+    def nbytes(self):
+        """Bytes the layers' K and V storage holds (capacity, not only the tokens so far)."""
+        return sum(t.numel() * t.element_size() for layer in self.layers if layer.is_initialized
+                   for t in (layer.keys, layer.values))
