@@ -6,7 +6,8 @@ each step spent in attention and in the cache, and the tokens against SDPA's.
 
     .venv-peers/bin/python scripts/models_hf.py --out results/DATE-models_hf [--contexts 1024,4096]
         [--implementations sdpa,attnlab,lab:q8_0,hqq:4]      (PYTHONPATH=build/python or pip install .)
-    /usr/bin/python3 scripts/models_hf.py --plot results/DATE-models_hf      (matplotlib)
+    /usr/bin/python3 scripts/models_hf.py --plot results/DATE-models_hf   (summary.md and the plot again)
+    scripts/lab report models_hf [ARGS]     (the venv, the build, this script, its plot)
 
 The model: a Llama-architecture decoder with a real model's attention shape (32 query / 8 key-value
 heads, head_dim 128, hidden 4096, MLP 14336, vocabulary 32000; --layers of them, random weights made
@@ -184,7 +185,9 @@ def summary(rows):
     """One table per context: each implementation's first token and step, their attention and cache
     parts, the cache's size and the tokens against SDPA's."""
     md = []
-    f = float
+
+    def f(x):  # (a CSV written before a column existed reads as 0 there)
+        return float(x or 0)
     for n in sorted({int(r["context"]) for r in rows}):
         at = [r for r in rows if int(r["context"]) == n]
         ref = next((r for r in at if r["implementation"] == "sdpa"), None)
@@ -194,11 +197,11 @@ def summary(rows):
                "|---|---|---|---|---|---|---|---|---|"]
         for r in at:
             speed = f"{f(ref['tpot_s']) / f(r['tpot_s']):.2f}x" if ref else "-"
-            size = f"{int(r['cache_bytes']) / 2**20:.0f} MiB" if r["cache_bytes"] else "-"
+            size = f"{int(r['cache_bytes']) / 2**20:.0f} MiB" if r.get("cache_bytes") else "-"
             md.append(f"| {r['implementation']} | {f(r['ttft_s']):.2f} s | {1e3 * f(r['tpot_s']):.1f} ms | {speed} | "
                       f"{1e3 * f(r['step_attention_s']):.2f} ms ({100 * f(r['attention_share']):.1f}%) | "
-                      f"{1e3 * f(r['step_cache_s']):.2f} ms ({100 * f(r['cache_share']):.1f}%) | {size} | "
-                      f"{r['tokens_agree']} | {f(r['logits_rel_err']):.2g} |")
+                      f"{1e3 * f(r.get('step_cache_s')):.2f} ms ({100 * f(r.get('cache_share')):.1f}%) | {size} | "
+                      f"{r['tokens_agree']} | {f(r.get('logits_rel_err')):.2g} |")
         md.append("")
     return "\n".join(md)
 
@@ -218,7 +221,8 @@ def plot(folder):
         n = [int(r["context"]) for r in rs]
         style = dict(color="black" if name == "sdpa" else cmap(i % 20), marker="o",
                      linestyle="-" if name.startswith(("sdpa", "attnlab", "lab:")) else "--")
-        a1.plot(n, [1e3 * (float(r["step_attention_s"]) + float(r["step_cache_s"])) for r in rs], label=name, **style)
+        a1.plot(n, [1e3 * (float(r["step_attention_s"]) + float(r.get("step_cache_s") or 0)) for r in rs], label=name,
+                **style)
         a2.plot(n, [float(r["ttft_s"]) for r in rs], label=name, **style)
     for a, t in ((a1, "attention + cache per output token (ms, median step)"), (a2, "time to first token (s)")):
         a.set_xscale("log", base=2)
@@ -242,9 +246,12 @@ def main(argv):
     ap.add_argument("--implementations", default=",".join(DEFAULT), help="comma-separated; see above")
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--plot", metavar="FOLDER", help="plot FOLDER's models_hf.csv (matplotlib) and exit")
+    ap.add_argument("--plot", metavar="FOLDER", help="FOLDER's summary.md and plot from its models_hf.csv "
+                                                     "(matplotlib) and exit")
     args = ap.parse_args(argv)
-    if args.plot:
+    if args.plot:  # (no torch needed: the CSV's summary and plot)
+        with open(os.path.join(args.plot, "models_hf.csv")) as f:
+            write_atomic(os.path.join(args.plot, "summary.md"), summary(list(csv.DictReader(f))))
         plot(args.plot)
         return 0
     if not args.out:
@@ -261,7 +268,7 @@ def main(argv):
     path = os.path.join(args.out, "models_hf.csv")
     if os.path.exists(path):  # earlier points of this folder: kept unless measured again
         with open(path) as f:
-            rows = [r for r in csv.DictReader(f) if "step_cache_s" in r]
+            rows = [r for r in csv.DictReader(f) if r.get("step_cache_s") is not None]
     rows = measure(args, rows)
     write_atomic(os.path.join(args.out, "summary.md"), summary(rows))
     print(summary(rows))

@@ -10,6 +10,7 @@
 
 #include "attnlab/kv_quant.hpp"
 #include "attnlab/tensor.hpp"
+#include "python/call.hpp"
 
 namespace attnlab::python {
 
@@ -96,24 +97,8 @@ Rows rows_of(const Arr& c, const std::optional<std::string>& kv_dtype, const py:
     r.batch = outer, r.capacity = seq;
     return r;
   }
-  Py_buffer got{};
-  if (PyObject_GetBuffer(block_table.ptr(), &got, PyBUF_RECORDS_RO) != 0) {
-    PyErr_Clear();
-    throw py::type_error("block_table: " + type_name(block_table) + " has no buffer; allowed: a 2-D int32 numpy array");
-  }
-  r.table = std::shared_ptr<Py_buffer>(new Py_buffer(got), [](Py_buffer* b) {
-    PyBuffer_Release(b);
-    delete b;
-  });
-  std::string fmt = r.table->format ? r.table->format : "B";
-  if (!fmt.empty() && std::string("@=<").find(fmt[0]) != std::string::npos) fmt.erase(0, 1);
+  r.table = block_table_of(block_table, -1);
   const std::vector<int64_t> shape(r.table->shape, r.table->shape + r.table->ndim);
-  std::vector<int64_t> strides;
-  for (int i = 0; i < r.table->ndim && r.table->strides; ++i) strides.push_back(r.table->strides[i] / 4);
-  if ((fmt != "i" && fmt != "l") || r.table->itemsize != 4 || r.table->ndim != 2 || !c_contiguous(shape, strides)) {
-    throw py::value_error("block_table: shape " + shape_text(shape) + ", format '" + fmt +
-                          "'; allowed: a C-contiguous int32 array (batch, blocks per sequence)");
-  }
   r.batch = shape[0];
   r.pages = KvPages{static_cast<const int32_t*>(r.table->buf), shape[1], seq, outer};
   r.capacity = shape[1] * seq;

@@ -83,6 +83,8 @@ std::shared_ptr<const BoolMask> mask_of(const py::handle& obj) {
       bool_mask(shape, std::vector<uint8_t>(bytes, bytes + got.len), "the mask argument", "mask"));
 }
 
+}  // namespace
+
 // block_table: int32 (batch, entries per sequence), C order, read in place.
 std::shared_ptr<Py_buffer> block_table_of(const py::handle& obj, int64_t batch) {
   Py_buffer got{};
@@ -99,17 +101,15 @@ std::shared_ptr<Py_buffer> block_table_of(const py::handle& obj, int64_t batch) 
   const std::vector<int64_t> shape(view->shape, view->shape + view->ndim);
   const bool c_order = view->ndim != 2 || !view->strides ||
                        (view->strides[1] == 4 && (shape[0] == 1 || view->strides[0] == 4 * shape[1]));
-  if ((fmt != "i" && fmt != "l") || view->itemsize != 4 || view->ndim != 2 || !c_order || shape[0] != batch) {
+  if ((fmt != "i" && fmt != "l") || view->itemsize != 4 || view->ndim != 2 || !c_order ||
+      (batch >= 0 && shape[0] != batch)) {
     throw py::value_error("block_table: shape " + shape_text(shape) + ", format '" + fmt + "', item size " +
-                          std::to_string(view->itemsize) +
-                          "; allowed: a C-contiguous int32 array of shape (batch = " + std::to_string(batch) +
-                          ", blocks per sequence): sequence b's key j in pool block "
-                          "block_table[b][j // block]");
+                          std::to_string(view->itemsize) + "; allowed: a C-contiguous int32 array of shape (batch" +
+                          (batch >= 0 ? " = " + std::to_string(batch) : std::string()) +
+                          ", blocks per sequence): sequence b's key j in pool block block_table[b][j // block]");
   }
   return view;
 }
-
-}  // namespace
 
 Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, const py::object& causal,
                const std::optional<std::pair<int64_t, int64_t>>& window,

@@ -25,6 +25,10 @@ struct Call {
   std::shared_ptr<Py_buffer> table;  // a block table given with k and v as a paged cache's pool
 };
 
+// block_table: an int32 (batch, entries per sequence) C-order array, read in place (held by the
+// returned view); batch < 0: any. ValueError / TypeError naming what is allowed.
+std::shared_ptr<Py_buffer> block_table_of(const py::handle& obj, int64_t batch);
+
 Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, const py::object& causal,
                const std::optional<std::pair<int64_t, int64_t>>& window,
                const std::optional<std::vector<int64_t>>& kv_lens, const std::optional<float>& scale,
