@@ -25,12 +25,16 @@
 #include "attnlab/verify.hpp"
 #include "cuda/host_args.hpp"
 #include "cuda/tile_plan.hpp"
+#include "cuda/fragments.hpp"
 #include "cuda_emu.hpp"
 #include "test_util.hpp"
 
-namespace attnlab::cuda_emu::selftest {
-void run(int which, float* out, unsigned threads);  // tests/cuda_emu_kernels.cpp
-}
+namespace attnlab::cuda_emu::selftest {  // tests/cuda_emu_kernels.cpp
+void run(int which, float* out, unsigned threads);
+void mma(const uint16_t* A, const uint16_t* B, const float* C, float* D, int leave_lane);
+void ldmatrix(const uint16_t* M, uint32_t* out, bool trans);
+void ldmatrix_then_mma(const uint16_t* A, const uint16_t* B, float* D);
+}  // namespace attnlab::cuda_emu::selftest
 
 namespace attnlab {
 namespace {
@@ -281,6 +285,102 @@ TEST(CudaEmulation, ChecksShuffleMasks) {
   }
   cuda_emu::selftest::run(6, out.data(), kThreads);  // legal: each half-warp with its own mask
   for (unsigned t = 0; t < kThreads; ++t) EXPECT_EQ(out[t], static_cast<float>(t ^ 1u)) << t;
+}
+
+// ---- tensor cores (src/cuda/tensor_core.cuh): the PTX ISA's fragment tables ----------------
+
+// Small integers (exact in bf16, their products and sums exact in float32).
+std::vector<uint16_t> bf16_matrix(int rows, int cols, int mul, int mod) {
+  std::vector<uint16_t> m(static_cast<size_t>(rows * cols));
+  for (int e = 0; e < rows * cols; ++e) m[e] = to_bf16(static_cast<float>(e * mul % mod - mod / 2)).bits;
+  return m;
+}
+float bf16_value(uint16_t bits) { return to_float(bf16{bits}); }
+
+TEST(CudaEmulation, MmaFragmentsFollowThePtxTables) {
+  // mma.m16n8k16 .bf16 with fragments gathered by the tables (groupID g = lane / 4, t = lane % 4):
+  // A's a0..a7 at rows g, g + 8 and columns 2t (+1), +8; B's b0..b3 at k 2t (+1), +8 and column g;
+  // C/D's c0..c3 at rows g, g + 8 and columns 2t, 2t + 1. D = A B + C must land in those registers.
+  const std::vector<uint16_t> A = bf16_matrix(16, 16, 7, 11), B = bf16_matrix(16, 8, 5, 9);
+  std::vector<float> C(16 * 8), D(32 * 4, std::nanf(""));
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 8; ++c) C[r * 8 + c] = static_cast<float>(r - c);
+  cuda_emu::selftest::mma(A.data(), B.data(), C.data(), D.data(), -1);
+  const auto want = [&](int r, int c) {
+    float acc = C[r * 8 + c];
+    for (int k = 0; k < 16; ++k) acc += bf16_value(A[r * 16 + k]) * bf16_value(B[k * 8 + c]);
+    return acc;
+  };
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int i = 0; i < 4; ++i) {
+      const int row = lane / 4 + 8 * (i / 2), col = 2 * (lane % 4) + i % 2;
+      EXPECT_EQ(D[lane * 4 + i], want(row, col)) << "lane " << lane << " d" << i;
+      const tensor_core::Coord c = tensor_core::mma_c(lane, i);  // the kernels' copy of the table
+      EXPECT_TRUE(c.row == row && c.col == col) << "mma_c(" << lane << ", " << i << ")";
+    }
+    for (int i = 0; i < 8; ++i) {
+      const tensor_core::Coord a = tensor_core::mma_a(lane, i);
+      EXPECT_TRUE(a.row == lane / 4 + 8 * ((i == 2 || i == 3 || i == 6 || i == 7) ? 1 : 0) &&
+                  a.col == 2 * (lane % 4) + (i & 1) + (i >= 4 ? 8 : 0))
+          << "mma_a(" << lane << ", " << i << ")";
+    }
+    for (int i = 0; i < 4; ++i) {
+      const tensor_core::Coord b = tensor_core::mma_b(lane, i);
+      EXPECT_TRUE(b.row == 2 * (lane % 4) + (i & 1) + (i >= 2 ? 8 : 0) && b.col == lane / 4)
+          << "mma_b(" << lane << ", " << i << ")";
+    }
+  }
+  // The tables' own corners: lane 0 holds D[0][0], D[0][1], D[8][0], D[8][1]; lane 5 (group 1,
+  // thread 1) D[1][2], D[1][3], D[9][2], D[9][3]; lane 31 D[7][6], D[7][7], D[15][6], D[15][7].
+  EXPECT_EQ(D[0 * 4 + 2], want(8, 0));
+  EXPECT_EQ(D[5 * 4 + 1], want(1, 3));
+  EXPECT_EQ(D[31 * 4 + 3], want(15, 7));
+}
+
+TEST(CudaEmulation, LdmatrixDeliversTheTablesElements) {
+  // Lane l gives row l % 8 of matrix l / 8; it receives, of each matrix j, the elements at row
+  // l / 4, columns 2 (l % 4) and +1 (low half first) - with .trans, column l / 4 of rows 2 (l % 4), +1.
+  std::vector<uint16_t> M(256);
+  for (int e = 0; e < 256; ++e) M[e] = static_cast<uint16_t>(1000 + e);
+  for (bool trans : {false, true}) {
+    std::vector<uint32_t> out(128, 0xdeadbeefu);
+    cuda_emu::selftest::ldmatrix(M.data(), out.data(), trans);
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int j = 0; j < 4; ++j) {
+        for (int h = 0; h < 2; ++h) {
+          const int r = trans ? 2 * (lane % 4) + h : lane / 4, c = trans ? lane / 4 : 2 * (lane % 4) + h;
+          EXPECT_EQ(out[lane * 4 + j] >> (16 * h) & 0xffffu, M[j * 64 + r * 8 + c])
+              << (trans ? ".trans " : "") << "lane " << lane << " matrix " << j << " half " << h;
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaEmulation, LdmatrixFeedsMmaAsAFlashKernelUsesThem) {
+  // A (16 x 16) by ldmatrix_x4 and B (16 x 16, k down, as V is stored) by ldmatrix_x4.trans, two
+  // m16n8k16 products: D = A B whole.
+  const std::vector<uint16_t> A = bf16_matrix(16, 16, 7, 11), B = bf16_matrix(16, 16, 5, 13);
+  std::vector<float> D(256, std::nanf(""));
+  cuda_emu::selftest::ldmatrix_then_mma(A.data(), B.data(), D.data());
+  for (int r = 0; r < 16; ++r) {
+    for (int c = 0; c < 16; ++c) {
+      float acc = 0;
+      for (int k = 0; k < 16; ++k) acc += bf16_value(A[r * 16 + k]) * bf16_value(B[k * 16 + c]);
+      EXPECT_EQ(D[r * 16 + c], acc) << "D[" << r << "][" << c << "]";
+    }
+  }
+}
+
+TEST(CudaEmulation, MmaNeedsTheWholeWarp) {
+  const std::vector<uint16_t> A = bf16_matrix(16, 16, 7, 11), B = bf16_matrix(16, 8, 5, 9);
+  std::vector<float> C(128, 0.f), D(128);
+  try {
+    cuda_emu::selftest::mma(A.data(), B.data(), C.data(), D.data(), 31);  // lane 31 returns first
+    ADD_FAILURE() << "an mma without lane 31 was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("lane 31 of the warp is not at it"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CudaEmulation, UnwrittenSharedMemoryIsNan) {

@@ -63,6 +63,8 @@ class BlockScheduler {
     stacks_.reset(new std::byte[kStackBytes * threads]);
     slots_.assign(2 * ((threads + kWarp - 1) / kWarp) * kWarp, 0);
     arrivals_.assign(slots_.size(), Arrival{});
+    exchange_.assign(slots_.size() * kExchangeWords, 0);
+    exchange_seq_.assign(slots_.size(), 0);
   }
 
   // A fresh context for thread t starting at entry(). Its own frame, so no loop variable
@@ -72,6 +74,8 @@ class BlockScheduler {
     f.state = State::Ready;
     f.shuffle_phase = 0;
     f.shuffles = 0;
+    f.exchange_phase = 0;
+    f.exchanges = 0;
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = stacks_.get() + kStackBytes * t;
     f.ctx.uc_stack.ss_size = kStackBytes;
@@ -83,6 +87,7 @@ class BlockScheduler {
   void run_block(const std::function<void()>& body) {
     body_ = &body;
     std::fill(arrivals_.begin(), arrivals_.end(), Arrival{});
+    std::fill(exchange_seq_.begin(), exchange_seq_.end(), 0);
     const unsigned n = static_cast<unsigned>(fibers_.size());
     for (unsigned t = 0; t < n; ++t) prepare_fiber(t);
     std::vector<unsigned> order(n);
@@ -140,6 +145,35 @@ class BlockScheduler {
     return out;
   }
 
+  // A warp-collective exchange (the tensor-core instructions' model: mma.sync, ldmatrix): every
+  // lane of the warp deposits n <= kExchangeWords words, and after the warp barrier reads the
+  // whole warp's deposits - lane l's word w at [l * kExchangeWords + w] - until its next
+  // exchange. The .sync.aligned instructions need all 32 lanes: a lane absent (returned, or at
+  // another instruction) is an error, as a divergent mma is undefined on a GPU.
+  static constexpr int kExchangeWords = 8;
+  const uint32_t* exchange(const uint32_t* words, int n, const char* what) {
+    Fiber& f = fibers_[current_];
+    const unsigned t = current_;
+    const unsigned warp = t / kWarp, lane = t % kWarp;
+    const size_t base = (f.exchange_phase * (exchange_.size() / 2)) + warp * kWarp * kExchangeWords;
+    f.exchange_phase ^= 1;
+    const uint64_t seq = ++f.exchanges;
+    std::memcpy(exchange_.data() + base + lane * kExchangeWords, words, sizeof(uint32_t) * n);
+    exchange_seq_[base / kExchangeWords + lane] = seq;
+    warp_barrier();
+    if (error_.empty()) {
+      const unsigned first = t - lane;
+      for (unsigned l = 0; l < static_cast<unsigned>(kWarp); ++l) {
+        if (first + l >= fibers_.size() || exchange_seq_[base / kExchangeWords + l] != seq) {
+          error_ = std::string("cuda emulation: ") + what + " at lane " + std::to_string(lane) + ": lane " +
+                   std::to_string(l) + " of the warp is not at it (.sync.aligned needs all 32 lanes)";
+          break;
+        }
+      }
+    }
+    return exchange_.data() + base;
+  }
+
   static inline thread_local BlockScheduler* t_current = nullptr;
 
  private:
@@ -148,6 +182,8 @@ class BlockScheduler {
     State state = State::Ready;
     unsigned shuffle_phase = 0;
     uint64_t shuffles = 0;  // shuffles this thread has called in this block
+    unsigned exchange_phase = 0;
+    uint64_t exchanges = 0;  // warp exchanges (mma, ldmatrix) likewise
   };
   // What a lane passed to its latest shuffle in a slot set: the shuffle's number and the mask.
   struct Arrival {
@@ -234,7 +270,9 @@ class BlockScheduler {
   std::unique_ptr<std::byte[]> stacks_;
   std::vector<uint64_t> slots_;
   std::vector<Arrival> arrivals_;
-  std::string error_;  // the first shuffle-mask violation of the block
+  std::vector<uint32_t> exchange_;      // two sets (alternating, as the shuffle slots) of the warps'
+  std::vector<uint64_t> exchange_seq_;  // deposits; which exchange each lane's deposit is from
+  std::string error_;                   // the first shuffle-mask (or exchange) violation of the block
   ucontext_t main_{};
   unsigned current_ = 0;
   const std::function<void()>* body_ = nullptr;

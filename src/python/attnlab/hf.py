@@ -148,9 +148,10 @@ class LabLayer(CacheLayerMixin if CacheLayerMixin is not None else object):
         self.is_initialized = True
 
     def _grow(self, length):
-        """Room for `length` tokens per sequence: a contiguous cache doubles its capacity (up to
-        max_cache_len; the rows so far copied once), a paged one takes free blocks of its pool for
-        each sequence (the pool doubling when none are left: the blocks keep their ids)."""
+        """Room for `length` tokens per sequence: a contiguous cache doubles its capacity (the rows
+        so far copied once; with max_cache_len made once at that size), a paged one takes free
+        blocks of its pool for each sequence (the pool doubling when none are left: the blocks
+        keep their ids)."""
         if self.max_cache_len is not None and length > self.max_cache_len:
             raise ValueError(f"max_cache_len: {self.max_cache_len}; the cache needs {length} tokens")
         rows_for = lambda n: -(-n // self.block) * self.batch if self.block else n  # noqa: E731
@@ -234,8 +235,8 @@ class LabCache(Cache if Cache is not None else object):
     """A transformers Cache whose layers are the lab's caches (LabLayer): kv_dtype f32, bf16, f16
     (a float cache; Q rounded to it for the dot products) or q8_0, q4_0, u8, u4, fp8_e4m3, fp8_e5m2
     (kv_quant.hpp's layouts); block 0 (contiguous, capacity doubling as it fills) or tokens per block
-    (paged: a pool and a block table); max_cache_len bounds (and preallocates up to) the tokens per
-    sequence. decode_kernel "decode" (float32 dot products on the dequantized rows) or "decode_i8"
+    (paged: a pool and a block table); max_cache_len bounds the tokens per sequence (the storage is
+    then made once at that size and never moves; more tokens are a ValueError). decode_kernel "decode" (float32 dot products on the dequantized rows) or "decode_i8"
     (integer dot products on q8_0, q4_0, u8, u4 codes). Use with attn_implementation="attnlab"."""
 
     def __init__(self, config=None, kv_dtype="f32", block=0, max_cache_len=None, decode_kernel="decode",
