@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -26,6 +27,9 @@
 #include "cuda/host_args.hpp"
 #include "cuda/tile_plan.hpp"
 #include "cuda/fragments.hpp"
+#if defined(ATTN_HAS_CUDA)
+#include "cuda/tensor_core_check.hpp"
+#endif
 #include "cuda_emu.hpp"
 #include "test_util.hpp"
 
@@ -297,7 +301,13 @@ std::vector<uint16_t> bf16_matrix(int rows, int cols, int mul, int mod) {
 }
 float bf16_value(uint16_t bits) { return to_float(bf16{bits}); }
 
-TEST(CudaEmulation, MmaFragmentsFollowThePtxTables) {
+// The checks, for any runner of the self-test kernels (src/cuda/tensor_core_selftest.cuh): the
+// emulation's here, the GPU's under CudaDevice below.
+using MmaRun = std::function<void(const uint16_t*, const uint16_t*, const float*, float*)>;
+using LdmatrixRun = std::function<void(const uint16_t*, uint32_t*, bool)>;
+using LdmatrixMmaRun = std::function<void(const uint16_t*, const uint16_t*, float*)>;
+
+void expect_mma_follows_the_tables(const MmaRun& run) {
   // mma.m16n8k16 .bf16 with fragments gathered by the tables (groupID g = lane / 4, t = lane % 4):
   // A's a0..a7 at rows g, g + 8 and columns 2t (+1), +8; B's b0..b3 at k 2t (+1), +8 and column g;
   // C/D's c0..c3 at rows g, g + 8 and columns 2t, 2t + 1. D = A B + C must land in those registers.
@@ -305,7 +315,7 @@ TEST(CudaEmulation, MmaFragmentsFollowThePtxTables) {
   std::vector<float> C(16 * 8), D(32 * 4, std::nanf(""));
   for (int r = 0; r < 16; ++r)
     for (int c = 0; c < 8; ++c) C[r * 8 + c] = static_cast<float>(r - c);
-  cuda_emu::selftest::mma(A.data(), B.data(), C.data(), D.data(), -1);
+  run(A.data(), B.data(), C.data(), D.data());
   const auto want = [&](int r, int c) {
     float acc = C[r * 8 + c];
     for (int k = 0; k < 16; ++k) acc += bf16_value(A[r * 16 + k]) * bf16_value(B[k * 8 + c]);
@@ -315,8 +325,58 @@ TEST(CudaEmulation, MmaFragmentsFollowThePtxTables) {
     for (int i = 0; i < 4; ++i) {
       const int row = lane / 4 + 8 * (i / 2), col = 2 * (lane % 4) + i % 2;
       EXPECT_EQ(D[lane * 4 + i], want(row, col)) << "lane " << lane << " d" << i;
-      const tensor_core::Coord c = tensor_core::mma_c(lane, i);  // the kernels' copy of the table
-      EXPECT_TRUE(c.row == row && c.col == col) << "mma_c(" << lane << ", " << i << ")";
+    }
+  }
+  // The tables' own corners: lane 0 holds D[0][0], D[0][1], D[8][0], D[8][1]; lane 5 (group 1,
+  // thread 1) D[1][2], D[1][3], D[9][2], D[9][3]; lane 31 D[7][6], D[7][7], D[15][6], D[15][7].
+  EXPECT_EQ(D[0 * 4 + 2], want(8, 0));
+  EXPECT_EQ(D[5 * 4 + 1], want(1, 3));
+  EXPECT_EQ(D[31 * 4 + 3], want(15, 7));
+}
+
+void expect_ldmatrix_follows_the_tables(const LdmatrixRun& run) {
+  // Lane l gives row l % 8 of matrix l / 8; it receives, of each matrix j, the elements at row
+  // l / 4, columns 2 (l % 4) and +1 (low half first) - with .trans, column l / 4 of rows 2 (l % 4), +1.
+  std::vector<uint16_t> M(256);
+  for (int e = 0; e < 256; ++e) M[e] = static_cast<uint16_t>(1000 + e);
+  for (bool trans : {false, true}) {
+    std::vector<uint32_t> out(128, 0xdeadbeefu);
+    run(M.data(), out.data(), trans);
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int j = 0; j < 4; ++j) {
+        for (int h = 0; h < 2; ++h) {
+          const int r = trans ? 2 * (lane % 4) + h : lane / 4, c = trans ? lane / 4 : 2 * (lane % 4) + h;
+          EXPECT_EQ(out[lane * 4 + j] >> (16 * h) & 0xffffu, M[j * 64 + r * 8 + c])
+              << (trans ? ".trans " : "") << "lane " << lane << " matrix " << j << " half " << h;
+        }
+      }
+    }
+  }
+}
+
+void expect_ldmatrix_feeds_mma(const LdmatrixMmaRun& run) {
+  // A (16 x 16) by ldmatrix_x4 and B (16 x 16, k down, as V is stored) by ldmatrix_x4.trans, two
+  // m16n8k16 products: D = A B whole.
+  const std::vector<uint16_t> A = bf16_matrix(16, 16, 7, 11), B = bf16_matrix(16, 16, 5, 13);
+  std::vector<float> D(256, std::nanf(""));
+  run(A.data(), B.data(), D.data());
+  for (int r = 0; r < 16; ++r) {
+    for (int c = 0; c < 16; ++c) {
+      float acc = 0;
+      for (int k = 0; k < 16; ++k) acc += bf16_value(A[r * 16 + k]) * bf16_value(B[k * 16 + c]);
+      EXPECT_EQ(D[r * 16 + c], acc) << "D[" << r << "][" << c << "]";
+    }
+  }
+}
+
+TEST(CudaEmulation, MmaFragmentsFollowThePtxTables) {
+  expect_mma_follows_the_tables(
+      [](const uint16_t* A, const uint16_t* B, const float* C, float* D) { cuda_emu::selftest::mma(A, B, C, D, -1); });
+  for (int lane = 0; lane < 32; ++lane) {  // the kernels' copy of the tables (src/cuda/fragments.hpp)
+    for (int i = 0; i < 4; ++i) {
+      const tensor_core::Coord c = tensor_core::mma_c(lane, i);
+      EXPECT_TRUE(c.row == lane / 4 + 8 * (i / 2) && c.col == 2 * (lane % 4) + i % 2)
+          << "mma_c(" << lane << ", " << i << ")";
     }
     for (int i = 0; i < 8; ++i) {
       const tensor_core::Coord a = tensor_core::mma_a(lane, i);
@@ -330,46 +390,14 @@ TEST(CudaEmulation, MmaFragmentsFollowThePtxTables) {
           << "mma_b(" << lane << ", " << i << ")";
     }
   }
-  // The tables' own corners: lane 0 holds D[0][0], D[0][1], D[8][0], D[8][1]; lane 5 (group 1,
-  // thread 1) D[1][2], D[1][3], D[9][2], D[9][3]; lane 31 D[7][6], D[7][7], D[15][6], D[15][7].
-  EXPECT_EQ(D[0 * 4 + 2], want(8, 0));
-  EXPECT_EQ(D[5 * 4 + 1], want(1, 3));
-  EXPECT_EQ(D[31 * 4 + 3], want(15, 7));
 }
 
 TEST(CudaEmulation, LdmatrixDeliversTheTablesElements) {
-  // Lane l gives row l % 8 of matrix l / 8; it receives, of each matrix j, the elements at row
-  // l / 4, columns 2 (l % 4) and +1 (low half first) - with .trans, column l / 4 of rows 2 (l % 4), +1.
-  std::vector<uint16_t> M(256);
-  for (int e = 0; e < 256; ++e) M[e] = static_cast<uint16_t>(1000 + e);
-  for (bool trans : {false, true}) {
-    std::vector<uint32_t> out(128, 0xdeadbeefu);
-    cuda_emu::selftest::ldmatrix(M.data(), out.data(), trans);
-    for (int lane = 0; lane < 32; ++lane) {
-      for (int j = 0; j < 4; ++j) {
-        for (int h = 0; h < 2; ++h) {
-          const int r = trans ? 2 * (lane % 4) + h : lane / 4, c = trans ? lane / 4 : 2 * (lane % 4) + h;
-          EXPECT_EQ(out[lane * 4 + j] >> (16 * h) & 0xffffu, M[j * 64 + r * 8 + c])
-              << (trans ? ".trans " : "") << "lane " << lane << " matrix " << j << " half " << h;
-        }
-      }
-    }
-  }
+  expect_ldmatrix_follows_the_tables(cuda_emu::selftest::ldmatrix);
 }
 
 TEST(CudaEmulation, LdmatrixFeedsMmaAsAFlashKernelUsesThem) {
-  // A (16 x 16) by ldmatrix_x4 and B (16 x 16, k down, as V is stored) by ldmatrix_x4.trans, two
-  // m16n8k16 products: D = A B whole.
-  const std::vector<uint16_t> A = bf16_matrix(16, 16, 7, 11), B = bf16_matrix(16, 16, 5, 13);
-  std::vector<float> D(256, std::nanf(""));
-  cuda_emu::selftest::ldmatrix_then_mma(A.data(), B.data(), D.data());
-  for (int r = 0; r < 16; ++r) {
-    for (int c = 0; c < 16; ++c) {
-      float acc = 0;
-      for (int k = 0; k < 16; ++k) acc += bf16_value(A[r * 16 + k]) * bf16_value(B[k * 16 + c]);
-      EXPECT_EQ(D[r * 16 + c], acc) << "D[" << r << "][" << c << "]";
-    }
-  }
+  expect_ldmatrix_feeds_mma(cuda_emu::selftest::ldmatrix_then_mma);
 }
 
 TEST(CudaEmulation, MmaNeedsTheWholeWarp) {
@@ -743,6 +771,16 @@ TEST_F(CudaDevice, DeviceInfoIsPlausible) {
   EXPECT_GT(info->fp32_peak_tflops, 1.0);
   EXPECT_GE(info->smem_per_block_optin, 48 * 1024);
   std::printf("%s\n", info->describe().c_str());
+}
+
+// The tensor cores on the GPU held to the checks the emulation passes (the same kernels,
+// src/cuda/tensor_core_check.cu): where the emulation's model of mma / ldmatrix is wrong, here.
+TEST_F(CudaDevice, TensorCoresFollowThePtxTables) {
+#if defined(ATTN_HAS_CUDA)
+  expect_mma_follows_the_tables(cuda_dev::tensor_core_mma);
+  expect_ldmatrix_follows_the_tables(cuda_dev::tensor_core_ldmatrix);
+  expect_ldmatrix_feeds_mma(cuda_dev::tensor_core_ldmatrix_mma);
+#endif
 }
 
 }  // namespace
