@@ -114,6 +114,13 @@ __global__ void half_warps_with_their_masks(float* out) {
 // Multiplies shared memory that nothing wrote by 0 (as a kernel that loads no padding would).
 __global__ void zero_times_unwritten(float* out) { out[threadIdx.x] = 0.f * dynamic_smem<float>()[threadIdx.x]; }
 
+// ldmatrix given a row address 2 bytes past a 16-byte boundary (a GPU's fault; here a report).
+__global__ void ldmatrix_misaligned(float* out) {
+  uint32_t r[4];
+  ldmatrix_x4<false>(r, dynamic_smem<uint16_t>() + 1 + 8 * (threadIdx.x % 32));
+  out[threadIdx.x] = static_cast<float>(r[0]);
+}
+
 // The tensor-core self-test kernels (src/cuda/tensor_core_selftest.cuh) on host memory.
 void mma(const uint16_t* A, const uint16_t* B, const float* C, float* D, int leave_lane) {
   tc_selftest::mma(A, B, C, D, leave_lane);
@@ -124,7 +131,8 @@ void ldmatrix_then_mma(const uint16_t* A, const uint16_t* B, float* D) { tc_self
 void run(int which, float* out, unsigned threads) {
   void (*const kernels[])(float*) = {
       missing_barrier,       with_barrier,           divergent_barrier,           group_reductions,
-      mask_leaves_out_lanes, reads_outside_the_mask, half_warps_with_their_masks, zero_times_unwritten};
+      mask_leaves_out_lanes, reads_outside_the_mask, half_warps_with_their_masks, zero_times_unwritten,
+      ldmatrix_misaligned};
   launch_kernel(kernels[which], dim3(1), dim3(threads), threads * sizeof(float), nullptr, out);
 }
 

@@ -400,6 +400,19 @@ TEST(CudaEmulation, LdmatrixFeedsMmaAsAFlashKernelUsesThem) {
   expect_ldmatrix_feeds_mma(cuda_emu::selftest::ldmatrix_then_mma);
 }
 
+TEST(CudaEmulation, LdmatrixNeedsAlignedSharedRows) {
+  std::vector<float> out(32);
+  try {
+    cuda_emu::selftest::run(8, out.data(), 32);
+    ADD_FAILURE() << "a misaligned ldmatrix row was accepted";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();  // (the lane that reports first: the fibers run shuffled)
+    EXPECT_TRUE(what.find("ldmatrix_x4 at lane ") != std::string::npos &&
+                what.find(": a row address that is not 16 bytes of shared memory") != std::string::npos)
+        << what;
+  }
+}
+
 TEST(CudaEmulation, MmaNeedsTheWholeWarp) {
   const std::vector<uint16_t> A = bf16_matrix(16, 16, 7, 11), B = bf16_matrix(16, 8, 5, 9);
   std::vector<float> C(128, 0.f), D(128);

@@ -50,6 +50,7 @@ inline thread_local uint3 g_block_idx;
 inline thread_local dim3 g_block_dim;
 inline thread_local dim3 g_grid_dim;
 inline thread_local std::byte* g_smem = nullptr;
+inline thread_local size_t g_smem_bytes = 0;  // the launch's dynamic shared memory
 
 class BlockScheduler {
  public:
@@ -174,6 +175,12 @@ class BlockScheduler {
     return exchange_.data() + base;
   }
 
+  // A rule the device code broke (an instruction's operand it may not take): kept, and thrown by
+  // run_block once the block ends, as a shuffle-mask violation is.
+  void report(const std::string& what) {
+    if (error_.empty()) error_ = "cuda emulation: " + what;
+  }
+
   static inline thread_local BlockScheduler* t_current = nullptr;
 
  private:
@@ -294,11 +301,13 @@ inline void emulate_launch(dim3 grid, dim3 block, size_t smem_bytes, const std::
         // memory is uninitialized on a GPU, and 0 x NaN stays NaN where 0 x garbage would hide.
         std::memset(smem.data(), 0xff, smem.size() * sizeof(float4));
         g_smem = reinterpret_cast<std::byte*>(smem.data());
+        g_smem_bytes = smem_bytes;
         sched.run_block(body);
       }
     }
   }
   g_smem = nullptr;
+  g_smem_bytes = 0;
 }
 
 inline BlockScheduler& current() { return *BlockScheduler::t_current; }

@@ -6,20 +6,20 @@
 //                      from shared memory into those fragments, lane l giving the address of row
 //                      l % 8 of matrix l / 8
 // The layouts are the PTX ISA's tables, written once in fragments.hpp as functions of (lane,
-// element), host and device code: the emulation assembles
-// the warp's matrices with them, a kernel indexes its fragments with them, and a test checks them
-// against the tables' own examples (tests/test_cuda.cpp, CudaEmulation.Mma*). groupID = lane / 4,
-// threadID_in_group = lane % 4 in the tables' words. The emulation multiplies bf16 products
+// element), host and device code: the emulation assembles the warp's matrices with them, a kernel
+// indexes its fragments with them, and tests hold both to the tables' own examples
+// (tests/test_cuda.cpp: CudaEmulation.Mma*, Ldmatrix*; CudaDevice.TensorCores* on a GPU, through
+// tensor_core_selftest.cuh). The emulation multiplies bf16 products
 // exactly in float32 and adds them in k order onto C (the hardware's order and intermediate
 // precision are unspecified: the kernels' tolerance is the bf16-products class, not bitwise).
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "attnlab/dtype.hpp"
 #include "cuda/device.cuh"
 #include "cuda/fragments.hpp"
-
 
 namespace attnlab::ATTN_CUDA_NS {
 
@@ -65,7 +65,13 @@ template <bool kTrans>
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* row) {
 #if defined(ATTN_CUDA_EMU)
   namespace tc = ::attnlab::tensor_core;
-  const uintptr_t p = reinterpret_cast<uintptr_t>(row);
+  uintptr_t p = reinterpret_cast<uintptr_t>(row);
+  const uintptr_t smem = reinterpret_cast<uintptr_t>(g_smem);
+  if (p % 16 != 0 || p < smem || p + 16 > smem + g_smem_bytes) {  // the rule on a GPU (else undefined)
+    current().report("ldmatrix_x4 at lane " + std::to_string(threadIdx.x % 32) +
+                     ": a row address that is not 16 bytes of shared memory, 16-byte aligned");
+    p = smem;  // (read something harmless until the block ends and the report is thrown)
+  }
   const uint32_t mine[2] = {static_cast<uint32_t>(p), static_cast<uint32_t>(static_cast<uint64_t>(p) >> 32)};
   const uint32_t* warp = current().exchange(mine, 2, "ldmatrix_x4");
   constexpr int W = BlockScheduler::kExchangeWords;
