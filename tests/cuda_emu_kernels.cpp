@@ -5,6 +5,7 @@
 #define ATTN_CUDA_EMU 1
 #include "cuda/naive.cu"
 #include "cuda/flash.cu"
+#include "cuda/flash_bf16.cu"
 #include "cuda/tensor_core_selftest.cuh"
 
 #include <algorithm>
@@ -19,7 +20,9 @@ namespace {
 class EmulatedKernel final : public Kernel {
  public:
   static constexpr int kSms = 1;  // sizes naive's grid: 64 warps, so rows are grid-strided
-  EmulatedKernel(std::string name, const cuda_impl::KernelOps& ops) : name_(std::move(name)), ops_(ops) {}
+  EmulatedKernel(std::string name, const cuda_impl::KernelOps& ops, Arithmetic arithmetic = Arithmetic::F32)
+      : name_(std::move(name)), ops_(ops), arithmetic_(arithmetic) {}
+  Arithmetic arithmetic() const override { return arithmetic_; }
   bool runs_patterns() const override { return ops_.block_rows(cuda_impl::DeviceArgs{}) > 0; }
   bool runs_head_dim_v() const override { return true; }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return cuda_impl::block_plan(p, ops_); }
@@ -50,6 +53,7 @@ class EmulatedKernel final : public Kernel {
  private:
   std::string name_;
   const cuda_impl::KernelOps& ops_;
+  Arithmetic arithmetic_;
 };
 
 }  // namespace
@@ -57,7 +61,8 @@ class EmulatedKernel final : public Kernel {
 const Kernel& emulated_cuda(const std::string& which) {
   static const EmulatedKernel naive("emu_cuda_naive", cuda_emu::naive_ops);
   static const EmulatedKernel flash("emu_cuda_flash", cuda_emu::flash_ops);
-  return which == "naive" ? naive : flash;
+  static const EmulatedKernel flash_bf16("emu_cuda_flash_bf16", cuda_emu::flash_bf16_ops, Arithmetic::Bf16Products);
+  return which == "naive" ? naive : which == "flash_bf16" ? flash_bf16 : flash;
 }
 
 }  // namespace attnlab::test

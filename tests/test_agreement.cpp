@@ -234,6 +234,10 @@ bool must_run(const Kernel& k, const Problem& p) {
     if (p.q_len > 16) return false;                    // "flash-decoding for q_len <= 16"
     if (name == "decode_i8") return p.kv_quantized();  // integer codes: a q8_0, q4_0, u8 or u4 cache
   }
+  if (name == "cuda_flash_bf16") {  // "head dims up to 128"; a sparse pattern's block holds whole groups
+    if (std::max(p.head_dim, p.dim_v()) > 128) return false;
+    if (p.sparse() && 64 % (p.q_heads / p.kv_heads) != 0) return false;
+  }
   const Arithmetic a = k.arithmetic();
   if ((a == Arithmetic::Int8Products || a == Arithmetic::Int8Bf16Products) && p.dtype != DType::F32)
     return false;  // flash_int8, flash_int8_amx: "f32 in" (Q and K rounded from float32)

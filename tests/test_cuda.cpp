@@ -59,18 +59,22 @@ std::string run_command(const std::string& cmd, int* rc) {
 
 TEST(Cuda, KernelsAreRegisteredLastInLadderOrder) {
   const auto& reg = registry();
-  ASSERT_GE(reg.size(), 3u);
-  EXPECT_EQ(reg[reg.size() - 2], &cuda::naive());
-  EXPECT_EQ(reg[reg.size() - 1], &cuda::flash());
+  ASSERT_GE(reg.size(), 4u);
+  EXPECT_EQ(reg[reg.size() - 3], &cuda::naive());
+  EXPECT_EQ(reg[reg.size() - 2], &cuda::flash());
+  EXPECT_EQ(reg[reg.size() - 1], &cuda::flash_bf16());
   EXPECT_EQ(find_kernel("cuda_naive"), &cuda::naive());
   EXPECT_EQ(find_kernel("cuda_flash"), &cuda::flash());
+  EXPECT_EQ(find_kernel("cuda_flash_bf16"), &cuda::flash_bf16());
+  EXPECT_TRUE(cuda::is_cuda_kernel(cuda::flash_bf16()));
+  EXPECT_EQ(cuda::flash_bf16().arithmetic(), Arithmetic::Bf16Products);
   EXPECT_TRUE(cuda::is_cuda_kernel(cuda::flash()));
   EXPECT_FALSE(cuda::is_cuda_kernel(*reg[0]));
 }
 
 TEST(Cuda, AvailabilityExplainsItself) {
   const Support s = cuda::device_status();
-  for (const Kernel* k : {&cuda::naive(), &cuda::flash()}) {
+  for (const Kernel* k : {&cuda::naive(), &cuda::flash(), &cuda::flash_bf16()}) {
     EXPECT_EQ(k->available().ok, s.ok);
     EXPECT_EQ(k->available().reason, s.reason);
   }
@@ -610,6 +614,28 @@ std::vector<EmuCase> emu_cases() {
     c.name += std::string("_") + to_string(c.p.dtype);
     out.push_back(c);
   }
+  // cuda_flash_bf16 (tensor cores; bf16 inputs, head dims up to 128): every shape it takes, and
+  // shapes whose blocks are whole (group x q_len rows fill 64-row blocks), so that tiles every row
+  // sees whole take the tensor cores' P V (a block with rows past the problem masks every tile).
+  const std::vector<Shape> whole_blocks = {
+      {1, 4, 1, 64, 200, 64, N, -1, -1, {}, H, "whole_blocks_mqa"},
+      {2, 8, 2, 48, 190, 128, BR, -1, -1, {}, S, "whole_blocks_gqa_causal"},
+      {1, 2, 2, 128, 300, 96, N, 100, 40, {}, H, "whole_blocks_window"},
+      {2, 4, 4, 64, 260, 64, BR, -1, -1, {200, 260}, H, "whole_blocks_kvlens"},
+      {1, 4, 2, 96, 230, 80, N, -1, -1, {}, S, "whole_blocks_d80v48", 48},
+  };
+  for (const Shape& s : whole_blocks) add("flash_bf16", s, s.tag);
+  int r = 0;
+  for (const Shape& s : random_shapes) {
+    ++r;
+    if (std::max(s.d, s.dv) <= 128) add("flash_bf16", s, "random" + std::to_string(r - 1));
+  }
+  for (const Shape& s : shapes) {
+    if (std::max(s.d, s.dv) <= 128) add("flash_bf16", s, s.tag);
+  }
+  for (size_t i = n; i < out.size(); ++i) {
+    if (out[i].kernel == std::string("flash_bf16")) out[i].p.dtype = DType::BF16;
+  }
   return out;
 }
 
@@ -680,6 +706,41 @@ TEST_P(EmulatedNan, UnalignedViewsAgreeToo) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, EmulatedNan, ::testing::Values("naive", "flash"));
+
+// cuda_flash_bf16: a NaN key and value row reach exactly the rows that see it - through the tensor
+// cores' P V where every row of a tile sees the key (no window: all rows NaN), through the masked
+// tiles' CUDA-core P V where only some do (a window: rows 100..103 only).
+TEST(EmulatedFlashBf16, NanKeyPoisonsExactlyTheRowsThatSeeIt) {
+  for (int64_t window : {int64_t{-1}, int64_t{3}}) {
+    Problem p = test::shape(1, 4, 1, 128, 128, 64);  // 512 rows: whole 64-row blocks
+    p.dtype = DType::BF16;
+    p.window_left = window, p.window_right = window < 0 ? -1 : 0;
+    Tensors t = random_tensors(p, 9);
+    const int64_t bad = 100;
+    for (int64_t d = 0; d < p.head_dim; ++d) {
+      const_cast<uint16_t*>(t.inputs.k16.row(0, 0, bad))[d] = 0x7fc0;  // bf16 NaN
+      const_cast<uint16_t*>(t.inputs.v16.row(0, 0, bad))[d] = 0x7fc0;
+    }
+    Session s(emulated("flash_bf16"), p, 1);
+    s.run(t.inputs, t.outputs);
+    const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
+    int nan_rows = 0;
+    for (size_t r = 0; r < a.ref.rows.size(); ++r) {
+      const RowId& id = a.ref.rows[r];
+      const bool sees = p.visible(0, id.i).lo <= bad && bad < p.visible(0, id.i).hi;
+      nan_rows += sees;
+      const float* o = t.outputs.o.row(0, id.h, id.i);
+      for (int64_t d = 0; d < p.head_dim; ++d) {
+        if (sees) {
+          EXPECT_TRUE(std::isnan(o[d])) << "window " << window << " row " << id.i;
+        } else {  // (bf16 products, P in bf16: within 1e-2 of the float64 reference)
+          EXPECT_NEAR(o[d], a.ref.o[r * p.head_dim + d], 1e-2) << "window " << window << " row " << id.i;
+        }
+      }
+    }
+    EXPECT_EQ(nan_rows, window < 0 ? 4 * 128 : 4 * 4);
+  }
+}
 
 // ---- 3. the real device -----------------------------------------------------------------
 

@@ -56,6 +56,7 @@ std::vector<const Kernel*> kernels_under_test() {
   std::vector<const Kernel*> ks = variants();
   ks.push_back(&test::emulated_cuda("naive"));
   ks.push_back(&test::emulated_cuda("flash"));
+  ks.push_back(&test::emulated_cuda("flash_bf16"));
   return ks;
 }
 

@@ -571,6 +571,19 @@ TEST_P(PatternEmulatedCuda, MatchesFloat64Reference) {
   EXPECT_EQ(c.verdict, Verdict::Pass) << p.describe() << ": " << c.reason;
 }
 
+// cuda_flash_bf16's device code on the same patterns, its inputs in bf16 (tensor cores).
+TEST_P(PatternEmulatedCuda, Bf16TensorCoresMatchToo) {
+  Problem p = GetParam().p;
+  p.dtype = DType::BF16;
+  if (std::max(p.head_dim, p.dim_v()) > 128) GTEST_SKIP() << "cuda_flash_bf16: head dims up to 128";
+  const Kernel& k = test::emulated_cuda("flash_bf16");
+  ASSERT_TRUE(supports_problem(k, p)) << supports_problem(k, p).reason;
+  Tensors t = random_tensors(p, 5);
+  const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
+  const KernelCheck c = check_kernel(k, p, t.inputs, a, 1);
+  EXPECT_EQ(c.verdict, Verdict::Pass) << p.describe() << ": " << c.reason;
+}
+
 INSTANTIATE_TEST_SUITE_P(Patterns, PatternEmulatedCuda, ::testing::ValuesIn(emulated_cases()),
                          [](const ::testing::TestParamInfo<Named>& info) { return info.param.name; });
 
@@ -655,6 +668,7 @@ bool test_reads_int_caches_only(const Kernel& k) {
 TEST(PatternSpecialValues, NaNReachesOnlyTheRowsThatSeeIt) {
   std::vector<const Kernel*> kernels = variants();
   kernels.push_back(&test::emulated_cuda("flash"));
+  kernels.push_back(&test::emulated_cuda("flash_bf16"));
   for (const Kernel* k : kernels) {
     if (!k->runs_patterns() || !k->available()) continue;
     // decode_i8 reads integer caches only (no float V to plant a NaN in): test_kv_quant.cpp plants

@@ -38,6 +38,7 @@ inline constexpr const char* kIsa = "cuda";
 // The two kernels (also in registry(); here for direct use).
 const Kernel& naive();
 const Kernel& flash();
+const Kernel& flash_bf16();  // tensor cores: bf16 inputs, head dims <= 128 (src/cuda/flash_bf16.cu)
 
 // Whether the CUDA kernels can run here: yes, or "built without CUDA ..." /
 // "no CUDA device (<CUDA runtime error text>)" / "no supported CUDA device (...)".

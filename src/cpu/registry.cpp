@@ -20,6 +20,7 @@ const Kernel& blocked();
 namespace cuda {  // src/cuda/kernels.cpp: present in every build, available only with a GPU
 const Kernel& naive();
 const Kernel& flash();
+const Kernel& flash_bf16();
 }  // namespace cuda
 
 namespace {
@@ -136,6 +137,7 @@ const std::vector<Entry>& entries() {
     }
     list.push_back({{&cuda::naive()}});
     list.push_back({{&cuda::flash()}});
+    list.push_back({{&cuda::flash_bf16()}});
     return list;
   }();
   return e;

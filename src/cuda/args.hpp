@@ -99,9 +99,11 @@ inline RowBlockCopy o_row_blocks(const DeviceArgs& a) {
 namespace attnlab::cuda_dev {
 extern const cuda_impl::KernelOps naive_ops;
 extern const cuda_impl::KernelOps flash_ops;
+extern const cuda_impl::KernelOps flash_bf16_ops;
 }  // namespace attnlab::cuda_dev
 
 namespace attnlab::cuda_emu {
 extern const cuda_impl::KernelOps naive_ops;
 extern const cuda_impl::KernelOps flash_ops;
+extern const cuda_impl::KernelOps flash_bf16_ops;
 }  // namespace attnlab::cuda_emu

@@ -133,9 +133,17 @@ constexpr const char* kBuiltWithout =
 
 class CudaKernel final : public Kernel {
  public:
-  CudaKernel(std::string_view name, std::string_view description, const cuda_impl::KernelOps* ops, bool patterns)
-      : name_(name), description_(description), ops_(ops), patterns_(patterns) {}
+  CudaKernel(std::string_view name, std::string_view description, const cuda_impl::KernelOps* ops, bool patterns,
+             Arithmetic arithmetic = Arithmetic::F32, std::string_view precision = {})
+      : name_(name),
+        description_(description),
+        ops_(ops),
+        patterns_(patterns),
+        arithmetic_(arithmetic),
+        precision_(precision) {}
   bool runs_patterns() const override { return patterns_; }
+  Arithmetic arithmetic() const override { return arithmetic_; }
+  std::string_view precision() const override { return precision_.empty() ? Kernel::precision() : precision_; }
   bool runs_head_dim_v() const override { return true; }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
     return ops_ ? cuda_impl::block_plan(p, *ops_) : nullptr;
@@ -189,14 +197,18 @@ class CudaKernel final : public Kernel {
   std::string_view name_, description_;
   const cuda_impl::KernelOps* ops_;
   bool patterns_;
+  Arithmetic arithmetic_;
+  std::string_view precision_;
 };
 
 #if defined(ATTN_HAS_CUDA)
 constexpr const cuda_impl::KernelOps* kNaiveOps = &cuda_dev::naive_ops;
 constexpr const cuda_impl::KernelOps* kFlashOps = &cuda_dev::flash_ops;
+constexpr const cuda_impl::KernelOps* kFlashBf16Ops = &cuda_dev::flash_bf16_ops;
 #else
 constexpr const cuda_impl::KernelOps* kNaiveOps = nullptr;
 constexpr const cuda_impl::KernelOps* kFlashOps = nullptr;
+constexpr const cuda_impl::KernelOps* kFlashBf16Ops = nullptr;
 #endif
 
 }  // namespace
@@ -216,6 +228,16 @@ const Kernel& flash() {
   return k;
 }
 
+const Kernel& flash_bf16() {
+  static const CudaKernel k("cuda_flash_bf16",
+                            "CUDA FlashAttention-2 on tensor cores: bf16 mma.sync m16n8k16 (float32 "
+                            "accumulators), ldmatrix fragments, 4 warps x 16 rows, 64-key tiles, online "
+                            "softmax in registers, P in bf16; GQA-grouped, interval and sparse masks",
+                            kFlashBf16Ops, true, Arithmetic::Bf16Products,
+                            "bf16 in only; bf16 products, f32 accumulate, P to bf16");
+  return k;
+}
+
 Support device_status() {
 #if defined(ATTN_HAS_CUDA)
   const std::string& why = cuda_dev::unavailable_reason();
@@ -225,7 +247,7 @@ Support device_status() {
 #endif
 }
 
-bool is_cuda_kernel(const Kernel& k) { return &k == &naive() || &k == &flash(); }
+bool is_cuda_kernel(const Kernel& k) { return &k == &naive() || &k == &flash() || &k == &flash_bf16(); }
 
 std::optional<DeviceInfo> device_info() {
 #if defined(ATTN_HAS_CUDA)

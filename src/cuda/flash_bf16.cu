@@ -1,0 +1,309 @@
+// cuda_flash_bf16: FlashAttention-2's forward on tensor cores - bf16 Q, K, V, mma.sync m16n8k16
+// with float32 accumulation and ldmatrix fragment loads (tensor_core.cuh).
+//
+// Idea (FA-2, Dao 2023, its sm_80 kernel): one block of 4 warps per (batch, kv head, tile of kM =
+// 64 query rows), the rows being one kv head's (position, head in group) pairs, position major,
+// as cuda_flash's (GQA: a K/V tile in shared memory serves the group's heads). Each warp owns 16
+// rows; its Q fragments are loaded once (ldmatrix) and stay in registers. For each 64-key tile of
+// the union of the rows' visible intervals (or of the block map's entries for a sparse pattern):
+//   1. K and V rows [j0, j0 + 64) go to shared memory as they are (bf16; zeros past the span);
+//   2. S = Q K^T: per warp 16 x 64 scores, 8 n-tiles of mma (K's fragments by ldmatrix: the keys
+//      are B's columns, so K's rows load untransposed), float32 accumulators;
+//   3. online softmax in registers (log2 domain: the scores times scale * log2 e in float32): a
+//      lane holds 2 rows x 16 keys, the row max and sum over the 4 lanes of a quad (shuffles);
+//      masked scores are replaced by -inf (never multiplied);
+//   4. O += P V: P rounded to bf16 (the l sum stays float32, as the tolerance baseline's), the S
+//      accumulators turned into mma A fragments in registers (FA-2's trick: C's layout is A's),
+//      V's fragments by ldmatrix.trans. A tile some row does not see whole takes CUDA cores for
+//      P V instead (P through shared memory, each output element summing only its row's visible
+//      keys): 0 x a NaN/Inf in a V row the row does not see must not reach it, which an mma over
+//      the whole tile cannot promise.
+// Special values follow include/attnlab/online_softmax.hpp; fully masked rows give O = 0, LSE = -inf.
+// Memory: shared (64 + 2 x 64) rows x (head_dim bucket + 8) bf16 plus 4 x 16 x 64 floats for a
+// masked tile's P (68 KiB at head_dim 128, 44 KiB at 64); registers: Q fragments (d/4 words), the
+// scores (32 floats), O (d/2 floats) per lane. K and V are read q_len * group / 64 times per kv head.
+// Cost: 4 x visible pairs x d FLOP on the tensor cores (P V's masked tiles on CUDA cores); no
+// cp.async double buffering yet (the tile loads stall the block).
+// Precision (Arithmetic::Bf16Products): bf16 inputs only; Q K^T and P V multiply bf16 pairs exactly
+// into float32 accumulators, P rounded to bf16 - the CPU's flash_bf16 class and tolerance.
+// Head dims up to 128 (buckets 64, 128; d_v may differ, the larger picks the bucket).
+#include "attnlab/online_softmax.hpp"
+#include "cuda/device.cuh"
+#include "cuda/tensor_core.cuh"
+#include "cuda/tile_plan.hpp"
+
+namespace attnlab::ATTN_CUDA_NS {
+namespace flash_bf16_impl {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kM = 16 * kWarps;  // rows per block: 16 per warp (mma's M)
+constexpr int kN = 64;           // keys per tile
+constexpr int kNT = kN / 8;      // score n-tiles per warp
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <int D>
+struct Config {
+  static constexpr int kD = D;           // head_dim bucket (64 or 128): mma's K steps of 16
+  static constexpr int kStride = D + 8;  // bf16 per shared row: 16-byte aligned, ldmatrix rows on distinct banks
+  static constexpr int kSteps = D / 16;  // k steps of Q K^T
+  static constexpr int kOT = D / 8;      // output n-tiles per warp
+  static constexpr int64_t kSmemBytes =
+      (int64_t{kM} + 2 * kN) * kStride * 2 + int64_t{kWarps} * 16 * kN * static_cast<int64_t>(sizeof(float));
+};
+
+// Bits lo .. hi - 1 of a tile's key mask (bit n: key j0 + n), clamped to [0, 64).
+__device__ __forceinline__ uint64_t key_bits(int64_t lo, int64_t hi) {
+  lo = lo < 0 ? 0 : lo;
+  hi = hi > 64 ? 64 : hi;
+  if (hi <= lo) return 0;
+  const uint64_t below_hi = hi == 64 ? ~uint64_t{0} : (uint64_t{1} << hi) - 1;
+  return below_hi & ~((uint64_t{1} << lo) - 1);
+}
+
+// kRows rows of bf16 as stored into shared memory (row stride C::kStride), zeros for absent rows
+// (row(n) == nullptr) and past `dim`.
+template <class C, int kRows, class RowFn>
+__device__ __forceinline__ void load_rows(uint16_t* dst, int dim, RowFn row) {
+  for (int e = static_cast<int>(threadIdx.x); e < kRows * C::kD; e += kThreads) {
+    const int n = e / C::kD, c = e % C::kD;
+    const bf16* src = row(n);
+    dst[n * C::kStride + c] = (src && c < dim) ? src[c].bits : uint16_t{0};
+  }
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  return static_cast<uint32_t>(to_bf16(lo).bits) | static_cast<uint32_t>(to_bf16(hi).bits) << 16;
+}
+
+template <class C>
+__global__ void __launch_bounds__(kThreads) flash_bf16_kernel(DeviceArgs a) {
+  const bf16* qa = static_cast<const bf16*>(a.q);
+  const bf16* ka = static_cast<const bf16*>(a.k);
+  const bf16* va = static_cast<const bf16*>(a.v);
+  uint16_t* qs = dynamic_smem<uint16_t>();
+  uint16_t* ks = qs + kM * C::kStride;
+  uint16_t* vs = ks + kN * C::kStride;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, tq = lane % 4;   // the fragment tables' groupID, threadID_in_group
+  const int m4 = lane / 8, r8 = lane % 8;  // ldmatrix: this lane's row address
+  float* ps = reinterpret_cast<float*>(vs + kN * C::kStride) + warp * 16 * kN;  // a masked tile's P
+  const int64_t b = blockIdx.z, hk = blockIdx.y;
+  const int64_t group = a.group();
+  const int64_t rows_total = group * a.q_len;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kM;
+  const int dim = static_cast<int>(a.head_dim), dim_v = static_cast<int>(a.head_dim_v);
+  const MaskSpec mask = a.mask(b);
+  const float qk_scale = a.scale * kLog2e;
+
+  load_rows<C, kM>(qs, dim, [&](int r) -> const bf16* {
+    const int64_t t = t0 + r;
+    if (t >= rows_total) return nullptr;
+    return qa + a.qs.at(b, hk * group + t % group, t / group);
+  });
+  __syncthreads();
+  // This warp's 16 rows of Q as A fragments, per k step (matrix m4: rows +8 (m4 % 2), columns +8 (m4 / 2)).
+  uint32_t qf[C::kSteps][4];
+  ATTN_UNROLL
+  for (int s = 0; s < C::kSteps; ++s) {
+    ldmatrix_x4<false>(qf[s], qs + (warp * 16 + 8 * (m4 % 2) + r8) * C::kStride + 16 * s + 8 * (m4 / 2));
+  }
+
+  // Rows g and g + 8 of the warp (half hr): running max (log2 domain) and this lane's share of
+  // the sum; O as output n-tiles (tensor_core::mma_c: o[ot][2 hr + x] is row g + 8 hr, column
+  // 8 ot + 2 tq + x).
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[C::kOT][4];
+  ATTN_UNROLL
+  for (int ot = 0; ot < C::kOT; ++ot) o[ot][0] = o[ot][1] = o[ot][2] = o[ot][3] = 0.f;
+  const int row_in_block[2] = {warp * 16 + g, warp * 16 + g + 8};
+
+  const auto visit = [&](int64_t j0, int64_t end, bool masked, const auto& row_bits) {
+    __syncthreads();  // the previous tile is done with ks, vs, ps
+    load_rows<C, kN>(ks, dim,
+                     [&](int n) -> const bf16* { return j0 + n < end ? ka + a.ks.at(b, hk, j0 + n) : nullptr; });
+    load_rows<C, kN>(vs, dim_v,
+                     [&](int n) -> const bf16* { return j0 + n < end ? va + a.vs.at(b, hk, j0 + n) : nullptr; });
+    __syncthreads();
+    // S = Q K^T: n-tile pair np from one ldmatrix (keys +8 (m4 / 2), head_dim columns +8 (m4 % 2)).
+    float s[kNT][4];
+    ATTN_UNROLL
+    for (int nt = 0; nt < kNT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    ATTN_UNROLL
+    for (int k = 0; k < C::kSteps; ++k) {
+      ATTN_UNROLL
+      for (int np = 0; np < kNT / 2; ++np) {
+        uint32_t kb[4];
+        ldmatrix_x4<false>(kb, ks + (16 * np + 8 * (m4 / 2) + r8) * C::kStride + 16 * k + 8 * (m4 % 2));
+        mma_bf16_16x8x16(s[2 * np], qf[k], kb, s[2 * np]);
+        mma_bf16_16x8x16(s[2 * np + 1], qf[k], kb + 2, s[2 * np + 1]);
+      }
+    }
+    // Online softmax per row half; s becomes P (bf16-rounded), the sum takes P unrounded.
+    uint64_t vis[2] = {~uint64_t{0}, ~uint64_t{0}};
+    ATTN_UNROLL
+    for (int hr = 0; hr < 2; ++hr) {
+      if (masked) vis[hr] = row_bits(row_in_block[hr]);
+      float tile_max = -INFINITY;
+      ATTN_UNROLL
+      for (int nt = 0; nt < kNT; ++nt) {
+        ATTN_UNROLL
+        for (int x = 0; x < 2; ++x) {
+          float v = s[nt][2 * hr + x] * qk_scale;
+          if (masked && !(vis[hr] >> (8 * nt + 2 * tq + x) & 1)) v = -INFINITY;  // replaced, never multiplied
+          s[nt][2 * hr + x] = v;
+          tile_max = fmaxf(tile_max, v);
+        }
+      }
+      tile_max = group_max<4>(tile_max);
+      const float m_new = fmaxf(m[hr], tile_max);
+      const float alpha = online_softmax::rescale<online_softmax::Units::Log2>(m[hr], m_new);
+      const float sub = online_softmax::subtrahend(m_new);
+      float row_sum = 0.f;
+      ATTN_UNROLL
+      for (int nt = 0; nt < kNT; ++nt) {
+        ATTN_UNROLL
+        for (int x = 0; x < 2; ++x) {
+          const float p = exp2f(s[nt][2 * hr + x] - sub);
+          row_sum += p;
+          s[nt][2 * hr + x] = to_float(to_bf16(p));
+        }
+      }
+      l[hr] = l[hr] * alpha + row_sum;
+      m[hr] = m_new;
+      ATTN_UNROLL
+      for (int ot = 0; ot < C::kOT; ++ot) o[ot][2 * hr] *= alpha, o[ot][2 * hr + 1] *= alpha;
+    }
+    if (!masked) {
+      // O += P V on the tensor cores: k step kk (16 keys) takes P's n-tiles 2 kk, 2 kk + 1 as A;
+      // V's fragments for output n-tiles 2 op, 2 op + 1 by one ldmatrix.trans.
+      ATTN_UNROLL
+      for (int kk = 0; kk < kN / 16; ++kk) {
+        const uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                                pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        ATTN_UNROLL
+        for (int op = 0; op < C::kOT / 2; ++op) {
+          uint32_t vb[4];
+          ldmatrix_x4<true>(vb, vs + (16 * kk + 8 * (m4 % 2) + r8) * C::kStride + 16 * op + 8 * (m4 / 2));
+          mma_bf16_16x8x16(o[2 * op], pa, vb, o[2 * op]);
+          mma_bf16_16x8x16(o[2 * op + 1], pa, vb + 2, o[2 * op + 1]);
+        }
+      }
+      return;
+    }
+    // A tile some row does not see whole: P through shared memory, each output element summing
+    // its row's visible keys only (bf16 x bf16 products, exact in float32, as the mma's).
+    ATTN_UNROLL
+    for (int nt = 0; nt < kNT; ++nt) {
+      ATTN_UNROLL
+      for (int i = 0; i < 4; ++i) ps[(g + 8 * (i / 2)) * kN + 8 * nt + 2 * tq + i % 2] = s[nt][i];
+    }
+    __syncwarp();
+    ATTN_UNROLL
+    for (int ot = 0; ot < C::kOT; ++ot) {
+      ATTN_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        const int r = g + 8 * (i / 2), col = 8 * ot + 2 * tq + i % 2;
+        float acc = o[ot][i];
+        for (int n = 0; n < kN; ++n) {
+          if (vis[i / 2] >> n & 1) acc = fmaf(ps[r * kN + n], to_float(bf16{vs[n * C::kStride + col]}), acc);
+        }
+        o[ot][i] = acc;
+      }
+    }
+  };
+  const int64_t v = a.sparse ? a.map.variant(b, hk) : 0;
+  if (!a.sparse) {
+    const cuda_impl::TilePlan plan = cuda_impl::plan_block(mask, t0, kM, rows_total, group);
+    for (int64_t j0 = plan.span.lo; j0 < plan.span.hi; j0 += kN) {
+      visit(j0, plan.span.hi, plan.needs_mask(j0, kN), [&](int r) {
+        const int64_t t = t0 + r;
+        const Interval iv = t < rows_total ? mask.row(t / group) : Interval{0, 0};
+        return key_bits(iv.lo - j0, iv.hi - j0);
+      });
+    }
+  } else {
+    // The block map's entries of this block's query tile (64-key tiles; a full entry needs no mask).
+    const int64_t x = v * a.map.query_tiles + blockIdx.x;
+    for (int64_t e = a.map.start[x]; e < a.map.start[x + 1]; ++e) {
+      const BlockEntry en = a.map.entries[e];
+      const int64_t base = en.key_tile * 64, end = base + 64 < mask.kv_len ? base + 64 : mask.kv_len;
+      visit(base, end, en.words >= 0 || end - base < kN, [&](int r) {
+        const uint64_t w = en.words < 0 ? ~uint64_t{0} : a.map.bits[en.words + r];
+        return w & key_bits(0, end - base);
+      });
+    }
+  }
+
+  // Normalize and store: a lane writes rows g, g + 8 at its columns; lane tq = 0 the LSE.
+  ATTN_UNROLL
+  for (int hr = 0; hr < 2; ++hr) {
+    const float l_row = group_sum<4>(l[hr]);
+    const int64_t t = t0 + row_in_block[hr];
+    if (t >= rows_total) continue;
+    const int64_t i = t / group, h = hk * group + t % group;
+    const bool empty = a.sparse ? a.map.row_empty[(v * a.q_len + i) * group + t % group] != 0 : mask.row(i).empty();
+    const float inv = online_softmax::out_scale(empty, l_row);
+    float* out = a.o + a.os.at(b, h, i);
+    ATTN_UNROLL
+    for (int ot = 0; ot < C::kOT; ++ot) {
+      ATTN_UNROLL
+      for (int x = 0; x < 2; ++x) {
+        const int col = 8 * ot + 2 * tq + x;
+        if (col < dim_v) out[col] = o[ot][2 * hr + x] * inv;
+      }
+    }
+    if (tq == 0 && a.lse) {
+      a.lse[a.lse_index(b, h, i)] = online_softmax::out_lse<online_softmax::Units::Log2>(empty, m[hr], l_row);
+    }
+  }
+}
+
+using C64 = Config<64>;
+using C128 = Config<128>;
+
+template <class F>
+auto with_config(int64_t head_dim, F&& f) {
+  if (head_dim <= 64) return f(C64{});
+  return f(C128{});
+}
+
+constexpr int64_t kMaxGridY = 65535, kMaxGridZ = 65535, kMaxGridX = 2147483647;
+
+int64_t scratch_floats(const DeviceArgs&, int) { return 0; }
+
+int64_t smem_bytes(const DeviceArgs& a) {
+  return with_config(a.max_dim(), [](auto c) { return decltype(c)::kSmemBytes; });
+}
+
+int64_t block_rows(const DeviceArgs&) { return kM; }
+
+const char* unsupported(const DeviceArgs& a) {
+  if (a.dtype != DType::BF16) return "bf16 inputs only (tensor-core bf16 products; cuda_flash takes f32, bf16, f16)";
+  if (a.max_dim() > 128) return "head_dim or head_dim_v above 128 (buckets 64, 128; cuda_flash runs them)";
+  if (a.sparse && kM % a.group() != 0) {
+    return "a sparse pattern with q_heads / kv_heads not dividing 64 (the block map has one query tile per block)";
+  }
+  if (a.kv_heads > kMaxGridY) return "kv_heads above 65535 (grid y)";
+  if (a.batch > kMaxGridZ) return "batch above 65535 (grid z)";
+  if (ceil_div(a.group() * a.q_len, kM) > kMaxGridX) return "q_heads / kv_heads * q_len too large (grid x)";
+  return "";
+}
+
+void launch(const DeviceArgs& a, const LaunchEnv& env) {
+  with_config(a.max_dim(), [&](auto c) {
+    using C = decltype(c);
+    const dim3 grid(static_cast<unsigned>(ceil_div(a.group() * a.q_len, kM)), static_cast<unsigned>(a.kv_heads),
+                    static_cast<unsigned>(a.batch));
+    launch_kernel(flash_bf16_kernel<C>, grid, dim3(kThreads), static_cast<size_t>(C::kSmemBytes), env.stream, a);
+  });
+}
+
+}  // namespace flash_bf16_impl
+
+const cuda_impl::KernelOps flash_bf16_ops = {flash_bf16_impl::scratch_floats, flash_bf16_impl::smem_bytes,
+                                             flash_bf16_impl::unsupported, flash_bf16_impl::block_rows,
+                                             flash_bf16_impl::launch};
+
+}  // namespace attnlab::ATTN_CUDA_NS
