@@ -561,9 +561,7 @@ std::vector<Named> emulated_cases() {
 
 class PatternEmulatedCuda : public ::testing::TestWithParam<Named> {};
 
-TEST_P(PatternEmulatedCuda, MatchesFloat64Reference) {
-  const Problem& p = GetParam().p;
-  const Kernel& k = test::emulated_cuda("flash");
+void expect_agrees(const Kernel& k, const Problem& p) {
   ASSERT_TRUE(supports_problem(k, p)) << supports_problem(k, p).reason;
   Tensors t = random_tensors(p, 5);
   const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
@@ -571,17 +569,14 @@ TEST_P(PatternEmulatedCuda, MatchesFloat64Reference) {
   EXPECT_EQ(c.verdict, Verdict::Pass) << p.describe() << ": " << c.reason;
 }
 
+TEST_P(PatternEmulatedCuda, MatchesFloat64Reference) { expect_agrees(test::emulated_cuda("flash"), GetParam().p); }
+
 // cuda_flash_bf16's device code on the same patterns, its inputs in bf16 (tensor cores).
 TEST_P(PatternEmulatedCuda, Bf16TensorCoresMatchToo) {
   Problem p = GetParam().p;
   p.dtype = DType::BF16;
   if (std::max(p.head_dim, p.dim_v()) > 128) GTEST_SKIP() << "cuda_flash_bf16: head dims up to 128";
-  const Kernel& k = test::emulated_cuda("flash_bf16");
-  ASSERT_TRUE(supports_problem(k, p)) << supports_problem(k, p).reason;
-  Tensors t = random_tensors(p, 5);
-  const Agreement a = prepare_agreement(p, t.inputs, all_rows(p));
-  const KernelCheck c = check_kernel(k, p, t.inputs, a, 1);
-  EXPECT_EQ(c.verdict, Verdict::Pass) << p.describe() << ": " << c.reason;
+  expect_agrees(test::emulated_cuda("flash_bf16"), p);
 }
 
 INSTANTIATE_TEST_SUITE_P(Patterns, PatternEmulatedCuda, ::testing::ValuesIn(emulated_cases()),

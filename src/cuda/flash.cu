@@ -40,7 +40,7 @@
 
 #include "attnlab/online_softmax.hpp"
 #include "cuda/device.cuh"
-#include "cuda/tile_plan.hpp"
+#include "cuda/tile_walk.cuh"
 
 namespace attnlab::ATTN_CUDA_NS {
 namespace flash_impl {
@@ -71,16 +71,6 @@ struct Config {
   static constexpr int64_t kSmemFloats = int64_t{M} * kQK + int64_t{N} * kQK + int64_t{N} * D + int64_t{M} * kPN;
   static_assert(M % kTY == 0 && N % kTX == 0 && D % kTX == 0, "tile shape");
 };
-
-// Bits lo .. hi - 1 of a tile's key mask (bit n: key j0 + n), lo and hi relative to j0,
-// clamped to the tile's [0, 64).
-__device__ __forceinline__ uint64_t key_bits(int64_t lo, int64_t hi) {
-  lo = lo < 0 ? 0 : lo;
-  hi = hi > 64 ? 64 : hi;
-  if (hi <= lo) return 0;
-  const uint64_t below_hi = hi == 64 ? ~uint64_t{0} : (uint64_t{1} << hi) - 1;
-  return below_hi & ~((uint64_t{1} << lo) - 1);
-}
 
 // One score tile step over keys [j0, j0 + n_keys). kMasked: some row does not see every key of
 // the tile; row_bits(row of the block) gives the keys it sees (bit n: key j0 + n), so each
@@ -263,32 +253,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
     }
   };
   const int64_t v = a.sparse ? a.map.variant(b, hk) : 0;
-  if (!a.sparse) {
-    // Key tiles to visit (the union of the rows' intervals) and those needing no mask.
-    const cuda_impl::TilePlan plan = cuda_impl::plan_block(mask, t0, C::kM, rows_total, group);
-    for (int64_t j0 = plan.span.lo; j0 < plan.span.hi; j0 += C::kN) {
-      visit(j0, plan.span.hi, plan.needs_mask(j0, C::kN), [&](int r) {
-        const int64_t t = t0 + r;
-        const Interval iv = t < rows_total ? mask.row(t / group) : Interval{0, 0};
-        return key_bits(iv.lo - j0, iv.hi - j0);
-      });
-    }
-  } else {
-    // The block map's entries of this block (its query tile): the 64-key tiles some row sees,
-    // in kN-key steps; a full entry needs no mask (unless it ends before kN keys), a partial
-    // one masks by its words (row r of the block: word r).
-    const int64_t x = v * a.map.query_tiles + blockIdx.x;
-    for (int64_t e = a.map.start[x]; e < a.map.start[x + 1]; ++e) {
-      const BlockEntry en = a.map.entries[e];
-      const int64_t base = en.key_tile * 64, end = base + 64 < mask.kv_len ? base + 64 : mask.kv_len;
-      for (int64_t j0 = base; j0 < end; j0 += C::kN) {
-        visit(j0, end, en.words >= 0 || end - j0 < C::kN, [&](int r) {
-          const uint64_t w = en.words < 0 ? ~uint64_t{0} : a.map.bits[en.words + r] >> (j0 - base);
-          return w & key_bits(0, end - j0);
-        });
-      }
-    }
-  }
+  for_each_key_tile<C::kN>(a, mask, v, blockIdx.x, t0, C::kM, visit);
 
   // Normalize and store; the 16 lanes of a row each own head_dim/16 columns.
   ATTN_UNROLL
@@ -298,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
     if (t >= rows_total) continue;
     const int64_t i = t / group, h = hk * group + t % group;
     // A fully masked row (by the interval, or the map for a pattern): O = 0, LSE = -inf.
-    const bool empty = a.sparse ? a.map.row_empty[(v * a.q_len + i) * group + t % group] != 0 : mask.row(i).empty();
+    const bool empty = row_sees_nothing(a, mask, v, i, t % group);
     const float inv = online_softmax::out_scale(empty, l_row);
     float* o = a.o + a.os.at(b, h, i);
     ATTN_UNROLL

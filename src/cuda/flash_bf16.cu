@@ -30,7 +30,7 @@
 #include "attnlab/online_softmax.hpp"
 #include "cuda/device.cuh"
 #include "cuda/tensor_core.cuh"
-#include "cuda/tile_plan.hpp"
+#include "cuda/tile_walk.cuh"
 
 namespace attnlab::ATTN_CUDA_NS {
 namespace flash_bf16_impl {
@@ -51,15 +51,6 @@ struct Config {
   static constexpr int64_t kSmemBytes =
       (int64_t{kM} + 2 * kN) * kStride * 2 + int64_t{kWarps} * 16 * kN * static_cast<int64_t>(sizeof(float));
 };
-
-// Bits lo .. hi - 1 of a tile's key mask (bit n: key j0 + n), clamped to [0, 64).
-__device__ __forceinline__ uint64_t key_bits(int64_t lo, int64_t hi) {
-  lo = lo < 0 ? 0 : lo;
-  hi = hi > 64 ? 64 : hi;
-  if (hi <= lo) return 0;
-  const uint64_t below_hi = hi == 64 ? ~uint64_t{0} : (uint64_t{1} << hi) - 1;
-  return below_hi & ~((uint64_t{1} << lo) - 1);
-}
 
 // kRows rows of bf16 as stored into shared memory (row stride C::kStride), zeros for absent rows
 // (row(n) == nullptr) and past `dim`.
@@ -135,8 +126,7 @@ __global__ void __launch_bounds__(kThreads) flash_bf16_kernel(DeviceArgs a) {
       for (int np = 0; np < kNT / 2; ++np) {
         uint32_t kb[4];
         ldmatrix_x4<false>(kb, ks + (16 * np + 8 * (m4 / 2) + r8) * C::kStride + 16 * k + 8 * (m4 % 2));
-        mma_bf16_16x8x16(s[2 * np], qf[k], kb, s[2 * np]);
-        mma_bf16_16x8x16(s[2 * np + 1], qf[k], kb + 2, s[2 * np + 1]);
+        mma_bf16_16x16x16(s[2 * np], s[2 * np + 1], qf[k], kb);
       }
     }
     // Online softmax per row half; s becomes P (bf16-rounded), the sum takes P unrounded.
@@ -186,8 +176,7 @@ __global__ void __launch_bounds__(kThreads) flash_bf16_kernel(DeviceArgs a) {
         for (int op = 0; op < C::kOT / 2; ++op) {
           uint32_t vb[4];
           ldmatrix_x4<true>(vb, vs + (16 * kk + 8 * (m4 % 2) + r8) * C::kStride + 16 * op + 8 * (m4 / 2));
-          mma_bf16_16x8x16(o[2 * op], pa, vb, o[2 * op]);
-          mma_bf16_16x8x16(o[2 * op + 1], pa, vb + 2, o[2 * op + 1]);
+          mma_bf16_16x16x16(o[2 * op], o[2 * op + 1], pa, vb);
         }
       }
       return;
@@ -214,27 +203,7 @@ __global__ void __launch_bounds__(kThreads) flash_bf16_kernel(DeviceArgs a) {
     }
   };
   const int64_t v = a.sparse ? a.map.variant(b, hk) : 0;
-  if (!a.sparse) {
-    const cuda_impl::TilePlan plan = cuda_impl::plan_block(mask, t0, kM, rows_total, group);
-    for (int64_t j0 = plan.span.lo; j0 < plan.span.hi; j0 += kN) {
-      visit(j0, plan.span.hi, plan.needs_mask(j0, kN), [&](int r) {
-        const int64_t t = t0 + r;
-        const Interval iv = t < rows_total ? mask.row(t / group) : Interval{0, 0};
-        return key_bits(iv.lo - j0, iv.hi - j0);
-      });
-    }
-  } else {
-    // The block map's entries of this block's query tile (64-key tiles; a full entry needs no mask).
-    const int64_t x = v * a.map.query_tiles + blockIdx.x;
-    for (int64_t e = a.map.start[x]; e < a.map.start[x + 1]; ++e) {
-      const BlockEntry en = a.map.entries[e];
-      const int64_t base = en.key_tile * 64, end = base + 64 < mask.kv_len ? base + 64 : mask.kv_len;
-      visit(base, end, en.words >= 0 || end - base < kN, [&](int r) {
-        const uint64_t w = en.words < 0 ? ~uint64_t{0} : a.map.bits[en.words + r];
-        return w & key_bits(0, end - base);
-      });
-    }
-  }
+  for_each_key_tile<kN>(a, mask, v, blockIdx.x, t0, kM, visit);
 
   // Normalize and store: a lane writes rows g, g + 8 at its columns; lane tq = 0 the LSE.
   ATTN_UNROLL
@@ -243,7 +212,7 @@ __global__ void __launch_bounds__(kThreads) flash_bf16_kernel(DeviceArgs a) {
     const int64_t t = t0 + row_in_block[hr];
     if (t >= rows_total) continue;
     const int64_t i = t / group, h = hk * group + t % group;
-    const bool empty = a.sparse ? a.map.row_empty[(v * a.q_len + i) * group + t % group] != 0 : mask.row(i).empty();
+    const bool empty = row_sees_nothing(a, mask, v, i, t % group);
     const float inv = online_softmax::out_scale(empty, l_row);
     float* out = a.o + a.os.at(b, h, i);
     ATTN_UNROLL

@@ -59,6 +59,13 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float d[4], const uint32_t a[4]
 #endif
 }
 
+// d0 += a b[0..1] and d1 += a b[2..3]: the two 8-column n-tiles of B one ldmatrix_x4 gives (its
+// matrices 0, 1 the first n-tile's k halves, 2, 3 the second's).
+__device__ __forceinline__ void mma_bf16_16x16x16(float d0[4], float d1[4], const uint32_t a[4], const uint32_t b[4]) {
+  mma_bf16_16x8x16(d0, a, b, d0);
+  mma_bf16_16x8x16(d1, a, b + 2, d1);
+}
+
 // Four 8 x 8 b16 matrices from shared memory: this lane's `row` is row lane % 8 of matrix lane / 8
 // (16 bytes, 16-byte aligned); r[j] gets this lane's two elements of matrix j (tensor_core::ldmatrix).
 template <bool kTrans>
