@@ -22,8 +22,10 @@
 // `#pragma unroll` for nvcc; nothing for the host compiler (which would warn).
 #if defined(ATTN_CUDA_EMU)
 #define ATTN_UNROLL
+#define ATTN_NO_UNROLL
 #else
 #define ATTN_UNROLL _Pragma("unroll")
+#define ATTN_NO_UNROLL _Pragma("unroll 1")  // a cold loop kept rolled: code size (the GPU bundle's limit)
 #endif
 
 namespace attnlab::ATTN_CUDA_NS {

@@ -195,6 +195,7 @@ __global__ void __launch_bounds__(kThreads) flash_bf16_kernel(DeviceArgs a) {
       for (int i = 0; i < 4; ++i) {
         const int r = g + 8 * (i / 2), col = 8 * ot + 2 * tq + i % 2;
         float acc = o[ot][i];
+        ATTN_NO_UNROLL
         for (int n = 0; n < kN; ++n) {
           if (vis[i / 2] >> n & 1) acc = fmaf(ps[r * kN + n], to_float(bf16{vs[n * C::kStride + col]}), acc);
         }
