@@ -9,7 +9,7 @@
 
 namespace attnlab::test {
 
-// which: "naive" or "flash"; the kernel is named "emu_cuda_naive" / "emu_cuda_flash".
+// which: "naive", "flash", "flash_bf16" or "decode"; the kernel is named "emu_cuda_<which>".
 const Kernel& emulated_cuda(const std::string& which);
 
 }  // namespace attnlab::test

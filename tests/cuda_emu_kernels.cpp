@@ -6,6 +6,7 @@
 #include "cuda/naive.cu"
 #include "cuda/flash.cu"
 #include "cuda/flash_bf16.cu"
+#include "cuda/decode.cu"
 #include "cuda/tensor_core_selftest.cuh"
 
 #include <algorithm>
@@ -19,10 +20,14 @@ namespace {
 
 class EmulatedKernel final : public Kernel {
  public:
-  static constexpr int kSms = 1;  // sizes naive's grid: 64 warps, so rows are grid-strided
-  EmulatedKernel(std::string name, const cuda_impl::KernelOps& ops, Arithmetic arithmetic = Arithmetic::F32)
-      : name_(std::move(name)), ops_(ops), arithmetic_(arithmetic) {}
+  // sms: the SM count the launch is sized for (naive's grid: 1 SM = 64 warps, so rows are
+  // grid-strided; decode's chunks: an H100's 132, so the keys split as they would there).
+  EmulatedKernel(std::string name, const cuda_impl::KernelOps& ops, Arithmetic arithmetic = Arithmetic::F32,
+                 bool caches = false, int sms = 1)
+      : name_(std::move(name)), ops_(ops), arithmetic_(arithmetic), caches_(caches), sms_(sms) {}
   Arithmetic arithmetic() const override { return arithmetic_; }
+  bool runs_kv_quant() const override { return caches_; }
+  bool runs_paged() const override { return caches_; }
   bool runs_patterns() const override { return ops_.block_rows(cuda_impl::DeviceArgs{}) > 0; }
   bool runs_head_dim_v() const override { return true; }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return cuda_impl::block_plan(p, ops_); }
@@ -33,7 +38,7 @@ class EmulatedKernel final : public Kernel {
     return *why ? Support::no(why) : Support::yes();
   }
   size_t workspace_bytes(const Problem& p, int) const override {
-    return static_cast<size_t>(ops_.scratch_floats(cuda_impl::problem_args(p), kSms)) * sizeof(float);
+    return static_cast<size_t>(ops_.scratch_floats(cuda_impl::problem_args(p), sms_)) * sizeof(float);
   }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     // On a GPU, O, LSE and the scratch live in fresh device memory (cudaMalloc: anything):
@@ -47,13 +52,15 @@ class EmulatedKernel final : public Kernel {
     cuda_impl::DeviceArgs a = cuda_impl::device_args(p, in, out);
     std::shared_ptr<const Plan> keep;
     cuda_impl::attach_plan(a, p, ops_, ctx.plan, keep);
-    ops_.launch(a, cuda_impl::LaunchEnv{nullptr, kSms, reinterpret_cast<float*>(ctx.workspace.data())});
+    ops_.launch(a, cuda_impl::LaunchEnv{nullptr, sms_, reinterpret_cast<float*>(ctx.workspace.data())});
   }
 
  private:
   std::string name_;
   const cuda_impl::KernelOps& ops_;
   Arithmetic arithmetic_;
+  bool caches_;
+  int sms_;
 };
 
 }  // namespace
@@ -62,6 +69,8 @@ const Kernel& emulated_cuda(const std::string& which) {
   static const EmulatedKernel naive("emu_cuda_naive", cuda_emu::naive_ops);
   static const EmulatedKernel flash("emu_cuda_flash", cuda_emu::flash_ops);
   static const EmulatedKernel flash_bf16("emu_cuda_flash_bf16", cuda_emu::flash_bf16_ops, Arithmetic::Bf16Products);
+  static const EmulatedKernel decode("emu_cuda_decode", cuda_emu::decode_ops, Arithmetic::F32, true, 132);
+  if (which == "decode") return decode;
   return which == "naive" ? naive : which == "flash_bf16" ? flash_bf16 : flash;
 }
 
@@ -126,6 +135,25 @@ __global__ void ldmatrix_misaligned(float* out) {
   out[threadIdx.x] = static_cast<float>(r[0]);
 }
 
+// cp.async: thread t copies 16 bytes (floats 4t .. 4t + 3 of a source) into shared memory and
+// reads its neighbour's copy. `how`: 0 waits and syncs (always right), 1 syncs without waiting
+// (wrong where a copy had not landed), 2 copies from a misaligned source, 3 never waits.
+alignas(16) float g_copy_source[4 * 256 + 4];
+void cp_async_neighbour(float* out, int how) {
+  float* s = dynamic_smem<float>();
+  const unsigned t = threadIdx.x, n = blockDim.x;
+  cp_async<16>(s + 4 * t, g_copy_source + 4 * t + (how == 2 ? 1 : 0), 16);
+  cp_async_commit();
+  if (how == 0) cp_async_wait<0>();
+  __syncthreads();
+  out[t] = s[4 * ((t + 1) % n)];
+  if (how == 1) cp_async_wait<0>();
+}
+__global__ void cp_async_waited(float* out) { cp_async_neighbour(out, 0); }
+__global__ void cp_async_not_waited(float* out) { cp_async_neighbour(out, 1); }
+__global__ void cp_async_misaligned(float* out) { cp_async_neighbour(out, 2); }
+__global__ void cp_async_never_waited(float* out) { cp_async_neighbour(out, 3); }
+
 // The tensor-core self-test kernels (src/cuda/tensor_core_selftest.cuh) on host memory.
 void mma(const uint16_t* A, const uint16_t* B, const float* C, float* D, int leave_lane) {
   tc_selftest::mma(A, B, C, D, leave_lane);
@@ -137,8 +165,10 @@ void run(int which, float* out, unsigned threads) {
   void (*const kernels[])(float*) = {
       missing_barrier,       with_barrier,           divergent_barrier,           group_reductions,
       mask_leaves_out_lanes, reads_outside_the_mask, half_warps_with_their_masks, zero_times_unwritten,
-      ldmatrix_misaligned};
-  launch_kernel(kernels[which], dim3(1), dim3(threads), threads * sizeof(float), nullptr, out);
+      ldmatrix_misaligned,   cp_async_waited,        cp_async_not_waited,         cp_async_misaligned,
+      cp_async_never_waited};
+  for (int i = 0; i < 4 * 256 + 4; ++i) g_copy_source[i] = static_cast<float>(i);
+  launch_kernel(kernels[which], dim3(1), dim3(threads), 4 * threads * sizeof(float), nullptr, out);
 }
 
 }  // namespace attnlab::cuda_emu::selftest

@@ -234,6 +234,9 @@ bool must_run(const Kernel& k, const Problem& p) {
     if (p.q_len > 16) return false;                    // "flash-decoding for q_len <= 16"
     if (name == "decode_i8") return p.kv_quantized();  // integer codes: a q8_0, q4_0, u8 or u4 cache
   }
+  if (name == "cuda_decode") {  // "q_len <= 16", head dims up to 256, no sparse patterns (runs_patterns)
+    if (p.q_len > 16 || std::max(p.head_dim, p.dim_v()) > 256) return false;
+  }
   if (name == "cuda_flash_bf16") {  // "head dims up to 128"; a sparse pattern's block holds whole groups
     if (std::max(p.head_dim, p.dim_v()) > 128) return false;
     if (p.sparse() && 64 % (p.q_heads / p.kv_heads) != 0) return false;

@@ -14,6 +14,7 @@
 #include <functional>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
@@ -59,14 +60,17 @@ std::string run_command(const std::string& cmd, int* rc) {
 
 TEST(Cuda, KernelsAreRegisteredLastInLadderOrder) {
   const auto& reg = registry();
-  ASSERT_GE(reg.size(), 4u);
-  EXPECT_EQ(reg[reg.size() - 3], &cuda::naive());
-  EXPECT_EQ(reg[reg.size() - 2], &cuda::flash());
-  EXPECT_EQ(reg[reg.size() - 1], &cuda::flash_bf16());
+  ASSERT_GE(reg.size(), 5u);
+  EXPECT_EQ(reg[reg.size() - 4], &cuda::naive());
+  EXPECT_EQ(reg[reg.size() - 3], &cuda::flash());
+  EXPECT_EQ(reg[reg.size() - 2], &cuda::flash_bf16());
+  EXPECT_EQ(reg[reg.size() - 1], &cuda::decode());
   EXPECT_EQ(find_kernel("cuda_naive"), &cuda::naive());
   EXPECT_EQ(find_kernel("cuda_flash"), &cuda::flash());
   EXPECT_EQ(find_kernel("cuda_flash_bf16"), &cuda::flash_bf16());
   EXPECT_TRUE(cuda::is_cuda_kernel(cuda::flash_bf16()));
+  EXPECT_EQ(find_kernel("cuda_decode"), &cuda::decode());
+  EXPECT_TRUE(cuda::is_cuda_kernel(cuda::decode()));
   EXPECT_EQ(cuda::flash_bf16().arithmetic(), Arithmetic::Bf16Products);
   EXPECT_TRUE(cuda::is_cuda_kernel(cuda::flash()));
   EXPECT_FALSE(cuda::is_cuda_kernel(*reg[0]));
@@ -269,6 +273,29 @@ TEST(CudaEmulation, NoticesAMissingBarrier) {
   EXPECT_GT(wrong, 0) << "without __syncthreads some thread must read a slot not yet written";
   cuda_emu::selftest::run(1, out.data(), kThreads);
   for (unsigned t = 0; t < kThreads; ++t) EXPECT_EQ(out[t], static_cast<float>((t + 1) % kThreads));
+}
+
+// cp.async's model: a copy read before its wait (and the barrier after it) may not have landed.
+TEST(CudaEmulation, CpAsyncLandsByTheWaitNotBefore) {
+  constexpr unsigned kThreads = 128;
+  std::vector<float> out(kThreads);
+  cuda_emu::selftest::run(9, out.data(), kThreads);  // waited, then the barrier
+  for (unsigned t = 0; t < kThreads; ++t) EXPECT_EQ(out[t], static_cast<float>(4 * ((t + 1) % kThreads))) << t;
+  cuda_emu::selftest::run(10, out.data(), kThreads);  // the barrier without the wait
+  int unlanded = 0;
+  for (unsigned t = 0; t < kThreads; ++t) unlanded += std::isnan(out[t]);
+  EXPECT_GT(unlanded, 10) << "copies not waited for must be able to land late";
+  EXPECT_LT(unlanded, 118) << "and early";
+  for (const int which : {11, 12}) {
+    try {
+      cuda_emu::selftest::run(which, out.data(), kThreads);
+      ADD_FAILURE() << (which == 11 ? "a misaligned cp.async" : "copies never waited for") << " accepted";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(which == 11 ? "addresses not aligned" : "never waited for"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(CudaEmulation, ReportsADivergentBarrierInsteadOfHanging) {
@@ -741,6 +768,159 @@ TEST(EmulatedFlashBf16, NanKeyPoisonsExactlyTheRowsThatSeeIt) {
     }
     EXPECT_EQ(nan_rows, window < 0 ? 4 * 128 : 4 * 4);
   }
+}
+
+// cuda_decode under the emulation (sized for an H100's 132 SMs, so the keys split into 128-key
+// chunks here and the merge has several chunks to merge): every cache type - f32, bf16, f16 and
+// every quantized layout - contiguous and paged, against the float64 reference (which reads the
+// cache's values): GQA and MQA (32 rows: two row tiles), q_len 1..16, causal, a window, per-batch
+// kv lengths with an empty one, fully masked rows, d_v != d, d 256, BSHD, and rows whose byte
+// pitch leaves 4-byte or no cp.async pieces (d 17, q8_0 at d 32: 34-byte rows).
+struct DecodeCase {
+  Problem p;
+  std::string name;
+};
+
+std::vector<DecodeCase> decode_cases() {
+  const auto BR = CausalAlign::BottomRight;
+  struct Shape {
+    int64_t b, hq, hkv, sq, sk, d, dv;
+    CausalAlign causal;
+    int64_t wl;
+    std::vector<int64_t> kv_lens;
+    Layout layout;
+    const char* tag;
+  };
+  const std::vector<Shape> shapes = {
+      {2, 8, 2, 1, 300, 64, 0, BR, -1, {}, Layout::BHSD, "gqa4"},
+      {1, 4, 4, 3, 1000, 128, 64, CausalAlign::None, -1, {}, Layout::BHSD, "mha_dv64"},
+      {2, 6, 1, 2, 257, 32, 0, CausalAlign::None, 50, {0, 200}, Layout::BSHD, "mqa_window_kvlens"},
+      {1, 32, 1, 1, 700, 128, 0, BR, -1, {}, Layout::BHSD, "mqa32_two_row_tiles"},
+      {1, 8, 2, 16, 520, 64, 0, BR, -1, {}, Layout::BSHD, "q16_gqa4"},
+      {1, 2, 1, 4, 3, 32, 0, BR, -1, {}, Layout::BHSD, "fully_masked_rows"},
+      {1, 4, 2, 2, 400, 256, 0, BR, -1, {}, Layout::BSHD, "d256"},
+      {1, 2, 2, 1, 90, 17, 0, CausalAlign::None, -1, {}, Layout::BHSD, "d17"},
+  };
+  const KvDType types[] = {KvDType::Same, KvDType::Q8_0,    KvDType::Q4_0,   KvDType::U8,
+                           KvDType::U4,   KvDType::Fp8E4M3, KvDType::Fp8E5M2};
+  std::vector<DecodeCase> out;
+  for (const Shape& s : shapes) {
+    for (const KvDType t : types) {
+      for (const DType dt : {DType::F32, DType::BF16, DType::F16}) {
+        if (t != KvDType::Same && dt != DType::F32) continue;  // a quantized cache takes float32 Q
+        for (const int64_t block : {int64_t{0}, int64_t{16}}) {
+          Problem p = test::shape(s.b, s.hq, s.hkv, s.sq, s.sk, s.d);
+          p.head_dim_v = s.dv, p.causal = s.causal, p.window_left = s.wl, p.window_right = s.wl < 0 ? -1 : 0;
+          p.kv_lens = s.kv_lens, p.layout = s.layout, p.kv_dtype = t, p.dtype = dt, p.kv_block = block;
+          try {
+            p.validate();
+          } catch (const InvalidInput&) {
+            continue;  // (q8_0 / q4_0 at a head_dim that is not whole blocks)
+          }
+          std::string name = std::string(s.tag) + "_" + (t == KvDType::Same ? to_string(dt) : to_string(t));
+          if (block) name += "_paged";
+          out.push_back({p, name});
+        }
+      }
+    }
+  }
+  return out;
+}
+
+void PrintTo(const DecodeCase& c, std::ostream* os) { *os << c.name; }
+
+class EmulatedDecode : public ::testing::TestWithParam<DecodeCase> {};
+
+TEST_P(EmulatedDecode, MatchesFloat64Reference) {
+  const DecodeCase& c = GetParam();
+  const Kernel& k = emulated("decode");
+  ASSERT_TRUE(supports_problem(k, c.p)) << supports_problem(k, c.p).reason;
+  const Tensors t = random_tensors(c.p, 23);
+  const KernelCheck r = test::check_all_rows(k, c.p, t, 1);
+  EXPECT_EQ(r.verdict, Verdict::Pass) << c.p.describe() << ": " << r.reason << " (O err " << r.errors.o_rel << ", tol "
+                                      << r.tol.o_rel << ")";
+  EXPECT_TRUE(r.errors.lse_checked);
+}
+
+INSTANTIATE_TEST_SUITE_P(Caches, EmulatedDecode, ::testing::ValuesIn(decode_cases()),
+                         [](const ::testing::TestParamInfo<DecodeCase>& info) { return info.param.name; });
+
+std::vector<float> run_outputs(const Kernel& k, const Problem& p, const Inputs& in, std::vector<float>* lse) {
+  Tensors out = allocate_outputs(p);
+  Session s(k, p, 1);
+  s.run(in, out.outputs);
+  if (lse) lse->assign(out.lse.get(), out.lse.get() + p.lse_elems());
+  return {out.o.get(), out.o.get() + p.o_elems()};
+}
+
+// A paged cache gives bitwise the contiguous cache's O and LSE (only where rows are read from
+// differs: the table's rule), for blocks of 16..256 tokens and a mixed-length batch.
+TEST(EmulatedDecodeCache, PagedIsBitwiseTheContiguousCache) {
+  for (const KvDType t : {KvDType::Same, KvDType::Q4_0, KvDType::U8}) {
+    Problem base = test::shape(3, 8, 2, 2, 600, 64);
+    base.kv_lens = {600, 1, 333};
+    base.causal = CausalAlign::BottomRight;
+    base.kv_dtype = t;
+    base.dtype = t == KvDType::Same ? DType::BF16 : DType::F32;
+    const Tensors dense = random_tensors(base, 5);
+    std::vector<float> lse_dense;
+    const std::vector<float> o_dense = run_outputs(emulated("decode"), base, dense.inputs, &lse_dense);
+    for (const int64_t block : {16, 64, 256}) {
+      Problem p = base;
+      p.kv_block = block;
+      const Tensors paged = page_kv(p, dense.inputs);
+      std::vector<float> lse;
+      const std::vector<float> o = run_outputs(emulated("decode"), p, paged.inputs, &lse);
+      EXPECT_EQ(std::memcmp(o.data(), o_dense.data(), o.size() * sizeof(float)), 0) << to_string(t) << " " << block;
+      EXPECT_EQ(std::memcmp(lse.data(), lse_dense.data(), lse.size() * sizeof(float)), 0)
+          << to_string(t) << " " << block;
+    }
+  }
+}
+
+// A NaN key and value row reaches exactly the rows that see it (O NaN), through the chunk it lies in
+// and the merge; the other rows - those a window keeps from it, and the rows of the other kv head -
+// are bitwise the run without it (a chunk a row does not see is never weighted by 0).
+TEST(EmulatedDecodeCache, NanKeyPoisonsExactlyTheRowsThatSeeIt) {
+  Problem p = test::shape(1, 4, 2, 4, 700, 64);
+  p.window_left = 200, p.window_right = 0;  // row i (of 4) sees keys 496 + i .. 696 + i
+  const Tensors clean = random_tensors(p, 8);
+  Tensors t = random_tensors(p, 8);
+  const int64_t bad = 497;  // seen by rows 0 and 1 of kv head 0 only
+  for (int64_t d = 0; d < p.head_dim; ++d) {
+    const_cast<float*>(t.inputs.k.row(0, 0, bad))[d] = std::nanf("");
+    const_cast<float*>(t.inputs.v.row(0, 0, bad))[d] = std::nanf("");
+  }
+  const std::vector<float> o = run_outputs(emulated("decode"), p, t.inputs, nullptr);
+  const std::vector<float> o_clean = run_outputs(emulated("decode"), p, clean.inputs, nullptr);
+  int nan_rows = 0;
+  for (int64_t h = 0; h < p.q_heads; ++h) {
+    for (int64_t i = 0; i < p.q_len; ++i) {
+      const Interval iv = p.visible(0, i);
+      const bool sees = p.kv_head_of(h) == 0 && iv.lo <= bad && bad < iv.hi;
+      nan_rows += sees;
+      const int64_t at = (h * p.q_len + i) * p.head_dim;
+      for (int64_t d = 0; d < p.head_dim; ++d) {
+        if (sees) {
+          EXPECT_TRUE(std::isnan(o[at + d])) << "h " << h << " i " << i;
+        } else {
+          EXPECT_EQ(o[at + d], o_clean[at + d]) << "h " << h << " i " << i << " d " << d;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(nan_rows, 2 * 2);
+}
+
+TEST(EmulatedDecodeCache, RefusesWhatItDoesNotRunNamingTheAlternative) {
+  Problem p = test::shape(1, 4, 2, 17, 64, 64);
+  EXPECT_NE(supports_problem(emulated("decode"), p).reason.find("q_len above 16"), std::string::npos);
+  p.q_len = 1, p.head_dim = 320;
+  EXPECT_NE(supports_problem(emulated("decode"), p).reason.find("head_dim or head_dim_v above 256"), std::string::npos);
+  p.head_dim = 64, p.sinks = 4, p.window_left = 16, p.window_right = 0;
+  const std::string why = supports_problem(emulated("decode"), p).reason;  // the registry's kernels that run them
+  EXPECT_NE(why.find("a sparse pattern ("), std::string::npos) << why;
+  EXPECT_NE(why.find("cuda_flash_bf16"), std::string::npos) << why;
 }
 
 // ---- 3. the real device -----------------------------------------------------------------

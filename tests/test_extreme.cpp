@@ -57,6 +57,7 @@ std::vector<const Kernel*> kernels_under_test() {
   ks.push_back(&test::emulated_cuda("naive"));
   ks.push_back(&test::emulated_cuda("flash"));
   ks.push_back(&test::emulated_cuda("flash_bf16"));
+  ks.push_back(&test::emulated_cuda("decode"));
   return ks;
 }
 

@@ -179,7 +179,8 @@ TEST(Paged, OtherKernelsRefuseNamingTheOnesThatRead) {
     if (k->runs_paged()) continue;
     const Support s = supports_problem(*k, p);
     ASSERT_FALSE(s) << k->name();
-    EXPECT_NE(s.reason.find("kv_block 64 (naive, flash, decode, decode_i8 read a paged cache)"), std::string::npos)
+    EXPECT_NE(s.reason.find("kv_block 64 (naive, flash, decode, decode_i8, cuda_decode read a paged cache)"),
+              std::string::npos)
         << s.reason;
   }
   Problem dilated = shape(1, 4, 4, 64, 64, 64, 64);

@@ -16,16 +16,32 @@
 namespace attnlab::kv_read {
 
 #define ATTN_KV_INLINE inline __attribute__((always_inline))
+// What the CUDA decode calls too (value() and what it reads with): host and device.
+#if defined(__CUDACC__)
+#define ATTN_KV_HD __host__ __device__ __forceinline__
+#else
+#define ATTN_KV_HD ATTN_KV_INLINE
+#endif
 
-ATTN_KV_INLINE float scale_f16(const std::byte* p) {
+ATTN_KV_HD float scale_f16(const std::byte* p) {
+#if defined(__CUDA_ARCH__)  // (rows are byte-aligned: no wider load)
+  const auto bits = static_cast<uint16_t>(static_cast<unsigned>(p[0]) | static_cast<unsigned>(p[1]) << 8);
+#else
   uint16_t bits;
   std::memcpy(&bits, p, 2);
+#endif
   return to_float(f16{bits});
 }
-ATTN_KV_INLINE float load_f32(const std::byte* p) {
+ATTN_KV_HD float load_f32(const std::byte* p) {
+#if defined(__CUDA_ARCH__)
+  uint32_t bits = 0;
+  for (int i = 3; i >= 0; --i) bits = bits << 8 | static_cast<unsigned>(p[i]);
+  return dtype_detail::float_of(bits);
+#else
   float v;
   std::memcpy(&v, p, 4);
   return v;
+#endif
 }
 
 // ggml's block_q8_0: x = d * q.
@@ -73,8 +89,8 @@ ATTN_KV_INLINE void u4(const std::byte* row, int64_t dim, float* __restrict y) {
 // OCP FP8 through binary16, exactly: E5M2 is binary16's top byte; E4M3's exponent and
 // mantissa placed in binary16's are its value times 2^-8 (subnormals included), and its one
 // NaN code (S.1111.111) has no binary16 counterpart, so it is made NaN by hand.
-ATTN_KV_INLINE float e5m2(uint8_t b) { return to_float(f16{static_cast<uint16_t>(b << 8)}); }
-ATTN_KV_INLINE float e4m3(uint8_t b) {
+ATTN_KV_HD float e5m2(uint8_t b) { return to_float(f16{static_cast<uint16_t>(b << 8)}); }
+ATTN_KV_HD float e4m3(uint8_t b) {
   const auto h = static_cast<uint16_t>(((b & 0x80u) << 8) | ((b & 0x7fu) << 7));
   const float v = to_float(f16{h}) * 256.0f;
   return (b & 0x7fu) == 0x7fu ? dtype_detail::float_of(0x7fc00000u | (uint32_t{b & 0x80u} << 24)) : v;
@@ -99,7 +115,7 @@ ATTN_KV_INLINE void fp8(bool e4, const std::byte* row, int64_t dim, float* __res
 }
 
 // Value i of a row (the same rule, one value: the kernels' tails and the scalar target).
-ATTN_KV_INLINE float value(KvDType t, const std::byte* r, int64_t i, float tensor_scale) {
+ATTN_KV_HD float value(KvDType t, const std::byte* r, int64_t i, float tensor_scale) {
   const auto* u = reinterpret_cast<const uint8_t*>(r);
   switch (t) {
     case KvDType::Q8_0: {
@@ -116,8 +132,13 @@ ATTN_KV_INLINE float value(KvDType t, const std::byte* r, int64_t i, float tenso
       const uint8_t byte = u[8 + i / 2];
       return (static_cast<float>(i % 2 ? byte >> 4 : byte & 0x0f) - load_f32(r + 4)) * load_f32(r);
     }
+#if defined(__CUDA_ARCH__)  // (the tables are host memory: the rules they are made of)
+    case KvDType::Fp8E4M3: return e4m3(u[i]) * tensor_scale;
+    case KvDType::Fp8E5M2: return e5m2(u[i]) * tensor_scale;
+#else
     case KvDType::Fp8E4M3: return fp8_tables().e4[u[i]] * tensor_scale;
     case KvDType::Fp8E5M2: return fp8_tables().e5[u[i]] * tensor_scale;
+#endif
     case KvDType::Same: break;
   }
   return 0.f;
@@ -137,5 +158,6 @@ ATTN_KV_INLINE void row(KvDType t, const std::byte* r, int64_t dim, float* y, fl
 }
 
 #undef ATTN_KV_INLINE
+#undef ATTN_KV_HD
 
 }  // namespace attnlab::kv_read

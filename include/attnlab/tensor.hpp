@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attnlab/kv_page.hpp"
 #include "attnlab/problem.hpp"
 
 namespace attnlab {
@@ -65,7 +66,8 @@ std::vector<int32_t> scattered_pool_order(int64_t blocks);
 template <class T>
 inline __attribute__((always_inline)) T* kv_row(const View4<T>& v, const KvPages& pg, int64_t b, int64_t h, int64_t j) {
   if (!pg.table) return v.row(b, h, j);
-  return v.row(pg.table[b * pg.table_len + j / pg.block], h, j % pg.block);
+  const PageSlot at = page_slot(pg.table, pg.table_len, pg.block, b, j);
+  return v.row(at.block, h, at.slot);
 }
 
 // Q, K and V in their storage dtype: float32 in q, k, v (dtype F32), or the 16-bit

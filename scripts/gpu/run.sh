@@ -2,8 +2,7 @@
 # The GPU check, from the bundle scripts/lab gpu-bundle makes (scripts/gpu/bundle.sh), on a bare
 # machine with an NVIDIA GPU: nothing is built or installed there.
 #
-#   BUNDLE/run.sh OUTDIR             every step below; under 8 minutes (each step has a time
-#                                    limit, 480 s in all) on an H200 with 16 cores
+#   BUNDLE/run.sh OUTDIR             every step below (each step has a time limit)
 #   BUNDLE/run.sh --cpu-only OUTDIR  the steps that need no GPU (tests that need none, the
 #                                    PyTorch comparison on the CPU where a Python with torch is
 #                                    found, the thread scaling, the summary): here, and in CI
@@ -12,14 +11,20 @@
 #      (SMs x FP32 lanes x 2 x clock, `attnlab cuda`), Python and PyTorch
 #   2. tests -> tests.txt: the CUDA tests (host side, emulated device code, the device itself)
 #      and the agreement grid, sparse-pattern and special-value cases of cuda_naive and cuda_flash
-#   3. kernel times -> kernel_times.csv: `attnlab cuda --time`, causal and not, q_len = kv_len
-#      512..16384, head_dim 64 and 128, MHA 16/16 and GQA 16/4, batch 2; every point verified
-#      on sampled rows first; kernel-only times from back-to-back launches between CUDA events
+#   3. kernel times -> kernel_times.csv: `attnlab cuda --time` (the device memory's read and copy
+#      bandwidth measured first): cuda_flash and cuda_naive in float32, causal and not, q_len =
+#      kv_len 512..16384; cuda_flash_bf16 (tensor cores) 512..32768, both at head_dim 64 and 128,
+#      MHA 16/16 and GQA 16/4, batch 2; cuda_decode (one query row, 32/8 heads, head_dim 128)
+#      over caches of 4k, 32k and 128k tokens stored f32, bf16, f16, q8_0, q4_0, u8 and fp8_e4m3,
+#      contiguous and paged (16-token blocks); every point verified on sampled rows first;
+#      kernel-only times from back-to-back launches between CUDA events
 #   4. PyTorch -> torch.csv: scaled_dot_product_attention in float32 (the backend it picks) and
 #      in bf16 on the same inputs, timed with CUDA events, kernel only; the outputs go through
 #      .npy files to `attnlab verify --expect` against cuda_flash and the float64 reference
 #   5. CPU thread scaling -> threads.csv: `attnlab sweep` of flash (prefill) and decode at
 #      1, 2, 4, ... up to every core, % of the peak measured in the same run
+#   (about 5 minutes on an H100 or H200 with 16 cores; every limit together 565 s, under the 10
+#   minutes a device call may take)
 #   6. summary.md (summarize.py); details.tar.gz: the sweep folder, test XML, every step's log
 # OUTDIR receives exactly those 8 files (a GPU machine returns at most 8).
 # Environment: ATTN_PYTHON (default python3: the Python with torch), ATTN_BUNDLE_WORK (scratch
@@ -129,15 +134,27 @@ tests() {
 }
 export TESTS W
 export -f tests
-step tests 90 "$OUT/tests.txt" bash -c tests
+step tests 70 "$OUT/tests.txt" bash -c tests
 
 # 3. kernel-only times (needs the device).
 if ((!cpu_only)); then
   grid=(--q-len 512,1024,2048,4096,8192,16384 --head-dim 64,128 --gqa-groups 1,4 --batch 2 --q-heads 16 --reps 5
         --verify-rows 64 --naive-max-seq 4096)
-  step cuda-causal 100 "$W/logs/cuda_causal.txt" "$EXE" cuda --time "${grid[@]}" --csv "$W/kt_causal.csv"
-  step cuda-nomask 80 "$W/logs/cuda_nomask.txt" "$EXE" cuda --time "${grid[@]}" --causal=false --csv "$W/kt_nomask.csv"
-  { cat "$W/kt_causal.csv" 2>/dev/null; tail -n +2 "$W/kt_nomask.csv" 2>/dev/null; } >"$OUT/kernel_times.csv"
+  step cuda-causal 60 "$W/logs/cuda_causal.txt" "$EXE" cuda --time "${grid[@]}" --csv "$W/kt_causal.csv"
+  step cuda-nomask 60 "$W/logs/cuda_nomask.txt" "$EXE" cuda --time "${grid[@]}" --causal=false --csv "$W/kt_nomask.csv"
+  tc=(--impl cuda_flash_bf16 --dtype bf16 --q-len 512,1024,2048,4096,8192,16384,32768 --head-dim 64,128
+      --gqa-groups 1,4 --batch 2 --q-heads 16 --reps 3 --verify-rows 32)
+  step tensor-causal 60 "$W/logs/tensor_causal.txt" "$EXE" cuda --time "${tc[@]}" --csv "$W/kt_tc_causal.csv"
+  step tensor-nomask 60 "$W/logs/tensor_nomask.txt" "$EXE" cuda --time "${tc[@]}" --causal=false --csv "$W/kt_tc_nomask.csv"
+  dec=(--impl cuda_decode --q-len 1 --kv-len 4096,32768,131072 --q-heads 32 --gqa-groups 4 --head-dim 128 --batch 1
+       --causal --kv-block 0,16 --reps 3 --verify-rows 32)
+  step decode-16bit 60 "$W/logs/decode_16bit.txt" "$EXE" cuda --time "${dec[@]}" --dtype f32,bf16,f16 --csv "$W/kt_dec16.csv"
+  step decode-quantized 60 "$W/logs/decode_quantized.txt" "$EXE" cuda --time "${dec[@]}" --kv-dtype q8_0,q4_0,u8,fp8_e4m3 \
+    --csv "$W/kt_decq.csv"
+  {
+    cat "$W/kt_causal.csv" 2>/dev/null
+    for f in kt_nomask kt_tc_causal kt_tc_nomask kt_dec16 kt_decq; do tail -n +2 "$W/$f.csv" 2>/dev/null; done
+  } >"$OUT/kernel_times.csv"
 else
   echo "kernel,skipped" >"$OUT/kernel_times.csv"
   echo "--cpu-only: no kernel times" >"$W/logs/cuda_causal.txt"
@@ -147,10 +164,10 @@ fi
 # flash kernel), when a Python with torch is found; else the step says why it was left out.
 if "$PY" -c 'import torch, numpy' >/dev/null 2>&1; then
   if ((cpu_only)); then
-    step torch 90 "$W/logs/torch.txt" "$PY" "$B/torch_compare.py" --attnlab "$EXE" --work "$W/torch" \
+    step torch 60 "$W/logs/torch.txt" "$PY" "$B/torch_compare.py" --attnlab "$EXE" --work "$W/torch" \
       --csv "$OUT/torch.csv" --device cpu --impl flash --quick
   else
-    step torch 90 "$W/logs/torch.txt" "$PY" "$B/torch_compare.py" --attnlab "$EXE" --work "$W/torch" \
+    step torch 60 "$W/logs/torch.txt" "$PY" "$B/torch_compare.py" --attnlab "$EXE" --work "$W/torch" \
       --csv "$OUT/torch.csv" --device cuda --impl cuda_flash
   fi
 else
@@ -179,11 +196,11 @@ cat >"$W/threads.json" <<EOF
   "verify_rows": 32
 }
 EOF
-step threads 80 "$W/logs/threads.txt" "$EXE" sweep --experiment "$W/threads.json" --out "$W/threads" --peak-repeats 1
+step threads 40 "$W/logs/threads.txt" "$EXE" sweep --experiment "$W/threads.json" --out "$W/threads" --peak-repeats 1
 cp "$W/threads/results.csv" "$OUT/threads.csv" 2>/dev/null || echo "kernel,skipped" >"$OUT/threads.csv"
 
 # 6. summary and details.
-step summary 20 "$W/logs/summary.txt" "$PY" "$B/summarize.py" "$OUT" --manifest "$B/MANIFEST" \
+step summary 15 "$W/logs/summary.txt" "$PY" "$B/summarize.py" "$OUT" --manifest "$B/MANIFEST" \
   --mode "$([[ $cpu_only == 1 ]] && echo cpu-only || echo gpu)"
 log "done: exit status $status"
 cp "$B/MANIFEST" "$W/"

@@ -1,7 +1,10 @@
 // attnlab cuda: the CUDA device (or why there is none) and, with --time, kernel-only timings
 // of the CUDA kernels from CUDA events (cuda::last_timing), with the copies reported apart.
 // TFLOP/s = Problem::flops() / kernel time; "% fp32" is against the device's FP32 (non-tensor)
-// peak, sm_count * FP32 lanes * 2 * clock. Each point is verified first on sampled rows. The
+// peak, sm_count * FP32 lanes * 2 * clock, "% bf16 tc" against its dense bf16 tensor-core peak;
+// GB/s = Problem::bytes_moved() / kernel time, "% read" against the device memory's read
+// bandwidth measured at the start (cuda::measure_bandwidth; also --bandwidth alone): the unit
+// decode is bound by. Each point is verified first on sampled rows. The
 // kernel time is the mean of back-to-back launches between two events (cuda::time_launches): no
 // host launch gap, no per-launch set-up; the median over --reps such runs is reported.
 // The grid is the point schema's (the sweep's axis flags: --q-len, --head-dim, --gqa-groups,
@@ -27,6 +30,7 @@ namespace {
 
 struct CudaArgs {
   bool time = false;
+  bool bandwidth = false;
   std::string impl = "cuda_flash,cuda_naive";
   AxisFlags axes;  // the schema's size, mask and setting axes, each replacing its default below
   int reps = 5;
@@ -68,12 +72,16 @@ int run_timing(const CudaArgs& a) {
   if (!status) throw InvalidInput("cuda --time: needs a CUDA device; " + status.reason);
   const cuda::DeviceInfo info = *cuda::device_info();
   std::printf("device: %s\n", info.describe().c_str());
-  std::printf("%-58s %10s %8s %9s %9s %9s %8s %7s %s\n", "point", "kernel_ms", "launches", "h2d_ms", "d2h_ms",
-              "TFLOP/s", "%fp32", "verify", "");
+  const cuda::Bandwidth bw = cuda::measure_bandwidth();
+  std::printf("memory: read %.0f GB/s, copy %.0f GB/s (measured, best of 5 over %.0f MiB)\n", bw.read_gbs, bw.copy_gbs,
+              bw.bytes / (1024.0 * 1024.0));
+  std::printf("%-58s %10s %8s %9s %9s %9s %7s %7s %8s %6s %7s %s\n", "point", "kernel_ms", "launches", "h2d_ms",
+              "d2h_ms", "TFLOP/s", "%fp32", "%bf16tc", "GB/s", "%read", "verify", "");
   std::ostringstream csv;
   csv << "kernel";
   for (const schema::PointField& f : schema::point_fields()) csv << ',' << f.name;
-  csv << ",flops,kernel_ms,launches,h2d_ms,d2h_ms,tflops,fp32_peak_tflops,fp32_fraction,verified\n";
+  csv << ",flops,kernel_ms,launches,h2d_ms,d2h_ms,tflops,fp32_peak_tflops,fp32_fraction,bf16_tensor_peak_tflops,"
+         "tensor_fraction,bytes,gbytes_per_s,read_gbs,read_fraction,verified\n";
   bool all_ok = true;
   for (const bench::GridPoint& g : grid) {
     const Problem& p = g.problem;
@@ -95,14 +103,18 @@ int run_timing(const CudaArgs& a) {
     const double ms = median(kms);
     const double tflops = p.flops() / (ms * 1e-3) * 1e-12;
     const double frac = info.fp32_peak_tflops > 0 ? tflops / info.fp32_peak_tflops : 0;
+    const double tc = info.bf16_tensor_peak_tflops > 0 ? tflops / info.bf16_tensor_peak_tflops : 0;
+    const double gbs = p.bytes_moved() / (ms * 1e-3) * 1e-9, read = bw.read_gbs > 0 ? gbs / bw.read_gbs : 0;
     const schema::PointView view{g.kernel, p, g.threads, "", ""};
-    std::printf("%-58s %10.3f %8d %9.3f %9.3f %9.2f %7.1f%% %7s %s\n", schema::describe_point(view, g.kernel).c_str(),
-                ms, launches, median(h2d), median(d2h), tflops, 100 * frac, to_string(c.verdict), c.reason.c_str());
+    std::printf("%-58s %10.3f %8d %9.3f %9.3f %9.2f %6.1f%% %6.1f%% %8.0f %5.0f%% %7s %s\n",
+                schema::describe_point(view, g.kernel).c_str(), ms, launches, median(h2d), median(d2h), tflops,
+                100 * frac, 100 * tc, gbs, 100 * read, to_string(c.verdict), c.reason.c_str());
     std::fflush(stdout);
     csv << g.kernel;
     for (const schema::PointField& f : schema::point_fields()) csv << ',' << f.value(view);
     for (const double x :
-         {p.flops(), ms, static_cast<double>(launches), median(h2d), median(d2h), tflops, info.fp32_peak_tflops, frac})
+         {p.flops(), ms, static_cast<double>(launches), median(h2d), median(d2h), tflops, info.fp32_peak_tflops, frac,
+          info.bf16_tensor_peak_tflops, tc, p.bytes_moved(), gbs, bw.read_gbs, read})
       csv << ',' << schema::csv_number(x);
     csv << ',' << to_string(c.verdict) << "\n";
     // Whole after every point: a run stopped by a time limit keeps what it measured.
@@ -122,6 +134,8 @@ Command add_cuda(CLI::App& app) {
                 "verify and time the CUDA kernels over a grid (needs a device); the grid's flags are the sweep's "
                 "axes, lists allowed (default: --batch 2 --q-heads 16 --gqa-groups 1,4 --q-len "
                 "512,1024,2048,4096,8192 --head-dim 64,128 --causal)");
+  sub->add_flag("--bandwidth", args->bandwidth,
+                "measure the device memory's read and copy bandwidth (needs a device; --time does it too)");
   sub->add_option("--impl", args->impl, "CUDA kernels, comma-separated");
   args->axes.add_to(*sub, {schema::AxisKind::Size, schema::AxisKind::Mask, schema::AxisKind::Setting});
   sub->add_option("--reps", args->reps, "timed runs per point (median reported), after one warm-up");
@@ -138,6 +152,11 @@ Command add_cuda(CLI::App& app) {
               return 0;
             }
             std::printf("CUDA: %s\n", cuda::device_info()->describe().c_str());
+            if (args->bandwidth) {
+              const cuda::Bandwidth bw = cuda::measure_bandwidth();
+              std::printf("memory: read %.0f GB/s, copy %.0f GB/s (measured, best of 5 over %.0f MiB)\n", bw.read_gbs,
+                          bw.copy_gbs, bw.bytes / (1024.0 * 1024.0));
+            }
             return 0;
           }};
 }

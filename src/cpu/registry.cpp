@@ -21,6 +21,7 @@ namespace cuda {  // src/cuda/kernels.cpp: present in every build, available onl
 const Kernel& naive();
 const Kernel& flash();
 const Kernel& flash_bf16();
+const Kernel& decode();
 }  // namespace cuda
 
 namespace {
@@ -138,6 +139,7 @@ const std::vector<Entry>& entries() {
     list.push_back({{&cuda::naive()}});
     list.push_back({{&cuda::flash()}});
     list.push_back({{&cuda::flash_bf16()}});
+    list.push_back({{&cuda::decode()}});
     return list;
   }();
   return e;

@@ -8,6 +8,8 @@
 
 #include "attnlab/dtype.hpp"
 #include "attnlab/interval.hpp"
+#include "attnlab/kv_page.hpp"
+#include "attnlab/kv_quant.hpp"
 
 namespace attnlab::cuda_impl {
 
@@ -49,6 +51,14 @@ struct DeviceArgs {
   float scale = 1.f;    // the effective softmax scale (1/sqrt(head_dim) unless given)
   bool sparse = false;  // a sparse pattern (Problem::sparse()): the kernel follows `map`
   BlockMapView map;     // set by device_args() from the plan when sparse
+  // A quantized cache (Problem::kv_dtype; cuda_decode reads it): k and v are rows of bytes (their
+  // strides in bytes), q float32; kv_scale the fp8 layouts' per-tensor scale.
+  KvDType kv = KvDType::Same;
+  float kv_scale = 1.f;
+  // A paged cache (Problem::kv_block): k and v are the pool, table (batch x table_len block ids)
+  // says where each sequence's rows are (kv_page.hpp's rule). Host pointer until runtime.cu copies it.
+  const int32_t* table = nullptr;
+  int64_t table_len = 0, kv_block = 0;
 
   ATTN_HD int64_t group() const { return q_heads / kv_heads; }
   // The wider of head_dim and head_dim_v: what a tile's columns must hold.
@@ -57,6 +67,14 @@ struct DeviceArgs {
     return MaskSpec{q_len, kv_lens ? kv_lens[b] : kv_len, causal, window_left, window_right};
   }
   ATTN_HD int64_t lse_index(int64_t b, int64_t h, int64_t i) const { return (b * q_heads + h) * q_len + i; }
+  // Bytes per stride unit of K and V: 1 for a quantized cache, else the element's.
+  ATTN_HD int64_t kv_unit_bytes() const { return kv != KvDType::Same ? 1 : dtype == DType::F32 ? 4 : 2; }
+  // Where K's or V's row j of sequence b, kv head h starts, in stride units (contiguous or paged).
+  ATTN_HD int64_t kv_row_at(const Strides& s, int64_t b, int64_t h, int64_t j) const {
+    if (!table) return s.at(b, h, j);
+    const PageSlot at = page_slot(table, table_len, kv_block, b, j);
+    return s.at(at.block, h, at.slot);
+  }
 };
 
 // How a launch is placed: the stream (a cudaStream_t, opaque here), the SM count that sizes
@@ -100,10 +118,12 @@ namespace attnlab::cuda_dev {
 extern const cuda_impl::KernelOps naive_ops;
 extern const cuda_impl::KernelOps flash_ops;
 extern const cuda_impl::KernelOps flash_bf16_ops;
+extern const cuda_impl::KernelOps decode_ops;
 }  // namespace attnlab::cuda_dev
 
 namespace attnlab::cuda_emu {
 extern const cuda_impl::KernelOps naive_ops;
 extern const cuda_impl::KernelOps flash_ops;
 extern const cuda_impl::KernelOps flash_bf16_ops;
+extern const cuda_impl::KernelOps decode_ops;
 }  // namespace attnlab::cuda_emu

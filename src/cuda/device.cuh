@@ -80,6 +80,42 @@ __device__ __forceinline__ T* dynamic_smem() {
 #endif
 }
 
+// cp.async (sm_80+): kBytes (4, 8 or 16) from global `src` to shared `dst` without passing through
+// registers, the first src_bytes read and the rest zero-filled (src_bytes 0: a zero row, src any
+// valid address); both addresses aligned to kBytes. Copies are grouped by cp_async_commit and
+// waited for by cp_async_wait<n> (all groups but the newest n have landed - for this thread's
+// copies only: a __syncthreads after it makes the block's visible). 16-byte copies bypass L1 (.cg).
+template <int kBytes>
+__device__ __forceinline__ void cp_async(void* dst, const void* src, int src_bytes) {
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
+#if defined(ATTN_CUDA_EMU)
+  current().cp_async(dst, src, kBytes, src_bytes);
+#else
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src), "n"(kBytes), "r"(src_bytes)
+                 : "memory");
+  }
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(ATTN_CUDA_EMU)
+  current().cp_async_commit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(ATTN_CUDA_EMU)
+  current().cp_async_wait(kPending);
+#else
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
 #if !defined(ATTN_CUDA_EMU)
 // Above 48 KiB of dynamic shared memory a kernel must opt in (cudaFuncSetAttribute). Done once
 // per kernel and size, not per launch: the call costs microseconds of host time, which back-to-back

@@ -13,6 +13,12 @@
 // lane read). Shared memory starts as NaN, as the tests' outputs and scratch do
 // (tests/cuda_emu_kernels.cpp): memory a GPU leaves uninitialized may hold anything, so a
 // kernel that multiplies unwritten memory by 0 or leaves an output unwritten shows up.
+// cp.async (sm_80's asynchronous global -> shared copies): a copy lands either at once or only
+// when its thread's cp.async.wait_group lets it (a coin flip per copy, seeded): read before the
+// wait (and the barrier that makes other threads' copies visible), the buffer still holds the
+// previous tile or NaN; issued into a buffer other threads still read, the early landings
+// overwrite it under them. A copy whose addresses are not aligned to its size, or whose
+// destination is not shared memory, is an error; so are copies a thread never waits for.
 // What it cannot show: timing, memory-model subtleties beyond barrier ordering, bank conflicts,
 // and anything about the real compiler's register allocation.
 #pragma once
@@ -24,6 +30,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <random>
@@ -77,6 +84,8 @@ class BlockScheduler {
     f.shuffles = 0;
     f.exchange_phase = 0;
     f.exchanges = 0;
+    f.open_copies.clear();
+    f.copy_groups.clear();
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = stacks_.get() + kStackBytes * t;
     f.ctx.uc_stack.ss_size = kStackBytes;
@@ -104,7 +113,12 @@ class BlockScheduler {
         g_thread_idx = uint3{t, 0, 0};
         t_current = this;
         swapcontext(&main_, &fibers_[t].ctx);
-        if (fibers_[t].state == State::Ready) fibers_[t].state = State::Done;  // returned
+        if (fibers_[t].state == State::Ready) {  // returned
+          fibers_[t].state = State::Done;
+          if (!fibers_[t].open_copies.empty() || !fibers_[t].copy_groups.empty()) {
+            report("thread " + std::to_string(t) + " ended with cp.async copies it never waited for");
+          }
+        }
         if (fibers_[t].state == State::Done) ++done;
       }
       if (release_barriers()) continue;
@@ -175,6 +189,38 @@ class BlockScheduler {
     return exchange_.data() + base;
   }
 
+  // cp.async of `bytes` (4, 8 or 16) from global src to shared dst, the first src_bytes of them
+  // read and the rest zero-filled (the instruction's src-size operand).
+  void cp_async(void* dst, const void* src, int bytes, int src_bytes) {
+    const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+    const auto smem = reinterpret_cast<uintptr_t>(g_smem);
+    if (d % bytes != 0 || s % bytes != 0 || d < smem || d + bytes > smem + g_smem_bytes || src_bytes < 0 ||
+        src_bytes > bytes) {
+      report("cp.async of " + std::to_string(bytes) + " bytes at thread " + std::to_string(current_) +
+             ": addresses not aligned to the copy's size, a destination outside shared memory, or a bad src-size");
+      return;
+    }
+    Copy c{static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes, src_bytes};
+    if (std::bernoulli_distribution(0.5)(rng_)) {
+      c.land();
+    } else {
+      fibers_[current_].open_copies.push_back(c);
+    }
+  }
+  void cp_async_commit() {
+    Fiber& f = fibers_[current_];
+    f.copy_groups.push_back(std::move(f.open_copies));
+    f.open_copies.clear();
+  }
+  // cp.async.wait_group n: every committed group but the newest n has landed.
+  void cp_async_wait(int n) {
+    Fiber& f = fibers_[current_];
+    while (static_cast<int>(f.copy_groups.size()) > n) {
+      for (const Copy& c : f.copy_groups.front()) c.land();
+      f.copy_groups.pop_front();
+    }
+  }
+
   // A rule the device code broke (an instruction's operand it may not take): kept, and thrown by
   // run_block once the block ends, as a shuffle-mask violation is.
   void report(const std::string& what) {
@@ -184,7 +230,18 @@ class BlockScheduler {
   static inline thread_local BlockScheduler* t_current = nullptr;
 
  private:
+  struct Copy {
+    std::byte* dst;
+    const std::byte* src;
+    int bytes, src_bytes;
+    void land() const {
+      std::memcpy(dst, src, static_cast<size_t>(src_bytes));
+      std::memset(dst + src_bytes, 0, static_cast<size_t>(bytes - src_bytes));
+    }
+  };
   struct Fiber {
+    std::vector<Copy> open_copies;              // cp.async issued since the last commit, not landed
+    std::deque<std::vector<Copy>> copy_groups;  // committed groups not waited for, oldest first
     ucontext_t ctx{};
     State state = State::Ready;
     unsigned shuffle_phase = 0;

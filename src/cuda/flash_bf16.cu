@@ -6,7 +6,9 @@
 // as cuda_flash's (GQA: a K/V tile in shared memory serves the group's heads). Each warp owns 16
 // rows; its Q fragments are loaded once (ldmatrix) and stay in registers. For each 64-key tile of
 // the union of the rows' visible intervals (or of the block map's entries for a sparse pattern):
-//   1. K and V rows [j0, j0 + 64) go to shared memory as they are (bf16; zeros past the span);
+//   1. K and V rows [j0, j0 + 64) go to shared memory as they are (bf16; zeros past the span),
+//      double-buffered: the next tile's rows are copied by cp.async (16-byte chunks, when every row
+//      is 16-byte aligned; else element by element) while this tile is computed;
 //   2. S = Q K^T: per warp 16 x 64 scores, 8 n-tiles of mma (K's fragments by ldmatrix: the keys
 //      are B's columns, so K's rows load untransposed), float32 accumulators;
 //   3. online softmax in registers (log2 domain: the scores times scale * log2 e in float32): a
@@ -19,11 +21,11 @@
 //      keys): 0 x a NaN/Inf in a V row the row does not see must not reach it, which an mma over
 //      the whole tile cannot promise.
 // Special values follow include/attnlab/online_softmax.hpp; fully masked rows give O = 0, LSE = -inf.
-// Memory: shared (64 + 2 x 64) rows x (head_dim bucket + 8) bf16 plus 4 x 16 x 64 floats for a
-// masked tile's P (68 KiB at head_dim 128, 44 KiB at 64); registers: Q fragments (d/4 words), the
-// scores (32 floats), O (d/2 floats) per lane. K and V are read q_len * group / 64 times per kv head.
-// Cost: 4 x visible pairs x d FLOP on the tensor cores (P V's masked tiles on CUDA cores); no
-// cp.async double buffering yet (the tile loads stall the block).
+// Memory: shared (64 + 2 x 2 x 64) rows x (head_dim bucket + 8) bf16 plus 4 x 16 x 64 floats for a
+// masked tile's P (101 KiB at head_dim 128, 61 KiB at 64: two blocks per SM on an H100 at 128);
+// registers: Q fragments (d/4 words), the scores (32 floats), O (d/2 floats) per lane. K and V are
+// read q_len * group / 64 times per kv head.
+// Cost: 4 x visible pairs x d FLOP on the tensor cores (P V's masked tiles on CUDA cores).
 // Precision (Arithmetic::Bf16Products): bf16 inputs only; Q K^T and P V multiply bf16 pairs exactly
 // into float32 accumulators, P rounded to bf16 - the CPU's flash_bf16 class and tolerance.
 // Head dims up to 128 (buckets 64, 128; d_v may differ, the larger picks the bucket).
@@ -49,13 +51,25 @@ struct Config {
   static constexpr int kSteps = D / 16;  // k steps of Q K^T
   static constexpr int kOT = D / 8;      // output n-tiles per warp
   static constexpr int64_t kSmemBytes =
-      (int64_t{kM} + 2 * kN) * kStride * 2 + int64_t{kWarps} * 16 * kN * static_cast<int64_t>(sizeof(float));
+      (int64_t{kM} + 4 * kN) * kStride * 2 + int64_t{kWarps} * 16 * kN * static_cast<int64_t>(sizeof(float));
 };
 
-// kRows rows of bf16 as stored into shared memory (row stride C::kStride), zeros for absent rows
-// (row(n) == nullptr) and past `dim`.
+// kRows rows of bf16 into shared memory (row stride C::kStride), zeros for absent rows (row(n) ==
+// nullptr) and past `dim`. vec (every row 16-byte aligned, dim a multiple of 8): 16-byte cp.async
+// copies (zero rows and columns by src-size 0, from `any`, an aligned address), for the caller to
+// commit and wait for; else element by element, visible after the next barrier.
 template <class C, int kRows, class RowFn>
-__device__ __forceinline__ void load_rows(uint16_t* dst, int dim, RowFn row) {
+__device__ __forceinline__ void load_rows(uint16_t* dst, int dim, bool vec, const bf16* any, RowFn row) {
+  if (vec) {
+    constexpr int kChunks = C::kD / 8;
+    for (int e = static_cast<int>(threadIdx.x); e < kRows * kChunks; e += kThreads) {
+      const int n = e / kChunks, c = 8 * (e % kChunks);
+      const bf16* src = row(n);
+      const bool have = src && c < dim;
+      cp_async<16>(dst + n * C::kStride + c, have ? src + c : any, have ? 16 : 0);
+    }
+    return;
+  }
   for (int e = static_cast<int>(threadIdx.x); e < kRows * C::kD; e += kThreads) {
     const int n = e / C::kD, c = e % C::kD;
     const bf16* src = row(n);
@@ -68,17 +82,18 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 
 template <class C>
-__global__ void __launch_bounds__(kThreads) flash_bf16_kernel(DeviceArgs a) {
+__global__ void __launch_bounds__(kThreads) flash_bf16_kernel(DeviceArgs a, bool vec) {
   const bf16* qa = static_cast<const bf16*>(a.q);
   const bf16* ka = static_cast<const bf16*>(a.k);
   const bf16* va = static_cast<const bf16*>(a.v);
   uint16_t* qs = dynamic_smem<uint16_t>();
-  uint16_t* ks = qs + kM * C::kStride;
-  uint16_t* vs = ks + kN * C::kStride;
+  constexpr int kTileElems = kN * C::kStride;
+  uint16_t* ks = qs + kM * C::kStride;  // two buffers of K rows, then two of V rows
+  uint16_t* vs = ks + 2 * kTileElems;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, tq = lane % 4;   // the fragment tables' groupID, threadID_in_group
   const int m4 = lane / 8, r8 = lane % 8;  // ldmatrix: this lane's row address
-  float* ps = reinterpret_cast<float*>(vs + kN * C::kStride) + warp * 16 * kN;  // a masked tile's P
+  float* ps = reinterpret_cast<float*>(vs + 2 * kTileElems) + warp * 16 * kN;  // a masked tile's P
   const int64_t b = blockIdx.z, hk = blockIdx.y;
   const int64_t group = a.group();
   const int64_t rows_total = group * a.q_len;
@@ -87,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) flash_bf16_kernel(DeviceArgs a) {
   const MaskSpec mask = a.mask(b);
   const float qk_scale = a.scale * kLog2e;
 
-  load_rows<C, kM>(qs, dim, [&](int r) -> const bf16* {
+  load_rows<C, kM>(qs, dim, false, qa, [&](int r) -> const bf16* {
     const int64_t t = t0 + r;
     if (t >= rows_total) return nullptr;
     return qa + a.qs.at(b, hk * group + t % group, t / group);
@@ -109,13 +124,11 @@ __global__ void __launch_bounds__(kThreads) flash_bf16_kernel(DeviceArgs a) {
   for (int ot = 0; ot < C::kOT; ++ot) o[ot][0] = o[ot][1] = o[ot][2] = o[ot][3] = 0.f;
   const int row_in_block[2] = {warp * 16 + g, warp * 16 + g + 8};
 
-  const auto visit = [&](int64_t j0, int64_t end, bool masked, const auto& row_bits) {
-    __syncthreads();  // the previous tile is done with ks, vs, ps
-    load_rows<C, kN>(ks, dim,
-                     [&](int n) -> const bf16* { return j0 + n < end ? ka + a.ks.at(b, hk, j0 + n) : nullptr; });
-    load_rows<C, kN>(vs, dim_v,
-                     [&](int n) -> const bf16* { return j0 + n < end ? va + a.vs.at(b, hk, j0 + n) : nullptr; });
-    __syncthreads();
+  const int64_t v = a.sparse ? a.map.variant(b, hk) : 0;
+  KeyTiles<kN> tiles(a, mask, v, blockIdx.x, t0, kM);
+  // One tile's step on the K and V rows in kt, vt (loaded and visible to the block).
+  const auto step = [&](const KeyTile& tile, const uint16_t* kt, const uint16_t* vt) {
+    const bool masked = tile.masked;
     // S = Q K^T: n-tile pair np from one ldmatrix (keys +8 (m4 / 2), head_dim columns +8 (m4 % 2)).
     float s[kNT][4];
     ATTN_UNROLL
@@ -125,7 +138,7 @@ __global__ void __launch_bounds__(kThreads) flash_bf16_kernel(DeviceArgs a) {
       ATTN_UNROLL
       for (int np = 0; np < kNT / 2; ++np) {
         uint32_t kb[4];
-        ldmatrix_x4<false>(kb, ks + (16 * np + 8 * (m4 / 2) + r8) * C::kStride + 16 * k + 8 * (m4 % 2));
+        ldmatrix_x4<false>(kb, kt + (16 * np + 8 * (m4 / 2) + r8) * C::kStride + 16 * k + 8 * (m4 % 2));
         mma_bf16_16x16x16(s[2 * np], s[2 * np + 1], qf[k], kb);
       }
     }
@@ -133,7 +146,7 @@ __global__ void __launch_bounds__(kThreads) flash_bf16_kernel(DeviceArgs a) {
     uint64_t vis[2] = {~uint64_t{0}, ~uint64_t{0}};
     ATTN_UNROLL
     for (int hr = 0; hr < 2; ++hr) {
-      if (masked) vis[hr] = row_bits(row_in_block[hr]);
+      if (masked) vis[hr] = tiles.row_bits(tile, row_in_block[hr]);
       float tile_max = -INFINITY;
       ATTN_UNROLL
       for (int nt = 0; nt < kNT; ++nt) {
@@ -175,7 +188,7 @@ __global__ void __launch_bounds__(kThreads) flash_bf16_kernel(DeviceArgs a) {
         ATTN_UNROLL
         for (int op = 0; op < C::kOT / 2; ++op) {
           uint32_t vb[4];
-          ldmatrix_x4<true>(vb, vs + (16 * kk + 8 * (m4 % 2) + r8) * C::kStride + 16 * op + 8 * (m4 / 2));
+          ldmatrix_x4<true>(vb, vt + (16 * kk + 8 * (m4 % 2) + r8) * C::kStride + 16 * op + 8 * (m4 / 2));
           mma_bf16_16x16x16(o[2 * op], o[2 * op + 1], pa, vb);
         }
       }
@@ -197,14 +210,37 @@ __global__ void __launch_bounds__(kThreads) flash_bf16_kernel(DeviceArgs a) {
         float acc = o[ot][i];
         ATTN_NO_UNROLL
         for (int n = 0; n < kN; ++n) {
-          if (vis[i / 2] >> n & 1) acc = fmaf(ps[r * kN + n], to_float(bf16{vs[n * C::kStride + col]}), acc);
+          if (vis[i / 2] >> n & 1) acc = fmaf(ps[r * kN + n], to_float(bf16{vt[n * C::kStride + col]}), acc);
         }
         o[ot][i] = acc;
       }
     }
   };
-  const int64_t v = a.sparse ? a.map.variant(b, hk) : 0;
-  for_each_key_tile<kN>(a, mask, v, blockIdx.x, t0, kM, visit);
+  // The walk, K/V double-buffered: the next tile's rows are copied (cp.async) while this one is
+  // computed; its buffer was last read in the step before, which the barrier ending it closes.
+  const auto load = [&](const KeyTile& tile, int buf) {
+    const int64_t j0 = tile.j0, end = tile.end;
+    load_rows<C, kN>(ks + buf * kTileElems, dim, vec, ka,
+                     [&](int n) -> const bf16* { return j0 + n < end ? ka + a.ks.at(b, hk, j0 + n) : nullptr; });
+    load_rows<C, kN>(vs + buf * kTileElems, dim_v, vec, va,
+                     [&](int n) -> const bf16* { return j0 + n < end ? va + a.vs.at(b, hk, j0 + n) : nullptr; });
+  };
+  KeyTile cur, next;
+  bool have = tiles.next(cur);
+  if (have) load(cur, 0);
+  cp_async_commit();
+  for (int buf = 0; have; buf ^= 1) {
+    const bool more = tiles.next(next);
+    if (more) load(next, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // this thread's copies of the current tile have landed
+    __syncthreads();     // and everyone's
+    step(cur, ks + buf * kTileElems, vs + buf * kTileElems);
+    __syncthreads();  // the step is done with this buffer (and ps) before it is loaded again
+    cur = next;
+    have = more;
+  }
+  cp_async_wait<0>();
 
   // Normalize and store: a lane writes rows g, g + 8 at its columns; lane tq = 0 the LSE.
   ATTN_UNROLL
@@ -239,6 +275,14 @@ auto with_config(int64_t head_dim, F&& f) {
   return f(C128{});
 }
 
+// Whether every K and V row starts 16-byte aligned and holds whole 16-byte chunks: the cp.async path.
+bool rows_16_byte_aligned(const DeviceArgs& a) {
+  const auto ok = [](const void* p, const cuda_impl::Strides& s, int64_t dim) {
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0 && s.b % 8 == 0 && s.h % 8 == 0 && s.s % 8 == 0 && dim % 8 == 0;
+  };
+  return ok(a.k, a.ks, a.head_dim) && ok(a.v, a.vs, a.head_dim_v);
+}
+
 constexpr int64_t kMaxGridY = 65535, kMaxGridZ = 65535, kMaxGridX = 2147483647;
 
 int64_t scratch_floats(const DeviceArgs&, int) { return 0; }
@@ -266,7 +310,8 @@ void launch(const DeviceArgs& a, const LaunchEnv& env) {
     using C = decltype(c);
     const dim3 grid(static_cast<unsigned>(ceil_div(a.group() * a.q_len, kM)), static_cast<unsigned>(a.kv_heads),
                     static_cast<unsigned>(a.batch));
-    launch_kernel(flash_bf16_kernel<C>, grid, dim3(kThreads), static_cast<size_t>(C::kSmemBytes), env.stream, a);
+    launch_kernel(flash_bf16_kernel<C>, grid, dim3(kThreads), static_cast<size_t>(C::kSmemBytes), env.stream, a,
+                  rows_16_byte_aligned(a));
   });
 }
 

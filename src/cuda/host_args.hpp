@@ -23,7 +23,7 @@ void attach_plan(DeviceArgs& a, const Problem& p, const KernelOps& ops, const Pl
                  std::shared_ptr<const Plan>& keep);
 
 // Elements of Q, K, V from each view's first element to its last (what one contiguous copy
-// moves), in the inputs' storage dtype.
+// moves), in the inputs' storage dtype (K and V of a quantized cache: bytes).
 struct InputExtents {
   int64_t q = 0, k = 0, v = 0;
 };

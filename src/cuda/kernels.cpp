@@ -48,6 +48,9 @@ DeviceArgs problem_args(const Problem& p) {
   a.scale = p.effective_scale();
   a.dtype = p.dtype;
   a.sparse = p.sparse();
+  a.kv = p.kv_dtype;
+  a.kv_block = p.kv_block;
+  a.table_len = p.kv_table_len();
   return a;
 }
 
@@ -101,6 +104,16 @@ DeviceArgs device_args(const Problem& p, const Inputs& in, const Outputs& out) {
     a.ks = strides_of(t.k);
     a.vs = strides_of(t.v);
   });
+  if (in.kv != KvDType::Same) {  // K and V as rows of bytes
+    check_view("k", in.kq);
+    check_view("v", in.vq);
+    a.k = in.kq.data;
+    a.v = in.vq.data;
+    a.ks = strides_of(in.kq);
+    a.vs = strides_of(in.vq);
+    a.kv_scale = in.kv_scale;
+  }
+  a.table = in.pages.table;
   a.dtype = in.dtype;
   a.o = out.o.data;
   a.lse = out.lse;
@@ -116,6 +129,7 @@ InputExtents input_extents(const Inputs& in) {
     e.k = span_elems(t.k);
     e.v = span_elems(t.v);
   });
+  if (in.kv != KvDType::Same) e.k = span_elems(in.kq), e.v = span_elems(in.vq);  // bytes
   return e;
 }
 
@@ -134,14 +148,17 @@ constexpr const char* kBuiltWithout =
 class CudaKernel final : public Kernel {
  public:
   CudaKernel(std::string_view name, std::string_view description, const cuda_impl::KernelOps* ops, bool patterns,
-             Arithmetic arithmetic = Arithmetic::F32, std::string_view precision = {})
+             Arithmetic arithmetic = Arithmetic::F32, std::string_view precision = {}, bool caches = false)
       : name_(name),
         description_(description),
         ops_(ops),
         patterns_(patterns),
         arithmetic_(arithmetic),
-        precision_(precision) {}
+        precision_(precision),
+        caches_(caches) {}
   bool runs_patterns() const override { return patterns_; }
+  bool runs_kv_quant() const override { return caches_; }
+  bool runs_paged() const override { return caches_; }
   Arithmetic arithmetic() const override { return arithmetic_; }
   std::string_view precision() const override { return precision_.empty() ? Kernel::precision() : precision_; }
   bool runs_head_dim_v() const override { return true; }
@@ -199,16 +216,19 @@ class CudaKernel final : public Kernel {
   bool patterns_;
   Arithmetic arithmetic_;
   std::string_view precision_;
+  bool caches_;  // reads quantized and paged KV caches
 };
 
 #if defined(ATTN_HAS_CUDA)
 constexpr const cuda_impl::KernelOps* kNaiveOps = &cuda_dev::naive_ops;
 constexpr const cuda_impl::KernelOps* kFlashOps = &cuda_dev::flash_ops;
 constexpr const cuda_impl::KernelOps* kFlashBf16Ops = &cuda_dev::flash_bf16_ops;
+constexpr const cuda_impl::KernelOps* kDecodeOps = &cuda_dev::decode_ops;
 #else
 constexpr const cuda_impl::KernelOps* kNaiveOps = nullptr;
 constexpr const cuda_impl::KernelOps* kFlashOps = nullptr;
 constexpr const cuda_impl::KernelOps* kFlashBf16Ops = nullptr;
+constexpr const cuda_impl::KernelOps* kDecodeOps = nullptr;
 #endif
 
 }  // namespace
@@ -238,6 +258,15 @@ const Kernel& flash_bf16() {
   return k;
 }
 
+const Kernel& decode() {
+  static const CudaKernel k("cuda_decode",
+                            "CUDA split-KV decode (FlashDecoding) for q_len <= 16: key chunks x (batch, kv head) "
+                            "blocks, all rows of a GQA group per block, raw cache rows double-buffered by cp.async, "
+                            "exact LSE merge; f32/bf16/f16, q8_0/q4_0/u8/u4/fp8, paged caches",
+                            kDecodeOps, false, Arithmetic::F32, {}, true);
+  return k;
+}
+
 Support device_status() {
 #if defined(ATTN_HAS_CUDA)
   const std::string& why = cuda_dev::unavailable_reason();
@@ -247,7 +276,9 @@ Support device_status() {
 #endif
 }
 
-bool is_cuda_kernel(const Kernel& k) { return &k == &naive() || &k == &flash() || &k == &flash_bf16(); }
+bool is_cuda_kernel(const Kernel& k) {
+  return &k == &naive() || &k == &flash() || &k == &flash_bf16() || &k == &decode();
+}
 
 std::optional<DeviceInfo> device_info() {
 #if defined(ATTN_HAS_CUDA)
@@ -261,8 +292,8 @@ std::string DeviceInfo::describe() const {
   std::ostringstream s;
   s.precision(3);
   s << name << " (sm_" << cc_major << cc_minor << ", " << sm_count << " SMs, " << clock_ghz << " GHz, FP32 peak "
-    << fp32_peak_tflops << " TFLOP/s, " << mem_bandwidth_gbs << " GB/s nominal, "
-    << global_mem_bytes / (1024 * 1024 * 1024) << " GiB)";
+    << fp32_peak_tflops << " TFLOP/s, bf16 tensor peak " << bf16_tensor_peak_tflops << " TFLOP/s, " << mem_bandwidth_gbs
+    << " GB/s nominal, " << global_mem_bytes / (1024 * 1024 * 1024) << " GiB)";
   return s.str();
 }
 
@@ -274,11 +305,20 @@ std::optional<Timing> last_timing() {
 Timing time_launches(Session& s, const Inputs& in, const Outputs& out, int launches) {
   if (!is_cuda_kernel(s.kernel())) {
     throw InvalidInput("time_launches: '" + std::string(s.kernel().name()) +
-                       "' is not a CUDA kernel; allowed: cuda_naive, cuda_flash");
+                       "' is not a CUDA kernel; allowed: cuda_naive, cuda_flash, cuda_flash_bf16, cuda_decode");
   }
   if (launches < 1) throw InvalidInput("launches: " + std::to_string(launches) + " is not allowed; allowed: >= 1");
   s.run(in, out, launches);
   return *last_timing();
+}
+
+Bandwidth measure_bandwidth(double bytes, int reps) {
+#if defined(ATTN_HAS_CUDA)
+  return cuda_dev::measure_bandwidth(bytes, reps);
+#else
+  (void)bytes, (void)reps;
+  throw std::runtime_error(std::string("measure_bandwidth: ") + kBuiltWithout);
+#endif
 }
 
 void release_device_memory() {

@@ -43,6 +43,15 @@ int fp32_lanes_per_sm(int major, int minor) {
   return 128;                               // sm_86/87/89, sm_90 and later
 }
 
+// Dense bf16 FLOP per SM per clock on the tensor cores with float32 accumulation (mma / wgmma):
+// A100 312 TFLOP/s = 108 SMs x 1.41 GHz x 2048; H100 SXM 989 = 132 x 1.83 GHz x 4096 (datasheets);
+// A10/A40/L40S-class sm_86/89 1024 (GeForce parts accumulate float32 at half that).
+int bf16_tensor_flop_per_sm_clock(int major, int minor) {
+  if (major == 8 && minor == 0) return 2048;
+  if (major >= 9) return 4096;
+  return 1024;
+}
+
 struct Probe {
   std::string reason;  // empty: usable
   cuda::DeviceInfo info;
@@ -83,6 +92,7 @@ Probe probe_device() {
   d.clock_ghz = attr(cudaDevAttrClockRate) * 1e-6;  // kHz
   d.fp32_lanes_per_sm = fp32_lanes_per_sm(d.cc_major, d.cc_minor);
   d.fp32_peak_tflops = d.sm_count * d.fp32_lanes_per_sm * 2.0 * d.clock_ghz * 1e-3;
+  d.bf16_tensor_peak_tflops = d.sm_count * bf16_tensor_flop_per_sm_clock(d.cc_major, d.cc_minor) * d.clock_ghz * 1e-3;
   d.mem_bandwidth_gbs =
       2.0 * attr(cudaDevAttrMemoryClockRate) * 1e3 * (attr(cudaDevAttrGlobalMemoryBusWidth) / 8.0) * 1e-9;
   d.global_mem_bytes = static_cast<long long>(prop.totalGlobalMem);
@@ -160,11 +170,11 @@ class Stream {
 struct Resources {
   Stream stream;
   Event start, copied_in, computed, timed_start, timed_end, copied_out;
-  DeviceBuffer q, k, v, o, lse, kv_lens, scratch;
+  DeviceBuffer q, k, v, o, lse, kv_lens, scratch, table;
   DeviceBuffer map_start, map_entries, map_bits, map_empty;  // a sparse pattern's block map
   void release_buffers() {
     for (DeviceBuffer* b :
-         {&q, &k, &v, &o, &lse, &kv_lens, &scratch, &map_start, &map_entries, &map_bits, &map_empty}) {
+         {&q, &k, &v, &o, &lse, &kv_lens, &scratch, &table, &map_start, &map_entries, &map_bits, &map_empty}) {
       b->reset();
     }
   }
@@ -228,9 +238,10 @@ void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, con
 
   cuda_impl::DeviceArgs d = host;
   const size_t in_size = static_cast<size_t>(dtype_bytes(host.dtype));  // Q, K, V as stored
+  const size_t kv_size = static_cast<size_t>(host.kv_unit_bytes());     // (a quantized cache: bytes)
   unsigned char* dq = r.q.get<unsigned char>(static_cast<size_t>(ext.q) * in_size, "Q");
-  unsigned char* dk = r.k.get<unsigned char>(static_cast<size_t>(ext.k) * in_size, "K");
-  unsigned char* dv = r.v.get<unsigned char>(static_cast<size_t>(ext.v) * in_size, "V");
+  unsigned char* dk = r.k.get<unsigned char>(static_cast<size_t>(ext.k) * kv_size, "K");
+  unsigned char* dv = r.v.get<unsigned char>(static_cast<size_t>(ext.v) * kv_size, "V");
   d.q = dq;
   d.k = dk;
   d.v = dv;
@@ -246,10 +257,17 @@ void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, con
   check(cudaEventRecord(r.start.get(), s), "cudaEventRecord");
   check(cudaMemcpyAsync(dq, host.q, static_cast<size_t>(ext.q) * in_size, cudaMemcpyHostToDevice, s),
         "cudaMemcpy Q to device");
-  check(cudaMemcpyAsync(dk, host.k, static_cast<size_t>(ext.k) * in_size, cudaMemcpyHostToDevice, s),
+  check(cudaMemcpyAsync(dk, host.k, static_cast<size_t>(ext.k) * kv_size, cudaMemcpyHostToDevice, s),
         "cudaMemcpy K to device");
-  check(cudaMemcpyAsync(dv, host.v, static_cast<size_t>(ext.v) * in_size, cudaMemcpyHostToDevice, s),
+  check(cudaMemcpyAsync(dv, host.v, static_cast<size_t>(ext.v) * kv_size, cudaMemcpyHostToDevice, s),
         "cudaMemcpy V to device");
+  size_t table_bytes = 0;
+  if (host.table) {  // a paged cache's block table
+    table_bytes = static_cast<size_t>(host.batch * host.table_len) * sizeof(int32_t);
+    int32_t* dt = r.table.get<int32_t>(static_cast<size_t>(host.batch * host.table_len), "block table");
+    check(cudaMemcpyAsync(dt, host.table, table_bytes, cudaMemcpyHostToDevice, s), "cudaMemcpy block table to device");
+    d.table = dt;
+  }
   if (dlens) {
     check(cudaMemcpyAsync(dlens, host.kv_lens, static_cast<size_t>(host.batch) * sizeof(int64_t),
                           cudaMemcpyHostToDevice, s),
@@ -319,9 +337,67 @@ void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, con
   timing.kernel_ms =
       timed_launches > 0 ? elapsed_ms(r.timed_start, r.timed_end) / timed_launches : timing.first_launch_ms;
   timing.d2h_ms = elapsed_ms(timed_launches > 0 ? r.timed_end : r.computed, r.copied_out);
-  timing.h2d_bytes = static_cast<double>(static_cast<size_t>(ext.q + ext.k + ext.v) * in_size +
-                                         (dlens ? static_cast<size_t>(host.batch) * sizeof(int64_t) : 0) + map_bytes);
+  timing.h2d_bytes =
+      static_cast<double>(static_cast<size_t>(ext.q) * in_size + static_cast<size_t>(ext.k + ext.v) * kv_size +
+                          (dlens ? static_cast<size_t>(host.batch) * sizeof(int64_t) : 0) + map_bytes + table_bytes);
   timing.d2h_bytes = static_cast<double>(d2h);
+}
+
+namespace {
+
+// Every thread sums its grid-strided 16-byte loads, four in flight; nothing is written unless the
+// sum is a value a zeroed buffer never gives (so the loads are not dead code).
+__global__ void read_probe(const float4* __restrict__ src, size_t n, float* sink) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  float acc = 0.f;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const float4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
+    acc += (a.x + b.x) + (c.x + d.w) + (a.y + b.z) + (c.w + d.y);
+  }
+  for (; i < n; i += stride) acc += src[i].x;
+  if (acc == 12345.f) *sink = acc;
+}
+__global__ void copy_probe(const float4* __restrict__ src, float4* __restrict__ dst, size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) dst[i] = src[i];
+}
+
+}  // namespace
+
+cuda::Bandwidth measure_bandwidth(double bytes, int reps) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const Probe& pr = probe();
+  if (!pr.reason.empty()) throw std::runtime_error(pr.reason);
+  check(cudaSetDevice(0), "cudaSetDevice");
+  const size_t n = static_cast<size_t>(bytes) / sizeof(float4);
+  DeviceBuffer src, dst, sink;
+  float4* s = src.get<float4>(n, "bandwidth source");
+  float4* d = dst.get<float4>(n, "bandwidth destination");
+  float* k = sink.get<float>(1, "bandwidth sink");
+  check(cudaMemset(s, 0, n * sizeof(float4)), "cudaMemset");
+  Event a, b;
+  const dim3 grid(static_cast<unsigned>(pr.info.sm_count * 8)), block(256);
+  const auto best_ms = [&](auto launch) {
+    launch();  // warm-up
+    float best = 0.f;
+    for (int r = 0; r < reps; ++r) {
+      check(cudaEventRecord(a.get()), "cudaEventRecord");
+      launch();
+      check(cudaEventRecord(b.get()), "cudaEventRecord");
+      check(cudaEventSynchronize(b.get()), "bandwidth probe");
+      const float ms = elapsed_ms(a, b);
+      best = r == 0 || ms < best ? ms : best;
+    }
+    return static_cast<double>(best);
+  };
+  const double total = static_cast<double>(n * sizeof(float4));
+  cuda::Bandwidth bw;
+  bw.bytes = total;
+  bw.read_gbs = total / (best_ms([&] { read_probe<<<grid, block>>>(s, n, k); }) * 1e-3) * 1e-9;
+  bw.copy_gbs = 2 * total / (best_ms([&] { copy_probe<<<grid, block>>>(s, d, n); }) * 1e-3) * 1e-9;
+  check(cudaGetLastError(), "bandwidth probe launch");
+  return bw;
 }
 
 }  // namespace attnlab::cuda_dev

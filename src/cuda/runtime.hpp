@@ -34,4 +34,6 @@ void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, con
 
 void release();
 
+cuda::Bandwidth measure_bandwidth(double bytes, int reps);
+
 }  // namespace attnlab::cuda_dev

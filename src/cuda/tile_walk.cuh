@@ -1,5 +1,6 @@
 // The key tiles a FlashAttention-style block visits, and which of its rows see no key: one walk
-// for cuda_flash and cuda_flash_bf16 (device code; under the emulation, host code).
+// for cuda_flash and cuda_flash_bf16 (device code; under the emulation, host code), as a cursor
+// (KeyTiles: a pipelined kernel asks for the next tile before it computes this one) and as a visit.
 //
 // A block owns rows t0 .. t0 + rows - 1 of one kv head's (position, head in group) row space,
 // position major (row t: query position t / group). Interval masks: the tiles of the union of the
@@ -26,36 +27,84 @@ __device__ __forceinline__ uint64_t key_bits(int64_t lo, int64_t hi) {
   return below_hi & ~((uint64_t{1} << lo) - 1);
 }
 
+// One key tile of a block's walk: keys [j0, j0 + kN), those from `end` on not the tile's; masked
+// when some row of the block does not see all of it.
+struct KeyTile {
+  int64_t j0 = 0, end = 0;
+  bool masked = false;
+  int64_t words = -1, base = 0;  // a sparse pattern's: the map entry's words (-1: full) and first key
+};
+
+// The key tiles of a block, in order, one at a time (a kernel that loads the next tile while it
+// computes this one needs it before visiting). v: the block map's variant of (batch, kv head) (0
+// without a pattern).
+template <int kN>
+class KeyTiles {
+  static_assert(kN <= 64 && 64 % kN == 0, "a map entry holds whole tiles");
+
+ public:
+  __device__ __forceinline__ KeyTiles(const DeviceArgs& a, const MaskSpec& mask, int64_t v, int64_t query_tile,
+                                      int64_t t0, int64_t rows)
+      : a_(a), mask_(mask), t0_(t0), group_(a.group()), rows_total_(a.group() * a.q_len) {
+    if (!a.sparse) {
+      plan_ = cuda_impl::plan_block(mask, t0, rows, rows_total_, group_);
+      j0_ = plan_.span.lo;
+    } else {
+      const int64_t x = v * a.map.query_tiles + query_tile;
+      e_ = a.map.start[x], e_end_ = a.map.start[x + 1];
+      j0_ = -1;  // the entry's first tile next
+    }
+  }
+
+  // The next tile into t; false when the walk is over.
+  __device__ __forceinline__ bool next(KeyTile& t) {
+    if (!a_.sparse) {
+      if (j0_ >= plan_.span.hi) return false;
+      t = KeyTile{j0_, plan_.span.hi, plan_.needs_mask(j0_, kN), -1, 0};
+      j0_ += kN;
+      return true;
+    }
+    for (; e_ < e_end_; ++e_, j0_ = -1) {
+      const BlockEntry en = a_.map.entries[e_];
+      const int64_t base = en.key_tile * 64, end = base + 64 < mask_.kv_len ? base + 64 : mask_.kv_len;
+      if (j0_ < 0) j0_ = base;
+      if (j0_ < end) {
+        t = KeyTile{j0_, end, en.words >= 0 || end - j0_ < kN, en.words, base};
+        j0_ += kN;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // The keys row r of the block sees in a masked tile (bit n: key t.j0 + n).
+  __device__ __forceinline__ uint64_t row_bits(const KeyTile& t, int r) const {
+    if (!a_.sparse) {
+      const int64_t row = t0_ + r;
+      const Interval iv = row < rows_total_ ? mask_.row(row / group_) : Interval{0, 0};
+      return key_bits(iv.lo - t.j0, iv.hi - t.j0);
+    }
+    const uint64_t w = t.words < 0 ? ~uint64_t{0} : a_.map.bits[t.words + r] >> (t.j0 - t.base);
+    return w & key_bits(0, t.end - t.j0);
+  }
+
+ private:
+  const DeviceArgs& a_;
+  MaskSpec mask_;
+  int64_t t0_, group_, rows_total_;
+  cuda_impl::TilePlan plan_{};
+  int64_t j0_ = 0, e_ = 0, e_end_ = 0;
+};
+
 // visit(j0, end, masked, row_bits) for each key tile [j0, j0 + kN) in order (keys from `end` on
 // are not the tile's); when masked, row_bits(r) gives the keys row r of the block sees (bit n:
-// key j0 + n). v: the block map's variant of (batch, kv head) (0 without a pattern).
+// key j0 + n).
 template <int kN, class Visit>
 __device__ __forceinline__ void for_each_key_tile(const DeviceArgs& a, const MaskSpec& mask, int64_t v,
                                                   int64_t query_tile, int64_t t0, int64_t rows, Visit&& visit) {
-  static_assert(kN <= 64 && 64 % kN == 0, "a map entry holds whole tiles");
-  const int64_t group = a.group(), rows_total = group * a.q_len;
-  if (!a.sparse) {
-    const cuda_impl::TilePlan plan = cuda_impl::plan_block(mask, t0, rows, rows_total, group);
-    for (int64_t j0 = plan.span.lo; j0 < plan.span.hi; j0 += kN) {
-      visit(j0, plan.span.hi, plan.needs_mask(j0, kN), [&](int r) {
-        const int64_t t = t0 + r;
-        const Interval iv = t < rows_total ? mask.row(t / group) : Interval{0, 0};
-        return key_bits(iv.lo - j0, iv.hi - j0);
-      });
-    }
-    return;
-  }
-  const int64_t x = v * a.map.query_tiles + query_tile;
-  for (int64_t e = a.map.start[x]; e < a.map.start[x + 1]; ++e) {
-    const BlockEntry en = a.map.entries[e];
-    const int64_t base = en.key_tile * 64, end = base + 64 < mask.kv_len ? base + 64 : mask.kv_len;
-    for (int64_t j0 = base; j0 < end; j0 += kN) {
-      visit(j0, end, en.words >= 0 || end - j0 < kN, [&](int r) {
-        const uint64_t w = en.words < 0 ? ~uint64_t{0} : a.map.bits[en.words + r] >> (j0 - base);
-        return w & key_bits(0, end - j0);
-      });
-    }
-  }
+  KeyTiles<kN> tiles(a, mask, v, query_tile, t0, rows);
+  KeyTile t;
+  while (tiles.next(t)) visit(t.j0, t.end, t.masked, [&](int r) { return tiles.row_bits(t, r); });
 }
 
 // Whether query position i, head gi of its group, sees no key (O = 0, LSE = -inf): by its
