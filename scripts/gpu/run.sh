@@ -7,10 +7,10 @@
 #                                    PyTorch comparison on the CPU where a Python with torch is
 #                                    found, the thread scaling, the summary): here, and in CI
 #
-#   1. facts -> device.txt: machine, CPU, nvidia-smi, the CUDA device and its FP32 peak
-#      (SMs x FP32 lanes x 2 x clock, `attnlab cuda`), Python and PyTorch
+#   1. facts -> device.txt: machine, CPU, nvidia-smi, the CUDA device, its FP32 and bf16 tensor-core
+#      peaks and its memory's measured bandwidth (`attnlab cuda --bandwidth`), Python and PyTorch
 #   2. tests -> tests.txt: the CUDA tests (host side, emulated device code, the device itself)
-#      and the agreement grid, sparse-pattern and special-value cases of cuda_naive and cuda_flash
+#      and the agreement grid, sparse-pattern and special-value cases of the CUDA kernels
 #   3. kernel times -> kernel_times.csv: `attnlab cuda --time` (the device memory's read and copy
 #      bandwidth measured first): cuda_flash and cuda_naive in float32, causal and not, q_len =
 #      kv_len 512..16384; cuda_flash_bf16 (tensor cores) 512..32768, both at head_dim 64 and 128,
@@ -96,7 +96,7 @@ facts() {
   echo "host: $(uname -srm); $(nproc) cores; $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
   echo "memory: $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
   echo "bundle: $(sed -n 's/^commit: //p' "$B/MANIFEST"); $(sed -n 's/^build: //p' "$B/MANIFEST")"
-  "$EXE" cuda
+  "$EXE" cuda --bandwidth
   "$EXE" list | sed -n '1,3p'
   echo "python: $("$PY" -c 'import sys; print(sys.version.split()[0])' 2>&1 | tail -1)"
   "$PY" -c 'import torch; print("torch:", torch.__version__, "cuda", torch.version.cuda, "device:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")' 2>&1 | tail -1

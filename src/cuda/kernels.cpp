@@ -251,8 +251,9 @@ const Kernel& flash() {
 const Kernel& flash_bf16() {
   static const CudaKernel k("cuda_flash_bf16",
                             "CUDA FlashAttention-2 on tensor cores: bf16 mma.sync m16n8k16 (float32 "
-                            "accumulators), ldmatrix fragments, 4 warps x 16 rows, 64-key tiles, online "
-                            "softmax in registers, P in bf16; GQA-grouped, interval and sparse masks",
+                            "accumulators), ldmatrix fragments, 4 warps x 16 rows, 64-key K/V tiles double-"
+                            "buffered by cp.async, online softmax in registers, P in bf16; GQA-grouped, interval "
+                            "and sparse masks",
                             kFlashBf16Ops, true, Arithmetic::Bf16Products,
                             "bf16 in only; bf16 products, f32 accumulate, P to bf16");
   return k;
@@ -263,7 +264,8 @@ const Kernel& decode() {
                             "CUDA split-KV decode (FlashDecoding) for q_len <= 16: key chunks x (batch, kv head) "
                             "blocks, all rows of a GQA group per block, raw cache rows double-buffered by cp.async, "
                             "exact LSE merge; f32/bf16/f16, q8_0/q4_0/u8/u4/fp8, paged caches",
-                            kDecodeOps, false, Arithmetic::F32, {}, true);
+                            kDecodeOps, false, Arithmetic::F32,
+                            "f32/bf16/f16 widened exactly, a quantized cache read by its rule; f32 compute", true);
   return k;
 }
 

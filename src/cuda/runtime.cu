@@ -353,9 +353,10 @@ __global__ void read_probe(const float4* __restrict__ src, size_t n, float* sink
   float acc = 0.f;
   for (; i + 3 * stride < n; i += 4 * stride) {
     const float4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
-    acc += (a.x + b.x) + (c.x + d.w) + (a.y + b.z) + (c.w + d.y);
+    acc += ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w)) + ((c.x + c.y) + (c.z + c.w)) +
+           ((d.x + d.y) + (d.z + d.w));  // (every element: 16-byte loads, not narrowed ones)
   }
-  for (; i < n; i += stride) acc += src[i].x;
+  for (; i < n; i += stride) acc += (src[i].x + src[i].y) + (src[i].z + src[i].w);
   if (acc == 12345.f) *sink = acc;
 }
 __global__ void copy_probe(const float4* __restrict__ src, float4* __restrict__ dst, size_t n) {
