@@ -169,12 +169,20 @@ def main():
 
     if tc and tc[0].get("impl", "").startswith("torch"):
         md.append("\n## PyTorch on the same inputs\n")
-        md.append("| op | device | heads | seq | head_dim | causal | ms | TFLOP/s | kernel | O rel err | agreement |")
-        md.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        md.append("| op | device | heads | seq | head_dim | causal | ms | TFLOP/s | kernel | O rel err | agreement | "
+                  "the lab's kernel here: ms (torch / lab) |")
+        md.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in tc:
+            # The lab's kernel of the same precision at the same shape (cuda_flash_bf16 beside torch's bf16 call).
+            lab_kernel = "cuda_flash_bf16" if r.get("impl", "").endswith("bf16") else "cuda_flash"
+            shape = {"batch": r.get("batch"), "q_heads": r.get("q_heads"), "kv_heads": r.get("kv_heads"),
+                     "q_len": r.get("seq"), "head_dim": r.get("head_dim"), "causal": r.get("causal")}
+            lab = next((k for k in kt if k["kernel"] == lab_kernel and
+                        all(int(num(k, f, -1)) == int(num(shape, f, -2)) for f in shape)), None)
+            vs = f"{lab_kernel} {num(lab, 'kernel_ms'):.3f} ({num(r, 'ms') / num(lab, 'kernel_ms'):.2f}x)" if lab else "-"
             md.append(f"| {r.get('impl')} | {r.get('device')} | {r.get('q_heads')}/{r.get('kv_heads')} | {r.get('seq')} | "
                       f"{r.get('head_dim')} | {r.get('causal')} | {r.get('ms', '-')} | {r.get('tflops', '-')} | "
-                      f"`{r.get('backend', '-')}` | {r.get('o_rel_err', '-')} | {r.get('verdict', '-')} |")
+                      f"`{r.get('backend', '-')}` | {r.get('o_rel_err', '-')} | {r.get('verdict', '-')} | {vs} |")
 
     else:
         # A bare GPU machine (no torch): the anchors the numbers above are read against.

@@ -26,9 +26,14 @@ def point(kernel, q_len, kv_len, causal=0, dtype="f32", kv_dtype="dtype", kv_blo
             "verified": verified}
 
 
-def summarize(tmp_path, points):
+def summarize(tmp_path, points, torch_rows=()):
     out = tmp_path / "out"
     out.mkdir()
+    if torch_rows:
+        with open(out / "torch.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(torch_rows[0]))
+            w.writeheader()
+            w.writerows(torch_rows)
     with open(out / "kernel_times.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
@@ -71,3 +76,17 @@ def test_a_run_without_times_says_so(tmp_path):
 def test_a_failed_verification_shows_in_the_cell(tmp_path, verdict):
     md = summarize(tmp_path, [point("cuda_decode", 1, 32768, dtype="f16", gbs=3000, read=0.75, verified=verdict)])
     assert f"3000 GB/s (75%) {verdict}" in md
+
+
+def test_torch_rows_stand_beside_the_lab_kernel_of_their_precision(tmp_path):
+    shape = {"device": "cuda", "batch": 2, "q_heads": 16, "kv_heads": 16, "seq": 4096, "head_dim": 128, "causal": 0}
+    md = summarize(tmp_path, [point("cuda_flash", 4096, 4096, tflops=22, fp32=0.33),
+                              point("cuda_flash_bf16", 4096, 4096, dtype="bf16", tflops=400, tensor=0.37)],
+                   [dict(shape, impl="torch_sdpa_f32", ms="0.5", tflops="44", backend="cutlass", verdict="agrees"),
+                    dict(shape, impl="torch_sdpa_bf16", ms="0.25", tflops="530", backend="cudnn", verdict="agrees"),
+                    dict(shape, impl="torch_sdpa_bf16", seq=16384, ms="3.0", tflops="540", backend="cudnn",
+                         verdict="agrees")])
+    assert "| cuda_flash 1.000 (0.50x) |" in md  # torch's f32 call beside cuda_flash (kernel_ms 1.0)
+    assert "| cuda_flash_bf16 1.000 (0.25x) |" in md  # its bf16 call beside the tensor-core kernel
+    long = next(line for line in md.splitlines() if line.startswith("| torch_sdpa_bf16 |") and "| 16384 |" in line)
+    assert long.endswith("| agrees | - |")  # no lab time at 16384 in this run
