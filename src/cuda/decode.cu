@@ -113,44 +113,29 @@ __device__ __forceinline__ float load_q(const DeviceArgs& a, int64_t at) {
 }
 
 // Rows [j0, j0 + kT) (those below `end`) of K or V, kv head hk of sequence b, as stored, into dst
-// (pitch bytes apart): W-byte cp.async pieces up to the row's 16-byte tail (zero-filled past the
-// row and for absent rows), or plain loads when W is 0.
-template <int W>
-__device__ __forceinline__ void copy_rows(std::byte* dst, int pitch, int bytes, const void* base,
+// (pitch bytes apart): w-byte cp.async pieces up to the row's 16-byte tail (zero-filled past the
+// row and for absent rows), or plain byte loads when w is 0. One loop for every width, only the
+// copy instruction switched (a loop per width, inlined at each call, made 300 KB kernels).
+__device__ __forceinline__ void copy_rows(int w, std::byte* dst, int pitch, int bytes, const void* base,
                                           const cuda_impl::Strides& s, const DeviceArgs& a, int64_t b, int64_t hk,
                                           int64_t j0, int64_t end) {
   const auto* src0 = static_cast<const std::byte*>(base);
   const int64_t unit = a.kv_unit_bytes();
-  constexpr int kPiece = W > 0 ? W : 1;
-  const int pieces = static_cast<int>(round_up(bytes, 16)) / kPiece;
+  const int piece = w > 0 ? w : 1;
+  const int pieces = static_cast<int>(round_up(bytes, 16)) / piece;
   for (int e = static_cast<int>(threadIdx.x); e < kT * pieces; e += kThreads) {
-    const int n = e / pieces, off = (e % pieces) * kPiece;
+    const int n = e / pieces, off = (e % pieces) * piece;
     const int64_t j = j0 + n;
-    const int have = j < end ? (bytes - off < kPiece ? (bytes - off > 0 ? bytes - off : 0) : kPiece) : 0;
+    const int have = j < end ? (bytes - off < piece ? (bytes - off > 0 ? bytes - off : 0) : piece) : 0;
     const std::byte* src = have > 0 ? src0 + a.kv_row_at(s, b, hk, j) * unit + off : src0;
-    if constexpr (W > 0) {
-      cp_async<W>(dst + n * pitch + off, src, have);
-    } else {
-      dst[n * pitch + off] = have > 0 ? *src : std::byte{0};
+    std::byte* to = dst + n * pitch + off;
+    switch (w) {
+      case 16: cp_async<16>(to, src, have); break;
+      case 8: cp_async<8>(to, src, have); break;
+      case 4: cp_async<4>(to, src, have); break;
+      default: *to = have > 0 ? *src : std::byte{0};
     }
   }
-}
-
-// One tile's K and V rows into buffer `buf` (one function: it is called for the first tile and in
-// the loop, and each copy of its width switch is a loop with a block-table lookup).
-ATTN_NOINLINE __device__ void load_tile(const DeviceArgs& a, const Split& sp, std::byte* kbuf, std::byte* vbuf, int buf,
-                                        int64_t b, int64_t hk, int64_t j0, int64_t end) {
-  const auto copy = [&](std::byte* dst, int pitch, int bytes, const void* base, const cuda_impl::Strides& s) {
-    switch (sp.copy) {
-      case 16: return copy_rows<16>(dst, pitch, bytes, base, s, a, b, hk, j0, end);
-      case 8: return copy_rows<8>(dst, pitch, bytes, base, s, a, b, hk, j0, end);
-      case 4: return copy_rows<4>(dst, pitch, bytes, base, s, a, b, hk, j0, end);
-      default: return copy_rows<0>(dst, pitch, bytes, base, s, a, b, hk, j0, end);
-    }
-  };
-  const int kp = static_cast<int>(sp.k_pitch), vp = static_cast<int>(sp.v_pitch);
-  copy(kbuf + buf * kT * kp, kp, static_cast<int>(sp.k_bytes), a.k, a.ks);
-  copy(vbuf + buf * kT * vp, vp, static_cast<int>(sp.v_bytes), a.v, a.vs);
 }
 
 template <class R>
@@ -182,7 +167,11 @@ __global__ void __launch_bounds__(kThreads) decode_split(DeviceArgs a, Split sp,
     const int64_t r = e / sp.d_pad, c = e % sp.d_pad, t = r0 + r;
     qs[e] = r < nrows && c < a.head_dim ? load_q(a, a.qs.at(b, hk * group + t % group, t / group) + c) : 0.f;
   }
-  const auto load = [&](int64_t j0, int buf) { load_tile(a, sp, kbuf, vbuf, buf, b, hk, j0, hi); };
+  const int kp = static_cast<int>(sp.k_pitch), vp = static_cast<int>(sp.v_pitch);
+  const auto load = [&](int64_t j0, int buf) {
+    copy_rows(sp.copy, kbuf + buf * kT * kp, kp, static_cast<int>(sp.k_bytes), a.k, a.ks, a, b, hk, j0, hi);
+    copy_rows(sp.copy, vbuf + buf * kT * vp, vp, static_cast<int>(sp.v_bytes), a.v, a.vs, a, b, hk, j0, hi);
+  };
 
   // The softmax rows of this warp (w, w + 4, ...): max and this lane's share of the sum.
   float m[kRowsPerWarp], l[kRowsPerWarp];
@@ -221,6 +210,7 @@ __global__ void __launch_bounds__(kThreads) decode_split(DeviceArgs a, Split sp,
       R::piece(a, kt + lane * sp.k_pitch, p, a.head_dim, x);
       ATTN_UNROLL
       for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+        if (warp + kWarps * rr >= nrows) break;  // (uniform in the warp: GQA 4 at q_len 1 has one row per warp)
         const float* q = qs + (warp + kWarps * rr) * sp.d_pad + p * kPer;
         ATTN_UNROLL
         for (int k = 0; k < kPer; ++k) s[rr] = add_rn(s[rr], mul_rn(q[k], x[k]));  // (unfused: see below)

@@ -27,12 +27,6 @@
 #define ATTN_UNROLL _Pragma("unroll")
 #define ATTN_NO_UNROLL _Pragma("unroll 1")  // a cold loop kept rolled: code size (the GPU bundle's limit)
 #endif
-// A device function called from several places kept as one call (code size, as ATTN_NO_UNROLL).
-#if defined(ATTN_CUDA_EMU)
-#define ATTN_NOINLINE
-#else
-#define ATTN_NOINLINE __noinline__
-#endif
 
 namespace attnlab::ATTN_CUDA_NS {
 
