@@ -32,7 +32,7 @@ enum class DType : uint8_t { F32 = 0, BF16 = 1, F16 = 2 };
 const char* to_string(DType dtype);  // "f32", "bf16", "f16"
 // Throws InvalidInput naming `field` and the allowed values.
 DType parse_dtype(const std::string& text, const char* field = "dtype");
-inline constexpr int dtype_bytes(DType d) { return d == DType::F32 ? 4 : 2; }
+ATTN_DT_HD constexpr int dtype_bytes(DType d) { return d == DType::F32 ? 4 : 2; }  // (CUDA device code too)
 
 struct bf16 {
   uint16_t bits;

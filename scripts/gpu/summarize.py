@@ -45,6 +45,16 @@ def is_target(r, seq_key, target=TARGET):
     return all(int(num(r, k if k != "q_len" else seq_key, -1)) == v for k, v in target.items())
 
 
+def target_line(md, kernel, r, fraction, unit, bar):
+    """One bullet: the kernel's time at its target shape, its fraction of `unit`'s peak, and the bar."""
+    if not r:
+        md.append(f"- {kernel}: no kernel time at this shape (see kernel_times.csv and the log)")
+        return
+    frac = num(r, fraction)
+    md.append(f"- {kernel}: {num(r, 'kernel_ms'):.3f} ms, {num(r, 'tflops'):.2f} TFLOP/s = {100 * frac:.1f}% of "
+              f"{unit}; target >= {100 * bar:.0f}%: {'met' if frac >= bar else 'NOT met'}; verify {r['verified']}")
+
+
 def cache_name(r):
     kv = r.get("kv_dtype", "")
     name = kv if kv and kv != "dtype" else r.get("dtype", "?")
@@ -99,13 +109,8 @@ def main():
     flash = next((r for r in kt if r["kernel"] == "cuda_flash" and is_target(r, "q_len")), None)
     t32 = next((r for r in tc if r.get("impl") == "torch_sdpa_f32" and is_target(r, "seq")), None)
     t16 = next((r for r in tc if r.get("impl") == "torch_sdpa_bf16" and is_target(r, "seq")), None)
-    if flash:
-        frac = num(flash, "fp32_fraction")
-        md.append(f"- cuda_flash: {num(flash, 'kernel_ms'):.3f} ms, {num(flash, 'tflops'):.2f} TFLOP/s = "
-                  f"{100 * frac:.1f}% of the FP32 peak ({num(flash, 'fp32_peak_tflops'):.1f} TFLOP/s); target "
-                  f">= {100 * TARGET_FRACTION:.0f}%: {'met' if frac >= TARGET_FRACTION else 'NOT met'}; verify {flash['verified']}")
-    else:
-        md.append("- cuda_flash: no kernel time at this shape (see kernel_times.csv and the log)")
+    target_line(md, "cuda_flash", flash, "fp32_fraction",
+                f"the FP32 peak ({num(flash, 'fp32_peak_tflops'):.1f} TFLOP/s)" if flash else "", TARGET_FRACTION)
     for t, what in ((t32, "PyTorch SDPA float32"), (t16, "PyTorch SDPA bf16 (the tensor-core bar)")):
         if t and t.get("ms"):
             ratio = f"; cuda_flash / this = {num(flash, 'kernel_ms') / num(t, 'ms'):.2f}x the time" if flash else ""
@@ -116,13 +121,7 @@ def main():
 
     md.append("\n## Target: cuda_flash_bf16 (tensor cores), batch 2, 16/16 heads, 16384, head_dim 128, no mask\n")
     tcr = next((r for r in kt if r["kernel"] == "cuda_flash_bf16" and is_target(r, "q_len", TC_TARGET)), None)
-    if tcr:
-        frac = num(tcr, "tensor_fraction")
-        md.append(f"- cuda_flash_bf16: {num(tcr, 'kernel_ms'):.3f} ms, {num(tcr, 'tflops'):.1f} TFLOP/s = "
-                  f"{100 * frac:.1f}% of the dense bf16 tensor-core peak; target >= {100 * TC_FRACTION:.0f}%: "
-                  f"{'met' if frac >= TC_FRACTION else 'NOT met'}; verify {tcr['verified']}")
-    else:
-        md.append("- cuda_flash_bf16: no kernel time at this shape (see kernel_times.csv and the log)")
+    target_line(md, "cuda_flash_bf16", tcr, "tensor_fraction", "the dense bf16 tensor-core peak", TC_FRACTION)
     md.append(f"- {ANCHORS}; mma.sync (this kernel's instruction) does not reach wgmma's rate on sm_90.")
     md.append("\n## Target: cuda_decode at 32k keys and more, >= 75% of the measured read bandwidth\n")
     long = [r for r in dec if int(num(r, "kv_len")) >= 32768]

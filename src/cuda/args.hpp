@@ -59,6 +59,7 @@ struct DeviceArgs {
   // says where each sequence's rows are (kv_page.hpp's rule). Host pointer until runtime.cu copies it.
   const int32_t* table = nullptr;
   int64_t table_len = 0, kv_block = 0;
+  int64_t k_row_bytes = 0, v_row_bytes = 0;  // one stored K / V row (Problem::kv_row_bytes)
 
   ATTN_HD int64_t group() const { return q_heads / kv_heads; }
   // The wider of head_dim and head_dim_v: what a tile's columns must hold.
@@ -68,7 +69,7 @@ struct DeviceArgs {
   }
   ATTN_HD int64_t lse_index(int64_t b, int64_t h, int64_t i) const { return (b * q_heads + h) * q_len + i; }
   // Bytes per stride unit of K and V: 1 for a quantized cache, else the element's.
-  ATTN_HD int64_t kv_unit_bytes() const { return kv != KvDType::Same ? 1 : dtype == DType::F32 ? 4 : 2; }
+  ATTN_HD int64_t kv_unit_bytes() const { return kv != KvDType::Same ? 1 : dtype_bytes(dtype); }
   // Where K's or V's row j of sequence b, kv head h starts, in stride units (contiguous or paged).
   ATTN_HD int64_t kv_row_at(const Strides& s, int64_t b, int64_t h, int64_t j) const {
     if (!table) return s.at(b, h, j);

@@ -58,8 +58,7 @@ struct Split {
   int64_t rows = 0;       // group x q_len rows per (batch, kv head): row t is position t / group
   int64_t row_tiles = 0;  // blocks per chunk: ceil(rows / kR)
   int64_t chunk_keys = 0, chunks = 0;
-  int64_t k_bytes = 0, v_bytes = 0;                      // one stored K / V row
-  int64_t k_pitch = 0, v_pitch = 0;                      // its shared-memory pitch
+  int64_t k_pitch = 0, v_pitch = 0;                      // a stored K / V row's shared-memory pitch
   int64_t d_pad = 0;                                     // Q's row in shared memory: head_dim rounded up to 8
   int64_t v_cols = 0;                                    // the partial state's O columns: whole pieces of V
   int copy = 0;                                          // cp.async piece (16, 8, 4 bytes); 0: copied by plain loads
@@ -169,8 +168,8 @@ __global__ void __launch_bounds__(kThreads) decode_split(DeviceArgs a, Split sp,
   }
   const int kp = static_cast<int>(sp.k_pitch), vp = static_cast<int>(sp.v_pitch);
   const auto load = [&](int64_t j0, int buf) {
-    copy_rows(sp.copy, kbuf + buf * kT * kp, kp, static_cast<int>(sp.k_bytes), a.k, a.ks, a, b, hk, j0, hi);
-    copy_rows(sp.copy, vbuf + buf * kT * vp, vp, static_cast<int>(sp.v_bytes), a.v, a.vs, a, b, hk, j0, hi);
+    copy_rows(sp.copy, kbuf + buf * kT * kp, kp, static_cast<int>(a.k_row_bytes), a.k, a.ks, a, b, hk, j0, hi);
+    copy_rows(sp.copy, vbuf + buf * kT * vp, vp, static_cast<int>(a.v_row_bytes), a.v, a.vs, a, b, hk, j0, hi);
   };
 
   // The softmax rows of this warp (w, w + 4, ...): max and this lane's share of the sum.
@@ -338,10 +337,6 @@ auto with_reader(const DeviceArgs& a, F&& f) {
   return f(ReadWide<float>{});
 }
 
-int64_t row_bytes(const DeviceArgs& a, int64_t dim) {
-  return a.kv != KvDType::Same ? kv_row_bytes(a.kv, dim) : dim * a.kv_unit_bytes();
-}
-
 // The split; sm_count sizes the chunks (4 blocks per SM where the keys allow).
 Split split_of(const DeviceArgs& a, int sm_count) {
   Split sp;
@@ -353,10 +348,8 @@ Split split_of(const DeviceArgs& a, int sm_count) {
     sp.chunk_keys /= 2;
   }
   sp.chunks = ceil_div(a.kv_len > 0 ? a.kv_len : 1, sp.chunk_keys);
-  sp.k_bytes = row_bytes(a, a.head_dim);
-  sp.v_bytes = row_bytes(a, a.head_dim_v);
-  sp.k_pitch = round_up(sp.k_bytes, 16) + 16;
-  sp.v_pitch = round_up(sp.v_bytes, 16) + 16;
+  sp.k_pitch = round_up(a.k_row_bytes, 16) + 16;  // (+ 16: neighbouring rows start on other banks)
+  sp.v_pitch = round_up(a.v_row_bytes, 16) + 16;
   sp.d_pad = round_up(a.head_dim, 8);
   const int per = with_reader(a, [](auto r) { return decltype(r)::kPer; });
   sp.v_cols = round_up(a.head_dim_v, per);

@@ -261,18 +261,12 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
     const float l_row = group_sum<kTX>(l[r]);
     const int64_t t = t0 + ty * C::kRM + r;
     if (t >= rows_total) continue;
-    const int64_t i = t / group, h = hk * group + t % group;
-    // A fully masked row (by the interval, or the map for a pattern): O = 0, LSE = -inf.
-    const bool empty = row_sees_nothing(a, mask, v, i, t % group);
-    const float inv = online_softmax::out_scale(empty, l_row);
-    float* o = a.o + a.os.at(b, h, i);
+    // (A fully masked row - by the interval, or the map for a pattern: O = 0, LSE = -inf.)
+    const RowEnd end = end_row(a, mask, v, b, hk, t, m[r], l_row, tx == 0);
     ATTN_UNROLL
     for (int c = 0; c < C::kCols; ++c) {
       const int col = tx + kTX * c;
-      if (col < dim_v) o[col] = acc[r][c] * inv;
-    }
-    if (tx == 0 && a.lse) {
-      a.lse[a.lse_index(b, h, i)] = online_softmax::out_lse<online_softmax::Units::Log2>(empty, m[r], l_row);
+      if (col < dim_v) end.o[col] = acc[r][c] * end.inv;
     }
   }
 }

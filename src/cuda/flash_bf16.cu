@@ -248,20 +248,14 @@ __global__ void __launch_bounds__(kThreads) flash_bf16_kernel(DeviceArgs a, bool
     const float l_row = group_sum<4>(l[hr]);
     const int64_t t = t0 + row_in_block[hr];
     if (t >= rows_total) continue;
-    const int64_t i = t / group, h = hk * group + t % group;
-    const bool empty = row_sees_nothing(a, mask, v, i, t % group);
-    const float inv = online_softmax::out_scale(empty, l_row);
-    float* out = a.o + a.os.at(b, h, i);
+    const RowEnd end = end_row(a, mask, v, b, hk, t, m[hr], l_row, tq == 0);
     ATTN_UNROLL
     for (int ot = 0; ot < C::kOT; ++ot) {
       ATTN_UNROLL
       for (int x = 0; x < 2; ++x) {
         const int col = 8 * ot + 2 * tq + x;
-        if (col < dim_v) out[col] = o[ot][2 * hr + x] * inv;
+        if (col < dim_v) end.o[col] = o[ot][2 * hr + x] * end.inv;
       }
-    }
-    if (tq == 0 && a.lse) {
-      a.lse[a.lse_index(b, h, i)] = online_softmax::out_lse<online_softmax::Units::Log2>(empty, m[hr], l_row);
     }
   }
 }

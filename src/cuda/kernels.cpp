@@ -51,6 +51,8 @@ DeviceArgs problem_args(const Problem& p) {
   a.kv = p.kv_dtype;
   a.kv_block = p.kv_block;
   a.table_len = p.kv_table_len();
+  a.k_row_bytes = p.kv_row_bytes(p.head_dim);
+  a.v_row_bytes = p.kv_row_bytes(p.dim_v());
   return a;
 }
 

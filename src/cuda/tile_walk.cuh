@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "attnlab/online_softmax.hpp"
 #include "cuda/device.cuh"
 #include "cuda/tile_plan.hpp"
 
@@ -112,6 +113,23 @@ __device__ __forceinline__ void for_each_key_tile(const DeviceArgs& a, const Mas
 __device__ __forceinline__ bool row_sees_nothing(const DeviceArgs& a, const MaskSpec& mask, int64_t v, int64_t i,
                                                  int64_t gi) {
   return a.sparse ? a.map.row_empty[(v * a.q_len + i) * a.group() + gi] != 0 : mask.row(i).empty();
+}
+
+// The end of row t of a block's row space (kv head hk of sequence b), both flash kernels' epilogue:
+// its LSE written when `writes` (the one lane of the row that does) and LSE is wanted, and where its
+// O goes with the factor that normalizes it (0 for a row that sees no key: O = 0, LSE = -inf).
+struct RowEnd {
+  float* o;
+  float inv;
+};
+__device__ __forceinline__ RowEnd end_row(const DeviceArgs& a, const MaskSpec& mask, int64_t v, int64_t b, int64_t hk,
+                                          int64_t t, float m, float l_row, bool writes) {
+  const int64_t group = a.group(), i = t / group, h = hk * group + t % group;
+  const bool empty = row_sees_nothing(a, mask, v, i, t % group);
+  if (writes && a.lse) {
+    a.lse[a.lse_index(b, h, i)] = online_softmax::out_lse<online_softmax::Units::Log2>(empty, m, l_row);
+  }
+  return {a.o + a.os.at(b, h, i), online_softmax::out_scale(empty, l_row)};
 }
 
 }  // namespace attnlab::ATTN_CUDA_NS
