@@ -19,8 +19,8 @@
 // same order (add_dq), so the same bits - 1.3-1.4x faster (8/8 heads, d 64 and 128, 2 threads). Masks: a pair outside
 // its row's interval contributes nothing (P and dS set to 0 there, never computed as exp(-inf)); tiles no row of the
 // query tile sees are skipped. Sparse patterns are not taken (naive's backward runs them).
-// Memory: D (batch * q_heads * q_len floats) plus per thread 4 tiles of 64 x 64 floats and 8 of
-// 64 x d(_v): 320 KiB at d 128, and in the fused pass the dQ accumulators (the whole workspace at
+// Memory: D (batch * q_heads * q_len floats) plus per thread 4 tiles of 64 x 64 floats and 6 of
+// 64 x d(_v): 256 KiB at d 128, and in the fused pass the dQ accumulators (the whole workspace at
 // most 64 MiB) - O(n), nothing of n^2.
 // Precision: Q, K, V stored as f32, bf16 or f16 are widened exactly where loaded; float32
 // compute and accumulation (K and V rows read in place, Q and dO rows widened into the tile).
@@ -49,7 +49,7 @@ constexpr int kBr = 64;  // query rows per tile
 
 struct Layout {
   int64_t dp, dvp;  // head_dim and head_dim_v padded to whole vectors
-  size_t q, go, qp, gop, kt, vt, s, dpm, pt, dst, dk, dv, lse, dd, words, colw, bytes;
+  size_t q, go, kt, vt, s, dpm, pt, dst, dk, dv, lse, dd, words, colw, bytes;
   explicit Layout(const Problem& p) : dp(simd::padded_dim(p.head_dim)), dvp(simd::padded_dim(p.dim_v())) {
     size_t off = 0;
     const auto take = [&off](size_t floats) {
@@ -57,7 +57,7 @@ struct Layout {
       off += (floats * sizeof(float) + 63) / 64 * 64;
       return at;
     };
-    q = take(kBr * dp), go = take(kBr * dvp), qp = take(kBr * dp), gop = take(kBr * dvp);
+    q = take(kBr * dp), go = take(kBr * dvp);
     kt = take(dp * kTileKeys), vt = take(dvp * kTileKeys);
     s = take(kBr * kTileKeys), dpm = take(kBr * kTileKeys), pt = take(kTileKeys * kBr), dst = take(kTileKeys * kBr);
     dk = take(std::max<int64_t>(kTileKeys, kBr) * dp), dv = take(kTileKeys * dvp), lse = take(kBr), dd = take(kBr);
@@ -66,16 +66,16 @@ struct Layout {
   }
 };
 
-// One thread's tiles: Q and dO rows (row-major, and as score_panel's k-major panels), the key
+// One thread's tiles: Q and dO rows (row-major: the score GEMMs read them as they lie), the key
 // tile's K^T and V^T (pack_k_transposed), S/P, dP/dS and their transposes, the accumulators;
 // a sparse pattern's partial tile pair as words: bit c of words[r] (row r sees key c) and its
 // transpose colw (bit r of colw[c]).
 struct Tile {
-  float *q, *go, *qp, *gop, *kt, *vt, *s, *dpm, *pt, *dst, *dk, *dv, *lse, *dd;
+  float *q, *go, *kt, *vt, *s, *dpm, *pt, *dst, *dk, *dv, *lse, *dd;
   uint64_t *words, *colw;
   Tile(std::byte* base, const Layout& l) {
     const auto at = [base](size_t off) { return reinterpret_cast<float*>(base + off); };
-    q = at(l.q), go = at(l.go), qp = at(l.qp), gop = at(l.gop), kt = at(l.kt), vt = at(l.vt);
+    q = at(l.q), go = at(l.go), kt = at(l.kt), vt = at(l.vt);
     s = at(l.s), dpm = at(l.dpm), pt = at(l.pt), dst = at(l.dst);
     dk = at(l.dk), dv = at(l.dv), lse = at(l.lse), dd = at(l.dd);
     words = reinterpret_cast<uint64_t*>(base + l.words), colw = reinterpret_cast<uint64_t*>(base + l.colw);
@@ -89,8 +89,8 @@ enum class Meet { None, Intervals, Elements };
 
 size_t d_bytes(const Problem& p) { return (static_cast<size_t>(p.lse_elems()) * sizeof(float) + 63) / 64 * 64; }
 
-// out[r * kTileKeys + c] = a_r . b_c for the `rows` rows a (packed in panels of kPanelRows rows,
-// k-major, panel m0 at m0 * ld: score_panel's layout) and the tile's keys b (bt: their
+// out[r * kTileKeys + c] = a_r . b_c for the `rows` rows a (ld floats apart; register panels of
+// kPanelRows rows read them in place: score_panel_strided) and the tile's keys b (bt: their
 // pack_k_transposed), for each panel only on the keys [lo, hi) its rows see (iv, key j0 + c
 // is column c); the other columns are left as they were (the epilogue masks them).
 void dots(int rows, const float* a, int64_t ld, const float* bt, int64_t dim, const Interval* iv, int64_t j0, int nk,
@@ -107,12 +107,12 @@ void dots(int rows, const float* a, int64_t ld, const float* bt, int64_t dim, co
     const float* am = a + m0 * ld;
     float* o = out + m0 * kTileKeys;
     switch (mr) {
-      case 1: simd::score_panel<1>(am, bt, dim, ja, jb, o); break;
-      case 2: simd::score_panel<2>(am, bt, dim, ja, jb, o); break;
-      case 3: simd::score_panel<3>(am, bt, dim, ja, jb, o); break;
-      case 4: simd::score_panel<4>(am, bt, dim, ja, jb, o); break;
-      case 5: simd::score_panel<5>(am, bt, dim, ja, jb, o); break;
-      default: simd::score_panel<simd::kPanelRows>(am, bt, dim, ja, jb, o); break;
+      case 1: simd::score_panel_strided<1>(am, ld, bt, dim, ja, jb, o); break;
+      case 2: simd::score_panel_strided<2>(am, ld, bt, dim, ja, jb, o); break;
+      case 3: simd::score_panel_strided<3>(am, ld, bt, dim, ja, jb, o); break;
+      case 4: simd::score_panel_strided<4>(am, ld, bt, dim, ja, jb, o); break;
+      case 5: simd::score_panel_strided<5>(am, ld, bt, dim, ja, jb, o); break;
+      default: simd::score_panel_strided<simd::kPanelRows>(am, ld, bt, dim, ja, jb, o); break;
     }
   }
 }
@@ -198,16 +198,12 @@ class Engine {
          const Pattern* pat)
       : p_(p), in_(in), bw_(bw), g_(g), dd_(dd), pat_(pat), l_(p), scale_(p.effective_scale()) {}
 
-  // Q, dO, LSE and D of query rows [i0, i0 + br) of head h into the tile (Q and dO also as
-  // score_panel's panels).
+  // Q, dO, LSE and D of query rows [i0, i0 + br) of head h into the tile.
   void load_rows(const Tile& t, int64_t b, int64_t h, int64_t i0, int br) const {
     for (int r = 0; r < br; ++r) {
       const int64_t i = i0 + r;
       widen_row(in_.q.row(b, h, i), p_.head_dim, l_.dp, t.q + r * l_.dp);
       widen_row(bw_.d_o.row(b, h, i), p_.dim_v(), l_.dvp, t.go + r * l_.dvp);
-      const int p0 = r / simd::kPanelRows * simd::kPanelRows, mr = std::min(simd::kPanelRows, br - p0);
-      for (int64_t k = 0; k < p_.head_dim; ++k) t.qp[p0 * l_.dp + k * mr + (r - p0)] = t.q[r * l_.dp + k];
-      for (int64_t k = 0; k < p_.dim_v(); ++k) t.gop[p0 * l_.dvp + k * mr + (r - p0)] = t.go[r * l_.dvp + k];
       t.lse[r] = bw_.lse[(b * p_.q_heads + h) * p_.q_len + i];
       t.dd[r] = dd_[(b * p_.q_heads + h) * p_.q_len + i];
     }
@@ -256,8 +252,8 @@ class Engine {
   // S, P (into t.s), dP, dS (into t.dpm) of the loaded rows against the packed keys [j0, j0 + nk);
   // P^T and scale dS^T into t.pt and t.dst when `transposed`.
   void tile(const Tile& t, int br, const Interval* iv, int64_t j0, int nk, bool transposed, Meet meet) const {
-    dots(br, t.qp, l_.dp, t.kt, p_.head_dim, iv, j0, nk, t.s);
-    dots(br, t.gop, l_.dvp, t.vt, p_.dim_v(), iv, j0, nk, t.dpm);
+    dots(br, t.q, l_.dp, t.kt, p_.head_dim, iv, j0, nk, t.s);
+    dots(br, t.go, l_.dvp, t.vt, p_.dim_v(), iv, j0, nk, t.dpm);
     alignas(64) static constexpr float kIota[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     static_assert(kLanes <= 16 && kTileKeys % kLanes == 0, "whole vectors of a tile row");
     const Batch scale(scale_);

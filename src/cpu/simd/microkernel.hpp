@@ -285,10 +285,26 @@ struct LineStream {
   }
 };
 
+// Where GEMM 1 reads the panel's query values: row m's value k.
+//   Packed: score_panel's layout, k-major (the MR values broadcast at step k adjacent) - the
+//           forward packs each query tile once and reuses it for every key tile.
+//   Strided: rows as they lie, ld floats apart - the backward's Q and dO tiles, which meet each
+//           key tile once: packing them cost a scalar scatter per value (~9% of its time, avx512).
+template <int MR>
+struct Packed {
+  const float* p;
+  float at(int64_t k, int m) const { return p[k * MR + m]; }
+};
+struct Strided {
+  const float* p;
+  int64_t ld;
+  float at(int64_t k, int m) const { return p[m * ld + k]; }
+};
+
 // GEMM 1 on NV of a register block's vectors of keys for one panel: kb points at the first
 // of them in the block's packed [d][kBlockKeys] K^T, s at their first score of row 0.
-template <int MR, int NV, class Step>
-inline void score_block(const float* qp, const float* kb, int64_t d, float* s, Step& step) {
+template <int MR, int NV, class A, class Step>
+inline void score_block(const A& q, const float* kb, int64_t d, float* s, Step& step) {
   Batch acc[MR][NV];
   for (int m = 0; m < MR; ++m)
     for (int v = 0; v < NV; ++v) acc[m][v] = Batch(0.f);
@@ -298,8 +314,8 @@ inline void score_block(const float* qp, const float* kb, int64_t d, float* s, S
     Batch kv[NV];
     for (int v = 0; v < NV; ++v) kv[v] = Batch::load_aligned(kr + v * kLanes);
     for (int m = 0; m < MR; ++m) {
-      const Batch q(qp[k * MR + m]);
-      for (int v = 0; v < NV; ++v) acc[m][v] = simd::fma(q, kv[v], acc[m][v]);
+      const Batch qb(q.at(k, m));
+      for (int v = 0; v < NV; ++v) acc[m][v] = simd::fma(qb, kv[v], acc[m][v]);
     }
   }
   for (int m = 0; m < MR; ++m)
@@ -307,29 +323,43 @@ inline void score_block(const float* qp, const float* kb, int64_t d, float* s, S
 }
 
 // score_block with nv <= NV vectors (a run-time count).
-template <int MR, int NV, class Step>
-inline void score_vectors(int nv, const float* qp, const float* kb, int64_t d, float* s, Step& step) {
+template <int MR, int NV, class A, class Step>
+inline void score_vectors(int nv, const A& q, const float* kb, int64_t d, float* s, Step& step) {
   if constexpr (NV > 1) {
-    if (nv < NV) return score_vectors<MR, NV - 1>(nv, qp, kb, d, s, step);
+    if (nv < NV) return score_vectors<MR, NV - 1>(nv, q, kb, d, s, step);
   }
-  score_block<MR, NV>(qp, kb, d, s, step);
+  score_block<MR, NV>(q, kb, d, s, step);
 }
 
-// GEMM 1 for one register panel: s[m * kTileKeys + j] = sum_k qp[k * MR + m] * Kt(k, j) for
-// the vectors of keys that overlap [ja, jb) (the others are not written): a partial tile's
+// GEMM 1 for one register panel: s[m * kTileKeys + j] = sum_k q(k, m) * Kt(k, j) for the
+// vectors of keys that overlap [ja, jb) (the others are not written): a partial tile's
 // edges (a window's band, the causal diagonal, the 4 keys of a sinks tile) cost the vectors
-// they touch, not whole 64-key register blocks. qp is the panel of MR query rows packed
-// k-major (the MR elements broadcast at step k are adjacent). kt as written by
-// pack_k_transposed; s 64-byte aligned. The scores go through L1 (MR x 64 floats): the
-// epilogue then works on tile rows, whatever the register block of the target.
-template <int MR, class Step = NoStep>
-inline void score_panel(const float* qp, const float* kt, int64_t d, int ja, int jb, float* s, Step&& step = {}) {
+// they touch, not whole 64-key register blocks. q: the panel's MR query rows, Packed (qp
+// k-major) or Strided. kt as written by pack_k_transposed; s 64-byte aligned. The scores go
+// through L1 (MR x 64 floats): the epilogue then works on tile rows, whatever the register
+// block of the target.
+template <int MR, class A, class Step>
+inline void score_panel_of(const A& q, const float* kt, int64_t d, int ja, int jb, float* s, Step& step) {
   const int64_t dp = padded_dim(d);
   for (int j0 = ja / kBlockKeys * kBlockKeys; j0 < jb; j0 += kBlockKeys) {
     const int va = (std::max(ja, j0) - j0) / kLanes;
     const int vb = (std::min(jb, j0 + kBlockKeys) - j0 + kLanes - 1) / kLanes;
-    score_vectors<MR, kKeyVecs>(vb - va, qp, kt + kt_offset(dp, 0, j0) + va * kLanes, d, s + j0 + va * kLanes, step);
+    score_vectors<MR, kKeyVecs>(vb - va, q, kt + kt_offset(dp, 0, j0) + va * kLanes, d, s + j0 + va * kLanes, step);
   }
+}
+// qp: the panel packed k-major (Packed).
+template <int MR, class Step = NoStep>
+inline void score_panel(const float* qp, const float* kt, int64_t d, int ja, int jb, float* s, Step&& step = {}) {
+  score_panel_of<MR>(Packed<MR>{qp}, kt, d, ja, jb, s, step);
+}
+// q: the panel's rows as they lie, ldq floats apart (Strided). Not inlined: inlined into the
+// backward's dots (all six panel heights in one function), GCC 12 kept two of the four K^T
+// vectors on the stack, reloaded by 12 of the 24 FMAs of every step.
+template <int MR>
+__attribute__((noinline)) void score_panel_strided(const float* q, int64_t ldq, const float* kt, int64_t d, int ja,
+                                                   int jb, float* s) {
+  NoStep none;
+  score_panel_of<MR>(Strided{q, ldq}, kt, d, ja, jb, s, none);
 }
 
 // GEMM 1 without packing, for a decode task's few rows (tiles.cpp: rows <= kStreamRows):
