@@ -15,7 +15,9 @@
 // Built by CMake as build/attn_ab_switch (tools/, ctest Tools.ab_switch runs it); the committed
 // runs (results/2026-12-02-ab, -sparse-work) ran the same source as /tmp/ab_switch, with the
 // positional arguments and AB_* variables it took before the point schema's flags.
-// Run: build/attn_ab_switch [--efficiency | --thp] PRESET [--pairs P] [--kernel NAME] [--threads T]
+// --pass backward (or forward_backward): the A/B pairs time that pass as the sweep does (the
+// sweep's PointFixture: dO random, O and LSE from the kernel's forward, made once per variant).
+// Run: build/attn_ab_switch [--efficiency | --thp] PRESET [--pairs P] [--kernel NAME] [--threads T] [--pass P]
 //        [the point schema's size, mask and setting flags: --q-len, --kv-len, --head-dim, --q-heads,
 //         --dtype, --kv-dtype, --kv-block, --kv-lens, --batch, --layout, --causal, --sinks, ...]
 //   PRESET: dense causal window sinks longformer bigbird docs dilated, the shapes of
@@ -36,6 +38,7 @@
 #include "attnlab/kernel.hpp"
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
+#include "bench/bench_point.hpp"
 #include "bench/experiment.hpp"
 #include "cli/common.hpp"
 
@@ -70,7 +73,7 @@ static const nlohmann::json kPresets = {
 static int run(int argc, char** argv) {
   CLI::App app{"paired A/B calls of one point inside one process (tools/ab_switch.cpp)"};
   bool efficiency = false, thp = false;
-  std::string preset, kernel_name;
+  std::string preset, kernel_name, pass = "forward";
   int pairs = 20, threads = 2;
   cli::AxisFlags axes;
   app.add_flag("--efficiency", efficiency, "the pattern against the dense problem of the same n, in turn");
@@ -79,6 +82,9 @@ static int run(int argc, char** argv) {
   app.add_option("--pairs", pairs, "pairs of calls")->check(CLI::Range(1, 1 << 20));
   app.add_option("--threads", threads, "threads")->check(CLI::Range(1, 1024));
   app.add_option("--kernel", kernel_name, "the kernel (default: decode for the decode preset, else flash)");
+  app.add_option("--pass", pass,
+                 "forward, backward (dQ, dK, dV from a random dO and the kernel's forward, as the sweep times it) or "
+                 "forward_backward");
   axes.add_to(app, {schema::AxisKind::Size, schema::AxisKind::Mask, schema::AxisKind::Setting});
   try {
     app.parse(argc, argv);
@@ -95,6 +101,7 @@ static int run(int argc, char** argv) {
       {"threads", threads}};
   bench::override_keys(doc, kPresets[preset]);
   bench::override_keys(doc, axes.as_experiment_keys());
+  doc["pass"] = pass;  // the schema checks the value
   if (kernel_name.empty()) kernel_name = preset == "decode" ? "decode" : "flash";
   const Kernel& k = kernel_or_throw(kernel_name);
   doc["implementations"] = {kernel_name};
@@ -104,6 +111,10 @@ static int run(int argc, char** argv) {
     throw InvalidInput("the flags name " + std::to_string(grid.size()) + " points; allowed: one value per flag");
   }
   const Problem p = grid[0].problem;
+  if (p.pass != Pass::Forward && (efficiency || thp)) {
+    throw InvalidInput(std::string(efficiency ? "--efficiency" : "--thp") +
+                       ": times the forward pass only; allowed with --pass forward");
+  }
   const std::string point = schema::describe_point(schema::PointView{kernel_name, p, threads, "", ""}, k.name());
   Session session(k, p, threads);
   Tensors t = random_tensors(p, 1);
@@ -132,6 +143,41 @@ static int run(int argc, char** argv) {
     return 0;
   }
   std::vector<double> time[2], ratio;
+  const auto report = [&] {
+    std::printf(
+        "%s: before %8.2f ms, after %8.2f ms; before/after per pair: median %.3f [q1 %.3f, q3 %.3f] (%d pairs)\n",
+        point.c_str(), quantile(time[0], 0.5) * 1e3, quantile(time[1], 0.5) * 1e3, quantile(ratio, 0.5),
+        quantile(ratio, 0.25), quantile(ratio, 0.75), pairs);
+  };
+  const auto paired = [&](const auto& once) {
+    once(0), once(1);  // warm-up
+    for (int x = 0; x < pairs; ++x) {
+      // Alternate which goes first, so a trend inside a pair favours neither.
+      const int first = x % 2;
+      double s[2];
+      s[first] = once(first);
+      s[1 - first] = once(1 - first);
+      time[0].push_back(s[0]), time[1].push_back(s[1]);
+      ratio.push_back(s[0] / s[1]);
+    }
+    report();
+  };
+  if (p.pass != Pass::Forward) {
+    // The sweep's fixture per variant (inputs, dO and the forward's O and LSE from the same seed),
+    // each made under its variant as the Session below is.
+    std::unique_ptr<bench::PointFixture> f[2];
+    for (int v : {0, 1}) {
+      attn_ab_variant = v;
+      f[v] = bench::make_fixture(bench::BenchPoint{&k, p, threads, ""}, 1);
+    }
+    paired([&](int variant) {
+      attn_ab_variant = variant;
+      const auto t0 = std::chrono::steady_clock::now();
+      f[variant]->run_pass();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+    return 0;
+  }
   std::optional<Tensors> huge;
   if (thp) {
     const char* knob = "/sys/kernel/mm/transparent_hugepage/enabled";
@@ -164,19 +210,7 @@ static int run(int argc, char** argv) {
     attn_ab_variant = variant;
     return seconds(variant || thp ? session : *before, thp && variant ? *huge : t);
   };
-  once(0), once(1);  // warm-up
-  for (int x = 0; x < pairs; ++x) {
-    // Alternate which goes first, so a trend inside a pair favours neither.
-    const int first = x % 2;
-    double s[2];
-    s[first] = once(first);
-    s[1 - first] = once(1 - first);
-    time[0].push_back(s[0]), time[1].push_back(s[1]);
-    ratio.push_back(s[0] / s[1]);
-  }
-  std::printf("%s: before %8.2f ms, after %8.2f ms; before/after per pair: median %.3f [q1 %.3f, q3 %.3f] (%d pairs)\n",
-              point.c_str(), quantile(time[0], 0.5) * 1e3, quantile(time[1], 0.5) * 1e3, quantile(ratio, 0.5),
-              quantile(ratio, 0.25), quantile(ratio, 0.75), pairs);
+  paired(once);
   return 0;
 }
 

@@ -5,9 +5,9 @@
 //   pass 0  D_i = dO_i . O_i for every row (one dot product each);
 //   pass 1  one task per (batch, kv head, 64-key tile) owns that tile's dK and dV: for every
 //           query head of the GQA group and every 64-row query tile that sees a key of the tile,
-//           S = Q K^T and dP = dO V^T (score_panel on K^T and V^T packed once per task), P,
-//           dS = P (dP - D), dV += P^T dO, dK += scale dS^T Q (pv_rows on the transposed tiles);
-//           written once at the end;
+//           S = Q K^T and dP = dO V^T (score_panel_strided: the Q and dO rows as they lie, K^T
+//           and V^T packed once per task), P, dS = P (dP - D), dV += P^T dO, dK += scale dS^T Q
+//           (pv_rows on the transposed tiles); written once at the end;
 //   pass 2  one task per (batch, query head, 64-row query tile) owns its dQ: the same S, P, dP
 //           and dS recomputed per visible key tile (its K^T, V^T packed), dQ += scale dS K.
 // dQ gets its own pass instead of atomics or per-task partials: every output element has one
@@ -18,12 +18,13 @@
 // adds dS K into its own dQ accumulators (group x q_len x d floats): 5 GEMMs, the same sums in the
 // same order (add_dq), so the same bits - 1.3-1.4x faster (8/8 heads, d 64 and 128, 2 threads). Masks: a pair outside
 // its row's interval contributes nothing (P and dS set to 0 there, never computed as exp(-inf)); tiles no row of the
-// query tile sees are skipped. Sparse patterns are not taken (naive's backward runs them).
-// Memory: D (batch * q_heads * q_len floats) plus per thread 4 tiles of 64 x 64 floats and 6 of
-// 64 x d(_v): 256 KiB at d 128, and in the fused pass the dQ accumulators (the whole workspace at
+// query tile sees are skipped. A sparse pattern's tile pairs are classified as the forward's block map does (meet():
+// empty skipped, full run as intervals, partial per element by masked_axpys).
+// Memory: D (batch * q_heads * q_len floats) plus per thread 4 tiles of 64 x 64 floats and 5 of
+// 64 x d(_v): 224 KiB at d 128, and in the fused pass the dQ accumulators (the whole workspace at
 // most 64 MiB) - O(n), nothing of n^2.
 // Precision: Q, K, V stored as f32, bf16 or f16 are widened exactly where loaded; float32
-// compute and accumulation (K and V rows read in place, Q and dO rows widened into the tile).
+// compute and accumulation (K, V, dO and float32 Q rows read in place, a bf16 or f16 Q widened into the tile).
 #include "cpu/backward_tiles.hpp"
 
 #include <algorithm>
@@ -49,7 +50,7 @@ constexpr int kBr = 64;  // query rows per tile
 
 struct Layout {
   int64_t dp, dvp;  // head_dim and head_dim_v padded to whole vectors
-  size_t q, go, kt, vt, s, dpm, pt, dst, dk, dv, lse, dd, words, colw, bytes;
+  size_t q, kt, vt, s, dpm, pt, dst, dk, dv, lse, dd, words, colw, bytes;
   explicit Layout(const Problem& p) : dp(simd::padded_dim(p.head_dim)), dvp(simd::padded_dim(p.dim_v())) {
     size_t off = 0;
     const auto take = [&off](size_t floats) {
@@ -57,7 +58,7 @@ struct Layout {
       off += (floats * sizeof(float) + 63) / 64 * 64;
       return at;
     };
-    q = take(kBr * dp), go = take(kBr * dvp);
+    q = take(kBr * dp);
     kt = take(dp * kTileKeys), vt = take(dvp * kTileKeys);
     s = take(kBr * kTileKeys), dpm = take(kBr * kTileKeys), pt = take(kTileKeys * kBr), dst = take(kTileKeys * kBr);
     dk = take(std::max<int64_t>(kTileKeys, kBr) * dp), dv = take(kTileKeys * dvp), lse = take(kBr), dd = take(kBr);
@@ -66,16 +67,16 @@ struct Layout {
   }
 };
 
-// One thread's tiles: Q and dO rows (row-major: the score GEMMs read them as they lie), the key
+// One thread's tiles: Q rows widened from bf16 or f16 (float32 Q and dO are read in place), the key
 // tile's K^T and V^T (pack_k_transposed), S/P, dP/dS and their transposes, the accumulators;
 // a sparse pattern's partial tile pair as words: bit c of words[r] (row r sees key c) and its
 // transpose colw (bit r of colw[c]).
 struct Tile {
-  float *q, *go, *kt, *vt, *s, *dpm, *pt, *dst, *dk, *dv, *lse, *dd;
+  float *q, *kt, *vt, *s, *dpm, *pt, *dst, *dk, *dv, *lse, *dd;
   uint64_t *words, *colw;
   Tile(std::byte* base, const Layout& l) {
     const auto at = [base](size_t off) { return reinterpret_cast<float*>(base + off); };
-    q = at(l.q), go = at(l.go), kt = at(l.kt), vt = at(l.vt);
+    q = at(l.q), kt = at(l.kt), vt = at(l.vt);
     s = at(l.s), dpm = at(l.dpm), pt = at(l.pt), dst = at(l.dst);
     dk = at(l.dk), dv = at(l.dv), lse = at(l.lse), dd = at(l.dd);
     words = reinterpret_cast<uint64_t*>(base + l.words), colw = reinterpret_cast<uint64_t*>(base + l.colw);
@@ -198,15 +199,25 @@ class Engine {
          const Pattern* pat)
       : p_(p), in_(in), bw_(bw), g_(g), dd_(dd), pat_(pat), l_(p), scale_(p.effective_scale()) {}
 
-  // Q, dO, LSE and D of query rows [i0, i0 + br) of head h into the tile.
-  void load_rows(const Tile& t, int64_t b, int64_t h, int64_t i0, int br) const {
+  // Query rows of a tile as the GEMMs read them (float32, ld floats apart).
+  struct QueryRows {
+    const float *q, *go;
+    int64_t ldq, ldgo;
+  };
+
+  // Q, dO, LSE and D of query rows [i0, i0 + br) of head h: LSE and D into the tile, Q and dO
+  // read where they lie (dO is float32; Q when stored so) - copying them into the tile cost 2-4% of
+  // the backward's time (paired, avx512) - and a bf16 or f16 Q widened into the tile.
+  QueryRows load_rows(const Tile& t, int64_t b, int64_t h, int64_t i0, int br) const {
+    QueryRows rows{t.q, bw_.d_o.row(b, h, i0), l_.dp, bw_.d_o.stride_s};
+    if constexpr (std::is_same_v<E, float>) rows.q = in_.q.row(b, h, i0), rows.ldq = in_.q.stride_s;
     for (int r = 0; r < br; ++r) {
       const int64_t i = i0 + r;
-      widen_row(in_.q.row(b, h, i), p_.head_dim, l_.dp, t.q + r * l_.dp);
-      widen_row(bw_.d_o.row(b, h, i), p_.dim_v(), l_.dvp, t.go + r * l_.dvp);
+      if constexpr (!std::is_same_v<E, float>) widen_row(in_.q.row(b, h, i), p_.head_dim, l_.dp, t.q + r * l_.dp);
       t.lse[r] = bw_.lse[(b * p_.q_heads + h) * p_.q_len + i];
       t.dd[r] = dd_[(b * p_.q_heads + h) * p_.q_len + i];
     }
+    return rows;
   }
 
   // How rows [i0, i0 + br) of head h meet keys [j0, j0 + nk): their intervals into iv (for
@@ -251,9 +262,10 @@ class Engine {
 
   // S, P (into t.s), dP, dS (into t.dpm) of the loaded rows against the packed keys [j0, j0 + nk);
   // P^T and scale dS^T into t.pt and t.dst when `transposed`.
-  void tile(const Tile& t, int br, const Interval* iv, int64_t j0, int nk, bool transposed, Meet meet) const {
-    dots(br, t.q, l_.dp, t.kt, p_.head_dim, iv, j0, nk, t.s);
-    dots(br, t.go, l_.dvp, t.vt, p_.dim_v(), iv, j0, nk, t.dpm);
+  void tile(const Tile& t, const QueryRows& rows, int br, const Interval* iv, int64_t j0, int nk, bool transposed,
+            Meet meet) const {
+    dots(br, rows.q, rows.ldq, t.kt, p_.head_dim, iv, j0, nk, t.s);
+    dots(br, rows.go, rows.ldgo, t.vt, p_.dim_v(), iv, j0, nk, t.dpm);
     alignas(64) static constexpr float kIota[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     static_assert(kLanes <= 16 && kTileKeys % kLanes == 0, "whole vectors of a tile row");
     const Batch scale(scale_);
@@ -325,10 +337,11 @@ class Engine {
         const int br = static_cast<int>(std::min<int64_t>(kBr, p_.q_len - i0));
         const Meet m = meet(t, b, h, i0, br, j0, nk, iv);
         if (m == Meet::None) continue;
-        load_rows(t, b, h, i0, br);
+        const QueryRows rows = load_rows(t, b, h, i0, br);
         // Rows past br in the transposed tiles stay out of the sums: n = br below.
-        tile(t, br, iv, j0, nk, true, m);
-        const Rows<float> go = Rows<float>::strided(t.go, l_.dvp, br), q = Rows<float>::strided(t.q, l_.dp, br);
+        tile(t, rows, br, iv, j0, nk, true, m);
+        const Rows<float> go = Rows<float>::strided(rows.go, rows.ldgo, br),
+                          q = Rows<float>::strided(rows.q, rows.ldq, br);
         float* acc = dq ? dq + ((h - hk * p_.group()) * p_.q_len + i0) * l_.dp : nullptr;
         if (m == Meet::Elements) {
           masked_axpys(nk, t.pt, kBr, go, t.colw, t.dv, l_.dvp, p_.dim_v());
@@ -364,7 +377,7 @@ class Engine {
     const int br = static_cast<int>(std::min<int64_t>(kBr, p_.q_len - i0));
     const int64_t hk = p_.kv_head_of(h);
     Interval iv[kBr];
-    load_rows(t, b, h, i0, br);
+    const QueryRows rows = load_rows(t, b, h, i0, br);
     float* dq = t.dk;  // pass 2 has no dK: its accumulator holds dQ (kBr x dp)
     std::fill(dq, dq + br * l_.dp, 0.f);
     int64_t lo = p_.kv_len, hi = 0;  // the keys some row may see (a pattern: its rows' hulls)
@@ -379,7 +392,7 @@ class Engine {
       if (m == Meet::None) continue;
       const Rows<E> k = key_rows(in_.k, b, hk, j0, nk);
       pack_keys(t, k, key_rows(in_.v, b, hk, j0, nk), nk);
-      tile(t, br, iv, j0, nk, false, m);
+      tile(t, rows, br, iv, j0, nk, false, m);
       add_dq(t, br, iv, j0, nk, k, dq, m);
     }
     write_dq(b, h, i0, br, dq);
