@@ -70,3 +70,26 @@ def test_decode_is_the_reports_rule():
     # asked for kv_len > 16 too, so the two sorted that point into different tables.
     assert docs.is_decode({"q_len": 4, "kv_len": 8})
     assert not docs.is_decode({"q_len": 8, "kv_len": 8}) and not docs.is_decode({"q_len": 17, "kv_len": 4096})
+
+
+def test_forward_table_is_not_taken_from_a_newer_training_sweep(monkeypatch):
+    # A training sweep's forward rows stand beside the peers picked for the backward (PyTorch's
+    # autograd): its newer date must not replace the forward table of a sweep against every runtime.
+    shape = {"batch": 1, "q_heads": 8, "kv_heads": 8, "head_dim": 128, "head_dim_v": 128, "q_len": 4096,
+             "kv_len": 4096, "mask": "none", "dtype": "f32", "threads": 2, "status": "ok", "rounds": 1,
+             "flops": 1e11, "bytes": 1e9}
+    prefill = [dict(shape, kernel="flash", isa="avx2", time_median_s=0.3, id="a"),
+               dict(shape, kernel="ov_sdpa", isa="peer", time_median_s=0.28, id="b")]
+    training = [dict(shape, kernel="flash", isa="avx2", time_median_s=0.31, id="c", **{"pass": "forward"}),
+                dict(shape, kernel="torch_sdpa", isa="peer", time_median_s=0.4, id="d", **{"pass": "forward"}),
+                dict(shape, kernel="flash", isa="avx2", time_median_s=0.8, id="e", **{"pass": "backward"}),
+                dict(shape, kernel="torch_sdpa", isa="peer", time_median_s=0.9, id="f", **{"pass": "backward"})]
+    dims = ["batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "head_dim_v", "mask", "dtype", "threads",
+            "pass"]
+    folders = {"prefill": ("2026-12-04", prefill), "training": ("2026-12-05", training)}
+    monkeypatch.setattr(docs, "committed_folders", lambda: list(folders))
+    monkeypatch.setattr(docs, "load", lambda f: (dict(machine((100e9, 10e9)), date=folders[f][0]), folders[f][1], dims))
+    monkeypatch.setattr(docs, "lead_per_pass", lambda *a: "-")
+    forward, backward = docs.headline().split("**Against the runtimes' backward pass")
+    assert "results/prefill" in forward and "ov_sdpa" in forward and "torch_sdpa" not in forward, forward
+    assert "results/training" in backward and "| flash | 800 ms" in backward, backward
