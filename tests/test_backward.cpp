@@ -249,6 +249,49 @@ TEST(Backward, FlashIsBitwiseTheSameForAnyThreadCount) {
   }
 }
 
+// flash's backward reads a sparse pattern's rule from its session's plan (made outside the timed
+// call, counted in plan_bytes); handed none (a wrapper without make_backward_plan), it builds the
+// rule inside the call - the same gradients, bit for bit.
+class WithoutBackwardPlan final : public test::Wrapped {
+ public:
+  using Wrapped::Wrapped;
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    inner_.run(p, in, out, ctx);
+  }
+  void run_backward(const Problem& p, const Inputs& in, const BackwardInputs& bw, const Gradients& g,
+                    RunContext& ctx) const override {
+    EXPECT_EQ(ctx.plan, nullptr);
+    inner_.run_backward(p, in, bw, g, ctx);
+  }
+};
+
+TEST(Backward, ThePatternIsTheSessionsPlanAndTheSameBitsWithout) {
+  Problem p = small(1, 4, 2, 150, 150, 24);
+  p.window_left = p.window_right = 20, p.globals = {3, 90};
+  const Case c = make_case(p, 5);
+  int flash_variants = 0;
+  for (const Kernel* k : backward_kernels()) {
+    if (k->name() != "flash") continue;
+    ++flash_variants;
+    const WithoutBackwardPlan bare(*k);
+    EXPECT_GT(Session(*k, p, 2, true).plan_bytes(), Session(*k, p, 2).plan_bytes()) << test::variant_name(*k);
+    std::vector<float> grads[2];
+    for (int x = 0; x < 2; ++x) {
+      Tensors out = allocate_outputs(p);
+      Session s(x ? static_cast<const Kernel&>(bare) : *k, p, 2, true);
+      s.run(c.t.inputs, out.outputs);
+      GradientTensors g = allocate_gradients(p);
+      s.run_backward(c.t.inputs, {c.d_o_view, as_const(out.outputs.o), out.outputs.lse}, g.grads);
+      grads[x].assign(g.dq.get(), g.dq.get() + p.q_elems());
+      grads[x].insert(grads[x].end(), g.dk.get(), g.dk.get() + p.kv_elems());
+      grads[x].insert(grads[x].end(), g.dv.get(), g.dv.get() + p.v_elems());
+    }
+    EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)))
+        << test::variant_name(*k);
+  }
+  EXPECT_GT(flash_variants, 0);
+}
+
 // A bug planted in the textbook backward (one switch, the test's own copy of the row rule).
 enum class Bug { DFromUnnormalizedO, DkMissingScale, GqaWrongKvHead, MaskedPairLeaks };
 class Planted final : public test::Wrapped {

@@ -48,6 +48,16 @@ struct BlockPlan final : Plan {
   size_t bytes() const override { return map.bytes(); }
 };
 
+// The plan of a backward pass that needs a sparse pattern's rule per element (flash's): the
+// Pattern, on its own copy of the problem. Out-of-line members (src/core/pattern.cpp): baseline code.
+struct PatternPlan final : Plan {
+  Problem problem;
+  Pattern pattern;
+  explicit PatternPlan(const Problem& p);
+  PatternPlan(const PatternPlan&) = delete;  // pattern refers to problem
+  size_t bytes() const override;
+};
+
 // The plan of flash's dilated windows: the phases it runs as dense strided sub-problems
 // (phases.hpp) and its tasks in order.
 struct PhasePlan final : Plan {
@@ -142,6 +152,9 @@ class Kernel {
   // inside the run's task_arena; only when runs_backward().
   virtual void run_backward(const Problem& p, const Inputs& in, const BackwardInputs& bw, const Gradients& g,
                             RunContext& ctx) const;
+  // run_backward's per-problem setup (nullptr: none), made by a Session for the backward and
+  // handed to run_backward as RunContext::plan; run_backward must also work without it.
+  virtual std::shared_ptr<const Plan> make_backward_plan(const Problem&) const;
 };
 
 // All kernels, in ladder order, each once: a SIMD kernel as its variant for default_isa()
@@ -210,7 +223,8 @@ class Session {
   // Interval problems without per-batch kv_lens only; throws InvalidInput otherwise.
   void resize_kv(int64_t kv_len);
   size_t workspace_bytes() const { return workspace_size_; }
-  size_t plan_bytes() const { return plan_ ? plan_->bytes() : 0; }
+  // Both plans' memory: the forward's and, for a backward session, the backward's.
+  size_t plan_bytes() const { return (plan_ ? plan_->bytes() : 0) + (backward_plan_ ? backward_plan_->bytes() : 0); }
   const Kernel& kernel() const { return kernel_; }
   const Problem& problem() const { return problem_; }
   int threads() const { return threads_; }
@@ -223,7 +237,7 @@ class Session {
   bool backward_;
   size_t workspace_size_ = 0;
   std::unique_ptr<std::byte[], AlignedFree> workspace_;
-  std::shared_ptr<const Plan> plan_;
+  std::shared_ptr<const Plan> plan_, backward_plan_;
   struct Arena;  // a tbb::task_arena (kept out of this header)
   std::unique_ptr<Arena> arena_;
 };

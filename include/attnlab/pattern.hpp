@@ -89,6 +89,7 @@ class Pattern {
   // Whether row i of batch b is a global row (its position is global and the ANY terms
   // matter): it sees every key the ALL terms leave.
   bool global_row(int64_t b, int64_t i) const;
+  size_t bytes() const;  // its lookup tables
 
  private:
   const Problem& p_;

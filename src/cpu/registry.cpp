@@ -95,6 +95,9 @@ class TargetKernel final : public Kernel {
                     RunContext& ctx) const override {
     inner_.run_backward(p, in, bw, g, ctx);
   }
+  std::shared_ptr<const Plan> make_backward_plan(const Problem& p) const override {
+    return cpu_runs_isa(isa_) ? inner_.make_backward_plan(p) : nullptr;
+  }
 
  private:
   const Kernel& inner_;
