@@ -177,7 +177,8 @@ def headline():
         for folder, machine, rows, dims in folders:
             # A training sweep's forward rows set its backward in context, beside the peers chosen
             # for the backward (autograd): the forward tables come from the sweeps made for them.
-            if not any(passes(r) for r in rows if is_training(r)) and any(is_training(r) for r in rows):
+            training = [r for r in rows if is_training(r)]
+            if training and not any(passes(r) for r in training):
                 continue
             mine = [r for r in rows if passes(r) and not is_narrow(r) and (not is_peer(r) or wanted(r["kernel"]))]
             if any(is_peer(r) and ok(r) for r in mine) and any(not is_peer(r) and ok(r) for r in mine):

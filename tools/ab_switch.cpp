@@ -116,6 +116,39 @@ static int run(int argc, char** argv) {
                        ": times the forward pass only; allowed with --pass forward");
   }
   const std::string point = schema::describe_point(schema::PointView{kernel_name, p, threads, "", ""}, k.name());
+  std::vector<double> time[2], ratio;
+  const auto paired = [&](const auto& once) {
+    once(0), once(1);  // warm-up
+    for (int x = 0; x < pairs; ++x) {
+      // Alternate which goes first, so a trend inside a pair favours neither.
+      const int first = x % 2;
+      double s[2];
+      s[first] = once(first);
+      s[1 - first] = once(1 - first);
+      time[0].push_back(s[0]), time[1].push_back(s[1]);
+      ratio.push_back(s[0] / s[1]);
+    }
+    std::printf(
+        "%s: before %8.2f ms, after %8.2f ms; before/after per pair: median %.3f [q1 %.3f, q3 %.3f] (%d pairs)\n",
+        point.c_str(), quantile(time[0], 0.5) * 1e3, quantile(time[1], 0.5) * 1e3, quantile(ratio, 0.5),
+        quantile(ratio, 0.25), quantile(ratio, 0.75), pairs);
+  };
+  if (p.pass != Pass::Forward) {
+    // The sweep's fixture per variant (inputs, dO and the forward's O and LSE from the same seed),
+    // each made under its variant as the forward's Sessions below are.
+    std::unique_ptr<bench::PointFixture> f[2];
+    for (int v : {0, 1}) {
+      attn_ab_variant = v;
+      f[v] = bench::make_fixture(bench::BenchPoint{&k, p, threads, ""}, 1);
+    }
+    paired([&](int variant) {
+      attn_ab_variant = variant;
+      const auto t0 = std::chrono::steady_clock::now();
+      f[variant]->run_pass();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+    return 0;
+  }
   Session session(k, p, threads);
   Tensors t = random_tensors(p, 1);
   if (efficiency) {
@@ -140,42 +173,6 @@ static int run(int argc, char** argv) {
         "efficiency per pair: median %.3f [q1 %.3f, q3 %.3f] (%d pairs)\n",
         point.c_str(), density, quantile(dt, 0.5) * 1e3, quantile(pt, 0.5) * 1e3, per, quantile(eff, 0.5),
         quantile(eff, 0.25), quantile(eff, 0.75), pairs);
-    return 0;
-  }
-  std::vector<double> time[2], ratio;
-  const auto report = [&] {
-    std::printf(
-        "%s: before %8.2f ms, after %8.2f ms; before/after per pair: median %.3f [q1 %.3f, q3 %.3f] (%d pairs)\n",
-        point.c_str(), quantile(time[0], 0.5) * 1e3, quantile(time[1], 0.5) * 1e3, quantile(ratio, 0.5),
-        quantile(ratio, 0.25), quantile(ratio, 0.75), pairs);
-  };
-  const auto paired = [&](const auto& once) {
-    once(0), once(1);  // warm-up
-    for (int x = 0; x < pairs; ++x) {
-      // Alternate which goes first, so a trend inside a pair favours neither.
-      const int first = x % 2;
-      double s[2];
-      s[first] = once(first);
-      s[1 - first] = once(1 - first);
-      time[0].push_back(s[0]), time[1].push_back(s[1]);
-      ratio.push_back(s[0] / s[1]);
-    }
-    report();
-  };
-  if (p.pass != Pass::Forward) {
-    // The sweep's fixture per variant (inputs, dO and the forward's O and LSE from the same seed),
-    // each made under its variant as the Session below is.
-    std::unique_ptr<bench::PointFixture> f[2];
-    for (int v : {0, 1}) {
-      attn_ab_variant = v;
-      f[v] = bench::make_fixture(bench::BenchPoint{&k, p, threads, ""}, 1);
-    }
-    paired([&](int variant) {
-      attn_ab_variant = variant;
-      const auto t0 = std::chrono::steady_clock::now();
-      f[variant]->run_pass();
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    });
     return 0;
   }
   std::optional<Tensors> huge;
