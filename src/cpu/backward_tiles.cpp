@@ -303,20 +303,20 @@ class Engine {
   // register blocks where the target has them: rows past br are read from the tile's spare rows
   // and written where no sum reads them).
   static void transpose(const float* src, int br, int nk, float scale, float* dst) {
-#if defined(__AVX512F__) || defined(__AVX2__)
-    using Reg = Batch::register_type;
-    const Batch k(scale);
-    for (int r0 = 0; r0 < br; r0 += kLanes)
-      for (int c0 = 0; c0 < nk; c0 += kLanes) {
-        Reg x[kLanes];
-        for (int i = 0; i < kLanes; ++i) x[i] = Reg(Batch::load_aligned(src + (r0 + i) * kTileKeys + c0) * k);
-        simd::transpose_block(x);
-        for (int i = 0; i < kLanes; ++i) Batch(x[i]).store_aligned(dst + (c0 + i) * kBr + r0);
-      }
-#else
-    for (int r = 0; r < br; ++r)
-      for (int c = 0; c < nk; ++c) dst[c * kBr + r] = scale * src[r * kTileKeys + c];
-#endif
+    if constexpr (simd::kRegisterTranspose) {
+      using Reg = simd::FloatReg;
+      const Batch k(scale);
+      for (int r0 = 0; r0 < br; r0 += kLanes)
+        for (int c0 = 0; c0 < nk; c0 += kLanes) {
+          Reg x[kLanes];
+          for (int i = 0; i < kLanes; ++i) x[i] = Reg(Batch::load_aligned(src + (r0 + i) * kTileKeys + c0) * k);
+          simd::transpose_block(x);
+          for (int i = 0; i < kLanes; ++i) Batch(x[i]).store_aligned(dst + (c0 + i) * kBr + r0);
+        }
+    } else {
+      for (int r = 0; r < br; ++r)
+        for (int c = 0; c < nk; ++c) dst[c * kBr + r] = scale * src[r * kTileKeys + c];
+    }
   }
 
   Rows<E> key_rows(const View4<const E>& x, int64_t b, int64_t hk, int64_t j0, int nk) const {

@@ -2,7 +2,7 @@
 // flash_bf16: flash (src/cpu/flash.cpp: the same tasks, tiles, online softmax, masks and sparse
 // patterns, through the same tile engine) with both GEMMs on AVX512_BF16's vdpbf16ps, which
 // multiplies pairs of bf16 values into float32 lanes: 32 products per instruction against the
-// float32 FMA's 16 (src/cpu/simd/bf16_dot.hpp).
+// float32 FMA's 16 (src/cpu/simd/isa/avx512_bf16.hpp).
 //
 // Idea. The inputs are bf16 already (--dtype bf16), so Q.K^T needs no rounding at all: Q rows
 // are packed as bf16 pairs, unscaled (the float32 scores are scaled by scale * log2 e when they
@@ -21,7 +21,7 @@
 //
 // flash_amx: the same kernel, but every key tile that all rows of a task see whole (no mask
 // inside it: everything but the diagonal tiles of causal and the edges of windows and patterns)
-// goes through the AMX tile unit, 32 query rows at a time (src/cpu/simd/amx.hpp): S and P.V by
+// goes through the AMX tile unit, 32 query rows at a time (src/cpu/simd/isa/amx.hpp): S and P.V by
 // TDPBF16PS on the same pair layouts (~16x the float32 FMA rate per core), the softmax in
 // float32 vectors on 32 rows. Every head's K^T and V pairs are packed once per run, before the
 // tasks, and a task's whole tiles run row block by row block, four tiles per softmax step

@@ -27,7 +27,7 @@
 // run (mean and rounding: O(kv_len d), against O(q_len kv_len d)) and one over each task's Q.
 //
 // flash_int8_amx: the same kernel, but every key tile that all rows of a task see whole goes
-// through the AMX tile unit 32 query rows at a time (flash_amx's blocks, src/cpu/simd/amx.hpp):
+// through the AMX tile unit 32 query rows at a time (flash_amx's blocks, src/cpu/simd/isa/amx.hpp):
 // S by TDPBSSD on the same codes (signed x signed: no +128 correction; the key tiles' word rows
 // are whole 64-byte tile rows), the float32 softmax on 32 rows, then P and V rounded to bf16 for
 // TDPBF16PS (V rounded and packed once per run, with flash_amx's structure: 32-row blocks over

@@ -79,26 +79,26 @@ __attribute__((noinline)) float exp_rounds(const float* in, float* out, int64_t 
 
 // vpdpbusd chains acc += u x s (four byte products per 32-bit lane), as the FMA chains: its latency
 // (~5 cycles) x up to 2 per cycle. Bytes 1 and 1: the sums stay far from int32 overflow.
-#if defined(__AVX512F__) || defined(__AVX2__)
-constexpr int kI8Chains = kFmaChains;
+// Built where the floor has the integer vectors (kI8VnniBuilt); elsewhere no chains.
+constexpr int kI8Chains = simd::kI8VnniBuilt ? kFmaChains : 0;
 volatile int g_i8_one = 0x01010101;
 __attribute__((noinline)) float i8_chains(int64_t iters) {
-  using simd::i8_detail::IVec;
-  IVec acc[kI8Chains];
-  const IVec x = simd::i8_detail::bcast32(g_i8_one);
-  for (int j = 0; j < kI8Chains; ++j) acc[j] = simd::i8_detail::bcast32(j);
-  for (int64_t it = 0; it < iters; ++it) {
+  if constexpr (simd::kI8VnniBuilt) {
+    using simd::i8_detail::IVec;
+    IVec acc[kFmaChains];
+    const IVec x = simd::i8_detail::bcast32(g_i8_one);
+    for (int j = 0; j < kI8Chains; ++j) acc[j] = simd::i8_detail::bcast32(j);
+    for (int64_t it = 0; it < iters; ++it) {
 #pragma GCC unroll 16
-    for (int j = 0; j < kI8Chains; ++j) acc[j] = simd::i8_detail::dot4<true>(acc[j], x, x);
+      for (int j = 0; j < kI8Chains; ++j) acc[j] = simd::i8_detail::dot4<true>(acc[j], x, x);
+    }
+    float s = 0;
+    for (int j = 0; j < kI8Chains; ++j) s += simd::reduce_sum(simd::i8_detail::to_float(acc[j]));
+    return s;
+  } else {
+    return static_cast<float>(iters);
   }
-  float s = 0;
-  for (int j = 0; j < kI8Chains; ++j) s += simd::reduce_sum(simd::i8_detail::to_float(acc[j]));
-  return s;
 }
-#else
-constexpr int kI8Chains = 0;
-float (*const i8_chains)(int64_t) = nullptr;
-#endif
 
 template <Batch (*F)(Batch)>
 void map_n(const float* in, float* out, size_t n) {
@@ -137,20 +137,9 @@ float i8_score(KvDType t, bool unit, const float* q, int64_t d, const std::byte*
 
 }  // namespace
 
-// The name of what this object was compiled for (ATTN_NATIVE builds: what -march=native enabled).
-#if defined(ATTN_TARGET_SCALAR)
-constexpr const char* kIsa = "scalar";
-#elif defined(__AVX512F__)
-constexpr const char* kIsa = "avx512";
-#elif defined(__AVX2__)
-constexpr const char* kIsa = "avx2";
-#elif defined(__aarch64__) || defined(__ARM_NEON)
-constexpr const char* kIsa = "neon";
-#elif defined(__SSE2__)
-constexpr const char* kIsa = "sse2";
-#else
-constexpr const char* kIsa = "scalar";
-#endif
+// The name of what this object was compiled for (ATTN_NATIVE builds: what -march=native enabled):
+// the floor's target.
+constexpr const char* kIsa = simd::kIsaName;
 
 const TargetTable& target_table() {
   static const Kernel* const kernels[] = {

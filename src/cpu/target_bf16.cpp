@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cpu/simd/amx.hpp"
+#include "cpu/simd/isa/amx.hpp"
 #include "cpu/target.hpp"
 
 #if !defined(__AVX512BF16__) || !defined(ATTN_HAVE_AMX) || !defined(ATTN_HAVE_AMX_INT8)

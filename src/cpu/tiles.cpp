@@ -16,8 +16,8 @@
 #include "attnlab/isa.hpp"
 #include "attnlab/online_softmax.hpp"
 #include "cpu/parallel.hpp"
-#include "cpu/simd/amx.hpp"
-#include "cpu/simd/bf16_dot.hpp"
+#include "cpu/simd/isa/amx.hpp"
+#include "cpu/simd/isa/avx512_bf16.hpp"
 #include "cpu/simd/int8_dot.hpp"
 #include "cpu/simd/kv_load.hpp"
 #include "cpu/simd/microkernel.hpp"
@@ -83,7 +83,7 @@ inline bool i8_dot_unit_runs() { return kI8ScoreUnit[0] != '\0' && cpu_runs_isa(
 // in float32 everywhere.
 inline bool i8_pv_runs(bool vnni) {
   const char* v = std::getenv("ATTN_I8_PV");
-  return (vnni || !ATTN_I8_PV_VECTOR) && !(v && std::string_view(v) == "0");
+  return (vnni || !kI8Vector) && !(v && std::string_view(v) == "0");
 }
 
 // flash_int8 (Tiling::i8_prefill): a head's shared area, and the running task's header in its

@@ -18,20 +18,12 @@
 // (kv_load.hpp); vpdpbusd does four products per lane in one instruction, on the codes as stored.
 #pragma once
 
-#ifndef ATTN_TARGET_NS
-#error "src/cpu/simd/ is per-target code: include it only from ATTN_TARGET_SOURCES (src/cpu/target.hpp)"
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-
-#if defined(__aarch64__)
-#include <arm_neon.h>
-#endif
 
 #include "attnlab/kv_quant.hpp"
 #include "attnlab/kv_read.hpp"
@@ -54,27 +46,12 @@ inline constexpr bool kIntDot<Quant<KvDType::U4>> = true;
 
 inline constexpr bool is_row_type(KvDType t) { return t == KvDType::U8 || t == KvDType::U4; }
 
-// The VNNI unit of this target (the ISA name the CPU must run for vpdpbusd, isa.cpp), and the
-// values a vector step takes. Without it (or with ATTN_NO_VNNI=1 in the environment: tests and
-// comparisons) the same sums come from vpmaddubsw + vpmaddwd (Tiling::i8_vnni, make_tiling).
-#if defined(__AVX512F__)
-inline constexpr const char* kI8Unit = "avx512_vnni";
-inline constexpr int kI8Chunk = 64;  // Q/K values per vector step
-#elif defined(__AVX2__)
-inline constexpr const char* kI8Unit = "avx_vnni";
-inline constexpr int kI8Chunk = 32;
-#else
-inline constexpr const char* kI8Unit = "";  // the scalar rule
-inline constexpr int kI8Chunk = 64;
-#endif
+// The VNNI unit of this target (kI8Unit: the ISA name the CPU must run for vpdpbusd, isa.cpp), the
+// values a vector step takes (kI8Chunk) and the unit decode_i8's K.Q sums with (kI8ScoreUnit: the VNNI
+// unit, or on the NEON target sdot; "" on the scalar target: the rule) are the floor's. Without VNNI
+// (or with ATTN_NO_VNNI=1 in the environment: tests and comparisons) the same sums come from
+// vpmaddubsw + vpmaddwd (Tiling::i8_vnni, make_tiling).
 inline constexpr bool kI8VnniBuilt = kI8Unit[0] != '\0';  // this target has a vpdpbusd path
-// The unit decode_i8's K.Q sums with where the CPU runs it (isa.cpp's name): the VNNI unit above,
-// or on the NEON target sdot (FEAT_DotProd); "" on the scalar target (the rule).
-#if defined(__aarch64__) && !defined(ATTN_TARGET_SCALAR)
-inline constexpr const char* kI8ScoreUnit = "neon_dotprod";
-#else
-inline constexpr const char* kI8ScoreUnit = kI8Unit;
-#endif
 
 // One Q row's integer form (I8Layout::row bytes each, 64-byte aligned): dpad = d rounded up to 64.
 //   nat[dpad]     the codes in natural order (score_row_rule; the block types' slices), zero padded
@@ -169,201 +146,12 @@ inline float score_row_rule(const I8Row& q, const std::byte* kr, int64_t d) {
   });
 }
 
-#if defined(__AVX512F__) || defined(__AVX2__)
-namespace i8_detail {
-
-#if defined(__AVX512F__)
-using IVec = __m512i;
-inline IVec bytes80() { return _mm512_set1_epi8(static_cast<char>(0x80)); }
-// acc + the sums of four u8 x s8 products per 32-bit lane. vpdpbusd as inline assembly (EVEX): the
-// target's flags lack VNNI, and only a CPU that has it runs this (Tiling::i8_vnni). Without VNNI:
-// vpmaddubsw (pairs into int16, saturating - exact here: u <= 128, |s| <= 127) and vpmaddwd by 1.
-template <bool Vnni>
-inline IVec dot4(IVec acc, IVec u, IVec s) {
-  if constexpr (Vnni) {
-    asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
-    return acc;
-  } else {
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
-  }
-}
-inline IVec abs8(IVec x) { return _mm512_abs_epi8(x); }
-// s where c >= 0, -s where c < 0 (c = 0: |c| = 0 makes the product 0 whatever s is).
-inline IVec sign8(IVec s, IVec c) { return _mm512_mask_sub_epi8(s, _mm512_movepi8_mask(c), _mm512_setzero_si512(), s); }
-inline Batch to_float(IVec x) { return _mm512_cvtepi32_ps(x); }
-inline IVec load_ivec(const void* p) { return _mm512_load_si512(p); }
-inline IVec izero() { return _mm512_setzero_si512(); }
-inline IVec bcast32(int32_t x) { return _mm512_set1_epi32(x); }
-inline __mmask64 first_bytes(int64_t n) { return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1; }
-
-#else  // AVX2 with AVX-VNNI
-using IVec = __m256i;
-inline IVec bytes80() { return _mm256_set1_epi8(static_cast<char>(0x80)); }
-// As the AVX-512 dot4: AVX-VNNI's VEX-encoded vpdpbusd on ymm ({vex}: the EVEX form needs
-// AVX512-VNNI), else vpmaddubsw + vpmaddwd.
-template <bool Vnni>
-inline IVec dot4(IVec acc, IVec u, IVec s) {
-  if constexpr (Vnni) {
-    asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));  // %{ %}: braces, not asm dialects
-    return acc;
-  } else {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-  }
-}
-inline IVec abs8(IVec x) { return _mm256_abs_epi8(x); }
-inline IVec sign8(IVec s, IVec c) { return _mm256_sign_epi8(s, c); }
-inline Batch to_float(IVec x) { return _mm256_cvtepi32_ps(x); }
-inline IVec load_ivec(const void* p) { return _mm256_load_si256(static_cast<const __m256i*>(p)); }
-inline IVec izero() { return _mm256_setzero_si256(); }
-inline IVec bcast32(int32_t x) { return _mm256_set1_epi32(x); }
-// n < full bytes at p, zero padded (AVX2 has no byte-masked load).
-inline void copy_bytes(const std::byte* p, int64_t n, std::byte* out, int64_t full) {
-  std::memset(out, 0, static_cast<size_t>(full));
-  std::memcpy(out, p, static_cast<size_t>(n));
-}
-
-#endif
-
-}  // namespace i8_detail
-
-// score_rows (microkernel.hpp) in integers: s[m * kTileKeys + j] for rows m < MR (I8Row rows `ld`
-// bytes apart from q0) and keys [ja, jb). Keys ride in 128-bit lanes: a vector holds kSliceKeys keys
-// (4 on AVX-512, 2 on AVX2), each with the same 16 of its codes (a slice, put together from the K
-// rows by lane-masked broadcasts), and vpdpbusd against Q's matching 16 codes broadcast to every
-// lane leaves per key 4 partial sums; summing those is one shuffle stage per 4 vectors of keys
-// (group_sums), where a key x row block of dot products would need a whole horizontal reduction
-// per (row, key). Slices: u8 16 codes; u4 a slice of 16 bytes gives two (lows, highs: Q's vec_slot
-// order); q8_0 a block's two halves; q4_0 a block's 16 bytes give its values 0..15 and 16..31.
-// Row types sum in int32 across the row and scale once per key: (I - zp sum q) dq sc; block types
-// scale each block's int32 sum by dq_b dk_b (dk per lane: its key's), summed in float.
-// Vnni: dot4 by vpdpbusd (the CPU has the target's VNNI unit), else by vpmaddubsw + vpmaddwd, whose
-// unsigned operand must stay <= 128: q8_0's codes and u8's minus 128 go in as their magnitudes with
-// their signs moved onto Q (sign8), so q8_0 needs no offset and u8's sum is I - 128 sum q (its zero
-// point read 128 lower). With VNNI q8_0's codes go in as c + 128 (one xor) and q4_0's nibbles as
-// they are; each block's lane 0 per key starts at -128 sum_b q resp. -8 sum_b q.
-#if defined(__AVX512F__)
-inline constexpr int kSliceKeys = 4;                         // keys per vector: one per 128-bit lane
-inline __m128i slice_bytes(const std::byte* p, int64_t n) {  // 16 bytes at p, zero past n
-  return n >= 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))
-                 : _mm_maskz_loadu_epi8(static_cast<__mmask16>(n <= 0 ? 0 : (1u << n) - 1), p);
-}
-// The 16 bytes at p[k] + off of each key k in its lane k (n: the bytes there are).
-inline i8_detail::IVec slice_of(const std::byte* const* p, int64_t off, int64_t n) {
-  __m512i v = _mm512_broadcast_i32x4(slice_bytes(p[0] + off, n));
-  v = _mm512_mask_broadcast_i32x4(v, 0x00f0, slice_bytes(p[1] + off, n));
-  v = _mm512_mask_broadcast_i32x4(v, 0x0f00, slice_bytes(p[2] + off, n));
-  return _mm512_mask_broadcast_i32x4(v, 0xf000, slice_bytes(p[3] + off, n));
-}
-inline i8_detail::IVec bcast_slice(const int8_t* q) {
-  return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(q)));
-}
-inline i8_detail::IVec lane0_of_each_key(int32_t x) { return _mm512_maskz_set1_epi32(0x1111, x); }
-inline i8_detail::IVec xor80(i8_detail::IVec x) { return _mm512_xor_si512(x, i8_detail::bytes80()); }
-inline Batch f16_lanes(const uint16_t* p) {  // 16 binary16 values, 32-byte aligned
-  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline i8_detail::IVec nibbles_lo(i8_detail::IVec x) { return _mm512_and_si512(x, _mm512_set1_epi8(0x0f)); }
-inline i8_detail::IVec nibbles_hi(i8_detail::IVec x) {
-  return _mm512_and_si512(_mm512_srli_epi16(x, 4), _mm512_set1_epi8(0x0f));
-}
-// Per-key values (kSliceKeys x 4 groups = 16, in key order) spread so that vector g holds key
-// 4g + k's value in all of lane k.
-inline Batch spread_keys(Batch v, int g) {
-  const __m512i idx =
-      _mm512_add_epi32(_mm512_set1_epi32(4 * g),
-                       _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 2));
-  return _mm512_permutexvar_ps(idx, v);
-}
-// Four vectors of keys' partial sums (vector g: keys 4g .. 4g + 3, one per 128-bit lane) -> the 16
-// keys' sums in key order.
-inline __m512i group_sums(const __m512i a[4]) {
-  const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpackhi_epi32(a[0], a[1]));
-  const __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2], a[3]), _mm512_unpackhi_epi32(a[2], a[3]));
-  const __m512i t =
-      _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));  // lane 4L+g: key 4g+L
-  return _mm512_permutexvar_epi32(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), t);
-}
-// Per 128-bit lane L: [a, b, c, d] = each vector's lanes 4L .. 4L + 3 reduced (Max: max, else +).
-template <bool Max>
-inline Batch lane_reduce4(Batch a, Batch b, Batch c, Batch d) {
-  const auto op = [](Batch x, Batch y) { return Max ? max(x, y) : x + y; };
-  const Batch ab = op(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));  // [a02 b02 a13 b13]
-  const Batch cd = op(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-  const __m512d x = _mm512_castps_pd(ab), y = _mm512_castps_pd(cd);
-  return op(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-}
-// Lanes 0..3: a, b, c, d reduced whole.
-template <bool Max>
-inline Batch reduce4(Batch a, Batch b, Batch c, Batch d) {
-  const auto op = [](Batch x, Batch y) { return Max ? max(x, y) : x + y; };
-  const Batch t = lane_reduce4<Max>(a, b, c, d);
-  const Batch u = op(t, _mm512_shuffle_f32x4(t, t, 0x4e));
-  return op(u, _mm512_shuffle_f32x4(u, u, 0xb1));
-}
-inline Batch group_sums(const Batch a[4]) {
-  return _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0),
-                               lane_reduce4<false>(a[0], a[1], a[2], a[3]));
-}
-#else  // AVX2
-inline constexpr int kSliceKeys = 2;
-inline __m128i slice_bytes(const std::byte* p, int64_t n) {
-  if (n >= 16) return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  alignas(16) std::byte buf[16] = {};
-  if (n > 0) std::memcpy(buf, p, static_cast<size_t>(n));
-  return _mm_load_si128(reinterpret_cast<const __m128i*>(buf));
-}
-inline i8_detail::IVec slice_of(const std::byte* const* p, int64_t off, int64_t n) {
-  return _mm256_inserti128_si256(_mm256_castsi128_si256(slice_bytes(p[0] + off, n)), slice_bytes(p[1] + off, n), 1);
-}
-inline i8_detail::IVec bcast_slice(const int8_t* q) {
-  return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(q)));
-}
-inline i8_detail::IVec lane0_of_each_key(int32_t x) { return _mm256_setr_epi32(x, 0, 0, 0, x, 0, 0, 0); }
-inline i8_detail::IVec xor80(i8_detail::IVec x) { return _mm256_xor_si256(x, i8_detail::bytes80()); }
-inline Batch f16_lanes(const uint16_t* p) {  // 8 binary16 values, 16-byte aligned
-  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(p)));
-}
-inline i8_detail::IVec nibbles_lo(i8_detail::IVec x) { return _mm256_and_si256(x, _mm256_set1_epi8(0x0f)); }
-inline i8_detail::IVec nibbles_hi(i8_detail::IVec x) {
-  return _mm256_and_si256(_mm256_srli_epi16(x, 4), _mm256_set1_epi8(0x0f));
-}
-// 8 keys' values in key order; vector g holds key 2g + k's value in all of lane k.
-inline Batch spread_keys(Batch v, int g) {
-  return _mm256_permutevar8x32_ps(
-      v, _mm256_setr_epi32(2 * g, 2 * g, 2 * g, 2 * g, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1));
-}
-inline __m256i group_sums(const __m256i a[4]) {
-  const __m256i ab = _mm256_add_epi32(_mm256_unpacklo_epi32(a[0], a[1]), _mm256_unpackhi_epi32(a[0], a[1]));
-  const __m256i cd = _mm256_add_epi32(_mm256_unpacklo_epi32(a[2], a[3]), _mm256_unpackhi_epi32(a[2], a[3]));
-  const __m256i t =
-      _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));  // lane 4L+g: key 2g+L
-  return _mm256_permutevar8x32_epi32(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-template <bool Max>
-inline Batch lane_reduce4(Batch a, Batch b, Batch c, Batch d) {
-  const auto op = [](Batch x, Batch y) { return Max ? max(x, y) : x + y; };
-  const Batch ab = op(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
-  const Batch cd = op(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
-  const __m256d x = _mm256_castps_pd(ab), y = _mm256_castps_pd(cd);
-  return op(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
-}
-template <bool Max>
-inline Batch reduce4(Batch a, Batch b, Batch c, Batch d) {
-  const Batch t = lane_reduce4<Max>(a, b, c, d);
-  const Batch u = _mm256_permute2f128_ps(t, t, 0x01);
-  return Max ? max(t, u) : t + u;
-}
-inline Batch group_sums(const Batch a[4]) {
-  return _mm256_permutevar8x32_ps(lane_reduce4<false>(a[0], a[1], a[2], a[3]),
-                                  _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-#endif
-inline constexpr int kSliceBlock = 4 * kSliceKeys;                 // keys per register block: 4 vectors of keys
+inline constexpr int kSliceBlock = 4 * i8_detail::kSliceKeys;      // keys per register block: 4 vectors of keys
 inline constexpr int kSliceRows = kVectorRegisters == 32 ? 4 : 2;  // rows per pass: 4 x 4 accumulators (AVX2: 2 x 4)
 
 template <int MR, KvDType T, bool Vnni, class Step>
-void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8Layout& l, const Rows<Quant<T>>& k,
-                   int ja, int jb, float* s, Step& step) {
+void score_rows_i8_slices(const I8Layout& l, const std::byte* q0, int64_t ld, const Rows<Quant<T>>& k, int ja, int jb,
+                          float* s, Step& step) {
   using namespace i8_detail;
   constexpr bool kRow = is_row_type(T);
   constexpr bool kSigned = !Vnni && (T == KvDType::Q8_0 || T == KvDType::U8);  // magnitude x moved sign
@@ -475,76 +263,38 @@ void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8La
     }
   }
 }
-#else
-#if defined(__aarch64__) && !defined(ATTN_TARGET_SCALAR)
-namespace i8_detail {
-// acc + the sums of four s8 x s8 products per 32-bit lane (sdot, FEAT_DotProd). The target's flags
-// are the AArch64 baseline: the functions that issue it carry the extension (ATTN_I8_SDOT) and run
-// only where the CPU has it (Tiling::i8_vnni: i8_dot_unit_runs, tiles.cpp).
-#define ATTN_I8_SDOT __attribute__((target("arch=armv8.2-a+dotprod")))  // arm_neon.h's vdotq_s32 target
-ATTN_I8_SDOT inline int32x4_t sdot(int32x4_t acc, int8x16_t a, int8x16_t b) { return vdotq_s32(acc, a, b); }
-// 16 bytes at p of which n (1..16) belong to the row: the rest read as zeros, never past the row.
-inline uint8x16_t bytes16(const uint8_t* p, int64_t n) {
-  if (n >= 16) return vld1q_u8(p);
-  alignas(16) uint8_t b[16] = {};
-  std::memcpy(b, p, static_cast<size_t>(n));
-  return vld1q_u8(b);
-}
-// One key's integer dot products with one Q row, block by block (score_from_dots' dot(b)).
-template <KvDType T>
-ATTN_I8_SDOT int32_t sdot_block(const I8Row& q, const uint8_t* u, int64_t d, int64_t b) {
-  int32x4_t acc = vdupq_n_s32(0);
-  if constexpr (T == KvDType::U8) {  // c - 128 as s8 (one eor), 128 sum q added back
-    for (int64_t i = 0; i < d; i += 16)
-      acc = sdot(acc, vreinterpretq_s8_u8(veorq_u8(bytes16(u + 8 + i, d - i), vdupq_n_u8(0x80))), vld1q_s8(q.nat + i));
-    // the padding lanes read 0 ^ 0x80 = -128 against Q's zero padding: nothing
-    return vaddvq_s32(acc) + 128 * q.bsum[0];
-  } else if constexpr (T == KvDType::U4) {  // 16 bytes = 32 values: lows are the even ones
-    for (int64_t i = 0; i < d; i += 32) {
-      const uint8x16_t a = bytes16(u + 8 + i / 2, (d - i + 1) / 2);
-      const uint8x16_t lo = vandq_u8(a, vdupq_n_u8(0x0f)), hi = vshrq_n_u8(a, 4);
-      acc = sdot(acc, vreinterpretq_s8_u8(vzip1q_u8(lo, hi)), vld1q_s8(q.nat + i));
-      acc = sdot(acc, vreinterpretq_s8_u8(vzip2q_u8(lo, hi)), vld1q_s8(q.nat + i + 16));
-    }
-    return vaddvq_s32(acc);
-  } else if constexpr (T == KvDType::Q8_0) {
-    const uint8_t* c = u + b * 34 + 2;
-    acc = sdot(acc, vreinterpretq_s8_u8(vld1q_u8(c)), vld1q_s8(q.nat + 32 * b));
-    acc = sdot(acc, vreinterpretq_s8_u8(vld1q_u8(c + 16)), vld1q_s8(q.nat + 32 * b + 16));
-    return vaddvq_s32(acc);
-  } else {  // q4_0: lows are values 0..15, highs 16..31, each minus 8
-    const uint8x16_t a = vld1q_u8(u + b * 18 + 2);
-    const int8x16_t eight = vdupq_n_s8(8);
-    acc = sdot(acc, vsubq_s8(vreinterpretq_s8_u8(vandq_u8(a, vdupq_n_u8(0x0f))), eight), vld1q_s8(q.nat + 32 * b));
-    acc = sdot(acc, vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(a, 4)), eight), vld1q_s8(q.nat + 32 * b + 16));
-    return vaddvq_s32(acc);
-  }
-}
-}  // namespace i8_detail
-#endif
-// The scalar target: the rule, key by key; the NEON target with Vnni (the CPU has sdot): the same
-// integers by sdot, combined by the rule's own code (score_from_dots).
+// Elsewhere the rule, key by key; the NEON target with Vnni (the CPU has sdot: kI8Sdot): the same
+// integers by the floor's sdot_codes, combined by the rule's own code (score_from_dots).
 template <int MR, KvDType T, bool Vnni, class Step>
-void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8Layout& l, const Rows<Quant<T>>& k,
-                   int ja, int jb, float* s, Step& step) {
+void score_rows_i8_keys(const I8Layout& l, const std::byte* q0, int64_t ld, const Rows<Quant<T>>& k, int ja, int jb,
+                        float* s, Step& step) {
   for (int m = 0; m < MR; ++m) {
     const I8Row q(const_cast<std::byte*>(q0 + m * ld), l);
     for (int j = ja; j < jb; ++j) {
       step();
       const auto* kr = reinterpret_cast<const std::byte*>(k.row(j));
-#if defined(__aarch64__) && !defined(ATTN_TARGET_SCALAR)
-      if constexpr (Vnni) {
+      if constexpr (Vnni && kI8Sdot) {
         const auto* u = reinterpret_cast<const uint8_t*>(kr);
-        s[m * kTileKeys + j] =
-            score_from_dots<T>(q, kr, l.d, [&](int64_t b) { return i8_detail::sdot_block<T>(q, u, l.d, b); });
-        continue;
+        s[m * kTileKeys + j] = score_from_dots<T>(
+            q, kr, l.d, [&](int64_t b) { return i8_detail::sdot_codes<T>(q.nat, q.bsum[0], u, l.d, b); });
+      } else {
+        s[m * kTileKeys + j] = score_row_rule<T>(q, kr, l.d);
       }
-#endif
-      s[m * kTileKeys + j] = score_row_rule<T>(q, kr, l.d);
     }
   }
 }
-#endif
+
+// score_rows (microkernel.hpp) in integers: the floor's slices where it has them (kI8Vector),
+// else key by key.
+template <int MR, KvDType T, bool Vnni, class Step>
+void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8Layout& l, const Rows<Quant<T>>& k,
+                   int ja, int jb, float* s, Step& step) {
+  if constexpr (kI8Vector) {
+    score_rows_i8_slices<MR, T, Vnni>(l, q0, ld, k, ja, jb, s, step);
+  } else {
+    score_rows_i8_keys<MR, T, Vnni>(l, q0, ld, k, ja, jb, s, step);
+  }
+}
 
 // round_int8 (kv_quant.hpp) over one block of n values, in vectors: the same operations in the same
 // order per value (amax by max, scale = amax / 127, y = x / scale, truncation, the fraction's test,
@@ -552,43 +302,37 @@ void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8La
 // target. The rule's scalar form spends a division and a branch per value: flash_int8 rounds every
 // Q and K value once per run.
 inline bool round_int8_row(const float* x, int64_t n, int8_t* q, float* scale_out) {
-#if defined(__AVX512F__) || defined(__AVX2__)
-  Batch amax(0.f), bad(0.f);
-  for (int64_t i = 0; i < n; i += kLanes) {
-    const Batch v = load_partial(x + i, static_cast<int>(std::min<int64_t>(kLanes, n - i)));
-    bad += v - v;  // 0 for finite values; NaN from a NaN or an Inf
-    amax = max(amax, xsimd::abs(v));
-  }
-  if (reduce_sum(bad) != 0.f) return false;
-  const float scale = reduce_max(amax) / 127.f;
-  *scale_out = scale;
-  if (!(scale > 0.f)) {
-    std::memset(q, 0, static_cast<size_t>(n));
+  if constexpr (!kI8Vector) {
+    return round_int8(x, n, n, q, scale_out);
+  } else {
+    Batch amax(0.f), bad(0.f);
+    for (int64_t i = 0; i < n; i += kLanes) {
+      const Batch v = load_partial(x + i, static_cast<int>(std::min<int64_t>(kLanes, n - i)));
+      bad += v - v;  // 0 for finite values; NaN from a NaN or an Inf
+      amax = max(amax, abs_of(v));
+    }
+    if (reduce_sum(bad) != 0.f) return false;
+    const float scale = reduce_max(amax) / 127.f;
+    *scale_out = scale;
+    if (!(scale > 0.f)) {
+      std::memset(q, 0, static_cast<size_t>(n));
+      return true;
+    }
+    const Batch sc(scale), half(0.5f), one(1.f);
+    for (int64_t i = 0; i < n; i += kLanes) {
+      const int m = static_cast<int>(std::min<int64_t>(kLanes, n - i));
+      const Batch y = load_partial(x + i, m) / sc;
+      const Batch r = trunc_float(y);
+      const Batch frac = y - r;
+      // r + 1, r - 1 or r: exact in float (|r| <= 128), then clamped to +-127 as the rule.
+      const Batch rounded = select(frac >= half, r + one, select(frac <= -half, r - one, r));
+      const Batch c = min(max(rounded, Batch(-127.f)), Batch(127.f));
+      alignas(64) float out[kLanes];
+      c.store_aligned(out);
+      for (int k = 0; k < m; ++k) q[i + k] = static_cast<int8_t>(out[k]);
+    }
     return true;
   }
-  const Batch sc(scale), half(0.5f), one(1.f);
-  for (int64_t i = 0; i < n; i += kLanes) {
-    const int m = static_cast<int>(std::min<int64_t>(kLanes, n - i));
-    const Batch y = load_partial(x + i, m) / sc;
-#if defined(__AVX512F__)
-    const __m512i t = _mm512_cvttps_epi32(y);
-    const Batch r = _mm512_cvtepi32_ps(t);
-#else
-    const __m256i t = _mm256_cvttps_epi32(y);
-    const Batch r = _mm256_cvtepi32_ps(t);
-#endif
-    const Batch frac = y - r;
-    // r + 1, r - 1 or r: exact in float (|r| <= 128), then clamped to +-127 as the rule.
-    const Batch rounded = select(frac >= half, r + one, select(frac <= -half, r - one, r));
-    const Batch c = min(max(rounded, Batch(-127.f)), Batch(127.f));
-    alignas(64) float out[kLanes];
-    c.store_aligned(out);
-    for (int k = 0; k < m; ++k) q[i + k] = static_cast<int8_t>(out[k]);
-  }
-  return true;
-#else
-  return round_int8(x, n, n, q, scale_out);
-#endif
 }
 
 // round_smoothed_key (kv_quant.hpp) by round_int8_row: x - mean in float32, then the row's rounding.
@@ -657,13 +401,13 @@ inline void put_i8_q_row(const I8KeyTile& l, int32_t* qw, int64_t R, int64_t rr,
 // for the register blocks overlapping [ja, jb) (whole blocks: keys past the tile's are zero codes
 // and never read unmasked). qw: the panel's words (qw[w * MR + m]); qsc: per row Q's scale times
 // the score scale (log2 units); qc: per row the smoothing's term, q.mean in the same units.
-#if defined(__AVX512F__) || defined(__AVX2__)
+// The floor's integer vectors (kI8Vector): vpdpbusd, or vpmaddubsw + vpmaddwd.
 template <int MR, bool Vnni>
-void score_panel_i8(const int32_t* qw, const I8KeyTile& l, const std::byte* tile, const float* qsc, const float* qc,
-                    int ja, int jb, float* s) {
+void score_panel_i8_vector(const int32_t* qw, const I8KeyTile& l, const std::byte* tile, const float* qsc,
+                           const float* qc, int ja, int jb, float* s) {
   using namespace i8_detail;
-  constexpr int kV = static_cast<int>(sizeof(IVec) / 4);  // int32 lanes per vector = kLanes
-  static_assert(kV == kLanes, "one int32 vector per float vector of scores");
+  constexpr int kV = kLanes;  // int32 lanes per vector
+  static_assert(!kI8Vector || sizeof(IVec) == 4 * kLanes, "one int32 vector per float vector of scores");
   constexpr int NV = kBlockKeys / kV;
   const auto* kw = reinterpret_cast<const int32_t*>(tile);
   const float* ks = l.scale(const_cast<std::byte*>(tile));
@@ -695,11 +439,10 @@ void score_panel_i8(const int32_t* qw, const I8KeyTile& l, const std::byte* tile
     }
   }
 }
-#else
-// The scalar and NEON targets: the same integers, key by key.
+// Elsewhere: the same integers, key by key.
 template <int MR, bool Vnni>
-void score_panel_i8(const int32_t* qw, const I8KeyTile& l, const std::byte* tile, const float* qsc, const float* qc,
-                    int ja, int jb, float* s) {
+void score_panel_i8_words(const int32_t* qw, const I8KeyTile& l, const std::byte* tile, const float* qsc,
+                          const float* qc, int ja, int jb, float* s) {
   static_assert(!Vnni, "no VNNI unit on this target");
   const auto* kw = reinterpret_cast<const int32_t*>(tile);
   const float* ks = l.scale(const_cast<std::byte*>(tile));
@@ -717,7 +460,15 @@ void score_panel_i8(const int32_t* qw, const I8KeyTile& l, const std::byte* tile
     }
   }
 }
-#endif
+template <int MR, bool Vnni>
+void score_panel_i8(const int32_t* qw, const I8KeyTile& l, const std::byte* tile, const float* qsc, const float* qc,
+                    int ja, int jb, float* s) {
+  if constexpr (kI8Vector) {
+    score_panel_i8_vector<MR, Vnni>(qw, l, tile, qsc, qc, ja, jb, s);
+  } else {
+    score_panel_i8_words<MR, Vnni>(qw, l, tile, qsc, qc, ja, jb, s);
+  }
+}
 
 // decode_i8's P.V in integers, on a V tile that every row of the panel sees whole (nk = kTileKeys).
 // Each row's P times V's scales is rounded per V scale block by round_p_tile's rule (kv_quant.hpp:
@@ -733,11 +484,7 @@ void score_panel_i8(const int32_t* qw, const I8KeyTile& l, const std::byte* tile
 // tile by a 4 x 4 transpose of 128-bit lanes. Against the float path per key and 64 columns:
 // 4 V loads and 8 unpacks per 4 keys, one vpdpbusd per row, instead of widening 64 codes (two
 // conversions per 16) and 4 FMAs per row.
-#if defined(__AVX512F__) || defined(__AVX2__)
-#define ATTN_I8_PV_VECTOR 1
-#else
-#define ATTN_I8_PV_VECTOR 0
-#endif
+// The vector form runs where the floor has the integer vectors (kI8Vector), the rule elsewhere.
 inline constexpr int kMaxPBlocks = Problem::kMaxHeadDim / 32;
 template <int MR>
 struct PCodes {
@@ -759,7 +506,7 @@ inline int64_t p_blocks(int64_t dv) {
 // The zero point as P.V's sum sees it: u8's codes go in as c - 128 (vpdpbusd's signed operand).
 template <KvDType T>
 inline float zp_of(const std::byte* r) {
-  return kv_read::load_f32(r + 4) - (T == KvDType::U8 && ATTN_I8_PV_VECTOR ? 128.f : 0.f);
+  return kv_read::load_f32(r + 4) - (T == KvDType::U8 && kI8Vector ? 128.f : 0.f);
 }
 
 // The MR rows' P (kTileKeys apart) times the scales sc of V scale block b rounded into pc by
@@ -772,80 +519,71 @@ inline float zp_of(const std::byte* r) {
 template <int MR, bool kSigned>
 inline bool round_p_block(const float* p, const float* sc, const float* zp, int64_t b, PCodes<MR>& pc, Batch& bad) {
   [[maybe_unused]] constexpr int32_t kLevels = kSigned ? 127 : 255;  // round_p_tile's
-#if ATTN_I8_PV_VECTOR
-  constexpr int kV = kTileKeys / kLanes;
-  Batch w[MR][kV], amax[MR + 3];
-  for (int m = 0; m < MR; ++m) {
-    amax[m] = Batch(0.f);
-    for (int v = 0; v < kV; ++v) {
-      w[m][v] = Batch::load_aligned(p + m * kTileKeys + v * kLanes) * Batch::load_aligned(sc + v * kLanes);
-      bad += w[m][v] - w[m][v];  // 0 for finite weights; NaN from a NaN or an Inf
-      if constexpr (!kSigned) {
-        bad += select(w[m][v] < Batch(0.f), Batch(std::numeric_limits<float>::quiet_NaN()), Batch(0.f));
+  if constexpr (kI8Vector) {
+    constexpr int kV = kTileKeys / kLanes;
+    Batch w[MR][kV], amax[MR + 3];
+    for (int m = 0; m < MR; ++m) {
+      amax[m] = Batch(0.f);
+      for (int v = 0; v < kV; ++v) {
+        w[m][v] = Batch::load_aligned(p + m * kTileKeys + v * kLanes) * Batch::load_aligned(sc + v * kLanes);
+        bad += w[m][v] - w[m][v];  // 0 for finite weights; NaN from a NaN or an Inf
+        if constexpr (!kSigned) {
+          bad += select(w[m][v] < Batch(0.f), Batch(std::numeric_limits<float>::quiet_NaN()), Batch(0.f));
+        }
+        amax[m] = max(amax[m], abs_of(w[m][v]));
       }
-      amax[m] = max(amax[m], xsimd::abs(w[m][v]));
     }
-  }
-  for (int m = MR; m < MR + 3; ++m) amax[m] = Batch(0.f);
-  alignas(64) float wmax[MR + 3], lanes[kLanes];
-  for (int m = 0; m < MR; m += 4) {
-    reduce4<true>(amax[m], amax[m + 1], amax[m + 2], amax[m + 3]).store_aligned(lanes);
-    for (int x = 0; x < 4 && m + x < MR; ++x) wmax[m + x] = lanes[x];
-  }
-  Batch corr[MR + 3];
-  for (int m = 0; m < MR + 3; ++m) corr[m] = Batch(0.f);
-  for (int m = 0; m < MR; ++m) {
-    uint8_t* out = pc.code[m][b];
-    const float inv_s = static_cast<float>(kLevels) / wmax[m];
-    if (!(wmax[m] > 0.f) || !std::isfinite(inv_s)) {  // all zero; a NaN or subnormal weights (rejected)
-      if (wmax[m] > 0.f || std::isnan(wmax[m])) bad += Batch(std::numeric_limits<float>::quiet_NaN());
-      std::memset(out, 0, kTileKeys);
-      pc.quantum[m][b] = 0.f;
-      continue;
+    for (int m = MR; m < MR + 3; ++m) amax[m] = Batch(0.f);
+    alignas(64) float wmax[MR + 3], lanes[kLanes];
+    for (int m = 0; m < MR; m += 4) {
+      reduce4<true>(amax[m], amax[m + 1], amax[m + 2], amax[m + 3]).store_aligned(lanes);
+      for (int x = 0; x < 4 && m + x < MR; ++x) wmax[m + x] = lanes[x];
     }
-    pc.quantum[m][b] = wmax[m] / static_cast<float>(kLevels);
-    const Batch inv(inv_s);
-    for (int v = 0; v < kV; ++v) {
-#if defined(__AVX512F__)
-      const __m512i c = _mm512_cvtps_epi32(w[m][v] * inv);  // MXCSR's round half to even; |c| <= L
-      _mm_store_si128(reinterpret_cast<__m128i*>(out + v * 16), _mm512_cvtepi32_epi8(c));
-      const Batch cf = _mm512_cvtepi32_ps(c);
-#else
-      const __m256i c = _mm256_cvtps_epi32(w[m][v] * inv);
-      const __m128i c16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + v * 8),
-                       kSigned ? _mm_packs_epi16(c16, c16) : _mm_packus_epi16(c16, c16));
-      const Batch cf = _mm256_cvtepi32_ps(c);
-#endif
-      corr[m] = zp ? simd::fma(cf, Batch::load_aligned(zp + v * kLanes), corr[m]) : corr[m] + cf;
+    Batch corr[MR + 3];
+    for (int m = 0; m < MR + 3; ++m) corr[m] = Batch(0.f);
+    for (int m = 0; m < MR; ++m) {
+      uint8_t* out = pc.code[m][b];
+      const float inv_s = static_cast<float>(kLevels) / wmax[m];
+      if (!(wmax[m] > 0.f) || !std::isfinite(inv_s)) {  // all zero; a NaN or subnormal weights (rejected)
+        if (wmax[m] > 0.f || std::isnan(wmax[m])) bad += Batch(std::numeric_limits<float>::quiet_NaN());
+        std::memset(out, 0, kTileKeys);
+        pc.quantum[m][b] = 0.f;
+        continue;
+      }
+      pc.quantum[m][b] = wmax[m] / static_cast<float>(kLevels);
+      const Batch inv(inv_s);
+      for (int v = 0; v < kV; ++v) {
+        // MXCSR's round half to even; |c| <= L
+        const Batch cf = i8_detail::round_to_codes<kSigned>(w[m][v] * inv, out + v * kLanes);
+        corr[m] = zp ? simd::fma(cf, Batch::load_aligned(zp + v * kLanes), corr[m]) : corr[m] + cf;
+      }
     }
-  }
-  for (int m = 0; m < MR; m += 4) {
-    reduce4<false>(corr[m], corr[m + 1], corr[m + 2], corr[m + 3]).store_aligned(lanes);
-    for (int x = 0; x < 4 && m + x < MR; ++x) {
-      const float q = pc.quantum[m + x][b];
-      pc.sub[m + x][b] = zp ? q * lanes[x] : kSigned ? 8.f * q * lanes[x] : 0.f;
+    for (int m = 0; m < MR; m += 4) {
+      reduce4<false>(corr[m], corr[m + 1], corr[m + 2], corr[m + 3]).store_aligned(lanes);
+      for (int x = 0; x < 4 && m + x < MR; ++x) {
+        const float q = pc.quantum[m + x][b];
+        pc.sub[m + x][b] = zp ? q * lanes[x] : kSigned ? 8.f * q * lanes[x] : 0.f;
+      }
     }
-  }
-  return true;
-#else  // the rule itself
-  (void)bad;
-  for (int m = 0; m < MR; ++m) {
-    float w[kTileKeys];
-    int32_t ci[kTileKeys];
-    for (int j = 0; j < kTileKeys; ++j) w[j] = p[m * kTileKeys + j] * sc[j];
-    float q = 0.f;
-    if (!round_p_tile(w, kTileKeys, kSigned, ci, &q)) return false;
-    float corr = 0.f;
-    for (int j = 0; j < kTileKeys; ++j) {
-      pc.code[m][b][j] = static_cast<uint8_t>(ci[j]);
-      corr += static_cast<float>(ci[j]) * (zp ? zp[j] : 1.f);
+    return true;
+  } else {  // the rule itself
+    (void)bad;
+    for (int m = 0; m < MR; ++m) {
+      float w[kTileKeys];
+      int32_t ci[kTileKeys];
+      for (int j = 0; j < kTileKeys; ++j) w[j] = p[m * kTileKeys + j] * sc[j];
+      float q = 0.f;
+      if (!round_p_tile(w, kTileKeys, kSigned, ci, &q)) return false;
+      float corr = 0.f;
+      for (int j = 0; j < kTileKeys; ++j) {
+        pc.code[m][b][j] = static_cast<uint8_t>(ci[j]);
+        corr += static_cast<float>(ci[j]) * (zp ? zp[j] : 1.f);
+      }
+      pc.quantum[m][b] = q;
+      pc.sub[m][b] = zp ? q * corr : kSigned ? 8.f * q * corr : 0.f;
     }
-    pc.quantum[m][b] = q;
-    pc.sub[m][b] = zp ? q * corr : kSigned ? 8.f * q * corr : 0.f;
+    return true;
   }
-  return true;
-#endif
 }
 inline bool bad_weights(Batch bad) { return reduce_sum(bad) != 0.f; }
 
@@ -859,7 +597,7 @@ inline bool round_p_rows(const float* p, const std::byte* const* vr, int64_t dv,
   Batch bad(0.f);
   for (int64_t b = 0; b < nb; ++b) {
     alignas(64) float sc[kTileKeys], zp[kTileKeys];
-    if constexpr (is_row_type(T) || !ATTN_I8_PV_VECTOR) {
+    if constexpr (is_row_type(T) || !kI8Vector) {
       for (int j = 0; j < kTileKeys; ++j) {
         sc[j] = v_scale<T>(vr[j], b);
         if constexpr (is_row_type(T)) zp[j] = zp_of<T>(vr[j]);
@@ -867,138 +605,36 @@ inline bool round_p_rows(const float* p, const std::byte* const* vr, int64_t dv,
     } else {  // the f16 scales by F16C, kLanes at a time (a scalar conversion per key and block cost more)
       alignas(64) uint16_t bits[kTileKeys];
       for (int j = 0; j < kTileKeys; ++j) bits[j] = kv_detail::load_u16(vr[j] + b * (T == KvDType::Q8_0 ? 34 : 18));
-#if ATTN_I8_PV_VECTOR
       for (int j = 0; j < kTileKeys; j += kLanes) f16_lanes(bits + j).store_aligned(sc + j);
-#endif
     }
     if (!round_p_block<MR, kSigned>(p, sc, is_row_type(T) ? zp : nullptr, b, pc, bad)) return false;
   }
   return !bad_weights(bad);
 }
 
-#if ATTN_I8_PV_VECTOR
-namespace i8_detail {
-#if defined(__AVX512F__)
-inline constexpr int kPvRows = 4;  // rows per pass: 4 x 4 accumulators, the 4 rows' codes and their unpacks
-// V row r's codes for columns [c0, c0 + 64) in column order, zero past the row (rem: its columns
-// from c0 on): u8 as c - 128 (vpdpbusd's signed operand), u4 and q4_0 as nibbles 0..15, q8_0 as stored.
-template <KvDType T>
-inline IVec v_codes(const std::byte* r, int64_t c0, int64_t rem) {
-  if constexpr (T == KvDType::U8) {
-    const std::byte* p = r + 8 + c0;
-    const IVec u = rem >= 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(first_bytes(rem), p);
-    return _mm512_xor_si512(u, bytes80());
-  } else if constexpr (T == KvDType::U4) {
-    const std::byte* p = r + 8 + c0 / 2;
-    const int64_t n = (rem + 1) / 2;
-    const __m256i y = n >= 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
-                              : _mm256_maskz_loadu_epi8(static_cast<__mmask32>(first_bytes(n)), p);
-    // byte 2i: byte i's low nibble, byte 2i + 1 its high one: (z | z << 4) & 0x0f0f per word
-    const IVec z = _mm512_cvtepu8_epi16(y);
-    return _mm512_ternarylogic_epi32(z, _mm512_slli_epi16(z, 4), _mm512_set1_epi16(0x0f0f), 0xa8);
-  } else if constexpr (T == KvDType::Q8_0) {
-    const std::byte* b0 = r + c0 / 32 * 34;
-    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2));
-    const __m256i hi =
-        rem > 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 36)) : _mm256_setzero_si256();
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-  } else {
-    static_assert(T == KvDType::Q4_0);
-    // A block's 16 bytes hold values 0..15 (low nibbles) and 16..31 (high): lanes [B0, B0, B1, B1],
-    // the odd lanes shifted by 4, then the nibbles.
-    const std::byte* b0 = r + c0 / 32 * 18;
-    const __m128i x0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 2));
-    const __m128i x1 = rem > 32 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 20)) : _mm_setzero_si128();
-    IVec z =
-        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_broadcastsi128_si256(x0)), _mm256_broadcastsi128_si256(x1), 1);
-    z = _mm512_mask_srli_epi16(z, 0xff00ff00u, z, 4);
-    return _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
-  }
-}
-inline IVec lo8(IVec a, IVec b) { return _mm512_unpacklo_epi8(a, b); }
-inline IVec hi8(IVec a, IVec b) { return _mm512_unpackhi_epi8(a, b); }
-inline IVec lo16(IVec a, IVec b) { return _mm512_unpacklo_epi16(a, b); }
-inline IVec hi16(IVec a, IVec b) { return _mm512_unpackhi_epi16(a, b); }
-// x[k] lane 4L + c holds column 16L + 4k + c: out[n] = columns 16n .. 16n + 15 (128-bit lane n of each x[k]).
-inline void column_order(const IVec x[4], IVec out[4]) {
-  const IVec t0 = _mm512_shuffle_i32x4(x[0], x[1], 0x44), t1 = _mm512_shuffle_i32x4(x[2], x[3], 0x44);
-  const IVec t2 = _mm512_shuffle_i32x4(x[0], x[1], 0xee), t3 = _mm512_shuffle_i32x4(x[2], x[3], 0xee);
-  out[0] = _mm512_shuffle_i32x4(t0, t1, 0x88), out[1] = _mm512_shuffle_i32x4(t0, t1, 0xdd);
-  out[2] = _mm512_shuffle_i32x4(t2, t3, 0x88), out[3] = _mm512_shuffle_i32x4(t2, t3, 0xdd);
-}
-// P's operand for keys 4g .. 4g + 3 of row m over columns [c0, c0 + 64): the word of each lane's block.
+// P's operand for keys 4g .. 4g + 3 of row m over the chunk of columns from c0: the word of each
+// lane's block (a 64-column chunk spans two blocks: the second half's word from block b + 1).
 template <KvDType T, int MR>
-inline IVec p_word(const PCodes<MR>& pc, int m, int g, int64_t c0, bool two) {
-  int32_t w0, w1;
+inline i8_detail::IVec p_word(const PCodes<MR>& pc, int m, int g, int64_t c0, bool two) {
+  const auto word = [&](int64_t b) {
+    int32_t w;
+    std::memcpy(&w, pc.code[m][b] + 4 * g, 4);
+    return i8_detail::bcast32(w);
+  };
   if constexpr (is_row_type(T)) {
-    std::memcpy(&w0, pc.code[m][0] + 4 * g, 4);
-    return bcast32(w0);
+    return word(0);
+  } else if constexpr (kI8Chunk == 32) {
+    return word(c0 / 32);  // a 32-column chunk: one block
   } else {
-    const int64_t b = c0 / 32;
-    std::memcpy(&w0, pc.code[m][b] + 4 * g, 4);
-    std::memcpy(&w1, pc.code[m][two ? b + 1 : b] + 4 * g, 4);
-    return _mm512_mask_blend_epi32(0xff00, bcast32(w0), bcast32(w1));  // columns 32.. of the chunk: block b + 1
+    return i8_detail::halves(word(c0 / 32), word(two ? c0 / 32 + 1 : c0 / 32));
   }
 }
-#else  // AVX2 with AVX-VNNI
-inline constexpr int kPvRows = 2;  // 16 registers: 2 x 4 accumulators, the 4 rows' codes and their unpacks
-template <KvDType T>
-inline IVec v_codes(const std::byte* r, int64_t c0, int64_t rem) {
-  if constexpr (T == KvDType::U8) {
-    const std::byte* p = r + 8 + c0;
-    IVec u;
-    if (rem >= 32) {
-      u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    } else {
-      alignas(32) std::byte buf[32];
-      copy_bytes(p, rem, buf, 32);
-      u = _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
-    }
-    return _mm256_xor_si256(u, bytes80());
-  } else if constexpr (T == KvDType::U4) {
-    const std::byte* p = r + 8 + c0 / 2;
-    const int64_t n = (rem + 1) / 2;
-    __m128i x;
-    if (n >= 16) {
-      x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    } else {
-      alignas(16) std::byte buf[16];
-      copy_bytes(p, n, buf, 16);
-      x = _mm_load_si128(reinterpret_cast<const __m128i*>(buf));
-    }
-    const IVec z = _mm256_cvtepu8_epi16(x);
-    return _mm256_and_si256(_mm256_or_si256(z, _mm256_slli_epi16(z, 4)), _mm256_set1_epi16(0x0f0f));
-  } else if constexpr (T == KvDType::Q8_0) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + c0 / 32 * 34 + 2));
-  } else {
-    static_assert(T == KvDType::Q4_0);
-    const IVec z = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + c0 / 32 * 18 + 2)));
-    return _mm256_and_si256(_mm256_blend_epi32(z, _mm256_srli_epi16(z, 4), 0xf0), _mm256_set1_epi8(0x0f));
-  }
-}
-inline IVec lo8(IVec a, IVec b) { return _mm256_unpacklo_epi8(a, b); }
-inline IVec hi8(IVec a, IVec b) { return _mm256_unpackhi_epi8(a, b); }
-inline IVec lo16(IVec a, IVec b) { return _mm256_unpacklo_epi16(a, b); }
-inline IVec hi16(IVec a, IVec b) { return _mm256_unpackhi_epi16(a, b); }
-// x[k] lane 4L + c holds column 16L + 4k + c: out[n] = columns 8n .. 8n + 7.
-inline void column_order(const IVec x[4], IVec out[4]) {
-  out[0] = _mm256_permute2x128_si256(x[0], x[1], 0x20), out[1] = _mm256_permute2x128_si256(x[2], x[3], 0x20);
-  out[2] = _mm256_permute2x128_si256(x[0], x[1], 0x31), out[3] = _mm256_permute2x128_si256(x[2], x[3], 0x31);
-}
-template <KvDType T, int MR>
-inline IVec p_word(const PCodes<MR>& pc, int m, int g, int64_t c0, bool) {
-  int32_t w;
-  std::memcpy(&w, pc.code[m][is_row_type(T) ? 0 : c0 / 32] + 4 * g, 4);  // a 32-column chunk: one block
-  return bcast32(w);
-}
-#endif
-}  // namespace i8_detail
 
 // o[m] (ldo apart, dv_pad floats) = o[m] alpha[m] (alpha given) + the tile's P.V by the formulas above;
 // vr: the tile's kTileKeys V rows.
 template <int MR, KvDType T, class Step>
-void pv_tile_i8(const PCodes<MR>& pc, const std::byte* const* vr, int64_t dv, float* o, int64_t ldo, const float* alpha,
-                Step& step) {
+void pv_tile_i8_vector(const PCodes<MR>& pc, const std::byte* const* vr, int64_t dv, float* o, int64_t ldo,
+                       const float* alpha, Step& step) {
   using namespace i8_detail;
   const int64_t dv_pad = padded_dim(dv);
   if (alpha) {
@@ -1047,11 +683,10 @@ void pv_tile_i8(const PCodes<MR>& pc, const std::byte* const* vr, int64_t dv, fl
     }
   }
 }
-#else
-// The scalar and NEON targets: the same sums, column by column (codes as they are; u8's zero point unshifted).
+// Elsewhere: the same sums, column by column (codes as they are; u8's zero point unshifted).
 template <int MR, KvDType T, class Step>
-void pv_tile_i8(const PCodes<MR>& pc, const std::byte* const* vr, int64_t dv, float* o, int64_t ldo, const float* alpha,
-                Step& step) {
+void pv_tile_i8_columns(const PCodes<MR>& pc, const std::byte* const* vr, int64_t dv, float* o, int64_t ldo,
+                        const float* alpha, Step& step) {
   for (int m = 0; m < MR; ++m) {
     float* om = o + m * ldo;
     if (alpha)
@@ -1080,7 +715,15 @@ void pv_tile_i8(const PCodes<MR>& pc, const std::byte* const* vr, int64_t dv, fl
     }
   }
 }
-#endif
+template <int MR, KvDType T, class Step>
+void pv_tile_i8(const PCodes<MR>& pc, const std::byte* const* vr, int64_t dv, float* o, int64_t ldo, const float* alpha,
+                Step& step) {
+  if constexpr (kI8Vector) {
+    pv_tile_i8_vector<MR, T>(pc, vr, dv, o, ldo, alpha, step);
+  } else {
+    pv_tile_i8_columns<MR, T>(pc, vr, dv, o, ldo, alpha, step);
+  }
+}
 
 // decode_i8's P.V on a u8 / u4 V tile that every row of the panel sees whole (nk = kTileKeys):
 // x_j = (c_j - zp_j) sc_j, so sum_j p_j x_j = sum_j (p_j sc_j) c_j - sum_j p_j sc_j zp_j. P (MR rows,

@@ -8,17 +8,12 @@
 //   row_bytes<E>(d)               bytes of a stored row of d values (prefetching, gathering)
 // For Quant<T> the values are read in registers by the rule of kv_read.hpp, so the scores and
 // P.V run straight on the quantized bytes: no float32 copy of the cache is written or read.
-// AVX2 and AVX-512 decode kLanes values with a few vector instructions (q8_0: a sign-extending
-// load, a conversion and the block's scale; q4_0: the block's 16 bytes, a shift selecting the
-// low or high nibbles, minus 8; u8/u4: minus the zero point, times the scale; fp8 through
-// binary16's vcvtph2ps); other targets call value() per lane. Same values as kv_read::row.
-// fp8's per-tensor scale is not part of a row: the engine takes a cache whose scale is 1 (what
-// the lab writes) and refuses another (tiles.cpp).
+// Where the floor has the code unpacking (kKvVector: AVX2, AVX-512), kLanes values decode with a few vector
+// instructions (q8_0: a sign-extending load, a conversion and the block's scale; q4_0: the block's 16 bytes, a shift
+// selecting the low or high nibbles, minus 8; u8/u4: minus the zero point, times the scale; fp8 through binary16's
+// vcvtph2ps); other targets call value() per lane. Same values as kv_read::row. fp8's per-tensor scale is not part of a
+// row: the engine takes a cache whose scale is 1 (what the lab writes) and refuses another (tiles.cpp).
 #pragma once
-
-#ifndef ATTN_TARGET_NS
-#error "src/cpu/simd/ is per-target code: include it only from ATTN_TARGET_SOURCES (src/cpu/target.hpp)"
-#endif
 
 #include <cstddef>
 #include <cstdint>
@@ -105,89 +100,13 @@ inline uint16_t load_u16(const std::byte* p) {
   return v;
 }
 
-#if defined(__AVX512F__)
-using IntReg = __m512i;
-// kLanes (16) bytes at p, zero- or sign-extended to 32-bit lanes.
-inline IntReg u8_lanes(const std::byte* p) {
-  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-inline IntReg i8_lanes(const std::byte* p) {
-  return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-// kLanes / 2 (8) bytes at p, each byte's low nibble then its high one (u4's order).
-inline IntReg nibble_pair_lanes(const std::byte* p) {
-  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  const __m512i w = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, b));
-  return _mm512_and_si512(_mm512_srlv_epi32(w, _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0)),
-                          _mm512_set1_epi32(0x0f));
-}
-inline Batch to_floats(IntReg x) { return _mm512_cvtepi32_ps(x); }
-inline IntReg srl(IntReg x, int n) { return _mm512_srl_epi32(x, _mm_cvtsi32_si128(n)); }
-inline IntReg and_(IntReg x, int m) { return _mm512_and_si512(x, _mm512_set1_epi32(m)); }
-// A broadcast binary16 value as float32.
-inline Batch f16_scale(uint16_t bits) { return _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(bits))); }
-// kLanes fp8 bytes at p as 16-bit lanes; read as binary16 (E5M2: the byte is the word's top
-// half; E4M3: sign, then exponent and mantissa 1 bit lower, i.e. the value times 2^-8) and
-// widened to float32; E4M3's NaN code (S.1111.111) made NaN by hand.
-inline __m256i fp8_words(const std::byte* p) {
-  return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-inline Batch e5m2_floats(__m256i w) { return _mm512_cvtph_ps(_mm256_slli_epi16(w, 8)); }
-inline Batch e4m3_floats_times_2e8(__m256i w) {
-  return _mm512_cvtph_ps(_mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8),
-                                         _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7)));
-}
-inline Batch nan_where_7f(__m256i w, Batch x) {
-  const __m256i m7 = _mm256_and_si256(w, _mm256_set1_epi16(0x7f));
-  const __mmask16 nan = _mm256_cmpeq_epi16_mask(m7, _mm256_set1_epi16(0x7f));
-  const __m512 q = _mm512_or_ps(_mm512_and_ps(x, _mm512_castsi512_ps(_mm512_set1_epi32(INT32_MIN))),
-                                _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
-  return _mm512_mask_blend_ps(nan, x, q);
-}
-#define ATTN_KV_VECTOR 1
-#elif defined(__AVX2__)
-using IntReg = __m256i;
-inline IntReg u8_lanes(const std::byte* p) {
-  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-}
-inline IntReg i8_lanes(const std::byte* p) {
-  return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-}
-inline IntReg nibble_pair_lanes(const std::byte* p) {
-  int32_t four;
-  std::memcpy(&four, p, 4);
-  const __m128i b = _mm_cvtsi32_si128(four);
-  const __m256i w = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(b, b));
-  return _mm256_and_si256(_mm256_srlv_epi32(w, _mm256_set_epi32(4, 0, 4, 0, 4, 0, 4, 0)), _mm256_set1_epi32(0x0f));
-}
-inline Batch to_floats(IntReg x) { return _mm256_cvtepi32_ps(x); }
-inline IntReg srl(IntReg x, int n) { return _mm256_srl_epi32(x, _mm_cvtsi32_si128(n)); }
-inline IntReg and_(IntReg x, int m) { return _mm256_and_si256(x, _mm256_set1_epi32(m)); }
-inline Batch f16_scale(uint16_t bits) { return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(bits))); }
-inline __m128i fp8_words(const std::byte* p) {
-  return _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-}
-inline Batch e5m2_floats(__m128i w) { return _mm256_cvtph_ps(_mm_slli_epi16(w, 8)); }
-inline Batch e4m3_floats_times_2e8(__m128i w) {
-  return _mm256_cvtph_ps(_mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8),
-                                      _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), 7)));
-}
-inline Batch nan_where_7f(__m128i w, Batch x) {
-  const __m128i m7 = _mm_and_si128(w, _mm_set1_epi16(0x7f));
-  const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(m7, _mm_set1_epi16(0x7f))));
-  const __m256 q = _mm256_or_ps(_mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN))),
-                                _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)));
-  return _mm256_blendv_ps(x, q, nan);
-}
-#define ATTN_KV_VECTOR 1
-#endif
-
 }  // namespace kv_detail
 
 template <class E>
 inline Batch load_at(const E* row, int64_t c) {
-  if constexpr (kIsCodes<E>) {
-#if defined(ATTN_KV_VECTOR)
+  if constexpr ((kIsCodes<E> || kIsQuant<E>)&&!kKvVector) {
+    return kv_detail::lanes_of(row, c, kLanes, 0.f);
+  } else if constexpr (kIsCodes<E>) {
     using namespace kv_detail;
     const auto* r = reinterpret_cast<const std::byte*>(row);
     if constexpr (E::type == KvDType::U8) {
@@ -195,13 +114,9 @@ inline Batch load_at(const E* row, int64_t c) {
     } else {
       return to_floats(nibble_pair_lanes(r + c / 2));
     }
-#else
-    return kv_detail::lanes_of(row, c, kLanes, 0.f);
-#endif
   } else if constexpr (!kIsQuant<E>) {
     return load_unaligned(row + c);
   } else {
-#if defined(ATTN_KV_VECTOR)
     using namespace kv_detail;
     constexpr KvDType T = E::type;
     const auto* r = reinterpret_cast<const std::byte*>(row);
@@ -224,9 +139,6 @@ inline Batch load_at(const E* row, int64_t c) {
       const auto w = fp8_words(r + c);
       return nan_where_7f(w, e4m3_floats_times_2e8(w) * Batch(256.f));
     }
-#else
-    return kv_detail::lanes_of(row, c, kLanes, 0.f);
-#endif
   }
 }
 

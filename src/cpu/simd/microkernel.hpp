@@ -84,57 +84,7 @@ struct Rows {
   }
 };
 
-#if defined(__AVX512F__)
-// In-register transpose of a 16 x 16 float block: r[i] lane j <- r[j] lane i.
-// Four stages of 16 shuffles (unpack ps, unpack pd, two 128-bit lane shuffles).
-inline void transpose_block(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  // u[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c.
-  __m512 u[16];
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
-    const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
-    u[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
-    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
-  }
-  // Column 4L + c = lane L of u[c], u[4+c], u[8+c], u[12+c].
-  for (int c = 0; c < 4; ++c) {
-    const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);  // lanes 0,1 | 0,1
-    const __m512 v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);  // lanes 2,3 | 2,3
-    const __m512 w0 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
-    const __m512 w1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
-    r[c] = _mm512_shuffle_f32x4(v0, w0, 0x88);       // lane 0 of each
-    r[4 + c] = _mm512_shuffle_f32x4(v0, w0, 0xDD);   // lane 1
-    r[8 + c] = _mm512_shuffle_f32x4(v1, w1, 0x88);   // lane 2
-    r[12 + c] = _mm512_shuffle_f32x4(v1, w1, 0xDD);  // lane 3
-  }
-}
-#elif defined(__AVX2__)
-// In-register transpose of an 8 x 8 float block: r[i] lane j <- r[j] lane i.
-inline void transpose_block(__m256 r[8]) {
-  __m256 t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);      // a0 b0 a1 b1 | a4 b4 a5 b5
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);  // a2 b2 a3 b3 | a6 b6 a7 b7
-  }
-  for (int i = 0; i < 2; ++i) {
-    u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));      // col 0 | 4
-    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));      // col 1 | 5
-    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));  // 2 | 6
-    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));  // 3 | 7
-  }
-  for (int c = 0; c < 4; ++c) {
-    r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
-    r[c + 4] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
-  }
-}
-#endif
+// transpose_block (kLanes x kLanes in registers, where kRegisterTranspose) is the floor's.
 
 // Where Kt element (k, key j) lives: block-major, one [dp][kBlockKeys] panel per register
 // block of keys, so GEMM 1 streams each block's panel front to back (contiguous, one
@@ -152,27 +102,27 @@ template <class E>
 inline void pack_k_transposed(const Rows<E>& k_rows, int nk, int64_t d, float* kt) {
   const int64_t dp = padded_dim(d);
   const int nb = (nk + kBlockKeys - 1) / kBlockKeys * kBlockKeys;
-#if defined(__AVX512F__) || defined(__AVX2__)
-  // kLanes x kLanes blocks, key blocks outer: the rows of a block are read front to back
-  // (sequential memory in BHSD), partial loads for the d tail, zero rows past nk; transposed
-  // in registers (transpose_block) and stored as kLanes aligned Kt rows.
-  using Reg = Batch::register_type;
-  for (int j0 = 0; j0 < nb; j0 += kLanes) {
-    for (int64_t k0 = 0; k0 < dp; k0 += kLanes) {
-      const int n = static_cast<int>(d - k0 < kLanes ? d - k0 : kLanes);
-      Reg r[kLanes];
-      for (int j = 0; j < kLanes; ++j) {
-        r[j] = j0 + j < nk ? Reg(load_partial_at(k_rows.row(j0 + j), k0, n)) : Reg(Batch(0.f));
+  if constexpr (kRegisterTranspose) {
+    // kLanes x kLanes blocks, key blocks outer: the rows of a block are read front to back
+    // (sequential memory in BHSD), partial loads for the d tail, zero rows past nk; transposed
+    // in registers (transpose_block) and stored as kLanes aligned Kt rows.
+    using Reg = FloatReg;
+    for (int j0 = 0; j0 < nb; j0 += kLanes) {
+      for (int64_t k0 = 0; k0 < dp; k0 += kLanes) {
+        const int n = static_cast<int>(d - k0 < kLanes ? d - k0 : kLanes);
+        Reg r[kLanes];
+        for (int j = 0; j < kLanes; ++j) {
+          r[j] = j0 + j < nk ? Reg(load_partial_at(k_rows.row(j0 + j), k0, n)) : Reg(Batch(0.f));
+        }
+        transpose_block(r);
+        for (int c = 0; c < kLanes; ++c) Batch(r[c]).store_aligned(kt + kt_offset(dp, k0 + c, j0));
       }
-      transpose_block(r);
-      for (int c = 0; c < kLanes; ++c) Batch(r[c]).store_aligned(kt + kt_offset(dp, k0 + c, j0));
+    }
+  } else {
+    for (int64_t k = 0; k < dp; ++k) {
+      for (int j = 0; j < nb; ++j) kt[kt_offset(dp, k, j)] = (j < nk && k < d) ? value_at(k_rows.row(j), k) : 0.f;
     }
   }
-#else
-  for (int64_t k = 0; k < dp; ++k) {
-    for (int j = 0; j < nb; ++j) kt[kt_offset(dp, k, j)] = (j < nk && k < d) ? value_at(k_rows.row(j), k) : 0.f;
-  }
-#endif
 }
 
 // Software prefetch (into L2) of rows [r0, r1) of d values each: used to bring the next K/V
@@ -382,13 +332,8 @@ inline constexpr int kDotKeys = kNarrowPanels ? 2 : 4;
 // kLanes values instead of a widening shuffle and a shift. So that the dot product pairs them
 // with the right Q values, a direct task's Q rows hold each group of 2 * kLanes values as its even
 // ones, then its odd ones (qr_slot); the d tail past the last whole group keeps its order.
-#if defined(__AVX2__) || defined(__AVX512F__)
 template <class E>
-inline constexpr bool kEvenOdd = std::is_same_v<E, bf16>;
-#else
-template <class E>
-inline constexpr bool kEvenOdd = false;
-#endif
+inline constexpr bool kEvenOdd = kEvenOddBf16&& std::is_same_v<E, bf16>;
 inline constexpr int kPairGroup = 2 * kLanes;  // values per even/odd group
 
 // Where Q value k of a row of d values lies in a direct task's Q row (score_rows) for K of type E.
@@ -399,29 +344,8 @@ inline int64_t qr_slot(int64_t k, int64_t d) {
   return k - g + (g % 2 ? kLanes : 0) + g / 2;
 }
 
-// Keeps v in a register: GCC otherwise folds a Q load into every FMA that uses it (one load per
-// key instead of one per vector of Q).
-inline void keep_in_register([[maybe_unused]] Batch& v) {
-#if defined(__AVX512F__)
-  asm("" : "+v"(v.data));
-#elif defined(__AVX2__)
-  asm("" : "+x"(v.data));
-#endif
-}
-
-#if defined(__AVX512F__)
-inline void load_even_odd(const bf16* p, Batch& even, Batch& odd) {
-  const __m512i x = _mm512_loadu_si512(p);
-  even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
-  odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
-}
-#elif defined(__AVX2__)
-inline void load_even_odd(const bf16* p, Batch& even, Batch& odd) {
-  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  even = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
-  odd = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
-}
-#endif
+// keep_in_register (GCC otherwise folds a Q load into every FMA that uses it: one load per key
+// instead of one per vector of Q) and load_even_odd are the floor's.
 
 template <int MR, class E, class Step>
 inline void score_rows(const float* qr, int64_t ldq, const float* zero, const Rows<E>& k, int64_t d, int ja, int jb,
@@ -454,13 +378,11 @@ inline void score_rows(const float* qr, int64_t ldq, const float* zero, const Ro
           step.template lines<2 * step_lines<E, kDotKeys>()>();  // the lines this step loads
           Batch k0[kDotKeys], k1[kDotKeys];
           for (int i = 0; i < kDotKeys; ++i) {
-#if defined(__AVX2__) || defined(__AVX512F__)
             if constexpr (kEvenOdd<E>) {
               load_even_odd(kr[i] + c, k0[i], k1[i]);
-              continue;
+            } else {
+              k0[i] = load_at(kr[i], c), k1[i] = load_at(kr[i], c + kLanes);
             }
-#endif
-            k0[i] = load_at(kr[i], c), k1[i] = load_at(kr[i], c + kLanes);
           }
           for (int r = 0; r < kDotRows; ++r) {
             Batch q0 = Batch::load_aligned(q[r] + c), q1 = Batch::load_aligned(q[r] + c + kLanes);

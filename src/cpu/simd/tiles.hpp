@@ -45,12 +45,12 @@ struct Tiling {
   size_t gather_off = 0;                   // 0: no gathered key tile (pattern.hpp: gathered_columns)
   size_t gather_v_off = 0;                 // its V rows, bytes after its K rows
   int64_t gather_ldk = 0, gather_ldv = 0;  // their row strides, in elements of the stored type
-  // bf16 dot products (flash_bf16, src/cpu/simd/bf16_dot.hpp): Q, K^T, V and P as bf16 pairs,
+  // bf16 dot products (flash_bf16, src/cpu/simd/isa/avx512_bf16.hpp): Q, K^T, V and P as bf16 pairs,
   // Q unscaled and the scores scaled by score_scale; V pairs at vp_off, P pairs at pw_off.
   bool bf16_dot = false;
   float score_scale = 1.f;
   size_t vp_off = 0, pw_off = 0;
-  // amx (flash_amx, src/cpu/simd/amx.hpp): key tiles that every row sees whole go through the
+  // amx (flash_amx, src/cpu/simd/isa/amx.hpp): key tiles that every row sees whole go through the
   // tile unit 32 rows at a time (Q rows as words at qa_off; o, m, l for R rounded up to 32
   // rows; p and pw for 32 rows); the other tiles through the bf16 panels.
   bool amx = false;

@@ -43,11 +43,9 @@
 // (xsimd 8.1's own xsimd::exp: 2 ulp by the same measure, and +inf from 88.38 on.)
 // Cost: exp2 is 11 vector instructions (min, cmp, roundscale, sub, 6 FMA, scalef);
 // exp is 15 (a multiply and two FMA for the reduction, r*r and the final add).
+// The per-target steps (the lanes, 2^n, reductions, partial loads, widening) are the
+// instruction-set floor's (src/cpu/simd/isa/); this file is the one algorithm over them.
 #pragma once
-
-#ifndef ATTN_TARGET_NS
-#error "src/cpu/simd/ is per-target code: include it only from ATTN_TARGET_SOURCES (src/cpu/target.hpp)"
-#endif
 
 #include <cmath>
 #include <cstdint>
@@ -56,45 +54,9 @@
 #include <type_traits>
 
 #include "attnlab/dtype.hpp"
-
-#if defined(ATTN_TARGET_SCALAR)
-#include "cpu/simd/scalar_batch.hpp"
-#else
-// GCC 12.2 reports -W(maybe-)uninitialized inside the AVX-512 intrinsic headers
-// (_mm512_undefined_ps; GCC bug 105593, a false positive) wherever an intrinsic is inlined,
-// and attributes it to the including kernel's functions. So the kernels that include this
-// header (and only they) ignore those two diagnostics for the whole translation unit.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-#include <xsimd/xsimd.hpp>
-#endif
+#include "cpu/simd/isa/isa.hpp"
 
 namespace attnlab::ATTN_TARGET_NS::simd {
-
-#if defined(ATTN_TARGET_SCALAR)
-using Batch = ScalarBatch;
-#else
-using Batch = xsimd::batch<float>;
-// The element-wise operations the kernels use, spelled once for both Batch types.
-inline Batch fma(Batch a, Batch b, Batch c) { return xsimd::fma(a, b, c); }
-inline Batch fnma(Batch a, Batch b, Batch c) { return xsimd::fnma(a, b, c); }
-inline Batch max(Batch a, Batch b) { return xsimd::max(a, b); }
-inline Batch min(Batch a, Batch b) { return xsimd::min(a, b); }
-inline Batch select(Batch::batch_bool_type m, Batch a, Batch b) { return xsimd::select(m, a, b); }
-inline Batch::batch_bool_type mask_and(Batch::batch_bool_type a, Batch::batch_bool_type b) { return a & b; }
-inline Batch::batch_bool_type mask_or(Batch::batch_bool_type a, Batch::batch_bool_type b) { return a | b; }
-inline Batch nearbyint(Batch x) { return xsimd::nearbyint(x); }
-#endif
-inline constexpr int kLanes = static_cast<int>(Batch::size);
-// Architectural vector registers: what register-blocked tiles are sized for.
-#if defined(__AVX512F__) || defined(__aarch64__)
-inline constexpr int kVectorRegisters = 32;
-#else
-inline constexpr int kVectorRegisters = 16;
-#endif
 
 inline constexpr float kLog2e = 1.44269504088896341f;
 inline constexpr float kLn2 = 0.693147180559945309f;
@@ -124,47 +86,6 @@ inline Batch exp_poly(Batch r) {
   return simd::fma(p, r2, r) + Batch(1.0f);
 }
 
-#if defined(__AVX512F__)
-// p * 2^n for the lanes where x is not below `lo` (NaN counts as "not below"), +0 in the
-// others. n is integral; scalef saturates to +inf / 0 itself.
-inline Batch scale_or_zero(Batch p, Batch n, Batch x, float lo) {
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_NLT_UQ);
-  return _mm512_maskz_scalef_ps(keep, p, n);
-}
-// min(x, hi) that keeps NaN (vminps returns its second operand when one is NaN).
-inline Batch clamp_hi(Batch x, float hi) { return _mm512_min_ps(_mm512_set1_ps(hi), x); }
-#elif defined(ATTN_TARGET_SCALAR)
-// One float: the same rule in plain arithmetic. n is integral and, once x >= lo, in
-// [-126, 129]: 2^n is applied as two factors 2^(n/2), so p * 2^128 with p < 1 stays finite.
-inline float pow2i(int e) {  // 2^e for e in [-126, 127]
-  const uint32_t bits = static_cast<uint32_t>(e + 127) << 23;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline Batch scale_or_zero(Batch p, Batch n, Batch x, float lo) {
-  if (x.v != x.v) return x;
-  if (x.v < lo) return Batch(0.f);
-  const int ni = static_cast<int>(n.v), half = ni >> 1;
-  return Batch((p.v * pow2i(half)) * pow2i(ni - half));
-}
-inline Batch clamp_hi(Batch x, float hi) { return x.v > hi ? Batch(hi) : x; }
-#else
-// Portable fallback (non-AVX-512 builds): apply 2^n as two factors 2^(n/2) so the
-// exponent field never overflows for |n| up to 254 and p * 2^128 with p < 1 stays finite;
-// then zero the underflowing lanes and restore NaN.
-inline Batch scale_or_zero(Batch p, Batch n, Batch x, float lo) {
-  using IBatch = xsimd::batch<int32_t>;
-  const IBatch ni = xsimd::to_int(xsimd::max(xsimd::min(n, Batch(128.f)), Batch(-126.f)));
-  const IBatch half = ni >> 1;
-  const Batch a = xsimd::bitwise_cast<Batch>((half + IBatch(127)) << 23);
-  const Batch b = xsimd::bitwise_cast<Batch>((ni - half + IBatch(127)) << 23);
-  const Batch z = xsimd::select(x < Batch(lo), Batch(0.f), (p * a) * b);
-  return xsimd::select(xsimd::isnan(x), x, z);
-}
-inline Batch clamp_hi(Batch x, float hi) { return xsimd::select(x > Batch(hi), Batch(hi), x); }
-#endif
-
 }  // namespace detail
 
 // 2^x. See the header comment for accuracy and special values.
@@ -179,19 +100,12 @@ inline Batch exp2(Batch x) {
 // values, bit for bit, as exp2 on that domain (tests/test_simd_math.cpp), with 2^n applied
 // as one exponent-field factor (n in [-126, 0] once the underflowing lanes are zeroed)
 // instead of the portable two-factor form, ~7 instructions fewer on AVX2. Positive x is
-// outside the contract (AVX-512 and scalar simply use exp2).
+// outside the contract (where 2^n is cheap anyway - kCheapScale: AVX-512's scalef, scalar - exp2).
 inline Batch exp2_nonpositive(Batch x) {
-#if defined(__AVX512F__) || defined(ATTN_TARGET_SCALAR)
-  return exp2(x);
-#else
-  using IBatch = xsimd::batch<int32_t>;
+  if constexpr (kCheapScale) return exp2(x);
   const Batch xc = simd::max(Batch(-127.f), x);  // keeps the integer conversion in range
   const Batch n = simd::nearbyint(xc);
-  const Batch p = detail::exp2_poly(xc - n);
-  const Batch two_n = xsimd::bitwise_cast<Batch>((xsimd::to_int(n) + IBatch(127)) << 23);
-  const Batch z = xsimd::select(x < Batch(-126.f), Batch(0.f), p * two_n);
-  return xsimd::select(xsimd::isnan(x), x, z);  // (x != x is an ordered compare in xsimd 8.1)
-#endif
+  return detail::scale_nonpositive_or_zero(detail::exp2_poly(xc - n), n, x);
 }
 
 // e^x. See the header comment for accuracy and special values.
@@ -204,118 +118,6 @@ inline Batch exp(Batch x) {
   Batch r = simd::fnma(n, Batch(kLn2Hi), xc);
   r = simd::fnma(n, Batch(kLn2Lo), r);
   return detail::scale_or_zero(detail::exp_poly(r), n, x, kMinLog);
-}
-
-// Sum of all lanes (xsimd 8.1 spells it hadd; 9.0+ renamed it reduce_add).
-#if defined(ATTN_TARGET_SCALAR)
-inline float reduce_sum(Batch v) { return v.v; }
-#else
-inline float reduce_sum(Batch v) { return xsimd::hadd(v); }
-#endif
-
-// Lane i of the result = reduce_sum(rows[i]), for kLanes rows: the transposed reduction
-// that turns kLanes dot-product accumulators into kLanes scores (about 3 shuffle/add
-// instructions per row on AVX-512). Not xsimd::haddp: xsimd 8.1's AVX-512 haddp returns
-// the sums in the wrong lanes (lanes 2,3 and 4,5 of each half swapped - measured; its
-// SSE/AVX versions are right and are used below).
-inline Batch transpose_sum(const Batch* rows) {
-#if defined(__AVX512F__)
-  // 16 -> 8: within each 128-bit lane, [a0+a2, b0+b2, a1+a3, b1+b3] for rows a, b.
-  __m512 s8[8];
-  for (int i = 0; i < 8; ++i) {
-    const __m512 a = rows[2 * i], b = rows[2 * i + 1];
-    s8[i] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-  }
-  // 8 -> 4: within each 128-bit lane, [a, b, c, d] partial sums of rows 4k..4k+3.
-  __m512 s4[4];
-  for (int i = 0; i < 4; ++i) {
-    const __m512d x = _mm512_castps_pd(s8[2 * i]), y = _mm512_castps_pd(s8[2 * i + 1]);
-    s4[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  // Across 128-bit lanes: 4 -> 2 -> 1.
-  const auto fold = [](__m512 x, __m512 y) {
-    return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
-  };
-  return fold(fold(s4[0], s4[1]), fold(s4[2], s4[3]));
-#elif defined(ATTN_TARGET_SCALAR)
-  return rows[0];
-#else
-  return xsimd::haddp(rows);
-#endif
-}
-
-// Largest lane (xsimd 8.1 has no reduce_max; 9.0+ has xsimd::reduce_max).
-inline float reduce_max(Batch v) {
-#if defined(__AVX512F__)
-  return _mm512_reduce_max_ps(v);
-#elif defined(__AVX2__)
-  // Three shuffle + max steps (a store and 7 scalar compares were ~3x slower).
-  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_max_ss(x, _mm_movehdup_ps(x));
-  return _mm_cvtss_f32(x);
-#else
-  alignas(64) float lanes[kLanes];
-  v.store_aligned(lanes);
-  float m = lanes[0];
-  for (int i = 1; i < kLanes; ++i) m = lanes[i] > m ? lanes[i] : m;
-  return m;
-#endif
-}
-
-// Lanes [0, n) from p, `fill` in lanes [n, kLanes). Reads only p[0..n). n in [0, kLanes].
-inline Batch load_partial(const float* p, int n, float fill = 0.f) {
-#if defined(__AVX512F__)
-  const __mmask16 m = static_cast<__mmask16>((1u << n) - 1u);
-  return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), m, p);
-#elif defined(__AVX2__)
-  // Whole vectors by a plain load: a masked load (vmaskmovps) in a stream of loads from
-  // memory stalls it (measured on Zen 3: K packing from DRAM 3.4 vs 9 GB/s).
-  if (n == kLanes) return Batch::load_unaligned(p);
-  // vmaskmovps: masked-off lanes are never read (no fault past p + n).
-  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
-  return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
-#else
-  alignas(64) float lanes[kLanes];
-  for (int i = 0; i < kLanes; ++i) lanes[i] = i < n ? p[i] : fill;
-  return Batch::load_aligned(lanes);
-#endif
-}
-
-// Lane j of x where bit j of `bits` is set, `fill` where it is clear (bits above kLanes ignored):
-// a block-map word's visible keys (pattern.hpp) applied to a vector of scores, by a select.
-inline Batch keep_bits(Batch x, uint32_t bits, float fill) {
-#if defined(__AVX512F__)
-  return _mm512_mask_mov_ps(_mm512_set1_ps(fill), static_cast<__mmask16>(bits), x);
-#elif defined(__AVX2__)
-  const __m256i lane = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-  const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(bits)), lane), lane);
-  return _mm256_blendv_ps(_mm256_set1_ps(fill), x, _mm256_castsi256_ps(on));
-#elif defined(__aarch64__) && !defined(ATTN_TARGET_SCALAR)
-  const uint32x4_t lane = {1u, 2u, 4u, 8u};
-  return vbslq_f32(vtstq_u32(vdupq_n_u32(bits), lane), x, vdupq_n_f32(fill));
-#else
-  alignas(64) float lanes[kLanes];
-  x.store_aligned(lanes);
-  for (int i = 0; i < kLanes; ++i) lanes[i] = bits >> i & 1u ? lanes[i] : fill;
-  return Batch::load_aligned(lanes);
-#endif
-}
-
-// Writes lanes [0, n) of v to p[0..n); nothing else. n in [0, kLanes].
-inline void store_partial(float* p, Batch v, int n) {
-#if defined(__AVX512F__)
-  _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1u), v);
-#elif defined(__AVX2__)
-  const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  _mm256_maskstore_ps(p, m, v);
-#else
-  alignas(64) float lanes[kLanes];
-  v.store_aligned(lanes);
-  for (int i = 0; i < n; ++i) p[i] = lanes[i];
-#endif
 }
 
 // o[0, d) = acc[0, d) * scale: a finished row's output (acc 64-byte aligned and padded to
@@ -337,32 +139,9 @@ inline Batch rescale_log2(Batch m_old, Batch m_new) {
   return simd::select(simd::mask_or(m_old == m_new, m_old == neg_inf), Batch(1.f), e);
 }
 
-// kLanes consecutive values of a float32, bf16 or f16 array as float32 (exact widening).
+// kLanes consecutive values of a float32, bf16 or f16 array as float32 (exact widening; the
+// 16-bit ones are the floor's).
 inline Batch load_unaligned(const float* p) { return Batch::load_unaligned(p); }
-inline Batch load_unaligned(const bf16* p) {
-#if defined(ATTN_TARGET_SCALAR)
-  return Batch(to_float(*p));
-#elif defined(__AVX512F__)
-  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-#elif defined(__AVX2__)
-  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-#else  // NEON
-  return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p)), 16));
-#endif
-}
-inline Batch load_unaligned(const f16* p) {
-#if defined(ATTN_TARGET_SCALAR)
-  return Batch(to_float(*p));
-#elif defined(__AVX512F__)
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-#elif defined(__AVX2__)
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-#else  // NEON
-  return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p))));
-#endif
-}
 
 // Lanes [0, n) widened from a bf16 or f16 array, `fill` in the others; reads only p[0..n).
 // (Partial loads are the head_dim tails and short packing rows, never the inner loops.)

@@ -1,5 +1,5 @@
 // The `scalar` target's Batch: one float, with the subset of xsimd::batch<float>'s interface
-// the kernels use (src/cpu/simd/vec_math.hpp), in plain arithmetic. The target is compiled
+// the kernels use (src/cpu/simd/vec_math.hpp; the floor's scalar.hpp), in plain arithmetic. The target is compiled
 // without vectorization (-fno-tree-vectorize), so it measures one float per instruction -
 // the baseline the vector targets' speed-ups are quoted against.
 // fma is a * b + c: the x86-64 baseline has no FMA instruction (a libm fmaf call per
@@ -34,6 +34,7 @@ struct ScalarBatch {
     v *= o.v;
     return *this;
   }
+  friend ScalarBatch operator-(ScalarBatch a) { return {-a.v}; }
   friend ScalarBatch operator+(ScalarBatch a, ScalarBatch b) { return {a.v + b.v}; }
   friend ScalarBatch operator-(ScalarBatch a, ScalarBatch b) { return {a.v - b.v}; }
   friend ScalarBatch operator*(ScalarBatch a, ScalarBatch b) { return {a.v * b.v}; }

@@ -2,7 +2,8 @@
 // 32 query rows at once on the tile unit (TDPBF16PS: a 16 x 16 float32 tile += a 16 x 32 bf16
 // tile times a 32 x 16 bf16 tile, 8192 products per instruction; `attnlab peak` measured 6-14x
 // the float32 FMA peak on the AMX Xeon of results/2026-12-01-precision). The operands are the layouts of
-// src/cpu/simd/bf16_dot.hpp, which are exactly what TDPBF16PS wants: B interleaved by pairs along the reduction axis.
+// src/cpu/simd/isa/avx512_bf16.hpp, which are exactly what TDPBF16PS wants: B interleaved by pairs along the reduction
+// axis.
 //   S (32 x 64) = Q (32 x d) . K^T:  A = Q rows as bf16 words (16 words = 32 elements of d per
 //       step), B = K^T words (pack_k_pairs: 16 word rows x 16 keys), C = 4 tiles of 16 keys;
 //   O (32 x d) += P (32 x 64) . V:   A = P rows rounded to bf16 (round_p_rows, two halves of 32
