@@ -43,21 +43,6 @@ constexpr int64_t kTaskRows = 120;
 // measured before masked tiles ran on the tile unit). While flash_int8_amx still packed V per
 // task and tile, Br 64 made it 1.3x slower.
 constexpr int64_t kAmxMaxRows = 64;
-#if defined(__AVX512BF16__)
-constexpr bool kPairsBuilt = true;  // this target has the bf16 dot-product engine (flash_bf16)
-#else
-constexpr bool kPairsBuilt = false;
-#endif
-#if defined(ATTN_HAVE_AMX)
-constexpr bool kAmxBuilt = true;  // ... and the AMX blocks (flash_amx)
-#else
-constexpr bool kAmxBuilt = false;
-#endif
-#if defined(ATTN_HAVE_AMX_INT8)
-constexpr bool kAmxInt8Built = true;  // ... and the int8 ones (flash_int8_amx)
-#else
-constexpr bool kAmxInt8Built = false;
-#endif
 constexpr int64_t kAmxRows = 32;  // query rows per AMX block (amx.hpp)
 inline int64_t amx_rows(int64_t r) { return (r + kAmxRows - 1) / kAmxRows * kAmxRows; }
 // flash_amx's pre-packed whole tiles run kAmxGroup at a time (amx_prepacked_tiles): one softmax over
@@ -178,17 +163,16 @@ bool softmax_rows(const Scratch& s, float* p, int64_t rr0, bool full, const int*
   static_assert(!Amx || (kPairsBuilt && !Words), "the AMX blocks' tiles are whole or masked by intervals");
   const Batch sc(scale);
   const auto score = [&](const float* at) {
-#if defined(__AVX512F__)
     if constexpr (Amx) {
       // The rounded product, as the max saw it: fused into an FMA with the subtraction below,
       // the max score's exp2 argument would be its rounding error - up to 2^103 for a score near
       // FLT_MAX, and P = inf.
-      __m512 x = Batch::load_aligned(at) * sc;
-      __asm__("" : "+v"(x));
-      return Batch(x);
+      Batch x = Batch::load_aligned(at) * sc;
+      keep_in_register(x);
+      return x;
+    } else {
+      return Batch::load_aligned(at);
     }
-#endif
-    return Batch::load_aligned(at);
   };
   float m_old[MR], m_new[MR];
   for (int m = 0; m < MR; ++m) {

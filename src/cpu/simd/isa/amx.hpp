@@ -24,10 +24,26 @@
 #define ATTN_HAVE_AMX_INT8 1
 #endif
 
+namespace attnlab::ATTN_TARGET_NS::simd {
+// Whether this object has the AMX blocks (flash_amx) and the int8 ones (flash_int8_amx).
+#if defined(ATTN_HAVE_AMX)
+inline constexpr bool kAmxBuilt = true;
+#else
+inline constexpr bool kAmxBuilt = false;
+#endif
+#if defined(ATTN_HAVE_AMX_INT8)
+inline constexpr bool kAmxInt8Built = true;
+#else
+inline constexpr bool kAmxInt8Built = false;
+#endif
+}  // namespace attnlab::ATTN_TARGET_NS::simd
+
 #if defined(ATTN_HAVE_AMX)
 #include <immintrin.h>
 
+#include <bit>
 #include <cstdint>
+#include <type_traits>
 
 namespace attnlab::ATTN_TARGET_NS::simd {
 
@@ -157,6 +173,48 @@ inline void amx_pv(const uint32_t* pw, int64_t ldp, const uint32_t* const* vp, i
   _tile_stored(2, o2 + c0, ldo_b);
 }
 #undef ATTN_AMX_DOT
+
+// `attnlab peak`'s tile loop (target_bf16.cpp): four accumulator tiles, each TDPBF16PS (Int8:
+// TDPBSSD on bytes of 1, flash_int8_amx's scores) independent of the last three, so the loop
+// measures the tile unit's throughput, not its latency (~1-1.6 TFLOP/s per core,
+// results/2026-12-01-precision). One 16 x 64-byte operand tile: bf16 pairs of x, or int8 ones.
+inline constexpr int kAmxPeakTiles = 4;
+template <bool Int8>
+__attribute__((noinline)) float amx_tile_rounds(int64_t iters, float x) {
+  static_assert(!Int8 || kAmxInt8Built, "int8 tiles need AMX-INT8 (-mamx-int8)");
+  using Elem = std::conditional_t<Int8, int8_t, uint16_t>;
+  alignas(64) Elem a[64 / sizeof(Elem) * 16];
+  alignas(64) uint32_t out[16 * 16];
+  const auto e = Int8 ? Elem{1} : static_cast<Elem>(std::bit_cast<uint32_t>(x) >> 16);
+  for (Elem& v : a) v = e;
+  amx_configure();
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  ATTN_TILE_LOAD(4, a, 64);
+  ATTN_TILE_LOAD(5, a, 64);
+  ATTN_TILE_LOAD(6, a, 64);
+  ATTN_TILE_LOAD(7, a, 64);
+  for (int64_t it = 0; it < iters; ++it) {
+    if constexpr (Int8) {
+#if defined(ATTN_HAVE_AMX_INT8)
+      _tile_dpbssd(0, 4, 5);
+      _tile_dpbssd(1, 4, 6);
+      _tile_dpbssd(2, 4, 7);
+      _tile_dpbssd(3, 5, 6);
+#endif
+    } else {
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_dpbf16ps(1, 4, 6);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_dpbf16ps(3, 5, 6);
+    }
+  }
+  _tile_stored(0, out, 64);
+  amx_release();
+  return static_cast<float>(out[0]);  // (a value the compiler must compute; its type does not matter)
+}
 
 }  // namespace attnlab::ATTN_TARGET_NS::simd
 

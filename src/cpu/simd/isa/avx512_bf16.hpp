@@ -25,6 +25,12 @@ namespace attnlab::ATTN_TARGET_NS::simd {
 inline int64_t pair_words(int64_t d) { return (d + 1) / 2; }
 // pair_words rounded up to whole vectors (AMX tile rows) of 16 words.
 inline int64_t padded_words(int64_t d) { return (pair_words(d) + 15) / 16 * 16; }
+// Whether this object has the bf16 dot-product engine (flash_bf16): the avx512_bf16 object only.
+#if defined(__AVX512BF16__)
+inline constexpr bool kPairsBuilt = true;
+#else
+inline constexpr bool kPairsBuilt = false;
+#endif
 }  // namespace attnlab::ATTN_TARGET_NS::simd
 
 #if defined(__AVX512BF16__)
@@ -187,6 +193,28 @@ inline void pv_pairs(const uint32_t* pw, int64_t ldp, const uint32_t* vp, int64_
       case 4: pv_pairs_panel<MR, 4>(pw, ldp, vc, ldw, oc, ldo, alpha, ka, kb, step); break;
     }
   }
+}
+
+// `attnlab peak`'s vdpbf16ps loop (target_bf16.cpp): Chains independent accumulators (vdpbf16ps
+// has the FMA's latency class, ~5-6 cycles, and up to 2 per cycle: 16 chains with 32 registers keep
+// both pipes busy without spills), each step acc += a.a with a = x's bf16 pairs; returns their sum.
+template <int Chains>
+__attribute__((noinline)) float bf16_dot_chains(int64_t iters, float start, float x) {
+  __m512 acc[Chains];
+  for (int j = 0; j < Chains; ++j) acc[j] = _mm512_set1_ps(start + 0.001f * static_cast<float>(j));
+  const __m512 xs = _mm512_set1_ps(x);
+  const __m512bh a = _mm512_cvtne2ps_pbh(xs, xs);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 16
+    for (int j = 0; j < Chains; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], a, a);
+  }
+  __m512 s = acc[0];
+  for (int j = 1; j < Chains; ++j) s = _mm512_add_ps(s, acc[j]);
+  alignas(64) float lanes[16];  // not _mm512_reduce_add_ps: gcc 12 warns inside it (-Wuninitialized)
+  _mm512_store_ps(lanes, s);
+  float sum = 0;
+  for (float v : lanes) sum += v;
+  return sum;
 }
 
 }  // namespace attnlab::ATTN_TARGET_NS::simd
