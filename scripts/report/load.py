@@ -3,6 +3,7 @@ targets; which rows are peers, prefill, decode; holding parameters fixed."""
 
 import collections
 import csv
+import gzip
 import json
 import os
 import statistics
@@ -172,13 +173,19 @@ _bench_cache = {}
 
 
 def bench_times(folder):
-    """Per point id, the repetitions' seconds per iteration from the folder's bench.json."""
+    """Per point id, the repetitions' seconds per iteration from the folder's bench.json (a committed
+    run's bench.json.gz: scripts/tidy_results.py compresses them)."""
     if folder not in _bench_cache:
         out = {}
         path = os.path.join(folder, "bench.json")
+        doc = None
         if os.path.isfile(path):
             with open(path) as f:
                 doc = json.load(f)
+        elif os.path.isfile(path + ".gz"):
+            with gzip.open(path + ".gz", "rt") as f:
+                doc = json.load(f)
+        if doc is not None:
             schema = load_schema(folder)
             for r in doc.get("benchmarks", []):
                 i = id_of_name(r.get("run_name") or r.get("name", ""), schema)
