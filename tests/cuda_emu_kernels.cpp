@@ -25,11 +25,14 @@ class EmulatedKernel final : public Kernel {
   EmulatedKernel(std::string name, const cuda_impl::KernelOps& ops, Arithmetic arithmetic = Arithmetic::F32,
                  bool caches = false, int sms = 1)
       : name_(std::move(name)), ops_(ops), arithmetic_(arithmetic), caches_(caches), sms_(sms) {}
-  Arithmetic arithmetic() const override { return arithmetic_; }
-  bool runs_kv_quant() const override { return caches_; }
-  bool runs_paged() const override { return caches_; }
-  bool runs_patterns() const override { return ops_.block_rows(cuda_impl::DeviceArgs{}) > 0; }
-  bool runs_head_dim_v() const override { return true; }
+  // Limits as the device ops' unsupported() says them (the registry's CUDA kernels declare theirs).
+  Capabilities capabilities() const override {
+    return {.patterns = ops_.block_rows(cuda_impl::DeviceArgs{}) > 0,
+            .head_dim_v = true,
+            .kv_quant = caches_,
+            .paged = caches_,
+            .arithmetic = arithmetic_};
+  }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return cuda_impl::block_plan(p, ops_); }
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return "CUDA device code under host emulation"; }

@@ -14,6 +14,7 @@
 
 #include "attnlab/isa.hpp"
 #include "attnlab/kernel.hpp"
+#include "attnlab/kv_quant.hpp"
 #include "attnlab/verify.hpp"
 #include "test_util.hpp"
 
@@ -219,30 +220,25 @@ std::vector<Param> params() {
 
 class KernelAgreement : public ::testing::TestWithParam<Param> {};
 
-// Which grid cases each kernel must run: its declared capabilities (runs_patterns(),
-// runs_head_dim_v(), runs_kv_quant(), runs_paged(), arithmetic()) and the limits its description
-// states, written here apart from the kernels' supports() - so a kernel that loses a capability
-// fails its cases instead of skipping them. A kernel unavailable here (no CUDA device, a CPU
-// without its unit) skips.
+// Which grid cases each kernel must run: its declared capabilities (Kernel::capabilities: patterns,
+// d_v != d, quantized and paged caches, the integer-codes-only cache, the q_len and head-dim limits,
+// the arithmetic) - read here apart from the kernels' supports(), so a kernel whose supports() refuses
+// more than it declares fails its cases instead of skipping them. A kernel unavailable here (no CUDA
+// device, a CPU without its unit) skips.
 bool must_run(const Kernel& k, const Problem& p) {
-  if (p.sparse() && !k.runs_patterns()) return false;
-  if (p.dim_v() != p.head_dim && !k.runs_head_dim_v()) return false;
-  if (p.kv_quantized() && !k.runs_kv_quant()) return false;
-  if (p.kv_paged() && !k.runs_paged()) return false;
-  const std::string_view name = k.name();
-  if (name == "decode" || name == "decode_i8") {
-    if (p.q_len > 16) return false;                    // "flash-decoding for q_len <= 16"
-    if (name == "decode_i8") return p.kv_quantized();  // integer codes: a q8_0, q4_0, u8 or u4 cache
-  }
-  if (name == "cuda_decode") {  // "q_len <= 16", head dims up to 256, no sparse patterns (runs_patterns)
-    if (p.q_len > 16 || std::max(p.head_dim, p.dim_v()) > 256) return false;
-  }
-  if (name == "cuda_flash_bf16") {  // "head dims up to 128"; a sparse pattern's block holds whole groups
-    if (std::max(p.head_dim, p.dim_v()) > 128) return false;
+  const Capabilities c = k.capabilities();
+  if (p.sparse() && !c.patterns) return false;
+  if (p.dim_v() != p.head_dim && !c.head_dim_v) return false;
+  if (p.kv_quantized() && !c.kv_quant) return false;
+  if (p.kv_paged() && !c.paged) return false;
+  if (c.kv_int_codes_only && !(p.kv_quantized() && kv_int_dot(p.kv_dtype))) return false;
+  if (c.max_q_len > 0 && p.q_len > c.max_q_len) return false;
+  if (c.max_head_dim > 0 && std::max(p.head_dim, p.dim_v()) > c.max_head_dim) return false;
+  if (k.name() == "cuda_flash_bf16") {  // a sparse pattern's block holds whole groups (its description)
     if (p.sparse() && 64 % (p.q_heads / p.kv_heads) != 0) return false;
   }
-  const Arithmetic a = k.arithmetic();
-  if ((a == Arithmetic::Int8Products || a == Arithmetic::Int8Bf16Products) && p.dtype != DType::F32)
+  if ((c.arithmetic == Arithmetic::Int8Products || c.arithmetic == Arithmetic::Int8Bf16Products) &&
+      p.dtype != DType::F32)
     return false;  // flash_int8, flash_int8_amx: "f32 in" (Q and K rounded from float32)
   return true;     // bf16-only kernels: params() gives them the f32/bf16 cases at bf16 (case_dtype)
 }
@@ -266,17 +262,17 @@ TEST_P(KernelAgreement, MatchesFloat64Reference) {
 }
 
 // A kernel that keeps one head_dim refuses d_v != d_qk with a reason that names the field and
-// exactly the kernels that run it (the list in session.cpp follows runs_head_dim_v()).
+// exactly the kernels that run it (the list in session.cpp follows capabilities().head_dim_v).
 TEST(HeadDimV, KernelsThatDoNotRunItSayWhichDo) {
   Problem p = test::shape(1, 4, 4, 40, 70, 192);
   p.head_dim_v = 128;
   std::string runs;
   for (const Kernel* k : registry()) {
-    if (k->runs_head_dim_v()) runs += std::string(k->name()) + " ";
+    if (k->capabilities().head_dim_v) runs += std::string(k->name()) + " ";
   }
   for (const Kernel* k : variants()) {
     const Support s = supports_problem(*k, p);
-    if (k->runs_head_dim_v()) {
+    if (k->capabilities().head_dim_v) {
       EXPECT_TRUE(s || s.reason.find("head_dim_v") == std::string::npos) << k->name() << ": " << s.reason;
       continue;
     }
@@ -285,7 +281,8 @@ TEST(HeadDimV, KernelsThatDoNotRunItSayWhichDo) {
     for (const Kernel* r : registry()) {
       const bool named = s.reason.find(std::string(r->name()) + ",") != std::string::npos ||
                          s.reason.find(std::string(r->name()) + " ") != std::string::npos;
-      EXPECT_EQ(named, r->runs_head_dim_v()) << r->name() << " in: " << s.reason << " (runs it: " << runs << ")";
+      EXPECT_EQ(named, r->capabilities().head_dim_v)
+          << r->name() << " in: " << s.reason << " (runs it: " << runs << ")";
     }
   }
 }

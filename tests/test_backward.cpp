@@ -166,7 +166,7 @@ std::vector<Problem> sparse_tiles() {
 std::vector<const Kernel*> backward_kernels() {
   std::vector<const Kernel*> out;
   for (const Kernel* k : variants())
-    if (k->runs_backward() && k->available()) out.push_back(k);
+    if (k->capabilities().backward && k->available()) out.push_back(k);
   return out;
 }
 

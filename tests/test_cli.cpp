@@ -87,6 +87,10 @@ TEST_F(Cli, ListShowsEveryKernel) {
   // Each kernel's precision: the storage dtypes it reads and what it computes in.
   EXPECT_TRUE(std::regex_search(r.out, std::regex("\\nflash .* f32/bf16/f16 in, widened exactly; f32 compute")))
       << r.out;
+  // What each runs, from its declared capabilities (Kernel::capabilities).
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("\\nnaive .* sparse,dv,quant,paged,bwd "))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("\\ndecode_i8 .* sparse,dv,int-codes,paged,q<=16 "))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("\\nblocked .* dv "))) << r.out;
 }
 
 // --isa on run, verify, peak and sweep: a target is used and named in the output; one this
@@ -376,7 +380,7 @@ TEST_F(Cli, VerifyAllSkipsWithReasonsAndCounts) {
   Problem p = test::shape(1, 8, 2, 100, 300, 8);
   for (const Kernel* k : registry()) {
     ++total;
-    runnable += k->available() && k->supports(p);
+    runnable += k->available() && supports_problem(*k, p);
   }
   ASSERT_LT(runnable, total);  // decode at least is skipped
   const std::string line =

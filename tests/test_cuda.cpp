@@ -673,7 +673,7 @@ class EmulatedAgreement : public ::testing::TestWithParam<EmuCase> {};
 TEST_P(EmulatedAgreement, MatchesFloat64Reference) {
   const EmuCase& c = GetParam();
   const Kernel& k = emulated(c.kernel);
-  ASSERT_TRUE(k.supports(c.p)) << k.supports(c.p).reason;
+  ASSERT_TRUE(supports_problem(k, c.p)) << supports_problem(k, c.p).reason;
   Tensors t = random_tensors(c.p, 17);
   const Agreement a = prepare_agreement(c.p, t.inputs, all_rows(c.p));
   const KernelCheck r = check_kernel(k, c.p, t.inputs, a, 1);

@@ -96,9 +96,9 @@ class PlantedPv final : public Kernel {
   explicit PlantedPv(Bug bug) : bug_(bug) {}
   std::string_view name() const override { return "planted_pv"; }
   std::string_view description() const override { return "test-only decode_i8 arithmetic with one planted bug"; }
-  Arithmetic arithmetic() const override { return Arithmetic::Int8Products; }
-  bool runs_kv_quant() const override { return true; }
-  bool runs_head_dim_v() const override { return true; }
+  Capabilities capabilities() const override {
+    return {.head_dim_v = true, .kv_quant = true, .arithmetic = Arithmetic::Int8Products};
+  }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext&) const override {
     const DequantizedKv dq = dequantize_kv(p, in);
     const KvDType t = p.kv_dtype;

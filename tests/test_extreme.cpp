@@ -95,7 +95,7 @@ std::string run_and_compare(const Kernel& k, const Problem& p, const Inputs& in,
     const Tensors c = convert_inputs(q, in);
     return run_and_compare(k, q, c.inputs, skip);
   }
-  if (Support s = k.supports(p); !s) {
+  if (Support s = supports_problem(k, p); !s) {
     *skip = s.reason;
     return "";
   }

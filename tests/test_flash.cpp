@@ -64,7 +64,7 @@ TEST(FlashBf16, OtherDtypesAreRefusedWithTheReason) {
     for (const DType d : {DType::F32, DType::F16}) {
       Problem p = test::shape(1, 2, 1, 20, 20, 16);
       p.dtype = d;
-      const Support s = k->supports(p);
+      const Support s = supports_problem(*k, p);
       if (k->available()) {
         EXPECT_FALSE(s) << name;
         EXPECT_NE(s.reason.find("dtype"), std::string::npos) << s.reason;

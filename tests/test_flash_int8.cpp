@@ -45,7 +45,7 @@ class PlantedInt8 final : public Kernel {
   explicit PlantedInt8(Bug bug) : bug_(bug) {}
   std::string_view name() const override { return "planted_int8"; }
   std::string_view description() const override { return "test-only int8 kernel with one planted bug"; }
-  Arithmetic arithmetic() const override { return Arithmetic::Int8Products; }
+  Capabilities capabilities() const override { return {.arithmetic = Arithmetic::Int8Products}; }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext&) const override {
     const int64_t d = p.head_dim;
     std::vector<int8_t> qc(static_cast<size_t>(d)), qn(static_cast<size_t>(d));

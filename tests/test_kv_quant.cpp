@@ -348,7 +348,7 @@ TEST(KvCache, OtherKernelsRefuseNamingTheOnesThatRead) {
   const Problem p = kvcache::cache_shape(1, 8, 8, 64, 64, 64, KvDType::Q8_0);
   for (const Kernel* k : variants()) {
     const Support s = supports_problem(*k, p);
-    if (k->runs_kv_quant()) continue;
+    if (k->capabilities().kv_quant) continue;
     ASSERT_FALSE(s) << k->name();
     EXPECT_NE(s.reason.find("kv_dtype q8_0 (naive, flash, decode, decode_i8, cuda_decode read a quantized cache)"),
               std::string::npos)

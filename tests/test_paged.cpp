@@ -146,7 +146,7 @@ TEST(Paged, FlashAndDecodeGiveTheContiguousResultBitForBit) {
         for (const char* name : {"flash", "decode", "decode_i8"}) {
           if (std::string_view(name).starts_with("decode") && p.q_len > 16) continue;
           for (const Kernel* k : runnable(name)) {
-            if (!k->supports(p)) continue;  // decode_i8: integer caches, direct tasks
+            if (!supports_problem(*k, p)) continue;  // decode_i8: integer caches, direct tasks
             const Result a = run(*k, base, dense.inputs), b = run(*k, p, paged.inputs);
             EXPECT_TRUE(same_bits(a.o, b.o) && same_bits(a.lse, b.lse))
                 << name << "[" << k->isa() << "] " << p.describe();
@@ -176,7 +176,7 @@ TEST(Paged, KernelsThatReadAPagedCacheAgree) {
 TEST(Paged, OtherKernelsRefuseNamingTheOnesThatRead) {
   const Problem p = shape(1, 4, 4, 64, 64, 64, 64);
   for (const Kernel* k : variants()) {
-    if (k->runs_paged()) continue;
+    if (k->capabilities().paged) continue;
     const Support s = supports_problem(*k, p);
     ASSERT_FALSE(s) << k->name();
     EXPECT_NE(s.reason.find("kv_block 64 (naive, flash, decode, decode_i8, cuda_decode read a paged cache)"),

@@ -417,7 +417,7 @@ std::vector<Param> params() {
   cases.push_back(many);
   std::vector<Param> out;
   for (const Kernel* k : variants()) {
-    if (!k->runs_patterns()) continue;
+    if (!k->capabilities().patterns) continue;
     for (Named c : cases) {
       const std::optional<DType> d = test::case_dtype(*k, c.p.dtype);
       if (!d) continue;
@@ -434,7 +434,7 @@ TEST_P(PatternAgreement, MatchesFloat64Reference) {
   const Kernel& k = *GetParam().kernel;
   const Problem& p = GetParam().p;
   if (Support a = k.available(); !a) GTEST_SKIP() << a.reason;
-  if (Support s = k.supports(p); !s) GTEST_SKIP() << "shape: " << s.reason;  // decode: q_len <= 16
+  if (Support s = supports_problem(k, p); !s) GTEST_SKIP() << "shape: " << s.reason;  // decode: q_len <= 16
   ASSERT_TRUE(supports_problem(k, p)) << supports_problem(k, p).reason;
   Tensors t = random_tensors(p, 42);
   const Agreement a = prepare_agreement(p, t.inputs, sample_rows(p, 768, 7));
@@ -464,7 +464,7 @@ TEST_P(PatternAsMaskFile, GivesIdenticalOutputs) {
   const float near_tol = k.arithmetic() == Arithmetic::F32 ? 1e-5f : 1e-2f;
   int ran = 0;
   for (const Param& c : params()) {
-    if (c.kernel != &k || !k.supports(c.p)) continue;
+    if (c.kernel != &k || !supports_problem(k, c.p)) continue;
     ++ran;
     const Problem& p = c.p;
     const Pattern pat(p);
@@ -523,7 +523,7 @@ TEST_P(PatternAsMaskFile, GivesIdenticalOutputs) {
 std::vector<const Kernel*> pattern_kernels() {
   std::vector<const Kernel*> out;
   for (const Kernel* k : variants())
-    if (k->runs_patterns()) out.push_back(k);
+    if (k->capabilities().patterns) out.push_back(k);
   return out;
 }
 
@@ -601,7 +601,7 @@ class Planted final : public Kernel {
       : name_(std::move(name)), wrong_(std::move(wrong)) {}
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return "planted pattern bug"; }
-  bool runs_patterns() const override { return true; }
+  Capabilities capabilities() const override { return {.patterns = true}; }
   size_t workspace_bytes(const Problem& p, int t) const override { return find_kernel("naive")->workspace_bytes(p, t); }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     const Pattern pat(p);
@@ -657,7 +657,7 @@ TEST(PatternPlantedBugs, AreCaught) {
 // decode_i8: int8 products over a cache's integer codes, so it reads q8_0 / q4_0 / u8 / u4 caches
 // only (flash_int8, the same arithmetic on a dense problem, reads float32 K and V).
 bool test_reads_int_caches_only(const Kernel& k) {
-  return k.arithmetic() == Arithmetic::Int8Products && k.runs_kv_quant();
+  return k.arithmetic() == Arithmetic::Int8Products && k.capabilities().kv_quant;
 }
 
 TEST(PatternSpecialValues, NaNReachesOnlyTheRowsThatSeeIt) {
@@ -665,15 +665,15 @@ TEST(PatternSpecialValues, NaNReachesOnlyTheRowsThatSeeIt) {
   kernels.push_back(&test::emulated_cuda("flash"));
   kernels.push_back(&test::emulated_cuda("flash_bf16"));
   for (const Kernel* k : kernels) {
-    if (!k->runs_patterns() || !k->available()) continue;
+    if (!k->capabilities().patterns || !k->available()) continue;
     // decode_i8 reads integer caches only (no float V to plant a NaN in): test_kv_quant.cpp plants
     // its NaNs in the cache, and runs its patterns.
     if (test_reads_int_caches_only(*k)) continue;
     for (Named c : patterns(1, 2, 1, 150, 16)) {
       c.p.dtype = test::native_dtype(*k);
-      if (!k->supports(c.p)) c.p.q_len = 3, c.p.doc_lens.clear();  // decode: a few rows
+      if (!supports_problem(*k, c.p)) c.p.q_len = 3, c.p.doc_lens.clear();  // decode: a few rows
       if (!c.p.sparse()) continue;
-      if (const Support s = k->supports(c.p); !s) {  // flash_int8: no global columns or dilation, said so
+      if (const Support s = supports_problem(*k, c.p); !s) {  // flash_int8: no global columns or dilation, said so
         EXPECT_TRUE(s.reason.rfind("pattern", 0) == 0 || s.reason.rfind("dilation", 0) == 0)
             << test::variant_name(*k) << " " << c.name << ": " << s.reason;
         continue;
@@ -756,7 +756,7 @@ TEST(PatternValidation, OtherKernelsRefuseWithTheReason) {
     p.dtype = test::native_dtype(*k);
     p.kv_dtype = test_reads_int_caches_only(*k) ? KvDType::U8 : KvDType::Same;  // its caches
     const Support s = supports_problem(*k, p);
-    EXPECT_EQ(static_cast<bool>(s), k->runs_patterns()) << k->name() << ": " << s.reason;
+    EXPECT_EQ(static_cast<bool>(s), k->capabilities().patterns) << k->name() << ": " << s.reason;
     if (!s) {
       EXPECT_NE(s.reason.find("sparse pattern"), std::string::npos) << s.reason;
     }

@@ -27,7 +27,7 @@ Output run_with(const Kernel& k, const Problem& p, int threads) {
 
 void expect_variant_invariant(const Kernel& k, const Problem& p) {
   const std::string name = test::variant_name(k);
-  ASSERT_TRUE(k.supports(p)) << k.supports(p).reason;
+  ASSERT_TRUE(supports_problem(k, p)) << supports_problem(k, p).reason;
   // The shape must be big enough for several tasks per thread, and correct at all.
   Tensors t = random_tensors(p, 123);
   const KernelCheck c = check_kernel(k, p, t.inputs, prepare_agreement(p, t.inputs, sample_rows(p, 256, 3)), 2);

@@ -47,7 +47,7 @@ class Planted final : public Kernel {
   std::string_view description() const override { return "test-only kernel with one planted bug"; }
   // Declared, not done: a kernel declaring bf16 products and computing the textbook float32
   // still passes (its error is below the wider tolerance); one rounding P to bf16 is correct then.
-  Arithmetic arithmetic() const override { return arithmetic_; }
+  Capabilities capabilities() const override { return {.arithmetic = arithmetic_}; }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext&) const override {
     visit_inputs(in, [&]<class E>(const TypedInputs<E>& t) {
       if constexpr (!std::is_same_v<E, float>) {

@@ -32,14 +32,9 @@ class Wrapped : public Kernel {
   std::string_view description() const override { return "a planted bug around a kernel"; }
   std::string_view isa() const override { return inner_.isa(); }
   Support available() const override { return inner_.available(); }
-  Arithmetic arithmetic() const override { return inner_.arithmetic(); }
+  Capabilities capabilities() const override { return inner_.capabilities(); }
   Support supports(const Problem& p) const override { return inner_.supports(p); }
   size_t workspace_bytes(const Problem& p, int threads) const override { return inner_.workspace_bytes(p, threads); }
-  bool runs_patterns() const override { return inner_.runs_patterns(); }
-  bool runs_head_dim_v() const override { return inner_.runs_head_dim_v(); }
-  bool runs_kv_quant() const override { return inner_.runs_kv_quant(); }
-  bool runs_paged() const override { return inner_.runs_paged(); }
-  bool runs_backward() const override { return inner_.runs_backward(); }
   Support backward_supports(const Problem& p) const override { return inner_.backward_supports(p); }
   size_t backward_workspace_bytes(const Problem& p, int threads) const override {
     return inner_.backward_workspace_bytes(p, threads);

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -92,6 +93,23 @@ struct PhasePlan final : Plan {
 enum class Arithmetic { F32, Bf16Products, Int8Products, Int8Bf16Products };
 const char* to_string(Arithmetic a);  // "f32", "bf16_products", "int8_products", "int8_bf16_products"
 
+// What a kernel runs, declared once as one value (Kernel::capabilities): the session refuses a
+// problem outside it naming the kernels that run it (supports_problem), wrappers forward it whole,
+// the agreement grid's must-run table and `attnlab list` read it. A new capability is a field, its
+// row in session.cpp's rules and the kernels that set it.
+struct Capabilities {
+  bool patterns = false;           // sparse patterns (Problem::sparse(), pattern.hpp); else interval masks only
+  bool head_dim_v = false;         // head_dim_v != head_dim (MLA's d_v != d_qk)
+  bool kv_quant = false;           // a quantized KV cache (Problem::kv_dtype, kv_quant.hpp)
+  bool kv_int_codes_only = false;  // ... and only one with integer codes (q8_0, q4_0, u8, u4: kv_int_dot)
+  bool paged = false;              // a paged cache (Problem::kv_block, Inputs::pages)
+  bool backward = false;           // the backward pass (backward.hpp)
+  Arithmetic arithmetic = Arithmetic::F32;  // what its tolerance is measured against
+  int64_t max_q_len = 0;                    // 0: any; decode kernels take a few new query rows
+  int64_t max_head_dim = 0;                 // 0: Problem's limit; else max(head_dim, head_dim_v) up to this
+  const char* limit_note = "";              // why the limits: the refusal's words (decode: "it splits the keys ...")
+};
+
 struct RunContext {
   int threads = 1;                 // size of the arena the kernel runs in
   std::span<std::byte> workspace;  // workspace_bytes() bytes, 64-byte aligned
@@ -117,39 +135,27 @@ class Kernel {
   // precision it computes in (default: f32, bf16 and f16 inputs widened exactly to float32
   // where loaded; float32 compute and accumulation).
   virtual std::string_view precision() const;
-  // The arithmetic its tolerance is measured against (default F32).
-  virtual Arithmetic arithmetic() const;
+  // What it runs (default: interval masks, d_v = d, a float cache, contiguous, forward only, F32).
+  virtual Capabilities capabilities() const;
+  // capabilities().arithmetic: the arithmetic its tolerance is measured against.
+  Arithmetic arithmetic() const;
   // Whether it computes this (valid) problem; the reason when not.
   virtual Support supports(const Problem&) const;
   // Scratch memory for run(), for `threads` threads: the kernel's extra memory.
   virtual size_t workspace_bytes(const Problem&, int threads) const;
-  // Whether it computes sparse patterns (Problem::sparse(), pattern.hpp); can_run refuses
-  // them for the others, naming the kernels that do.
-  virtual bool runs_patterns() const;
-  // Whether it computes head_dim_v != head_dim (MLA's d_v != d_qk); can_run refuses such a
-  // problem for the others, naming the kernels that do.
-  virtual bool runs_head_dim_v() const;
-  // Whether it reads a quantized KV cache (Problem::kv_dtype, kv_quant.hpp); can_run refuses
-  // such a problem for the others, naming the kernels that do.
-  virtual bool runs_kv_quant() const;
-  // Whether it reads a paged cache (Problem::kv_block, Inputs::pages); can_run refuses such a
-  // problem for the others, naming the kernels that do.
-  virtual bool runs_paged() const;
   // Its per-problem setup (nullptr: none); run() must also work without it (then it builds
   // what it needs itself, inside the run).
   virtual std::shared_ptr<const Plan> make_plan(const Problem&) const;
   // Computes O (and LSE when outputs.lse is set). Called inside the run's task_arena.
   virtual void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const = 0;
-  // Whether it computes the backward pass (backward.hpp); a Session made for the backward
-  // refuses the others, naming the kernels that do.
-  virtual bool runs_backward() const;
-  // Whether its backward pass computes this (valid) problem; the reason when not (default: yes
-  // when runs_backward()).
+  // Whether its backward pass (capabilities().backward; a Session made for the backward refuses
+  // the others, naming the kernels that have one) computes this (valid) problem; the reason when
+  // not (default: yes).
   virtual Support backward_supports(const Problem&) const;
   // Scratch memory for run_backward(), for `threads` threads.
   virtual size_t backward_workspace_bytes(const Problem&, int threads) const;
   // Writes dQ, dK and dV (every element) from Q, K, V, dO and the forward's O and LSE. Called
-  // inside the run's task_arena; only when runs_backward().
+  // inside the run's task_arena; only when capabilities().backward.
   virtual void run_backward(const Problem& p, const Inputs& in, const BackwardInputs& bw, const Gradients& g,
                             RunContext& ctx) const;
   // run_backward's per-problem setup (nullptr: none), made by a Session for the backward and
@@ -182,14 +188,15 @@ std::string kernel_label(const Kernel& k);
 // The kernels whose capability holds ("naive, flash, ..."), for refusals that name them. The
 // registry hands its list over at start-up (set_kernel_catalog): attn_core does not link the
 // kernels; "" until it does.
-std::string kernels_that(bool (Kernel::*capability)() const);
+std::string kernels_that(bool Capabilities::*has);
+std::string kernels_that(const std::function<bool(const Capabilities&)>& has);
 void set_kernel_catalog(std::vector<const Kernel*> (*all)());
 
-// supports(), after runs_patterns() for a sparse problem and runs_head_dim_v() for d_v != d_qk:
-// the kernel-side half of can_run.
+// supports(), after the capabilities (a sparse pattern, d_v != d_qk, a quantized or paged cache,
+// the limits; session.cpp's rules): the kernel-side half of can_run.
 // A problem whose pass is not the forward also needs backward_support.
 Support supports_problem(const Kernel& kernel, const Problem& problem);
-// Whether the kernel's backward pass takes the (valid) problem: runs_backward(), a cache the
+// Whether the kernel's backward pass takes the (valid) problem: capabilities().backward, a cache the
 // backward reads (check_backward_problem), backward_supports(); the reason names the kernels
 // that have one.
 Support backward_support(const Kernel& kernel, const Problem& problem);
@@ -199,7 +206,7 @@ Support backward_support(const Kernel& kernel, const Problem& problem);
 // backward: a run of both passes - the larger workspace, and dO, dQ, dK, dV beside the tensors.
 Support fits_memory_budget(const Kernel& kernel, const Problem& problem, int threads, bool backward = false);
 // The one decision every path takes before allocating (Session, check_kernel, sweeps):
-// available(), then supports() (and runs_patterns() for a sparse problem), then
+// available(), then supports_problem() (the capabilities, then supports()), then
 // fits_memory_budget(); "no" with the first reason.
 Support can_run(const Kernel& kernel, const Problem& problem, int threads, bool backward = false);
 

@@ -20,6 +20,21 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
   return s;
 }
 
+// A kernel's capabilities in a few words (kernel.hpp's Capabilities): "sparse" patterns, "dv" (d_v != d),
+// "quant" / "int-codes" caches, "paged", "bwd" (backward), the limits (q<=16, d<=128); "interval"
+// for none of them.
+std::string runs_what(const Capabilities& c) {
+  std::vector<std::string> w;
+  if (c.patterns) w.push_back("sparse");
+  if (c.head_dim_v) w.push_back("dv");
+  if (c.kv_quant) w.push_back(c.kv_int_codes_only ? "int-codes" : "quant");
+  if (c.paged) w.push_back("paged");
+  if (c.backward) w.push_back("bwd");
+  if (c.max_q_len > 0) w.push_back("q<=" + std::to_string(c.max_q_len));
+  if (c.max_head_dim > 0) w.push_back("d<=" + std::to_string(c.max_head_dim));
+  return w.empty() ? "interval" : join(w, ",");
+}
+
 std::string kib(int64_t bytes) {
   if (bytes <= 0) return "?";
   std::ostringstream s;
@@ -46,15 +61,16 @@ Command add_list(CLI::App& app) {
                       << " (--isa NAME or ATTN_ISA=NAME to force one)\n\n";
             // Columns as wide as their longest entry (plus two spaces): a long name or precision
             // never runs into the next column.
-            size_t name_w = 12, prec_w = 58;
+            size_t name_w = 12, prec_w = 58, caps_w = 14;
             for (const Kernel* k : registry()) {
               name_w = std::max(name_w, k->name().size() + 2);
               prec_w = std::max(prec_w, k->precision().size() + 2);
+              caps_w = std::max(caps_w, runs_what(k->capabilities()).size() + 2);
             }
-            const auto nw = static_cast<int>(name_w), pw = static_cast<int>(prec_w);
+            const auto nw = static_cast<int>(name_w), pw = static_cast<int>(prec_w), cw = static_cast<int>(caps_w);
             std::cout << std::left << std::setw(nw) << "kernel" << std::setw(11) << "available" << std::setw(22)
                       << "targets" << std::setw(22) << "runs here" << std::setw(13) << "default" << std::setw(pw)
-                      << "precision (storage in; compute)" << std::setw(10) << "patterns"
+                      << "precision (storage in; compute)" << std::setw(cw) << "runs"
                       << "description\n";
             for (const Kernel* k : registry()) {
               const Support a = k->available();
@@ -67,8 +83,7 @@ Command add_list(CLI::App& app) {
               std::cout << std::left << std::setw(nw) << k->name() << std::setw(11) << (a ? "yes" : "no")
                         << std::setw(22) << join(targets, ",") << std::setw(22)
                         << (runs.empty() ? "-" : join(runs, ",")) << std::setw(13) << k->isa() << std::setw(pw)
-                        << k->precision() << std::setw(10) << (k->runs_patterns() ? "sparse" : "interval")
-                        << k->description();
+                        << k->precision() << std::setw(cw) << runs_what(k->capabilities()) << k->description();
               if (!a) std::cout << "  [unavailable: " << a.reason << "]";
               std::cout << "\n";
             }

@@ -1,10 +1,12 @@
 // The Kernel interface's shared parts: defaults, the run decision (can_run) and Session.
 #include <algorithm>
+#include <functional>
 #include <stdexcept>
 
 #include <tbb/task_arena.h>
 
 #include "attnlab/kernel.hpp"
+#include "attnlab/kv_quant.hpp"
 #include "attnlab/limits.hpp"
 
 namespace attnlab {
@@ -12,7 +14,8 @@ namespace attnlab {
 std::string_view Kernel::isa() const { return "baseline"; }
 Support Kernel::available() const { return Support::yes(); }
 std::string_view Kernel::precision() const { return "f32/bf16/f16 in, widened exactly; f32 compute"; }
-Arithmetic Kernel::arithmetic() const { return Arithmetic::F32; }
+Capabilities Kernel::capabilities() const { return {}; }
+Arithmetic Kernel::arithmetic() const { return capabilities().arithmetic; }
 const char* to_string(Arithmetic a) {
   switch (a) {
     case Arithmetic::Bf16Products: return "bf16_products";
@@ -24,12 +27,7 @@ const char* to_string(Arithmetic a) {
 }
 Support Kernel::supports(const Problem&) const { return Support::yes(); }
 size_t Kernel::workspace_bytes(const Problem&, int) const { return 0; }
-bool Kernel::runs_patterns() const { return false; }
-bool Kernel::runs_head_dim_v() const { return false; }
-bool Kernel::runs_kv_quant() const { return false; }
-bool Kernel::runs_paged() const { return false; }
 std::shared_ptr<const Plan> Kernel::make_plan(const Problem&) const { return nullptr; }
-bool Kernel::runs_backward() const { return false; }
 Support Kernel::backward_supports(const Problem&) const { return Support::yes(); }
 size_t Kernel::backward_workspace_bytes(const Problem&, int) const { return 0; }
 std::shared_ptr<const Plan> Kernel::make_backward_plan(const Problem&) const { return nullptr; }
@@ -43,31 +41,62 @@ std::vector<const Kernel*> (*catalog)() = nullptr;
 
 void set_kernel_catalog(std::vector<const Kernel*> (*all)()) { catalog = all; }
 
-std::string kernels_that(bool (Kernel::*capability)() const) {
+std::string kernels_that(const std::function<bool(const Capabilities&)>& has) {
   std::string names;
   if (!catalog) return names;
   for (const Kernel* k : catalog()) {
-    if ((k->*capability)()) names += (names.empty() ? "" : ", ") + std::string(k->name());
+    if (has(k->capabilities())) names += (names.empty() ? "" : ", ") + std::string(k->name());
   }
   return names;
 }
+std::string kernels_that(bool Capabilities::*has) {
+  return kernels_that([has](const Capabilities& c) { return c.*has; });
+}
+
+namespace {
+
+// The capabilities the session checks before a kernel's own supports(), one row each: whether the
+// problem needs it, and the refusal's words around the kernels that have it.
+struct Rule {
+  bool Capabilities::*has;
+  bool (*needs)(const Problem&);
+  std::string (*what)(const Problem&);
+  const char* tail;
+};
+const Rule kRules[] = {
+    {&Capabilities::patterns, [](const Problem& p) { return p.sparse(); },
+     [](const Problem&) { return std::string("a sparse pattern"); },
+     " run them; this kernel takes interval masks only"},
+    {&Capabilities::head_dim_v, [](const Problem& p) { return p.dim_v() != p.head_dim; },
+     [](const Problem&) { return std::string("head_dim_v != head_dim"); },
+     " run it; this kernel keeps one head_dim for Q, K and V"},
+    {&Capabilities::kv_quant, [](const Problem& p) { return p.kv_quantized(); },
+     [](const Problem& p) { return std::string("kv_dtype ") + to_string(p.kv_dtype); }, " read a quantized cache"},
+    {&Capabilities::paged, [](const Problem& p) { return p.kv_paged(); },
+     [](const Problem& p) { return "kv_block " + std::to_string(p.kv_block); }, " read a paged cache"},
+};
+
+}  // namespace
 
 Support supports_problem(const Kernel& kernel, const Problem& problem) {
-  if (problem.sparse() && !kernel.runs_patterns()) {
-    return Support::no("a sparse pattern (" + kernels_that(&Kernel::runs_patterns) +
-                       " run them; this kernel takes interval masks only)");
+  const Capabilities c = kernel.capabilities();
+  for (const Rule& r : kRules) {
+    if (r.needs(problem) && !(c.*r.has))
+      return Support::no(r.what(problem) + " (" + kernels_that(r.has) + r.tail + ")");
   }
-  if (problem.dim_v() != problem.head_dim && !kernel.runs_head_dim_v()) {
-    return Support::no("head_dim_v != head_dim (" + kernels_that(&Kernel::runs_head_dim_v) +
-                       " run it; this kernel keeps one head_dim for Q, K and V)");
+  if (c.max_q_len > 0 && problem.q_len > c.max_q_len) {
+    return Support::no("q_len " + std::to_string(problem.q_len) + " > " + std::to_string(c.max_q_len) + ": " +
+                       std::string(kernel.name()) + " " + c.limit_note);
   }
-  if (problem.kv_quantized() && !kernel.runs_kv_quant()) {
-    return Support::no(std::string("kv_dtype ") + to_string(problem.kv_dtype) + " (" +
-                       kernels_that(&Kernel::runs_kv_quant) + " read a quantized cache)");
+  if (const int64_t d = std::max(problem.head_dim, problem.dim_v()); c.max_head_dim > 0 && d > c.max_head_dim) {
+    return Support::no("head dim " + std::to_string(d) + " > " + std::to_string(c.max_head_dim) + ": " +
+                       std::string(kernel.name()) + " takes head dims up to " + std::to_string(c.max_head_dim));
   }
-  if (problem.kv_paged() && !kernel.runs_paged()) {
-    return Support::no("kv_block " + std::to_string(problem.kv_block) + " (" + kernels_that(&Kernel::runs_paged) +
-                       " read a paged cache)");
+  if (c.kv_int_codes_only && !(problem.kv_quantized() && kv_int_dot(problem.kv_dtype))) {
+    return Support::no(std::string("kv_dtype ") + to_string(problem.kv_dtype) + ": " + std::string(kernel.name()) +
+                       " multiplies integer codes (q8_0, q4_0, u8, u4); " +
+                       kernels_that([](const Capabilities& k) { return k.kv_quant && !k.kv_int_codes_only; }) +
+                       " run the others");
   }
   if (problem.pass != Pass::Forward) {
     if (Support b = backward_support(kernel, problem); !b) return b;
@@ -76,9 +105,9 @@ Support supports_problem(const Kernel& kernel, const Problem& problem) {
 }
 
 Support backward_support(const Kernel& kernel, const Problem& problem) {
-  if (!kernel.runs_backward()) {
+  if (!kernel.capabilities().backward) {
     return Support::no("backward: " + std::string(kernel.name()) +
-                       " has no backward pass; allowed: " + kernels_that(&Kernel::runs_backward));
+                       " has no backward pass; allowed: " + kernels_that(&Capabilities::backward));
   }
   if (problem.kv_quantized() || problem.kv_paged()) {
     try {

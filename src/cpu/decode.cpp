@@ -133,20 +133,22 @@ class Decode final : public Kernel {
     return "flash-decoding for q_len <= 16: key chunks of up to 2048 keys as oneTBB tasks, all query rows of a "
            "GQA group per task through flash's tile engine (K/V read once), partial (O, m, l) merged exactly";
   }
-  Arithmetic arithmetic() const override { return int8_ ? Arithmetic::Int8Products : Arithmetic::F32; }
   std::string_view precision() const override {
     return int8_ ? "f32 Q to int8, P to 8 bits per tile; int32 K.Q and P.V on int caches" : Kernel::precision();
   }
+  // decode_i8 reads only caches with integer codes (q8_0, q4_0, u8, u4); decode runs the others.
+  Capabilities capabilities() const override {
+    return {.patterns = true,
+            .head_dim_v = true,
+            .kv_quant = true,
+            .kv_int_codes_only = int8_,
+            .paged = true,
+            .arithmetic = int8_ ? Arithmetic::Int8Products : Arithmetic::F32,
+            .max_q_len = kMaxQLen,
+            .limit_note = "splits the keys of a few new query rows; use flash for prefill"};
+  }
   Support supports(const Problem& p) const override {
-    if (p.q_len > kMaxQLen) {
-      return Support::no("q_len " + std::to_string(p.q_len) + " > " + std::to_string(kMaxQLen) +
-                         ": decode splits the keys of a few new query rows; use flash for prefill");
-    }
     if (!int8_) return Support::yes();
-    if (!p.kv_quantized() || !kv_int_dot(p.kv_dtype)) {
-      return Support::no(std::string("kv_dtype ") + to_string(p.kv_dtype) +
-                         ": decode_i8 multiplies integer codes (q8_0, q4_0, u8, u4); decode runs the others");
-    }
     // Measured (MQA 32/1, 32k keys, the AMX Xeon): 32-row direct int8 tasks ran 0.63-0.79x decode's
     // packed float panels - then the 4 x 4 blocks' horizontal reductions cost more than the products
     // saved at that many rows. score_rows_i8 now puts keys in lanes (no reduction per row and key);
@@ -157,10 +159,6 @@ class Decode final : public Kernel {
     }
     return Support::yes();
   }
-  bool runs_patterns() const override { return true; }
-  bool runs_head_dim_v() const override { return true; }
-  bool runs_kv_quant() const override { return true; }
-  bool runs_paged() const override { return true; }
   std::shared_ptr<const attnlab::Plan> make_plan(const Problem& p) const override {
     if (!p.sparse()) return nullptr;
     return std::make_shared<BlockPlan>(build_block_map(p, p.q_len));

@@ -82,6 +82,9 @@
 #include "attnlab/kernel.hpp"
 #if !defined(ATTN_BF16_OBJECT)
 #include "cpu/backward_tiles.hpp"
+constexpr bool kFlashBackward = true;
+#else
+constexpr bool kFlashBackward = false;  // that object compiles flash's driver for flash_bf16 only
 #endif
 #include "cpu/parallel.hpp"
 #include "cpu/simd/tiles.hpp"
@@ -232,10 +235,10 @@ class Flash final : public Kernel {
   size_t workspace_bytes(const Problem& p, int threads) const override {
     return simd::make_tiling(p).bytes * static_cast<size_t>(threads);
   }
-  bool runs_patterns() const override { return true; }
-  bool runs_head_dim_v() const override { return true; }
-  bool runs_kv_quant() const override { return true; }  // chunked prefill over a quantized cache
-  bool runs_paged() const override { return true; }     // ... and over a paged one
+  // A quantized or paged cache: chunked prefill over it. The backward: src/cpu/backward_tiles.cpp.
+  Capabilities capabilities() const override {
+    return {.patterns = true, .head_dim_v = true, .kv_quant = true, .paged = true, .backward = kFlashBackward};
+  }
   Support supports(const Problem& p) const override {
     if (p.kv_paged() && p.dilation > 1) {
       return Support::no("dilation " + std::to_string(p.dilation) + " with kv_block " + std::to_string(p.kv_block) +
@@ -252,7 +255,6 @@ class Flash final : public Kernel {
   }
 #if !defined(ATTN_BF16_OBJECT)  // that object compiles flash's driver for flash_bf16 only
   // The backward pass: src/cpu/backward_tiles.cpp.
-  bool runs_backward() const override { return true; }
   size_t backward_workspace_bytes(const Problem& p, int threads) const override {
     return flash_backward_bytes(p, threads);
   }

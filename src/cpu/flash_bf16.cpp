@@ -73,7 +73,6 @@ class FlashBf16 final : public Kernel {
                   "accumulators and online softmax, P rounded to bf16; bf16 inputs only";
   }
   std::string_view precision() const override { return "bf16 in only; bf16 products, f32 accumulate, P to bf16"; }
-  Arithmetic arithmetic() const override { return Arithmetic::Bf16Products; }
   Support available() const override { return amx_ ? amx_permission() : Support::yes(); }
   Support supports(const Problem& p) const override {
     if (p.dtype != DType::BF16) {
@@ -87,8 +86,9 @@ class FlashBf16 final : public Kernel {
     const simd::Tiling t = tiling(p);
     return t.shared_bytes() + t.bytes * static_cast<size_t>(threads);
   }
-  bool runs_patterns() const override { return true; }
-  bool runs_head_dim_v() const override { return true; }
+  Capabilities capabilities() const override {
+    return {.patterns = true, .head_dim_v = true, .arithmetic = Arithmetic::Bf16Products};
+  }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return simd::prefill_plan(p, tiling(p)); }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     simd::run_prefill(p, in, out, ctx, tiling(p), amx_ ? "flash_amx" : "flash_bf16");

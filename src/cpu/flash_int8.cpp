@@ -67,15 +67,17 @@ class FlashInt8 final : public Kernel {
                   "whole tiles"
                 : "f32 in; Q per row and K - mean per key to int8, int32 K.Q; f32 softmax and P.V";
   }
-  Arithmetic arithmetic() const override { return amx_ ? Arithmetic::Int8Bf16Products : Arithmetic::Int8Products; }
   Support available() const override {
 #if defined(ATTN_BF16_OBJECT)
     if (amx_) return amx_permission();
 #endif
     return Support::yes();
   }
-  bool runs_patterns() const override { return true; }
-  bool runs_head_dim_v() const override { return true; }
+  Capabilities capabilities() const override {
+    return {.patterns = true,
+            .head_dim_v = true,
+            .arithmetic = amx_ ? Arithmetic::Int8Bf16Products : Arithmetic::Int8Products};
+  }
   Support supports(const Problem& p) const override {
     const std::string me(name());
     if (p.dtype != DType::F32) {

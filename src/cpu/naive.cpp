@@ -29,11 +29,9 @@ class Naive final : public Kernel {
   std::string_view description() const override {
     return "textbook float32: full score matrix, stable softmax, P*V; plain loops";
   }
-  bool runs_patterns() const override { return true; }
-  bool runs_head_dim_v() const override { return true; }
-  bool runs_kv_quant() const override { return true; }
-  bool runs_paged() const override { return true; }
-  bool runs_backward() const override { return true; }
+  Capabilities capabilities() const override {
+    return {.patterns = true, .head_dim_v = true, .kv_quant = true, .paged = true, .backward = true};
+  }
   size_t backward_workspace_bytes(const Problem& p, int) const override {
     return static_cast<size_t>(p.kv_len) * sizeof(float);
   }

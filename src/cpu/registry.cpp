@@ -36,7 +36,7 @@ class UnbuiltFlashBf16 final : public Kernel {
     return "flash with bf16 products (AVX512_BF16 vdpbf16ps; flash_amx: AMX-BF16 tiles; flash_int8_amx: AMX-INT8 "
            "scores, AMX-BF16 P.V)";
   }
-  Arithmetic arithmetic() const override { return arithmetic_; }
+  Capabilities capabilities() const override { return {.arithmetic = arithmetic_}; }
   Support available() const override {
     return Support::no(
         "not in this build: the avx512_bf16 object is built only by x86-64 builds with run-time "
@@ -59,7 +59,7 @@ class TargetKernel final : public Kernel {
   std::string_view description() const override { return inner_.description(); }
   std::string_view isa() const override { return isa_; }
   std::string_view precision() const override { return inner_.precision(); }
-  Arithmetic arithmetic() const override { return inner_.arithmetic(); }
+  Capabilities capabilities() const override { return inner_.capabilities(); }
   Support available() const override {
     if (!cpu_runs_isa(isa_)) return Support::no(cannot_run_reason(isa_));
     return inner_.available();
@@ -73,17 +73,12 @@ class TargetKernel final : public Kernel {
   size_t workspace_bytes(const Problem& p, int threads) const override {
     return cpu_runs_isa(isa_) ? inner_.workspace_bytes(p, threads) : 0;
   }
-  bool runs_patterns() const override { return inner_.runs_patterns(); }
-  bool runs_head_dim_v() const override { return inner_.runs_head_dim_v(); }
-  bool runs_kv_quant() const override { return inner_.runs_kv_quant(); }
-  bool runs_paged() const override { return inner_.runs_paged(); }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
     return cpu_runs_isa(isa_) ? inner_.make_plan(p) : nullptr;
   }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     inner_.run(p, in, out, ctx);
   }
-  bool runs_backward() const override { return inner_.runs_backward(); }
   Support backward_supports(const Problem& p) const override {
     if (!cpu_runs_isa(isa_)) return Support::no(cannot_run_reason(isa_));
     return inner_.backward_supports(p);

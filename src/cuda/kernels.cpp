@@ -149,21 +149,24 @@ constexpr const char* kBuiltWithout =
 
 class CudaKernel final : public Kernel {
  public:
+  // limits: the kernel's max_q_len / max_head_dim (the device ops' unsupported() guards them too).
   CudaKernel(std::string_view name, std::string_view description, const cuda_impl::KernelOps* ops, bool patterns,
-             Arithmetic arithmetic = Arithmetic::F32, std::string_view precision = {}, bool caches = false)
+             Arithmetic arithmetic = Arithmetic::F32, std::string_view precision = {}, bool caches = false,
+             Capabilities limits = {})
       : name_(name),
         description_(description),
         ops_(ops),
         patterns_(patterns),
         arithmetic_(arithmetic),
         precision_(precision),
-        caches_(caches) {}
-  bool runs_patterns() const override { return patterns_; }
-  bool runs_kv_quant() const override { return caches_; }
-  bool runs_paged() const override { return caches_; }
-  Arithmetic arithmetic() const override { return arithmetic_; }
+        caches_(caches),
+        limits_(limits) {}
+  Capabilities capabilities() const override {
+    Capabilities c = limits_;
+    c.patterns = patterns_, c.head_dim_v = true, c.kv_quant = caches_, c.paged = caches_, c.arithmetic = arithmetic_;
+    return c;
+  }
   std::string_view precision() const override { return precision_.empty() ? Kernel::precision() : precision_; }
-  bool runs_head_dim_v() const override { return true; }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
     return ops_ ? cuda_impl::block_plan(p, *ops_) : nullptr;
   }
@@ -219,6 +222,7 @@ class CudaKernel final : public Kernel {
   Arithmetic arithmetic_;
   std::string_view precision_;
   bool caches_;  // reads quantized and paged KV caches
+  Capabilities limits_;
 };
 
 #if defined(ATTN_HAS_CUDA)
@@ -257,7 +261,7 @@ const Kernel& flash_bf16() {
                             "buffered by cp.async, online softmax in registers, P in bf16; GQA-grouped, interval "
                             "and sparse masks",
                             kFlashBf16Ops, true, Arithmetic::Bf16Products,
-                            "bf16 in only; bf16 products, f32 accumulate, P to bf16");
+                            "bf16 in only; bf16 products, f32 accumulate, P to bf16", false, {.max_head_dim = 128});
   return k;
 }
 
@@ -267,7 +271,10 @@ const Kernel& decode() {
                             "blocks, all rows of a GQA group per block, raw cache rows double-buffered by cp.async, "
                             "exact LSE merge; f32/bf16/f16, q8_0/q4_0/u8/u4/fp8, paged caches",
                             kDecodeOps, false, Arithmetic::F32,
-                            "f32/bf16/f16 widened exactly, a quantized cache read by its rule; f32 compute", true);
+                            "f32/bf16/f16 widened exactly, a quantized cache read by its rule; f32 compute", true,
+                            {.max_q_len = 16,
+                             .max_head_dim = 256,
+                             .limit_note = "splits the keys of a few new query rows; cuda_flash runs prefill"});
   return k;
 }
 
