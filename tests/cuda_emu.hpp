@@ -9,7 +9,8 @@
 
 namespace attnlab::test {
 
-// which: "naive", "flash", "flash_bf16" or "decode"; the kernel is named "emu_cuda_<which>".
+// which: an id of src/cuda/kernel_list.hpp ("naive", "flash", "flash_bf16", "decode"); the kernel is
+// named "emu_cuda_<which>" and declares the registry kernel's capabilities.
 const Kernel& emulated_cuda(const std::string& which);
 
 }  // namespace attnlab::test

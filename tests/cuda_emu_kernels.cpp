@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <utility>
 
 #include "cuda/host_args.hpp"
 #include "cuda_emu.hpp"
@@ -20,19 +22,12 @@ namespace {
 
 class EmulatedKernel final : public Kernel {
  public:
-  // sms: the SM count the launch is sized for (naive's grid: 1 SM = 64 warps, so rows are
-  // grid-strided; decode's chunks: an H100's 132, so the keys split as they would there).
-  EmulatedKernel(std::string name, const cuda_impl::KernelOps& ops, Arithmetic arithmetic = Arithmetic::F32,
-                 bool caches = false, int sms = 1)
-      : name_(std::move(name)), ops_(ops), arithmetic_(arithmetic), caches_(caches), sms_(sms) {}
-  // Limits as the device ops' unsupported() says them (the registry's CUDA kernels declare theirs).
-  Capabilities capabilities() const override {
-    return {.patterns = ops_.block_rows(cuda_impl::DeviceArgs{}) > 0,
-            .head_dim_v = true,
-            .kv_quant = caches_,
-            .paged = caches_,
-            .arithmetic = arithmetic_};
-  }
+  // A row of src/cuda/kernel_list.hpp: the registry kernel's capabilities; sms: the SM count the
+  // launch is sized for (naive's grid: 1 SM = 64 warps, so rows are grid-strided; decode's chunks:
+  // an H100's 132, so the keys split as they would there).
+  EmulatedKernel(std::string name, const cuda_impl::KernelOps& ops, Capabilities caps, int sms)
+      : name_(std::move(name)), ops_(ops), caps_(caps), sms_(sms) {}
+  Capabilities capabilities() const override { return caps_; }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return cuda_impl::block_plan(p, ops_); }
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return "CUDA device code under host emulation"; }
@@ -61,20 +56,20 @@ class EmulatedKernel final : public Kernel {
  private:
   std::string name_;
   const cuda_impl::KernelOps& ops_;
-  Arithmetic arithmetic_;
-  bool caches_;
+  Capabilities caps_;
   int sms_;
 };
 
 }  // namespace
 
 const Kernel& emulated_cuda(const std::string& which) {
-  static const EmulatedKernel naive("emu_cuda_naive", cuda_emu::naive_ops);
-  static const EmulatedKernel flash("emu_cuda_flash", cuda_emu::flash_ops);
-  static const EmulatedKernel flash_bf16("emu_cuda_flash_bf16", cuda_emu::flash_bf16_ops, Arithmetic::Bf16Products);
-  static const EmulatedKernel decode("emu_cuda_decode", cuda_emu::decode_ops, Arithmetic::F32, true, 132);
-  if (which == "decode") return decode;
-  return which == "naive" ? naive : which == "flash_bf16" ? flash_bf16 : flash;
+#define ATTN_EMU_ENTRY(id, description, precision, caps, sms) \
+  {#id, EmulatedKernel("emu_cuda_" #id, cuda_emu::id##_ops, caps, sms)},
+  static const std::pair<std::string, EmulatedKernel> all[] = {ATTN_CUDA_KERNELS(ATTN_EMU_ENTRY)};
+#undef ATTN_EMU_ENTRY
+  for (const auto& [id, k] : all)
+    if (id == which) return k;
+  throw std::invalid_argument("emulated_cuda: no CUDA kernel '" + which + "' in src/cuda/kernel_list.hpp");
 }
 
 }  // namespace attnlab::test

@@ -72,6 +72,21 @@ TEST(Cuda, KernelsAreRegisteredLastInLadderOrder) {
   EXPECT_EQ(find_kernel("cuda_decode"), &cuda::decode());
   EXPECT_TRUE(cuda::is_cuda_kernel(cuda::decode()));
   EXPECT_EQ(cuda::flash_bf16().arithmetic(), Arithmetic::Bf16Products);
+  // One list (src/cuda/kernel_list.hpp): the registry's CUDA kernels are cuda::kernels(), in order,
+  // and each emulated kernel declares its registry kernel's capabilities.
+  const auto& all = cuda::kernels();
+  ASSERT_EQ(all.size(), 4u);
+  EXPECT_TRUE(std::equal(all.begin(), all.end(), reg.end() - 4));
+  for (const Kernel* k : all) {
+    const std::string id = std::string(k->name()).substr(5);  // "cuda_<id>"
+    const Capabilities c = k->capabilities(), e = test::emulated_cuda(id).capabilities();
+    EXPECT_EQ(e.patterns, c.patterns) << id;
+    EXPECT_EQ(e.kv_quant, c.kv_quant) << id;
+    EXPECT_EQ(e.max_q_len, c.max_q_len) << id;
+    EXPECT_EQ(e.max_head_dim, c.max_head_dim) << id;
+    EXPECT_EQ(e.arithmetic, c.arithmetic) << id;
+    EXPECT_EQ(test::emulated_cuda(id).name(), "emu_" + std::string(k->name()));
+  }
   EXPECT_TRUE(cuda::is_cuda_kernel(cuda::flash()));
   EXPECT_FALSE(cuda::is_cuda_kernel(*reg[0]));
 }
@@ -917,10 +932,16 @@ TEST(EmulatedDecodeCache, NanKeyPoisonsExactlyTheRowsThatSeeIt) {
 }
 
 TEST(EmulatedDecodeCache, RefusesWhatItDoesNotRunNamingTheAlternative) {
+  // The declared limits (kernel_list.hpp's capabilities) refuse first, and the device ops'
+  // unsupported() guards the same limits on its own (the kernel's supports()).
   Problem p = test::shape(1, 4, 2, 17, 64, 64);
-  EXPECT_NE(supports_problem(emulated("decode"), p).reason.find("q_len above 16"), std::string::npos);
+  EXPECT_NE(supports_problem(emulated("decode"), p).reason.find("q_len 17 > 16: emu_cuda_decode splits the keys"),
+            std::string::npos)
+      << supports_problem(emulated("decode"), p).reason;
+  EXPECT_NE(emulated("decode").supports(p).reason.find("q_len above 16"), std::string::npos);
   p.q_len = 1, p.head_dim = 320;
-  EXPECT_NE(supports_problem(emulated("decode"), p).reason.find("head_dim or head_dim_v above 256"), std::string::npos);
+  EXPECT_NE(supports_problem(emulated("decode"), p).reason.find("head dim 320 > 256"), std::string::npos);
+  EXPECT_NE(emulated("decode").supports(p).reason.find("head_dim or head_dim_v above 256"), std::string::npos);
   p.head_dim = 64, p.sinks = 4, p.window_left = 16, p.window_right = 0;
   const std::string why = supports_problem(emulated("decode"), p).reason;  // the registry's kernels that run them
   EXPECT_NE(why.find("a sparse pattern ("), std::string::npos) << why;

@@ -21,6 +21,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace attnlab {
 class Kernel;  // attnlab/kernel.hpp (not included: this header is also compiled by nvcc)
@@ -35,7 +36,9 @@ namespace attnlab::cuda {
 // Kernel::isa() of the CUDA kernels: their % of peak is against the GPU (peaks/peak.hpp).
 inline constexpr const char* kIsa = "cuda";
 
-// The kernels (also in registry(); here for direct use).
+// The CUDA kernels in ladder order (src/cuda/kernel_list.hpp's rows; the registry lists them
+// last), and each by name for direct use.
+const std::vector<const Kernel*>& kernels();
 const Kernel& naive();
 const Kernel& flash();
 const Kernel& flash_bf16();  // tensor cores: bf16 inputs, head dims <= 128 (src/cuda/flash_bf16.cu)

@@ -18,10 +18,7 @@ const Kernel& blocked();
 }  // namespace cpu
 
 namespace cuda {  // src/cuda/kernels.cpp: present in every build, available only with a GPU
-const Kernel& naive();
-const Kernel& flash();
-const Kernel& flash_bf16();
-const Kernel& decode();
+const std::vector<const Kernel*>& kernels();
 }  // namespace cuda
 
 namespace {
@@ -134,10 +131,7 @@ const std::vector<Entry>& entries() {
       list.push_back({{&unbuilt_amx}});
       list.push_back({{&unbuilt_int8_amx}});
     }
-    list.push_back({{&cuda::naive()}});
-    list.push_back({{&cuda::flash()}});
-    list.push_back({{&cuda::flash_bf16()}});
-    list.push_back({{&cuda::decode()}});
+    for (const Kernel* k : cuda::kernels()) list.push_back({{k}});  // src/cuda/kernel_list.hpp
     return list;
   }();
   return e;

@@ -10,6 +10,7 @@
 #include "attnlab/interval.hpp"
 #include "attnlab/kv_page.hpp"
 #include "attnlab/kv_quant.hpp"
+#include "cuda/kernel_list.hpp"
 
 namespace attnlab::cuda_impl {
 
@@ -115,16 +116,13 @@ inline RowBlockCopy o_row_blocks(const DeviceArgs& a) {
 
 }  // namespace attnlab::cuda_impl
 
+// Each kernel of kernel_list.hpp's list, compiled by nvcc (cuda_dev) and as C++ for the emulator (cuda_emu).
+#define ATTN_CUDA_OPS_DECL(id, ...) extern const cuda_impl::KernelOps id##_ops;
 namespace attnlab::cuda_dev {
-extern const cuda_impl::KernelOps naive_ops;
-extern const cuda_impl::KernelOps flash_ops;
-extern const cuda_impl::KernelOps flash_bf16_ops;
-extern const cuda_impl::KernelOps decode_ops;
+ATTN_CUDA_KERNELS(ATTN_CUDA_OPS_DECL)
 }  // namespace attnlab::cuda_dev
 
 namespace attnlab::cuda_emu {
-extern const cuda_impl::KernelOps naive_ops;
-extern const cuda_impl::KernelOps flash_ops;
-extern const cuda_impl::KernelOps flash_bf16_ops;
-extern const cuda_impl::KernelOps decode_ops;
+ATTN_CUDA_KERNELS(ATTN_CUDA_OPS_DECL)
 }  // namespace attnlab::cuda_emu
+#undef ATTN_CUDA_OPS_DECL

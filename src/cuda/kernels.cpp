@@ -1,12 +1,15 @@
 // The CUDA kernels as registry entries, present in every build. With ATTN_HAS_CUDA they copy
 // the host tensors to the device and run src/cuda/naive.cu or flash.cu there (runtime.cu);
 // without it, or without a usable device, available() says why and `attnlab list` shows it.
+#include <algorithm>
 #include <mutex>
 #include <sstream>
+#include <stdexcept>
 
 #include "attnlab/cuda.hpp"
 #include "attnlab/kernel.hpp"
 #include "cuda/host_args.hpp"
+#include "cuda/kernel_list.hpp"
 
 #if defined(ATTN_HAS_CUDA)
 #include "cuda/runtime.hpp"
@@ -149,23 +152,11 @@ constexpr const char* kBuiltWithout =
 
 class CudaKernel final : public Kernel {
  public:
-  // limits: the kernel's max_q_len / max_head_dim (the device ops' unsupported() guards them too).
-  CudaKernel(std::string_view name, std::string_view description, const cuda_impl::KernelOps* ops, bool patterns,
-             Arithmetic arithmetic = Arithmetic::F32, std::string_view precision = {}, bool caches = false,
-             Capabilities limits = {})
-      : name_(name),
-        description_(description),
-        ops_(ops),
-        patterns_(patterns),
-        arithmetic_(arithmetic),
-        precision_(precision),
-        caches_(caches),
-        limits_(limits) {}
-  Capabilities capabilities() const override {
-    Capabilities c = limits_;
-    c.patterns = patterns_, c.head_dim_v = true, c.kv_quant = caches_, c.paged = caches_, c.arithmetic = arithmetic_;
-    return c;
-  }
+  // A row of kernel_list.hpp's list; ops: nullptr in a build without CUDA.
+  CudaKernel(std::string_view name, std::string_view description, const cuda_impl::KernelOps* ops,
+             std::string_view precision, Capabilities caps)
+      : name_(name), description_(description), ops_(ops), precision_(precision), caps_(caps) {}
+  Capabilities capabilities() const override { return caps_; }
   std::string_view precision() const override { return precision_.empty() ? Kernel::precision() : precision_; }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
     return ops_ ? cuda_impl::block_plan(p, *ops_) : nullptr;
@@ -218,65 +209,43 @@ class CudaKernel final : public Kernel {
  private:
   std::string_view name_, description_;
   const cuda_impl::KernelOps* ops_;
-  bool patterns_;
-  Arithmetic arithmetic_;
   std::string_view precision_;
-  bool caches_;  // reads quantized and paged KV caches
-  Capabilities limits_;
+  Capabilities caps_;
 };
 
 #if defined(ATTN_HAS_CUDA)
-constexpr const cuda_impl::KernelOps* kNaiveOps = &cuda_dev::naive_ops;
-constexpr const cuda_impl::KernelOps* kFlashOps = &cuda_dev::flash_ops;
-constexpr const cuda_impl::KernelOps* kFlashBf16Ops = &cuda_dev::flash_bf16_ops;
-constexpr const cuda_impl::KernelOps* kDecodeOps = &cuda_dev::decode_ops;
+#define ATTN_CUDA_DEV_OPS(id) &cuda_dev::id##_ops
 #else
-constexpr const cuda_impl::KernelOps* kNaiveOps = nullptr;
-constexpr const cuda_impl::KernelOps* kFlashOps = nullptr;
-constexpr const cuda_impl::KernelOps* kFlashBf16Ops = nullptr;
-constexpr const cuda_impl::KernelOps* kDecodeOps = nullptr;
+#define ATTN_CUDA_DEV_OPS(id) nullptr
 #endif
 
 }  // namespace
 
-const Kernel& naive() {
-  static const CudaKernel k("cuda_naive", "CUDA textbook: one warp per query row, scores in global memory", kNaiveOps,
-                            false);
-  return k;
+const std::vector<const Kernel*>& kernels() {
+#define ATTN_CUDA_ENTRY(id, description, precision, caps, sms) \
+  CudaKernel("cuda_" #id, description, ATTN_CUDA_DEV_OPS(id), precision, caps),
+  static const CudaKernel all[] = {ATTN_CUDA_KERNELS(ATTN_CUDA_ENTRY)};
+#undef ATTN_CUDA_ENTRY
+  static const std::vector<const Kernel*> list = [] {
+    std::vector<const Kernel*> v;
+    for (const CudaKernel& k : all) v.push_back(&k);
+    return v;
+  }();
+  return list;
 }
 
-const Kernel& flash() {
-  static const CudaKernel k("cuda_flash",
-                            "CUDA FlashAttention-2 style fp32: K/V tiles in shared memory, online "
-                            "softmax in registers, GQA-grouped, causal/window tile skipping, "
-                            "sparse patterns by block map",
-                            kFlashOps, true);
-  return k;
+namespace {
+const Kernel& by_name(std::string_view name) {
+  for (const Kernel* k : kernels())
+    if (k->name() == name) return *k;
+  throw std::logic_error("no CUDA kernel " + std::string(name) + " in src/cuda/kernel_list.hpp");
 }
+}  // namespace
 
-const Kernel& flash_bf16() {
-  static const CudaKernel k("cuda_flash_bf16",
-                            "CUDA FlashAttention-2 on tensor cores: bf16 mma.sync m16n8k16 (float32 "
-                            "accumulators), ldmatrix fragments, 4 warps x 16 rows, 64-key K/V tiles double-"
-                            "buffered by cp.async, online softmax in registers, P in bf16; GQA-grouped, interval "
-                            "and sparse masks",
-                            kFlashBf16Ops, true, Arithmetic::Bf16Products,
-                            "bf16 in only; bf16 products, f32 accumulate, P to bf16", false, {.max_head_dim = 128});
-  return k;
-}
-
-const Kernel& decode() {
-  static const CudaKernel k("cuda_decode",
-                            "CUDA split-KV decode (FlashDecoding) for q_len <= 16: key chunks x (batch, kv head) "
-                            "blocks, all rows of a GQA group per block, raw cache rows double-buffered by cp.async, "
-                            "exact LSE merge; f32/bf16/f16, q8_0/q4_0/u8/u4/fp8, paged caches",
-                            kDecodeOps, false, Arithmetic::F32,
-                            "f32/bf16/f16 widened exactly, a quantized cache read by its rule; f32 compute", true,
-                            {.max_q_len = 16,
-                             .max_head_dim = 256,
-                             .limit_note = "splits the keys of a few new query rows; cuda_flash runs prefill"});
-  return k;
-}
+const Kernel& naive() { return by_name("cuda_naive"); }
+const Kernel& flash() { return by_name("cuda_flash"); }
+const Kernel& flash_bf16() { return by_name("cuda_flash_bf16"); }
+const Kernel& decode() { return by_name("cuda_decode"); }
 
 Support device_status() {
 #if defined(ATTN_HAS_CUDA)
@@ -288,7 +257,8 @@ Support device_status() {
 }
 
 bool is_cuda_kernel(const Kernel& k) {
-  return &k == &naive() || &k == &flash() || &k == &flash_bf16() || &k == &decode();
+  const auto& all = kernels();
+  return std::find(all.begin(), all.end(), &k) != all.end();
 }
 
 std::optional<DeviceInfo> device_info() {
