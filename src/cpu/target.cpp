@@ -81,12 +81,12 @@ __attribute__((noinline)) float exp_rounds(const float* in, float* out, int64_t 
 // (~5 cycles) x up to 2 per cycle. Bytes 1 and 1: the sums stay far from int32 overflow.
 // Built where the floor has the integer vectors (kI8VnniBuilt); elsewhere no chains.
 constexpr int kI8Chains = simd::kI8VnniBuilt ? kFmaChains : 0;
-volatile int g_i8_one = 0x01010101;
 __attribute__((noinline)) float i8_chains(int64_t iters) {
   if constexpr (simd::kI8VnniBuilt) {
+    static volatile int one = 0x01010101;  // a value the compiler cannot see (as g_fma_a)
     using simd::i8_detail::IVec;
     IVec acc[kFmaChains];
-    const IVec x = simd::i8_detail::bcast32(g_i8_one);
+    const IVec x = simd::i8_detail::bcast32(one);
     for (int j = 0; j < kI8Chains; ++j) acc[j] = simd::i8_detail::bcast32(j);
     for (int64_t it = 0; it < iters; ++it) {
 #pragma GCC unroll 16
