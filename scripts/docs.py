@@ -160,15 +160,20 @@ def is_narrow(r):
     load = report_module("load")
     return (r.get("kernel_name") or r["kernel"]) in (*load.NARROW_TWINS, *load.NARROW_PEERS)
 
+def in_families(*families):
+    """A peer of one of these families of the peers' catalogue (scripts/peers/catalogue.json)."""
+    return lambda k: report_module("load").PEER_FAMILY.get(k) in families
+
+
 HEADLINE_GROUPS = (("the runtimes' attention (PyTorch, ONNX Runtime, OpenVINO, JAX)",
-                    lambda k: k.split("_")[0] in ("torch", "ort", "ov", "jax"),
+                    in_families("torch", "ort", "ov", "jax"),
                     lambda r: not is_training(r) and not is_decode(r)),
                    ("the runtimes' decode against a KV cache (ONNX Runtime, OpenVINO's generation path, PyTorch, JAX)",
-                    lambda k: k.split("_")[0] in ("torch", "ort", "ov", "jax"),
+                    in_families("torch", "ort", "ov", "jax"),
                     lambda r: not is_training(r) and is_decode(r)),
                    ("the runtimes' backward pass (PyTorch autograd, jax.vjp)",
-                    lambda k: k.split("_")[0] in ("torch", "jax"), is_training),
-                   ("llama.cpp's CPU attention (ggml) on its own KV-cache types", lambda k: k.startswith("ggml"),
+                    in_families("torch", "jax"), is_training),
+                   ("llama.cpp's CPU attention (ggml) on its own KV-cache types", in_families("ggml"),
                     lambda r: not is_training(r)))
 
 

@@ -1,6 +1,8 @@
 // The sweep's side of the peer path (bench/peers.hpp) through a stand-in server: peers run
 // every shape after the kernels, verified, timed, failed, skipped and died peers are recorded
 // as such, a missing environment skips with the reason, and peer names parse or are refused.
+#include <fstream>
+
 #include "sweep_fixture.hpp"
 
 namespace attnlab::bench {
@@ -214,6 +216,18 @@ TEST_F(SweepPeers, MissingEnvironmentOrLibrarySkipsWithTheReason) {
       EXPECT_EQ(pf.record.reason.rfind("fake ", 0), 0u) << pf.record.reason;
     }
   }
+}
+
+// The sweep's peers are the catalogue's rows (scripts/peers/catalogue.json, read by CMake): the same
+// names, families and order.
+TEST(SweepPeerNames, AreThePeersCatalogue) {
+  std::ifstream f(std::string(ATTNLAB_SOURCE_DIR) + "/scripts/peers/catalogue.json");
+  ASSERT_TRUE(f) << "scripts/peers/catalogue.json";
+  const Json doc = Json::parse(f);
+  std::vector<std::pair<std::string, std::string>> rows;
+  for (const Json& p : doc.at("peers")) rows.emplace_back(p.at("name"), p.at("family"));
+  EXPECT_EQ(peer_kernels(), rows);
+  for (const auto& [name, family] : rows) EXPECT_NE(allowed_peers().find(name), std::string::npos) << name;
 }
 
 TEST(SweepPeerNames, FamiliesAndKernelsParseOthersAreRefusedByName) {

@@ -16,9 +16,10 @@ import weakref
 
 import numpy as np
 
+from catalogue import peers_of
 from common import Skip, empty_rows
 
-KERNELS = ("ggml_fa",)
+KERNELS = peers_of("ggml")  # the catalogue's rows of this family (catalogue.json)
 ggml = None
 _threads = 1
 

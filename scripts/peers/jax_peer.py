@@ -2,9 +2,10 @@
 (B, S, H, D) as JAX takes them; GQA natively (key heads divide query heads)."""
 import os
 
+from catalogue import peers_of
 from common import Skip, empty_rows, mask_choice
 
-KERNELS = ("jax_dpa",)
+KERNELS = peers_of("jax")  # the catalogue's rows of this family (catalogue.json)
 BACKWARD = True  # by jax.vjp
 jax = jnp = None
 

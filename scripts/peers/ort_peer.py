@@ -7,9 +7,10 @@ buffer the op's present_key output shares, as in generation; left windows by
 local_window_size). Inputs are bound once (IO binding): a call is the op alone."""
 import numpy as np
 
+from catalogue import peers_of
 from common import Skip, empty_rows, mask_choice
 
-KERNELS = ("ort_mha", "ort_gqa")
+KERNELS = peers_of("ort")  # the catalogue's rows of this family (catalogue.json)
 ort = onnx = None
 _threads = 1
 

@@ -32,9 +32,10 @@ call writes the prompt's K/V into a fresh paged cache (rounding them) and attend
 step does."""
 import numpy as np
 
+from catalogue import peers_of
 from common import Skip, empty_rows, mask_choice
 
-KERNELS = ("ov_sdpa", "ov_decode", "ov_sage")
+KERNELS = peers_of("ov")  # the catalogue's rows of this family (catalogue.json)
 ov = ops = None
 _threads = 1
 

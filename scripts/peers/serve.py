@@ -33,9 +33,8 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from catalogue import FAMILY_MODULES as FAMILIES  # noqa: E402  (catalogue.json: family -> runner module)
 from common import Problem, Skip, load_do, load_inputs, time_calls  # noqa: E402
-
-FAMILIES = {"torch": "torch_peer", "ort": "ort_peer", "ov": "ov_peer", "jax": "jax_peer", "ggml": "ggml_peer"}
 
 
 def _status_kib(field):

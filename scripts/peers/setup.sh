@@ -2,10 +2,12 @@
 # The peers' virtual environment (.venv-peers, ignored by git): Debian's python3 -m venv, then
 # pinned wheels from PyPI. Nothing else in the lab depends on it; `attnlab sweep --peers` finds
 # it (or $ATTN_PEERS_PYTHON). Idempotent: what is installed at the pinned version stays.
-# Usage: scripts/peers/setup.sh [FAMILIES]   FAMILIES: comma-separated torch, ort, ov, jax, ggml,
-#        hf, hfq (default the five peers; hf is transformers, for attnlab.hf's tests, with torch; hfq the
-#        backends of transformers' QuantizedCache, HQQ and optimum-quanto, for scripts/models_hf.py). Says which it could install; exits 1 when a requested family
-#        cannot be imported afterwards.
+# Usage: scripts/peers/setup.sh [FAMILIES]   FAMILIES: comma-separated families of the peers' catalogue
+#        (scripts/peers/catalogue.json: torch, ort, ov, jax, ggml, hf, hfq; default those marked default,
+#        the five peers; hf is transformers, for attnlab.hf's tests, with torch; hfq the backends of
+#        transformers' QuantizedCache, HQQ and optimum-quanto, for scripts/models_hf.py). The pins and the
+#        imports that check them are the catalogue's. Says which it could install; exits 1 when a requested
+#        family cannot be imported afterwards.
 # Sizes: ort ~60 MB (onnxruntime + onnx), ov ~50 MB (openvino), jax ~150 MB, torch ~3 GB (PyPI's wheel brings its
 # CUDA libraries even for CPU use; the lab runs it on the CPU only); ggml ~10 MB (ggml-python
 # builds its bundled ggml from source with the machine's compiler: seconds); hf ~12 MB (transformers
@@ -13,24 +15,16 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="${ATTN_PEERS_VENV:-$ROOT/.venv-peers}"
-families="${1:-torch,ort,ov,jax,ggml}"
-
-declare -A PINS=(
-  [ort]="onnxruntime==1.32.0 onnx==1.23.2"
-  [torch]="torch==2.15.0"
-  [ov]="openvino==2026.4.1"
-  [jax]="jax[cpu]==0.10.2"
-  [ggml]="ggml-python==0.0.45"
-  [hf]="transformers==5.25.0"
-  [hfq]="hqq==0.2.8.post1 optimum-quanto==0.2.7"
-)
-declare -A IMPORTS=([ort]="onnxruntime, onnx" [torch]="torch" [ov]="openvino" [jax]="jax" [ggml]="ggml"
-                    [hf]="transformers" [hfq]="hqq, optimum.quanto")
+catalogue=(/usr/bin/python3 "$ROOT/scripts/peers/catalogue.py")
+families="${1:-$("${catalogue[@]}" defaults)}"
 COMMON="numpy==2.4.6 pytest==9.2.0"
 
 IFS=',' read -r -a wanted <<<"$families"
+declare -A PINS=() IMPORTS=()
 for f in "${wanted[@]}"; do
-  [[ -n "${PINS[$f]:-}" ]] || { echo "peers-setup: unknown family '$f'; allowed: torch, ort, ov, jax, ggml, hf, hfq" >&2; exit 2; }
+  PINS[$f]="$("${catalogue[@]}" pins "$f" 2>/dev/null)" ||
+    { echo "peers-setup: unknown family '$f'; allowed: $("${catalogue[@]}" families)" >&2; exit 2; }
+  IMPORTS[$f]="$("${catalogue[@]}" imports "$f")"
 done
 
 "$ROOT/scripts/setup.sh"  # python3-venv among the lab's packages

@@ -1,9 +1,10 @@
 """PyTorch: torch.nn.functional.scaled_dot_product_attention (torch_sdpa; its CPU backends pick
 the fused flash kernel where they can) and FlexAttention (torch_flex, sparse patterns: a
 BlockMask built from the pattern, flex_attention compiled by torch.compile for the CPU)."""
+from catalogue import peers_of
 from common import Skip, empty_rows, mask_choice
 
-KERNELS = ("torch_sdpa", "torch_flex")
+KERNELS = peers_of("torch")  # the catalogue's rows of this family (catalogue.json)
 BACKWARD = True  # torch_sdpa's, by autograd (torch_flex: forward only here)
 torch = None
 

@@ -23,14 +23,17 @@ DECODE_MAX_Q = 16  # q_len at most this (and below kv_len) counts as decode
 NARROW_TWINS = {"decode_i8": ("decode", None), "flash_int8": ("flash", None), "flash_int8_amx": ("flash", "avx512")}
 # Peers whose products are int8 (OpenVINO's sage path): judged, like the lab's NARROW_TWINS, by a
 # tolerance derived from their rounding, so never ranked against float kernels.
-NARROW_PEERS = ("ov_sage",)
+# The peers, their colours and which multiply in int8: the peers' catalogue (scripts/peers/catalogue.json).
+_catalogue_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peers", "catalogue.json")
+with open(_catalogue_path) as _f:
+    _catalogue = json.load(_f)["peers"]
+NARROW_PEERS = tuple(p["name"] for p in _catalogue if p["products"] == "int8")
 
-PEERS = ("torch_sdpa", "torch_flex", "ort_mha", "ort_gqa", "ov_sdpa", "ov_decode", "ov_sage", "jax_dpa", "ggml_fa")
+PEERS = tuple(p["name"] for p in _catalogue)
+PEER_FAMILY = {p["name"]: p["family"] for p in _catalogue}
 
 
-PEER_COLORS = {"torch_sdpa": "black", "torch_flex": "dimgray", "ort_mha": "darkgoldenrod", "ort_gqa": "saddlebrown",
-               "ov_sdpa": "royalblue", "ov_decode": "steelblue", "ov_sage": "navy",
-               "jax_dpa": "mediumvioletred", "ggml_fa": "teal"}
+PEER_COLORS = {p["name"]: p["color"] for p in _catalogue}
 
 
 def is_peer(kernel):

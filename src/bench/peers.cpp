@@ -35,18 +35,12 @@ constexpr double kHelloTimeout = 180;
 // Beyond the time cap: a first call's compilation (jit, torch.compile) and file transfers.
 constexpr double kRunSlack = 180;
 
-const std::vector<std::string>& families() {
-  static const std::vector<std::string> f = {"torch", "ort", "ov", "jax", "ggml"};
+// The peers' families, in the catalogue's order of their first peer.
+std::vector<std::string> families() {
+  std::vector<std::string> f;
+  for (const auto& [k, family] : peer_kernels())
+    if (std::find(f.begin(), f.end(), family) == f.end()) f.push_back(family);
   return f;
-}
-
-std::string allowed_peers() {
-  std::string a;
-  for (const auto& f : families()) a += (a.empty() ? "" : ", ") + f;
-  a += " (families: all of their kernels) or";
-  bool first = true;
-  for (const auto& [k, f] : peer_kernels()) a += (first ? " " : ", ") + k, first = false;
-  return a;
 }
 
 // The inputs as the .npy files a peer reads: float32 in the problem's layout.
@@ -76,13 +70,23 @@ std::string peer_family(const std::string& kernel) {
 }
 
 const std::vector<std::pair<std::string, std::string>>& peer_kernels() {
+  // The peers' catalogue (scripts/peers/catalogue.json), as CMake writes it at configure time.
   static const std::vector<std::pair<std::string, std::string>> k = {
-      {"torch_sdpa", "torch"}, {"torch_flex", "torch"}, {"ort_mha", "ort"}, {"ort_gqa", "ort"}, {"ov_sdpa", "ov"},
-      {"ov_decode", "ov"},     {"ov_sage", "ov"},       {"jax_dpa", "jax"}, {"ggml_fa", "ggml"}};
+#include "peer_catalogue.inc"
+  };
   return k;
 }
 
 bool is_peer_kernel(const std::string& name) { return !peer_family(name).empty(); }
+
+std::string allowed_peers() {
+  std::string a;
+  for (const auto& f : families()) a += (a.empty() ? "" : ", ") + f;
+  a += " (families: all of their kernels) or";
+  bool first = true;
+  for (const auto& [k, f] : peer_kernels()) a += (first ? " " : ", ") + k, first = false;
+  return a;
+}
 
 std::vector<std::string> split_list(const std::string& text) {
   std::vector<std::string> out;

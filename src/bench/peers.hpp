@@ -47,6 +47,8 @@ inline constexpr const char* kPeerIsa = "peer";
 // Every peer kernel name, in report order, and the family (Python module) that runs it.
 const std::vector<std::pair<std::string, std::string>>& peer_kernels();
 bool is_peer_kernel(const std::string& name);
+// "torch, ort, ov, jax, ggml (families: all of their kernels) or torch_sdpa, ...": what --peers takes.
+std::string allowed_peers();
 // Families ("torch", "ort", "jax") or kernel names -> peer kernel names (report order,
 // deduplicated). `what` names the field in errors; throws InvalidInput listing the allowed names.
 std::vector<std::string> parse_peers(const std::vector<std::string>& items, const std::string& what);

@@ -65,10 +65,9 @@ Command add_sweep(CLI::App& app) {
   sub->add_option("--results-root", args->results_root, "folder for default results folders");
   sub->add_option(
       "--peers", args->peers,
-      "measure peers beside the kernels on every shape: torch, ort, jax, ggml (families) or torch_sdpa, "
-      "torch_flex, ort_mha, ort_gqa, ov_sdpa, ov_decode, ov_sage, jax_dpa, ggml_fa, comma-separated; replaces the "
-      "experiment's \"peers\" "
-      "(recorded in the folder's experiment.json). They run in .venv-peers (scripts/lab peers-setup)");
+      "measure peers beside the kernels on every shape: " + bench::allowed_peers() +
+          ", comma-separated; replaces the experiment's \"peers\" (recorded in the folder's "
+          "experiment.json). They run in .venv-peers (scripts/lab peers-setup; scripts/peers/catalogue.json)");
   sub->add_option("--peers-python", args->peers_python,
                   "the peers' Python (default: $ATTN_PEERS_PYTHON, else .venv-peers/bin/python of the source tree)");
   sub->add_flag("--dry-run", args->dry_run, "print the planned points (FLOP count order) and exit");

@@ -16,12 +16,10 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
 from common import Problem, Skip, time_calls  # noqa: E402
 from numpy_attention import attention, attention_backward  # noqa: E402
 from ov_peer import sage_rounded  # noqa: E402  (numpy only: openvino is imported by setup)
+from catalogue import CATALOGUE, FAMILY_MODULES, MODULE_OF as MODULES  # noqa: E402  (scripts/peers/catalogue.json)
 
-MODULES = {"torch_sdpa": "torch_peer", "torch_flex": "torch_peer", "ort_mha": "ort_peer",
-           "ort_gqa": "ort_peer", "ov_sdpa": "ov_peer", "ov_decode": "ov_peer", "ov_sage": "ov_peer", "jax_dpa": "jax_peer",
-           "ggml_fa": "ggml_peer"}
 # The peers that compute on the float32 values they are given (ov_sage rounds them to int8: its own test).
-FLOAT_PEERS = sorted(k for k in MODULES if k != "ov_sage")
+FLOAT_PEERS = sorted(p["name"] for p in CATALOGUE["peers"] if p["products"] == "float")
 
 
 def peer(kernel):
@@ -113,6 +111,18 @@ def check_against_numpy(o, p, how, what):
     assert o.shape == want.shape, how
     assert np.isfinite(o).all(), how
     np.testing.assert_allclose(o, want, atol=2e-5, rtol=0, err_msg=f"{what}: {how}")
+
+
+def test_catalogue_is_the_one_list():
+    """Every peer of the catalogue (scripts/peers/catalogue.json) belongs to a family with a runner
+    module that imports without its library (the library loads in setup()) and serves it; names are
+    unique, every family, colour and kind of products is set."""
+    names = [p["name"] for p in CATALOGUE["peers"]]
+    assert len(names) == len(set(names)), names
+    for p in CATALOGUE["peers"]:
+        assert p["family"] in FAMILY_MODULES, p
+        assert p["color"] and p["products"] in ("float", "int8"), p
+        assert p["name"] in importlib.import_module(MODULES[p["name"]]).KERNELS, p
 
 
 @pytest.mark.parametrize("kernel", FLOAT_PEERS)
