@@ -123,7 +123,6 @@ void pv_keys(const Tiling& t, const Scratch& s, int64_t rr0, int m0, const KeyTi
              int y, Step& step) {
   const float* p = s.p + m0 * kTileKeys;
   float* o = s.o + (rr0 + m0) * t.dim_v_pad;
-#if defined(__AVX512BF16__)
   if constexpr (Pairs) {
     if (x < y && (x & 1)) {
       pv_rows<N>(p, kTileKeys, kt.v, o, t.dim_v_pad, alpha, x, x + 1, t.dim_v);
@@ -138,7 +137,6 @@ void pv_keys(const Tiling& t, const Scratch& s, int64_t rr0, int m0, const KeyTi
                   t.dim_v, step);
     return;
   }
-#endif
   static_assert(!Pairs || kPairsBuilt);
   pv_rows<N>(p, kTileKeys, kt.v, o, t.dim_v_pad, alpha, x, y, t.dim_v, step);
 }
@@ -160,7 +158,8 @@ void pv_keys(const Tiling& t, const Scratch& s, int64_t rr0, int m0, const KeyTi
 template <int MR, bool Words, bool Amx = false, int RowKeys = kTileKeys>
 bool softmax_rows(const Scratch& s, float* p, int64_t rr0, bool full, const int* lo, const int* hi, const uint64_t* w,
                   float* alpha, int va = 0, int vb = kTileKeys / kLanes, float scale = 1.f, uint32_t* pw = nullptr) {
-  static_assert(!Amx || (kPairsBuilt && !Words), "the AMX blocks' tiles are whole or masked by intervals");
+  static_assert(!Amx || !Words,
+                "the AMX blocks' tiles are whole or masked by intervals");  // (store_pairs: kPairsBuilt)
   const Batch sc(scale);
   const auto score = [&](const float* at) {
     if constexpr (Amx) {
@@ -214,19 +213,16 @@ bool softmax_rows(const Scratch& s, float* p, int64_t rr0, bool full, const int*
     const Batch mb(online_softmax::subtrahend(m_new[m]));
     Batch sum(0.f);
     if constexpr (Amx) {
-#if defined(__AVX512BF16__)
       const auto scaled = [&](int v) {
         return full ? score(prow + v * kLanes) : Batch::load_aligned(prow + v * kLanes);
       };
       for (int v = va; v < vb; v += 2) {
         const Batch p0 = exp2_nonpositive(scaled(v) - mb);
         const Batch p1 = exp2_nonpositive(scaled(v + 1) - mb);
-        _mm512_store_si512(pw + m * (RowKeys / 2) + v * (kLanes / 2),
-                           reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p1, p0)));
+        store_pairs(pw + m * (RowKeys / 2) + v * (kLanes / 2), p0, p1);
         sum += p0;
         sum += p1;
       }
-#endif
     } else {
       for (int v = va; v < vb; ++v) {
         const Batch pv = exp2_nonpositive(Batch::load_aligned(prow + v * kLanes) - mb);  // s <= m_new
@@ -292,11 +288,9 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
     }
     if (!done)
       score_rows<MR>(s.qr + rr0 * t.dim_pad, t.dim_pad, s.qr + t.rows * t.dim_pad, kt.k, t.dim, ja, jb, s.p, step);
-#if defined(__AVX512BF16__)
   } else if constexpr (Pairs) {
     const auto* qw = reinterpret_cast<const uint32_t*>(s.q) + rr0 * pair_words(t.dim);
     score_panel_bf16<MR>(qw, reinterpret_cast<const uint32_t*>(s.kt), t.dim, t.score_scale, ja, jb, s.p, step);
-#endif
   } else {
     bool done = false;
     if constexpr (std::is_same_v<E, float>) {
@@ -319,9 +313,7 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
   float alpha[MR];
   const bool rescale =
       softmax_rows<MR, Words>(s, s.p, rr0, full, lo, hi, w, alpha, ja / kLanes, (jb + kLanes - 1) / kLanes);
-#if defined(__AVX512BF16__)
   if constexpr (Pairs) round_p_rows<MR>(s.p, s.pw);  // l keeps the unrounded sum
-#endif
 
   const float* a = rescale ? alpha : nullptr;
   if (full) {
@@ -521,7 +513,8 @@ KeyTile<E> key_tile(const TypedInputs<E>& in, const Tiling& t, int64_t b, int64_
   return kt;
 }
 
-#if defined(ATTN_HAVE_AMX)
+// flash_amx and flash_int8_amx's tile-unit steps (kAmxBuilt: the avx512_bf16 object; the other
+// objects compile them against amx.hpp's declarations and never call them).
 // The keys every row of the task sees (the intersection of the rows' intervals; empty when some
 // row sees none), found once per task: a per-tile test over the rows cost 10% of flash_amx's time.
 inline Interval common_keys(const Scratch& s, int64_t rows) {
@@ -594,7 +587,6 @@ inline bool packed_v_finite(const Tiling& t, const std::byte* head, int64_t j0) 
   return head[static_cast<size_t>(j0 / kTileKeys) * t.pairs_tile + t.pairs_flag_off] == std::byte{1};
 }
 
-#if defined(ATTN_HAVE_AMX_INT8)
 // flash_int8_amx's scores for the 32 rows at rb into sb (rows lds floats apart): TDPBSSD on the
 // task's Q codes (s.qa) and the head's int8 key tile (I8KeyTile), each int32 sum then scaled as
 // score_panel_i8 does (its key's and its row's scales, plus the row's q.mean), in place - log2
@@ -610,7 +602,7 @@ inline void amx_scores_i8(const Tiling& t, const Scratch& s, int64_t rb, const s
     const Batch sc(qsc[rb + m]), shift(qc[rb + m]);
     float* row = sb + m * lds;
     for (int64_t v = 0; v < kTileKeys; v += kLanes) {
-      const Batch x = _mm512_cvtepi32_ps(_mm512_load_si512(row + v));
+      const Batch x = i8_detail::to_float(i8_detail::load_ivec(row + v));
       simd::fma(x * Batch::load_aligned(ks + v), sc, shift).store_aligned(row + v);
     }
   }
@@ -623,10 +615,7 @@ inline void amx_tile_i8(const Tiling& t, const Scratch& s, int64_t rows, const s
     amx_softmax_pv(t, s, rb, s.p, 1.f, &vp);
   }
 }
-#endif
-#endif  // AMX
 
-#if defined(ATTN_HAVE_AMX)
 // The AMX kernels' whole tiles of a task, packed before the tasks (prepare_pairs, Tiling::pairs_head:
 // every 64-key tile of the sequence's K^T and V pairs - flash_int8_amx's keys are its int8 key
 // tiles - once per run instead of once per task), block of 32 rows by
@@ -665,9 +654,9 @@ void amx_prepacked_tiles(const Tiling& t, const Scratch& s, int64_t b, int64_t h
   // flash_amx: bf16 K^T pairs, packed here; flash_int8_amx: the head's int8 key tiles (scaled
   // into log2 units by amx_scores_i8, so the softmax's scale is 1).
   const auto score = [&](int64_t rb, int64_t j0, float* out, int64_t lds) {
-#if defined(ATTN_HAVE_AMX_INT8)
-    if (t.i8_prefill) return amx_scores_i8(t, s, rb, i8_key_tile(t, i8_task_head(s), j0), out, lds);
-#endif
+    if constexpr (kAmxInt8Built) {
+      if (t.i8_prefill) return amx_scores_i8(t, s, rb, i8_key_tile(t, i8_task_head(s), j0), out, lds);
+    }
     amx_scores_bf16(t, s, rb, packed_k(t, head, j0), out, lds);
   };
   const float scale = t.i8_prefill ? 1.f : t.score_scale;
@@ -709,7 +698,6 @@ void amx_prepacked_tiles(const Tiling& t, const Scratch& s, int64_t b, int64_t h
     }
   }
 }
-#endif
 
 // Tiles at(0) .. at(n - 1) of a task, in that order.
 template <bool Words, bool Pairs, class E, class At>
@@ -729,34 +717,33 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
   // by slices as the others do: one streaming engine per element type, not two (the tile
   // engine's instantiations are most of the build's compile time).
   const bool stream = s.qr != nullptr;
-#if defined(ATTN_HAVE_AMX)
-  const Interval common = t.amx ? common_keys(s, rows) : Interval{};
-  const bool prepacked = t.amx && s.pairs && (Pairs || (t.i8_prefill && s.i8_on()));
-  if (prepacked) amx_prepacked_tiles<Words>(t, s, b, hk, rows, n, at);
-#endif
+  Interval common{};
+  bool prepacked = false;
+  if constexpr (kAmxBuilt) {
+    common = t.amx ? common_keys(s, rows) : Interval{};
+    prepacked = t.amx && s.pairs && (Pairs || (t.i8_prefill && s.i8_on()));
+    if (prepacked) amx_prepacked_tiles<Words>(t, s, b, hk, rows, n, at);
+  }
   for (int64_t x = 0; x < n; ++x) {
     const TileRef tile = at(x);
-#if defined(ATTN_HAVE_AMX)
-    if (prepacked && amx_runs<Words>(t, amx_head(t, s, b, hk), common, tile)) continue;  // done above
-#endif
+    if constexpr (kAmxBuilt) {
+      if (prepacked && amx_runs<Words>(t, amx_head(t, s, b, hk), common, tile)) continue;  // done above
+    }
     const KeyTile<E> kt = key_tile(in, t, b, hk, tile);
     if (stream && x == 0) {
       touch_rows(kt.k, kt.nk, d);
       touch_rows(kt.v, kt.nk, dv);
     }
-#if defined(__AVX512BF16__)
     if constexpr (Pairs) {
       pack_k_pairs(kt.k, kt.nk, d, reinterpret_cast<uint32_t*>(s.kt));
       pack_v_pairs(kt.v, kt.nk, dv, s.vp, t.dim_v_pad);
-    } else
-#endif
-        if (!s.qr && !(t.i8_prefill && s.i8_on()))  // flash_int8's key tiles are packed once per run
+    } else if (!s.qr && !(t.i8_prefill && s.i8_on())) {  // flash_int8's key tiles are packed once per run
       pack_k_transposed(kt.k, kt.nk, d, s.kt);
+    }
     const TileRef next = x + 1 < n ? at(x + 1) : TileRef{};
     const int nn = next.nk;
     const KeyTile<E> kn = nn > 0 ? key_tile(in, t, b, hk, next) : KeyTile<E>{};
-#if defined(ATTN_HAVE_AMX)
-    if constexpr (Pairs) {
+    if constexpr (Pairs && kAmxBuilt) {
       if (t.amx && whole_tile<Words>(common, tile)) {
         prefetch_rows(kn.k, 0, nn, d);
         prefetch_rows(kn.v, 0, nn, dv);
@@ -764,9 +751,8 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
         continue;
       }
     }
-#endif
-#if defined(ATTN_HAVE_AMX_INT8)
-    if constexpr (!Pairs && std::is_same_v<E, float>) {  // flash_int8_amx: whole tiles on the tile unit
+    if constexpr (!Pairs && kAmxInt8Built &&
+                  std::is_same_v<E, float>) {  // flash_int8_amx: whole tiles on the tile unit
       if (t.amx && s.i8_on() && whole_tile<Words>(common, tile)) {
         pack_v_pairs(kt.v, kt.nk, dv, s.vp, t.dim_v_pad);
         prefetch_rows(kn.k, 0, nn, d);
@@ -775,7 +761,6 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
         continue;
       }
     }
-#endif
     if constexpr (!Pairs) {
       if (stream) {
         LineStream ahead(kn.k, d, kn.v, dv, nn, t.stream_l2);
@@ -978,15 +963,15 @@ Scratch::Scratch(std::byte* base, const Tiling& t, std::byte* shared)
 }
 
 AmxScope::AmxScope(const Tiling& t) : on(t.amx) {
-#if defined(ATTN_HAVE_AMX)
-  if (on) amx_configure();
-#endif
+  if constexpr (kAmxBuilt) {
+    if (on) amx_configure();
+  }
 }
 
 AmxScope::~AmxScope() {
-#if defined(ATTN_HAVE_AMX)
-  if (on) amx_release();
-#endif
+  if constexpr (kAmxBuilt) {
+    if (on) amx_release();
+  }
 }
 
 int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
@@ -1121,47 +1106,37 @@ void prepare_i8_keys(const Problem& p, const Inputs& in, const Tiling& t, std::b
       tbb::simple_partitioner());
 }
 
-#if defined(ATTN_HAVE_AMX)
-// Whether all n packed words (bf16 pairs, n a multiple of 16) are finite: no exponent field all ones.
-inline bool finite_words(const uint32_t* w, int64_t n) {
-  const __m512i exp = _mm512_set1_epi16(0x7f80);
-  __mmask32 bad = 0;
-  for (int64_t i = 0; i < n; i += 16)
-    bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(_mm512_load_si512(w + i), exp), exp);
-  return bad == 0;
-}
-#endif
-
+// flash_amx and flash_int8_amx's packed tiles (kAmxBuilt; elsewhere never asked for).
 void prepare_pairs(const Problem& p, const Inputs& in, const Tiling& t, std::byte* area) {
-#if defined(ATTN_HAVE_AMX)
-  visit_inputs(in, [&](const auto& typed) {
-    using E = std::remove_const_t<std::remove_pointer_t<decltype(typed.k.data)>>;
-    if constexpr (std::is_same_v<E, bf16> || std::is_same_v<E, float>) {
-      const int64_t tiles = p.kv_len / kTileKeys;  // whole tiles only (a short one is never run there)
-      attnlab::parallel_tasks(
-          TaskRange(0, p.batch * p.kv_heads * tiles, 8),
-          [&](const TaskRange& range) {
-            for (int64_t x = range.begin(); x != range.end(); ++x) {
-              const int64_t bh = x / tiles, b = bh / p.kv_heads, hk = bh % p.kv_heads, j0 = x % tiles * kTileKeys;
-              if (j0 + kTileKeys > p.kv_len_of(b)) continue;  // past this sequence's keys: never read
-              const KeyTile<E> kt = key_tile(typed, t, b, hk, TileRef{j0, static_cast<int>(kTileKeys)});
-              std::byte* tile =
-                  area + static_cast<size_t>(bh) * t.pairs_head + static_cast<size_t>(x % tiles) * t.pairs_tile;
-              if constexpr (std::is_same_v<E, bf16>)
-                pack_k_pairs(kt.k, kt.nk, t.dim, reinterpret_cast<uint32_t*>(tile));
-              auto* vp = reinterpret_cast<uint32_t*>(tile + t.pairs_v_off);
-              pack_v_pairs(kt.v, kt.nk, t.dim_v, vp, t.dim_v_pad);  // (float32 V: rounded to bf16 here)
-              // The values P.V multiplies: a float32 V near FLT_MAX rounds to an Inf.
-              const bool finite = finite_words(vp, (kTileKeys / 2) * t.dim_v_pad);
-              tile[t.pairs_flag_off] = std::byte{finite ? uint8_t{1} : uint8_t{0}};
-            }
-          },
-          tbb::simple_partitioner());
-    }
-  });
-#else
-  (void)p, (void)in, (void)t, (void)area;
-#endif
+  if constexpr (!kAmxBuilt) {
+    (void)p, (void)in, (void)t, (void)area;
+  } else {
+    visit_inputs(in, [&](const auto& typed) {
+      using E = std::remove_const_t<std::remove_pointer_t<decltype(typed.k.data)>>;
+      if constexpr (std::is_same_v<E, bf16> || std::is_same_v<E, float>) {
+        const int64_t tiles = p.kv_len / kTileKeys;  // whole tiles only (a short one is never run there)
+        attnlab::parallel_tasks(
+            TaskRange(0, p.batch * p.kv_heads * tiles, 8),
+            [&](const TaskRange& range) {
+              for (int64_t x = range.begin(); x != range.end(); ++x) {
+                const int64_t bh = x / tiles, b = bh / p.kv_heads, hk = bh % p.kv_heads, j0 = x % tiles * kTileKeys;
+                if (j0 + kTileKeys > p.kv_len_of(b)) continue;  // past this sequence's keys: never read
+                const KeyTile<E> kt = key_tile(typed, t, b, hk, TileRef{j0, static_cast<int>(kTileKeys)});
+                std::byte* tile =
+                    area + static_cast<size_t>(bh) * t.pairs_head + static_cast<size_t>(x % tiles) * t.pairs_tile;
+                if constexpr (std::is_same_v<E, bf16>)
+                  pack_k_pairs(kt.k, kt.nk, t.dim, reinterpret_cast<uint32_t*>(tile));
+                auto* vp = reinterpret_cast<uint32_t*>(tile + t.pairs_v_off);
+                pack_v_pairs(kt.v, kt.nk, t.dim_v, vp, t.dim_v_pad);  // (float32 V: rounded to bf16 here)
+                // The values P.V multiplies: a float32 V near FLT_MAX rounds to an Inf.
+                const bool finite = words_finite(vp, (kTileKeys / 2) * t.dim_v_pad);
+                tile[t.pairs_flag_off] = std::byte{finite ? uint8_t{1} : uint8_t{0}};
+              }
+            },
+            tbb::simple_partitioner());
+      }
+    });
+  }
 }
 
 }  // namespace attnlab::ATTN_TARGET_NS::simd

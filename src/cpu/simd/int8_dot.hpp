@@ -149,6 +149,22 @@ inline float score_row_rule(const I8Row& q, const std::byte* kr, int64_t d) {
 inline constexpr int kSliceBlock = 4 * i8_detail::kSliceKeys;      // keys per register block: 4 vectors of keys
 inline constexpr int kSliceRows = kVectorRegisters == 32 ? 4 : 2;  // rows per pass: 4 x 4 accumulators (AVX2: 2 x 4)
 
+// score_rows (microkernel.hpp) in integers, on the floor's integer vectors (kI8Vector): s[m * kTileKeys
+// + j] for rows m < MR (I8Row rows `ld` bytes apart from q0) and keys [ja, jb). Keys ride in 128-bit
+// lanes: a vector holds kSliceKeys keys (4 on AVX-512, 2 on AVX2), each with the same 16 of its codes
+// (a slice, put together from the K rows by lane-masked broadcasts: slice_of), and vpdpbusd against
+// Q's matching 16 codes broadcast to every lane leaves per key 4 partial sums; summing those is one
+// shuffle stage per 4 vectors of keys (group_sums), where a key x row block of dot products would
+// need a whole horizontal reduction per (row, key). Slices: u8 16 codes; u4 a slice of 16 bytes
+// gives two (lows, highs: Q's vec_slot order); q8_0 a block's two halves; q4_0 a block's 16 bytes
+// give its values 0..15 and 16..31. Row types sum in int32 across the row and scale once per key:
+// (I - zp sum q) dq sc; block types scale each block's int32 sum by dq_b dk_b (dk per lane: its
+// key's), summed in float.
+// Vnni: dot4 by vpdpbusd (the CPU has the target's VNNI unit), else by vpmaddubsw + vpmaddwd, whose
+// unsigned operand must stay <= 128: q8_0's codes and u8's minus 128 go in as their magnitudes with
+// their signs moved onto Q (sign8), so q8_0 needs no offset and u8's sum is I - 128 sum q (its zero
+// point read 128 lower). With VNNI q8_0's codes go in as c + 128 (one xor) and q4_0's nibbles as
+// they are; each block's lane 0 per key starts at -128 sum_b q resp. -8 sum_b q.
 template <int MR, KvDType T, bool Vnni, class Step>
 void score_rows_i8_slices(const I8Layout& l, const std::byte* q0, int64_t ld, const Rows<Quant<T>>& k, int ja, int jb,
                           float* s, Step& step) {

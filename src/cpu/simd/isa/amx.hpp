@@ -174,6 +174,15 @@ inline void amx_pv(const uint32_t* pw, int64_t ldp, const uint32_t* const* vp, i
 }
 #undef ATTN_AMX_DOT
 
+// Whether all n packed words (bf16 pairs, n a multiple of 16) are finite: no exponent field all ones.
+inline bool words_finite(const uint32_t* w, int64_t n) {
+  const __m512i exp = _mm512_set1_epi16(0x7f80);
+  __mmask32 bad = 0;
+  for (int64_t i = 0; i < n; i += 16)
+    bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(_mm512_load_si512(w + i), exp), exp);
+  return bad == 0;
+}
+
 // `attnlab peak`'s tile loop (target_bf16.cpp): four accumulator tiles, each TDPBF16PS (Int8:
 // TDPBSSD on bytes of 1, flash_int8_amx's scores) independent of the last three, so the loop
 // measures the tile unit's throughput, not its latency (~1-1.6 TFLOP/s per core,
@@ -219,3 +228,19 @@ __attribute__((noinline)) float amx_tile_rounds(int64_t iters, float x) {
 }  // namespace attnlab::ATTN_TARGET_NS::simd
 
 #endif  // ATTN_HAVE_AMX
+
+#if !defined(ATTN_HAVE_AMX)
+#include <cstdint>
+
+// The AMX vocabulary on an object without the tile unit (kAmxBuilt false): declared so the tile engine
+// reads the same in every object, defined nowhere (absent.hpp's rule: its uses sit behind kAmxBuilt).
+namespace attnlab::ATTN_TARGET_NS::simd {
+void amx_configure();
+void amx_release();
+template <bool Int8 = false>
+void amx_scores(const uint32_t* qa, int64_t ldq, const uint32_t* kt, int64_t dw, void* sb, int64_t lds = 64);
+void amx_pv(const uint32_t* pw, int64_t ldp, const uint32_t* const* vp, int nt, int64_t ldw, float* o, int64_t ldo,
+            int64_t dim_pad);
+bool words_finite(const uint32_t* w, int64_t n);
+}  // namespace attnlab::ATTN_TARGET_NS::simd
+#endif

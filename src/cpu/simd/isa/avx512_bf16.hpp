@@ -195,6 +195,12 @@ inline void pv_pairs(const uint32_t* pw, int64_t ldp, const uint32_t* vp, int64_
   }
 }
 
+// 32 consecutive values of P (p0, then p1) rounded to bf16 (nearest even, vcvtne2ps2bf16) as 16 words
+// of pairs at pw (64-byte aligned): p0's in words 0-7, p1's in words 8-15 (flash_amx's P).
+inline void store_pairs(uint32_t* pw, Batch p0, Batch p1) {
+  _mm512_store_si512(pw, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p1, p0)));
+}
+
 // `attnlab peak`'s vdpbf16ps loop (target_bf16.cpp): Chains independent accumulators (vdpbf16ps
 // has the FMA's latency class, ~5-6 cycles, and up to 2 per cycle: 16 chains with 32 registers keep
 // both pipes busy without spills), each step acc += a.a with a = x's bf16 pairs; returns their sum.
@@ -219,4 +225,24 @@ __attribute__((noinline)) float bf16_dot_chains(int64_t iters, float start, floa
 
 }  // namespace attnlab::ATTN_TARGET_NS::simd
 
+#else
+#include "cpu/simd/microkernel.hpp"
+
+// The bf16 pair vocabulary on an object without AVX512_BF16 (kPairsBuilt false): declared so the tile
+// engine reads the same in every object, defined nowhere (absent.hpp's rule: its uses sit behind
+// `if constexpr (Pairs)` / kPairsBuilt, so a call that is not selected out fails to link).
+namespace attnlab::ATTN_TARGET_NS::simd {
+void pack_k_pairs(const Rows<bf16>& k_rows, int nk, int64_t d, uint32_t* kt);
+template <class E>
+void pack_v_pairs(const Rows<E>& v_rows, int nk, int64_t d, uint32_t* vp, int64_t ldw);
+template <int MR, class Step>
+void score_panel_bf16(const uint32_t* qp, const uint32_t* kt, int64_t d, float scale, int ja, int jb, float* s,
+                      Step& step);
+template <int MR>
+void round_p_rows(float* p, uint32_t* pw);
+template <int MR, class Step>
+void pv_pairs(const uint32_t* pw, int64_t ldp, const uint32_t* vp, int64_t ldw, float* o, int64_t ldo,
+              const float* alpha, int ka, int kb, int64_t d, Step& step);
+void store_pairs(uint32_t* pw, Batch p0, Batch p1);
+}  // namespace attnlab::ATTN_TARGET_NS::simd
 #endif  // __AVX512BF16__
