@@ -80,13 +80,9 @@
 #include <tbb/partitioner.h>
 
 #include "attnlab/kernel.hpp"
-#if !defined(ATTN_BF16_OBJECT)
 #include "cpu/backward_tiles.hpp"
-constexpr bool kFlashBackward = true;
-#else
-constexpr bool kFlashBackward = false;  // that object compiles flash's driver for flash_bf16 only
-#endif
 #include "cpu/parallel.hpp"
+#include "cpu/simd/isa/object.hpp"
 #include "cpu/simd/tiles.hpp"
 
 namespace attnlab::ATTN_TARGET_NS {
@@ -237,7 +233,7 @@ class Flash final : public Kernel {
   }
   // A quantized or paged cache: chunked prefill over it. The backward: src/cpu/backward_tiles.cpp.
   Capabilities capabilities() const override {
-    return {.patterns = true, .head_dim_v = true, .kv_quant = true, .paged = true, .backward = kFlashBackward};
+    return {.patterns = true, .head_dim_v = true, .kv_quant = true, .paged = true, .backward = kBackward};
   }
   Support supports(const Problem& p) const override {
     if (p.kv_paged() && p.dilation > 1) {
@@ -253,19 +249,24 @@ class Flash final : public Kernel {
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     simd::run_prefill(p, in, out, ctx, simd::make_tiling(p), "flash");
   }
-#if !defined(ATTN_BF16_OBJECT)  // that object compiles flash's driver for flash_bf16 only
-  // The backward pass: src/cpu/backward_tiles.cpp.
+  // The backward pass: src/cpu/backward_tiles.cpp - not in the avx512_bf16 object, which compiles
+  // flash's driver for flash_bf16 only (kBackward: capabilities() says so; the calls are discarded).
+  static constexpr bool kBackward = !simd::kBf16Object;
   size_t backward_workspace_bytes(const Problem& p, int threads) const override {
-    return flash_backward_bytes(p, threads);
+    if constexpr (kBackward) return flash_backward_bytes(p, threads);
+    return 0;
   }
   void run_backward(const Problem& p, const Inputs& in, const BackwardInputs& bw, const Gradients& g,
                     RunContext& ctx) const override {
-    flash_backward(p, in, bw, g, ctx);
+    if constexpr (kBackward) {
+      flash_backward(p, in, bw, g, ctx);
+    } else {
+      Kernel::run_backward(p, in, bw, g, ctx);  // throws: no backward here
+    }
   }
   std::shared_ptr<const Plan> make_backward_plan(const Problem& p) const override {
-    return p.sparse() ? std::make_shared<PatternPlan>(p) : nullptr;
+    return kBackward && p.sparse() ? std::make_shared<PatternPlan>(p) : nullptr;
   }
-#endif
 };
 
 }  // namespace

@@ -41,12 +41,11 @@
 
 #include "attnlab/kernel.hpp"
 #include "attnlab/pattern.hpp"
+#include "cpu/simd/isa/object.hpp"
 #include "cpu/simd/tiles.hpp"
 
 namespace attnlab::ATTN_TARGET_NS::cpu {
-#if defined(ATTN_BF16_OBJECT)
-Support amx_permission();  // src/cpu/flash_bf16.cpp
-#endif
+Support amx_permission();  // src/cpu/flash_bf16.cpp (the avx512_bf16 object's)
 namespace {
 
 // amx: flash_int8_amx (the avx512_bf16 object only), else flash_int8.
@@ -68,9 +67,9 @@ class FlashInt8 final : public Kernel {
                 : "f32 in; Q per row and K - mean per key to int8, int32 K.Q; f32 softmax and P.V";
   }
   Support available() const override {
-#if defined(ATTN_BF16_OBJECT)
-    if (amx_) return amx_permission();
-#endif
+    if constexpr (simd::kBf16Object) {
+      if (amx_) return amx_permission();
+    }
     return Support::yes();
   }
   Capabilities capabilities() const override {
@@ -122,11 +121,10 @@ const Kernel& flash_int8() {
   return k;
 }
 
-#if defined(ATTN_BF16_OBJECT)
+// (the avx512_bf16 object's table lists it; the other objects compile it unused)
 const Kernel& flash_int8_amx() {
   static const FlashInt8 k(true);
   return k;
 }
-#endif
 
 }  // namespace attnlab::ATTN_TARGET_NS::cpu

@@ -806,11 +806,6 @@ TypedInputs<Quant<T>> quant_inputs(const Inputs& in) {
 template <class F>
 void visit_kv(const Inputs& in, F&& f) {
   if (in.kv == KvDType::Same) return visit_inputs(in, f);
-#if defined(ATTN_BF16_OBJECT)
-  constexpr bool kBf16Object = true;
-#else
-  constexpr bool kBf16Object = false;
-#endif
   if constexpr (kBf16Object) {  // its kernels (flash_bf16, flash_amx) take bf16 inputs only: no Quant<T> engine here
     throw std::logic_error("tile engine: the bf16-product kernels do not read a quantized cache");
   } else {

@@ -26,6 +26,7 @@
 //   kI8Vector: i8_detail's integer vocabulary (dot4, slices, group sums, V codes, P codes)
 //   kI8Unit, kI8ScoreUnit, kI8Chunk: the integer dot-product unit and its step
 //   kI8Sdot: sdot_codes (NEON's integer dot product of one key)
+// and object.hpp: kBf16Object, which object this is (the avx512_bf16 object or a dispatch target's).
 #pragma once
 
 #ifndef ATTN_TARGET_NS
@@ -43,3 +44,5 @@
 #else
 #error "no instruction-set floor for this target's flags: build it as the scalar target (ATTN_TARGET_SCALAR)"
 #endif
+
+#include "cpu/simd/isa/object.hpp"
