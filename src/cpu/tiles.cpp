@@ -514,10 +514,10 @@ KeyTile<E> key_tile(const TypedInputs<E>& in, const Tiling& t, int64_t b, int64_
 }
 
 // flash_amx and flash_int8_amx's tile-unit steps (kAmxBuilt: the avx512_bf16 object; the other
-// objects compile them against amx.hpp's declarations and never call them).
+// objects compile them against amx.hpp's declarations and never call them: [[maybe_unused]]).
 // The keys every row of the task sees (the intersection of the rows' intervals; empty when some
 // row sees none), found once per task: a per-tile test over the rows cost 10% of flash_amx's time.
-inline Interval common_keys(const Scratch& s, int64_t rows) {
+[[maybe_unused]] inline Interval common_keys(const Scratch& s, int64_t rows) {
   Interval c{0, std::numeric_limits<int64_t>::max()};
   for (int64_t rr = 0; rr < rows; ++rr) c.lo = std::max(c.lo, s.iv[rr].lo), c.hi = std::min(c.hi, s.iv[rr].hi);
   return c;
@@ -564,7 +564,8 @@ inline void amx_scores_bf16(const Tiling& t, const Scratch& s, int64_t rb, const
 }
 
 // A whole tile's blocks of 32 rows in turn (its K^T pairs at kt, V pairs at vp).
-inline void amx_tile_bf16(const Tiling& t, const Scratch& s, int64_t rows, const uint32_t* kt, const uint32_t* vp) {
+[[maybe_unused]] inline void amx_tile_bf16(const Tiling& t, const Scratch& s, int64_t rows, const uint32_t* kt,
+                                           const uint32_t* vp) {
   for (int64_t rb = 0; rb < rows; rb += kAmxRows) {
     amx_scores_bf16(t, s, rb, kt, s.p);
     amx_softmax_pv(t, s, rb, s.p, t.score_scale, &vp);
@@ -572,18 +573,18 @@ inline void amx_tile_bf16(const Tiling& t, const Scratch& s, int64_t rows, const
 }
 
 // The pre-packed tiles of a head (Tiling::pairs_head): tile j0 / 64's K^T pairs and V pairs.
-inline const uint32_t* packed_k(const Tiling& t, const std::byte* head, int64_t j0) {
+[[maybe_unused]] inline const uint32_t* packed_k(const Tiling& t, const std::byte* head, int64_t j0) {
   return reinterpret_cast<const uint32_t*>(head + static_cast<size_t>(j0 / kTileKeys) * t.pairs_tile);
 }
-inline const uint32_t* packed_v(const Tiling& t, const std::byte* head, int64_t j0) {
+[[maybe_unused]] inline const uint32_t* packed_v(const Tiling& t, const std::byte* head, int64_t j0) {
   return reinterpret_cast<const uint32_t*>(head + static_cast<size_t>(j0 / kTileKeys) * t.pairs_tile + t.pairs_v_off);
 }
 // The packed tiles of head (b, hk).
-inline const std::byte* amx_head(const Tiling& t, const Scratch& s, int64_t b, int64_t hk) {
+[[maybe_unused]] inline const std::byte* amx_head(const Tiling& t, const Scratch& s, int64_t b, int64_t hk) {
   return s.pairs + static_cast<size_t>(b * t.kv_heads + hk) * t.pairs_head;
 }
 // ... and whether every V value of its tile at j0 is finite (prepare_pairs' flag).
-inline bool packed_v_finite(const Tiling& t, const std::byte* head, int64_t j0) {
+[[maybe_unused]] inline bool packed_v_finite(const Tiling& t, const std::byte* head, int64_t j0) {
   return head[static_cast<size_t>(j0 / kTileKeys) * t.pairs_tile + t.pairs_flag_off] == std::byte{1};
 }
 
@@ -608,7 +609,7 @@ inline void amx_scores_i8(const Tiling& t, const Scratch& s, int64_t rb, const s
   }
 }
 // A whole tile's blocks of 32 rows in turn (its key tile at tile, V pairs in s.vp).
-inline void amx_tile_i8(const Tiling& t, const Scratch& s, int64_t rows, const std::byte* tile) {
+[[maybe_unused]] inline void amx_tile_i8(const Tiling& t, const Scratch& s, int64_t rows, const std::byte* tile) {
   for (int64_t rb = 0; rb < rows; rb += kAmxRows) {
     amx_scores_i8(t, s, rb, tile, s.p);
     const uint32_t* vp = s.vp;
@@ -634,7 +635,7 @@ inline void amx_tile_i8(const Tiling& t, const Scratch& s, int64_t rows, const s
 // flash_int8_amx (float32 inputs) 64-71 -> 59-62 ms, causal 44 -> 36 ms. Issuing
 // the next tile's scores and the last one's P.V between the softmax's rows, so the tile unit
 // would run beside the vector units, changed nothing (1.00x): here the two do not overlap.
-inline bool prepacked_tile(const Tiling& t, const TileRef& r) {
+[[maybe_unused]] inline bool prepacked_tile(const Tiling& t, const TileRef& r) {
   return t.pairs_head > 0 && r.k == nullptr && r.j0 % kTileKeys == 0;
 }
 // Whether amx_prepacked_tiles runs tile r: a whole one, or (the interval path) a masked one whose
