@@ -77,6 +77,14 @@ def tracked_bytes(files):
                if p.startswith("results/") and os.path.isfile(os.path.join(ROOT, p)))
 
 
+def results_megabytes():
+    """The tracked files under results/, in MB (0 outside a git checkout): docs.py --check's budget."""
+    try:
+        return tracked_bytes(tracked()) / 1e6
+    except (OSError, subprocess.CalledProcessError):
+        return 0.0
+
+
 def compress(path, dry):
     """bench.json -> bench.json.gz, the same bytes inside, no timestamp (the same file every time)."""
     if dry:

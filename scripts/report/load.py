@@ -4,6 +4,7 @@ targets; which rows are peers, prefill, decode; holding parameters fixed."""
 import collections
 import csv
 import gzip
+import importlib.util
 import json
 import os
 import statistics
@@ -23,17 +24,16 @@ DECODE_MAX_Q = 16  # q_len at most this (and below kv_len) counts as decode
 NARROW_TWINS = {"decode_i8": ("decode", None), "flash_int8": ("flash", None), "flash_int8_amx": ("flash", "avx512")}
 # Peers whose products are int8 (OpenVINO's sage path): judged, like the lab's NARROW_TWINS, by a
 # tolerance derived from their rounding, so never ranked against float kernels.
-# The peers, their colours and which multiply in int8: the peers' catalogue (scripts/peers/catalogue.json).
-_catalogue_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peers", "catalogue.json")
-with open(_catalogue_path) as _f:
-    _catalogue = json.load(_f)["peers"]
-NARROW_PEERS = tuple(p["name"] for p in _catalogue if p["products"] == "int8")
-
-PEERS = tuple(p["name"] for p in _catalogue)
-PEER_FAMILY = {p["name"]: p["family"] for p in _catalogue}
-
-
-PEER_COLORS = {p["name"]: p["color"] for p in _catalogue}
+# The peers, their families, colours and which multiply in int8: the peers' catalogue
+# (scripts/peers/catalogue.py, loaded by path: scripts/peers is not a package).
+_spec = importlib.util.spec_from_file_location(
+    "attn_peer_catalogue", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peers", "catalogue.py"))
+_catalogue = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_catalogue)
+NARROW_PEERS = _catalogue.INT8_PEERS
+PEERS = tuple(_catalogue.PEERS)
+PEER_FAMILY = _catalogue.FAMILY_OF
+PEER_COLORS = _catalogue.COLORS
 
 
 def is_peer(kernel):

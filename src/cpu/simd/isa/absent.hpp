@@ -22,8 +22,6 @@ Batch trunc_float(Batch y);
 Batch f16_lanes(const uint16_t* p);
 Batch spread_keys(Batch v, int g);
 template <bool Max>
-Batch lane_reduce4(Batch a, Batch b, Batch c, Batch d);
-template <bool Max>
 Batch reduce4(Batch a, Batch b, Batch c, Batch d);
 Batch group_sums(const Batch a[4]);
 
