@@ -27,7 +27,7 @@ class EmulatedKernel final : public Kernel {
   // an H100's 132, so the keys split as they would there).
   EmulatedKernel(std::string name, const cuda_impl::KernelOps& ops, Capabilities caps, int sms)
       : name_(std::move(name)), ops_(ops), caps_(caps), sms_(sms) {}
-  Capabilities capabilities() const override { return caps_; }
+  const Capabilities& capabilities() const override { return caps_; }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return cuda_impl::block_plan(p, ops_); }
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return "CUDA device code under host emulation"; }

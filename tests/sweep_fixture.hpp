@@ -112,7 +112,10 @@ class BrokenGrad final : public Kernel {
   std::string_view name() const override { return "brokengrad"; }
   std::string_view description() const override { return "test: naive with dK[0,0,0,0] off by 0.01"; }
   size_t workspace_bytes(const Problem& p, int t) const override { return naive().workspace_bytes(p, t); }
-  Capabilities capabilities() const override { return {.backward = true}; }
+  const Capabilities& capabilities() const override {
+    static constexpr Capabilities k{.backward = true};
+    return k;
+  }
   size_t backward_workspace_bytes(const Problem& p, int t) const override {
     return naive().backward_workspace_bytes(p, t);
   }

@@ -96,8 +96,9 @@ class PlantedPv final : public Kernel {
   explicit PlantedPv(Bug bug) : bug_(bug) {}
   std::string_view name() const override { return "planted_pv"; }
   std::string_view description() const override { return "test-only decode_i8 arithmetic with one planted bug"; }
-  Capabilities capabilities() const override {
-    return {.head_dim_v = true, .kv_quant = true, .arithmetic = Arithmetic::Int8Products};
+  const Capabilities& capabilities() const override {
+    static constexpr Capabilities k{.head_dim_v = true, .kv_quant = true, .arithmetic = Arithmetic::Int8Products};
+    return k;
   }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext&) const override {
     const DequantizedKv dq = dequantize_kv(p, in);

@@ -45,7 +45,10 @@ class PlantedInt8 final : public Kernel {
   explicit PlantedInt8(Bug bug) : bug_(bug) {}
   std::string_view name() const override { return "planted_int8"; }
   std::string_view description() const override { return "test-only int8 kernel with one planted bug"; }
-  Capabilities capabilities() const override { return {.arithmetic = Arithmetic::Int8Products}; }
+  const Capabilities& capabilities() const override {
+    static constexpr Capabilities k{.arithmetic = Arithmetic::Int8Products};
+    return k;
+  }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext&) const override {
     const int64_t d = p.head_dim;
     std::vector<int8_t> qc(static_cast<size_t>(d)), qn(static_cast<size_t>(d));

@@ -601,7 +601,10 @@ class Planted final : public Kernel {
       : name_(std::move(name)), wrong_(std::move(wrong)) {}
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return "planted pattern bug"; }
-  Capabilities capabilities() const override { return {.patterns = true}; }
+  const Capabilities& capabilities() const override {
+    static constexpr Capabilities k{.patterns = true};
+    return k;
+  }
   size_t workspace_bytes(const Problem& p, int t) const override { return find_kernel("naive")->workspace_bytes(p, t); }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     const Pattern pat(p);

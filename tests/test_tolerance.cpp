@@ -42,12 +42,12 @@ View4<const bf16> swapped(const View4<const f16>& v) { return retype<bf16>(v); }
 
 class Planted final : public Kernel {
  public:
-  explicit Planted(Bug bug, Arithmetic arithmetic = Arithmetic::F32) : bug_(bug), arithmetic_(arithmetic) {}
+  explicit Planted(Bug bug, Arithmetic arithmetic = Arithmetic::F32) : bug_(bug), caps_{.arithmetic = arithmetic} {}
   std::string_view name() const override { return "planted"; }
   std::string_view description() const override { return "test-only kernel with one planted bug"; }
   // Declared, not done: a kernel declaring bf16 products and computing the textbook float32
   // still passes (its error is below the wider tolerance); one rounding P to bf16 is correct then.
-  Capabilities capabilities() const override { return {.arithmetic = arithmetic_}; }
+  const Capabilities& capabilities() const override { return caps_; }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext&) const override {
     visit_inputs(in, [&]<class E>(const TypedInputs<E>& t) {
       if constexpr (!std::is_same_v<E, float>) {
@@ -95,7 +95,7 @@ class Planted final : public Kernel {
   }
 
   Bug bug_;
-  Arithmetic arithmetic_;
+  Capabilities caps_;
 };
 
 Problem bug_revealing_shape() {

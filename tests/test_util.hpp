@@ -32,7 +32,7 @@ class Wrapped : public Kernel {
   std::string_view description() const override { return "a planted bug around a kernel"; }
   std::string_view isa() const override { return inner_.isa(); }
   Support available() const override { return inner_.available(); }
-  Capabilities capabilities() const override { return inner_.capabilities(); }
+  const Capabilities& capabilities() const override { return inner_.capabilities(); }
   Support supports(const Problem& p) const override { return inner_.supports(p); }
   size_t workspace_bytes(const Problem& p, int threads) const override { return inner_.workspace_bytes(p, threads); }
   Support backward_supports(const Problem& p) const override { return inner_.backward_supports(p); }

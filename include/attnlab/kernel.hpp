@@ -136,7 +136,10 @@ class Kernel {
   // where loaded; float32 compute and accumulation).
   virtual std::string_view precision() const;
   // What it runs (default: interval masks, d_v = d, a float cache, contiguous, forward only, F32).
-  virtual Capabilities capabilities() const;
+  // Constant data, not a value built on call: the registry asks every kernel, also one compiled for
+  // instructions this CPU lacks, and such an object builds even a struct with vector stores (SIGILL
+  // on an SSE2-only CPU); returning the address of a constant is not vector code.
+  virtual const Capabilities& capabilities() const;
   // capabilities().arithmetic: the arithmetic its tolerance is measured against.
   Arithmetic arithmetic() const;
   // Whether it computes this (valid) problem; the reason when not.

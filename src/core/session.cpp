@@ -14,7 +14,10 @@ namespace attnlab {
 std::string_view Kernel::isa() const { return "baseline"; }
 Support Kernel::available() const { return Support::yes(); }
 std::string_view Kernel::precision() const { return "f32/bf16/f16 in, widened exactly; f32 compute"; }
-Capabilities Kernel::capabilities() const { return {}; }
+const Capabilities& Kernel::capabilities() const {
+  static constexpr Capabilities kNone{};
+  return kNone;
+}
 Arithmetic Kernel::arithmetic() const { return capabilities().arithmetic; }
 const char* to_string(Arithmetic a) {
   switch (a) {

@@ -44,7 +44,10 @@ class Blocked final : public Kernel {
   size_t workspace_bytes(const Problem& p, int) const override {
     return static_cast<size_t>(kBr * kBc + kBc * p.head_dim + kBr * p.dim_v() + 2 * kBr) * sizeof(float);
   }
-  Capabilities capabilities() const override { return {.head_dim_v = true}; }
+  const Capabilities& capabilities() const override {
+    static constexpr Capabilities k{.head_dim_v = true};
+    return k;
+  }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     visit_inputs(in, [&](const auto& typed) { run_typed(p, typed, out, ctx); });
   }

@@ -75,6 +75,7 @@ namespace attnlab::ATTN_TARGET_NS::cpu {
 namespace {
 
 constexpr int64_t kMaxQLen = 16;
+constexpr const char* kLimitNote = "splits the keys of a few new query rows; use flash for prefill";
 // Keys per task: the longest power of two up to 2048 that still leaves kMinTasks (parallel.hpp)
 // tasks, at least 128. A task's first tile is read cold (touch_rows: nothing prefetched it) and
 // its partial state is merged, so longer chunks leave less of both; a chunk's size does not
@@ -137,15 +138,22 @@ class Decode final : public Kernel {
     return int8_ ? "f32 Q to int8, P to 8 bits per tile; int32 K.Q and P.V on int caches" : Kernel::precision();
   }
   // decode_i8 reads only caches with integer codes (q8_0, q4_0, u8, u4); decode runs the others.
-  Capabilities capabilities() const override {
-    return {.patterns = true,
-            .head_dim_v = true,
-            .kv_quant = true,
-            .kv_int_codes_only = int8_,
-            .paged = true,
-            .arithmetic = int8_ ? Arithmetic::Int8Products : Arithmetic::F32,
-            .max_q_len = kMaxQLen,
-            .limit_note = "splits the keys of a few new query rows; use flash for prefill"};
+  const Capabilities& capabilities() const override {
+    static constexpr Capabilities kF32{.patterns = true,
+                                       .head_dim_v = true,
+                                       .kv_quant = true,
+                                       .paged = true,
+                                       .max_q_len = kMaxQLen,
+                                       .limit_note = kLimitNote};
+    static constexpr Capabilities kInt8{.patterns = true,
+                                        .head_dim_v = true,
+                                        .kv_quant = true,
+                                        .kv_int_codes_only = true,
+                                        .paged = true,
+                                        .arithmetic = Arithmetic::Int8Products,
+                                        .max_q_len = kMaxQLen,
+                                        .limit_note = kLimitNote};
+    return int8_ ? kInt8 : kF32;
   }
   Support supports(const Problem& p) const override {
     if (!int8_) return Support::yes();

@@ -232,8 +232,10 @@ class Flash final : public Kernel {
     return simd::make_tiling(p).bytes * static_cast<size_t>(threads);
   }
   // A quantized or paged cache: chunked prefill over it. The backward: src/cpu/backward_tiles.cpp.
-  Capabilities capabilities() const override {
-    return {.patterns = true, .head_dim_v = true, .kv_quant = true, .paged = true, .backward = kBackward};
+  const Capabilities& capabilities() const override {
+    static constexpr Capabilities k{
+        .patterns = true, .head_dim_v = true, .kv_quant = true, .paged = true, .backward = kBackward};
+    return k;
   }
   Support supports(const Problem& p) const override {
     if (p.kv_paged() && p.dilation > 1) {

@@ -86,8 +86,9 @@ class FlashBf16 final : public Kernel {
     const simd::Tiling t = tiling(p);
     return t.shared_bytes() + t.bytes * static_cast<size_t>(threads);
   }
-  Capabilities capabilities() const override {
-    return {.patterns = true, .head_dim_v = true, .arithmetic = Arithmetic::Bf16Products};
+  const Capabilities& capabilities() const override {
+    static constexpr Capabilities k{.patterns = true, .head_dim_v = true, .arithmetic = Arithmetic::Bf16Products};
+    return k;
   }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return simd::prefill_plan(p, tiling(p)); }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {

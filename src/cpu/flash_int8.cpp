@@ -72,10 +72,11 @@ class FlashInt8 final : public Kernel {
     }
     return Support::yes();
   }
-  Capabilities capabilities() const override {
-    return {.patterns = true,
-            .head_dim_v = true,
-            .arithmetic = amx_ ? Arithmetic::Int8Bf16Products : Arithmetic::Int8Products};
+  const Capabilities& capabilities() const override {
+    static constexpr Capabilities kVector{.patterns = true, .head_dim_v = true, .arithmetic = Arithmetic::Int8Products};
+    static constexpr Capabilities kAmx{
+        .patterns = true, .head_dim_v = true, .arithmetic = Arithmetic::Int8Bf16Products};
+    return amx_ ? kAmx : kVector;
   }
   Support supports(const Problem& p) const override {
     const std::string me(name());

@@ -29,8 +29,10 @@ class Naive final : public Kernel {
   std::string_view description() const override {
     return "textbook float32: full score matrix, stable softmax, P*V; plain loops";
   }
-  Capabilities capabilities() const override {
-    return {.patterns = true, .head_dim_v = true, .kv_quant = true, .paged = true, .backward = true};
+  const Capabilities& capabilities() const override {
+    static constexpr Capabilities k{
+        .patterns = true, .head_dim_v = true, .kv_quant = true, .paged = true, .backward = true};
+    return k;
   }
   size_t backward_workspace_bytes(const Problem& p, int) const override {
     return static_cast<size_t>(p.kv_len) * sizeof(float);

@@ -27,13 +27,14 @@ namespace {
 // ATTN_NATIVE): listed, never available.
 class UnbuiltFlashBf16 final : public Kernel {
  public:
-  explicit UnbuiltFlashBf16(const char* name, Arithmetic a = Arithmetic::Bf16Products) : name_(name), arithmetic_(a) {}
+  explicit UnbuiltFlashBf16(const char* name, Arithmetic a = Arithmetic::Bf16Products)
+      : name_(name), caps_{.arithmetic = a} {}
   std::string_view name() const override { return name_; }
   std::string_view description() const override {
     return "flash with bf16 products (AVX512_BF16 vdpbf16ps; flash_amx: AMX-BF16 tiles; flash_int8_amx: AMX-INT8 "
            "scores, AMX-BF16 P.V)";
   }
-  Capabilities capabilities() const override { return {.arithmetic = arithmetic_}; }
+  const Capabilities& capabilities() const override { return caps_; }
   Support available() const override {
     return Support::no(
         "not in this build: the avx512_bf16 object is built only by x86-64 builds with run-time "
@@ -45,7 +46,7 @@ class UnbuiltFlashBf16 final : public Kernel {
 
  private:
   const char* name_;
-  Arithmetic arithmetic_;
+  Capabilities caps_;
 };
 
 // A SIMD kernel compiled for one target.
@@ -56,7 +57,7 @@ class TargetKernel final : public Kernel {
   std::string_view description() const override { return inner_.description(); }
   std::string_view isa() const override { return isa_; }
   std::string_view precision() const override { return inner_.precision(); }
-  Capabilities capabilities() const override { return inner_.capabilities(); }
+  const Capabilities& capabilities() const override { return inner_.capabilities(); }
   Support available() const override {
     if (!cpu_runs_isa(isa_)) return Support::no(cannot_run_reason(isa_));
     return inner_.available();

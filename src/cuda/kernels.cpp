@@ -156,7 +156,7 @@ class CudaKernel final : public Kernel {
   CudaKernel(std::string_view name, std::string_view description, const cuda_impl::KernelOps* ops,
              std::string_view precision, Capabilities caps)
       : name_(name), description_(description), ops_(ops), precision_(precision), caps_(caps) {}
-  Capabilities capabilities() const override { return caps_; }
+  const Capabilities& capabilities() const override { return caps_; }
   std::string_view precision() const override { return precision_.empty() ? Kernel::precision() : precision_; }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
     return ops_ ? cuda_impl::block_plan(p, *ops_) : nullptr;
