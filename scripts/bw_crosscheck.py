@@ -2,7 +2,7 @@
 """The lab's read-bandwidth figure against an independent tool, in paired rounds.
 
 Each round runs, one right after the other on the same threads: `attnlab peak` (its read loop:
-src/cpu/target.cpp's stream_sum, the loop the sweep's per-point probe runs) and likwid-bench's
+src/cpu/dispatch/target.cpp's stream_sum, the loop the sweep's per-point probe runs) and likwid-bench's
 `load_avx512` (else `load_avx`) kernel over a buffer of the same size (Debian's likwid package:
 scripts/setup.sh does not install it; `apt-get install likwid`). Writes FOLDER/crosscheck.md (the
 table: per round both figures and their ratio; the median ratio) and crosscheck.json.

@@ -165,7 +165,7 @@ def write_report(folder, out):
            + (f"{bw / 1e9:.1f} GB/s read bandwidth" if bw else "no read bandwidth")
            + (f", {peak / 1e9:.0f} GFLOP/s FMA peak" if peak else "") + f" at {threads} thread(s).", "",
            f"Each configuration: a cache holding `prompt` tokens, then {summary[0]['steps']} generated tokens, each = append its "
-           "K/V rows + decode against the whole cache (`attnlab generate`, src/bench/generation.hpp). Times "
+           "K/V rows + decode against the whole cache (`attnlab generate`, src/bench/generation/generation.hpp). Times "
            "are medians over the generated tokens; context is the median token's. The steady decode is the "
            "same decode call repeated right after each step without appending (interleaved, so the "
            "machine's drift hits both): the loop's attention time should match it (same work). Roofline "

@@ -3,7 +3,7 @@
 
   scripts/tidy_results.py [--root DIR]             tidy the committed runs (git rm / git add; commit after)
   scripts/tidy_results.py [--root DIR] --dry-run   say what it would do, change nothing
-(--root: another checkout than this script's; tests/check_tidy.py's fixture repository)
+(--root: another checkout than this script's; tests/checks/check_tidy.py's fixture repository)
 
 1. The cited folders: every results/<folder> named by a tracked file outside results/ (README,
    docs/ - docs/runs.md aside, which lists every folder -, experiments/, scripts/, src/, tests/,

@@ -1,6 +1,6 @@
 // The CUDA kernels' device code run by the host emulation (src/cuda/emu.hpp) on host memory,
 // as test-only kernels (not in the registry): tests on machines without a GPU use them like
-// any other Kernel. Defined in tests/cuda_emu_kernels.cpp.
+// any other Kernel. Defined in tests/kernels/cuda_emu_kernels.cpp.
 #pragma once
 
 #include <string>

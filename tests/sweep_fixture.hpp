@@ -1,4 +1,4 @@
-// The sweep tests' stand-ins (tests/test_sweep.cpp, tests/test_sweep_peers.cpp): kernels that
+// The sweep tests' stand-ins (tests/bench/test_sweep.cpp, tests/bench/test_sweep_peers.cpp): kernels that
 // fail in planted ways, a peak file so no test measures the machine, and the SweepRun fixture
 // with a tiny experiment and the options that run it quickly.
 #pragma once
@@ -24,13 +24,13 @@
 #include "attnlab/isa.hpp"
 #include "attnlab/npy.hpp"
 #include "attnlab/verify.hpp"
-#include "bench/files.hpp"
-#include "bench/bench_point.hpp"
-#include "bench/machine.hpp"
-#include "bench/results.hpp"
-#include "bench/peers.hpp"
+#include "bench/results/files.hpp"
+#include "bench/sweep/bench_point.hpp"
+#include "bench/results/machine.hpp"
+#include "bench/results/results.hpp"
+#include "bench/peers/peers.hpp"
 #include "peaks/stats.hpp"
-#include "bench/sweep.hpp"
+#include "bench/sweep/sweep.hpp"
 #include "test_util.hpp"
 
 namespace attnlab::bench {

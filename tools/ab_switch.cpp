@@ -38,8 +38,8 @@
 #include "attnlab/kernel.hpp"
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
-#include "bench/bench_point.hpp"
-#include "bench/experiment.hpp"
+#include "bench/sweep/bench_point.hpp"
+#include "bench/sweep/experiment.hpp"
 #include "cli/common.hpp"
 
 extern "C" __attribute__((weak)) int attn_ab_variant = 1;

@@ -1,6 +1,6 @@
 // What the flash kernel computes for a sparse pattern, against what is visible: walks the
-// block map (build_block_map, as src/cpu/flash.cpp builds it) panel by panel the way
-// process_panel in src/cpu/tiles.cpp does, and counts per (b, kv head):
+// block map (build_block_map, as src/cpu/kernels/flash.cpp builds it) panel by panel the way
+// process_panel in src/cpu/engine/tiles.cpp does, and counts per (b, kv head):
 //   scores: pairs GEMM 1 computes (MR rows x the 16-key vectors [ja, jb) the panel's rows see;
 //           whole tiles when full), pv6: pairs through the MR-row P.V kernel, pv1: pairs through
 //           the 1-row kernel, tiles: key tiles packed (one K^T packing each per task), tasks, rows.

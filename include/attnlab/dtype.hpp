@@ -17,7 +17,7 @@
 #include <string>
 #include <type_traits>
 
-// Always inlined: these are called from the per-target SIMD code too (src/cpu/target.hpp),
+// Always inlined: these are called from the per-target SIMD code too (src/cpu/dispatch/target.hpp),
 // where an out-of-line copy compiled for AVX-512 could be the one the linker keeps.
 #if defined(__CUDACC__)
 #define ATTN_DT_HD __host__ __device__ __forceinline__

@@ -2,7 +2,7 @@
 // SIMD kernel uses.
 //
 // The SIMD kernels (simd, threaded, flash, decode) are compiled once per target from the
-// same source (src/cpu/target.hpp): on x86-64 `scalar` (one float per instruction),
+// same source (src/cpu/dispatch/target.hpp): on x86-64 `scalar` (one float per instruction),
 // `avx2` (x86-64-v3: AVX2, FMA, F16C, BMI) and `avx512` (x86-64-v4: AVX-512 F/BW/DQ/VL/CD);
 // on aarch64 `scalar` and `neon`. An ATTN_NATIVE=ON build has one target, named after what
 // -march=native enables. The rest of the lab (reference, naive, blocked, I/O) is built for

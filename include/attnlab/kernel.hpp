@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "attnlab/backward.hpp"
-#include "attnlab/phases.hpp"
+#include "attnlab/blocks/phases.hpp"
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
 

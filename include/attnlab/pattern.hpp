@@ -27,7 +27,7 @@
 #include <utility>
 #include <vector>
 
-#include "attnlab/interval.hpp"
+#include "attnlab/blocks/interval.hpp"
 
 namespace attnlab {
 
@@ -116,7 +116,7 @@ struct PatternCount {
 PatternCount count_pattern(const Problem& p);
 
 // The block classification of a tile kernel whose tasks are (b, kv head, query tile of `br`
-// rows starting at multiples of br), rows interleaved rr = r * G + g (src/cpu/flash.cpp), key
+// rows starting at multiples of br), rows interleaved rr = r * G + g (src/cpu/kernels/flash.cpp), key
 // tiles of kBlockKeys keys at multiples of kBlockKeys.
 struct BlockMap {
   static constexpr int64_t kBlockKeys = 64;

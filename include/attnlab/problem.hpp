@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "attnlab/dtype.hpp"
-#include "attnlab/interval.hpp"
+#include "attnlab/blocks/interval.hpp"
 #include "attnlab/kv_quant.hpp"
 #include "attnlab/pattern.hpp"
 

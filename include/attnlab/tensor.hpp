@@ -9,7 +9,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "attnlab/kv_page.hpp"
+#include "attnlab/blocks/kv_page.hpp"
 #include "attnlab/problem.hpp"
 
 namespace attnlab {

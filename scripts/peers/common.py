@@ -74,7 +74,7 @@ class Problem:
 
     def keep(self):
         """The dense mask, bool (B, 1, Sq, Skv): True = attend (numpy_attention.pattern_mask's rule;
-        a point with a mask file is not handed to peers, src/bench/peers.cpp)."""
+        a point with a mask file is not handed to peers, src/bench/peers/peers.cpp)."""
         return np.stack([pattern_mask(self.q_len, self.kv_len, self.kv_len_of(b), self.causal, self.left,
                                       self.right, self.sinks, self.globals, self.doc_lens, self.dilation,
                                       self.bigbird)[None] for b in range(self.batch)])

@@ -6,7 +6,7 @@ q4_0, else F32. A quantized cache arrives as the lab's dequantized values and is
 ggml's own quantize_row_*_ref rule (the lab's writer follows it: the same blocks come back). Q is
 float32; ggml converts it to K's dot-product type (F16 for an F16 cache, Q8_0 for Q8_0 and Q4_0)
 and, for an F16 V, accumulates P.V in F16: its error is larger than float32 arithmetic's (the sweep
-judges it with the peer tolerance that implies, src/bench/peer_tolerance.cpp). Layouts: q (D, Sq, Hq), k and
+judges it with the peer tolerance that implies, src/bench/peers/peer_tolerance.cpp). Layouts: q (D, Sq, Hq), k and
 v (D, Skv, Hkv) in ggml's ne order (the lab's bhsd for batch 1), GQA by ggml's head broadcast;
 masks (causal, windows, sparse patterns) as ggml's additive F16 mask (Skv, Sq padded to
 GGML_KQ_MASK_PAD), 0 or -inf, from the lab's rule. The graph is

@@ -16,7 +16,7 @@ from .schema import LEGACY_SCHEMA, load_schema, use_schema
 DECODE_MAX_Q = 16  # q_len at most this (and below kv_len) counts as decode
 
 
-# What users run instead (attnlab sweep --peers; src/bench/peers.hpp), in report order.
+# What users run instead (attnlab sweep --peers; src/bench/peers/peers.hpp), in report order.
 # The narrow-arithmetic kernels (int8 products) and each one's float32 twin: (its name, the twin's
 # target when the narrow kernel's label is not a dispatch target - flash_int8_amx is built in the
 # avx512_bf16 object, x86-64-v4 based - else None). The report's Arithmetic section pairs them;

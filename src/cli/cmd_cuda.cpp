@@ -20,7 +20,7 @@
 #include "attnlab/kernel.hpp"
 #include "attnlab/npy.hpp"
 #include "attnlab/verify.hpp"
-#include "bench/experiment.hpp"
+#include "bench/sweep/experiment.hpp"
 #include "common.hpp"
 #include "peaks/stats.hpp"
 

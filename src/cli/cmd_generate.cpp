@@ -1,4 +1,4 @@
-// attnlab generate: the KV-cache generation loop (src/bench/generation.hpp), one configuration
+// attnlab generate: the KV-cache generation loop (src/bench/generation/generation.hpp), one configuration
 // from flags or every configuration of a generation experiment; writes generation.json,
 // steps.csv, summary.csv and machine.json into --out, each rewritten whole after every
 // configuration (an interrupted run keeps what it measured).
@@ -11,9 +11,9 @@
 #include "attnlab/atomic_write.hpp"
 #include "attnlab/isa.hpp"
 #include "attnlab/limits.hpp"
-#include "bench/bench_point.hpp"
-#include "bench/generation.hpp"
-#include "bench/machine.hpp"
+#include "bench/sweep/bench_point.hpp"
+#include "bench/generation/generation.hpp"
+#include "bench/results/machine.hpp"
 #include "peaks/peak.hpp"
 #include "peaks/stats.hpp"
 #include "common.hpp"

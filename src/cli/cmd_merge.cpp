@@ -1,7 +1,7 @@
 // attnlab merge: join the folders of a sharded sweep (attnlab sweep --shard i/n) into one.
 #include <iostream>
 
-#include "bench/results.hpp"
+#include "bench/results/results.hpp"
 #include "common.hpp"
 
 namespace attnlab::cli {

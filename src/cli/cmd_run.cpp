@@ -6,7 +6,7 @@
 
 #include "attnlab/backward.hpp"
 #include "attnlab/kernel.hpp"
-#include "bench/bench_point.hpp"
+#include "bench/sweep/bench_point.hpp"
 #include "io.hpp"
 
 namespace attnlab::cli {

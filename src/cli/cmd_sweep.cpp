@@ -1,4 +1,4 @@
-// attnlab sweep: run an experiment file's grid into a results folder (src/bench/sweep.hpp).
+// attnlab sweep: run an experiment file's grid into a results folder (src/bench/sweep/sweep.hpp).
 // Prints the results folder on stdout (progress goes to stderr), so scripts can do
 //   dir=$(attnlab sweep --experiment experiments/quick.json) && python3 scripts/report.py "$dir"
 #include <filesystem>
@@ -6,9 +6,9 @@
 #include <iostream>
 
 #include "attnlab/limits.hpp"
-#include "bench/experiment.hpp"
-#include "bench/peers.hpp"
-#include "bench/sweep.hpp"
+#include "bench/sweep/experiment.hpp"
+#include "bench/peers/peers.hpp"
+#include "bench/sweep/sweep.hpp"
 #include "common.hpp"
 
 namespace attnlab::cli {

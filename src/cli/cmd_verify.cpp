@@ -12,7 +12,7 @@
 
 #include "attnlab/kernel.hpp"
 #include "attnlab/verify.hpp"
-#include "bench/bench_point.hpp"
+#include "bench/sweep/bench_point.hpp"
 #include "io.hpp"
 
 namespace attnlab::cli {

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "attnlab/kernel.hpp"
-#include "attnlab/textbook.hpp"
+#include "attnlab/blocks/textbook.hpp"
 #include "attnlab/verify.hpp"
 
 namespace attnlab {

@@ -1,7 +1,7 @@
 // The quantized KV-cache layouts' write rules (include/attnlab/kv_quant.hpp); the read rule is
-// include/attnlab/kv_read.hpp's, inline, shared with the per-target kernels.
+// include/attnlab/blocks/kv_read.hpp's, inline, shared with the per-target kernels.
 #include "attnlab/kv_quant.hpp"
-#include "attnlab/kv_read.hpp"
+#include "attnlab/blocks/kv_read.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "attnlab/phases.hpp"
+#include "attnlab/blocks/phases.hpp"
 
 namespace attnlab {
 

@@ -11,8 +11,8 @@
 #include <tuple>
 
 #include "attnlab/kv_quant.hpp"
-#include "attnlab/kv_read.hpp"
-#include "attnlab/textbook.hpp"
+#include "attnlab/blocks/kv_read.hpp"
+#include "attnlab/blocks/textbook.hpp"
 
 namespace attnlab {
 

@@ -1,14 +1,14 @@
 // What a CUDA kernel receives: raw pointers, strides and the problem's scalars, in one POD
 // passed by value to the device (no Problem, no std::vector, nothing host-only). The mask is
-// rebuilt per batch entry with the shared MaskSpec (include/attnlab/interval.hpp), so the GPU
+// rebuilt per batch entry with the shared MaskSpec (include/attnlab/blocks/interval.hpp), so the GPU
 // applies exactly the visible-interval rule the CPU kernels and the reference use.
 #pragma once
 
 #include <cstdint>
 
 #include "attnlab/dtype.hpp"
-#include "attnlab/interval.hpp"
-#include "attnlab/kv_page.hpp"
+#include "attnlab/blocks/interval.hpp"
+#include "attnlab/blocks/kv_page.hpp"
 #include "attnlab/kv_quant.hpp"
 #include "cuda/kernel_list.hpp"
 

@@ -2,7 +2,7 @@
 // CUDA cores, over the lab's cache layouts: K and V stored as f32, bf16 or f16, or quantized
 // (kv_quant.hpp: q8_0, q4_0, u8, u4, fp8), contiguous or paged (block tables).
 //
-// Idea (FlashDecoding, Dao et al. 2023; the CPU decode's plan, src/cpu/decode.cpp): one query row
+// Idea (FlashDecoding, Dao et al. 2023; the CPU decode's plan, src/cpu/kernels/decode.cpp): one query row
 // per head leaves nothing to spread over the SMs but the keys. A block of 4 warps takes one (batch,
 // kv head, key chunk) and every query row of the kv head's group - up to 16 rows of the q_len x
 // group (position major) a kv head has; more rows take more blocks - so each K/V byte is read once
@@ -36,8 +36,8 @@
 // baseline by more than its multiple at scores ~1e4 (Extreme.HugeScores: 1.0016x the tolerance
 // with fmaf), and the second instruction is free in a kernel bound by reading the cache.
 // Limits: q_len <= 16, head_dim and head_dim_v <= 256, no sparse patterns.
-#include "attnlab/kv_read.hpp"
-#include "attnlab/online_softmax.hpp"
+#include "attnlab/blocks/kv_read.hpp"
+#include "attnlab/blocks/online_softmax.hpp"
 #include "cuda/device.cuh"
 
 namespace attnlab::ATTN_CUDA_NS {

@@ -2,7 +2,7 @@
 // (slowly) and is tested on machines without a GPU. Not a general CUDA emulator.
 //
 // The device code of src/cuda/*.cu is compiled as plain C++ with ATTN_CUDA_EMU defined
-// (see tests/cuda_emu_kernels.cpp). Every CUDA thread of a block becomes a fiber (ucontext)
+// (see tests/kernels/cuda_emu_kernels.cpp). Every CUDA thread of a block becomes a fiber (ucontext)
 // on the calling OS thread; blocks run one after another. A fiber runs until it reaches a
 // barrier (__syncthreads, __syncwarp, or a warp shuffle, which is a warp barrier around a
 // slot exchange) and the scheduler resumes waiting fibers when their whole block / warp has
@@ -11,7 +11,7 @@
 // can never complete (divergent __syncthreads) is reported as an error instead of hanging, and
 // so is a shuffle whose mask does not name exactly the lanes that take part (or leaves out the
 // lane read). Shared memory starts as NaN, as the tests' outputs and scratch do
-// (tests/cuda_emu_kernels.cpp): memory a GPU leaves uninitialized may hold anything, so a
+// (tests/kernels/cuda_emu_kernels.cpp): memory a GPU leaves uninitialized may hold anything, so a
 // kernel that multiplies unwritten memory by 0 or leaves an output unwritten shows up.
 // cp.async (sm_80's asynchronous global -> shared copies): a copy lands either at once or only
 // when its thread's cp.async.wait_group lets it (a coin flip per copy, seeded): read before the

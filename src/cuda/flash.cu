@@ -12,7 +12,7 @@
 //   3. online softmax in registers: per-row max over the 16 lanes of a row (shuffles), rescale
 //      of the running sum and output by exp2(m_old - m_new); only tiles that cut some row's
 //      interval apply the mask, and there a masked score is replaced (never multiplied) so
-//      NaN/Inf in masked K cannot leak; special values follow include/attnlab/online_softmax.hpp
+//      NaN/Inf in masked K cannot leak; special values follow include/attnlab/blocks/online_softmax.hpp
 //      (no row is skipped because of its max);
 //   4. P goes to shared memory and O += P V, each thread owning kRM rows x head_dim/16 columns;
 //      on a masked tile a row multiplies only the V rows of its own visible keys.
@@ -38,7 +38,7 @@
 // numbers go in the results of scripts/gpu_check.sh, none exist yet).
 #include <type_traits>
 
-#include "attnlab/online_softmax.hpp"
+#include "attnlab/blocks/online_softmax.hpp"
 #include "cuda/device.cuh"
 #include "cuda/tile_walk.cuh"
 
@@ -106,7 +106,7 @@ __device__ __forceinline__ void tile_step(const float* qs, const float* ks, cons
     }
   }
   // Online softmax, one row at a time; the 16 lanes of a row hold identical m and alpha.
-  // Special values: include/attnlab/online_softmax.hpp (fmaxf may drop a NaN score; its p
+  // Special values: include/attnlab/blocks/online_softmax.hpp (fmaxf may drop a NaN score; its p
   // is NaN all the same). Masked tiles keep each row's visible keys (bits) for P V.
   uint64_t vis[C::kRM];
   ATTN_UNROLL

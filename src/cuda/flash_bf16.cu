@@ -20,7 +20,7 @@
 //      P V instead (P through shared memory, each output element summing only its row's visible
 //      keys): 0 x a NaN/Inf in a V row the row does not see must not reach it, which an mma over
 //      the whole tile cannot promise.
-// Special values follow include/attnlab/online_softmax.hpp; fully masked rows give O = 0, LSE = -inf.
+// Special values follow include/attnlab/blocks/online_softmax.hpp; fully masked rows give O = 0, LSE = -inf.
 // Memory: shared (64 + 2 x 2 x 64) rows x (head_dim bucket + 8) bf16 plus 4 x 16 x 64 floats for a
 // masked tile's P (101 KiB at head_dim 128, 61 KiB at 64: two blocks per SM on an H100 at 128);
 // registers: Q fragments (d/4 words), the scores (32 floats), O (d/2 floats) per lane. K and V are
@@ -29,7 +29,7 @@
 // Precision (Arithmetic::Bf16Products): bf16 inputs only; Q K^T and P V multiply bf16 pairs exactly
 // into float32 accumulators, P rounded to bf16 - the CPU's flash_bf16 class and tolerance.
 // Head dims up to 128 (buckets 64, 128; d_v may differ, the larger picks the bucket).
-#include "attnlab/online_softmax.hpp"
+#include "attnlab/blocks/online_softmax.hpp"
 #include "cuda/device.cuh"
 #include "cuda/tensor_core.cuh"
 #include "cuda/tile_walk.cuh"

@@ -2,12 +2,12 @@
 // with floating point type" and "ldmatrix"): which element of which matrix each lane of a warp
 // holds in each register. Host and device code (ATTN_HD): tensor_core.cuh's emulation assembles a
 // warp's matrices with them, kernels index their fragments with them, tests check them against
-// the tables (tests/test_cuda.cpp, CudaEmulation.Mma*). groupID = lane / 4, threadID_in_group =
+// the tables (tests/kernels/test_cuda.cpp, CudaEmulation.Mma*). groupID = lane / 4, threadID_in_group =
 // lane % 4 in the tables' words; the element index i counts the lane's halves in register order
 // (register i / 2, the lower index in the low 16 bits).
 #pragma once
 
-#include "attnlab/interval.hpp"  // ATTN_HD
+#include "attnlab/blocks/interval.hpp"  // ATTN_HD
 
 namespace attnlab::tensor_core {
 

@@ -1,8 +1,8 @@
 // The CUDA kernels, in ladder order: one row each - the one list that the registry's entries
 // (src/cuda/kernels.cpp: cuda::kernels()), the device and emulator ops' declarations (args.hpp) and
-// the emulator's test kernels (tests/cuda_emu_kernels.cpp) expand. A new CUDA kernel is its file
+// the emulator's test kernels (tests/kernels/cuda_emu_kernels.cpp) expand. A new CUDA kernel is its file
 // src/cuda/<id>.cu defining cuda_dev::<id>_ops (args.hpp's KernelOps; CMakeLists globs src/cuda/*.cu),
-// its #include in tests/cuda_emu_kernels.cpp (the emulator compiles the same source as C++), and a
+// its #include in tests/kernels/cuda_emu_kernels.cpp (the emulator compiles the same source as C++), and a
 // row here; docs/cuda.md's table.
 //
 // X(id, description, precision ("": the default), capabilities (kernel.hpp; the device ops'

@@ -9,13 +9,13 @@
 // fused multiply-add, device.cuh's mul_rn/add_rn): the float32 tolerance is a multiple of the
 // textbook's realized error, and at huge scores a fused rounding alone measured 4.6x it on an
 // H200 (results/2026-12-04-gpu_check). Masked keys are never read (no NaN leaks);
-// NaN/Inf in visible keys follow include/attnlab/online_softmax.hpp, as in the reference.
+// NaN/Inf in visible keys follow include/attnlab/blocks/online_softmax.hpp, as in the reference.
 // Memory: the scratch is (resident warps) x kv_len floats, not batch*heads*q_len*kv_len: the
 // grid is sized to the warps the GPU can hold (sm_count * 64), so it stays O(kv_len) per SM.
 // Cost: every row rereads all its keys' K and V from L2/HBM (no reuse across rows), each lane
 // reads a different K row (uncoalesced), and the scores make a round trip through memory:
 // expect a few percent of the FP32 peak. It is the yardstick cuda_flash is measured against.
-#include "attnlab/online_softmax.hpp"
+#include "attnlab/blocks/online_softmax.hpp"
 #include "cuda/device.cuh"
 
 namespace attnlab::ATTN_CUDA_NS {

@@ -8,7 +8,7 @@
 // The layouts are the PTX ISA's tables, written once in fragments.hpp as functions of (lane,
 // element), host and device code: the emulation assembles the warp's matrices with them, a kernel
 // indexes its fragments with them, and tests hold both to the tables' own examples
-// (tests/test_cuda.cpp: CudaEmulation.Mma*, Ldmatrix*; CudaDevice.TensorCores* on a GPU, through
+// (tests/kernels/test_cuda.cpp: CudaEmulation.Mma*, Ldmatrix*; CudaDevice.TensorCores* on a GPU, through
 // tensor_core_selftest.cuh). The emulation multiplies bf16 products
 // exactly in float32 and adds them in k order onto C (the hardware's order and intermediate
 // precision are unspecified: the kernels' tolerance is the bf16-products class, not bitwise).

@@ -1,5 +1,5 @@
 // The tensor-core self-test kernels (tensor_core_selftest.cuh) run on the GPU, on host arrays
-// (copied in and back): what tests/test_cuda.cpp's CudaDevice.TensorCores* check against the PTX
+// (copied in and back): what tests/kernels/test_cuda.cpp's CudaDevice.TensorCores* check against the PTX
 // ISA's tables, the same checks the emulation passes. Builds with ATTN_HAS_CUDA only; each
 // throws std::runtime_error naming the CUDA call that failed.
 #pragma once

@@ -1,6 +1,6 @@
 // Tensor-core self-test kernels: one warp each, small fixed inputs, checked on the host against
-// the PTX ISA's tables (tests/test_cuda.cpp: CudaEmulation.* under the host emulation, where
-// tests/cuda_emu_kernels.cpp includes this; CudaDevice.* on a GPU, where tensor_core_check.cu
+// the PTX ISA's tables (tests/kernels/test_cuda.cpp: CudaEmulation.* under the host emulation, where
+// tests/kernels/cuda_emu_kernels.cpp includes this; CudaDevice.* on a GPU, where tensor_core_check.cu
 // compiles the same kernels with nvcc). What the emulation's model of mma / ldmatrix claims, the
 // hardware is then held to by the same test.
 #pragma once

@@ -1,6 +1,6 @@
 // Which key tiles a block of cuda_flash visits, and which of them need the mask: host and
 // device code (ATTN_HD), so the rule is unit-tested on the host exhaustively
-// (tests/test_cuda.cpp) rather than only through whole-kernel agreement.
+// (tests/kernels/test_cuda.cpp) rather than only through whole-kernel agreement.
 //
 // A block owns rows t0 .. t0 + rows - 1 of one kv head's (position, head-in-group) row space,
 // position major: row t is query position t / group. Its key tiles start at span.lo and step
@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "attnlab/interval.hpp"
+#include "attnlab/blocks/interval.hpp"
 
 namespace attnlab::cuda_impl {
 

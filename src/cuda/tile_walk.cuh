@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "attnlab/online_softmax.hpp"
+#include "attnlab/blocks/online_softmax.hpp"
 #include "cuda/device.cuh"
 #include "cuda/tile_plan.hpp"
 

@@ -14,7 +14,7 @@
 #include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
 #include "peaks/stats.hpp"
-#include "cpu/isa_internal.hpp"
+#include "cpu/dispatch/isa_internal.hpp"
 
 namespace attnlab::peaks {
 

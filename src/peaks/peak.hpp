@@ -8,7 +8,7 @@
 //         Each thread runs kFmaChains independent register-resident `acc = acc * a + b`
 //         chains (16 with 32 vector registers, 12 with 16), more than 4-cycle FMA latency x
 //         2 FMA pipes, so the loop is throughput bound, not latency bound. 2 FLOP per lane
-//         per FMA. The loops are the target's own (src/cpu/target.cpp).
+//         per FMA. The loops are the target's own (src/cpu/dispatch/target.cpp).
 //   read  streaming read bandwidth (bytes/s): each thread sums its contiguous slice of a
 //         buffer far larger than the last-level cache (512 MiB default, 32 MiB L3 here),
 //         with 4 vector accumulators. The buffer is written before timing (page faults
@@ -48,7 +48,7 @@
 #include <nlohmann/json.hpp>
 
 namespace attnlab {
-struct TargetTable;  // src/cpu/target.hpp
+struct TargetTable;  // src/cpu/dispatch/target.hpp
 }  // namespace attnlab
 
 namespace attnlab::peaks {

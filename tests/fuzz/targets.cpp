@@ -7,7 +7,7 @@
 
 #include "attnlab/npy.hpp"
 #include "attnlab/problem.hpp"
-#include "bench/experiment.hpp"
+#include "bench/sweep/experiment.hpp"
 #include "cli/common.hpp"
 
 namespace attnlab::fuzz {

@@ -1,5 +1,5 @@
 // The fuzz targets' bodies, shared by the libFuzzer entry point (fuzz_main.cpp, one binary per
-// target) and the corpus replay test (tests/test_fuzz_corpus.cpp, every build), so each input
+// target) and the corpus replay test (tests/bench/test_fuzz_corpus.cpp, every build), so each input
 // that once crashed stays a regression test in the ordinary suite.
 //
 // Each check feeds one input to a parser the way the lab does and returns "" when the input

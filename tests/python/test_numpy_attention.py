@@ -1,4 +1,4 @@
-"""scripts/numpy_attention.py's BigBird draws pinned to fixed values: tests/test_pattern.cpp
+"""scripts/numpy_attention.py's BigBird draws pinned to fixed values: tests/core/test_pattern.cpp
 (PatternRule.BigBirdPicksAreDistinctSortedAndSeeded) pins the same values for the C++
 bigbird_pick, so the two independent codes are held to draw the same key blocks."""
 

@@ -24,11 +24,11 @@
 
 #include "attnlab/kernel.hpp"
 #include "attnlab/limits.hpp"
-#include "bench/bench_point.hpp"
-#include "bench/experiment.hpp"
-#include "bench/machine.hpp"
+#include "bench/sweep/bench_point.hpp"
+#include "bench/sweep/experiment.hpp"
+#include "bench/results/machine.hpp"
 #include "bench/using.hpp"
-#include "bench/files.hpp"
+#include "bench/results/files.hpp"
 
 namespace {
 

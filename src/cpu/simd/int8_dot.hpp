@@ -26,7 +26,7 @@
 #include <limits>
 
 #include "attnlab/kv_quant.hpp"
-#include "attnlab/kv_read.hpp"
+#include "attnlab/blocks/kv_read.hpp"
 #include "attnlab/problem.hpp"
 #include "cpu/simd/kv_load.hpp"
 #include "cpu/simd/microkernel.hpp"
@@ -314,7 +314,7 @@ void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8La
 
 // round_int8 (kv_quant.hpp) over one block of n values, in vectors: the same operations in the same
 // order per value (amax by max, scale = amax / 127, y = x / scale, truncation, the fraction's test,
-// the clamp), so the same codes and scale bit for bit - tests/test_simd_math.cpp checks it on every
+// the clamp), so the same codes and scale bit for bit - tests/kernels/test_simd_math.cpp checks it on every
 // target. The rule's scalar form spends a division and a branch per value: flash_int8 rounds every
 // Q and K value once per run.
 inline bool round_int8_row(const float* x, int64_t n, int8_t* q, float* scale_out) {
@@ -358,7 +358,7 @@ inline bool round_smoothed_row(const float* x, const float* mean, int64_t n, int
   return round_int8_row(centred, n, q, scale);
 }
 
-// flash_int8's K.Q (src/cpu/flash_int8.cpp): Q rows and smoothed K rows rounded to int8 per row
+// flash_int8's K.Q (src/cpu/kernels/flash_int8.cpp): Q rows and smoothed K rows rounded to int8 per row
 // (round_q_row, round_smoothed_key: kv_quant.hpp), the scores exact int32 dot products scaled
 // after. K is rounded once per run, per (batch, kv head), into key tiles of this layout:
 //   words[w * kTileKeys + j]   the 32-bit word of key j's codes 4w .. 4w + 3 (K^T by words;
@@ -527,7 +527,7 @@ inline float zp_of(const std::byte* r) {
 
 // The MR rows' P (kTileKeys apart) times the scales sc of V scale block b rounded into pc by
 // round_p_tile's rule. Vector targets: bit for bit the rule (the same max, one division, the same
-// products, the same round-half-to-even conversion; tests/test_simd_math.cpp), four rows' horizontal
+// products, the same round-half-to-even conversion; tests/kernels/test_simd_math.cpp), four rows' horizontal
 // max and sum at a time; `bad` gathers NaN from a NaN / Inf weight and, unsigned, from a negative
 // one (the rule's false), checked once per tile by the caller (bad_weights). The rule itself
 // elsewhere (false at once). zp: row types' zero points (sub = q sum code zp), else nullptr

@@ -20,7 +20,7 @@
 #include <cstring>
 
 #include "attnlab/kv_quant.hpp"
-#include "attnlab/kv_read.hpp"
+#include "attnlab/blocks/kv_read.hpp"
 #include "cpu/simd/vec_math.hpp"
 
 namespace attnlab::ATTN_TARGET_NS::simd {
@@ -152,7 +152,7 @@ inline Batch load_partial_at(const E* row, int64_t c, int n, float fill = 0.f) {
   }
 }
 
-// A whole row through load_at / load_partial_at (the test probe of src/cpu/target.hpp).
+// A whole row through load_at / load_partial_at (the test probe of src/cpu/dispatch/target.hpp).
 template <KvDType T>
 inline void read_row_as(const std::byte* row, int64_t d, float* out) {
   const auto* r = reinterpret_cast<const Quant<T>*>(row);

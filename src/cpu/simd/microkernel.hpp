@@ -1,5 +1,5 @@
 // Register-blocked micro-kernels for the two small GEMMs of a FlashAttention tile, and the
-// K-tile packing they need. Used by the tile engine, src/cpu/tiles.cpp.
+// K-tile packing they need. Used by the tile engine, src/cpu/engine/tiles.cpp.
 //
 //   score_panel:  S[MR x kTileKeys] = Qpanel[MR x d] * Kt[d x kTileKeys]   (GEMM 1, to L1)
 //   pv_panel:     O[MR x NV*kLanes] (+)= P[MR x keys] * V[keys x NV*kLanes] (GEMM 2)

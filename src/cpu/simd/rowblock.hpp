@@ -1,4 +1,4 @@
-// The `simd` kernel's unit of work, shared with `threaded` (defined in src/cpu/simd.cpp).
+// The `simd` kernel's unit of work, shared with `threaded` (defined in src/cpu/kernels/simd.cpp).
 // (flash and decode use the packed tile engine instead: src/cpu/simd/tiles.hpp.)
 //
 // attend_rows: up to kRowBlock query rows that share one K/V head, against the keys of a
@@ -30,7 +30,7 @@ struct KvHead {
   int64_t v_stride;
 };
 
-// Per-row state after attend_rows, for rows r < rows (include/attnlab/online_softmax.hpp):
+// Per-row state after attend_rows, for rows r < rows (include/attnlab/blocks/online_softmax.hpp):
 //   O_unnormalized(r) = acc + r * acc_stride   (head_dim floats, then zero padding)
 //   m[r] = max visible score * log2(e)  (-inf if the row saw no key of the range, or only
 //          scores of -inf; NaN scores may or may not show in m)
@@ -50,7 +50,7 @@ size_t row_block_scratch_bytes(const Problem& p);
 
 // q[r]: query row r (head_dim elements); visible[r]: its visible key interval. Only keys
 // in keys ∩ visible[r] are used; rows <= kRowBlock. Returns views into scratch.
-// (Instantiated in src/cpu/simd.cpp for float, bf16 and f16.)
+// (Instantiated in src/cpu/kernels/simd.cpp for float, bf16 and f16.)
 template <class E>
 RowState attend_rows(const Problem& p, int64_t rows, const E* const* q, const Interval* visible, const KvHead<E>& kv,
                      Interval keys, std::byte* scratch);

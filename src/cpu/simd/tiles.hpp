@@ -1,6 +1,6 @@
 // The FlashAttention-2 tile engine shared by `flash` (prefill: query tiles, all keys) and
-// `decode` (a few query rows, one key chunk per task). Defined in src/cpu/tiles.cpp; the
-// algorithm, its tile sizes and its cost are described in src/cpu/flash.cpp's header.
+// `decode` (a few query rows, one key chunk per task). Defined in src/cpu/engine/tiles.cpp; the
+// algorithm, its tile sizes and its cost are described in src/cpu/kernels/flash.cpp's header.
 //
 // A caller owns one Scratch per thread and, per task:
 //   begin_rows   packs the query rows [i0, i0 + nr) of all G query heads of one kv head
@@ -159,7 +159,7 @@ struct LseRows {
 void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
                  RowPositions at, int64_t rows, const LseRows* lse_rows = nullptr);
 
-// flash's prefill driver (src/cpu/flash.cpp), shared with flash_bf16: oneTBB over (b, kv head,
+// flash's prefill driver (src/cpu/kernels/flash.cpp), shared with flash_bf16: oneTBB over (b, kv head,
 // query tile) tasks of tiling t, a sparse pattern through its block map (the plan's, or built
 // here when run without one). `kernel` names the caller in scratch errors.
 std::shared_ptr<const Plan> prefill_plan(const Problem& p, const Tiling& t);

@@ -1,6 +1,6 @@
 // Vector building blocks shared by the SIMD kernels (simd, threaded, flash, decode).
 //
-// Per-target code (src/cpu/target.hpp): compiled once per instruction-set target.
+// Per-target code (src/cpu/dispatch/target.hpp): compiled once per instruction-set target.
 // Exports (namespace attnlab::<target>::simd) - keep this list small and stable:
 //   Batch, kLanes                   xsimd::batch<float> on the target's arch (16 lanes avx512,
 //                                   8 avx2, 4 neon), or the 1-lane ScalarBatch (scalar)
@@ -34,7 +34,7 @@
 //   return exactly +0 - results are flushed instead of going denormal, so a P*V FMA never
 //   sees a denormal operand;  +inf and overflow return +inf;  NaN returns NaN.
 // Measured accuracy against double std::exp2 / std::exp, over EVERY float of the range
-// (1.1e9 points each; ulp = distance in representable floats; tests/test_simd_math.cpp
+// (1.1e9 points each; ulp = distance in representable floats; tests/kernels/test_simd_math.cpp
 // re-checks these bounds on every 61st float):
 //   exp2 on [-126, 0]:      max 1 ulp, max rel. error 8.0e-8  (softmax range, log2e folded)
 //   exp2 on [0, 128):       max 1 ulp
@@ -97,7 +97,7 @@ inline Batch exp2(Batch x) {
 }
 
 // 2^x for x <= 0 or NaN - what the softmax feeds it (s - max, m_old - m_new): the same
-// values, bit for bit, as exp2 on that domain (tests/test_simd_math.cpp), with 2^n applied
+// values, bit for bit, as exp2 on that domain (tests/kernels/test_simd_math.cpp), with 2^n applied
 // as one exponent-field factor (n in [-126, 0] once the underflowing lanes are zeroed)
 // instead of the portable two-factor form, ~7 instructions fewer on AVX2. Positive x is
 // outside the contract (where 2^n is cheap anyway - kCheapScale: AVX-512's scalef, scalar - exp2).
@@ -129,7 +129,7 @@ inline void scale_row(const float* acc, float scale, int64_t d, float* o) {
   if (c < d) store_partial(o + c, Batch::load_aligned(acc + c) * s, static_cast<int>(d - c));
 }
 
-// Rule 3 of include/attnlab/online_softmax.hpp (rescale<Log2>) for kLanes rows at once,
+// Rule 3 of include/attnlab/blocks/online_softmax.hpp (rescale<Log2>) for kLanes rows at once,
 // with this file's exp2 instead of one libm call per row: 1 where the max did not move or
 // m_old is -inf, else 2^(m_old - subtrahend(m_new)) (NaN stays NaN).
 inline Batch rescale_log2(Batch m_old, Batch m_new) {

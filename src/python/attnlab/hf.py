@@ -42,7 +42,7 @@ except ImportError:  # pragma: no cover
 
 NAME = "attnlab"
 _attention_op = torch.ops.attnlab.attention  # (a name of this module, so a test can watch the calls)
-DECODE_MAX_Q = 16  # decode's range (src/cpu/decode.cpp: "q_len <= 16")
+DECODE_MAX_Q = 16  # decode's range (src/cpu/kernels/decode.cpp: "q_len <= 16")
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,

@@ -1,4 +1,4 @@
-// AMX-BF16 blocks of `flash_amx` (src/cpu/flash_bf16.cpp): the two GEMMs of a full key tile for
+// AMX-BF16 blocks of `flash_amx` (src/cpu/kernels/flash_bf16.cpp): the two GEMMs of a full key tile for
 // 32 query rows at once on the tile unit (TDPBF16PS: a 16 x 16 float32 tile += a 16 x 32 bf16
 // tile times a 32 x 16 bf16 tile, 8192 products per instruction; `attnlab peak` measured 6-14x
 // the float32 FMA peak on the AMX Xeon of results/2026-12-01-precision). The operands are the layouts of

@@ -1,4 +1,4 @@
-// The bf16 dot-product building blocks of `flash_bf16` (src/cpu/flash_bf16.cpp): the two GEMMs
+// The bf16 dot-product building blocks of `flash_bf16` (src/cpu/kernels/flash_bf16.cpp): the two GEMMs
 // of a FlashAttention tile on AVX512_BF16's vdpbf16ps, which multiplies PAIRS of bf16 values
 // and adds both products to a float32 lane: acc[i] += a[2i] b[2i] + a[2i+1] b[2i+1] (32
 // products per instruction, twice the float32 FMA's 16; how often it issues is the CPU's:

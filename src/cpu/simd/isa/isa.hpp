@@ -1,5 +1,5 @@
 // The instruction-set floor: every intrinsic and every instruction-set #if of the CPU kernels
-// lives in this folder (tests/check_isa_floor.py fails the build's tests on one outside it).
+// lives in this folder (tests/checks/check_isa_floor.py fails the build's tests on one outside it).
 // The algorithms above it - vec_math.hpp, kv_load.hpp, microkernel.hpp, int8_dot.hpp, the
 // tile engine - read as one algorithm for every target: they call the named primitives below
 // and choose between a target's unit and the portable rule with `if constexpr` on the
@@ -30,7 +30,7 @@
 #pragma once
 
 #ifndef ATTN_TARGET_NS
-#error "src/cpu/simd/ is per-target code: include it only from ATTN_TARGET_SOURCES (src/cpu/target.hpp)"
+#error "src/cpu/simd/ is per-target code: include it only from ATTN_TARGET_SOURCES (src/cpu/dispatch/target.hpp)"
 #endif
 
 #if defined(ATTN_TARGET_SCALAR)

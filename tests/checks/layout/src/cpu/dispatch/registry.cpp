@@ -1,0 +1,2 @@
+// planted: naive is reached, orphan is not
+list.push_back({{&cpu::naive()}});

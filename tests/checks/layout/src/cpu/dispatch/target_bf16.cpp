@@ -1,0 +1,1 @@
+// planted: none here

@@ -1,0 +1,1 @@
+// planted: a source outside the folders of its role

@@ -1,0 +1,1 @@
+#define ATTN_CUDA_KERNELS(X) X(naive, "d", "", (Capabilities{}), 1)

@@ -1,0 +1,1 @@
+// no ops: not a kernel

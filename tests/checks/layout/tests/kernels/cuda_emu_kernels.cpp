@@ -1,0 +1,2 @@
+#include "cuda/naive.cu"
+#include "cuda/ghost.cu"

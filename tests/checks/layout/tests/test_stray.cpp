@@ -1,0 +1,1 @@
+// planted: a test outside its group
