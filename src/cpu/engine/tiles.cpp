@@ -379,15 +379,15 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
   }
 }
 
-template <bool Direct, bool Words, bool Pairs, class Step, class E>
-void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile<E>& kt,
-                       const uint64_t* words, Step& step) {
+// f.template operator()<M>() for a panel of mr rows. Only the panel heights this target has
+// (scalar: 1 and 2 rows): each is a whole tile engine, and the tile engine is most of a build's
+// compile time.
+template <class F>
+void with_panel_rows(int mr, const F& f) {
   static_assert(kPanelRows <= 6, "dispatch below covers panels of 1..6 rows");
-  // Only the panel heights this target has (scalar: 1 and 2 rows): each is a whole tile
-  // engine, and the tile engine is most of a build's compile time.
   const auto run = [&]<int M>() {
     if constexpr (M <= kPanelRows) {
-      process_panel<M, Direct, Words, Pairs>(t, s, rr0, kt, words, step);
+      f.template operator()<M>();
     } else {  // callers cut panels at kPanelRows rows: never silently skip one
       throw std::logic_error("tile engine: a panel of " + std::to_string(M) + " rows; this target's are at most " +
                              std::to_string(kPanelRows));
@@ -400,6 +400,36 @@ void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, c
     case 4: run.template operator()<4>(); break;
     case 5: run.template operator()<5>(); break;
     case 6: run.template operator()<6>(); break;
+  }
+}
+
+template <bool Direct, bool Words, bool Pairs, class Step, class E>
+void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile<E>& kt,
+                       const uint64_t* words, Step& step) {
+  with_panel_rows(mr, [&]<int M>() { process_panel<M, Direct, Words, Pairs>(t, s, rr0, kt, words, step); });
+}
+
+// A wide step for the panel of MR rows at rr0 (tiles.hpp: kWideKeys): the scores of g whole
+// tiles every row sees (their K^T packed side by side in s.kt) into rows of kWideKeys floats,
+// one online-softmax step over all of them, then O += P.V over their V rows with the rescale
+// fused into the accumulators' load: one run v of all g * 64 keys (a contiguous cache: O loaded
+// and stored once per column block for all of them, where the tile-by-tile panels do it per 64
+// keys), else tile by tile (a paged cache's runs, kts[i].v) - the same FMAs in the same order
+// on the same accumulators, so both give the same bits.
+template <int MR, class E>
+void process_wide(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile<E>* kts, int g, const Rows<E>* v) {
+  const int64_t tile_floats = t.dim_pad * kTileKeys;
+  for (int i = 0; i < g; ++i) {
+    score_panel<MR, kWideKeys>(s.q + rr0 * t.dim, s.kt + i * tile_floats, t.dim, 0, kTileKeys, s.p + i * kTileKeys);
+  }
+  float alpha[MR];
+  const bool rescale = softmax_rows<MR, false, false, kWideKeys>(s, s.p, rr0, true, nullptr, nullptr, nullptr, alpha, 0,
+                                                                 g * kTileKeys / kLanes);
+  float* o = s.o + rr0 * t.dim_v_pad;
+  const float* a = rescale ? alpha : nullptr;
+  if (v) return pv_rows<MR>(s.p, kWideKeys, *v, o, t.dim_v_pad, a, 0, g * kTileKeys, t.dim_v);
+  for (int i = 0; i < g; ++i, a = nullptr) {
+    pv_rows<MR>(s.p + i * kTileKeys, kWideKeys, kts[i].v, o, t.dim_v_pad, a, 0, kTileKeys, t.dim_v);
   }
 }
 
@@ -513,8 +543,72 @@ KeyTile<E> key_tile(const TypedInputs<E>& in, const Tiling& t, int64_t b, int64_
   return kt;
 }
 
+// The keys every row of the task sees (the intersection of the rows' intervals; empty when some
+// row sees none), found once per task: a per-tile test over the rows cost 10% of flash_amx's time.
+inline Interval common_keys(const Scratch& s, int64_t rows) {
+  Interval c{0, std::numeric_limits<int64_t>::max()};
+  for (int64_t rr = 0; rr < rows; ++rr) c.lo = std::max(c.lo, s.iv[rr].lo), c.hi = std::min(c.hi, s.iv[rr].hi);
+  return c;
+}
+// Whether every row of the task sees every key of the tile (and the tile has all kTileKeys
+// keys): then a wide step or the AMX blocks may run it (no row multiplies a V row it does not
+// see). common: common_keys (the interval path).
+template <bool Words>
+bool whole_tile(const Interval& common, const TileRef& r) {
+  if (r.nk != kTileKeys) return false;
+  if constexpr (Words) return r.words == nullptr;  // (the gathered tile always has words)
+  return common.lo <= r.j0 && common.hi >= r.j0 + kTileKeys;
+}
+
+// The whole tiles x, x + 1, ... of a task that one wide step takes (up to `wide`, consecutive
+// keys, each seen whole by every row: whole_tile; not the gathered tile): how many (1: none but x).
+template <bool Words, class At>
+int wide_run(const Tiling& t, int wide, const Interval& common, int64_t x, int64_t n, const At& at) {
+  const TileRef first = at(x);
+  if (wide < 2 || first.k || !whole_tile<Words>(common, first)) return 1;
+  int g = 1;
+  while (g < wide && x + g < n) {
+    const TileRef r = at(x + g);
+    if (r.k || r.j0 != first.j0 + g * kTileKeys || !whole_tile<Words>(common, r)) break;
+    ++g;
+  }
+  return g;
+}
+
 // The AMX tile steps (amx_prepacked_tiles and what it calls): their own file, this unit's code.
 #include "cpu/engine/tiles_amx.hpp"  // inside the anonymous namespace: it calls the steps above
+
+// Tiles x .. x + g - 1 of a task in one wide step per panel (wide_run's run: consecutive whole
+// tiles): their K^T packed side by side, then process_wide on every panel,
+// the next g tiles' K and V rows prefetched a slice per panel (as the tile-by-tile loop does
+// for its next tile).
+template <class E, class At>
+void attend_wide(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk, int64_t rows,
+                 int64_t x, int g, int64_t n, const At& at) {
+  const int64_t d = t.dim, dv = t.dim_v;
+  KeyTile<E> kts[kWideTiles], ahead[kWideTiles];
+  bool one_run = true;  // V's rows of all g tiles one run (a contiguous cache)
+  for (int i = 0; i < g; ++i) {
+    kts[i] = key_tile(in, t, b, hk, at(x + i));
+    pack_k_transposed(kts[i].k, kTileKeys, d, s.kt + i * t.dim_pad * kTileKeys);
+    one_run = one_run && kts[i].v.runs == 1 && kts[i].v.at[0] == kts[0].v.at[0] + i * kTileKeys * kts[0].v.ld;
+  }
+  const Rows<E> v = Rows<E>::strided(kts[0].v.at[0], kts[0].v.ld, g * kTileKeys);
+  int na = 0;
+  for (int64_t y = x + g; y < n && na < g; ++y) ahead[na++] = key_tile(in, t, b, hk, at(y));
+  const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
+  for (int64_t pi = 0; pi < panels; ++pi) {
+    for (int i = 0; i < na; ++i) {
+      const int nk = ahead[i].nk;
+      const auto r0 = static_cast<int>(pi * nk / panels), r1 = static_cast<int>((pi + 1) * nk / panels);
+      prefetch_rows(ahead[i].k, r0, r1, d);
+      prefetch_rows(ahead[i].v, r0, r1, dv);
+    }
+    const int64_t rr0 = pi * kPanelRows;
+    with_panel_rows(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)),
+                    [&]<int M>() { process_wide<M>(t, s, rr0, kts, g, one_run ? &v : nullptr); });
+  }
+}
 
 // Tiles at(0) .. at(n - 1) of a task, in that order.
 template <bool Words, bool Pairs, class E, class At>
@@ -534,10 +628,11 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
   // by slices as the others do: one streaming engine per element type, not two (the tile
   // engine's instantiations are most of the build's compile time).
   const bool stream = s.qr != nullptr;
-  Interval common{};
+  // Wide steps (process_wide): flash's float32 panels (not a direct or an int8 task).
+  const int wide = !Pairs && !stream && !s.i8 ? t.wide : 1;
+  const Interval common = t.amx || wide > 1 ? common_keys(s, rows) : Interval{};
   bool prepacked = false;
   if constexpr (kAmxBuilt) {
-    common = t.amx ? common_keys(s, rows) : Interval{};
     prepacked = t.amx && s.pairs && (Pairs || (t.i8_prefill && s.i8_on()));
     if (prepacked) amx_prepacked_tiles<Words>(t, s, b, hk, rows, n, at);
   }
@@ -545,6 +640,13 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
     const TileRef tile = at(x);
     if constexpr (kAmxBuilt) {
       if (prepacked && amx_runs<Words>(t, amx_head(t, s, b, hk), common, tile)) continue;  // done above
+    }
+    if constexpr (!Pairs) {
+      if (const int g = wide_run<Words>(t, wide, common, x, n, at); g > 1) {
+        attend_wide(in, t, s, b, hk, rows, x, g, n, at);
+        x += g - 1;
+        continue;
+      }
     }
     const KeyTile<E> kt = key_tile(in, t, b, hk, tile);
     if (stream && x == 0) {
@@ -687,14 +789,15 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
   };
   // AMX blocks run whole 16-row blocks: the rows past R are zero Q rows whose state is never read.
   const int64_t state_rows = amx ? amx_rows(t.rows) : t.rows, panel_rows = amx ? kAmxRows : kPanelRows;
+  t.direct = !bf16_dot && !int8_prefill && t.rows <= kStreamRows;
+  t.wide = !bf16_dot && !amx && !int8_dot && !int8_prefill && !t.direct ? kWideTiles : 1;  // flash's float32 panels
   t.q_off = take(sizeof(float) * t.rows * t.dim);
   t.o_off = take(sizeof(float) * state_rows * t.dim_v_pad);
-  t.kt_off = take(sizeof(float) * t.dim_pad * kTileKeys);
-  t.p_off = take(sizeof(float) * panel_rows * (amx ? kAmxGroupKeys : kTileKeys));
+  t.kt_off = take(sizeof(float) * t.dim_pad * kTileKeys * t.wide);
+  t.p_off = take(sizeof(float) * panel_rows * (amx ? kAmxGroupKeys : t.wide > 1 ? kWideKeys : kTileKeys));
   t.m_off = take(sizeof(float) * state_rows);
   t.l_off = take(sizeof(float) * state_rows * kLanes);
   t.iv_off = take(sizeof(Interval) * t.rows);
-  t.direct = !bf16_dot && !int8_prefill && t.rows <= kStreamRows;
   // A direct task's next tile goes to L1 when it fits there beside the one being read, else to L2
   // (where L1 would evict the current tile's lines before they are used): paired A/B at 32/8,
   // d 128, 32k keys - float32 1.15x (avx512) and 1.17x (avx2) from L2, bf16 1.05x / 1.11x; a u8

@@ -6,23 +6,6 @@
 // amx.hpp's declarations and never call it ([[maybe_unused]]).
 #pragma once
 
-// The keys every row of the task sees (the intersection of the rows' intervals; empty when some
-// row sees none), found once per task: a per-tile test over the rows cost 10% of flash_amx's time.
-[[maybe_unused]] inline Interval common_keys(const Scratch& s, int64_t rows) {
-  Interval c{0, std::numeric_limits<int64_t>::max()};
-  for (int64_t rr = 0; rr < rows; ++rr) c.lo = std::max(c.lo, s.iv[rr].lo), c.hi = std::min(c.hi, s.iv[rr].hi);
-  return c;
-}
-// Whether every row of the task sees every key of the tile (and the tile has all kTileKeys
-// keys): then the AMX blocks may run it (no row multiplies a V row it does not see). common:
-// common_keys (the interval path).
-template <bool Words>
-bool whole_tile(const Interval& common, const TileRef& r) {
-  if (r.nk != kTileKeys) return false;
-  if constexpr (Words) return r.words == nullptr;  // (the gathered tile always has words)
-  return common.lo <= r.j0 && common.hi >= r.j0 + kTileKeys;
-}
-
 // The online softmax of the 32 rows at rb on nt whole tiles, their scores in sb (rows of RowKeys,
 // log2 units once multiplied by scale): softmax_rows with the scale folded in and P rounded to
 // bf16 pairs into s.pw (rows of RowKeys / 2 words), then the O rows whose max grew rescaled, then

@@ -23,6 +23,13 @@
 //        keys all 6 rows see go through the 6-row kernel and each row's ragged ends through
 //        a 1-row kernel, so no row multiplies a V row it does not see (0 * NaN).
 //      The next tile's K/V rows are prefetched a slice per panel.
+//      Wide steps: consecutive tiles that every row of the task sees whole (a dense problem's,
+//      those left of a causal diagonal's band) go kWideTiles = 4 at a time (256 keys): their K^T
+//      packed side by side, then per panel the scores of all 256 keys, one softmax step (one
+//      max, one rescale, one l update per row) and O += P.V over the 256 V rows in place, O
+//      loaded and stored once per column block (tiles.cpp: process_wide) - the panel loop's
+//      per-tile overhead and the softmax's per-step costs paid once per 256 keys, not 64:
+//      1.08-1.09x at d 64 and 128 (results/2026-12-06-prefill_levers).
 //   3. O = acc / l, LSE = m ln 2 + ln l; O = 0, LSE = -inf for a row whose interval is empty.
 // Sparse patterns (pattern.hpp): step 2 runs over the key tiles of the block map instead
 // (FlexAttention's BlockMask, built per problem by make_plan outside the timed region: per
@@ -55,7 +62,7 @@
 // (larger tiles pack each K tile for more rows), down to 120 while the problem has fewer than
 // 64 tasks, then evened out over q_len in multiples of 6 (512 rows under a 120-row bound: 5
 // tiles of 108, not 4 x 120 + 32). Memory: per thread R * (d + dv_pad + 17) floats + R
-// intervals + (d_pad + 6) * 64 floats (~290 KiB at d = dv = 128, G = 1, R = 240; dv =
+// intervals + (4 d_pad + 24) * 64 floats (~400 KiB at d = dv = 128, G = 1, R = 240; dv =
 // head_dim_v, of V and O), independent of q_len and kv_len.
 // Cost: 2 (d + dv) FLOP per visible pair in the two GEMMs (AVX2: 12 FMAs per 2 vector loads + 6
 // broadcasts; ~95% of the FMA peak in L1, measured in isolation), plus one exp2 per score

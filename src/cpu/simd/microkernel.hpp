@@ -252,8 +252,9 @@ struct Strided {
 };
 
 // GEMM 1 on NV of a register block's vectors of keys for one panel: kb points at the first
-// of them in the block's packed [d][kBlockKeys] K^T, s at their first score of row 0.
-template <int MR, int NV, class A, class Step>
+// of them in the block's packed [d][kBlockKeys] K^T, s at their first score of row 0 (rows LdS
+// floats apart: kTileKeys, or a wide step's row of several tiles).
+template <int MR, int NV, int LdS, class A, class Step>
 inline void score_block(const A& q, const float* kb, int64_t d, float* s, Step& step) {
   Batch acc[MR][NV];
   for (int m = 0; m < MR; ++m)
@@ -269,16 +270,16 @@ inline void score_block(const A& q, const float* kb, int64_t d, float* s, Step& 
     }
   }
   for (int m = 0; m < MR; ++m)
-    for (int v = 0; v < NV; ++v) acc[m][v].store_aligned(s + m * kTileKeys + v * kLanes);
+    for (int v = 0; v < NV; ++v) acc[m][v].store_aligned(s + m * LdS + v * kLanes);
 }
 
 // score_block with nv <= NV vectors (a run-time count).
-template <int MR, int NV, class A, class Step>
+template <int MR, int NV, int LdS, class A, class Step>
 inline void score_vectors(int nv, const A& q, const float* kb, int64_t d, float* s, Step& step) {
   if constexpr (NV > 1) {
-    if (nv < NV) return score_vectors<MR, NV - 1>(nv, q, kb, d, s, step);
+    if (nv < NV) return score_vectors<MR, NV - 1, LdS>(nv, q, kb, d, s, step);
   }
-  score_block<MR, NV>(q, kb, d, s, step);
+  score_block<MR, NV, LdS>(q, kb, d, s, step);
 }
 
 // GEMM 1 for one register panel: s[m * kTileKeys + j] = sum_k q(k, m) * Kt(k, j) for the
@@ -287,20 +288,21 @@ inline void score_vectors(int nv, const A& q, const float* kb, int64_t d, float*
 // they touch, not whole 64-key register blocks. q: the panel's MR query rows, Packed (qp
 // k-major) or Strided. kt as written by pack_k_transposed; s 64-byte aligned. The scores go
 // through L1 (MR x 64 floats): the epilogue then works on tile rows, whatever the register
-// block of the target.
-template <int MR, class A, class Step>
+// block of the target. LdS: the score rows' stride (kTileKeys; a wide step's, kWideKeys).
+template <int MR, int LdS = kTileKeys, class A, class Step>
 inline void score_panel_of(const A& q, const float* kt, int64_t d, int ja, int jb, float* s, Step& step) {
   const int64_t dp = padded_dim(d);
   for (int j0 = ja / kBlockKeys * kBlockKeys; j0 < jb; j0 += kBlockKeys) {
     const int va = (std::max(ja, j0) - j0) / kLanes;
     const int vb = (std::min(jb, j0 + kBlockKeys) - j0 + kLanes - 1) / kLanes;
-    score_vectors<MR, kKeyVecs>(vb - va, q, kt + kt_offset(dp, 0, j0) + va * kLanes, d, s + j0 + va * kLanes, step);
+    score_vectors<MR, kKeyVecs, LdS>(vb - va, q, kt + kt_offset(dp, 0, j0) + va * kLanes, d, s + j0 + va * kLanes,
+                                     step);
   }
 }
 // qp: the panel packed k-major (Packed).
-template <int MR, class Step = NoStep>
+template <int MR, int LdS = kTileKeys, class Step = NoStep>
 inline void score_panel(const float* qp, const float* kt, int64_t d, int ja, int jb, float* s, Step&& step = {}) {
-  score_panel_of<MR>(Packed<MR>{qp}, kt, d, ja, jb, s, step);
+  score_panel_of<MR, LdS>(Packed<MR>{qp}, kt, d, ja, jb, s, step);
 }
 // q: the panel's rows as they lie, ldq floats apart (Strided). Not inlined: inlined into the
 // backward's dots (all six panel heights in one function), GCC 12 kept two of the four K^T

@@ -28,6 +28,16 @@ namespace attnlab::ATTN_TARGET_NS::simd {
 // straight from the K rows (score_rows, score_rows_i8).
 inline constexpr int64_t kStreamRows = 16;
 
+// A wide step (tiles.cpp: attend_wide): up to kWideTiles consecutive key tiles that every row of
+// a task sees whole go through one softmax step - their scores side by side in rows of
+// kWideKeys floats, one max and rescale per row, O loaded and stored once per column block for
+// all their keys - instead of one step per 64-key tile. Measured against tile by tile
+// (results/2026-12-06-prefill_levers, 2 threads, Zen 4 avx512, paired): 128 keys 1.05-1.06x,
+// 256 keys 1.08-1.09x at d 64 and 128 (causal 1.08x, 32/8 1.08x), 512 keys no better than 256
+// (1.07-1.10x) for twice the packed K^T in L2.
+inline constexpr int kWideTiles = 4;
+inline constexpr int kWideKeys = kWideTiles * 64;
+
 // Tile sizes and the per-thread scratch layout, a function of the problem (and of the
 // running machine's L2 when the caller lets the engine choose Br).
 struct Tiling {
@@ -39,6 +49,8 @@ struct Tiling {
   int64_t dim_v = 1;     // d_v, of V and O (head_dim_v)
   int64_t dim_v_pad = 16;
   size_t q_off = 0, o_off = 0, kt_off = 0, p_off = 0, m_off = 0, l_off = 0, iv_off = 0;
+  int wide = 1;            // key tiles per wide step (kWideTiles; 1: none - the panels of flash's float32
+                           // tiling only, kt and p then sized for that many tiles)
   bool direct = false;     // rows few enough for unpacked scores (decode): q rows at qr_off
   bool stream_l2 = false;  // a direct task prefetches the next tile into L2 (two tiles exceed L1d)
   size_t qr_off = 0;
@@ -98,9 +110,10 @@ struct Scratch {
                            // (not written for a direct task, which uses qr; bf16_dot: R x d/2 words of
                            // unscaled bf16 pairs, word-major in a panel)
   float* o;                // R x dim_v_pad unnormalized output accumulators
-  float* kt;               // dim_pad x kTileKeys packed K tile
+  float* kt;               // dim_pad x kTileKeys packed K tile (a wide step: Tiling::wide of them)
   float* p;                // kPanelRows x kTileKeys scores, then probabilities, of the current panel
-                           // (amx: 32 x 256, the scores of up to four whole tiles side by side)
+                           // (amx: 32 x 256, the scores of up to four whole tiles side by side;
+                           // a wide tiling: kPanelRows x kWideKeys)
   float* m;                // R running max (log2 units)
   float* l;                // R x kLanes running sums, one partial sum per lane (row_sum adds them)
   Interval* iv;            // R visible intervals, one per row (the G rows of a query row share it)
