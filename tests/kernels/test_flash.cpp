@@ -171,11 +171,21 @@ TEST(Flash, WorkspaceDoesNotGrowWithSequenceLength) {
   Problem small = test::shape(1, 8, 8, 4096, 4096, 128);
   Problem big = test::shape(1, 8, 8, 32768, 32768, 128);
   Problem bigger = test::shape(1, 8, 8, 131072, 131072, 128);
-  EXPECT_LE(flash().workspace_bytes(small, 2), flash().workspace_bytes(big, 2));
-  EXPECT_EQ(flash().workspace_bytes(big, 2), flash().workspace_bytes(bigger, 2));
-  EXPECT_LT(flash().workspace_bytes(big, 2), size_t{64} << 20);
-  // Per thread: twice the threads, twice the workspace.
-  EXPECT_EQ(flash().workspace_bytes(big, 4), 2 * flash().workspace_bytes(big, 2));
+  const auto per_thread = [](const Problem& p) {
+    return flash().workspace_bytes(p, 3) - flash().workspace_bytes(p, 2);
+  };
+  const auto shared = [&](const Problem& p) { return flash().workspace_bytes(p, 2) - 2 * per_thread(p); };
+  // Per thread: bounded by the tile cap, whatever the lengths.
+  EXPECT_LE(per_thread(small), per_thread(big));
+  EXPECT_EQ(per_thread(big), per_thread(bigger));
+  EXPECT_LT(per_thread(big), size_t{1} << 20);
+  // Shared: every head's packed K^T (d 128: K's own bytes) while it fits 64 MiB (tiles.hpp:
+  // Tiling::kMaxSharedKt; 4096 keys x 8 heads: 16 MiB), else none - each task packs its tiles.
+  EXPECT_EQ(shared(small), static_cast<size_t>(small.kv_elems()) * sizeof(float));
+  EXPECT_EQ(shared(big), 0u);
+  EXPECT_EQ(shared(bigger), 0u);
+  // A single query tile per head shares nothing: no K^T packed for nothing.
+  EXPECT_EQ(shared(test::shape(1, 8, 8, 64, 4096, 128)), 0u);
 }
 
 }  // namespace

@@ -87,6 +87,12 @@ inline const std::byte* i8_key_tile(const Tiling& t, const std::byte* head, int6
   return head + 64 + mean + static_cast<size_t>(j0 / kTileKeys) * I8KeyTile(t.dim).bytes;
 }
 
+// Tiling::kt_shared: where head bh's packed K^T tile at key j0 (a multiple of 64) lies, in bytes.
+inline size_t kt_at(const Tiling& t, int64_t bh, int64_t j0) {
+  return static_cast<size_t>(bh) * t.kt_head +
+         sizeof(float) * static_cast<size_t>(j0 / kTileKeys * t.dim_pad * kTileKeys);
+}
+
 // One key tile as a task sees it; E is the storage type of K and V (float, bf16, f16, or a
 // quantized cache's Quant<T>: kv_load.hpp).
 template <class E>
@@ -410,17 +416,18 @@ void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, c
 }
 
 // A wide step for the panel of MR rows at rr0 (tiles.hpp: kWideKeys): the scores of g whole
-// tiles every row sees (their K^T packed side by side in s.kt) into rows of kWideKeys floats,
-// one online-softmax step over all of them, then O += P.V over their V rows with the rescale
-// fused into the accumulators' load: one run v of all g * 64 keys (a contiguous cache: O loaded
-// and stored once per column block for all of them, where the tile-by-tile panels do it per 64
-// keys), else tile by tile (a paged cache's runs, kts[i].v) - the same FMAs in the same order
-// on the same accumulators, so both give the same bits.
+// tiles every row sees (kt: their K^T side by side, pack_k_transposed's layout - in s.kt, or the
+// head's shared tiles) into rows of kWideKeys floats, one online-softmax step over all of them, then O += P.V over
+// their V rows with the rescale fused into the accumulators' load: one run v of all g * 64 keys (a contiguous cache: O
+// loaded and stored once per column block for all of them, where the tile-by-tile panels do it per 64 keys), else tile
+// by tile (a paged cache's runs, kts[i].v) - the same FMAs in the same order on the same accumulators, so both give the
+// same bits.
 template <int MR, class E>
-void process_wide(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile<E>* kts, int g, const Rows<E>* v) {
+void process_wide(const Tiling& t, const Scratch& s, int64_t rr0, const float* kt, const KeyTile<E>* kts, int g,
+                  const Rows<E>* v) {
   const int64_t tile_floats = t.dim_pad * kTileKeys;
   for (int i = 0; i < g; ++i) {
-    score_panel<MR, kWideKeys>(s.q + rr0 * t.dim, s.kt + i * tile_floats, t.dim, 0, kTileKeys, s.p + i * kTileKeys);
+    score_panel<MR, kWideKeys>(s.q + rr0 * t.dim, kt + i * tile_floats, t.dim, 0, kTileKeys, s.p + i * kTileKeys);
   }
   float alpha[MR];
   const bool rescale = softmax_rows<MR, false, false, kWideKeys>(s, s.p, rr0, true, nullptr, nullptr, nullptr, alpha, 0,
@@ -578,6 +585,13 @@ int wide_run(const Tiling& t, int wide, const Interval& common, int64_t x, int64
 // The AMX tile steps (amx_prepacked_tiles and what it calls): their own file, this unit's code.
 #include "cpu/engine/tiles_amx.hpp"  // inside the anonymous namespace: it calls the steps above
 
+// The head's shared packed K^T tile r (Tiling::kt_shared, prepare_kt), or nullptr: none, or r is
+// the gathered tile or starts mid-tile (then the task packs it into s.kt).
+inline const float* shared_kt(const Tiling& t, const Scratch& s, int64_t b, int64_t hk, const TileRef& r) {
+  if (!s.kts || r.k || r.j0 % kTileKeys != 0) return nullptr;
+  return s.kts + kt_at(t, b * t.kv_heads + hk, r.j0) / sizeof(float);
+}
+
 // Tiles x .. x + g - 1 of a task in one wide step per panel (wide_run's run: consecutive whole
 // tiles): their K^T packed side by side, then process_wide on every panel,
 // the next g tiles' K and V rows prefetched a slice per panel (as the tile-by-tile loop does
@@ -588,9 +602,10 @@ void attend_wide(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, in
   const int64_t d = t.dim, dv = t.dim_v;
   KeyTile<E> kts[kWideTiles], ahead[kWideTiles];
   bool one_run = true;  // V's rows of all g tiles one run (a contiguous cache)
+  const float* kt = shared_kt(t, s, b, hk, at(x));
   for (int i = 0; i < g; ++i) {
     kts[i] = key_tile(in, t, b, hk, at(x + i));
-    pack_k_transposed(kts[i].k, kTileKeys, d, s.kt + i * t.dim_pad * kTileKeys);
+    if (!kt) pack_k_transposed(kts[i].k, kTileKeys, d, s.kt + i * t.dim_pad * kTileKeys);
     one_run = one_run && kts[i].v.runs == 1 && kts[i].v.at[0] == kts[0].v.at[0] + i * kTileKeys * kts[0].v.ld;
   }
   const Rows<E> v = Rows<E>::strided(kts[0].v.at[0], kts[0].v.ld, g * kTileKeys);
@@ -606,7 +621,7 @@ void attend_wide(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, in
     }
     const int64_t rr0 = pi * kPanelRows;
     with_panel_rows(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)),
-                    [&]<int M>() { process_wide<M>(t, s, rr0, kts, g, one_run ? &v : nullptr); });
+                    [&]<int M>() { process_wide<M>(t, s, rr0, kt ? kt : s.kt, kts, g, one_run ? &v : nullptr); });
   }
 }
 
@@ -656,8 +671,15 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
     if constexpr (Pairs) {
       pack_k_pairs(kt.k, kt.nk, d, reinterpret_cast<uint32_t*>(s.kt));
       pack_v_pairs(kt.v, kt.nk, dv, s.vp, t.dim_v_pad);
-    } else if (!s.qr && !(t.i8_prefill && s.i8_on())) {  // flash_int8's key tiles are packed once per run
-      pack_k_transposed(kt.k, kt.nk, d, s.kt);
+    }
+    // The tile's K^T: the head's shared one (the panels read it through a copy of s), else packed here.
+    Scratch st = s;
+    if constexpr (!Pairs) {
+      if (const float* shared = shared_kt(t, s, b, hk, tile)) {
+        st.kt = const_cast<float*>(shared);                // (read only: score_panel)
+      } else if (!s.qr && !(t.i8_prefill && s.i8_on())) {  // flash_int8's key tiles are packed once per run
+        pack_k_transposed(kt.k, kt.nk, d, s.kt);
+      }
     }
     const TileRef next = x + 1 < n ? at(x + 1) : TileRef{};
     const int nn = next.nk;
@@ -698,8 +720,8 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
         prefetch_rows(kn.v, r0, r1, dv);
       }
       const int64_t rr0 = pi * kPanelRows;
-      process_panel_any<false, Words, Pairs>(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, s, rr0, kt,
-                                             tile.words, none);
+      process_panel_any<false, Words, Pairs>(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, st, rr0,
+                                             kt, tile.words, none);
     }
   }
 }
@@ -854,6 +876,14 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
     t.gather_v_off = align64(static_cast<size_t>(kTileKeys * t.gather_ldk * elem));
     t.gather_off = take(t.gather_v_off + static_cast<size_t>(kTileKeys * t.gather_ldv * elem));
   }
+  const int64_t tiles = (p.kv_len + kTileKeys - 1) / kTileKeys, query_tiles = (p.q_len + t.br - 1) / t.br;
+  const size_t kt_head = sizeof(float) * static_cast<size_t>(tiles * t.dim_pad * kTileKeys);
+  if (br == 0 && t.wide > 1 && !p.sparse() && query_tiles > 1 &&
+      kt_head * static_cast<size_t>(p.batch * p.kv_heads) <= Tiling::kMaxSharedKt) {
+    t.kv_heads = p.kv_heads;
+    t.kt_head = kt_head;
+    t.kt_shared = kt_head * static_cast<size_t>(p.batch * p.kv_heads);
+  }
   t.bytes = off;
   return t;
 }
@@ -873,7 +903,8 @@ Scratch::Scratch(std::byte* base, const Tiling& t, std::byte* shared)
       qa(t.amx ? reinterpret_cast<uint32_t*>(base + t.qa_off) : nullptr),
       i8(t.int8_dot || t.i8_prefill ? base + t.i8_off : nullptr),
       i8_keys(t.i8_prefill ? shared : nullptr),
-      pairs(t.pairs_shared && shared ? shared + t.i8_shared : nullptr) {
+      pairs(t.pairs_shared && shared ? shared + t.i8_shared : nullptr),
+      kts(t.kt_shared && shared ? reinterpret_cast<const float*>(shared + t.i8_shared + t.pairs_shared) : nullptr) {
   if (t.i8_prefill && !shared) throw std::logic_error("tile engine: int8 prefill without its shared key tiles");
 }
 
@@ -916,8 +947,8 @@ void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scra
   if (span.empty()) return;
   // flash_int8's key tiles are the sequence's 64-key tiles: the task's start at one's start
   // (the rows' intervals still mask the keys before theirs).
-  // So are flash_amx's packed tiles.
-  if (t.i8_prefill || s.pairs) span.lo = std::max(keys.lo, span.lo / kTileKeys * kTileKeys);
+  // So are flash_amx's packed tiles, and flash's shared K^T tiles.
+  if (t.i8_prefill || s.pairs || s.kts) span.lo = std::max(keys.lo, span.lo / kTileKeys * kTileKeys);
   const int64_t n = (span.size() + kTileKeys - 1) / kTileKeys;
   const auto at = [&span](int64_t x) {
     const int64_t j0 = span.lo + x * kTileKeys;
@@ -1052,6 +1083,26 @@ void prepare_pairs(const Problem& p, const Inputs& in, const Tiling& t, std::byt
       }
     });
   }
+}
+
+void prepare_kt(const Problem& p, const Inputs& in, const Tiling& t, std::byte* area) {
+  visit_kv(in, [&](const auto& typed) {
+    using E = std::remove_const_t<std::remove_pointer_t<decltype(typed.k.data)>>;
+    const int64_t tiles = static_cast<int64_t>(t.kt_head / (sizeof(float) * t.dim_pad * kTileKeys));
+    attnlab::parallel_tasks(
+        TaskRange(0, p.batch * p.kv_heads * tiles, 8),
+        [&](const TaskRange& range) {
+          for (int64_t x = range.begin(); x != range.end(); ++x) {
+            const int64_t bh = x / tiles, b = bh / p.kv_heads, hk = bh % p.kv_heads, j0 = x % tiles * kTileKeys;
+            const int64_t n = p.kv_len_of(b);
+            if (j0 >= n) continue;  // past this sequence's keys: never read
+            const KeyTile<E> kt =
+                key_tile(typed, t, b, hk, TileRef{j0, static_cast<int>(std::min(kTileKeys * int64_t{1}, n - j0))});
+            pack_k_transposed(kt.k, kt.nk, t.dim, reinterpret_cast<float*>(area + kt_at(t, bh, j0)));
+          }
+        },
+        tbb::simple_partitioner());
+  });
 }
 
 }  // namespace attnlab::ATTN_TARGET_NS::simd

@@ -30,6 +30,10 @@
 //      loaded and stored once per column block (tiles.cpp: process_wide) - the panel loop's
 //      per-tile overhead and the softmax's per-step costs paid once per 256 keys, not 64:
 //      1.08-1.09x at d 64 and 128 (results/2026-12-06-prefill_levers).
+//      K^T shared: with several query tiles per head, no sparse pattern and at most 64 MiB,
+//      every head's K^T tiles are packed once per run before the tasks (prepare_kt) and every
+//      query tile reads them, instead of each task packing the tiles it meets (a task's tiles
+//      then start at a multiple of 64): 1.02-1.035x (32/8: 1.015x, fewer query tiles per head).
 //   3. O = acc / l, LSE = m ln 2 + ln l; O = 0, LSE = -inf for a row whose interval is empty.
 // Sparse patterns (pattern.hpp): step 2 runs over the key tiles of the block map instead
 // (FlexAttention's BlockMask, built per problem by make_plan outside the timed region: per
@@ -63,7 +67,8 @@
 // 64 tasks, then evened out over q_len in multiples of 6 (512 rows under a 120-row bound: 5
 // tiles of 108, not 4 x 120 + 32). Memory: per thread R * (d + dv_pad + 17) floats + R
 // intervals + (4 d_pad + 24) * 64 floats (~400 KiB at d = dv = 128, G = 1, R = 240; dv =
-// head_dim_v, of V and O), independent of q_len and kv_len.
+// head_dim_v, of V and O), independent of q_len and kv_len; shared, K^T (K's bytes at d a
+// multiple of 16) while it fits 64 MiB.
 // Cost: 2 (d + dv) FLOP per visible pair in the two GEMMs (AVX2: 12 FMAs per 2 vector loads + 6
 // broadcasts; ~95% of the FMA peak in L1, measured in isolation), plus one exp2 per score
 // and the per-row max/sum; K packing is 1/R of GEMM 1's loads; each K/V byte comes from
@@ -193,10 +198,11 @@ void run_prefill(const Problem& p, const Inputs& in, const Outputs& out, RunCont
   // key, up to br of them together), then the query tiles, the last (most keys under causal)
   // first.
   // flash_int8: every head's keys rounded once, into the workspace's shared part; flash_amx:
-  // every head's tiles packed once.
+  // every head's tiles packed once; flash (Tiling::kt_shared): every head's K^T tiles packed once.
   std::byte* const shared = t.shared_bytes() ? ctx.workspace.data() : nullptr;
   if (t.i8_prefill) prepare_i8_keys(p, in, t, shared);
   if (t.pairs_shared) prepare_pairs(p, in, t, shared + t.i8_shared);
+  if (t.kt_shared) prepare_kt(p, in, t, shared + t.i8_shared + t.pairs_shared);
   const int64_t nq = (p.q_len + t.br - 1) / t.br, ns = map ? map->solo_tiles() : 0;
   const int64_t per_bh = ns + nq;
   const int64_t tasks = p.batch * p.kv_heads * per_bh;
@@ -236,7 +242,8 @@ class Flash final : public Kernel {
            "oneTBB over tiles";
   }
   size_t workspace_bytes(const Problem& p, int threads) const override {
-    return simd::make_tiling(p).bytes * static_cast<size_t>(threads);
+    const simd::Tiling t = simd::make_tiling(p);
+    return t.shared_bytes() + t.bytes * static_cast<size_t>(threads);
   }
   // A quantized or paged cache: chunked prefill over it. The backward: src/cpu/engine/backward_tiles.cpp.
   const Capabilities& capabilities() const override {

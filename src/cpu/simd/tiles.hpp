@@ -94,7 +94,14 @@ struct Tiling {
   size_t i8_head = 0, i8_shared = 0, i8_qw_off = 0, i8_qsc_off = 0, i8_c_off = 0;
   size_t bytes = 0;  // per thread, a 64-byte multiple
   // The run's shared part of the workspace (before the threads' scratch): int8 key tiles, packed pairs.
-  size_t shared_bytes() const { return i8_shared + pairs_shared; }
+  // flash's float32 prefill (br chosen by the engine, wide steps, no sparse pattern, several query
+  // tiles per head): every head's K^T packed once per run (prepare_kt) into kt_shared bytes after
+  // pairs_shared - per (batch, kv head) kt_head bytes, ceil(kv_len / 64) tiles of pack_k_transposed's
+  // dim_pad x 64 floats - and read by every query tile of the head, instead of each task packing
+  // the tiles it meets; at most kMaxSharedKt bytes (else per task, as before).
+  size_t kt_head = 0, kt_shared = 0;
+  static constexpr size_t kMaxSharedKt = size_t{64} << 20;
+  size_t shared_bytes() const { return i8_shared + pairs_shared + kt_shared; }
 };
 
 // br = 0: the largest Br whose working set fits half the L2 (flash); else exactly br rows.
@@ -128,6 +135,7 @@ struct Scratch {
                            // task's header and Q words; else nullptr
   std::byte* i8_keys;      // int8_prefill: the shared key tiles of all heads (Tiling::i8_shared), else nullptr
   const std::byte* pairs;  // flash_amx: the packed tiles of all heads (Tiling::pairs_shared), else nullptr
+  const float* kts;        // the packed K^T tiles of all heads (Tiling::kt_shared), else nullptr
   Scratch(std::byte* base, const Tiling& t, std::byte* shared = nullptr);
   // Whether this task scores in integers: int8_dot, and every row's Q rounded (round_q_row).
   bool i8_on() const { return i8 && i8[0] == std::byte{1}; }
@@ -182,6 +190,8 @@ void run_prefill(const Problem& p, const Inputs& in, const Outputs& out, RunCont
 void prepare_i8_keys(const Problem& p, const Inputs& in, const Tiling& t, std::byte* shared);
 // flash_amx (Tiling::pairs_shared): packs every head's whole 64-key tiles at area (run_prefill's first step).
 void prepare_pairs(const Problem& p, const Inputs& in, const Tiling& t, std::byte* area);
+// Tiling::kt_shared: packs every head's K^T tiles at area (run_prefill's first step).
+void prepare_kt(const Problem& p, const Inputs& in, const Tiling& t, std::byte* area);
 
 // The running thread's AMX tile configuration for the lifetime of the scope (Tiling::amx; else
 // nothing): tile state is per thread, so each task range sets it up and releases it.
