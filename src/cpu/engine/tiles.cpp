@@ -417,23 +417,37 @@ void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, c
 
 // A wide step for the panel of MR rows at rr0 (tiles.hpp: kWideKeys): the scores of g whole
 // tiles every row sees (kt: their K^T side by side, pack_k_transposed's layout - in s.kt, or the
-// head's shared tiles) into rows of kWideKeys floats, one online-softmax step over all of them, then O += P.V over
-// their V rows with the rescale fused into the accumulators' load: one run v of all g * 64 keys (a contiguous cache: O
-// loaded and stored once per column block for all of them, where the tile-by-tile panels do it per 64 keys), else tile
-// by tile (a paged cache's runs, kts[i].v) - the same FMAs in the same order on the same accumulators, so both give the
-// same bits.
-template <int MR, class E>
+// head's shared tiles) into rows of kWideKeys floats, one online-softmax step over all of them,
+// then O += P.V over their V rows with the rescale fused into the accumulators' load: one run v
+// of all g * 64 keys (a contiguous cache: O loaded and stored once per column block for all of
+// them, where the tile-by-tile panels do it per 64 keys), else tile by tile (a paged cache's
+// runs, kts[i].v) - the same FMAs in the same order on the same accumulators, so both give the
+// same bits. Pairs (flash_bf16): kt holds the tiles' K^T pairs (pack_k_pairs) and s.vp their V
+// pairs side by side (pack_v_pairs); P rounded to bf16 pairs, one pv_pairs over all the keys.
+template <int MR, bool Pairs, class E>
 void process_wide(const Tiling& t, const Scratch& s, int64_t rr0, const float* kt, const KeyTile<E>* kts, int g,
                   const Rows<E>* v) {
   const int64_t tile_floats = t.dim_pad * kTileKeys;
+  NoStep none;
   for (int i = 0; i < g; ++i) {
-    score_panel<MR, kWideKeys>(s.q + rr0 * t.dim, kt + i * tile_floats, t.dim, 0, kTileKeys, s.p + i * kTileKeys);
+    if constexpr (Pairs) {
+      const auto* qw = reinterpret_cast<const uint32_t*>(s.q) + rr0 * pair_words(t.dim);
+      const auto* kw = reinterpret_cast<const uint32_t*>(kt) + i * padded_words(t.dim) * kTileKeys;
+      score_panel_bf16<MR, kWideKeys>(qw, kw, t.dim, t.score_scale, 0, kTileKeys, s.p + i * kTileKeys, none);
+    } else {
+      score_panel<MR, kWideKeys>(s.q + rr0 * t.dim, kt + i * tile_floats, t.dim, 0, kTileKeys, s.p + i * kTileKeys);
+    }
   }
   float alpha[MR];
   const bool rescale = softmax_rows<MR, false, false, kWideKeys>(s, s.p, rr0, true, nullptr, nullptr, nullptr, alpha, 0,
                                                                  g * kTileKeys / kLanes);
   float* o = s.o + rr0 * t.dim_v_pad;
   const float* a = rescale ? alpha : nullptr;
+  if constexpr (Pairs) {
+    round_p_rows<MR, kWideKeys>(s.p, s.pw, g * kTileKeys);  // l keeps the unrounded sum
+    pv_pairs<MR>(s.pw, kWideKeys / 2, s.vp, t.dim_v_pad, o, t.dim_v_pad, a, 0, g * kTileKeys / 2, t.dim_v, none);
+    return;
+  }
   if (v) return pv_rows<MR>(s.p, kWideKeys, *v, o, t.dim_v_pad, a, 0, g * kTileKeys, t.dim_v);
   for (int i = 0; i < g; ++i, a = nullptr) {
     pv_rows<MR>(s.p + i * kTileKeys, kWideKeys, kts[i].v, o, t.dim_v_pad, a, 0, kTileKeys, t.dim_v);
@@ -596,7 +610,7 @@ inline const float* shared_kt(const Tiling& t, const Scratch& s, int64_t b, int6
 // tiles): their K^T packed side by side, then process_wide on every panel,
 // the next g tiles' K and V rows prefetched a slice per panel (as the tile-by-tile loop does
 // for its next tile).
-template <class E, class At>
+template <bool Pairs, class E, class At>
 void attend_wide(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk, int64_t rows,
                  int64_t x, int g, int64_t n, const At& at) {
   const int64_t d = t.dim, dv = t.dim_v;
@@ -605,7 +619,12 @@ void attend_wide(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, in
   const float* kt = shared_kt(t, s, b, hk, at(x));
   for (int i = 0; i < g; ++i) {
     kts[i] = key_tile(in, t, b, hk, at(x + i));
-    if (!kt) pack_k_transposed(kts[i].k, kTileKeys, d, s.kt + i * t.dim_pad * kTileKeys);
+    if constexpr (Pairs) {
+      pack_k_pairs(kts[i].k, kTileKeys, d, reinterpret_cast<uint32_t*>(s.kt) + i * padded_words(d) * kTileKeys);
+      pack_v_pairs(kts[i].v, kTileKeys, dv, s.vp + i * (kTileKeys / 2) * t.dim_v_pad, t.dim_v_pad);
+    } else if (!kt) {
+      pack_k_transposed(kts[i].k, kTileKeys, d, s.kt + i * t.dim_pad * kTileKeys);
+    }
     one_run = one_run && kts[i].v.runs == 1 && kts[i].v.at[0] == kts[0].v.at[0] + i * kTileKeys * kts[0].v.ld;
   }
   const Rows<E> v = Rows<E>::strided(kts[0].v.at[0], kts[0].v.ld, g * kTileKeys);
@@ -620,8 +639,9 @@ void attend_wide(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, in
       prefetch_rows(ahead[i].v, r0, r1, dv);
     }
     const int64_t rr0 = pi * kPanelRows;
-    with_panel_rows(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)),
-                    [&]<int M>() { process_wide<M>(t, s, rr0, kt ? kt : s.kt, kts, g, one_run ? &v : nullptr); });
+    with_panel_rows(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), [&]<int M>() {
+      process_wide<M, Pairs>(t, s, rr0, kt ? kt : s.kt, kts, g, one_run ? &v : nullptr);
+    });
   }
 }
 
@@ -643,8 +663,8 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
   // by slices as the others do: one streaming engine per element type, not two (the tile
   // engine's instantiations are most of the build's compile time).
   const bool stream = s.qr != nullptr;
-  // Wide steps (process_wide): flash's float32 panels (not a direct or an int8 task).
-  const int wide = !Pairs && !stream && !s.i8 ? t.wide : 1;
+  // Wide steps (process_wide): flash's float32 and flash_bf16's panels (not a direct or an int8 task).
+  const int wide = !stream && !s.i8 ? t.wide : 1;
   const Interval common = t.amx || wide > 1 ? common_keys(s, rows) : Interval{};
   bool prepacked = false;
   if constexpr (kAmxBuilt) {
@@ -656,12 +676,10 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
     if constexpr (kAmxBuilt) {
       if (prepacked && amx_runs<Words>(t, amx_head(t, s, b, hk), common, tile)) continue;  // done above
     }
-    if constexpr (!Pairs) {
-      if (const int g = wide_run<Words>(t, wide, common, x, n, at); g > 1) {
-        attend_wide(in, t, s, b, hk, rows, x, g, n, at);
-        x += g - 1;
-        continue;
-      }
+    if (const int g = wide_run<Words>(t, wide, common, x, n, at); g > 1) {
+      attend_wide<Pairs>(in, t, s, b, hk, rows, x, g, n, at);
+      x += g - 1;
+      continue;
     }
     const KeyTile<E> kt = key_tile(in, t, b, hk, tile);
     if (stream && x == 0) {
@@ -812,7 +830,7 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
   // AMX blocks run whole 16-row blocks: the rows past R are zero Q rows whose state is never read.
   const int64_t state_rows = amx ? amx_rows(t.rows) : t.rows, panel_rows = amx ? kAmxRows : kPanelRows;
   t.direct = !bf16_dot && !int8_prefill && t.rows <= kStreamRows;
-  t.wide = !bf16_dot && !amx && !int8_dot && !int8_prefill && !t.direct ? kWideTiles : 1;  // flash's float32 panels
+  t.wide = !amx && !int8_dot && !int8_prefill && !t.direct ? kWideTiles : 1;  // flash's and flash_bf16's panels
   t.q_off = take(sizeof(float) * t.rows * t.dim);
   t.o_off = take(sizeof(float) * state_rows * t.dim_v_pad);
   t.kt_off = take(sizeof(float) * t.dim_pad * kTileKeys * t.wide);
@@ -829,8 +847,8 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
   t.bf16_dot = bf16_dot;
   t.score_scale = p.effective_scale() * kLog2e;
   if (bf16_dot || amx) {  // (flash_int8_amx's P.V is on bf16 pairs too)
-    t.vp_off = take(sizeof(uint32_t) * (kTileKeys / 2) * t.dim_v_pad);
-    t.pw_off = take(sizeof(uint32_t) * panel_rows * (amx ? kAmxGroupKeys : kTileKeys) / 2);
+    t.vp_off = take(sizeof(uint32_t) * (kTileKeys / 2) * t.dim_v_pad * t.wide);
+    t.pw_off = take(sizeof(uint32_t) * panel_rows * (amx ? kAmxGroupKeys : t.wide > 1 ? kWideKeys : kTileKeys) / 2);
   }
   t.amx = amx;
   if (amx) t.qa_off = take(sizeof(uint32_t) * state_rows * padded_words(t.dim));
@@ -878,7 +896,7 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
   }
   const int64_t tiles = (p.kv_len + kTileKeys - 1) / kTileKeys, query_tiles = (p.q_len + t.br - 1) / t.br;
   const size_t kt_head = sizeof(float) * static_cast<size_t>(tiles * t.dim_pad * kTileKeys);
-  if (br == 0 && t.wide > 1 && !p.sparse() && query_tiles > 1 &&
+  if (br == 0 && t.wide > 1 && !bf16_dot && !p.sparse() && query_tiles > 1 &&
       kt_head * static_cast<size_t>(p.batch * p.kv_heads) <= Tiling::kMaxSharedKt) {
     t.kv_heads = p.kv_heads;
     t.kt_head = kt_head;

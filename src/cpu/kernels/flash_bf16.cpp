@@ -9,7 +9,9 @@
 // leave the registers), and K^T as the transpose of K's rows read as 32-bit words (each word a
 // pair along d). The softmax is float32 as in flash; then P is rounded to bf16 (nearest even)
 // for P.V, with V packed per tile as pairs of keys. The row sums l add the unrounded P.
-// Memory: flash's per-thread tiles plus a 32 x d word V tile and 6 x 32 words of P pairs.
+// Flash's wide steps (4 whole tiles every row sees: 256 keys per softmax step, their V pairs
+// side by side, one pv_pairs over the 128 key pairs): 1.11-1.13x (results/2026-12-06-prefill_levers).
+// Memory: flash's per-thread tiles plus four 32 x d word V tiles and 6 x 128 words of P pairs.
 // Cost: flash's 4 d FLOP per visible pair at the vdpbf16ps rate (`attnlab peak`: 0.49x the
 // float32 FMA peak on the AMX Xeon measured, ~1.9x on Zen 5), plus packing
 // V per tile (one pass over the tile's V, 1/R of GEMM 2's loads) and rounding P (one convert

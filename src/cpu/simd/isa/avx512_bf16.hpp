@@ -104,9 +104,10 @@ inline void pack_v_pairs(const Rows<E>& v_rows, int nk, int64_t d, uint32_t* vp,
 
 inline __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh>(x); }
 
-// GEMM 1 for one register panel: s[m * kTileKeys + j] = scale * sum_k Q[m][k] K[j][k] for the
+// GEMM 1 for one register panel: s[m * LdS + j] = scale * sum_k Q[m][k] K[j][k] for the
 // register blocks overlapping [ja, jb). qp: the panel's Q words, word-major (qp[w * MR + m]).
-template <int MR, class Step>
+// LdS: the score rows' stride (kTileKeys; a wide step's, kWideKeys).
+template <int MR, int LdS = kTileKeys, class Step>
 inline void score_panel_bf16(const uint32_t* qp, const uint32_t* kt, int64_t d, float scale, int ja, int jb, float* s,
                              Step& step) {
   const int64_t dw = padded_words(d), nw = pair_words(d);
@@ -127,21 +128,22 @@ inline void score_panel_bf16(const uint32_t* qp, const uint32_t* kt, int64_t d, 
     }
     const __m512 sc = _mm512_set1_ps(scale);
     for (int m = 0; m < MR; ++m)
-      for (int v = 0; v < 4; ++v) _mm512_store_ps(s + m * kTileKeys + j0 + v * 16, _mm512_mul_ps(acc[m][v], sc));
+      for (int v = 0; v < 4; ++v) _mm512_store_ps(s + m * LdS + j0 + v * 16, _mm512_mul_ps(acc[m][v], sc));
   }
 }
 
-// P rows of the panel rounded to bf16 (nearest even): pw[m * 32 + j / 2] = words (P[j], P[j+1])
-// for GEMM 2, and p itself overwritten with the rounded values (the float32 kernel for the odd
-// boundary keys then multiplies the same P).
-template <int MR>
-inline void round_p_rows(float* p, uint32_t* pw) {
+// P rows of the panel rounded to bf16 (nearest even): pw[m * RowKeys / 2 + j / 2] = words (P[j],
+// P[j+1]) for GEMM 2, and p itself overwritten with the rounded values (the float32 kernel for the
+// odd boundary keys then multiplies the same P). Rows of RowKeys floats (a wide step's: kWideKeys),
+// their first `keys` (a multiple of 32).
+template <int MR, int RowKeys = kTileKeys>
+inline void round_p_rows(float* p, uint32_t* pw, int keys = RowKeys) {
   for (int m = 0; m < MR; ++m) {
-    float* row = p + m * kTileKeys;
-    for (int h = 0; h < kTileKeys; h += 32) {
+    float* row = p + m * RowKeys;
+    for (int h = 0; h < keys; h += 32) {
       const __m512i w =
           reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_load_ps(row + h + 16), _mm512_load_ps(row + h)));
-      _mm512_store_si512(pw + m * (kTileKeys / 2) + h / 2, w);
+      _mm512_store_si512(pw + m * (RowKeys / 2) + h / 2, w);
       const __m512i lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(w));
       const __m512i hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(w, 1));
       _mm512_store_ps(row + h, _mm512_castsi512_ps(_mm512_slli_epi32(lo, 16)));
@@ -235,11 +237,11 @@ namespace attnlab::ATTN_TARGET_NS::simd {
 void pack_k_pairs(const Rows<bf16>& k_rows, int nk, int64_t d, uint32_t* kt);
 template <class E>
 void pack_v_pairs(const Rows<E>& v_rows, int nk, int64_t d, uint32_t* vp, int64_t ldw);
-template <int MR, class Step>
+template <int MR, int LdS = kTileKeys, class Step>
 void score_panel_bf16(const uint32_t* qp, const uint32_t* kt, int64_t d, float scale, int ja, int jb, float* s,
                       Step& step);
-template <int MR>
-void round_p_rows(float* p, uint32_t* pw);
+template <int MR, int RowKeys = kTileKeys>
+void round_p_rows(float* p, uint32_t* pw, int keys = RowKeys);
 template <int MR, class Step>
 void pv_pairs(const uint32_t* pw, int64_t ldp, const uint32_t* vp, int64_t ldw, float* o, int64_t ldo,
               const float* alpha, int ka, int kb, int64_t d, Step& step);
