@@ -153,13 +153,29 @@ def is_training(r):
 
 
 # The headline's tables: per group of peers (and of passes), the newest committed sweep with such
-# a peer in it. The narrow-arithmetic kernels and peers (int8 products: report/load.py's NARROW_TWINS
-# and NARROW_PEERS) are left out: they answer to a wider tolerance than the float paths they would
-# be ranked against; the report's Arithmetic section sets each lab kernel beside its float32 twin
-# instead, and its Peers section the lab's best beside the sage path.
+# a peer in it; per shape, a row per class of arithmetic (arithmetic_class) that both the lab and a
+# peer ran in - the lab's best kernel of the class beside the best peer of the same class, so a
+# narrow kernel (int8 products: report/load.py's NARROW_TWINS and NARROW_PEERS), which answers to a
+# wider tolerance, is never ranked against a float path, and no faster lab kernel of the run is
+# left out.
 def is_narrow(r):
     load = report_module("load")
     return (r.get("kernel_name") or r["kernel"]) in (*load.NARROW_TWINS, *load.NARROW_PEERS)
+
+
+# The bf16-product paths: the lab's kernels built for a bf16 unit (their isa label), and OpenVINO's
+# SDPA on bf16 storage (its bf16 precision hint; src/bench/peers/peer_tolerance.cpp).
+BF16_UNITS = ("avx512_bf16", "amx_bf16")
+
+
+def arithmetic_class(r):
+    """What a row multiplies in: "int8 products", "bf16 products" or "f32" (16-bit or quantized
+    storage widened to float32 counts as f32: the arithmetic, not the storage)."""
+    if is_narrow(r):
+        return "int8 products"
+    if r.get("isa") in BF16_UNITS or (r["kernel"] == "ov_sdpa" and r.get("dtype") == "bf16"):
+        return "bf16 products"
+    return "f32"
 
 def in_families(*families):
     """A peer of one of these families of the peers' catalogue (scripts/peers/catalogue.json)."""
@@ -189,7 +205,7 @@ def headline():
             training = [r for r in rows if is_training(r)]
             if training and not any(passes(r) for r in training):
                 continue
-            mine = [r for r in rows if passes(r) and not is_narrow(r) and (not is_peer(r) or wanted(r["kernel"]))]
+            mine = [r for r in rows if passes(r) and (not is_peer(r) or wanted(r["kernel"]))]
             if any(is_peer(r) and ok(r) for r in mine) and any(not is_peer(r) and ok(r) for r in mine):
                 candidates.append((machine.get("date", ""), folder, machine, mine, dims))
         if candidates:
@@ -213,9 +229,9 @@ def headline_table(folder, machine, rows, dims):
            f"{threads} threads; peaks measured in that run: {peaks.get('fma_flops', 0) / 1e9:.0f} GFLOP/s "
            f"float32 FMA, {peaks.get('read_bytes', 0) / 1e9:.1f} GB/s read):",
            "",
-           "| shape (q/kv heads, head_dim, length) | lab | median | % of peak | best peer | median | lab's lead | "
-           "lead per pass |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| shape (q/kv heads, head_dim, length) | arithmetic | lab | median | % of peak | best peer | median | "
+           "lab's lead | lead per pass |",
+           "|---|---|---|---|---|---|---|---|---|"]
     both = {k: g for k, g in shapes.items() if any(is_peer(r) for r in g) and any(not is_peer(r) for r in g)}
     lengths = (keys.index("q_len"), keys.index("kv_len"))
     if len(both) > MAX_HEADLINE_ROWS:
@@ -233,8 +249,9 @@ def headline_table(folder, machine, rows, dims):
         return (is_decode(r), int(r["q_heads"]), int(r["head_dim"]), int(r["kv_len"]), str(r.get("mask")),
                 str(r.get("pass", "")))  # ties keep the rows' order
 
-    for key in sorted(shapes, key=order):
-        group = shapes[key]
+    classes = ("f32", "bf16 products", "int8 products")
+    for key, cls in ((k, c) for k in sorted(shapes, key=order) for c in classes):
+        group = [r for r in shapes[key] if arithmetic_class(r) == cls]
         lab = [r for r in group if not is_peer(r)]
         peers = [r for r in group if is_peer(r)]
         if not lab or not peers:
@@ -248,7 +265,7 @@ def headline_table(folder, machine, rows, dims):
         what = "read BW" if decode else unit
         lead = float(peer["time_median_s"]) / float(best["time_median_s"])
         cached = " (K/V in cache)" if decode and float(frac) > 1 else ""
-        out.append(f"| {shape_of(best)} | {best['kernel']} | {ms(best['time_median_s'])} | "
+        out.append(f"| {shape_of(best)} | {cls} | {best['kernel']} | {ms(best['time_median_s'])} | "
                    f"{100 * float(frac):.0f}% of {what}{cached} | {peer['kernel']} | "
                    f"{ms(peer['time_median_s'])} | {lead:.2f}x | {lead_per_pass(folder, best, peer)} |")
     if any("(K/V in cache)" in line for line in out):

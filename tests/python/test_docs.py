@@ -93,3 +93,25 @@ def test_forward_table_is_not_taken_from_a_newer_training_sweep(monkeypatch):
     forward, backward = docs.headline().split("**Against the runtimes' backward pass")
     assert "results/prefill" in forward and "ov_sdpa" in forward and "torch_sdpa" not in forward, forward
     assert "results/training" in backward and "| flash | 800 ms" in backward, backward
+
+
+def test_headline_ranks_each_class_of_arithmetic_against_its_own_peers(monkeypatch):
+    """Per shape a row per class of arithmetic both sides ran in (issue 63 item 5): int8 products
+    (flash_int8) beside the sage path, never beside a float peer, and a faster narrow kernel is not
+    left out; f32 beside the float peers."""
+    monkeypatch.setattr(docs, "lead_per_pass", lambda folder, best, peer: "-")
+    base = {"threads": "2", "q_heads": "8", "kv_heads": "8", "head_dim": "128", "q_len": 4096,
+            "kv_len": 4096, "flops": "1e11", "bytes": "1e9", "status": "ok", "dtype": "f32"}
+    rows = [dict(base, kernel="flash", isa="avx2", time_median_s="0.30"),
+            dict(base, kernel="flash_int8", isa="avx2", time_median_s="0.20"),
+            dict(base, kernel="ov_sdpa", isa="peer", time_median_s="0.33"),
+            dict(base, kernel="ov_sage", isa="peer", time_median_s="0.25")]
+    assert [docs.arithmetic_class(r) for r in rows] == ["f32", "int8 products", "f32", "int8 products"]
+    assert docs.arithmetic_class(dict(base, kernel="flash_bf16", isa="avx512_bf16")) == "bf16 products"
+    assert docs.arithmetic_class(dict(base, kernel="ov_sdpa", isa="peer", dtype="bf16")) == "bf16 products"
+    table = docs.headline_table("x", machine((100e9, 10e9)), rows, ["q_heads", "head_dim", "q_len", "kv_len",
+                                                                   "threads"])
+    body = [line for line in table if line.startswith("| 8/8")]
+    assert len(body) == 2, table
+    assert "| f32 | flash |" in body[0] and "| ov_sdpa |" in body[0] and "1.10x" in body[0], body[0]
+    assert "| int8 products | flash_int8 |" in body[1] and "| ov_sage |" in body[1] and "1.25x" in body[1], body[1]
