@@ -564,6 +564,14 @@ KeyTile<E> key_tile(const TypedInputs<E>& in, const Tiling& t, int64_t b, int64_
   return kt;
 }
 
+// Panel pi of `panels`'s share of a coming tile's K and V rows, prefetched while the panel computes.
+template <class E>
+inline void prefetch_slice(const KeyTile<E>& kn, int64_t pi, int64_t panels, int64_t d, int64_t dv) {
+  const auto r0 = static_cast<int>(pi * kn.nk / panels), r1 = static_cast<int>((pi + 1) * kn.nk / panels);
+  prefetch_rows(kn.k, r0, r1, d);
+  prefetch_rows(kn.v, r0, r1, dv);
+}
+
 // The keys every row of the task sees (the intersection of the rows' intervals; empty when some
 // row sees none), found once per task: a per-tile test over the rows cost 10% of flash_amx's time.
 inline Interval common_keys(const Scratch& s, int64_t rows) {
@@ -584,7 +592,7 @@ bool whole_tile(const Interval& common, const TileRef& r) {
 // The whole tiles x, x + 1, ... of a task that one wide step takes (up to `wide`, consecutive
 // keys, each seen whole by every row: whole_tile; not the gathered tile): how many (1: none but x).
 template <bool Words, class At>
-int wide_run(const Tiling& t, int wide, const Interval& common, int64_t x, int64_t n, const At& at) {
+int wide_run(int wide, const Interval& common, int64_t x, int64_t n, const At& at) {
   const TileRef first = at(x);
   if (wide < 2 || first.k || !whole_tile<Words>(common, first)) return 1;
   int g = 1;
@@ -632,12 +640,7 @@ void attend_wide(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, in
   for (int64_t y = x + g; y < n && na < g; ++y) ahead[na++] = key_tile(in, t, b, hk, at(y));
   const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
   for (int64_t pi = 0; pi < panels; ++pi) {
-    for (int i = 0; i < na; ++i) {
-      const int nk = ahead[i].nk;
-      const auto r0 = static_cast<int>(pi * nk / panels), r1 = static_cast<int>((pi + 1) * nk / panels);
-      prefetch_rows(ahead[i].k, r0, r1, d);
-      prefetch_rows(ahead[i].v, r0, r1, dv);
-    }
+    for (int i = 0; i < na; ++i) prefetch_slice(ahead[i], pi, panels, d, dv);
     const int64_t rr0 = pi * kPanelRows;
     with_panel_rows(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), [&]<int M>() {
       process_wide<M, Pairs>(t, s, rr0, kt ? kt : s.kt, kts, g, one_run ? &v : nullptr);
@@ -676,7 +679,7 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
     if constexpr (kAmxBuilt) {
       if (prepacked && amx_runs<Words>(t, amx_head(t, s, b, hk), common, tile)) continue;  // done above
     }
-    if (const int g = wide_run<Words>(t, wide, common, x, n, at); g > 1) {
+    if (const int g = wide_run<Words>(wide, common, x, n, at); g > 1) {
       attend_wide<Pairs>(in, t, s, b, hk, rows, x, g, n, at);
       x += g - 1;
       continue;
@@ -732,11 +735,7 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
     }
     NoStep none;
     for (int64_t pi = 0; pi < panels; ++pi) {
-      if (nn > 0) {
-        const auto r0 = static_cast<int>(pi * nn / panels), r1 = static_cast<int>((pi + 1) * nn / panels);
-        prefetch_rows(kn.k, r0, r1, d);
-        prefetch_rows(kn.v, r0, r1, dv);
-      }
+      prefetch_slice(kn, pi, panels, d, dv);
       const int64_t rr0 = pi * kPanelRows;
       process_panel_any<false, Words, Pairs>(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), t, st, rr0,
                                              kt, tile.words, none);
