@@ -87,7 +87,9 @@ struct PhasePlan final : Plan {
 //                 rounded by round_p_tile and P.V as exact int32 sums with V's codes (decode_i8).
 //                 Its baseline is the textbook on the Q it multiplies with P rounded by the same
 //                 rule: what rounding costs is derived, never a chosen number. On a dense
-//                 problem (flash_int8) K is smoothed and rounded too, and P.V stays float32.
+//                 problem (flash_int8) K is smoothed and rounded too, and on a tile of 64 keys
+//                 a row sees whole P is rounded by round_p_tile and V per channel
+//                 (round_v_channels), P.V exact int32 sums of their codes.
 //   Int8Bf16Products  Int8Products' K.Q (flash_int8's rounding), then P and V rounded to bf16 for
 //                 P.V (flash_int8_amx: TDPBSSD scores, TDPBF16PS P.V on the AMX tiles).
 enum class Arithmetic { F32, Bf16Products, Int8Products, Int8Bf16Products };

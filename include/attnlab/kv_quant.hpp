@@ -103,6 +103,13 @@ bool int8_smoothing();
 bool key_mean(const float* rows, int64_t ld, int64_t n, int64_t dim, float* mean);
 bool round_smoothed_key(const float* x, const float* mean, int64_t dim, int8_t* q, float* scale);
 
+// flash_int8's V (Arithmetic::Int8Products on a dense problem; SageAttention2's per-channel V): a
+// (batch, kv head)'s n value rows rounded to int8 per channel over the sequence's keys: scale_c =
+// max_j |v_jc| / 127, code_jc by round_int8's per-value rule; V then multiplies as code_jc x scale_c.
+// rows: n rows of dv floats, ld apart; codes: n x dv, row-major. false when a value is NaN or Inf
+// (the head's P.V stays float32). The kernel and the tolerance baseline (verify.cpp) both use it.
+bool round_v_channels(const float* rows, int64_t ld, int64_t n, int64_t dv, int8_t* codes, float* scales);
+
 // The OCP FP8 conversions (exact decode; encode rounds to nearest even, saturating as above).
 float fp8_e4m3_to_float(uint8_t b);
 float fp8_e5m2_to_float(uint8_t b);

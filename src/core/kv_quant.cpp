@@ -207,6 +207,19 @@ bool round_smoothed_key(const float* x, const float* mean, int64_t dim, int8_t* 
   return round_int8(centred, dim, dim, q, scale);  // false: x - mean overflowed (|x| near FLT_MAX)
 }
 
+namespace {
+// One value's int8 code against its scale: roundf's rule (half away from zero) without its libm
+// call, which was most of a decode task's Q rounding: |x / scale| <= 127 up to one rounding of the
+// division, so the int conversion is exact; then clamped, so |q| <= 127 always.
+int8_t int8_code(float x, float scale) {
+  const float y = scale > 0.f ? x / scale : 0.f;
+  auto r = static_cast<int32_t>(y);  // toward zero
+  const float frac = y - static_cast<float>(r);
+  r += frac >= 0.5f ? 1 : frac <= -0.5f ? -1 : 0;
+  return static_cast<int8_t>(std::clamp(r, -127, 127));
+}
+}  // namespace
+
 bool round_int8(const float* x, int64_t dim, int64_t block, int8_t* q, float* scales) {
   for (int64_t i = 0; i < dim; ++i) {
     if (!std::isfinite(x[i])) return false;
@@ -217,17 +230,23 @@ bool round_int8(const float* x, int64_t dim, int64_t block, int8_t* q, float* sc
     for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[b0 + i]));
     const float scale = amax / 127.f;
     scales[b0 / block] = scale;
-    for (int64_t i = 0; i < n; ++i) {
-      // roundf's rule (half away from zero) without its libm call, which was most of a decode
-      // task's Q rounding: |x / scale| <= 127 up to one rounding of the division, so the int
-      // conversion is exact; then clamped, so |q| <= 127 always.
-      const float y = scale > 0.f ? x[b0 + i] / scale : 0.f;
-      auto r = static_cast<int32_t>(y);  // toward zero
-      const float frac = y - static_cast<float>(r);
-      r += frac >= 0.5f ? 1 : frac <= -0.5f ? -1 : 0;
-      q[b0 + i] = static_cast<int8_t>(std::clamp(r, -127, 127));
+    for (int64_t i = 0; i < n; ++i) q[b0 + i] = int8_code(x[b0 + i], scale);
+  }
+  return true;
+}
+
+bool round_v_channels(const float* rows, int64_t ld, int64_t n, int64_t dv, int8_t* codes, float* scales) {
+  std::fill(scales, scales + dv, 0.f);
+  for (int64_t j = 0; j < n; ++j) {
+    const float* r = rows + j * ld;
+    for (int64_t c = 0; c < dv; ++c) {
+      if (!std::isfinite(r[c])) return false;
+      scales[c] = std::max(scales[c], std::fabs(r[c]));
     }
   }
+  for (int64_t c = 0; c < dv; ++c) scales[c] /= 127.f;
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t c = 0; c < dv; ++c) codes[j * dv + c] = int8_code(rows[j * ld + c], scales[c]);
   return true;
 }
 

@@ -251,14 +251,84 @@ ConstView contiguous_view(const std::vector<float>& data, const ConstView& like)
                    like.seq * like.dim, like.dim};
 }
 
+// V as flash_int8's whole tiles multiply it on a VNNI CPU: per (batch, kv head), the sequence's
+// value rows rounded per channel (round_v_channels, kv_quant.hpp); a head holding NaN or Inf keeps
+// its V as it is (rounded[head] false). codes: (batch, kv heads, seq, dim_v), zero past kv_len.
+struct RoundedV {
+  std::vector<int8_t> codes;
+  std::vector<float> scale;  // (batch, kv heads, dim_v)
+  std::vector<uint8_t> rounded;
+  int64_t seq = 0, dv = 0;
+  const int8_t* row(int64_t head, int64_t j) const { return codes.data() + (head * seq + j) * dv; }
+};
+RoundedV int8_rounded_v(const Problem& p, const ConstView& v) {
+  RoundedV out;
+  out.seq = v.seq, out.dv = v.dim;
+  out.codes.assign(static_cast<size_t>(v.batch * v.heads * v.seq * v.dim), 0);
+  out.scale.assign(static_cast<size_t>(v.batch * v.heads * v.dim), 0.f);
+  out.rounded.assign(static_cast<size_t>(v.batch * v.heads), 0);
+  for (int64_t b = 0; b < v.batch; ++b)
+    for (int64_t h = 0; h < v.heads; ++h) {
+      const int64_t head = b * v.heads + h;
+      out.rounded[head] = round_v_channels(v.row(b, h, 0), v.stride_s, p.kv_len_of(b), v.dim,
+                                           out.codes.data() + head * v.seq * v.dim, out.scale.data() + head * v.dim);
+    }
+  return out;
+}
+
+// flash_int8's P.V on a VNNI CPU (int8_dot.hpp: pv_tile_u8), the row's weights s (n, in place)
+// against V as stored: on every 64-key tile the row sees whole, P rounded to u8 codes by
+// round_p_tile (against the tile's largest weight: the kernel's running max cancels) times V's
+// codes and channel scales; the other keys unrounded. Like decode_i8's baseline, each row is
+// charged one code across a half (the kernel's weights differ from these by float32 roundoff):
+// flip gets the largest quantum x |V code x scale| of its rounded tiles, over l. Returns the LSE.
+float u8_softmax_pv(float* s, const View4<const float>& v, const RoundedV& rv, int64_t b, int64_t hk,
+                    const std::vector<int64_t>& keys, float* o, double* flip) {
+  const int64_t n = static_cast<int64_t>(keys.size()), dv = rv.dv, head = b * v.heads + hk;
+  constexpr int64_t kTile = 64;
+  std::fill(o, o + dv, 0.f);
+  *flip = 0;
+  if (n == 0) return -std::numeric_limits<float>::infinity();
+  float m = 0.f;
+  const float l = textbook::exp_shifted(s, n, &m);
+  std::vector<double> acc(static_cast<size_t>(dv), 0.0);
+  const float* vs = rv.scale.data() + head * dv;
+  int32_t codes[kTile];
+  for (int64_t x = 0; x < n;) {
+    const int64_t j = keys[x];
+    float quantum = 0.f;
+    if (j % kTile == 0 && x + kTile <= n && keys[x + kTile - 1] == j + kTile - 1 &&
+        round_p_tile(s + x, kTile, false, codes, &quantum)) {
+      for (int64_t y = 0; y < kTile; ++y) {
+        const int8_t* c = rv.row(head, j + y);
+        for (int64_t i = 0; i < dv; ++i) {
+          const double u = static_cast<double>(c[i]) * vs[i];
+          acc[i] += static_cast<double>(quantum) * codes[y] * u;
+          *flip = std::max(*flip, static_cast<double>(quantum) * std::fabs(u));
+        }
+      }
+      x += kTile;
+      continue;
+    }
+    const float* vr = v.row(b, hk, j);
+    for (int64_t i = 0; i < dv; ++i) acc[i] += static_cast<double>(s[x]) * vr[i];
+    ++x;
+  }
+  for (int64_t i = 0; i < dv; ++i) o[i] = static_cast<float>(acc[i] / l);
+  *flip /= l;
+  return m + std::log(l);
+}
+
 // flash_int8's baseline: the textbook's scores on Q rounded and K's smoothed remainder, plus
 // scale * q.mean (Q rounded, summed in float32 as the kernel does), then its softmax and P.V; a row
 // whose Q does not round, or whose head's keys were not smoothed, the textbook on its inputs as
 // they are (the kernel's task multiplies them in float32: rounding Q there would turn an Inf
 // product into 0 * Inf).
-// bf16_pv (Int8Bf16Products): P and V rounded to bf16 for P.V on the rows that score in integers.
+// bf16_pv (Int8Bf16Products): P and V rounded to bf16 for P.V on the rows that score in integers;
+// else (Int8Products) P to u8 and V per channel on their whole tiles (u8_softmax_pv).
 Errors int8_dense_errors(const Problem& p, const Inputs& in, Inputs rounded, const Reference& ref, bool bf16_pv) {
   const SmoothedK k = int8_smoothed_k(p, in.k);
+  const RoundedV rv = bf16_pv ? RoundedV{} : int8_rounded_v(p, in.v);
   rounded.k = contiguous_view(k.k, in.k);
   std::vector<float> v;
   if (bf16_pv) {
@@ -302,8 +372,22 @@ Errors int8_dense_errors(const Problem& p, const Inputs& in, Inputs rounded, con
         s[x] += shift;
       }
       const double bound = 3.0 * std::numeric_limits<float>::epsilon() / 2 * big;
-      lse = textbook::softmax_pv(s.data(), smoothed.v, id.b, hk, list, o.data(), bf16_pv);
-      accumulate(e, ref, r, o.data(), &lse);
+      if (!bf16_pv && rv.rounded[id.b * p.kv_heads + hk]) {
+        double flip = 0;
+        lse = u8_softmax_pv(s.data(), smoothed.v, rv, id.b, hk, keys, o.data(), &flip);
+        Errors row;
+        accumulate(row, ref, r, o.data(), &lse);
+        const double at = std::isnan(ref.row_scale[r]) ? 1.0 : std::max(ref.row_scale[r], 1e-30);
+        row.o_rel += flip / at;
+        if (row.o_rel > e.o_rel) e.worst = id;
+        e.o_rel = std::max(e.o_rel, row.o_rel);
+        e.o_abs = std::max(e.o_abs, row.o_abs);
+        e.lse = std::max(e.lse, row.lse);
+        e.lse_checked = e.lse_checked || row.lse_checked;
+      } else {
+        lse = textbook::softmax_pv(s.data(), smoothed.v, id.b, hk, list, o.data(), bf16_pv);
+        accumulate(e, ref, r, o.data(), &lse);
+      }
       if (std::isfinite(ref.lse[r])) e.lse = std::max(e.lse, bound / std::max(1.0, std::fabs(ref.lse[r])));
       e.o_rel = std::max(e.o_rel, std::min(2.0, std::expm1(2 * bound)));
       continue;
@@ -509,7 +593,8 @@ Agreement prepare_agreement(const Problem& p, const Inputs& in, std::vector<RowI
 
 Tolerance tolerance_for(Arithmetic arithmetic, const Problem& p, const Inputs& in, const Agreement& a) {
   if (arithmetic == Arithmetic::F32) return a.tol;
-  // Int8Products: P.V stays float32, so float32's floor; the rounding of Q (and K) is in the baseline.
+  // Int8Products: float32's floor; the rounding of Q, K and (whole tiles, flash_int8 and decode_i8) P and V
+  // is in the baseline.
   const double floor = arithmetic == Arithmetic::Int8Products ? Tolerance::kFloor : Tolerance::kFloorBf16P;
   return Tolerance::from_baseline(baseline_errors(p, in, a.ref, arithmetic), floor).widened_by(a.widen);
 }

@@ -38,11 +38,22 @@ KernelCheck check(const Kernel& k, const Problem& p, const Tensors& t, int threa
 
 // flash_int8's arithmetic, written plainly (Q per row, K - mean per key, exact integer sums, the
 // scales after, q.mean added back), with one bug planted.
-enum class Bug { None, NoSmoothingTerm, KeyScaleTwice, KeyScaleOffByOne, CorrectionDropped, QScaleOfNextRow };
+// pv: P.V as the VNNI path (pv_tile_u8), else in float32 (both inside the class's baseline).
+enum class Bug {
+  None,
+  NoSmoothingTerm,
+  KeyScaleTwice,
+  KeyScaleOffByOne,
+  CorrectionDropped,
+  QScaleOfNextRow,
+  VScaleOfNextChannel,  // the u8 P.V: the next channel's scale
+  VCodesOfNextKey,      // a value tile's keys one off
+  PQuantumOfLastTile,   // a row's P quantum kept from its previous tile
+};
 
 class PlantedInt8 final : public Kernel {
  public:
-  explicit PlantedInt8(Bug bug) : bug_(bug) {}
+  explicit PlantedInt8(Bug bug, bool pv = true) : bug_(bug), pv_(pv) {}
   std::string_view name() const override { return "planted_int8"; }
   std::string_view description() const override { return "test-only int8 kernel with one planted bug"; }
   const Capabilities& capabilities() const override {
@@ -60,6 +71,10 @@ class PlantedInt8 final : public Kernel {
         ASSERT_TRUE(key_mean(in.k.row(b, hk, 0), in.k.stride_s, n, d, mean.data()));
         for (int64_t j = 0; j < n; ++j)
           ASSERT_TRUE(round_smoothed_key(in.k.row(b, hk, j), mean.data(), d, &kc[j * d], &ks[j]));
+        std::vector<int8_t> vc(static_cast<size_t>(n * p.dim_v()));
+        std::vector<float> vs(static_cast<size_t>(p.dim_v()));
+        ASSERT_TRUE(round_v_channels(in.v.row(b, hk, 0), in.v.stride_s, n, p.dim_v(), vc.data(), vs.data()));
+        float last_quantum = 0.f;
         for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
           for (int64_t i = 0; i < p.q_len; ++i) {
             float qs = 0, qs_next = 0;
@@ -88,11 +103,29 @@ class PlantedInt8 final : public Kernel {
             std::fill(o, o + p.dim_v(), 0.f);
             double l = 0;
             std::vector<double> acc(static_cast<size_t>(p.dim_v()), 0.0);
-            for (size_t x = 0; x < s.size(); ++x) {
-              const double w = std::exp(s[x] - m);
-              l += w;
-              const float* v = in.v.row(b, hk, iv.lo + static_cast<int64_t>(x));
-              for (int64_t c = 0; c < p.dim_v(); ++c) acc[c] += w * v[c];
+            std::vector<float> w(s.size());
+            for (size_t x = 0; x < s.size(); ++x) l += w[x] = static_cast<float>(std::exp(s[x] - m));
+            for (size_t x = 0; x < s.size();) {
+              const int64_t j = iv.lo + static_cast<int64_t>(x);
+              int32_t pc[64];
+              float quantum = 0.f;
+              // A 64-key tile the row sees whole: P to u8 codes (round_p_tile), V's codes and channel scales.
+              if (pv_ && j % 64 == 0 && j + 64 <= iv.hi && round_p_tile(&w[x], 64, false, pc, &quantum)) {
+                if (bug_ == Bug::PQuantumOfLastTile && x > 0) quantum = last_quantum;
+                last_quantum = quantum;
+                for (int64_t y = 0; y < 64; ++y) {
+                  const int64_t key = bug_ == Bug::VCodesOfNextKey ? std::min(j + y + 1, n - 1) : j + y;
+                  for (int64_t c = 0; c < p.dim_v(); ++c) {
+                    const int64_t ch = bug_ == Bug::VScaleOfNextChannel ? std::min(c + 1, p.dim_v() - 1) : c;
+                    acc[c] += double{quantum} * pc[y] * vc[key * p.dim_v() + c] * vs[ch];
+                  }
+                }
+                x += 64;
+                continue;
+              }
+              const float* v = in.v.row(b, hk, j);
+              for (int64_t c = 0; c < p.dim_v(); ++c) acc[c] += double{w[x]} * v[c];
+              ++x;
             }
             for (int64_t c = 0; c < p.dim_v() && l > 0; ++c) o[c] = static_cast<float>(acc[c] / l);
             out.lse[(b * p.q_heads + h) * p.q_len + i] = s.empty() ? -INFINITY : static_cast<float>(m + std::log(l));
@@ -104,6 +137,7 @@ class PlantedInt8 final : public Kernel {
 
  private:
   Bug bug_;
+  bool pv_;
 };
 
 // Keys with a shared offset (a mean worth smoothing) under a causal mask, GQA 2.
@@ -116,11 +150,14 @@ Tensors offset_inputs(const Problem& p, uint64_t seed, int64_t channel, float of
 }
 
 TEST(FlashInt8, PlantedBugsFailUnderTheInt8Tolerance) {
-  Problem p = test::shape(1, 4, 2, 48, 96, 64);
+  Problem p = test::shape(1, 4, 2, 48, 160, 64);  // rows see tile 0 whole, most of them tile 1 too
   p.causal = CausalAlign::BottomRight;
-  const Tensors t = offset_inputs(p, 17, 3, 2.f);
+  Tensors t = offset_inputs(p, 17, 3, 2.f);
+  for (int64_t h = 0; h < p.kv_heads; ++h)  // V's channels 1x .. 4x apart: each its own scale
+    for (int64_t j = 0; j < p.kv_len; ++j)
+      for (int64_t c = 0; c < p.dim_v(); ++c) const_cast<float*>(t.inputs.v.row(0, h, j))[c] *= 1.f + c % 4;
   for (Bug bug : {Bug::None, Bug::NoSmoothingTerm, Bug::KeyScaleTwice, Bug::KeyScaleOffByOne, Bug::CorrectionDropped,
-                  Bug::QScaleOfNextRow}) {
+                  Bug::QScaleOfNextRow, Bug::VScaleOfNextChannel, Bug::VCodesOfNextKey, Bug::PQuantumOfLastTile}) {
     const KernelCheck c = check(PlantedInt8(bug), p, t);
     if (bug == Bug::None) {
       EXPECT_EQ(c.verdict, Verdict::Pass) << c.reason;
@@ -141,7 +178,7 @@ TEST(FlashInt8, EveryTargetScoresTheRulesIntegers) {
   const Tensors t = offset_inputs(p, 5, 0, -3.f);
   const Tensors plain = allocate_outputs(p);
   RunContext ctx;
-  PlantedInt8(Bug::None).run(p, t.inputs, plain.outputs, ctx);
+  PlantedInt8(Bug::None, false).run(p, t.inputs, plain.outputs, ctx);  // (a window of 54 keys: no whole tile)
   int ran = 0;
   for (const Kernel* k : runnable("flash_int8")) {
     const Tensors out = allocate_outputs(p);
@@ -164,6 +201,43 @@ TEST(FlashInt8, MultipliesInIntegers) {
     EXPECT_EQ(c.verdict, Verdict::Pass) << c.reason;
     EXPECT_GT(c.errors.o_rel, 100 * f.errors.o_rel) << k->isa() << " computed as float32 flash does";
   }
+}
+
+// P.V in integers (pv_tile_u8) runs exactly where vpdpbusd does - avx512 with AVX512-VNNI, avx2 with
+// AVX-VNNI, not with ATTN_NO_VNNI=1 - on the tiles a panel sees whole: there O moves off the float32
+// P.V's (ATTN_I8_PV=0) by P's and V's rounding; elsewhere, and on a window that leaves no tile
+// whole, the two are the same bits. Both pass.
+TEST(FlashInt8, IntegerPvRunsWhereVnniDoes) {
+  const auto run = [](const Kernel& k, const Problem& p, const Tensors& t, const char* pv) {
+    if (pv) EXPECT_EQ(setenv("ATTN_I8_PV", pv, 1), 0);
+    const Tensors out = allocate_outputs(p);
+    Session(k, p, 2).run(t.inputs, out.outputs);
+    unsetenv("ATTN_I8_PV");
+    return std::vector<float>(out.o.get(), out.o.get() + p.o_elems());
+  };
+  Problem dense = test::shape(1, 4, 2, 60, 200, 64), window = dense;
+  window.window_left = 40, window.window_right = 0;
+  const Tensors t = random_tensors(dense, 31);
+  for (const char* no_vnni : {"0", "1"}) {
+    ASSERT_EQ(setenv("ATTN_NO_VNNI", no_vnni, 1), 0);
+    for (const Kernel* k : runnable("flash_int8")) {
+      const std::string unit = k->isa() == "avx512" ? "avx512_vnni" : k->isa() == "avx2" ? "avx_vnni" : "";
+      const bool integer = !unit.empty() && cpu_runs_isa(unit) && std::string(no_vnni) == "0";
+      const std::string at = std::string(k->isa()) + " ATTN_NO_VNNI=" + no_vnni;
+      EXPECT_EQ(run(*k, window, t, nullptr), run(*k, window, t, "0")) << at << ": no whole tile, yet O moved";
+      const std::vector<float> a = run(*k, dense, t, nullptr);
+      const std::vector<float> b = run(*k, dense, t, "0");
+      double moved = 0;
+      for (size_t x = 0; x < a.size(); ++x) moved = std::max(moved, std::fabs(double{a[x]} - b[x]));
+      if (integer) {
+        EXPECT_GT(moved, 1e-5) << at << ": P.V did not round";
+      } else {
+        EXPECT_EQ(moved, 0.0) << at << ": P.V rounded without vpdpbusd";
+      }
+      EXPECT_EQ(check(*k, dense, t).verdict, Verdict::Pass) << at;
+    }
+  }
+  unsetenv("ATTN_NO_VNNI");
 }
 
 // Without VNNI the avx2 and avx512 targets sum with vpmaddubsw + vpmaddwd (|k| and Q with k's
@@ -191,9 +265,14 @@ TEST(FlashInt8, WithoutVnniAgreesToo) {
 // case) round with a per-key scale set by that channel, so the other channels lose their bits;
 // smoothed, the offset is gone before rounding. Both pass their own (derived) tolerance - the
 // baseline rounds the same way - and smoothing is several times more accurate against float64.
+// P.V in float32 (ATTN_I8_PV=0): its rounding of P and V, the same on and off, is not what this weighs.
 TEST(FlashInt8, SmoothingRescuesALargeMeanChannel) {
   const Problem p = test::shape(1, 4, 2, 64, 256, 64);
   const Tensors t = offset_inputs(p, 23, 7, 8.f);
+  ASSERT_EQ(setenv("ATTN_I8_PV", "0", 1), 0);
+  const struct Restore {
+    ~Restore() { unsetenv("ATTN_I8_PV"); }
+  } restore;
   for (const Kernel* k : int8_kernels()) {
     ASSERT_EQ(setenv("ATTN_I8_SMOOTH", "0", 1), 0);
     ASSERT_FALSE(int8_smoothing());

@@ -349,6 +349,45 @@ TEST_P(SimdMath, Int8RowsRoundInVectorsAsTheRule) {
   }
 }
 
+// flash_int8 rounds V per channel in vectors (int8_dot.hpp: round_v_rows): round_v_channels' codes and
+// scales bit for bit, at every channel count and tail, over strided rows - exact ties (amax 127:
+// scale 1, values k +- 0.5), a zero channel beside live ones, subnormals, one row, no row - and
+// false exactly when the rule refuses (NaN or Inf at the first, last or a middle value).
+TEST_P(SimdMath, Int8ChannelsRoundInVectorsAsTheRule) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (int64_t dv : {1, 5, 16, 17, 64, 72, 128, 130}) {
+    for (int64_t n : {0, 1, 3, 64, 97}) {
+      for (int round = 0; round < 12; ++round) {
+        const int64_t ld = dv + 3;
+        std::vector<float> x(static_cast<size_t>(std::max<int64_t>(n, 1) * ld), 123.f);  // the gaps: never read
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t c = 0; c < dv; ++c) {
+            float& v = x[j * ld + c];
+            v = normal(rng) * (round % 3 == 0 ? 1e-3f : 1.f) * static_cast<float>(1 + c % 7);
+            if (round == 1) v = j == 0 ? 127.f : static_cast<float>((j + c) % 127) - 63.5f;  // ties
+            if (round == 2 && c % 3 == 0) v = 0.f;                                           // zero channels
+            if (round == 3) v = (c % 2 ? -1.f : 1.f) * 1e-40f * static_cast<float>(j + 1);   // subnormal
+          }
+        if (round >= 9 && n > 0) {
+          const float bad =
+              round % 2 ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+          x[round == 9 ? 0 : round == 10 ? (n - 1) * ld + dv - 1 : (n / 2) * ld + dv / 2] = bad;
+        }
+        std::vector<int8_t> want(static_cast<size_t>(n * dv), 7), got(static_cast<size_t>(n * dv), 9);
+        std::vector<float> want_sc(static_cast<size_t>(dv), -1.f), got_sc(static_cast<size_t>(dv), -2.f);
+        const bool want_ok = round_v_channels(x.data(), ld, n, dv, want.data(), want_sc.data());
+        const bool got_ok = t_->probes.round_v_rows(x.data(), ld, n, dv, got.data(), got_sc.data());
+        ASSERT_EQ(want_ok, got_ok) << "dv " << dv << " n " << n << " round " << round;
+        if (!want_ok) continue;
+        ASSERT_EQ(std::memcmp(want_sc.data(), got_sc.data(), 4 * static_cast<size_t>(dv)), 0)
+            << "dv " << dv << " n " << n << " round " << round;
+        ASSERT_EQ(want, got) << "dv " << dv << " n " << n << " round " << round;
+      }
+    }
+  }
+}
+
 // decode_i8's scores (int8_dot.hpp: score_rows_i8) are the rule's integers on every target, with
 // the target's dot-product unit (vpdpbusd, NEON's sdot: where the CPU has it) and without it
 // (vpmaddubsw; the rule): against the exact integer dot products of Q's and K's codes per block,

@@ -188,6 +188,7 @@ const TargetTable& target_table() {
               },
           .kv_row = simd::read_kv_row,
           .round_int8_row = simd::round_int8_row,
+          .round_v_rows = simd::round_v_rows,
           .round_p_row =
               [](const float* p, const float* sc, bool is_signed, uint8_t* codes, float* quantum) {
                 alignas(64) float pa[simd::kTileKeys], sa[simd::kTileKeys];  // the kernel's rows are aligned

@@ -4,6 +4,7 @@
 #include "cpu/simd/tiles.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "attnlab/isa.hpp"
 #include "attnlab/blocks/online_softmax.hpp"
@@ -86,6 +88,21 @@ inline const std::byte* i8_key_tile(const Tiling& t, const std::byte* head, int6
   const size_t mean = align64(sizeof(float) * static_cast<size_t>(t.dim));
   return head + 64 + mean + static_cast<size_t>(j0 / kTileKeys) * I8KeyTile(t.dim).bytes;
 }
+
+// flash_int8's rounded V (Tiling::i8_pv): its channels' scales and the value tile at key j0.
+inline const float* i8_value_scale(const Tiling& t, const std::byte* head) {
+  return reinterpret_cast<const float*>(head + t.i8_v_off);
+}
+inline const std::byte* i8_value_tile(const Tiling& t, const std::byte* head, int64_t j0) {
+  return head + t.i8_v_off + align64(sizeof(float) * static_cast<size_t>(t.dim_v_pad)) +
+         static_cast<size_t>(j0 / kTileKeys) * I8ValueTile(t.dim_v_pad).bytes;
+}
+// P times these (round_p_block's V scales): flash_int8's V scales are per channel, applied after.
+alignas(64) constexpr std::array<float, kTileKeys> kUnitScales = [] {
+  std::array<float, kTileKeys> a{};
+  a.fill(1.f);
+  return a;
+}();
 
 // Tiling::kt_shared: where head bh's packed K^T tile at key j0 (a multiple of 64) lies, in bytes.
 inline size_t kt_at(const Tiling& t, int64_t bh, int64_t j0) {
@@ -323,6 +340,20 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
 
   const float* a = rescale ? alpha : nullptr;
   if (full) {
+    if constexpr (std::is_same_v<E, float> && !Pairs && kI8Vector && kI8VnniBuilt) {
+      if (t.i8_prefill && t.i8_pv && s.i8_on() && i8_task_head(s)[1] == std::byte{1}) {
+        // flash_int8: P to u8 codes per row (round_p_tile's rule), the head's V codes, vpdpbusd
+        PCodes<MR> pc;
+        Batch bad(0.f);
+        round_p_block<MR, false>(s.p, kUnitScales.data(), nullptr, 0, pc, bad);
+        if (!bad_weights(bad)) {
+          const std::byte* head = i8_task_head(s);
+          pv_tile_u8<MR>(pc, I8ValueTile(t.dim_v_pad), i8_value_tile(t, head, kt.j0), i8_value_scale(t, head),
+                         s.o + rr0 * t.dim_v_pad, t.dim_v_pad, a);
+          return;
+        }
+      }
+    }
     if constexpr (kIntDot<E>) {
       if (s.i8_on() && t.i8_pv) {  // decode_i8: P rounded per tile (round_p_tile), P.V in integers
         const std::byte* vr[kTileKeys];
@@ -884,6 +915,14 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
     t.i8_c_off = take(sizeof(float) * static_cast<size_t>(state_rows)) - t.i8_off;
     const int64_t tiles = (p.kv_len + kTileKeys - 1) / kTileKeys;
     t.i8_head = 64 + align64(sizeof(float) * static_cast<size_t>(t.dim)) + static_cast<size_t>(tiles) * l.bytes;
+    // P.V in integers: vpdpbusd only (vpmaddubsw's int16 pairs overflow at P's 255 levels); the
+    // AMX kernel's whole tiles take bf16 pairs instead.
+    t.i8_pv = !amx && kI8Vector && t.i8_vnni && i8_pv_runs(true);
+    if (t.i8_pv) {
+      t.i8_v_off = t.i8_head;
+      t.i8_head += align64(sizeof(float) * static_cast<size_t>(t.dim_v_pad)) +
+                   static_cast<size_t>(tiles) * I8ValueTile(t.dim_v_pad).bytes;
+    }
     t.i8_shared = t.i8_head * static_cast<size_t>(p.batch * p.kv_heads);
   }
   if (gathered_columns(p) > 0) {  // rows of the stored type: dim_pad values, or a quantized row's bytes
@@ -1051,6 +1090,7 @@ void prepare_i8_keys(const Problem& p, const Inputs& in, const Tiling& t, std::b
       TaskRange(0, p.batch * p.kv_heads, 1),
       [&](const TaskRange& range) {
         int8_t codes[Problem::kMaxHeadDim];
+        std::vector<int8_t> vcodes;
         for (int64_t bh = range.begin(); bh != range.end(); ++bh) {
           const int64_t b = bh / p.kv_heads, hk = bh % p.kv_heads, n = p.kv_len_of(b);
           std::byte* head = i8_head_area(t, shared, p.kv_heads, b, hk);
@@ -1064,6 +1104,17 @@ void prepare_i8_keys(const Problem& p, const Inputs& in, const Tiling& t, std::b
             put_i8_key(l, tile, static_cast<int>(j % kTileKeys), codes, t.dim, scale);
           }
           head[0] = std::byte{ok ? uint8_t{1} : uint8_t{0}};  // else its tasks multiply in float32
+          if (t.i8_pv) {  // V per channel (round_v_channels' rule), else its whole tiles' P.V in float32
+            auto* vs = reinterpret_cast<float*>(head + t.i8_v_off);
+            vcodes.resize(static_cast<size_t>(n * t.dim_v));
+            const bool v_ok = round_v_rows(in.v.row(b, hk, 0), in.v.stride_s, n, t.dim_v, vcodes.data(), vs);
+            const I8ValueTile vl(t.dim_v_pad);
+            for (int64_t j = 0; j < n && v_ok; ++j) {
+              auto* tile = const_cast<std::byte*>(i8_value_tile(t, head, j / kTileKeys * kTileKeys));
+              put_i8_value(vl, tile, static_cast<int>(j % kTileKeys), vcodes.data() + j * t.dim_v, t.dim_v);
+            }
+            head[1] = std::byte{v_ok ? uint8_t{1} : uint8_t{0}};
+          }
         }
       },
       tbb::simple_partitioner());

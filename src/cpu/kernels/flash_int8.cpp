@@ -12,19 +12,29 @@
 // panel words; GEMM 1 is then vpdpbusd (AVX512-VNNI on avx512, AVX-VNNI on avx2: 4 byte products
 // per 32-bit lane per instruction, 4x the lanes of a float32 FMA) on whole register blocks,
 // each score scaled once by its row's and its key's scale; without VNNI vpmaddubsw + vpmaddwd
-// (ATTN_NO_VNNI=1 forces it), the scalar rule on scalar and neon. The softmax and P.V are flash's,
-// float32, on V as stored: on CPUs whose bf16 dot product runs at half the FMA rate (the AMX
-// Xeon's `attnlab peak`) a bf16 P.V would be slower, not faster.
+// (ATTN_NO_VNNI=1 forces it), the scalar rule on scalar and neon. The softmax is flash's, float32.
+// P.V in integers where vpdpbusd runs (SageAttention2's P and V, on the int8 unit): V is rounded
+// once per run per channel (round_v_channels: kv_quant.hpp) into value tiles of 4-key words, and
+// on every tile a panel sees whole each row's P is rounded to u8 codes against the tile's largest
+// weight (round_p_tile, decode_i8's rule), the codes times V's codes summed exactly in int32 and
+// scaled once per tile by the row's quantum and the channel's scale (int8_dot.hpp: pv_tile_u8).
+// Partial tiles, heads whose V holds NaN or Inf, and CPUs without VNNI (vpmaddubsw's int16 pairs
+// would overflow at 255 x 127) multiply P.V in float32 on V as stored; ATTN_I8_PV=0 forces that.
+// vpdpbusd runs at 4x the FMA rate on Zen 4 (`attnlab peak`), and P.V in float32 had been half of
+// flash_int8's time: 1.66x at 8/8, d 128, 4096 (results/2026-12-06-int8_pv).
 // Arithmetic: Int8Products (kernel.hpp) - held to 4x the textbook's error on the Q and K it
-// multiplies (Q rounded, K = mean + rounded remainder: verify.cpp reads both through the same
-// two functions) plus float32's floor; the error against the unrounded inputs is what the
-// agreement reports. A head whose keys hold NaN or Inf, or a task whose Q rows do, multiplies in
-// float32 (rounding would turn them into numbers): special values reach O as the reference says.
+// multiplies (Q rounded, K = mean + rounded remainder) with P and V rounded as above on every
+// tile the row sees whole (verify.cpp reads all through the same functions), plus float32's
+// floor; the error against the unrounded inputs is what the agreement reports. A head whose keys
+// hold NaN or Inf, or a task whose Q rows do, multiplies in float32 (rounding would turn them
+// into numbers): special values reach O as the reference says.
 // Memory: flash's per-thread tiles, plus per thread the task's Q words (R x d bytes) and 2 R
 // floats; shared, the rounded keys: per (batch, kv head) ceil(kv_len / 64) tiles of 64 (d + 8)
-// bytes and d floats of mean (~1/4 of K).
-// Cost: flash's, with GEMM 1 at the int8 unit's rate (`attnlab peak`), plus one pass over K per
-// run (mean and rounding: O(kv_len d), against O(q_len kv_len d)) and one over each task's Q.
+// bytes and d floats of mean (~1/4 of K); with integer P.V the rounded values, 64 d_v bytes per
+// tile and d_v floats of scales (~1/4 of V).
+// Cost: flash's, with both GEMMs at the int8 unit's rate (`attnlab peak`), plus one pass over K
+// and V per run (mean and rounding: O(kv_len d), against O(q_len kv_len d)), one over each task's
+// Q, and P's rounding per row and whole tile (a max, a division, 64 conversions).
 //
 // flash_int8_amx: the same kernel, but every key tile that all rows of a task see whole goes
 // through the AMX tile unit 32 query rows at a time (flash_amx's blocks, src/cpu/simd/isa/amx.hpp):
@@ -58,13 +68,14 @@ class FlashInt8 final : public Kernel {
                   "TDPBSSD on the int8 codes, float32 softmax, P and V rounded to bf16 for TDPBF16PS; partial "
                   "tiles as flash_int8"
                 : "flash with Q.K^T in int8 (SageAttention's recipe): K smoothed by its mean and rounded per key "
-                  "once per run, Q per row, exact int32 sums (vpdpbusd where the CPU has VNNI), float32 softmax "
-                  "and P.V";
+                  "once per run, Q per row, exact int32 sums (vpdpbusd where the CPU has VNNI), float32 softmax; "
+                  "with VNNI P.V in integers too (P to u8 per row and whole tile, V to int8 per channel)";
   }
   std::string_view precision() const override {
     return amx_ ? "f32 in; Q per row and K - mean per key to int8, int32 K.Q; f32 softmax; P and V to bf16 on "
                   "whole tiles"
-                : "f32 in; Q per row and K - mean per key to int8, int32 K.Q; f32 softmax and P.V";
+                : "f32 in; Q per row and K - mean per key to int8, int32 K.Q; f32 softmax; with VNNI P to u8 and V to "
+                  "int8 per channel, int32 P.V on whole tiles";
   }
   Support available() const override {
     if constexpr (simd::kBf16Object) {

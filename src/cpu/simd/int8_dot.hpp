@@ -351,6 +351,45 @@ inline bool round_int8_row(const float* x, int64_t n, int8_t* q, float* scale_ou
   }
 }
 
+// round_v_channels (kv_quant.hpp: flash_int8's V, per channel over n rows ld apart) in vectors: the
+// same maxima, one division per scale, the same per-value operations as the rule - the same codes
+// and scales bit for bit (tests/kernels/test_simd_math.cpp). The rule's division per value was a
+// tenth of flash_int8's time at 8/8, d 128, 4096.
+inline bool round_v_rows(const float* rows, int64_t ld, int64_t n, int64_t dv, int8_t* codes, float* scales) {
+  if constexpr (!kI8Vector) {
+    return round_v_channels(rows, ld, n, dv, codes, scales);
+  } else {
+    Batch bad(0.f);
+    for (int64_t c = 0; c < dv; c += kLanes) {
+      const int m = static_cast<int>(std::min<int64_t>(kLanes, dv - c));
+      Batch amax(0.f);
+      for (int64_t j = 0; j < n; ++j) {
+        const Batch v = load_partial(rows + j * ld + c, m);
+        bad += v - v;  // 0 for finite values; NaN from a NaN or an Inf
+        amax = max(amax, abs_of(v));
+      }
+      store_partial(scales + c, amax / Batch(127.f), m);
+    }
+    if (reduce_sum(bad) != 0.f) return false;
+    const Batch half(0.5f), one(1.f), zero(0.f);
+    for (int64_t c = 0; c < dv; c += kLanes) {
+      const int m = static_cast<int>(std::min<int64_t>(kLanes, dv - c));
+      const Batch sc = load_partial(scales + c, m);
+      const auto live = sc > zero;  // a zero scale: codes 0 (x / 0 is NaN there)
+      for (int64_t j = 0; j < n; ++j) {
+        const Batch y = select(live, load_partial(rows + j * ld + c, m) / sc, zero);
+        const Batch r = trunc_float(y);
+        const Batch frac = y - r;
+        const Batch rounded = select(frac >= half, r + one, select(frac <= -half, r - one, r));
+        alignas(64) float out[kLanes];
+        min(max(rounded, Batch(-127.f)), Batch(127.f)).store_aligned(out);
+        for (int k = 0; k < m; ++k) codes[j * dv + c + k] = static_cast<int8_t>(out[k]);
+      }
+    }
+    return true;
+  }
+}
+
 // round_smoothed_key (kv_quant.hpp) by round_int8_row: x - mean in float32, then the row's rounding.
 inline bool round_smoothed_row(const float* x, const float* mean, int64_t n, int8_t* q, float* scale) {
   alignas(64) float centred[Problem::kMaxHeadDim];
@@ -774,6 +813,62 @@ inline Rows<Codes<T>> codes_of(const Rows<Quant<T>>& v) {
   std::copy(v.first, v.first + Rows<Quant<T>>::kMaxRuns + 1, c.first);
   c.runs = v.runs, c.ld = v.ld;
   return c;
+}
+
+// flash_int8's P.V in integers (VNNI targets; src/cpu/kernels/flash_int8.cpp). V is rounded once per
+// run per channel (round_v_channels, kv_quant.hpp) into tiles of this layout, per 64-key tile:
+//   words[g * dv_pad + c]   the 32-bit word of column c's codes of keys 4g .. 4g + 3 (zero past d_v
+//                           and past the sequence's keys)
+// so vpdpbusd's signed operand is a plain load and P's four codes of those keys (round_p_block's
+// u8 codes against the row's tile max, the quantum q) its broadcast unsigned one:
+//   O_c = O_c alpha + q scale_c sum_j P_j code_jc     (an exact int32 sum over the tile's 64 keys)
+// Against the float32 P.V per 16 columns and 4 keys: one vpdpbusd for four FMAs, the epilogue (a
+// conversion, a multiply and an FMA per 16 columns) once per tile.
+struct I8ValueTile {
+  int64_t dv_pad = 0;
+  size_t bytes = 0;  // of one tile, a 64-byte multiple
+  explicit I8ValueTile(int64_t dv_padded = 0)
+      : dv_pad(dv_padded), bytes(static_cast<size_t>(kTileKeys / 4 * dv_pad * 4)) {}
+};
+
+// Key j (< kTileKeys) of a value tile from its dv codes.
+inline void put_i8_value(const I8ValueTile& l, std::byte* tile, int j, const int8_t* codes, int64_t dv) {
+  auto* b = reinterpret_cast<int8_t*>(tile);
+  for (int64_t c = 0; c < dv; ++c) b[((j / 4) * l.dv_pad + c) * 4 + j % 4] = codes[c];
+}
+
+template <int MR>
+void pv_tile_u8(const PCodes<MR>& pc, const I8ValueTile& l, const std::byte* tile, const float* scale, float* o,
+                int64_t ldo, const float* alpha) {
+  using namespace i8_detail;
+  constexpr int NV = 4;  // column vectors per pass: MR x 4 accumulators
+  const auto* vw = reinterpret_cast<const int32_t*>(tile);
+  for (int64_t c0 = 0; c0 < l.dv_pad; c0 += NV * kLanes) {
+    const int nv = static_cast<int>(std::min<int64_t>(NV, (l.dv_pad - c0) / kLanes));
+    IVec acc[MR][NV];
+    for (int m = 0; m < MR; ++m)
+      for (int x = 0; x < NV; ++x) acc[m][x] = izero();
+    for (int g = 0; g < kTileKeys / 4; ++g) {
+      IVec v[NV];
+      for (int x = 0; x < NV; ++x) v[x] = x < nv ? load_ivec(vw + g * l.dv_pad + c0 + x * kLanes) : izero();
+      for (int m = 0; m < MR; ++m) {
+        int32_t w;
+        std::memcpy(&w, pc.code[m][0] + 4 * g, 4);
+        const IVec pw = bcast32(w);
+        for (int x = 0; x < NV; ++x)
+          if (x < nv) acc[m][x] = dot4<true>(acc[m][x], pw, v[x]);
+      }
+    }
+    for (int m = 0; m < MR; ++m) {
+      const Batch q(pc.quantum[m][0]);
+      for (int x = 0; x < nv; ++x) {
+        float* dst = o + m * ldo + c0 + x * kLanes;
+        Batch prev = Batch::load_aligned(dst);
+        if (alpha) prev = prev * Batch(alpha[m]);
+        simd::fma(to_float(acc[m][x]), q * Batch::load_aligned(scale + c0 + x * kLanes), prev).store_aligned(dst);
+      }
+    }
+  }
 }
 
 }  // namespace attnlab::ATTN_TARGET_NS::simd

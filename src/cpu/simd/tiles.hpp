@@ -81,7 +81,8 @@ struct Tiling {
   bool int8_dot = false;
   bool i8_vnni = false;  // vpdpbusd (the CPU has this target's VNNI unit; not ATTN_NO_VNNI=1), else vpmaddubsw;
                          // decode_i8 on NEON: sdot where the CPU has it, else the rule
-  bool i8_pv = false;    // decode_i8's P.V in integers (pv_tile_i8, int8_dot.hpp), else float32
+  bool i8_pv = false;    // decode_i8's P.V in integers (pv_tile_i8, int8_dot.hpp), else float32; flash_int8:
+                         // whole tiles' P.V in integers (pv_tile_u8) on V rounded per channel (i8_v_off)
   size_t i8_off = 0;
   int64_t i8_row = 0;
   // int8 prefill (flash_int8: a dense float32 problem, src/cpu/simd/int8_dot.hpp): K smoothed and
@@ -90,8 +91,10 @@ struct Tiling {
   // then the mean (d floats), then its key tiles of I8KeyTile(d).bytes); per thread at i8_off the
   // task's header (byte 0: 1 when it scores in integers; its head's tiles), Q's panel words at
   // i8_qw_off, per row the scale times the score scale, then the smoothing's score term q.mean (log2).
+  // With i8_pv the head's V follows at i8_v_off (header byte 1: 1 when it rounded): the channels'
+  // scales (dim_v_pad floats), then its value tiles of I8ValueTile(dim_v_pad).bytes.
   bool i8_prefill = false;
-  size_t i8_head = 0, i8_shared = 0, i8_qw_off = 0, i8_qsc_off = 0, i8_c_off = 0;
+  size_t i8_head = 0, i8_shared = 0, i8_qw_off = 0, i8_qsc_off = 0, i8_c_off = 0, i8_v_off = 0;
   size_t bytes = 0;  // per thread, a 64-byte multiple
   // The run's shared part of the workspace (before the threads' scratch): int8 key tiles, packed pairs.
   // flash's float32 prefill (br chosen by the engine, wide steps, no sparse pattern, several query
