@@ -4,7 +4,6 @@
 #include "cpu/simd/tiles.hpp"
 
 #include <algorithm>
-#include <array>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
@@ -97,12 +96,50 @@ inline const std::byte* i8_value_tile(const Tiling& t, const std::byte* head, in
   return head + t.i8_v_off + align64(sizeof(float) * static_cast<size_t>(t.dim_v_pad)) +
          static_cast<size_t>(j0 / kTileKeys) * I8ValueTile(t.dim_v_pad).bytes;
 }
-// P times these (round_p_block's V scales): flash_int8's V scales are per channel, applied after.
-alignas(64) constexpr std::array<float, kTileKeys> kUnitScales = [] {
-  std::array<float, kTileKeys> a{};
-  a.fill(1.f);
-  return a;
-}();
+
+// flash_int8's scores of the panel of MR rows at rr0 against the head's rounded key tile at j0,
+// keys [ja, jb), into s_out (rows LdS apart).
+template <int MR, int LdS = kTileKeys>
+void score_i8_tile(const Tiling& t, const Scratch& s, int64_t rr0, int64_t j0, int ja, int jb, float* s_out) {
+  const I8KeyTile l(t.dim);
+  const auto* qw = reinterpret_cast<const int32_t*>(s.i8 + t.i8_qw_off) + rr0 * l.words;
+  const float* qsc = reinterpret_cast<const float*>(s.i8 + t.i8_qsc_off) + rr0;
+  const float* qc = reinterpret_cast<const float*>(s.i8 + t.i8_c_off) + rr0;
+  const std::byte* tile = i8_key_tile(t, i8_task_head(s), j0);
+  if (t.i8_vnni) {
+    score_panel_i8<MR, kI8VnniBuilt, LdS>(qw, l, tile, qsc, qc, ja, jb, s_out);
+  } else {
+    score_panel_i8<MR, false, LdS>(qw, l, tile, qsc, qc, ja, jb, s_out);
+  }
+}
+
+// Whether flash_int8's P.V in integers runs for this task (Tiling::i8_pv, and its head's V rounded).
+inline bool i8_pv_task(const Tiling& t, const Scratch& s) {
+  return t.i8_prefill && t.i8_pv && s.i8_on() && i8_task_head(s)[1] == std::byte{1};
+}
+
+// flash_int8's integer P.V of g consecutive whole tiles from j0 for the panel of MR rows at rr0
+// (i8_pv_task): P (rows LdP apart, tile i at p + 64 i) to u8 codes per row and tile (round_p_tile's
+// rule; no V scales: they are per channel, applied after), the head's V codes, vpdpbusd
+// (pv_tile_u8), after O *= alpha (when given). false (nothing done): a weight the rule refuses
+// (never from finite scores) or no vpdpbusd in this target; the caller multiplies in float32.
+template <int MR, int LdP = kTileKeys>
+bool pv_i8_tiles(const Tiling& t, const Scratch& s, int64_t rr0, const float* p, int64_t j0, int g,
+                 const float* alpha) {
+  if constexpr (kI8Vector && kI8VnniBuilt) {
+    PCodes<MR> pc[kWideTiles];
+    Batch bad(0.f);
+    for (int i = 0; i < g; ++i) round_p_block<MR, false, LdP>(p + i * kTileKeys, nullptr, nullptr, 0, pc[i], bad);
+    if (bad_weights(bad)) return false;
+    const std::byte* head = i8_task_head(s);
+    pv_tile_u8<MR>(pc, g, I8ValueTile(t.dim_v_pad), i8_value_tile(t, head, j0), i8_value_scale(t, head),
+                   s.o + rr0 * t.dim_v_pad, t.dim_v_pad, alpha);
+    return true;
+  } else {
+    (void)t, (void)s, (void)rr0, (void)p, (void)j0, (void)g, (void)alpha;
+    return false;
+  }
+}
 
 // Tiling::kt_shared: where head bh's packed K^T tile at key j0 (a multiple of 64) lies, in bytes.
 inline size_t kt_at(const Tiling& t, int64_t bh, int64_t j0) {
@@ -318,16 +355,7 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
     bool done = false;
     if constexpr (std::is_same_v<E, float>) {
       if (t.i8_prefill && s.i8_on()) {  // flash_int8: the head's rounded key tile, Q's panel words
-        const I8KeyTile l(t.dim);
-        const auto* qw = reinterpret_cast<const int32_t*>(s.i8 + t.i8_qw_off) + rr0 * l.words;
-        const float* qsc = reinterpret_cast<const float*>(s.i8 + t.i8_qsc_off) + rr0;
-        const float* qc = reinterpret_cast<const float*>(s.i8 + t.i8_c_off) + rr0;
-        const std::byte* tile = i8_key_tile(t, i8_task_head(s), kt.j0);
-        if (t.i8_vnni) {
-          score_panel_i8<MR, kI8VnniBuilt>(qw, l, tile, qsc, qc, ja, jb, s.p);
-        } else {
-          score_panel_i8<MR, false>(qw, l, tile, qsc, qc, ja, jb, s.p);
-        }
+        score_i8_tile<MR>(t, s, rr0, kt.j0, ja, jb, s.p);
         done = true;
       }
     }
@@ -340,19 +368,8 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
 
   const float* a = rescale ? alpha : nullptr;
   if (full) {
-    if constexpr (std::is_same_v<E, float> && !Pairs && kI8Vector && kI8VnniBuilt) {
-      if (t.i8_prefill && t.i8_pv && s.i8_on() && i8_task_head(s)[1] == std::byte{1}) {
-        // flash_int8: P to u8 codes per row (round_p_tile's rule), the head's V codes, vpdpbusd
-        PCodes<MR> pc;
-        Batch bad(0.f);
-        round_p_block<MR, false>(s.p, kUnitScales.data(), nullptr, 0, pc, bad);
-        if (!bad_weights(bad)) {
-          const std::byte* head = i8_task_head(s);
-          pv_tile_u8<MR>(pc, I8ValueTile(t.dim_v_pad), i8_value_tile(t, head, kt.j0), i8_value_scale(t, head),
-                         s.o + rr0 * t.dim_v_pad, t.dim_v_pad, a);
-          return;
-        }
-      }
+    if constexpr (std::is_same_v<E, float> && !Direct && !Pairs) {
+      if (i8_pv_task(t, s) && pv_i8_tiles<MR>(t, s, rr0, s.p, kt.j0, 1, a)) return;  // flash_int8
     }
     if constexpr (kIntDot<E>) {
       if (s.i8_on() && t.i8_pv) {  // decode_i8: P rounded per tile (round_p_tile), P.V in integers
@@ -460,11 +477,15 @@ void process_wide(const Tiling& t, const Scratch& s, int64_t rr0, const float* k
                   const Rows<E>* v) {
   const int64_t tile_floats = t.dim_pad * kTileKeys;
   NoStep none;
+  constexpr bool kFloat = std::is_same_v<E, float>;
+  const bool i8 = kFloat && t.i8_prefill;  // (an int8 task: s.i8_on(), attend_tiles)
   for (int i = 0; i < g; ++i) {
     if constexpr (Pairs) {
       const auto* qw = reinterpret_cast<const uint32_t*>(s.q) + rr0 * pair_words(t.dim);
       const auto* kw = reinterpret_cast<const uint32_t*>(kt) + i * padded_words(t.dim) * kTileKeys;
       score_panel_bf16<MR, kWideKeys>(qw, kw, t.dim, t.score_scale, 0, kTileKeys, s.p + i * kTileKeys, none);
+    } else if (i8) {
+      score_i8_tile<MR, kWideKeys>(t, s, rr0, kts[i].j0, 0, kTileKeys, s.p + i * kTileKeys);
     } else {
       score_panel<MR, kWideKeys>(s.q + rr0 * t.dim, kt + i * tile_floats, t.dim, 0, kTileKeys, s.p + i * kTileKeys);
     }
@@ -478,6 +499,9 @@ void process_wide(const Tiling& t, const Scratch& s, int64_t rr0, const float* k
     round_p_rows<MR, kWideKeys>(s.p, s.pw, g * kTileKeys);  // l keeps the unrounded sum
     pv_pairs<MR>(s.pw, kWideKeys / 2, s.vp, t.dim_v_pad, o, t.dim_v_pad, a, 0, g * kTileKeys / 2, t.dim_v, none);
     return;
+  }
+  if constexpr (kFloat && !Pairs) {
+    if (i8 && i8_pv_task(t, s) && pv_i8_tiles<MR, kWideKeys>(t, s, rr0, s.p, kts[0].j0, g, a)) return;  // flash_int8
   }
   if (v) return pv_rows<MR>(s.p, kWideKeys, *v, o, t.dim_v_pad, a, 0, g * kTileKeys, t.dim_v);
   for (int i = 0; i < g; ++i, a = nullptr) {
@@ -661,7 +685,7 @@ void attend_wide(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, in
     if constexpr (Pairs) {
       pack_k_pairs(kts[i].k, kTileKeys, d, reinterpret_cast<uint32_t*>(s.kt) + i * padded_words(d) * kTileKeys);
       pack_v_pairs(kts[i].v, kTileKeys, dv, s.vp + i * (kTileKeys / 2) * t.dim_v_pad, t.dim_v_pad);
-    } else if (!kt) {
+    } else if (!kt && !t.i8_prefill) {  // (flash_int8's key tiles are rounded once per run)
       pack_k_transposed(kts[i].k, kTileKeys, d, s.kt + i * t.dim_pad * kTileKeys);
     }
     one_run = one_run && kts[i].v.runs == 1 && kts[i].v.at[0] == kts[0].v.at[0] + i * kTileKeys * kts[0].v.ld;
@@ -697,8 +721,9 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
   // by slices as the others do: one streaming engine per element type, not two (the tile
   // engine's instantiations are most of the build's compile time).
   const bool stream = s.qr != nullptr;
-  // Wide steps (process_wide): flash's float32 and flash_bf16's panels (not a direct or an int8 task).
-  const int wide = !stream && !s.i8 ? t.wide : 1;
+  // Wide steps (process_wide): flash's float32, flash_bf16's and flash_int8's panels (not a direct
+  // task, decode_i8's or an int8 task whose Q did not round).
+  const int wide = !stream && (!s.i8 || (t.i8_prefill && s.i8_on())) ? t.wide : 1;
   const Interval common = t.amx || wide > 1 ? common_keys(s, rows) : Interval{};
   bool prepacked = false;
   if constexpr (kAmxBuilt) {
@@ -860,10 +885,10 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
   // AMX blocks run whole 16-row blocks: the rows past R are zero Q rows whose state is never read.
   const int64_t state_rows = amx ? amx_rows(t.rows) : t.rows, panel_rows = amx ? kAmxRows : kPanelRows;
   t.direct = !bf16_dot && !int8_prefill && t.rows <= kStreamRows;
-  t.wide = !amx && !int8_dot && !int8_prefill && !t.direct ? kWideTiles : 1;  // flash's and flash_bf16's panels
+  t.wide = !amx && !int8_dot && !t.direct ? kWideTiles : 1;  // flash's, flash_bf16's and flash_int8's panels
   t.q_off = take(sizeof(float) * t.rows * t.dim);
   t.o_off = take(sizeof(float) * state_rows * t.dim_v_pad);
-  t.kt_off = take(sizeof(float) * t.dim_pad * kTileKeys * t.wide);
+  t.kt_off = take(sizeof(float) * t.dim_pad * kTileKeys * (int8_prefill ? 1 : t.wide));  // (flash_int8's are shared)
   t.p_off = take(sizeof(float) * panel_rows * (amx ? kAmxGroupKeys : t.wide > 1 ? kWideKeys : kTileKeys));
   t.m_off = take(sizeof(float) * state_rows);
   t.l_off = take(sizeof(float) * state_rows * kLanes);
@@ -934,7 +959,7 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
   }
   const int64_t tiles = (p.kv_len + kTileKeys - 1) / kTileKeys, query_tiles = (p.q_len + t.br - 1) / t.br;
   const size_t kt_head = sizeof(float) * static_cast<size_t>(tiles * t.dim_pad * kTileKeys);
-  if (br == 0 && t.wide > 1 && !bf16_dot && !p.sparse() && query_tiles > 1 &&
+  if (br == 0 && t.wide > 1 && !bf16_dot && !int8_prefill && !p.sparse() && query_tiles > 1 &&
       kt_head * static_cast<size_t>(p.batch * p.kv_heads) <= Tiling::kMaxSharedKt) {
     t.kv_heads = p.kv_heads;
     t.kt_head = kt_head;
