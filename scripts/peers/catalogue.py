@@ -3,6 +3,7 @@ families scripts/peers/setup.sh installs. Standard library only (Debian's python
 
   python3 scripts/peers/catalogue.py pins FAMILY      the family's pip pins (setup.sh)
   python3 scripts/peers/catalogue.py imports FAMILY   its import line
+  python3 scripts/peers/catalogue.py venv FAMILY      its venv folder in the source tree (.venv-peers, or its own)
   python3 scripts/peers/catalogue.py families         every family, comma-separated
   python3 scripts/peers/catalogue.py defaults         the families setup.sh installs by default
 """
@@ -29,18 +30,21 @@ def peers_of(family):
 
 
 def main(argv):
-    usage = "usage: catalogue.py pins|imports FAMILY | families | defaults"
+    usage = "usage: catalogue.py pins|imports|venv FAMILY | families | defaults"
     if argv in (["families"], ["defaults"]):
         names = [f for f, v in FAMILIES.items() if argv[0] == "families" or v["default"]]
         print(",".join(names))
         return 0
-    if len(argv) != 2 or argv[0] not in ("pins", "imports"):
+    if len(argv) != 2 or argv[0] not in ("pins", "imports", "venv"):
         print(usage, file=sys.stderr)
         return 2
     family = FAMILIES.get(argv[1])
     if family is None:
         print(f"unknown family '{argv[1]}'; allowed: {', '.join(FAMILIES)}", file=sys.stderr)
         return 2
+    if argv[0] == "venv":
+        print(family.get("venv", ".venv-peers"))
+        return 0
     print(family["pip" if argv[0] == "pins" else "import"])
     return 0
 

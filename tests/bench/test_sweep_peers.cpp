@@ -134,7 +134,7 @@ TEST(PeerCatalogue, EveryPeerNamesAKnownTolerancePolicy) {
     parse_peer_policy("bf16");
     ADD_FAILURE() << "an unknown policy was accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("allowed: float32, openvino_bf16"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("allowed: float32, bf16_products"), std::string::npos) << e.what();
   }
 }
 
@@ -231,6 +231,27 @@ TEST_F(SweepPeers, MissingEnvironmentOrLibrarySkipsWithTheReason) {
       EXPECT_EQ(pf.record.reason.rfind("fake ", 0), 0u) << pf.record.reason;
     }
   }
+}
+
+// A family with a venv of its own in the catalogue (zentorch: built for another torch than the torch
+// family's) runs in that venv's Python whatever the pool's is; every other family in the pool's.
+TEST(SweepPeerNames, AFamilyWithItsOwnVenvRunsInIt) {
+  std::ifstream f(std::string(ATTNLAB_SOURCE_DIR) + "/scripts/peers/catalogue.json");
+  ASSERT_TRUE(f) << "scripts/peers/catalogue.json";
+  const Json doc = Json::parse(f);
+  std::ostringstream log;
+  PeerPool pool(log, "/the/pool/bin/python");
+  int own = 0;
+  for (const auto& [family, spec] : doc.at("families").items()) {
+    if (spec.at("module").is_null()) continue;  // (no peer runs in it)
+    const std::string want = spec.contains("venv") ? std::string(ATTNLAB_SOURCE_DIR) + "/" +
+                                                         spec.at("venv").get<std::string>() + "/bin/python"
+                                                   : "/the/pool/bin/python";
+    EXPECT_EQ(pool.python_for(family), want) << family;
+    own += spec.contains("venv");
+  }
+  EXPECT_EQ(pool.python_for("zentorch"), std::string(ATTNLAB_SOURCE_DIR) + "/.venv-zentorch/bin/python");
+  EXPECT_GE(own, 1);
 }
 
 // The sweep's peers are the catalogue's rows (scripts/peers/catalogue.json, read by CMake): the same

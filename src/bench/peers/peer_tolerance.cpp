@@ -48,12 +48,12 @@ bool ggml_own_cache(PeerPolicy policy, const Problem& p) {
 // stateful decode keeps an f16 cache (the stored values exactly) or its u8 cache, whose
 // per-(token, head) scale and zero point are the lab's u8 rule (re-quantizing the lab's
 // dequantized rows gives back their codes), with float32 arithmetic: the float32 policy holds;
-// and OpenvinoBf16 on bf16 points, run with its bf16 precision hint (its own arithmetic, judged as
-// flash_bf16's). Every other peer runs float32 points only.
+// and Bf16Products on bf16 points, run in the peer's bf16 arithmetic (OpenVINO's bf16 hint,
+// zentorch's bf16 tensors: judged as flash_bf16's). Every other peer runs float32 points only.
 bool peer_keeps_own_cache(const std::string& kernel, const Problem& p) {
   const PeerPolicy policy = peer_policy(kernel);
   switch (policy) {
-    case PeerPolicy::OpenvinoBf16: return p.dtype == DType::BF16 && !p.kv_quantized();
+    case PeerPolicy::Bf16Products: return p.dtype == DType::BF16 && !p.kv_quantized();
     case PeerPolicy::OpenvinoStateCache:
       return (p.dtype == DType::F16 && !p.kv_quantized()) ||
              (p.dtype == DType::F32 && (p.kv_dtype == KvDType::U8 || p.kv_dtype == KvDType::U4));
@@ -94,11 +94,12 @@ double rounding_cost(const Problem& p, const Inputs& in, const Agreement& ag, F&
 
 PeerTolerance peer_tolerance(const std::string& kernel, const Problem& p, const Inputs& in, const Agreement& ag) {
   const PeerPolicy policy = peer_policy(kernel);
-  if (policy == PeerPolicy::OpenvinoBf16 && p.dtype == DType::BF16) {
-    // OpenVINO's bf16 mode rounds the products' operands to bf16 as flash_bf16 does (Q and K are
-    // bf16 already; P rounded): the policy verify.cpp holds flash_bf16 to (tolerance_for).
+  if (policy == PeerPolicy::Bf16Products && p.dtype == DType::BF16) {
+    // OpenVINO's bf16 mode and zentorch's bf16 SDPA round the products' operands to bf16 as
+    // flash_bf16 does (Q and K are bf16 already; P rounded): the policy verify.cpp holds flash_bf16
+    // to (tolerance_for).
     return {tolerance_for(Arithmetic::Bf16Products, p, in, ag),
-            "tolerance: the bf16-products policy (flash_bf16's: P rounded to bf16), for OpenVINO's bf16 precision"};
+            "tolerance: the bf16-products policy (flash_bf16's: P rounded to bf16), for the peer's bf16 arithmetic"};
   }
   if (policy == PeerPolicy::OpenvinoSage) {
     // OpenVINO's sage path rounds Q and K to int8 per (token, head) - symmetric, amax / 127, the

@@ -75,6 +75,7 @@ struct CatalogueRow {
   const char* name;
   const char* family;
   const char* tolerance;
+  const char* venv;  // the family's own venv, relative to the source tree ("": the pool's Python)
 };
 constexpr CatalogueRow kCatalogue[] = {
 #include "peer_catalogue.inc"
@@ -93,7 +94,7 @@ const std::vector<std::pair<std::string, std::string>>& peer_kernels() {
 PeerPolicy parse_peer_policy(const std::string& name) {
   static const std::pair<const char*, PeerPolicy> kNames[] = {
       {"float32", PeerPolicy::Float32},
-      {"openvino_bf16", PeerPolicy::OpenvinoBf16},
+      {"bf16_products", PeerPolicy::Bf16Products},
       {"openvino_state_cache", PeerPolicy::OpenvinoStateCache},
       {"openvino_sage", PeerPolicy::OpenvinoSage},
       {"ggml_cache", PeerPolicy::GgmlCache},
@@ -185,6 +186,14 @@ size_t peer_memory_bytes(const std::string& kernel, const Problem& p) {
          mask + scores + backward;
 }
 
+std::string PeerPool::python_for(const std::string& family) const {
+  for (const CatalogueRow& row : kCatalogue) {
+    if (family == row.family && row.venv[0] != '\0')
+      return std::string(ATTN_SOURCE_DIR) + "/" + row.venv + "/bin/python";
+  }
+  return python_;
+}
+
 std::string PeerPool::default_python() {
   if (const char* env = std::getenv("ATTN_PEERS_PYTHON"); env && *env) return env;
   return std::string(ATTN_SOURCE_DIR) + "/.venv-peers/bin/python";
@@ -225,14 +234,14 @@ bool PeerPool::start(Server& s, const std::string& family, int threads) {
     ::close(to[0]), ::close(to[1]);
     return false;
   }
-  const std::string t = std::to_string(threads);
+  const std::string t = std::to_string(threads), python = python_for(family);
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::dup2(to[0], 0);
     ::dup2(from[1], 1);
-    const char* argv[] = {python_.c_str(), "-u",        serve_.c_str(), "--family",
-                          family.c_str(),  "--threads", t.c_str(),      nullptr};
-    ::execv(python_.c_str(), const_cast<char* const*>(argv));
+    const char* argv[] = {python.c_str(), "-u",        serve_.c_str(), "--family",
+                          family.c_str(), "--threads", t.c_str(),      nullptr};
+    ::execv(python.c_str(), const_cast<char* const*>(argv));
     ::_exit(127);
   }
   ::close(to[0]);
@@ -307,25 +316,25 @@ Json PeerPool::receive(Server& s, double timeout_s, bool* eof) {
 PeerPool::Server& PeerPool::server(const std::string& family, int threads) {
   Server& s = servers_[{family, threads}];
   if (s.pid > 0 || !s.unavailable.empty()) return s;
-  if (!file_exists(python_)) {
-    s.unavailable = "no peers environment: " + python_ +
-                    " does not exist (scripts/lab peers-setup makes it; "
-                    "or set ATTN_PEERS_PYTHON)";
+  const std::string python = python_for(family);
+  if (!file_exists(python)) {
+    s.unavailable = "no peers environment: " + python + " does not exist (scripts/lab peers-setup" +
+                    (python == python_ ? " makes it; or set ATTN_PEERS_PYTHON)" : " " + family + " makes it)");
   } else if (!file_exists(serve_)) {
     s.unavailable = "the peer server " + serve_ + " does not exist";
   } else if (!start(s, family, threads)) {
-    s.unavailable = "starting " + python_ + " failed: " + std::strerror(errno);
+    s.unavailable = "starting " + python + " failed: " + std::strerror(errno);
   } else {
     const Json hello = send(s, {{"cmd", "hello"}}) ? receive(s, kHelloTimeout) : Json();
     if (hello.is_null()) {
-      s.unavailable = family + " peer server (" + python_ + ") did not answer hello within " +
+      s.unavailable = family + " peer server (" + python + ") did not answer hello within " +
                       std::to_string(static_cast<int>(kHelloTimeout)) + " s";
     } else if (hello.value("status", "") != "ok") {
       s.unavailable = hello.value("reason", std::string("unavailable"));
     } else {
       s.version = hello.value("version", "");
       log_ << "\n  (peers: " << s.version << " at " << threads << " thread" << (threads > 1 ? "s" : "") << ", "
-           << python_ << ")";
+           << python << ")";
     }
     if (!s.unavailable.empty()) stop(s);
   }

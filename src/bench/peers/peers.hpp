@@ -51,12 +51,12 @@ const std::vector<std::pair<std::string, std::string>>& peer_kernels();
 // arithmetic adds to the point's policy (peer_tolerance.cpp).
 enum class PeerPolicy {
   Float32,             // float32 points only, the point's float32 policy
-  OpenvinoBf16,        // ov_sdpa: bf16 points too, under its bf16 precision hint (the bf16-products policy)
+  Bf16Products,        // ov_sdpa, zentorch_sdpa: bf16 points too, in their own bf16 arithmetic (flash_bf16's policy)
   OpenvinoStateCache,  // ov_decode: f16 points and u8/u4 caches in its own state cache (float32 policy)
   OpenvinoSage,        // ov_sage: Q, K to int8 per token, V to u8, P.V in bf16 (float32 points)
   GgmlCache,           // ggml_fa: f16 points and q8_0/q4_0 caches in ggml's own types
 };
-// The policy of a catalogue name ("float32", "openvino_bf16", ...); throws naming the allowed ones.
+// The policy of a catalogue name ("float32", "bf16_products", ...); throws naming the allowed ones.
 PeerPolicy parse_peer_policy(const std::string& name);
 // The policy of a peer kernel (Float32 for a name that is not a peer's).
 PeerPolicy peer_policy(const std::string& kernel);
@@ -138,6 +138,8 @@ class PeerPool {
                  const float* d_o = nullptr);
 
   static std::string default_python();  // $ATTN_PEERS_PYTHON, else <source>/.venv-peers/bin/python
+  // The Python a family runs in: its own venv's (catalogue.json "venv"), else the pool's.
+  std::string python_for(const std::string& family) const;
 
  private:
   struct Server {
