@@ -142,9 +142,15 @@ bool pv_i8_tiles(const Tiling& t, const Scratch& s, int64_t rr0, const float* p,
 }
 
 // Tiling::kt_shared: where head bh's packed K^T tile at key j0 (a multiple of 64) lies, in bytes.
+// flash_bf16's: the K^T pairs tile (4-byte words, as floats are).
+inline int64_t kt_tile_words(const Tiling& t) { return (t.bf16_dot ? padded_words(t.dim) : t.dim_pad) * kTileKeys; }
 inline size_t kt_at(const Tiling& t, int64_t bh, int64_t j0) {
+  return static_cast<size_t>(bh) * t.kt_head + sizeof(float) * static_cast<size_t>(j0 / kTileKeys * kt_tile_words(t));
+}
+// flash_bf16's shared V pairs from key j0 (even) of head bh, after its K^T pairs tiles.
+inline size_t vp_at(const Tiling& t, int64_t bh, int64_t j0) {
   return static_cast<size_t>(bh) * t.kt_head +
-         sizeof(float) * static_cast<size_t>(j0 / kTileKeys * t.dim_pad * kTileKeys);
+         sizeof(uint32_t) * static_cast<size_t>(t.kt_tiles * kt_tile_words(t) + j0 / 2 * t.dim_v_pad);
 }
 
 // One key tile as a task sees it; E is the storage type of K and V (float, bf16, f16, or a
@@ -474,7 +480,7 @@ void process_panel_any(int mr, const Tiling& t, const Scratch& s, int64_t rr0, c
 // pairs side by side (pack_v_pairs); P rounded to bf16 pairs, one pv_pairs over all the keys.
 template <int MR, bool Pairs, class E>
 void process_wide(const Tiling& t, const Scratch& s, int64_t rr0, const float* kt, const KeyTile<E>* kts, int g,
-                  const Rows<E>* v) {
+                  const Rows<E>* v, const uint32_t* vp) {
   const int64_t tile_floats = t.dim_pad * kTileKeys;
   NoStep none;
   constexpr bool kFloat = std::is_same_v<E, float>;
@@ -491,15 +497,19 @@ void process_wide(const Tiling& t, const Scratch& s, int64_t rr0, const float* k
     }
   }
   float alpha[MR];
-  const bool rescale = softmax_rows<MR, false, false, kWideKeys>(s, s.p, rr0, true, nullptr, nullptr, nullptr, alpha, 0,
-                                                                 g * kTileKeys / kLanes);
   float* o = s.o + rr0 * t.dim_v_pad;
-  const float* a = rescale ? alpha : nullptr;
   if constexpr (Pairs) {
-    round_p_rows<MR, kWideKeys>(s.p, s.pw, g * kTileKeys);  // l keeps the unrounded sum
-    pv_pairs<MR>(s.pw, kWideKeys / 2, s.vp, t.dim_v_pad, o, t.dim_v_pad, a, 0, g * kTileKeys / 2, t.dim_v, none);
+    // P straight to bf16 pairs from the exp pass (the AMX blocks' form, scale 1: the same bits as
+    // rounding a stored P afterwards, and l keeps the unrounded sum; 1.036x d 128, 1.024x d 64)
+    const bool rescale = softmax_rows<MR, false, true, kWideKeys>(s, s.p, rr0, true, nullptr, nullptr, nullptr, alpha,
+                                                                  0, g * kTileKeys / kLanes, 1.f, s.pw);
+    pv_pairs<MR>(s.pw, kWideKeys / 2, vp, t.dim_v_pad, o, t.dim_v_pad, rescale ? alpha : nullptr, 0, g * kTileKeys / 2,
+                 t.dim_v, none);
     return;
   }
+  const bool rescale = softmax_rows<MR, false, false, kWideKeys>(s, s.p, rr0, true, nullptr, nullptr, nullptr, alpha, 0,
+                                                                 g * kTileKeys / kLanes);
+  const float* a = rescale ? alpha : nullptr;
   if constexpr (kFloat && !Pairs) {
     if (i8 && i8_pv_task(t, s) && pv_i8_tiles<MR, kWideKeys>(t, s, rr0, s.p, kts[0].j0, g, a)) return;  // flash_int8
   }
@@ -680,11 +690,17 @@ void attend_wide(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, in
   KeyTile<E> kts[kWideTiles], ahead[kWideTiles];
   bool one_run = true;  // V's rows of all g tiles one run (a contiguous cache)
   const float* kt = shared_kt(t, s, b, hk, at(x));
+  // flash_bf16: its V pairs too, from the shared tiles (after the head's K^T pairs) or packed here
+  const uint32_t* vp = Pairs && kt ? reinterpret_cast<const uint32_t*>(reinterpret_cast<const std::byte*>(s.kts) +
+                                                                       vp_at(t, b * t.kv_heads + hk, at(x).j0))
+                                   : s.vp;
   for (int i = 0; i < g; ++i) {
     kts[i] = key_tile(in, t, b, hk, at(x + i));
     if constexpr (Pairs) {
-      pack_k_pairs(kts[i].k, kTileKeys, d, reinterpret_cast<uint32_t*>(s.kt) + i * padded_words(d) * kTileKeys);
-      pack_v_pairs(kts[i].v, kTileKeys, dv, s.vp + i * (kTileKeys / 2) * t.dim_v_pad, t.dim_v_pad);
+      if (!kt) {
+        pack_k_pairs(kts[i].k, kTileKeys, d, reinterpret_cast<uint32_t*>(s.kt) + i * padded_words(d) * kTileKeys);
+        pack_v_pairs(kts[i].v, kTileKeys, dv, s.vp + i * (kTileKeys / 2) * t.dim_v_pad, t.dim_v_pad);
+      }
     } else if (!kt && !t.i8_prefill) {  // (flash_int8's key tiles are rounded once per run)
       pack_k_transposed(kts[i].k, kTileKeys, d, s.kt + i * t.dim_pad * kTileKeys);
     }
@@ -698,7 +714,7 @@ void attend_wide(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, in
     for (int i = 0; i < na; ++i) prefetch_slice(ahead[i], pi, panels, d, dv);
     const int64_t rr0 = pi * kPanelRows;
     with_panel_rows(static_cast<int>(std::min<int64_t>(kPanelRows, rows - rr0)), [&]<int M>() {
-      process_wide<M, Pairs>(t, s, rr0, kt ? kt : s.kt, kts, g, one_run ? &v : nullptr);
+      process_wide<M, Pairs>(t, s, rr0, kt ? kt : s.kt, kts, g, one_run ? &v : nullptr, vp);
     });
   }
 }
@@ -958,11 +974,13 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
     t.gather_off = take(t.gather_v_off + static_cast<size_t>(kTileKeys * t.gather_ldv * elem));
   }
   const int64_t tiles = (p.kv_len + kTileKeys - 1) / kTileKeys, query_tiles = (p.q_len + t.br - 1) / t.br;
-  const size_t kt_head = sizeof(float) * static_cast<size_t>(tiles * t.dim_pad * kTileKeys);
-  if (br == 0 && t.wide > 1 && !bf16_dot && !int8_prefill && !p.sparse() && query_tiles > 1 &&
+  const size_t kt_head = sizeof(float) * static_cast<size_t>(tiles * kt_tile_words(t) +
+                                                             (bf16_dot ? tiles * kTileKeys / 2 * t.dim_v_pad : 0));
+  if (br == 0 && t.wide > 1 && !int8_prefill && !p.sparse() && query_tiles > 1 &&
       kt_head * static_cast<size_t>(p.batch * p.kv_heads) <= Tiling::kMaxSharedKt) {
     t.kv_heads = p.kv_heads;
     t.kt_head = kt_head;
+    t.kt_tiles = tiles;
     t.kt_shared = kt_head * static_cast<size_t>(p.batch * p.kv_heads);
   }
   t.bytes = off;
@@ -1181,7 +1199,7 @@ void prepare_pairs(const Problem& p, const Inputs& in, const Tiling& t, std::byt
 void prepare_kt(const Problem& p, const Inputs& in, const Tiling& t, std::byte* area) {
   visit_kv(in, [&](const auto& typed) {
     using E = std::remove_const_t<std::remove_pointer_t<decltype(typed.k.data)>>;
-    const int64_t tiles = static_cast<int64_t>(t.kt_head / (sizeof(float) * t.dim_pad * kTileKeys));
+    const int64_t tiles = t.kt_tiles;
     attnlab::parallel_tasks(
         TaskRange(0, p.batch * p.kv_heads * tiles, 8),
         [&](const TaskRange& range) {
@@ -1191,6 +1209,13 @@ void prepare_kt(const Problem& p, const Inputs& in, const Tiling& t, std::byte* 
             if (j0 >= n) continue;  // past this sequence's keys: never read
             const KeyTile<E> kt =
                 key_tile(typed, t, b, hk, TileRef{j0, static_cast<int>(std::min(kTileKeys * int64_t{1}, n - j0))});
+            if constexpr (kPairsBuilt && std::is_same_v<E, bf16>) {
+              if (t.bf16_dot) {  // flash_bf16: K^T pairs and V pairs
+                pack_k_pairs(kt.k, kt.nk, t.dim, reinterpret_cast<uint32_t*>(area + kt_at(t, bh, j0)));
+                pack_v_pairs(kt.v, kt.nk, t.dim_v, reinterpret_cast<uint32_t*>(area + vp_at(t, bh, j0)), t.dim_v_pad);
+                continue;
+              }
+            }
             pack_k_transposed(kt.k, kt.nk, t.dim, reinterpret_cast<float*>(area + kt_at(t, bh, j0)));
           }
         },

@@ -97,12 +97,16 @@ struct Tiling {
   size_t i8_head = 0, i8_shared = 0, i8_qw_off = 0, i8_qsc_off = 0, i8_c_off = 0, i8_v_off = 0;
   size_t bytes = 0;  // per thread, a 64-byte multiple
   // The run's shared part of the workspace (before the threads' scratch): int8 key tiles, packed pairs.
-  // flash's float32 prefill (br chosen by the engine, wide steps, no sparse pattern, several query
+  // flash's and flash_bf16's prefill (br chosen by the engine, wide steps, no sparse pattern, several query
   // tiles per head): every head's K^T packed once per run (prepare_kt) into kt_shared bytes after
   // pairs_shared - per (batch, kv head) kt_head bytes, ceil(kv_len / 64) tiles of pack_k_transposed's
   // dim_pad x 64 floats - and read by every query tile of the head, instead of each task packing
-  // the tiles it meets; at most kMaxSharedKt bytes (else per task, as before).
+  // the tiles it meets; at most kMaxSharedKt bytes (else per task, as before). flash_bf16's
+  // (bf16_dot): per head the tiles' K^T pairs (pack_k_pairs: padded_words(d) x 64 words each), then
+  // their V pairs (pack_v_pairs: 32 rows of dim_v_pad words each), all tiles' side by side
+  // (1.03-1.04x at 8/8 d 64 / d 128 and 32/8, 4096: results/2026-12-06-prefill_levers-2).
   size_t kt_head = 0, kt_shared = 0;
+  int64_t kt_tiles = 0;
   static constexpr size_t kMaxSharedKt = size_t{64} << 20;
   size_t shared_bytes() const { return i8_shared + pairs_shared + kt_shared; }
 };
