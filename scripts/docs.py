@@ -163,9 +163,12 @@ def is_narrow(r):
     return (r.get("kernel_name") or r["kernel"]) in (*load.NARROW_TWINS, *load.NARROW_PEERS)
 
 
-# The bf16-product paths: the lab's kernels built for a bf16 unit (their isa label), and OpenVINO's
-# SDPA on bf16 storage (its bf16 precision hint; src/bench/peers/peer_tolerance.cpp).
+# The bf16-product paths: the lab's kernels built for a bf16 unit (their isa label), and the peers
+# whose catalogue policy is bf16_products on bf16 storage (OpenVINO's bf16 precision hint, zentorch's
+# bf16 tensors; src/bench/peers/peer_tolerance.cpp).
 BF16_UNITS = ("avx512_bf16", "amx_bf16")
+with open(os.path.join(ROOT, "scripts", "peers", "catalogue.json")) as _f:
+    BF16_PEERS = tuple(p["name"] for p in json.load(_f)["peers"] if p["tolerance"] == "bf16_products")
 
 
 def arithmetic_class(r):
@@ -173,7 +176,7 @@ def arithmetic_class(r):
     storage widened to float32 counts as f32: the arithmetic, not the storage)."""
     if is_narrow(r):
         return "int8 products"
-    if r.get("isa") in BF16_UNITS or (r["kernel"] == "ov_sdpa" and r.get("dtype") == "bf16"):
+    if r.get("isa") in BF16_UNITS or (r["kernel"] in BF16_PEERS and r.get("dtype") == "bf16"):
         return "bf16 products"
     return "f32"
 
@@ -182,8 +185,8 @@ def in_families(*families):
     return lambda k: report_module("load").PEER_FAMILY.get(k) in families
 
 
-HEADLINE_GROUPS = (("the runtimes' attention (PyTorch, ONNX Runtime, OpenVINO, JAX)",
-                    in_families("torch", "ort", "ov", "jax"),
+HEADLINE_GROUPS = (("the runtimes' attention (PyTorch, ONNX Runtime, OpenVINO, JAX, zentorch)",
+                    in_families("torch", "ort", "ov", "jax", "zentorch"),
                     lambda r: not is_training(r) and not is_decode(r)),
                    ("the runtimes' decode against a KV cache (ONNX Runtime, OpenVINO's generation path, PyTorch, JAX)",
                     in_families("torch", "ort", "ov", "jax"),

@@ -109,6 +109,8 @@ def test_headline_ranks_each_class_of_arithmetic_against_its_own_peers(monkeypat
     assert [docs.arithmetic_class(r) for r in rows] == ["f32", "int8 products", "f32", "int8 products"]
     assert docs.arithmetic_class(dict(base, kernel="flash_bf16", isa="avx512_bf16")) == "bf16 products"
     assert docs.arithmetic_class(dict(base, kernel="ov_sdpa", isa="peer", dtype="bf16")) == "bf16 products"
+    assert docs.arithmetic_class(dict(base, kernel="zentorch_sdpa", isa="peer", dtype="bf16")) == "bf16 products"
+    assert docs.arithmetic_class(dict(base, kernel="zentorch_sdpa", isa="peer")) == "f32"
     table = docs.headline_table("x", machine((100e9, 10e9)), rows, ["q_heads", "head_dim", "q_len", "kv_len",
                                                                    "threads"])
     body = [line for line in table if line.startswith("| 8/8")]
