@@ -235,6 +235,7 @@ def headline_table(folder, machine, rows, dims):
            "| shape (q/kv heads, head_dim, length) | arithmetic | lab | median | % of peak | best peer | median | "
            "lab's lead | lead per pass |",
            "|---|---|---|---|---|---|---|---|---|"]
+    every = dict(shapes)  # (before the long-sweep cut: the int8 rows' bf16 twins below)
     both = {k: g for k, g in shapes.items() if any(is_peer(r) for r in g) and any(not is_peer(r) for r in g)}
     lengths = (keys.index("q_len"), keys.index("kv_len"))
     if len(both) > MAX_HEADLINE_ROWS:
@@ -257,6 +258,14 @@ def headline_table(folder, machine, rows, dims):
         group = [r for r in shapes[key] if arithmetic_class(r) == cls]
         lab = [r for r in group if not is_peer(r)]
         peers = [r for r in group if is_peer(r)]
+        against = ""
+        if lab and not peers and cls == "int8 products" and "dtype" in keys:
+            # No int8 peer ran (ov_sage needs AMX-INT8 or AVX-VNNI-INT8): the int8 kernel beside the
+            # best bf16-products peer on the same shape's bf16 point - the next-narrowest arithmetic
+            # a user would pick instead (issue 63's target for flash_int8).
+            twin = tuple("bf16" if k == "dtype" else v for k, v in zip(keys, key))
+            peers = [r for r in every.get(twin, []) if is_peer(r) and arithmetic_class(r) == "bf16 products"]
+            against = " (bf16)"
         if not lab or not peers:
             continue
         best = min(lab, key=lambda r: float(r["time_median_s"]))
@@ -269,8 +278,12 @@ def headline_table(folder, machine, rows, dims):
         lead = float(peer["time_median_s"]) / float(best["time_median_s"])
         cached = " (K/V in cache)" if decode and float(frac) > 1 else ""
         out.append(f"| {shape_of(best)} | {cls} | {best['kernel']} | {ms(best['time_median_s'])} | "
-                   f"{100 * float(frac):.0f}% of {what}{cached} | {peer['kernel']} | "
+                   f"{100 * float(frac):.0f}% of {what}{cached} | {peer['kernel']}{against} | "
                    f"{ms(peer['time_median_s'])} | {lead:.2f}x | {lead_per_pass(folder, best, peer)} |")
+    if any("(bf16) |" in line for line in out):
+        out += ["", "(int8 products beside a peer marked (bf16): no int8 peer ran on this CPU, so the best "
+                "bf16-products peer on the same shape's bf16 inputs - the narrowest arithmetic a runtime "
+                "offered here.)"]
     if any("(K/V in cache)" in line for line in out):
         out += ["", "(Over 100% of the read bandwidth: that cache fits the CPU's last-level cache "
                 "between calls, a cache figure, not a memory one.)"]

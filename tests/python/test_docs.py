@@ -117,3 +117,25 @@ def test_headline_ranks_each_class_of_arithmetic_against_its_own_peers(monkeypat
     assert len(body) == 2, table
     assert "| f32 | flash |" in body[0] and "| ov_sdpa |" in body[0] and "1.10x" in body[0], body[0]
     assert "| int8 products | flash_int8 |" in body[1] and "| ov_sage |" in body[1] and "1.25x" in body[1], body[1]
+
+
+def test_headline_int8_beside_the_best_bf16_peer_when_no_int8_peer_ran(monkeypatch):
+    """Without an int8 peer (ov_sage needs AMX-INT8 / AVX-VNNI-INT8), the int8 kernel's row stands
+    beside the best bf16-products peer of the same shape's bf16 point, marked (bf16) and explained;
+    float32 still beside the float32 peers, and a bf16 peer of another shape is never taken."""
+    monkeypatch.setattr(docs, "lead_per_pass", lambda folder, best, peer: "-")
+    base = {"threads": "2", "q_heads": "8", "kv_heads": "8", "head_dim": "128", "q_len": 4096,
+            "kv_len": 4096, "flops": "1e11", "bytes": "1e9", "status": "ok", "dtype": "f32"}
+    rows = [dict(base, kernel="flash", isa="avx512", time_median_s="0.30"),
+            dict(base, kernel="flash_int8", isa="avx512", time_median_s="0.12"),
+            dict(base, kernel="ov_sdpa", isa="peer", time_median_s="0.33"),
+            dict(base, kernel="flash_bf16", isa="avx512_bf16", dtype="bf16", time_median_s="0.17"),
+            dict(base, kernel="ov_sdpa", isa="peer", dtype="bf16", time_median_s="0.18"),
+            dict(base, kernel="zentorch_sdpa", isa="peer", dtype="bf16", time_median_s="0.19"),
+            dict(base, kernel="ov_sdpa", isa="peer", dtype="bf16", head_dim="64", time_median_s="0.01")]
+    table = docs.headline_table("x", machine((100e9, 10e9)), rows,
+                                ["q_heads", "head_dim", "q_len", "kv_len", "dtype", "threads"])
+    int8 = [line for line in table if "| int8 products |" in line]
+    assert len(int8) == 1 and "| ov_sdpa (bf16) |" in int8[0] and "1.50x" in int8[0], table
+    assert any("no int8 peer ran" in line for line in table), table
+    assert any("| f32 | flash |" in line and "| ov_sdpa |" in line for line in table), table
