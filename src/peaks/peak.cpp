@@ -302,6 +302,15 @@ PeakRef Peaks::ref(std::string_view kernel_isa, int threads) const {
   return ref;
 }
 
+double Peaks::int8_ops(std::string_view kernel_isa, int threads) const {
+  if (kernel_isa == kAmxInt8Isa) {
+    const PeakAtThreads* d = at(threads);
+    return d ? d->amx_int8_ops : 0;
+  }
+  const PeakAtThreads* t = is_per_target_isa(kernel_isa) ? at(kernel_isa, threads) : at(threads);
+  return t ? t->i8_dot_ops : 0;
+}
+
 std::string Peaks::flops_name(std::string_view kernel_isa) const {
   if (kernel_isa == kBf16Isa) return std::string(kBf16Isa) + " dot-product";
   if (kernel_isa == kAmxIsa || kernel_isa == kAmxInt8Isa) return std::string(kAmxIsa) + " tile";

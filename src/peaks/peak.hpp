@@ -121,6 +121,9 @@ struct Peaks {
   // once ("baseline"); the default target's read bandwidth for all; for "cuda" the GPU's
   // FP32 peak and memory bandwidth (0 without a device: fractions omitted, never the CPU's).
   PeakRef ref(std::string_view kernel_isa, int threads) const;
+  // The integer dot-product peak (ops/s) of a kernel built for `kernel_isa`: that target's
+  // vpdpbusd (sdot), or TDPBSSD for amx_int8; 0 when not measured or the CPU has no such unit.
+  double int8_ops(std::string_view kernel_isa, int threads) const;
   // What ref's flops is, in words: "avx512" (that target's FMA), "avx512_bf16 dot-product".
   std::string flops_name(std::string_view kernel_isa) const;
   // Whether every target in `isas` (and the default target) has a row for every thread

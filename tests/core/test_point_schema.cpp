@@ -395,3 +395,59 @@ TEST(PointSchema, ExpandIsTheProductOfTheAxes) {
 
 }  // namespace
 }  // namespace attnlab::bench
+
+namespace attnlab::bench {
+namespace {
+
+// The roofline (results.hpp: roofline) on two points computed by hand: a decode step that memory
+// bounds, and a prefill that an int8 unit's peak bounds; a point without a measured peak has none.
+TEST(Roofline, HandComputedPoints) {
+  PointRecord decode;
+  decode.problem = test::shape(1, 32, 8, 1, 32768, 128);
+  // bytes: Q 32 x 128 x 4 = 16384, O 16384, K and V 8 heads x 32768 keys x (512 + 512) = 268435456,
+  // LSE 32 x 4 = 128: 268468352; FLOPs 2 x (128 + 128) x (32 x 32768 pairs) = 536870912.
+  ASSERT_DOUBLE_EQ(decode.problem.bytes_moved(), 268468352.0);
+  ASSERT_DOUBLE_EQ(decode.problem.flops(), 536870912.0);
+  decode.read_probe = {38e9, 45e9, 40e9};  // the probe beside the point: its median, 40 GB/s
+  decode.peak_read_bytes = 50e9;           // (the run's peak: not what a probed point is held to)
+  decode.peak_flops = decode.unit_peak = 233e9;
+  decode.status = PointStatus::Ok;
+  decode.times = {8e-3};
+  const Roofline m = roofline(decode);
+  EXPECT_DOUBLE_EQ(m.seconds, 268468352.0 / 40e9);  // 6.71 ms, over the 2.30 ms its FLOPs need
+  EXPECT_STREQ(m.bound, "memory");
+
+  PointRecord prefill;
+  prefill.problem = test::shape(1, 8, 8, 4096, 4096, 128);
+  // FLOPs 2 x 256 x (8 x 4096 x 4096) = 68719476736; bytes Q, O 16777216 each, K and V 33554432,
+  // LSE 131072: 67239936.
+  ASSERT_DOUBLE_EQ(prefill.problem.flops(), 68719476736.0);
+  ASSERT_DOUBLE_EQ(prefill.problem.bytes_moved(), 67239936.0);
+  prefill.peak_read_bytes = 35e9;  // no probe: the run's read peak (1.92 ms)
+  prefill.peak_flops = 233e9;
+  prefill.unit_peak = 935e9;  // an int8-products kernel: vpdpbusd's peak
+  prefill.status = PointStatus::Ok;
+  prefill.times = {0.147};
+  const Roofline c = roofline(prefill);
+  EXPECT_DOUBLE_EQ(c.seconds, 68719476736.0 / 935e9);  // 73.5 ms
+  EXPECT_STREQ(c.bound, "compute");
+
+  // In results.csv: the time, the fraction of it the point reached, the bound.
+  const auto cell = [](const PointRecord& r, const std::string& name) {
+    for (const TidyCell& c : tidy_row("exp", r))
+      if (c.name == name) return c.text;
+    return std::string("(no column)");
+  };
+  EXPECT_NEAR(std::stod(cell(prefill, "roofline_fraction")), 68719476736.0 / 935e9 / 0.147, 1e-6);
+  EXPECT_EQ(cell(prefill, "roofline_bound"), "compute");
+  EXPECT_NEAR(std::stod(cell(decode, "roofline_fraction")), 268468352.0 / 40e9 / 8e-3, 1e-6);
+
+  PointRecord unmeasured = prefill;
+  unmeasured.unit_peak = 0;
+  EXPECT_EQ(roofline(unmeasured).seconds, 0.0);
+  EXPECT_EQ(cell(unmeasured, "roofline_fraction"), "");
+  EXPECT_EQ(cell(unmeasured, "roofline_bound"), "");
+}
+
+}  // namespace
+}  // namespace attnlab::bench

@@ -85,6 +85,7 @@ Json PointRecord::to_json() const {
             {"rounds", rounds},
             {"peak_flops", real_to_json(peak_flops)},
             {"peak_read_bytes", real_to_json(peak_read_bytes)},
+            {"unit_peak", real_to_json(unit_peak)},
             {"read_probe_bytes_per_s", read_probe},
             {"verdict", verdict},
             {"err_o_rel", real_to_json(err_o_rel)},
@@ -124,7 +125,8 @@ PointRecord PointRecord::from_json(const Json& j) {
     r.rounds = j.value("rounds", 1);  // absent before rounds: one pass
     r.peak_flops = real_at(j, "peak_flops");
     r.peak_read_bytes = real_at(j, "peak_read_bytes");
-    r.read_probe = j.value("read_probe_bytes_per_s", std::vector<double>{});  // absent before the probe
+    r.unit_peak = j.contains("unit_peak") ? real_at(j, "unit_peak") : r.peak_flops;  // absent before the roofline
+    r.read_probe = j.value("read_probe_bytes_per_s", std::vector<double>{});         // absent before the probe
     r.verdict = j.at("verdict").get<std::string>();
     r.err_o_rel = real_at(j, "err_o_rel");
     r.err_lse = real_at(j, "err_lse");

@@ -62,6 +62,9 @@ struct PointRecord {
   // machine peaks for this thread count (0 = not measured): the FMA peak of the point's
   // target, the default target's read bandwidth (Peaks::ref)
   double peak_flops = 0, peak_read_bytes = 0;
+  // The peak (ops/s) of the unit the kernel multiplies on, the roofline's (roofline()): peak_flops,
+  // or for int8 products (Arithmetic::Int8Products) the target's vpdpbusd; 0 = not measured.
+  double unit_peak = 0;
   // Memory-bound points (arithmetic intensity under the roofline's ridge): the read bandwidth
   // (bytes/s) measured beside the point, before and after each pass's repetitions (ReadProbe).
   std::vector<double> read_probe;
@@ -138,6 +141,17 @@ struct TidyCell {
 std::vector<TidyCell> tidy_row(const std::string& experiment, const PointRecord& r);
 std::string tidy_csv(const std::string& experiment, const std::vector<PointRecord>& records);
 std::vector<std::string> tidy_columns();
+
+// The time a point cannot beat on this machine (issue 64): the larger of its compulsory bytes
+// (Problem::bytes_moved) over the read bandwidth - the probe measured beside the point (median),
+// else the run's peak - and its products (Problem::flops) over the peak of the unit the kernel
+// multiplies on (PointRecord::unit_peak); `bound` says which ("memory" or "compute"). seconds 0
+// (bound "") when a peak is missing. roofline_fraction in results.csv is seconds over the median.
+struct Roofline {
+  double seconds = 0;
+  const char* bound = "";
+};
+Roofline roofline(const PointRecord& r);
 
 // Rewrites results.csv, bench.json and schema.json (point_schema.hpp: the fields results.csv
 // holds, which the reports read) from the point files, ordered by the plan.

@@ -28,6 +28,13 @@ std::string csv_field(const std::string& s) {
 
 }  // namespace
 
+Roofline roofline(const PointRecord& r) {
+  const double bw = !r.read_probe.empty() ? median(r.read_probe) : r.peak_read_bytes;
+  if (!(bw > 0) || !(r.unit_peak > 0)) return {};
+  const double memory = r.problem.bytes_moved() / bw, compute = r.problem.flops() / r.unit_peak;
+  return memory >= compute ? Roofline{memory, "memory"} : Roofline{compute, "compute"};
+}
+
 std::vector<std::string> tidy_columns() {
   std::vector<std::string> out;
   PointRecord none;
@@ -45,6 +52,7 @@ std::vector<TidyCell> tidy_row(const std::string& experiment, const PointRecord&
   const bool probed = !r.read_probe.empty();
   const double probe_median = probed ? median(r.read_probe) : NAN;
   const double probe_best = probed ? *std::max_element(r.read_probe.begin(), r.read_probe.end()) : NAN;
+  const Roofline roof = roofline(r);
   // Time columns apply to timed points only; verification columns to verified ones.
   auto if_timed = [&](double v) { return timed ? num(v) : std::string(); };
   auto if_verified = [&](double v) { return r.verdict.empty() ? std::string() : num(v); };
@@ -92,6 +100,9 @@ std::vector<TidyCell> tidy_row(const std::string& experiment, const PointRecord&
       {"probe_read_gbs_max", probed ? num(probe_best * 1e-9) : ""},
       {"bw_fraction_probe_median", probed ? if_timed(bytes / t / probe_median) : ""},
       {"bw_fraction_probe_best", probed ? if_timed(bytes / t / probe_best) : ""},
+      {"roofline_s", roof.seconds > 0 ? num(roof.seconds) : ""},
+      {"roofline_fraction", roof.seconds > 0 ? if_timed(roof.seconds / t) : ""},
+      {"roofline_bound", roof.bound},
       {"verdict", r.verdict},
       {"err_o_rel", if_verified(r.err_o_rel)},
       {"tol_o_rel", if_verified(r.tol_o_rel)},

@@ -59,6 +59,16 @@ PointRecord Runner::base_record(const GridPoint& g) const {
   const PeakRef ref = peaks.ref(r.isa, g.threads);
   r.peak_flops = ref.flops;
   r.peak_read_bytes = ref.read_bytes;
+  // The roofline's unit (PointRecord::unit_peak): an int8-products kernel's vpdpbusd; a peer's bf16
+  // point in its own bf16 arithmetic (the bf16_products policy), the bf16 dot product's peak.
+  r.unit_peak = ref.flops;
+  if (is_peer_kernel(g.kernel)) {
+    if (peer_policy(g.kernel) == PeerPolicy::Bf16Products && peer_keeps_own_cache(g.kernel, g.problem)) {
+      if (const PeakAtThreads* d = peaks.at(g.threads); d && d->bf16_dot_flops > 0) r.unit_peak = d->bf16_dot_flops;
+    }
+  } else if (k && k->arithmetic() == Arithmetic::Int8Products) {
+    if (const double i8 = peaks.int8_ops(r.isa, g.threads); i8 > 0) r.unit_peak = i8;
+  }
   return r;
 }
 
