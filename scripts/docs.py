@@ -232,9 +232,9 @@ def headline_table(folder, machine, rows, dims):
            f"{threads} threads; peaks measured in that run: {peaks.get('fma_flops', 0) / 1e9:.0f} GFLOP/s "
            f"float32 FMA, {peaks.get('read_bytes', 0) / 1e9:.1f} GB/s read):",
            "",
-           "| shape (q/kv heads, head_dim, length) | arithmetic | lab | median | % of peak | best peer | median | "
-           "lab's lead | lead per pass |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| shape (q/kv heads, head_dim, length) | arithmetic | lab | median | % of peak | % of roofline | "
+           "best peer | median | lab's lead | lead per pass |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     every = dict(shapes)  # (before the long-sweep cut: the int8 rows' bf16 twins below)
     both = {k: g for k, g in shapes.items() if any(is_peer(r) for r in g) and any(not is_peer(r) for r in g)}
     lengths = (keys.index("q_len"), keys.index("kv_len"))
@@ -277,8 +277,10 @@ def headline_table(folder, machine, rows, dims):
         what = "read BW" if decode else unit
         lead = float(peer["time_median_s"]) / float(best["time_median_s"])
         cached = " (K/V in cache)" if decode and float(frac) > 1 else ""
+        roof = best.get("roofline_fraction")  # (results.csv; absent in runs from before it)
+        roof = "-" if roof in (None, "") else f"{100 * float(roof):.0f}% ({best.get('roofline_bound')})"
         out.append(f"| {shape_of(best)} | {cls} | {best['kernel']} | {ms(best['time_median_s'])} | "
-                   f"{100 * float(frac):.0f}% of {what}{cached} | {peer['kernel']}{against} | "
+                   f"{100 * float(frac):.0f}% of {what}{cached} | {roof} | {peer['kernel']}{against} | "
                    f"{ms(peer['time_median_s'])} | {lead:.2f}x | {lead_per_pass(folder, best, peer)} |")
     if any("(bf16) |" in line for line in out):
         out += ["", "(int8 products beside a peer marked (bf16): no int8 peer ran on this CPU, so the best "

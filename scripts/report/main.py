@@ -65,6 +65,11 @@ def write_report(folder, out):
            "length for decode experiments. Best GFLOP/s and % of peak: the best point of the kernel in this "
            "run. % of read bandwidth: compulsory bytes per second against the measured streaming read "
            "bandwidth (the figure of merit for decode; above 100% means the data sat in cache). "
+           "Best % of roofline: the time a point cannot beat on this machine - its compulsory bytes over the "
+           "read bandwidth measured beside it, or its products over the peak of the unit it multiplies on "
+           "(vpdpbusd's for int8 products, the bf16 dot product's for bf16 ones), whichever is larger, the "
+           "bound named - over its time: one figure of merit for decode, prefill and the narrow kernels "
+           "alike (results.csv roofline_s, roofline_fraction, roofline_bound). "
            "Agreement: each point is checked against the float64 reference on sampled rows before it "
            "is timed. Rows marked (peer) are PyTorch, ONNX Runtime, OpenVINO, JAX or ggml run in the same sweep "
            "(drawn dashed in the plots; next section).", ""]

@@ -86,10 +86,18 @@ def model_table(rows, experiment):
     return md
 
 
+def roof(r):
+    """The point's % of its roofline (results.csv roofline_fraction: the time it cannot beat, the larger
+    of its bytes over the read bandwidth beside it and its products over its unit's peak) and the
+    bound that holds; "-" for a run from before the roofline."""
+    v = r.get("roofline_fraction")
+    return "-" if v is None else f"{100 * v:.0f}% ({r.get('roofline_bound') or '?'})"
+
+
 def summary_table(rows, ok, kernels, fits, fits_decode):
-    lines = ["| kernel | fitted exponent | best GFLOP/s | best % of peak | best % of read bandwidth | agreement | "
-             "points ok / failed / skipped |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| kernel | fitted exponent | best GFLOP/s | best % of peak | best % of read bandwidth | "
+             "best % of roofline | agreement | points ok / failed / skipped |",
+             "|---|---|---|---|---|---|---|---|"]
     for k in kernels:
         rk = [r for r in rows if r["kernel"] == k]
         ok_k = [r for r in ok if r["kernel"] == k]
@@ -102,11 +110,13 @@ def summary_table(rows, ok, kernels, fits, fits_decode):
         best_g = max((r["gflops"] for r in ok_k if r["gflops"]), default=None)
         best_p = max((r["peak_fraction"] for r in ok_k if r["peak_fraction"]), default=None)
         best_bw = max((r["bw_fraction"] for r in ok_k if r["bw_fraction"]), default=None)
+        best_roof = max((r for r in ok_k if r.get("roofline_fraction")), key=lambda r: r["roofline_fraction"],
+                        default={})
         counts = collections.Counter(r["status"] for r in rk)
         name = f"{k} (peer)" if is_peer(k) else k
         lines.append(f"| {name} | {exp} | {fmt(best_g, '.1f')} | "
                      f"{fmt(None if best_p is None else 100 * best_p, '.1f')} | "
-                     f"{fmt(None if best_bw is None else 100 * best_bw, '.0f')} | {agreement(rk)} | "
+                     f"{fmt(None if best_bw is None else 100 * best_bw, '.0f')} | {roof(best_roof)} | {agreement(rk)} | "
                      f"{counts['ok']} / {counts['failed']} / {counts['skipped']} |")
     return lines
 
@@ -221,7 +231,8 @@ def kv_cache_section(rows, ok):
           "median, and best); the probe's range shows how much the machine moved meanwhile. Error: O's "
           "relative error against float64 on the float values the cache was written from (what the "
           "storage costs), next to its error against the cache as stored (the kernel's own, judged by "
-          "the tolerance).", ""]
+          "the tolerance). % of roofline: the time the point cannot beat - its bytes over the probe's "
+          "bandwidth or its products over its unit's peak, whichever is larger (named) - over its time.", ""]
     groups = collections.defaultdict(list)
     for r in dec:
         groups[shape(r)].append(r)
@@ -229,8 +240,8 @@ def kv_cache_section(rows, ok):
         base = next((r for r in rs if storage(r) == "f32" and r["kernel_name"] == rs[0]["kernel_name"]), None)
         md += [f"**{shape_text(dict(rs[0], dtype='f32', kv_dtype='dtype'))}**", "",
                "| kernel | cache | bytes/token | ms/token | vs f32 | GB/s | % of read BW (probe median / best) "
-               "| probe GB/s min-max | error vs unquantized / vs stored |",
-               "|---|---|---|---|---|---|---|---|---|"]
+               "| % of roofline | probe GB/s min-max | error vs unquantized / vs stored |",
+               "|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(rs, key=lambda r: (r["kernel"], r["kv_bytes_per_token"] or 0)):
             t = r["time_median_s"]
             speed = base["time_median_s"] / t if base and r["kernel_name"] == base["kernel_name"] else None
@@ -241,7 +252,7 @@ def kv_cache_section(rows, ok):
             probe = (f"{fmt(r['probe_read_gbs_min'], '.1f')}-{fmt(r['probe_read_gbs_max'], '.1f')}"
                      if r.get("probe_read_gbs_min") is not None else "-")
             md.append(f"| {r['kernel']} | {storage(r)} | {fmt(r['kv_bytes_per_token'], '.0f')} | "
-                      f"{fmt(t * 1e3, '.3g')} | {fmt(speed, '.2f')}x | {fmt(gbs, '.1f')} | {bw} | {probe} | "
+                      f"{fmt(t * 1e3, '.3g')} | {fmt(speed, '.2f')}x | {fmt(gbs, '.1f')} | {bw} | {roof(r)} | {probe} | "
                       f"{fmt(r.get('err_o_rel_f32_inputs'), '.1e')} / {fmt(r.get('err_o_rel'), '.1e')} |")
         md.append("")
     return md
@@ -287,10 +298,12 @@ def arithmetic_section(rows, ok, folder=None):
           "each point (median; decode's figure of merit). Error: O's relative error against float64 on "
           "the unrounded inputs (the end-to-end price of the arithmetic), with the tolerance each is held "
           "to (int8 products: 4x the textbook's error on the Q, K and P it multiplies, rounded as it rounds "
-          "them).", "",
+          "them). % of roofline: each point's time it cannot beat (its bytes over the read bandwidth, or "
+          "its products over the peak of the unit it multiplies on - vpdpbusd's for int8 products - "
+          "whichever is larger, named) over its time: one figure of merit for both.", "",
           "| shape | cache | isa | float32 ms | narrow ms | speed-up | per pass | % of FMA peak f32 / narrow "
-          "| % of read BW f32 / narrow | error f32 / narrow | tolerance narrow |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| % of read BW f32 / narrow | % of roofline f32 / narrow | error f32 / narrow | tolerance narrow |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def pct(r):
         v = r.get("bw_fraction_probe_median")
@@ -314,7 +327,8 @@ def arithmetic_section(rows, ok, folder=None):
                   f"{fmt(f['time_median_s'] / n['time_median_s'], '.2f')}x | "
                   f"{pass_ratio_text(pass_ratios(folder, n, f))} | "
                   f"{peak(f)} / {peak(n)} | "
-                  f"{pct(f)} / {pct(n)} | {fmt(f.get('err_o_rel'), '.1e')} / {fmt(n.get('err_o_rel'), '.1e')} | "
+                  f"{pct(f)} / {pct(n)} | {roof(f)} / {roof(n)} | "
+                  f"{fmt(f.get('err_o_rel'), '.1e')} / {fmt(n.get('err_o_rel'), '.1e')} | "
                   f"{fmt(n.get('tol_o_rel'), '.1e')} |")
     md.append("")
     return md

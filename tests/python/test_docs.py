@@ -127,7 +127,8 @@ def test_headline_int8_beside_the_best_bf16_peer_when_no_int8_peer_ran(monkeypat
     base = {"threads": "2", "q_heads": "8", "kv_heads": "8", "head_dim": "128", "q_len": 4096,
             "kv_len": 4096, "flops": "1e11", "bytes": "1e9", "status": "ok", "dtype": "f32"}
     rows = [dict(base, kernel="flash", isa="avx512", time_median_s="0.30"),
-            dict(base, kernel="flash_int8", isa="avx512", time_median_s="0.12"),
+            dict(base, kernel="flash_int8", isa="avx512", time_median_s="0.12", roofline_fraction="0.47",
+                 roofline_bound="compute"),
             dict(base, kernel="ov_sdpa", isa="peer", time_median_s="0.33"),
             dict(base, kernel="flash_bf16", isa="avx512_bf16", dtype="bf16", time_median_s="0.17"),
             dict(base, kernel="ov_sdpa", isa="peer", dtype="bf16", time_median_s="0.18"),
@@ -137,5 +138,7 @@ def test_headline_int8_beside_the_best_bf16_peer_when_no_int8_peer_ran(monkeypat
                                 ["q_heads", "head_dim", "q_len", "kv_len", "dtype", "threads"])
     int8 = [line for line in table if "| int8 products |" in line]
     assert len(int8) == 1 and "| ov_sdpa (bf16) |" in int8[0] and "1.50x" in int8[0], table
+    assert "| 47% (compute) |" in int8[0], int8[0]  # its roofline figure; a run without one shows "-"
+    assert any("| f32 | flash |" in line and "| - |" in line for line in table), table
     assert any("no int8 peer ran" in line for line in table), table
     assert any("| f32 | flash |" in line and "| ov_sdpa |" in line for line in table), table
