@@ -10,8 +10,13 @@
 // pair along d). The softmax is float32 as in flash; then P is rounded to bf16 (nearest even)
 // for P.V, with V packed per tile as pairs of keys. The row sums l add the unrounded P.
 // Flash's wide steps (4 whole tiles every row sees: 256 keys per softmax step, their V pairs
-// side by side, one pv_pairs over the 128 key pairs): 1.11-1.13x (results/2026-12-06-prefill_levers).
-// Memory: flash's per-thread tiles plus four 32 x d word V tiles and 6 x 128 words of P pairs.
+// side by side, one pv_pairs over the 128 key pairs): 1.11-1.13x (results/2026-12-06-prefill_levers);
+// P rounded to bf16 pairs inside the step's exp pass (the same bits, one pass fewer) 1.02-1.04x, and
+// every head's K^T and V pairs packed once per run, shared by its query tiles, instead of per task
+// (flash's shared K^T: prepare_kt) 1.03-1.04x (results/2026-12-06-prefill_levers-2).
+// Memory: flash's per-thread tiles plus four 32 x d word V tiles and 6 x 128 words of P pairs;
+// shared (the engine's Br, several query tiles per head, no sparse pattern, <= 64 MiB): every head's
+// K^T and V pairs, K and V's own size in bf16.
 // Cost: flash's 4 d FLOP per visible pair at the vdpbf16ps rate (`attnlab peak`: 0.49x the
 // float32 FMA peak on the AMX Xeon measured, ~1.9x on Zen 5), plus packing
 // V per tile (one pass over the tile's V, 1/R of GEMM 2's loads) and rounding P (one convert
