@@ -312,6 +312,15 @@ void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8La
   }
 }
 
+// round_int8's per-value rule (kv_quant.cpp: int8_code) on y = x / scale, lane by lane: truncation,
+// the fraction's test, then r + 1, r - 1 or r - exact in float (|r| <= 128) - clamped to +-127.
+inline Batch int8_code_lanes(Batch y) {
+  const Batch r = trunc_float(y), half(0.5f), one(1.f);
+  const Batch frac = y - r;
+  const Batch rounded = select(frac >= half, r + one, select(frac <= -half, r - one, r));
+  return min(max(rounded, Batch(-127.f)), Batch(127.f));
+}
+
 // round_int8 (kv_quant.hpp) over one block of n values, in vectors: the same operations in the same
 // order per value (amax by max, scale = amax / 127, y = x / scale, truncation, the fraction's test,
 // the clamp), so the same codes and scale bit for bit - tests/kernels/test_simd_math.cpp checks it on every
@@ -334,17 +343,11 @@ inline bool round_int8_row(const float* x, int64_t n, int8_t* q, float* scale_ou
       std::memset(q, 0, static_cast<size_t>(n));
       return true;
     }
-    const Batch sc(scale), half(0.5f), one(1.f);
+    const Batch sc(scale);
     for (int64_t i = 0; i < n; i += kLanes) {
       const int m = static_cast<int>(std::min<int64_t>(kLanes, n - i));
-      const Batch y = load_partial(x + i, m) / sc;
-      const Batch r = trunc_float(y);
-      const Batch frac = y - r;
-      // r + 1, r - 1 or r: exact in float (|r| <= 128), then clamped to +-127 as the rule.
-      const Batch rounded = select(frac >= half, r + one, select(frac <= -half, r - one, r));
-      const Batch c = min(max(rounded, Batch(-127.f)), Batch(127.f));
       alignas(64) float out[kLanes];
-      c.store_aligned(out);
+      int8_code_lanes(load_partial(x + i, m) / sc).store_aligned(out);
       for (int k = 0; k < m; ++k) q[i + k] = static_cast<int8_t>(out[k]);
     }
     return true;
@@ -371,18 +374,14 @@ inline bool round_v_rows(const float* rows, int64_t ld, int64_t n, int64_t dv, i
       store_partial(scales + c, amax / Batch(127.f), m);
     }
     if (reduce_sum(bad) != 0.f) return false;
-    const Batch half(0.5f), one(1.f), zero(0.f);
+    const Batch zero(0.f);
     for (int64_t c = 0; c < dv; c += kLanes) {
       const int m = static_cast<int>(std::min<int64_t>(kLanes, dv - c));
       const Batch sc = load_partial(scales + c, m);
       const auto live = sc > zero;  // a zero scale: codes 0 (x / 0 is NaN there)
       for (int64_t j = 0; j < n; ++j) {
-        const Batch y = select(live, load_partial(rows + j * ld + c, m) / sc, zero);
-        const Batch r = trunc_float(y);
-        const Batch frac = y - r;
-        const Batch rounded = select(frac >= half, r + one, select(frac <= -half, r - one, r));
         alignas(64) float out[kLanes];
-        min(max(rounded, Batch(-127.f)), Batch(127.f)).store_aligned(out);
+        int8_code_lanes(select(live, load_partial(rows + j * ld + c, m) / sc, zero)).store_aligned(out);
         for (int k = 0; k < m; ++k) codes[j * dv + c + k] = static_cast<int8_t>(out[k]);
       }
     }
