@@ -1,7 +1,8 @@
 """flash_int8's accuracy against float64 (max error relative to each row's largest |O|, and cosine
 of O's rows), with smoothing on/off and P.V in integers on/off, on random inputs and on keys with a
 shared channel offset (SageAttention's case); each configuration in its own process (the switches are
-read from the environment). Run: PYTHONPATH=build/python /usr/bin/python3 results/2026-12-06-int8_pv/accuracy.py"""
+read from the environment). Run: PYTHONPATH=build/python /usr/bin/python3 scripts/int8_accuracy.py [N H D]
+(default 2048 8 128: results/2026-12-06-int8_pv/accuracy.txt); tests/python/test_int8_accuracy.py runs it small."""
 import os, subprocess, sys, tempfile
 import numpy as np
 
@@ -31,7 +32,7 @@ np.save('{DIR}/o.npy', np.asarray(o))
     return np.load(f'{DIR}/o.npy')
 
 rng = np.random.default_rng(1)
-n, H, D = 2048, 8, 128
+n, H, D = (int(a) for a in sys.argv[1:4]) if len(sys.argv) == 4 else (2048, 8, 128)
 rows = []
 for case in ("random", "offset"):
     q = rng.standard_normal((1, H, n, D)).astype(np.float32)
@@ -50,3 +51,6 @@ for case in ("random", "offset"):
                 cos = ((o * want).sum(-1) / np.linalg.norm(o, axis=-1) / np.linalg.norm(want, axis=-1)).min()
                 rows.append((case, causal, smooth, pv, err, cos))
                 print(f"{case:7s} causal={causal!s:5s} smooth={smooth} int_pv={pv}: max rel err {err:.2e}, min cosine {cos:.7f}", flush=True)
+
+import shutil  # noqa: E402
+shutil.rmtree(DIR, ignore_errors=True)
