@@ -7,10 +7,12 @@
 // (2) a task runs ALL query rows that read this kv head - the group's query heads times
 // q_len - through flash's tile engine (src/cpu/simd/tiles.hpp: vector softmax, 6-row
 // broadcast P.V micro-kernel) against its chunk, so every K/V byte is read from memory
-// once; with so few rows (at most 16) the engine scores straight from the K rows (4 rows x
-// 2 keys (AVX2) or 4 of dot products, no K^T packing, which costs as much as the GEMM when ~4
-// rows use a tile) and spreads the next tile's prefetches through the current tile's loops
-// (LineStream) instead of issuing them as one burst; (3) each task leaves per row an
+// once; with few rows (up to simd::kDirectRows, 12) the engine scores straight from the K rows
+// (4 rows x 2 keys (AVX2) or 4 of dot products, 4-row panels, no K^T packing, which costs as much
+// as the GEMM when ~4 rows use a tile) and spreads the next tile's prefetches through the current
+// tile's loops (LineStream) instead of issuing them as one burst; more rows (GQA 16, or q_len x
+// group > 12) pack K^T once per tile and run flash's register-blocked panels, as a GEMM over the
+// group's rows (1.08-1.24x at GQA 16: tiles.hpp); (3) each task leaves per row an
 // unnormalized partial state (acc, running
 // max m, sum l); a second parallel pass merges the chunks of each row exactly, in chunk
 // order:

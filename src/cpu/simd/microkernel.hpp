@@ -314,7 +314,7 @@ __attribute__((noinline)) void score_panel_strided(const float* q, int64_t ldq, 
   score_panel_of<MR>(Strided{q, ldq}, kt, d, ja, jb, s, none);
 }
 
-// GEMM 1 without packing, for a decode task's few rows (tiles.cpp: rows <= kStreamRows):
+// GEMM 1 without packing, for a decode task's few rows (tiles.cpp: rows <= kDirectRows; decode_i8 kStreamRows):
 // s[m * kTileKeys + j] = <qr row m, K row j> for m < MR and j in [ja, jb), straight from the
 // K rows as stored (E widened where loaded). Register block: kDotRows rows x kDotKeys keys
 // of accumulators (AVX2: 4 x 2 = 8, one reduction; 32-register targets 4 x 4), each K vector
