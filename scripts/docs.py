@@ -259,7 +259,12 @@ def headline_table(folder, machine, rows, dims):
         lab = [r for r in group if not is_peer(r)]
         peers = [r for r in group if is_peer(r)]
         against = ""
-        if lab and not peers and cls == "int8 products" and "dtype" in keys:
+        if lab and not peers and cls == "int8 products" and is_decode(lab[0]):
+            # decode_i8 on an integer cache, no int8 peer: beside the best peer on the same point (the
+            # same cache's bytes, in the peer's own arithmetic) - the row kernel auto runs there (issue 64).
+            peers = [r for r in every.get(key, []) if is_peer(r)]
+            against = " (same cache)"
+        elif lab and not peers and cls == "int8 products" and "dtype" in keys:
             # No int8 peer ran (ov_sage needs AMX-INT8 or AVX-VNNI-INT8): the int8 kernel beside the
             # best bf16-products peer on the same shape's bf16 point - the next-narrowest arithmetic
             # a user would pick instead (issue 63's target for flash_int8).
@@ -282,6 +287,11 @@ def headline_table(folder, machine, rows, dims):
         out.append(f"| {shape_of(best)} | {cls} | {best['kernel']} | {ms(best['time_median_s'])} | "
                    f"{100 * float(frac):.0f}% of {what}{cached} | {roof} | {peer['kernel']}{against} | "
                    f"{ms(peer['time_median_s'])} | {lead:.2f}x | {lead_per_pass(folder, best, peer)} |")
+    if any("(same cache) |" in line for line in out):
+        out += ["", "(decode_i8's int8 products beside a peer marked (same cache): no peer of the int8-products "
+                "class ran there, so the best peer on the same cache type in its own arithmetic - ggml rounds Q "
+                "to q8_0 for its q8_0 / q4_0 dot products, OpenVINO's and ONNX Runtime's caches multiply in "
+                "float32 - what a user of that runtime gets.)"]
     if any("(bf16) |" in line for line in out):
         out += ["", "(int8 products beside a peer marked (bf16): no int8 peer ran on this CPU, so the best "
                 "bf16-products peer on the same shape's bf16 inputs - the narrowest arithmetic a runtime "

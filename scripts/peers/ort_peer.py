@@ -4,7 +4,12 @@ op has one head count; masks by `unidirectional` or an additive attention_bias).
 GroupQueryAttention (always causal, the queries being the last Sq positions: prefill with
 Sq == Skv, decode and chunked prefill with the first Skv - Sq keys in a BNSH KV cache whose
 buffer the op's present_key output shares, as in generation; left windows by
-local_window_size). Inputs are bound once (IO binding): a call is the op alone."""
+local_window_size). Inputs are bound once (IO binding): a call is the op alone.
+On the lab's integer caches ort_gqa keeps the cache as ONNX Runtime's own quantized GQA cache does
+(k_quant_type / v_quant_type PER_CHANNEL, kv_cache_bit_width 8 for u8 / q8_0, 4 for u4 / q4_0): the
+stored values rounded per (kv head, channel) against max |x| over the cache (int_cache), the new rows
+quantized by the op itself. onnxruntime 1.32's CPU provider runs int8 and int4 caches, PER_TENSOR
+and PER_CHANNEL, in prefill and decode (checked by tests/peers)."""
 import numpy as np
 
 from catalogue import peers_of
@@ -24,10 +29,12 @@ def setup(threads):
 
 
 def _session(node, inputs, outputs):
+    """outputs: (name, shape) float32, or (name, shape, element type)."""
     h = onnx.helper
     f32 = onnx.TensorProto.FLOAT
     vi = lambda name, t, shape: h.make_tensor_value_info(name, t, shape)  # noqa: E731
-    graph = h.make_graph([node], "peer", [vi(*x) for x in inputs], [vi(n, f32, s) for n, s in outputs])
+    graph = h.make_graph([node], "peer", [vi(*x) for x in inputs],
+                         [vi(o[0], o[2] if len(o) > 2 else f32, o[1]) for o in outputs])
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
     so = ort.SessionOptions()
     so.intra_op_num_threads = _threads
@@ -106,6 +113,26 @@ def _mha(p, q, k, v):
     return fn, collect, "; ".join(how)
 
 
+INT_CACHES = {"u8": 8, "q8_0": 8, "u4": 4, "q4_0": 4}  # the lab's integer caches -> ORT's cache bit width
+
+
+def int_cache(x, bits):
+    """x (B, Hk, S, D) float32 as ONNX Runtime's PER_CHANNEL cache holds it: scale (1, Hk, 1, D) =
+    max |x| over the batch and positions / (2^(bits-1) - 1) (1 where that is 0), codes round(x / scale)
+    (int8 (B, Hk, S, D); bits 4: code + 8 in a nibble, two per byte, the even value low (B, Hk, S, D/2)
+    uint8 - the layout onnxruntime 1.32 reads, found by tests/peers: signed nibbles or the odd value
+    low disagree), and the values the codes stand for (float32, x's shape)."""
+    levels = 127 if bits == 8 else 7
+    amax = np.abs(x).max(axis=(0, 2), keepdims=True)
+    scale = np.where(amax > 0, amax / np.float32(levels), 1).astype(np.float32)
+    codes = np.clip(np.rint(x / scale), -levels, levels).astype(np.int8)
+    values = codes.astype(np.float32) * scale
+    if bits == 4:
+        u = (codes.astype(np.int16) + 8).astype(np.uint8)
+        codes = np.ascontiguousarray(u[..., 0::2] | (u[..., 1::2] << 4))
+    return np.ascontiguousarray(codes), scale, values
+
+
 def _gqa(p, q, k, v):
     if p.causal == "none":
         raise Skip("GroupQueryAttention is always causal")
@@ -124,6 +151,24 @@ def _gqa(p, q, k, v):
     past = p.kv_len - p.q_len
     b, hk, d = p.batch, p.kv_heads, p.head_dim
     f32, i32 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT32
+    kv_dtype = p.d.get("kv_dtype", "dtype") or "dtype"
+    bits = INT_CACHES.get(kv_dtype)
+    if kv_dtype != "dtype" and not bits:
+        raise Skip(f"kv_dtype {kv_dtype}: ort_gqa's caches are float or its int8 / int4 cache (the lab's u8, q8_0, "
+                   "u4, q4_0 points)")
+    if bits and past == 0:
+        raise Skip("an integer cache needs cached positions (q_len < kv_len): ort_gqa quantizes the past")
+    cache_type, cache_d = f32, d
+    if bits:
+        if bits == 4 and d % 2:
+            raise Skip(f"head_dim {d}: an int4 cache packs two values per byte")
+        k_codes, k_scale, _ = int_cache(k, bits)
+        v_codes, v_scale, _ = int_cache(v, bits)
+        cache_type = onnx.TensorProto.INT8 if bits == 8 else onnx.TensorProto.UINT8
+        cache_d = d if bits == 8 else d // 2
+        attrs.update(k_quant_type="PER_CHANNEL", v_quant_type="PER_CHANNEL", kv_cache_bit_width=bits)
+        how.append(f"int{bits} cache (kv_cache_bit_width {bits}, PER_CHANNEL: a scale per kv head and channel, "
+                   "max |x| / " + ("127" if bits == 8 else "7") + ")")
     inputs = [("query", f32, [b, p.q_len, p.q_heads * d]), ("key", f32, [b, p.q_len, hk * d]),
               ("value", f32, [b, p.q_len, hk * d]),
               ("seqlens_k", i32, [b]), ("total_sequence_length", i32, [1])]
@@ -137,15 +182,20 @@ def _gqa(p, q, k, v):
         # new Sq rows at positions past.. (the same values) into the buffer it shares with
         # present_key / present_value.
         names[3:5] = ["past_key", "past_value"]
-        inputs[3:3] = [("past_key", f32, [b, hk, p.kv_len, d]), ("past_value", f32, [b, hk, p.kv_len, d])]
-        outputs += [("present_key", [b, hk, p.kv_len, d]), ("present_value", [b, hk, p.kv_len, d])]
-        cache_k = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(k))
-        cache_v = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v))
+        shape = [b, hk, p.kv_len, cache_d]
+        inputs[3:3] = [("past_key", cache_type, shape), ("past_value", cache_type, shape)]
+        outputs += [("present_key", shape, cache_type), ("present_value", shape, cache_type)]
+        cache_k = ort.OrtValue.ortvalue_from_numpy(k_codes if bits else np.ascontiguousarray(k))
+        cache_v = ort.OrtValue.ortvalue_from_numpy(v_codes if bits else np.ascontiguousarray(v))
         feeds[3:3] = [("past_key", cache_k), ("past_value", cache_v)]
+        if bits:  # inputs 12 and 13 (after cos/sin caches, position ids, attention bias, head sink)
+            names += ["", "", "", "", "", "k_scale", "v_scale"]
+            inputs += [("k_scale", f32, list(k_scale.shape)), ("v_scale", f32, list(v_scale.shape))]
+            feeds += [("k_scale", k_scale), ("v_scale", v_scale)]
         how.append(f"decode/chunk: {past} cached positions, the cache buffer shared with present_key/value")
     else:
         outputs += [("present_key", [b, hk, p.kv_len, d]), ("present_value", [b, hk, p.kv_len, d])]
-    node = onnx.helper.make_node("GroupQueryAttention", names, [n for n, _ in outputs], domain="com.microsoft",
+    node = onnx.helper.make_node("GroupQueryAttention", names, [o[0] for o in outputs], domain="com.microsoft",
                                  **attrs)
     sess = _session(node, inputs, outputs)
     io, keep_alive, o = _run_bound(sess, feeds, (b, p.q_len, p.q_heads * d))

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "attnlab/auto.hpp"
 #include "attnlab/isa.hpp"
 #include "attnlab/kernel.hpp"
 #include "common.hpp"
@@ -87,6 +88,9 @@ Command add_list(CLI::App& app) {
               if (!a) std::cout << "  [unavailable: " << a.reason << "]";
               std::cout << "\n";
             }
+            std::cout << "\nkernel \"auto\" (attnlab run / verify --impl auto, attnlab.attention's default): the first "
+                         "row that holds, its first candidate that runs the problem here\n"
+                      << auto_table();
             return 0;
           }};
 }

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "attnlab/auto.hpp"
 #include "attnlab/backward.hpp"
 #include "attnlab/kernel.hpp"
 #include "bench/sweep/bench_point.hpp"
@@ -14,6 +15,7 @@ namespace attnlab::cli {
 namespace {
 struct RunArgs {
   std::string impl, q, k, v, out, lse;
+  std::string arithmetic;  // with --impl auto: "native" (default), "f32" or "int8"
   bool backward = false;
   std::string d_o, o_in, dq, dk, dv;
   MaskFlags mask;
@@ -98,7 +100,13 @@ Command add_run(CLI::App& app) {
   auto args = std::make_shared<RunArgs>();
   CLI::App* sub = app.add_subcommand(
       "run", "run one kernel on .npy inputs, write O (and LSE) as .npy; with --backward its gradients from dO");
-  sub->add_option("--impl", args->impl, "kernel name (see attnlab list)")->required();
+  sub->add_option("--impl", args->impl,
+                  "kernel name, or auto: the fastest kernel that runs the problem here (attnlab list prints its "
+                  "table; the line 'auto: KERNEL (rule)' says which ran)")
+      ->required();
+  sub->add_option("--arithmetic", args->arithmetic,
+                  "with --impl auto: native (the default: bf16 products for bf16 inputs, else float32), f32 "
+                  "(float32 products always) or int8 (int8 products allowed for float32 inputs: flash_int8)");
   sub->add_option("--q", args->q, "Q .npy (float32/float64, C order)")->required();
   sub->add_option("--k", args->k, "K .npy")->required();
   sub->add_option("--v", args->v, "V .npy")->required();
@@ -120,7 +128,13 @@ Command add_run(CLI::App& app) {
   args->isa.add_to(*sub, false);
   return {sub, [args] {
             args->isa.apply();
-            const Kernel& kernel = kernel_or_throw(args->impl);
+            const bool is_auto = args->impl == kAutoKernel;
+            if (!is_auto) kernel_or_throw(args->impl);  // a bad name fails before any file is read
+            if (!is_auto && !args->arithmetic.empty()) {
+              throw InvalidInput("arithmetic: given with --impl " + args->impl + "; allowed: with --impl auto only");
+            }
+            const AutoArithmetic arithmetic =
+                parse_auto_arithmetic(args->arithmetic.empty() ? "native" : args->arithmetic);
             if (!args->backward) {
               for (const auto& [name, value] : {std::pair{"do", &args->d_o},
                                                 {"o", &args->o_in},
@@ -136,6 +150,11 @@ Command add_run(CLI::App& app) {
             }
             LoadedInputs li = load_inputs(args->q, args->k, args->v, args->mask);
             warn_nonfinite(li);
+            Problem asked = li.problem;
+            if (args->backward) asked.pass = Pass::Backward;
+            const AutoChoice choice = resolve_kernel(args->impl, "", asked, args->mask.thread_count(), arithmetic);
+            if (is_auto) std::printf("auto: %s\n", choice.describe().c_str());
+            const Kernel& kernel = *choice.kernel;
             if (args->backward) return run_backward(*args, kernel, li);
             const Problem& p = li.problem;
             Session session(kernel, p, args->mask.thread_count());

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "attnlab/auto.hpp"
 #include "attnlab/kernel.hpp"
 #include "attnlab/verify.hpp"
 #include "bench/sweep/bench_point.hpp"
@@ -34,18 +35,31 @@ struct VerifyArgs {
 };
 
 // The kernels of --impl, each SIMD one once per target in `isas` (none: its default variant).
+// "auto" is a nullptr slot: Tally::bind puts the kernel auto chooses for each shape there.
 std::vector<const Kernel*> selected(const std::string& impl, const std::vector<std::string>& isas) {
   std::vector<const Kernel*> named;
   if (impl == "all") {
     named = registry();
   } else {
-    for (const auto& name : CLI::detail::split(impl, ',')) named.push_back(&kernel_or_throw(name));
+    for (const auto& name : CLI::detail::split(impl, ',')) {
+      if (name != kAutoKernel) {
+        named.push_back(&kernel_or_throw(name));
+      } else if (!isas.empty()) {
+        throw InvalidInput("isa: given with --impl auto; allowed: auto runs each kernel's default target");
+      } else {
+        named.push_back(nullptr);
+      }
+    }
   }
   std::vector<const Kernel*> out;
   auto add = [&](const Kernel* k) {
-    if (std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
+    if (k == nullptr || std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
   };
   for (const Kernel* k : named) {
+    if (k == nullptr) {
+      add(k);
+      continue;
+    }
     if (isas.empty() || !is_per_target_isa(k->isa())) {
       add(k);
       continue;
@@ -107,24 +121,42 @@ class Tally {
  public:
   Tally(std::vector<const Kernel*> kernels, bool named) : kernels_(std::move(kernels)), named_(named) {
     seen_.resize(kernels_.size());
+    for (const Kernel* k : kernels_) auto_.push_back(k == nullptr);
+  }
+  // The kernels for shape p: an auto slot gets choose_kernel's (or, when no kernel runs p, flash,
+  // whose check then says why it is skipped).
+  void bind(const Problem& p, int threads, bool backward) {
+    for (size_t i = 0; i < kernels_.size(); ++i) {
+      if (!auto_[i]) continue;
+      Problem asked = p;
+      if (backward) asked.pass = Pass::Backward;
+      try {
+        const AutoChoice c = choose_kernel(asked, threads);
+        kernels_[i] = c.kernel, rule_[i] = c.describe();
+      } catch (const InvalidInput& e) {
+        kernels_[i] = &kernel_or_throw("flash"), rule_[i] = e.what();
+      }
+    }
   }
   const std::vector<const Kernel*>& kernels() const { return kernels_; }
   // A backward check: printed with its gradients' errors, recorded as a forward check is.
   void add(size_t i, const BackwardCheck& b) {
-    const std::string label = kernel_label(*kernels_[i]);
+    const std::string name = label(i);
     if (b.verdict == Verdict::Skip) {
-      std::printf("  %-18s %12s %12s %12s  SKIP (%s)\n", label.c_str(), "-", "-", "-", b.reason.c_str());
+      std::printf("  %-18s %12s %12s %12s  SKIP (%s)\n", name.c_str(), "-", "-", "-", b.reason.c_str());
     } else {
-      std::printf("  %-18s %12.3g %12.3g %12.3g  %s%s%s\n", label.c_str(), b.errors.dq, b.errors.dk, b.errors.dv,
+      std::printf("  %-18s %12.3g %12.3g %12.3g  %s%s%s\n", name.c_str(), b.errors.dq, b.errors.dk, b.errors.dv,
                   to_string(b.verdict), b.reason.empty() ? "" : ": ", b.reason.c_str());
     }
+    if (auto_[i]) std::printf("  %-18s %s\n", "", rule_[i].c_str());
     record(i, b.verdict, b.reason);
   }
   // Prints the check (labelled with the variant) and records it for kernels()[i].
   void add(size_t i, const KernelCheck& check) {
     KernelCheck c = check;
-    c.kernel = kernel_label(*kernels_[i]);
+    c.kernel = label(i);
     print_check(c);
+    if (auto_[i]) std::printf("  %-18s %s\n", "", rule_[i].c_str());
     if (const Arithmetic ar = kernels_[i]->arithmetic(); ar != Arithmetic::F32 && c.verdict != Verdict::Skip) {
       std::printf("  %-18s held to the textbook's error in its own arithmetic (%s): tolerance O %.3g, LSE %.3g\n", "",
                   to_string(ar), c.tol.o_rel, c.tol.lse);
@@ -154,7 +186,8 @@ class Tally {
       if (s.ran) continue;
       std::string why;
       for (const std::string& r : s.skips) why += (why.empty() ? "" : "; ") + r;
-      not_run += (not_run.empty() ? "" : ", ") + kernel_label(*kernels_[i]) + " (" + why + ")";
+      not_run += (not_run.empty() ? "" : ", ") + (auto_[i] ? std::string(kAutoKernel) : kernel_label(*kernels_[i])) +
+                 " (" + why + ")";
     }
     std::printf("\nverified %zu of %zu kernels%s%s\n", ran, kernels_.size(),
                 not_run.empty() ? "" : "; not run: ", not_run.c_str());
@@ -176,7 +209,11 @@ class Tally {
     bool ran = false, failed = false;
     std::vector<std::string> skips;
   };
+  // The column's name: the variant, or for an auto slot "auto>" and the one it chose.
+  std::string label(size_t i) const { return (auto_[i] ? "auto>" : "") + kernel_label(*kernels_[i]); }
   std::vector<const Kernel*> kernels_;
+  std::vector<bool> auto_;
+  std::vector<std::string> rule_ = std::vector<std::string>(kernels_.size());
   bool named_;
   std::vector<Seen> seen_;
 };
@@ -187,6 +224,7 @@ int verify_random(const std::vector<Problem>& problems, const VerifyArgs& a) {
   Tally tally = make_tally(a);
   for (const Problem& p : problems) {
     p.validate();
+    tally.bind(p, a.mask.thread_count(), false);
     // When no selected kernel can run here (e.g. over the memory budget), say so before
     // paying for inputs and a float64 reference over every row.
     std::vector<KernelCheck> refused;
@@ -220,6 +258,7 @@ int verify_backward(const std::vector<Problem>& problems, const VerifyArgs& a) {
   for (const Problem& p : problems) {
     p.validate();
     check_backward_problem(p);
+    tally.bind(p, a.mask.thread_count(), true);
     Tensors t = random_tensors(p, a.shape.seed);
     const auto d_o = bench::random_d_o(p, a.shape.seed);  // a sweep's backward points use the same
     const ConstView dov = make_view<const float>(d_o.get(), p.batch, p.q_heads, p.q_len, p.dim_v(), p.layout);
@@ -273,6 +312,7 @@ int verify_expect(const VerifyArgs& a) {
   vs_file.tol = ag.tol.widened_by(external);
   vs_file.widen = external;
   Tally tally = make_tally(a);
+  tally.bind(p, a.mask.thread_count(), false);
   for (size_t i = 0; i < tally.kernels().size(); ++i) {
     KernelCheck c = check_kernel(*tally.kernels()[i], p, li.inputs, vs_file, a.mask.thread_count());
     if (expect_lse.data.empty()) c.errors.lse = 0;  // LSE is compared only when given

@@ -37,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include "attnlab/auto.hpp"
 #include "attnlab/kernel.hpp"
 #include "attnlab/limits.hpp"
 #include "attnlab/verify.hpp"
@@ -55,8 +56,25 @@ namespace {
 // None and 0: all cores (attnlab::thread_count's rule, InvalidInput -> ValueError).
 int thread_count(const std::optional<int>& threads) { return attnlab::thread_count(threads.value_or(0)); }
 
-const Kernel& kernel_named(const std::string& name, const std::optional<std::string>& isa) {
-  return kernel_or_throw(name, isa ? std::string_view(*isa) : std::string_view());
+// The named kernel, or for "auto" the one auto.hpp's table chooses for p.
+AutoChoice kernel_for(const std::string& name, const std::optional<std::string>& isa, const Problem& p, int threads,
+                      const std::string& arithmetic = "native") {
+  if (name != kAutoKernel && arithmetic != "native") {
+    throw InvalidInput("arithmetic: '" + arithmetic + "' with kernel '" + name + "'; allowed: with kernel 'auto' only");
+  }
+  return resolve_kernel(name, isa ? std::string_view(*isa) : std::string_view(), p, threads,
+                        parse_auto_arithmetic(arithmetic));
+}
+
+// return_info's dict: the kernel that ran and why.
+py::dict info_of(const AutoChoice& c) {
+  py::dict d;
+  d["kernel"] = kernel_label(*c.kernel);
+  d["name"] = std::string(c.kernel->name());
+  d["isa"] = std::string(c.kernel->isa());
+  d["rule"] = c.rule;
+  d["passed_over"] = c.passed_over;
+  return d;
 }
 
 py::object attention(const py::handle& q, const py::handle& k, const py::handle& v, const std::string& kernel,
@@ -64,11 +82,12 @@ py::object attention(const py::handle& q, const py::handle& k, const py::handle&
                      const std::optional<std::vector<int64_t>>& kv_lens, const std::optional<float>& scale,
                      const std::string& layout, const std::optional<int>& threads, bool return_lse,
                      const std::optional<std::string>& dtype, const std::optional<std::string>& isa,
-                     const py::kwargs& settings) {
+                     const std::string& arithmetic, bool return_info, const py::kwargs& settings) {
   const Call c = make_call(q, k, v, causal, window, kv_lens, scale, layout, dtype, settings);
   const Problem& p = c.p;
-  const Kernel& kern = kernel_named(kernel, isa);
-  Session session(kern, p, thread_count(threads));
+  const int n_threads = thread_count(threads);
+  const AutoChoice chosen = kernel_for(kernel, isa, p, n_threads, arithmetic);
+  Session session(*chosen.kernel, p, n_threads);
   const bool bhsd = p.layout == Layout::BHSD;
   const auto [o, o_data] = new_output(bhsd ? std::vector<int64_t>{p.batch, p.q_heads, p.q_len, p.dim_v()}
                                            : std::vector<int64_t>{p.batch, p.q_len, p.q_heads, p.dim_v()});
@@ -80,8 +99,11 @@ py::object attention(const py::handle& q, const py::handle& k, const py::handle&
     py::gil_scoped_release unlocked;
     session.run(c.in, out);
   }
-  if (return_lse) return py::make_tuple(to_library(o, c.q.library), to_library(lse, c.q.library));
-  return to_library(o, c.q.library);
+  py::object o_out = to_library(o, c.q.library);
+  if (return_lse && return_info) return py::make_tuple(o_out, to_library(lse, c.q.library), info_of(chosen));
+  if (return_lse) return py::make_tuple(o_out, to_library(lse, c.q.library));
+  if (return_info) return py::make_tuple(o_out, info_of(chosen));
+  return o_out;
 }
 
 // dQ, dK, dV of O = attention(q, k, v) for the gradient d_o flowing into O (backward.hpp), by the
@@ -114,8 +136,10 @@ py::tuple attention_backward(const py::handle& q, const py::handle& k, const py:
   if (o_given.is_none() != lse_given.is_none()) {
     throw py::value_error("o, lse: give both (the forward's outputs) or neither (the kernel's own forward)");
   }
-  const Kernel& kern = kernel_named(kernel, isa);
-  Session session(kern, p, thread_count(threads), true);
+  Problem asked = p;
+  asked.pass = Pass::Backward;
+  const int n_threads = thread_count(threads);
+  Session session(*kernel_for(kernel, isa, asked, n_threads).kernel, p, n_threads, true);
   const auto view = [&](const void* data, int64_t heads, int64_t seq, int64_t dim) {
     return make_view<const float>(static_cast<const float*>(data), p.batch, heads, seq, dim, p.layout);
   };
@@ -272,16 +296,21 @@ py::dict views(const py::handle& q, const py::handle& k, const py::handle& v, co
 PYBIND11_MODULE(_core, m) {  // attnlab._core; the package attnlab (src/python/attnlab/) imports it
   m.doc() = "attnlab's kernels on numpy arrays and torch / JAX tensors (no copies; see src/python/module.cpp)";
   py::register_exception<InvalidInput>(m, "InvalidInput", PyExc_ValueError);
-  m.def("attention", &attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kernel") = "flash",
+  m.def("attention", &attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kernel") = "auto",
         py::arg("causal") = false, py::arg("window") = py::none(), py::arg("kv_lens") = py::none(),
         py::arg("scale") = py::none(), py::arg("layout") = "bhsd", py::arg("threads") = py::none(),
         py::arg("return_lse") = false, py::arg("dtype") = py::none(), py::arg("isa") = py::none(),
+        py::arg("arithmetic") = "native", py::arg("return_info") = false,
         "O (and LSE when return_lse) of scaled-dot-product attention by one of the lab's kernels.\n"
+        "kernel 'auto' (the default): the fastest kernel that runs the problem here (`attnlab list` prints the\n"
+        "table); arithmetic 'native' (bf16 products for bf16 inputs, else float32), 'f32' or 'int8' (int8\n"
+        "products allowed for float32 inputs: flash_int8). return_info:\n"
+        "a dict last in the result - kernel (the variant that ran), name, isa, rule, passed_over.\n"
         "q (batch, q_heads, q_len, d), k (batch, kv_heads, kv_len, d), v (..., d_v) for layout 'bhsd'\n"
         "(seq before heads for 'bshd'); causal False | True (bottom-right) | 'top_left'; window (left, right)\n"
         "with -1 unbounded; kv_lens per batch entry; threads None = all cores.");
   m.def("attention_backward", &attention_backward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("do"),
-        py::arg("o") = py::none(), py::arg("lse") = py::none(), py::arg("kernel") = "flash", py::arg("causal") = false,
+        py::arg("o") = py::none(), py::arg("lse") = py::none(), py::arg("kernel") = "auto", py::arg("causal") = false,
         py::arg("window") = py::none(), py::arg("kv_lens") = py::none(), py::arg("scale") = py::none(),
         py::arg("layout") = "bhsd", py::arg("threads") = py::none(), py::arg("dtype") = py::none(),
         py::arg("isa") = py::none(),

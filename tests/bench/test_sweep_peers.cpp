@@ -129,6 +129,7 @@ TEST(PeerCatalogue, EveryPeerNamesAKnownTolerancePolicy) {
   for (const auto& [kernel, family] : peer_kernels()) EXPECT_NO_THROW(peer_policy(kernel)) << kernel;
   EXPECT_EQ(peer_policy("ov_sage"), PeerPolicy::OpenvinoSage);
   EXPECT_EQ(peer_policy("ggml_fa"), PeerPolicy::GgmlCache);
+  EXPECT_EQ(peer_policy("ort_gqa"), PeerPolicy::OrtIntCache);
   EXPECT_EQ(peer_policy("torch_sdpa"), PeerPolicy::Float32);
   try {
     parse_peer_policy("bf16");
@@ -139,7 +140,8 @@ TEST(PeerCatalogue, EveryPeerNamesAKnownTolerancePolicy) {
 }
 
 // Which peers run a 16-bit or quantized cache is one rule (peer_tolerance.cpp peer_keeps_own_cache): ggml_fa on its
-// f16 / q8_0 / q4_0, ov_decode on f16 / u8 / u4, ov_sdpa on bf16 (its bf16 precision hint) - handed the
+// f16 / q8_0 / q4_0, ov_decode on f16 / u8 / u4, ov_sdpa on bf16 (its bf16 precision hint), ort_gqa on the integer
+// caches (its own int8 / int4 cache) - handed the
 // stored values as float32 and verified - and every other peer skips with the reason, so no peer
 // is timed on values it was not given.
 TEST_F(SweepPeers, OnlyPeersWithTheirOwnCacheRunQuantizedOr16BitPoints) {
@@ -184,7 +186,7 @@ TEST_F(SweepPeers, OnlyPeersWithTheirOwnCacheRunQuantizedOr16BitPoints) {
                 {"ggml_fa f32/dtype", "ok"},   {"ggml_fa f16/dtype", "ok"},       {"ggml_fa bf16/dtype", "skipped"},
                 {"ggml_fa f32/u8", "skipped"}, {"ggml_fa f32/q8_0", "ok"},        {"ggml_fa f32/u4", "skipped"},
                 {"ort_gqa f32/dtype", "ok"},   {"ort_gqa f16/dtype", "skipped"},  {"ort_gqa bf16/dtype", "skipped"},
-                {"ort_gqa f32/u8", "skipped"}, {"ort_gqa f32/q8_0", "skipped"},   {"ort_gqa f32/u4", "skipped"}}));
+                {"ort_gqa f32/u8", "ok"},      {"ort_gqa f32/q8_0", "ok"},        {"ort_gqa f32/u4", "ok"}}));
 }
 
 // ov_sage rounds Q and K to int8 and V to u8: its tolerance is the bf16-products policy plus 4x what
@@ -205,6 +207,32 @@ TEST_F(SweepPeers, OvSageIsJudgedByWhatItsRoundingCosts) {
   EXPECT_GT(sage.err_o_rel, got["naive"].tol_o_rel) << "the rounding is far above the float32 policy";
   EXPECT_LT(sage.err_o_rel, sage.tol_o_rel);
   EXPECT_EQ(got["torch_sdpa"].status, PointStatus::Failed) << "the same O from a float32 peer";
+}
+
+// ort_gqa on an integer cache keeps ONNX Runtime's own int8 / int4 cache (a scale per kv head and
+// channel): judged by the float32 policy plus 4x what that rounding moves the float64 O, so a peer
+// erring by exactly that rounding passes as ort_gqa and fails as a float32 peer (ggml_fa on the same
+// u4 point is not run: it skips).
+TEST_F(SweepPeers, OrtGqaIntCacheIsJudgedByWhatItsRoundingCosts) {
+  ::setenv("ATTN_FAKE_PEER", "ort_gqa=ortint,ov_decode=ortint", 1);
+  std::map<std::string, PointRecord> got;
+  for (const auto& pf : sweep_points("peers_ortint",
+                                     R"({"description": "d", "implementations": ["naive"], "q_len": 1, "kv_len": 96,
+                                         "q_heads": 4, "kv_heads": 2, "head_dim": 32, "causal": true, "threads": 1,
+                                         "kv_dtype": ["u8", "u4"], "repetitions": 2, "min_time_s": 0.001,
+                                         "peers": ["ort_gqa", "ov_decode"]})"))
+    got[pf.record.kernel + " " + to_string(pf.record.problem.kv_dtype)] = pf.record;
+  for (const char* kv : {"u8", "u4"}) {
+    const PointRecord& ort = got["ort_gqa " + std::string(kv)];
+    EXPECT_EQ(ort.status, PointStatus::Ok) << kv << ": " << ort.reason;
+    EXPECT_NE(ort.how.find("as ONNX Runtime's " + std::string(kv == std::string("u8") ? "int8" : "int4")),
+              std::string::npos)
+        << ort.how;
+    EXPECT_GT(ort.err_o_rel, got["naive " + std::string(kv)].tol_o_rel) << kv << ": above the float32 policy";
+    EXPECT_LT(ort.err_o_rel, ort.tol_o_rel) << kv;
+    EXPECT_EQ(got["ov_decode " + std::string(kv)].status, PointStatus::Failed)
+        << kv << ": the same O from a peer held to the float32 policy";
+  }
 }
 
 TEST_F(SweepPeers, MissingEnvironmentOrLibrarySkipsWithTheReason) {

@@ -7,6 +7,8 @@ the same protocol, with each kernel's behaviour chosen by $ATTN_FAKE_PEER, e.g.
   wrongdk  (a backward point) O and the gradients exact but dK plus 0.05
   sage   O from numpy_attention on Q, K rounded to int8 and V to u8 per (token, head), as
          OpenVINO's sage path rounds them (ov_peer.sage_rounded)
+  ortint O from numpy_attention on K and V rounded as ONNX Runtime's quantized GQA cache holds them
+         (ort_peer.int_cache: per kv head and channel; 8 bits for u8 / q8_0 points, else 4)
   skip   answers skipped with a reason
   die    exits without answering (the sweep must record the point failed and go on)
 Kernels not named answer "exact". $ATTN_FAKE_PEER_UNAVAILABLE=1: hello answers unavailable."""
@@ -21,6 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
 from common import Problem, load_do, load_inputs  # noqa: E402
 from numpy_attention import attention, attention_backward  # noqa: E402
+from ort_peer import int_cache  # noqa: E402  (numpy only: onnxruntime is imported by setup)
 from ov_peer import sage_rounded  # noqa: E402
 
 
@@ -48,6 +51,9 @@ def main():
         q, k, v = load_inputs(req["dir"], p)
         kv_lens = p.kv_lens or [p.kv_len] * p.batch
         pattern = (p.sinks, p.globals, p.doc_lens, p.dilation, p.bigbird)
+        if mode == "ortint":
+            bits = 8 if p.d.get("kv_dtype") in ("u8", "q8_0") else 4
+            k, v = int_cache(k, bits)[2], int_cache(v, bits)[2]
         args = list(sage_rounded(q, k, v)) if mode == "sage" else [x.astype(np.float64) for x in (q, k, v)]
         if p.backward:  # a backward point: O and dQ, dK, dV from dO (the real servers' contract)
             out = attention_backward(*args, load_do(req["dir"], p).astype(np.float64), p.scale, p.causal, p.left,

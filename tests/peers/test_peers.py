@@ -166,6 +166,35 @@ def test_ov_decode_cache_off_by_one_is_caught():
     check_against_numpy(o, p, how, "ov_decode")  # the same peer on the whole cache agrees
 
 
+@pytest.mark.parametrize("kv_dtype", ["u8", "q8_0", "u4", "q4_0"])
+@pytest.mark.parametrize("case", ["decode", "chunk_window", "decode_mqa"])
+def test_ort_gqa_integer_cache_matches_attention_on_its_values(case, kv_dtype):
+    """ort_gqa on an integer cache point keeps ONNX Runtime's own int8 / int4 cache (PER_CHANNEL): its
+    O agrees with float64 attention on the values int_cache's codes stand for (the new rows rounded by
+    the op itself, as int_cache rounds them) and differs from attention on the unrounded values by
+    about what that rounding costs - the check fails on a swapped nibble order or a wrong scale."""
+    mod = peer("ort_gqa")
+    p = problem(**dict(CASES[case], head_dim=32, head_dim_v=32, kv_dtype=kv_dtype))
+    q, k, v = inputs(p)
+    try:
+        fn, collect, how = mod.prepare("ort_gqa", p, q, k, v)
+    except Skip as e:
+        pytest.skip(f"ort_gqa: {e}")
+    fn()
+    o = np.asarray(collect(), dtype=np.float64)
+    bits = mod.INT_CACHES[kv_dtype]
+    assert f"int{bits} cache" in how, how
+    kq, vq = mod.int_cache(k, bits)[2], mod.int_cache(v, bits)[2]
+
+    def att(k, v):
+        return attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), p.scale, p.causal,
+                         p.left, p.right, [p.kv_len] * p.batch)[0]
+    np.testing.assert_allclose(o, att(kq, vq), atol=2e-5, rtol=0, err_msg=how)
+    assert np.abs(o - att(k, v)).max() > 1e-4, "the int cache's rounding must show"
+    for swapped in (kq[..., ::-1], ):  # (a wrong value order is caught)
+        assert np.abs(o - att(swapped, vq)).max() > 1e-3
+
+
 SAGE_CASES = {"causal": CASES["causal"], "batch_gqa": dict(batch=2, causal=1, q_len=40, kv_len=40),
               "mha_d128": dict(causal=1, q_len=70, kv_len=70, q_heads=2, kv_heads=2, head_dim=128, head_dim_v=128)}
 

@@ -41,28 +41,27 @@ def test_logits_and_greedy_tokens_match_sdpa(heads, kv_heads):
     assert torch.equal(runs["attnlab"], runs["sdpa"])
 
 
-def test_kernel_by_rows():
-    # Prefill (q_len = kv_len, or many new rows) by flash; a few new rows against a cache by decode.
+def test_kernel_by_rows(monkeypatch):
+    # The backend asks for kernel "auto": the prompt's rows (q_len = kv_len) run flash, each new row
+    # against the cache decode (the lab's table, `attnlab list`).
     calls = []
-    real = torch.ops.attnlab.attention
+    real = attnlab.torch._core.attention
 
-    class Spy:
-        def __call__(self, *args):
-            calls.append((args[0].shape[2], args[1].shape[2], args[6]))
-            return real(*args)
+    def spy(*args, **kw):
+        o, lse, info = real(*args, return_info=True, **kw)
+        calls.append((args[0].shape[2], args[1].shape[2], kw["kernel"], info["name"]))
+        return o, lse
 
     attnlab.hf.register()
     m = model()
     ids = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(2))
     m.set_attn_implementation("attnlab")
-    old, attnlab.hf._attention_op = attnlab.hf._attention_op, Spy()
-    try:
-        with torch.no_grad():
-            m.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False)
-    finally:
-        attnlab.hf._attention_op = old
+    monkeypatch.setattr(attnlab.torch._core, "attention", spy)
+    with torch.no_grad():
+        m.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False)
     # 2 layers: the prompt's 20 rows by flash, then one row against 21 and 22 keys by decode.
-    assert calls == [(20, 20, "flash")] * 2 + [(1, 21, "decode")] * 2 + [(1, 22, "decode")] * 2
+    assert calls == ([(20, 20, "auto", "flash")] * 2 + [(1, 21, "auto", "decode")] * 2 +
+                     [(1, 22, "auto", "decode")] * 2)
 
 
 def generate(m, implementation, ids, mask=None, steps=32):

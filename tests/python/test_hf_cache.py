@@ -222,7 +222,9 @@ def test_beam_search():
 
 
 def test_decode_kernel(monkeypatch):
-    # decode_i8 (integer K.Q and P.V) takes the steps of an integer cache; flash the prompt.
+    # decode_kernel="decode_i8" (integer K.Q and P.V) takes the steps of an integer cache; the prompt
+    # goes to auto (flash). The default, "auto", picks decode_i8 for an integer cache's steps where the
+    # CPU has its int8 unit (as attnlab.attention's return_info says), and each layer names what ran.
     attnlab.hf.register()
     m, ids = model(), prompt()
     kernels = []
@@ -235,10 +237,19 @@ def test_decode_kernel(monkeypatch):
     monkeypatch.setattr(attnlab.hf._core, "attention", spy)
     tokens, _ = generate(m, "attnlab", ids, attnlab.hf.LabCache(m.config, kv_dtype="u8", decode_kernel="decode_i8"),
                          steps=3)
-    assert kernels == ["flash"] * 2 + ["decode_i8"] * 4
+    assert kernels == ["auto"] * 2 + ["decode_i8"] * 4
     kernels.clear()
     generate(m, "attnlab", ids, attnlab.hf.LabCache(m.config, kv_dtype="fp8_e4m3", decode_kernel="decode_i8"), steps=2)
-    assert kernels == ["flash"] * 2 + ["decode"] * 2  # (fp8 has no integer codes)
+    assert kernels == ["auto"] * 2 + ["decode"] * 2  # (fp8 has no integer codes)
+    kernels.clear()
+    cache = attnlab.hf.LabCache(m.config, kv_dtype="u8")
+    auto_tokens, _ = generate(m, "attnlab", ids, cache, steps=3)
+    assert kernels == ["auto"] * 6
+    q = np.zeros((1, 4, 1, 64), np.float32)
+    kv = np.zeros((1, 2, 40, 64), np.float32)
+    _, info = attnlab.attention(q, kv, kv, kv_dtype="u8", return_info=True)
+    assert info["name"] in ("decode_i8", "decode")
+    assert all(layer.last_kernel == info["kernel"] for layer in cache.layers), [l.last_kernel for l in cache.layers]
 
 
 def test_refusals():
@@ -247,7 +258,7 @@ def test_refusals():
     for block in (12, 8, 512):
         with pytest.raises(ValueError, match=f"block: {block}; allowed: 0 .contiguous. or a power of two 16..256"):
             attnlab.hf.LabCache(block=block)
-    with pytest.raises(ValueError, match="decode_kernel: 'flash'; allowed: decode, decode_i8"):
+    with pytest.raises(ValueError, match="decode_kernel: 'flash'; allowed: auto .*, decode, decode_i8"):
         attnlab.hf.LabCache(decode_kernel="flash")
     m = model()
     config = transformers.LlamaConfig(**{**m.config.to_dict(), "num_attention_heads": 8, "num_key_value_heads": 2,

@@ -131,8 +131,31 @@ def test_sixteen_bit_inputs_are_read_in_place():
     bits = lambda x: (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)  # truncation to bf16
     qb, kb, vb = (bits(x) for x in inputs())
     widen = lambda x: (x.astype(np.uint32) << 16).view(np.float32)
-    o = attnlab.attention(qb, kb, vb, dtype="bf16")
+    o = attnlab.attention(qb, kb, vb, dtype="bf16", kernel="flash")  # (auto: bf16 products where the CPU has them)
     assert np.max(np.abs(o - reference(widen(qb), widen(kb), widen(vb))[0])) < 1e-5
+
+
+def test_auto_kernel_reports_what_ran():
+    """kernel "auto" (the default) runs the table's choice (`attnlab list`) and return_info says which:
+    decode for a few rows against a cache, flash for prefill, flash_int8 only when arithmetic="int8"
+    allows it; a named kernel runs as named, and arithmetic with it is refused."""
+    q, k, v = inputs(b=1, hq=8, hkv=2, lq=1, lk=300, d=64)
+    o, info = attnlab.attention(q, k, v, causal=True, return_info=True)
+    assert info["name"] == "decode" and info["kernel"].startswith("decode["), info
+    assert "any other cache" in info["rule"], info
+    assert np.abs(o - reference(q, k, v, causal=True)[0]).max() < 1e-5
+    o2, lse, info2 = attnlab.attention(q, k, v, causal=True, return_lse=True, return_info=True)
+    assert info2 == info and np.array_equal(o, o2) and lse.shape == (1, 8, 1)
+    q, k, v = inputs(b=1, hq=4, hkv=4, lq=128, lk=128, d=64)
+    assert attnlab.attention(q, k, v, return_info=True)[1]["name"] == "flash"
+    int8 = attnlab.attention(q, k, v, arithmetic="int8", return_info=True)[1]
+    assert int8["name"] in ("flash_int8", "flash_int8_amx"), int8  # (flash_int8 runs on every target)
+    assert attnlab.attention(q, k, v, kernel="naive", return_info=True)[1] == dict(
+        kernel="naive", name="naive", isa="baseline", rule="named", passed_over="")
+    with pytest.raises(ValueError, match="arithmetic: 'int8' with kernel 'naive'; allowed: with kernel 'auto' only"):
+        attnlab.attention(q, k, v, kernel="naive", arithmetic="int8")
+    with pytest.raises(ValueError, match="arithmetic: 'fp8'; allowed: native"):
+        attnlab.attention(q, k, v, arithmetic="fp8")
 
 
 def test_no_copies_for_contiguous_inputs():

@@ -57,6 +57,7 @@ bool peer_keeps_own_cache(const std::string& kernel, const Problem& p) {
     case PeerPolicy::OpenvinoStateCache:
       return (p.dtype == DType::F16 && !p.kv_quantized()) ||
              (p.dtype == DType::F32 && (p.kv_dtype == KvDType::U8 || p.kv_dtype == KvDType::U4));
+    case PeerPolicy::OrtIntCache: return p.dtype == DType::F32 && p.kv_quantized() && kv_int_dot(p.kv_dtype);
     default: return ggml_own_cache(policy, p);
   }
 }
@@ -127,6 +128,43 @@ PeerTolerance peer_tolerance(const std::string& kernel, const Problem& p, const 
                   "tolerance: the bf16-products policy + 4 x %.2g (what rounding Q and K to int8 per token and V to "
                   "u8, as OpenVINO's sage path does, moves the float64 O)",
                   cost);
+    t.rule = text;
+    return t;
+  }
+  if (policy == PeerPolicy::OrtIntCache && peer_keeps_own_cache(kernel, p)) {
+    // ONNX Runtime's quantized GQA cache (scripts/peers/ort_peer.py: int_cache): K and V rounded per
+    // (kv head, channel) against max |x| over the batch and positions - 127 levels for the lab's u8 /
+    // q8_0 points (kv_cache_bit_width 8), 7 for u4 / q4_0 (4) - float32 arithmetic on the values: the
+    // float32 policy, plus 4x what that rounding of the stored values moves the float64 O.
+    const int levels = p.kv_dtype == KvDType::U8 || p.kv_dtype == KvDType::Q8_0 ? 127 : 7;
+    const double cost = rounding_cost(p, in, ag, [&](Tensors& t) {
+      for (const ConstView* view : {&t.inputs.k, &t.inputs.v}) {
+        const ConstView& x = *view;
+        for (int64_t h = 0; h < x.heads; ++h) {
+          for (int64_t c = 0; c < x.dim; ++c) {
+            float amax = 0;
+            for (int64_t b = 0; b < x.batch; ++b)
+              for (int64_t s = 0; s < x.seq; ++s) amax = std::max(amax, std::fabs(x.row(b, h, s)[c]));
+            const float scale = amax > 0 ? amax / static_cast<float>(levels) : 1.f;
+            for (int64_t b = 0; b < x.batch; ++b) {
+              for (int64_t s = 0; s < x.seq; ++s) {
+                float& v = const_cast<float*>(x.row(b, h, s))[c];
+                if (std::isfinite(v))
+                  v = std::clamp(std::nearbyint(v / scale), -static_cast<float>(levels), static_cast<float>(levels)) *
+                      scale;
+              }
+            }
+          }
+        }
+      }
+    });
+    PeerTolerance t{ag.tol, ""};
+    t.tol.o_rel += Tolerance::kFactor * cost;
+    char text[240];
+    std::snprintf(text, sizeof text,
+                  "tolerance: the float32 policy's + 4 x %.2g (what rounding K and V per kv head and channel to %d "
+                  "levels a side, as ONNX Runtime's %s GQA cache does, moves the float64 O)",
+                  cost, levels, levels == 127 ? "int8" : "int4");
     t.rule = text;
     return t;
   }

@@ -98,6 +98,7 @@ PeerPolicy parse_peer_policy(const std::string& name) {
       {"openvino_state_cache", PeerPolicy::OpenvinoStateCache},
       {"openvino_sage", PeerPolicy::OpenvinoSage},
       {"ggml_cache", PeerPolicy::GgmlCache},
+      {"ort_int_cache", PeerPolicy::OrtIntCache},
   };
   std::string allowed;
   for (const auto& [n, policy] : kNames) {
@@ -361,7 +362,8 @@ PeerAnswer PeerPool::run(const std::string& kernel, const Problem& p, const Inpu
   if (p.kv_quantized() && !own) {
     return answer(S::Skipped, std::string("kv_dtype ") + to_string(p.kv_dtype) +
                                   ": the peers take float32 K/V (none of them reads this cache layout; ggml_fa reads "
-                                  "q8_0 and q4_0, ov_decode u8 and u4)");
+                                  "q8_0 and q4_0, ov_decode u8 and u4, ort_gqa its int8 / int4 cache on u8, q8_0, "
+                                  "u4, q4_0)");
   }
   Server& s = server(family, threads);
   if (!s.unavailable.empty()) return answer(S::Skipped, s.unavailable);

@@ -55,6 +55,7 @@ enum class PeerPolicy {
   OpenvinoStateCache,  // ov_decode: f16 points and u8/u4 caches in its own state cache (float32 policy)
   OpenvinoSage,        // ov_sage: Q, K to int8 per token, V to u8, P.V in bf16 (float32 points)
   GgmlCache,           // ggml_fa: f16 points and q8_0/q4_0 caches in ggml's own types
+  OrtIntCache,         // ort_gqa: u8/q8_0 (u4/q4_0) caches in its own int8 (int4) cache, a scale per channel
 };
 // The policy of a catalogue name ("float32", "bf16_products", ...); throws naming the allowed ones.
 PeerPolicy parse_peer_policy(const std::string& name);

@@ -60,11 +60,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         raise ValueError(f"softcap: {kwargs['softcap']}; allowed: None (not taken by attnlab.hf yet)")
     if kwargs.get("output_attentions"):
         raise ValueError("output_attentions: True; allowed: False (the lab never forms the attention weights)")
-    q_len, kv_len = query.shape[2], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # A mask is the whole rule (it holds causality, the window, the padding); else causal, bottom-right.
     causal = "bottom_right" if causal and attention_mask is None else "none"
-    kernel = "decode" if q_len <= DECODE_MAX_Q and q_len < kv_len else "flash"
+    kernel = "auto"  # the fastest kernel that runs it here (attnlab list prints the table)
     if isinstance(key, Stored):
         o = key.layer.attention(query, attention_mask, causal, scaling, kernel)
     else:
@@ -113,7 +112,7 @@ class LabLayer(CacheLayerMixin if CacheLayerMixin is not None else object):
     is_compileable = False
     is_croppable = True
 
-    def __init__(self, kv_dtype="f32", block=0, max_cache_len=None, decode_kernel="decode", threads=None):
+    def __init__(self, kv_dtype="f32", block=0, max_cache_len=None, decode_kernel="auto", threads=None):
         super().__init__()
         if kv_dtype not in CACHE_TYPES:
             raise ValueError(f"kv_dtype: {kv_dtype!r}; allowed: " + ", ".join(CACHE_TYPES))
@@ -121,12 +120,14 @@ class LabLayer(CacheLayerMixin if CacheLayerMixin is not None else object):
         if block and not (low <= block <= high and block & (block - 1) == 0):
             raise ValueError(f"block: {block}; allowed: 0 (contiguous) or a power of two {low}..{high} (tokens per "
                              "block)")
-        if decode_kernel not in ("decode", "decode_i8"):
-            raise ValueError(f"decode_kernel: {decode_kernel!r}; allowed: decode, decode_i8 (integer K.Q and P.V on "
-                             "q8_0, q4_0, u8, u4)")
+        if decode_kernel not in ("auto", "decode", "decode_i8"):
+            raise ValueError(f"decode_kernel: {decode_kernel!r}; allowed: auto (the lab's table: decode_i8 on "
+                             "q8_0, q4_0, u8, u4 where the CPU has its int8 unit), decode, decode_i8 (integer K.Q "
+                             "and P.V on q8_0, q4_0, u8, u4)")
         self.kv_dtype, self.block, self.max_cache_len = kv_dtype, block, max_cache_len
         self.decode_kernel, self.threads = decode_kernel, threads
         self.length = 0
+        self.last_kernel = None  # the kernel variant the last attention call ran (e.g. "decode_i8[avx512]")
 
     # storage: contiguous (batch, heads, capacity, row) or a pool (blocks, heads, block, row) + table
     def _row(self, dim):
@@ -196,9 +197,12 @@ class LabLayer(CacheLayerMixin if CacheLayerMixin is not None else object):
         if mask is not None:  # as wide as the cache's keys: a contiguous cache's capacity past them hidden
             width = self.length if self.block else self.capacity
             kw["mask"] = torch.nn.functional.pad(mask, (0, width - mask.shape[-1]), value=False).contiguous().numpy()
-        if kernel == "decode" and self.kv_dtype in INTEGER_CACHES:
-            kernel = self.decode_kernel
-        return _core.attention(q, self.keys, self.values, kernel=kernel, **kw)
+        q_len = query.shape[2]
+        if self.decode_kernel != "auto" and q_len <= DECODE_MAX_Q and q_len < self.length:  # a decode step
+            kernel = self.decode_kernel if self.kv_dtype in INTEGER_CACHES else "decode"
+        o, info = _core.attention(q, self.keys, self.values, kernel=kernel, return_info=True, **kw)
+        self.last_kernel = info["kernel"]
+        return o
 
     def get_mask_sizes(self, query_length):
         return self.length + query_length, 0
@@ -236,10 +240,12 @@ class LabCache(Cache if Cache is not None else object):
     (a float cache; Q rounded to it for the dot products) or q8_0, q4_0, u8, u4, fp8_e4m3, fp8_e5m2
     (kv_quant.hpp's layouts); block 0 (contiguous, capacity doubling as it fills) or tokens per block
     (paged: a pool and a block table); max_cache_len bounds the tokens per sequence (the storage is
-    then made once at that size and never moves; more tokens are a ValueError). decode_kernel "decode" (float32 dot products on the dequantized rows) or "decode_i8"
-    (integer dot products on q8_0, q4_0, u8, u4 codes). Use with attn_implementation="attnlab"."""
+    then made once at that size and never moves; more tokens are a ValueError). decode_kernel "auto" (the
+    default: the lab's table, `attnlab list`), "decode" (float32 dot products on the dequantized rows) or
+    "decode_i8" (integer dot products on q8_0, q4_0, u8, u4 codes); each layer's last_kernel names the
+    kernel its last call ran. Use with attn_implementation="attnlab"."""
 
-    def __init__(self, config=None, kv_dtype="f32", block=0, max_cache_len=None, decode_kernel="decode",
+    def __init__(self, config=None, kv_dtype="f32", block=0, max_cache_len=None, decode_kernel="auto",
                  threads=None):
         make = lambda: LabLayer(kv_dtype, block, max_cache_len, decode_kernel, threads)  # noqa: E731
         make()  # the arguments' checks, before any model runs

@@ -90,7 +90,7 @@ _attention.register_autograd(_backward, setup_context=_setup_context)
 
 
 def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
-              *, kernel="flash", threads=None):
+              *, kernel="auto", threads=None):
     """O = softmax(scale Q K^T [+ causal mask] [+ attn_mask]) V by the lab's `kernel` (forward and backward)."""
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         raise ValueError(f"attn_mask: {attn_mask.dtype}; allowed: a bool mask (True = attend), shape (L, S) or "
