@@ -200,7 +200,11 @@ class LabLayer(CacheLayerMixin if CacheLayerMixin is not None else object):
         q_len = query.shape[2]
         if self.decode_kernel != "auto" and q_len <= DECODE_MAX_Q and q_len < self.length:  # a decode step
             kernel = self.decode_kernel if self.kv_dtype in INTEGER_CACHES else "decode"
-        o, info = _core.attention(q, self.keys, self.values, kernel=kernel, return_info=True, **kw)
+        # A float32 model keeps float32 products on a 16-bit cache (its storage, not its arithmetic);
+        # auto still takes an integer cache's steps with decode_i8 (its row holds under any arithmetic).
+        arithmetic = "native" if query.dtype == torch.bfloat16 or kernel != "auto" else "f32"
+        o, info = _core.attention(q, self.keys, self.values, kernel=kernel, return_info=True,
+                                  arithmetic=arithmetic, **kw)
         self.last_kernel = info["kernel"]
         return o
 
