@@ -33,7 +33,8 @@ const std::vector<Row>& table() {
       {Regime::Backward,
        "a backward pass",
        {"flash"},
-       "the only vector kernel with run_backward (flash.cpp); results/2026-12-05-training_paired"},
+       "flash's backward is the lab's tiled one (flash.cpp; naive's is the textbook's); "
+       "results/2026-12-05-training_paired"},
       {Regime::DecodeIntCache,
        "decode (q_len <= 16 < kv_len) on a q8_0, q4_0, u8 or u4 cache",
        {"decode_i8", "decode"},
