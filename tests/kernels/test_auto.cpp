@@ -29,7 +29,7 @@ std::string first_that_runs(std::initializer_list<const char*> names, const Prob
   return "";
 }
 
-// Whether this CPU runs the int8 dot-product unit of decode_i8's default target.
+// Whether this CPU runs the vpdpbusd unit of decode_i8's default target.
 bool decode_i8_unit_runs() {
   const TargetTable* t = target_table_for(find_kernel("decode_i8")->isa());
   return t && t->peak.i8_unit && *t->peak.i8_unit && cpu_runs_isa(t->peak.i8_unit);
@@ -72,7 +72,7 @@ TEST(Auto, DecodeOnAnIntegerCacheRunsDecodeI8WhereItsUnitRuns) {
     const AutoChoice c = choose_kernel(p, 2);
     const bool unit = decode_i8_unit_runs();
     EXPECT_EQ(c.kernel->name(), unit ? "decode_i8" : "decode") << to_string(t);
-    if (!unit) EXPECT_NE(c.passed_over.find("int8 dot-product unit"), std::string::npos) << c.passed_over;
+    if (!unit) EXPECT_NE(c.passed_over.find("no vpdpbusd unit"), std::string::npos) << c.passed_over;
     // Under either arithmetic: the cache's rounding dominates.
     EXPECT_EQ(choose_kernel(p, 2, AutoArithmetic::Int8).kernel, c.kernel);
   }
@@ -82,7 +82,7 @@ TEST(Auto, DecodeOnAnIntegerCacheRunsDecodeI8WhereItsUnitRuns) {
   p.kv_dtype = KvDType::U8;
   const AutoChoice c = choose_kernel(p, 2);
   EXPECT_EQ(kernel_label(*c.kernel), "decode[scalar]");
-  EXPECT_NE(c.passed_over.find("decode_i8[scalar]: no int8 dot-product unit"), std::string::npos) << c.passed_over;
+  EXPECT_NE(c.passed_over.find("decode_i8[scalar]: no vpdpbusd unit"), std::string::npos) << c.passed_over;
 }
 
 TEST(Auto, MqaDecodeOnAnIntegerCacheFallsToDecodeNamingWhy) {

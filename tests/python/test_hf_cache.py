@@ -228,7 +228,7 @@ def test_beam_search():
 def test_decode_kernel(monkeypatch):
     # decode_kernel="decode_i8" (integer K.Q and P.V) takes the steps of an integer cache; the prompt
     # goes to auto (flash). The default, "auto", picks decode_i8 for an integer cache's steps where the
-    # CPU has its int8 unit (as attnlab.attention's return_info says), and each layer names what ran.
+    # CPU runs vpdpbusd (as attnlab.attention's return_info says), and each layer names what ran.
     attnlab.hf.register()
     m, ids = model(), prompt()
     kernels = []

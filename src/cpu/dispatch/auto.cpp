@@ -74,13 +74,14 @@ const std::vector<const char*>& fallback() {
   return f;
 }
 
-// A candidate's own condition beyond can_run: decode_i8 only where its target's int8 dot-product unit
-// (vpdpbusd / sdot) runs on this CPU. "" when it holds, else why not.
+// A candidate's own condition beyond can_run: decode_i8 only where its target's vpdpbusd unit
+// (AVX512-VNNI / AVX-VNNI: TargetTable's i8_unit) runs on this CPU - the only unit it was measured
+// ahead of decode with (NEON's sdot, vpmaddubsw without VNNI: not measured). "" when it holds.
 std::string unmet(const Kernel& k) {
   if (k.name() != "decode_i8") return "";
   const TargetTable* t = target_table_for(k.isa());
   if (t && t->peak.i8_unit && *t->peak.i8_unit && cpu_runs_isa(t->peak.i8_unit)) return "";
-  return "no int8 dot-product unit for its target on this CPU (auto prefers decode there)";
+  return "no vpdpbusd unit for its target on this CPU (decode_i8 is measured ahead of decode only with one)";
 }
 
 bool holds(Regime r, const Problem& p, AutoArithmetic a) {

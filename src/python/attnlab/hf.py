@@ -122,7 +122,7 @@ class LabLayer(CacheLayerMixin if CacheLayerMixin is not None else object):
                              "block)")
         if decode_kernel not in ("auto", "decode", "decode_i8"):
             raise ValueError(f"decode_kernel: {decode_kernel!r}; allowed: auto (the lab's table: decode_i8 on "
-                             "q8_0, q4_0, u8, u4 where the CPU has its int8 unit), decode, decode_i8 (integer K.Q "
+                             "q8_0, q4_0, u8, u4 where the CPU runs vpdpbusd), decode, decode_i8 (integer K.Q "
                              "and P.V on q8_0, q4_0, u8, u4)")
         self.kv_dtype, self.block, self.max_cache_len = kv_dtype, block, max_cache_len
         self.decode_kernel, self.threads = decode_kernel, threads
