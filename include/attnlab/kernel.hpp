@@ -100,12 +100,14 @@ const char* to_string(Arithmetic a);  // "f32", "bf16_products", "int8_products"
 // the agreement grid's must-run table and `attnlab list` read it. A new capability is a field, its
 // row in session.cpp's rules and the kernels that set it.
 struct Capabilities {
-  bool patterns = false;           // sparse patterns (Problem::sparse(), pattern.hpp); else interval masks only
-  bool head_dim_v = false;         // head_dim_v != head_dim (MLA's d_v != d_qk)
-  bool kv_quant = false;           // a quantized KV cache (Problem::kv_dtype, kv_quant.hpp)
-  bool kv_int_codes_only = false;  // ... and only one with integer codes (q8_0, q4_0, u8, u4: kv_int_dot)
-  bool paged = false;              // a paged cache (Problem::kv_block, Inputs::pages)
-  bool backward = false;           // the backward pass (backward.hpp)
+  bool patterns = false;             // sparse patterns (Problem::sparse(), pattern.hpp); else interval masks only
+  bool head_dim_v = false;           // head_dim_v != head_dim (MLA's d_v != d_qk)
+  bool kv_quant = false;             // a quantized KV cache (Problem::kv_dtype, kv_quant.hpp)
+  bool kv_int_codes_only = false;    // ... and only one with integer codes (q8_0, q4_0, u8, u4: kv_int_dot)
+  bool paged = false;                // a paged cache (Problem::kv_block, Inputs::pages)
+  bool backward = false;             // the backward pass (backward.hpp)
+  bool score_mods = false;           // softcap, ALiBi and sink logits (Problem::score_mods, score_mod.hpp)
+  bool score_mods_backward = false;  // ... in its backward pass too (d softcap, d sink logits)
   Arithmetic arithmetic = Arithmetic::F32;  // what its tolerance is measured against
   int64_t max_q_len = 0;                    // 0: any; decode kernels take a few new query rows
   int64_t max_head_dim = 0;                 // 0: Problem's limit; else max(head_dim, head_dim_v) up to this

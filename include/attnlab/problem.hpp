@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -19,6 +20,7 @@
 
 #include "attnlab/dtype.hpp"
 #include "attnlab/blocks/interval.hpp"
+#include "attnlab/blocks/score_mod.hpp"
 #include "attnlab/kv_quant.hpp"
 #include "attnlab/pattern.hpp"
 
@@ -89,6 +91,10 @@ struct Problem {
   int64_t dilation = 1;           // window keys at distances that are multiples of it
   BigBird bigbird;
   std::shared_ptr<const BoolMask> mask;  // a mask file (True = attend)
+  // Score modifications (blocks/score_mod.hpp, docs/operation.md); none set = scaled dot products.
+  float softcap = 0.f;             // c > 0: s = c tanh(s / c); 0: none
+  std::vector<float> alibi;        // per query head its ALiBi slope (alibi_slopes: the standard set); empty: none
+  std::vector<float> sink_logits;  // per query head its sink logit; empty: none
 
   static constexpr int64_t kMinHeadDim = 1;
   static constexpr int64_t kMinKvBlock = 16, kMaxKvBlock = 256;
@@ -119,6 +125,17 @@ struct Problem {
     return sinks > 0 || !globals.empty() || !doc_lens.empty() || dilation > 1 || bigbird.on() || mask;
   }
   std::string pattern_name() const;  // "sinks4+global16+...", "" without sparse terms
+  // Whether a score modification is set (then a kernel needs Capabilities::score_mods).
+  bool score_mods() const { return softcap > 0.f || !alibi.empty() || !sink_logits.empty(); }
+  // Row i of head h in batch b: its softcap, ALiBi slope and diagonal (MaskSpec::pos).
+  ScoreMod score_mod(int64_t b, int64_t h, int64_t i) const {
+    return {softcap, alibi.empty() ? 0.f : alibi[h], mask_for_batch(b).pos(i)};
+  }
+  // Head h's sink logit, -inf without one.
+  float sink_logit(int64_t h) const {
+    return sink_logits.empty() ? -std::numeric_limits<float>::infinity() : sink_logits[h];
+  }
+  std::string score_mod_name() const;  // "softcap30_alibi_sinklogits", "" without modifications
   MaskSpec mask_for_batch(int64_t b) const;
   // The visible key interval of query row i in batch b (interval problems).
   Interval visible(int64_t b, int64_t i) const { return mask_for_batch(b).row(i); }
@@ -146,6 +163,10 @@ struct Problem {
 
   std::string describe() const;  // one line, for tables and error messages
 };
+
+// ALiBi's standard slopes for n heads (Press et al.; BLOOM's build_alibi_tensor): for n a power of
+// two 2^(-8k/n), k = 1..n; else those of the power of two p below n, then every other slope of 2p's.
+std::vector<float> alibi_slopes(int64_t heads);
 
 // Q, K and V given as arrays - the CLI's .npy files, the Python module's arrays: the one rule
 // from their shapes to a problem's sizes, with the errors both give.

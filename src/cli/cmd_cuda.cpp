@@ -137,7 +137,8 @@ Command add_cuda(CLI::App& app) {
   sub->add_flag("--bandwidth", args->bandwidth,
                 "measure the device memory's read and copy bandwidth (needs a device; --time does it too)");
   sub->add_option("--impl", args->impl, "CUDA kernels, comma-separated");
-  args->axes.add_to(*sub, {schema::AxisKind::Size, schema::AxisKind::Mask, schema::AxisKind::Setting});
+  args->axes.add_to(
+      *sub, {schema::AxisKind::Size, schema::AxisKind::Mask, schema::AxisKind::Score, schema::AxisKind::Setting});
   sub->add_option("--reps", args->reps, "timed runs per point (median reported), after one warm-up");
   sub->add_option("--launches", args->launches,
                   "back-to-back launches per timed run, between two events (0 = auto: ~20 ms, 1 to 50)");

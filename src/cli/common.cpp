@@ -65,7 +65,7 @@ std::vector<std::string> IsaFlag::apply() const {
 }
 
 void MaskFlags::add_to(CLI::App& app) {
-  masks.add_to(app, {schema::AxisKind::Mask});
+  masks.add_to(app, {schema::AxisKind::Mask, schema::AxisKind::Score});
   masks
       .alias(app, "causal", "--causal-top-left", "top_left",
              "causal mask aligned top-left (PyTorch is_causal: j <= i); the same as --causal=top_left")

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 
 #include "attnlab/backward.hpp"
@@ -202,7 +203,45 @@ void validate_pattern(const Problem& p) {
     }
   }
 }
+// The score modifications (score_mod.hpp): each field named with its allowed values.
+void validate_score_mods(const Problem& p) {
+  if (!(p.softcap >= 0.f) || !std::isfinite(p.softcap)) {
+    throw InvalidInput("softcap: " + std::to_string(p.softcap) +
+                       " is not allowed; allowed: a finite number > 0 (c in c tanh(s / c)), or 0 for none");
+  }
+  const auto per_head = [&](const char* field, const std::vector<float>& v, const char* what) {
+    if (v.empty()) return;
+    if (static_cast<int64_t>(v.size()) != p.q_heads) {
+      throw InvalidInput(std::string(field) + ": " + std::to_string(v.size()) +
+                         " values given; allowed: one per query head (q_heads = " + std::to_string(p.q_heads) +
+                         "), or none");
+    }
+    for (size_t h = 0; h < v.size(); ++h) {
+      if (!std::isfinite(v[h])) {
+        throw InvalidInput(std::string(field) + "[" + std::to_string(h) + "]: " + std::to_string(v[h]) +
+                           " is not allowed; allowed: " + what);
+      }
+    }
+  };
+  per_head("alibi", p.alibi, "a finite slope");
+  per_head("sink_logits", p.sink_logits, "a finite logit");
+}
 }  // namespace
+
+std::vector<float> alibi_slopes(int64_t heads) {
+  std::vector<float> out;
+  if (heads < 1) return out;
+  int64_t pow2 = 1;
+  while (pow2 * 2 <= heads) pow2 *= 2;
+  const auto series = [](int64_t n, int64_t count, int64_t step, std::vector<float>& to) {
+    const double base = std::exp2(-8.0 / static_cast<double>(n));
+    for (int64_t k = 1; static_cast<int64_t>(to.size()) < count; k += step)
+      to.push_back(static_cast<float>(std::pow(base, static_cast<double>(k))));
+  };
+  series(pow2, pow2, 1, out);
+  series(2 * pow2, heads, 2, out);  // the odd powers of 2p's base: every other slope of 2p heads
+  return out;
+}
 
 void Problem::validate() const {
   require_positive("batch", batch);
@@ -261,6 +300,7 @@ void Problem::validate() const {
     }
   }
   validate_pattern(*this);
+  validate_score_mods(*this);
   if (pass != Pass::Forward) check_backward_problem(*this);
   if (scale && !std::isfinite(*scale)) {
     throw InvalidInput("scale: " + std::to_string(*scale) + " is not allowed; allowed: a finite number");
@@ -370,6 +410,32 @@ std::string Problem::pattern_name() const {
   return n;
 }
 
+std::string Problem::score_mod_name() const {
+  // Safe in point ids: the cap as written ("softcap30", "softcap2.5"); "alibi" alone is the standard
+  // set, other slopes and the logits a hash of their values (two sets, two ids).
+  std::string n;
+  const auto add = [&n](const std::string& part) { n += (n.empty() ? "" : "_") + part; };
+  const auto hash = [](const std::vector<float>& v) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the bits
+    for (float x : v) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &x, sizeof bits);
+      h = (h ^ bits) * 1099511628211ull;
+    }
+    char hex[9];
+    std::snprintf(hex, sizeof hex, "%08x", static_cast<unsigned>(h ^ (h >> 32)));
+    return std::string(hex);
+  };
+  if (softcap > 0.f) {
+    char text[32];
+    std::snprintf(text, sizeof text, "softcap%g", static_cast<double>(softcap));
+    add(text);
+  }
+  if (!alibi.empty()) add(alibi == alibi_slopes(q_heads) ? "alibi" : "alibi" + hash(alibi));
+  if (!sink_logits.empty()) add("sink" + hash(sink_logits));
+  return n;
+}
+
 std::string Problem::describe() const {
   std::ostringstream s;
   s << "batch=" << batch << " q_heads=" << q_heads << " kv_heads=" << kv_heads << " q_len=" << q_len
@@ -385,6 +451,7 @@ std::string Problem::describe() const {
     for (size_t b = 0; b < kv_lens.size(); ++b) s << (b ? "," : "") << kv_lens[b];
   }
   if (sparse()) s << " pattern=" << pattern_name();
+  if (score_mods()) s << " score_mod=" << score_mod_name();
   if (scale) s << " scale=" << *scale;
   s << " layout=" << to_string(layout);
   if (dtype != DType::F32) s << " dtype=" << to_string(dtype);

@@ -73,6 +73,9 @@ const Rule kRules[] = {
     {&Capabilities::head_dim_v, [](const Problem& p) { return p.dim_v() != p.head_dim; },
      [](const Problem&) { return std::string("head_dim_v != head_dim"); },
      " run it; this kernel keeps one head_dim for Q, K and V"},
+    {&Capabilities::score_mods, [](const Problem& p) { return p.score_mods(); },
+     [](const Problem& p) { return "score modifications " + p.score_mod_name(); },
+     " apply softcap, ALiBi and sink logits; this kernel takes plain scaled scores"},
     {&Capabilities::kv_quant, [](const Problem& p) { return p.kv_quantized(); },
      [](const Problem& p) { return std::string("kv_dtype ") + to_string(p.kv_dtype); }, " read a quantized cache"},
     {&Capabilities::paged, [](const Problem& p) { return p.kv_paged(); },
@@ -111,6 +114,11 @@ Support backward_support(const Kernel& kernel, const Problem& problem) {
   if (!kernel.capabilities().backward) {
     return Support::no("backward: " + std::string(kernel.name()) +
                        " has no backward pass; allowed: " + kernels_that(&Capabilities::backward));
+  }
+  if (problem.score_mods() && !kernel.capabilities().score_mods_backward) {
+    return Support::no("backward: score modifications " + problem.score_mod_name() + " (" +
+                       kernels_that(&Capabilities::score_mods_backward) + " have their backward; " +
+                       std::string(kernel.name()) + "'s takes plain scaled scores)");
   }
   if (problem.kv_quantized() || problem.kv_paged()) {
     try {

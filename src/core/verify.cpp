@@ -120,20 +120,23 @@ double reference_row_typed(const Problem& p, const TypedInputs<E>& in, const Row
   const std::vector<int64_t> keys = reference_keys(p, r);
   std::fill(o_row, o_row + dv_n, 0.0);
   *row_scale = 0.0;
-  if (keys.empty()) return -kInf;
+  // A sink logit (score_mod.hpp) is one more term of the denominator: the max starts there.
+  const double sink = p.sink_logit(r.h);
+  if (keys.empty()) return sink;  // -inf without a sink logit
   const double scale = p.effective_scale();
+  const ScoreMod mod = p.score_mod(r.b, r.h, r.i);
   const E* q = in.q.row(r.b, r.h, r.i);
   std::vector<double> s(keys.size());
-  double m = -kInf;
+  double m = sink;
   for (size_t x = 0; x < keys.size(); ++x) {
     const E* k = in.k.row(r.b, hk, keys[x]);
     double dot = 0;
     for (int64_t d = 0; d < d_n; ++d) dot += static_cast<double>(to_float(q[d])) * to_float(k[d]);
-    const double sj = scale * dot;
+    const double sj = mod(scale * dot, keys[x]);
     s[x] = sj;
     if (!(sj <= m)) m = sj;  // a NaN score makes m NaN, and the whole row NaN
   }
-  double l = 0, scale_sum = 0;
+  double l = sink == -kInf ? 0.0 : std::exp(sink - m), scale_sum = 0;
   for (size_t x = 0; x < keys.size(); ++x) {
     const double pj = std::exp(s[x] - m);
     l += pj;

@@ -36,7 +36,9 @@ bool own_parameter(std::string_view key) {
   return key == "causal" || key == "window" || key == "kv_lens" || key == "layout" || key == "dtype";
 }
 bool keyword_axis(const schema::Axis& a) {
-  return (a.kind == schema::AxisKind::Setting || a.kind == schema::AxisKind::Mask) && !own_parameter(a.key);
+  return (a.kind == schema::AxisKind::Setting || a.kind == schema::AxisKind::Mask ||
+          a.kind == schema::AxisKind::Score) &&
+         !own_parameter(a.key);
 }
 void apply_settings(const py::kwargs& settings, Problem& p) {
   int threads = 0;

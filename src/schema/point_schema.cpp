@@ -87,6 +87,9 @@ std::vector<PointField> make_fields() {
       {"pass", "text", "forward (O, LSE), backward (dQ, dK, dV) or forward_backward", true, 16, "-",
        "/pass:", [](V v) { return v.problem.pass == Pass::Forward; },
        [](V v) { return std::string(to_string(v.problem.pass)); }, nullptr, nullptr},
+      {"score_mod", "text", "score modifications: softcap C, alibi (slopes), sink logits (\"\" none)", true, 17, "-",
+       "/score:", [](V v) { return !v.problem.score_mods(); }, [](V v) { return v.problem.score_mod_name(); }, nullptr,
+       nullptr},
       {"threads", "int", "threads the kernel ran on", true, 15, "-t", "/t:", never, ATTN_INT(v.threads), "threads",
        ATTN_NUM(v.threads)},
   };
@@ -242,6 +245,60 @@ std::vector<Json> bigbird_values(W w, K key, const Json& v) {
   });
 }
 
+// A number, or a list of values that are lists, null or booleans (an axis of several): the score
+// terms' values, one value each checked by `one`.
+template <class One>
+std::vector<Json> score_values(W w, K key, const Json& v, const std::string& allowed, One one) {
+  const auto composite = [](const Json& x) { return x.is_array() || x.is_null() || x.is_boolean(); };
+  if (v.is_array() && !v.empty() && std::all_of(v.begin(), v.end(), composite))
+    return parse_list(w, key, v, allowed, one);
+  return {one(v)};
+}
+// A list of finite numbers (one per query head), checked for length when applied.
+Json real_list(W w, K key, const Json& v, const Json& x, const std::string& allowed) {
+  if (!x.is_array() || x.empty()) w.bad(key, v, allowed);
+  check_list_length(w, key, x, x.size());
+  for (const Json& y : x) {
+    if (!y.is_number() || !std::isfinite(y.get<double>())) w.bad(key, v, allowed);
+  }
+  return x;
+}
+std::vector<Json> softcap_values(W w, K key, const Json& v) {
+  const std::string allowed = "a number > 0 (c in c tanh(s / c)), 0 or null (none), or a list of these";
+  return parse_list(w, key, v, allowed, [&](const Json& x) -> Json {
+    if (x.is_null()) return 0.0;
+    if (!x.is_number() || !(x.get<double>() >= 0) || x.get<double>() > 1e30) w.bad(key, v, allowed);
+    return x.get<double>();
+  });
+}
+std::vector<Json> alibi_values(W w, K key, const Json& v) {
+  const std::string allowed =
+      "false (none), true (the standard slopes for q_heads), a list of one slope per query head, or a list of "
+      "these";
+  return score_values(w, key, v, allowed, [&](const Json& x) -> Json {
+    if (x.is_boolean()) return x;
+    if (x.is_null()) return false;
+    return real_list(w, key, v, x, allowed);
+  });
+}
+std::vector<Json> sink_logit_values(W w, K key, const Json& v) {
+  const std::string allowed =
+      "null (none), a number (every query head's sink logit), a list of one per query head, or a list of these";
+  return score_values(w, key, v, allowed, [&](const Json& x) -> Json {
+    if (x.is_null()) return x;
+    if (x.is_number()) {
+      if (!std::isfinite(x.get<double>())) w.bad(key, v, allowed);
+      return x;
+    }
+    return real_list(w, key, v, x, allowed);
+  });
+}
+std::vector<float> floats(const Json& v) {
+  std::vector<float> out;
+  for (const Json& x : v) out.push_back(static_cast<float>(x.get<double>()));
+  return out;
+}
+
 // A mask file: a boolean .npy (bool or uint8, nonzero = attend) of shape (q_len, kv_len),
 // (batch|1, 1, q_len, kv_len) or (batch|1, q_heads, q_len, kv_len). Read once per path while
 // any problem holds it (a sweep's points share it).
@@ -392,6 +449,36 @@ std::vector<Axis> make_axes() {
        },
        ATTN_SET(p.mask = v.is_null() ? nullptr : mask_of_file(v.get<std::string>())),
        ATTN_READ(p.mask ? Json(p.mask->source) : Json())},
+      // The score modifications read q_heads (a slope or logit per query head).
+      {"softcap", AxisKind::Score, "logit soft-capping: scores s -> c tanh(s / c) before the softmax (0: none)",
+       nullptr, "0", softcap_values, ATTN_SET(p.softcap = static_cast<float>(v.get<double>())),
+       ATTN_READ(static_cast<double>(p.softcap))},
+      {"alibi", AxisKind::Score,
+       "ALiBi: s += m_h (j - i) with the standard slopes (true) or one slope per query head (a list); false: none",
+       nullptr, "false", alibi_values, ATTN_SET({
+         if (v.is_boolean()) {
+           p.alibi = v.get<bool>() ? alibi_slopes(p.q_heads) : std::vector<float>{};
+         } else {
+           p.alibi = floats(v);
+         }
+       }),
+       ATTN_READ(p.alibi.empty()                      ? Json(false)
+                 : p.alibi == alibi_slopes(p.q_heads) ? Json(true)
+                                                      : Json(p.alibi)),
+       "true"},
+      {"sink_logits", AxisKind::Score,
+       "learned sink logits: one more term e^b_h in each row's softmax denominator, no value row (a number: every "
+       "head's; a list: one per query head); null: none",
+       nullptr, "null", sink_logit_values, ATTN_SET({
+         if (v.is_null()) {
+           p.sink_logits.clear();
+         } else if (v.is_number()) {
+           p.sink_logits.assign(static_cast<size_t>(p.q_heads), static_cast<float>(v.get<double>()));
+         } else {
+           p.sink_logits = floats(v);
+         }
+       }),
+       ATTN_READ(p.sink_logits.empty() ? Json() : Json(p.sink_logits))},
       {"layout", AxisKind::Setting, "memory layout: bhsd (batch, heads, seq, dim) or bshd", nullptr, "\"bhsd\"",
        [](W w, K key, const Json& v) { return names(w, key, v, enum_names(kLayouts)); },
        ATTN_SET(p.layout = parse_layout(v.get<std::string>())), ATTN_READ(to_string(p.layout))},
@@ -494,6 +581,7 @@ const char* to_string(AxisKind kind) {
     case AxisKind::Size: return "size";
     case AxisKind::Setting: return "setting";
     case AxisKind::Mask: return "mask";
+    case AxisKind::Score: return "score";
     case AxisKind::Run: return "run";
     case AxisKind::Sweep: return "sweep";
   }

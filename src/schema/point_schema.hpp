@@ -80,6 +80,8 @@ enum class AxisKind {
   Setting,  // a setting every interface takes: CLI flag on run, verify, sweep; Python keyword
   Mask,     // the mask: causal, window, per-batch cache lengths and every sparse pattern term; the
             // CLI's mask flags (--causal, --window, --sinks, ...) and Python keywords
+  Score,    // the score modifications (softcap, alibi, sink_logits: score_mod.hpp); CLI flags on run,
+            // verify and sweep beside the mask's, Python keywords
   Run,      // how it runs (threads)
   Sweep,    // what a sweep's point computes (pass): experiment files and sweep's flag only (run and
             // verify say --backward; Python has attention_backward)
@@ -102,7 +104,7 @@ struct Axis {
   const char* bare = nullptr;
 };
 
-// "size", "setting", "mask", "run", "sweep".
+// "size", "setting", "mask", "score", "run", "sweep".
 const char* to_string(AxisKind kind);
 
 // The table, in the order values are applied.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
+#include <cstdlib>
 
 namespace attnlab::schema {
 
@@ -135,7 +137,12 @@ Json json_of_flag_text(const std::string& text) {
         size_t used = 0;
         const long long n = std::stoll(tok, &used);
         if (used == tok.size()) item = static_cast<int64_t>(n);
-      } catch (const std::exception&) {  // not an integer: a name
+      } catch (const std::exception&) {  // not an integer
+      }
+      if (item.is_string()) {  // a real number (softcap 2.5, a sink logit), else a name
+        char* end = nullptr;
+        const double x = std::strtod(tok.c_str(), &end);
+        if (end == tok.c_str() + tok.size() && std::isfinite(x)) item = x;
       }
     }
     items.push_back(item);

@@ -72,7 +72,8 @@ int64_t parse_one_int(const Where& w, const std::string& key, const Json& v, int
 double parse_positive(const Where& w, const std::string& key, const Json& v);
 int64_t parse_int_at_least(const Where& w, const std::string& key, const Json& v, int64_t lo, int64_t hi);
 
-// A flag's text as a value: "a,b" is a list; each item an integer, true/false, null, or a name.
+// A flag's text as a value: "a,b" is a list; each item an integer, a real number, true/false, null,
+// or a name.
 Json json_of_flag_text(const std::string& text);
 
 }  // namespace attnlab::schema

@@ -316,7 +316,8 @@ TEST(Experiment, IsaAxisRunsEachPerTargetKernelOncePerTarget) {
                               "isa": ["scalar", "avx2"]})")
           .find("x 2 values of implementations x batch x q_heads x kv_heads x q_len x kv_len x head_dim x "
                 "head_dim_v x causal "
-                "x window x kv_lens x sinks x global x doc_lens x dilation x bigbird x mask_file x layout x dtype "
+                "x window x kv_lens x sinks x global x doc_lens x dilation x bigbird x mask_file x softcap x alibi "
+                "x sink_logits x layout x dtype "
                 "x kv_dtype x kv_block x kv_shared x pass x threads x isa"),
       std::string::npos);
 }

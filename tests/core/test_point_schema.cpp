@@ -132,6 +132,7 @@ TEST(PointSchema, EveryFieldReachesTheIdOrIsDerivedAndIsAColumn) {
       {"kv_lens", with([](Problem& p) { p.kv_lens = {64}; }), 2, "", ""},
       {"kv_shared", with([](Problem& p) { p.kv_shared = true; }), 2, "", ""},
       {"pass", with([](Problem& p) { p.pass = Pass::Backward; }), 2, "", ""},
+      {"score_mod", with([](Problem& p) { p.softcap = 30.f; }), 2, "", ""},
       {"threads", base, 1, "", ""},
       {"isa", base, 2, "avx2", ""},
       {"model", base, 2, "", "llama-3-8b"},
@@ -320,6 +321,7 @@ TEST(PointSchema, ProblemFileIsTheAxesTable) {
   p.batch = 2, p.q_heads = 4, p.kv_heads = 2, p.q_len = 40, p.kv_len = 100, p.head_dim = 64, p.head_dim_v = 32;
   p.causal = CausalAlign::TopLeft, p.window_left = 30, p.window_right = 2, p.sinks = 3, p.globals = {0, 50};
   p.dilation = 2, p.bigbird = BigBird{16, 1, 9}, p.kv_lens = {100, 60}, p.kv_dtype = KvDType::Q8_0;
+  p.softcap = 2.5f, p.alibi = {0.5f, 0.25f, 0.125f, 1.f}, p.sink_logits = {0.f, 1.5f, -2.f, 3.f};
   int threads = 1;
   set_axis(*find_axis("mask_file"), Where{"t"}, Json(mask), p, threads);
   p.validate();

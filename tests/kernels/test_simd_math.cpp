@@ -162,6 +162,28 @@ TEST_P(SimdMath, ExpAccuracyAboveZero) {
   EXPECT_LE(a.max_rel, 0x1p-23);
 }
 
+// softcap's tanh (score_mod.hpp) over both branches and the saturation, against double std::tanh: the
+// header's bound, 3 ulp. Odd: the negative half mirrors the positive one.
+TEST_P(SimdMath, TanhAccuracy) {
+  const auto tanh_ref = [](double x) { return std::tanh(x); };
+  const Accuracy small = sweep(1e-30f, 0.625f, kStride, t_->probes.tanh_n, tanh_ref);
+  const Accuracy large = sweep(0.625f, 20.f, kStride, t_->probes.tanh_n, tanh_ref);
+  EXPECT_GT(small.points + large.points, 1000000);
+  EXPECT_LE(small.max_ulp, 3) << "at x = " << small.worst;
+  EXPECT_LE(large.max_ulp, 3) << "at x = " << large.worst;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  float in[] = {kInf, -kInf, 50.f, -50.f, 0.f, -0.5f, -3.f, nan}, out[8];
+  t_->probes.tanh_n(in, out, 8);
+  EXPECT_EQ(out[0], 1.f);
+  EXPECT_EQ(out[1], -1.f);
+  EXPECT_EQ(out[2], 1.f);
+  EXPECT_EQ(out[3], -1.f);
+  EXPECT_EQ(out[4], 0.f);
+  EXPECT_NEAR(out[5], std::tanh(-0.5), 2e-7);
+  EXPECT_NEAR(out[6], std::tanh(-3.0), 2e-7);
+  EXPECT_TRUE(std::isnan(out[7]));
+}
+
 TEST_P(SimdMath, SpecialValues) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   // Exactly +0 for -inf and for everything whose result would be below FLT_MIN.

@@ -313,16 +313,17 @@ def test_kernels_verify_and_peak():
 
 
 def test_every_setting_axis_is_a_keyword():
-    """The point schema's setting and mask axes are keywords of attention and verify, with the
-    experiment key's grammar (src/schema/point_schema.cpp); others are refused, naming the
+    """The point schema's setting, mask and score axes are keywords of attention and verify, with
+    the experiment key's grammar (src/schema/point_schema.cpp); others are refused, naming the
     allowed ones."""
     q, k, v = inputs(lq=5, lk=9)
-    settings = [a for a in attnlab.axes() if a["kind"] in ("setting", "mask")
+    settings = [a for a in attnlab.axes() if a["kind"] in ("setting", "mask", "score")
                 and a["key"] not in ("causal", "window", "kv_lens")]  # parameters of their own
     assert {"layout", "dtype", "sinks", "global", "doc_lens", "dilation", "bigbird", "mask_file"} <= {
         a["key"] for a in settings}
     assert {"layout", "dtype"} <= {a["key"] for a in settings}
-    assert {a["kind"] for a in attnlab.axes()} == {"size", "setting", "mask", "run", "sweep"}
+    assert {"softcap", "alibi", "sink_logits"} <= {a["key"] for a in settings}
+    assert {a["kind"] for a in attnlab.axes()} == {"size", "setting", "mask", "score", "run", "sweep"}
     # The sweep's pass axis is not a keyword: attention_backward computes the backward.
     assert [a["key"] for a in attnlab.axes() if a["kind"] == "sweep"] == ["pass"]
     with pytest.raises(TypeError, match="unexpected keyword argument 'pass'; allowed: kernel, causal"):
@@ -352,6 +353,28 @@ def test_sparse_pattern_keywords():
     assert [x["verdict"] for x in r] == ["PASS", "PASS"]
     with pytest.raises(attnlab.InvalidInput, match="'sinks': bad value -1; allowed: .*each >= 0"):
         attnlab.attention(q, k, v, window=(8, 0), sinks=-1)
+
+
+def test_score_modification_keywords():
+    """softcap, alibi and sink_logits are keywords (score axes of the schema): flash, decode and naive
+    agree on them and pass the reference, each changes O, a sink logit alone is a fully masked
+    row's LSE, and a bad value names the key."""
+    q, k, v = inputs(b=1, hq=4, hkv=2, lq=3, lk=200, d=32)
+    mods = {"softcap": 2.5, "alibi": True, "sink_logits": [0.5, -1.0, 2.0, 0.0]}
+    n = attnlab.attention(q, k, v, kernel="naive", causal=True, **mods)
+    for kernel in ("flash", "decode"):
+        assert np.abs(attnlab.attention(q, k, v, kernel=kernel, causal=True, **mods) - n).max() < 1e-5
+    r = attnlab.verify(q, k, v, kernels=["naive", "flash", "decode"], rows=12, causal=True, **mods)
+    assert [x["verdict"] for x in r] == ["PASS"] * 3
+    plain = attnlab.attention(q, k, v, kernel="naive", causal=True)
+    for key, value in mods.items():
+        assert np.abs(attnlab.attention(q, k, v, kernel="naive", causal=True, **{key: value}) - plain).max() > 1e-3
+    o, lse = attnlab.attention(q, k, v, kernel="flash", kv_lens=[0], sink_logits=1.5, return_lse=True)
+    assert np.all(o == 0) and np.allclose(lse, 1.5)
+    with pytest.raises(attnlab.InvalidInput, match="sink_logits: 2 values given; allowed: one per query head"):
+        attnlab.attention(q, k, v, kernel="naive", sink_logits=[1.0, 2.0])
+    with pytest.raises(attnlab.InvalidInput, match="'softcap': bad value -1"):
+        attnlab.attention(q, k, v, kernel="naive", softcap=-1)
 
 
 def test_quantized_cache_keyword():

@@ -44,13 +44,15 @@ struct MaskSpec {
   int64_t left = -1;   // -1 = unbounded
   int64_t right = -1;  // -1 = unbounded
 
+  // Row i's diagonal: the key position it is aligned with (ALiBi's distances count from it too).
+  ATTN_HD int64_t pos(int64_t i) const { return i + (causal == CausalAlign::TopLeft ? 0 : kv_len - q_len); }
+
   ATTN_HD Interval row(int64_t i) const {
-    const int64_t off = causal == CausalAlign::TopLeft ? 0 : kv_len - q_len;
     int64_t r = right;
     if (causal != CausalAlign::None) r = 0;  // causal == window right bound 0
     // Compared, never summed with the bounds: any bound up to INT64_MAX is safe (a bound
     // past the last key means unbounded).
-    const int64_t diag = i + off;
+    const int64_t diag = pos(i);
     Interval iv;
     iv.hi = r < 0 || r >= kv_len - diag - 1 ? kv_len : diag + r + 1;
     iv.lo = left < 0 || left >= diag ? 0 : diag - left;

@@ -23,6 +23,10 @@
 //     and in P*V a row multiplies only the V rows of its own visible keys (0 * NaN = NaN).
 //     A visible key with p = 0 is still multiplied: 0 * NaN/Inf in V is NaN, as in the
 //     reference.
+//  6. A sink logit b (score_mod.hpp) is one more term of the sum with no value row, added at the
+//     finish (finish): with M = max(m, b), l' = l e(m - M) + e(b - M), O = acc e(m - M) / l',
+//     LSE = M + log l'. A row that sees no key gets O = 0, LSE = b; one whose scores were all -inf
+//     O = acc * 0 (0, or NaN from 0 * NaN/Inf in V) and LSE = b; a NaN max stays NaN.
 #pragma once
 
 #include <cmath>
@@ -63,6 +67,22 @@ ATTN_HD float out_lse(bool empty, float m, T l) {
   if (l == T(0)) return NAN;
   const double unit = U == Units::Log2 ? 0.6931471805599453 : 1.0;
   return static_cast<float>(static_cast<double>(m) * unit + log(static_cast<double>(l)));
+}
+
+// Rules 1, 4 and 6 in one call: the factor O = acc * out_scale and the natural-log LSE, with the
+// row's sink logit in the units of m (-inf: none, rules 1 and 4 alone).
+struct Finish {
+  float out_scale;
+  float lse;
+};
+template <Units U, class T>
+ATTN_HD Finish finish(bool empty, float m, T l, float sink = -INFINITY) {
+  if (sink == -INFINITY) return {static_cast<float>(out_scale(empty, l)), out_lse<U>(empty, m, l)};
+  if (empty) return {0.f, out_lse<U>(false, sink, T(1))};
+  const float top = m > sink ? m : sink;              // a NaN m: top = sink, and c below is NaN
+  const T c = m == top ? T(1) : T(expu<U>(m - top));  // m = -inf (every score -inf): c = 0
+  const T l2 = l * c + T(expu<U>(sink - top));
+  return {static_cast<float>(c / l2), out_lse<U>(false, top, l2)};
 }
 
 }  // namespace attnlab::online_softmax

@@ -8,6 +8,8 @@
 #include <limits>
 
 #include "attnlab/blocks/interval.hpp"
+#include "attnlab/blocks/score_mod.hpp"
+#include "attnlab/problem.hpp"
 #include "attnlab/tensor.hpp"
 
 namespace attnlab::textbook {
@@ -35,31 +37,42 @@ void scores(const E* q, const View4<const E>& k, int64_t b, int64_t hk, const Ke
   }
 }
 
+// The score modifications of row mod (softcap, then ALiBi: score_mod.hpp) on s[x], in float32.
+template <class Keys>
+void modify(const ScoreMod& mod, const Keys& keys, float* s) {
+  if (!mod.on()) return;
+  for (int64_t x = 0; x < key_count(keys); ++x) s[x] = mod(s[x], key_at(keys, x));
+}
+
 // Stable softmax of s[0 .. key_count(keys)) in place (subtract the max), then
 // o = sum_x p_x V[b, hk, key x, :]. Returns the natural-log LSE (-inf, and o = 0, for a row
 // that sees no key). round_p: each exp(s - max) rounded to bf16 before P.V (the sum stays
-// unrounded), the arithmetic of Arithmetic::Bf16Products (kernel.hpp).
-// The softmax's first half for n >= 1 scores: s[j] = exp(s[j] - max) in place; *m = the max,
-// returns the sum of the exps (the textbook order, shared with verify.cpp's int8 cache baseline).
-inline float exp_shifted(float* s, int64_t n, float* m) {
+// unrounded), the arithmetic of Arithmetic::Bf16Products (kernel.hpp). sink: the row's sink
+// logit (score_mod.hpp; -inf: none), one more term of the sum, and the LSE of a row without keys.
+// The softmax's first half for n >= 1 scores: s[j] = exp(s[j] - max) in place; *m = the max (the
+// sink logit's too), returns the sum of the exps (the textbook order, shared with verify.cpp's int8
+// cache baseline).
+inline float exp_shifted(float* s, int64_t n, float* m, float sink = -std::numeric_limits<float>::infinity()) {
   *m = s[0];
   for (int64_t j = 1; j < n; ++j) *m = s[j] > *m ? s[j] : *m;
+  const bool has_sink = sink != -std::numeric_limits<float>::infinity();
+  if (has_sink && sink > *m) *m = sink;
   float sum = 0.f;
   for (int64_t j = 0; j < n; ++j) {
     s[j] = std::exp(s[j] - *m);
     sum += s[j];
   }
-  return sum;
+  return has_sink ? sum + std::exp(sink - *m) : sum;
 }
 
 template <class E, class Keys>
 float softmax_pv(float* s, const View4<const E>& v, int64_t b, int64_t hk, const Keys& keys, float* o,
-                 bool round_p = false) {
+                 bool round_p = false, float sink = -std::numeric_limits<float>::infinity()) {
   const int64_t n = key_count(keys);
   for (int64_t d = 0; d < v.dim; ++d) o[d] = 0.f;
-  if (n == 0) return -std::numeric_limits<float>::infinity();
+  if (n == 0) return sink;
   float m = 0.f;
-  const float sum = exp_shifted(s, n, &m);
+  const float sum = exp_shifted(s, n, &m, sink);
   const float inv = 1.f / sum;
   for (int64_t j = 0; j < n; ++j) {
     const float p = (round_p ? round_to(DType::BF16, s[j]) : s[j]) * inv;
@@ -75,7 +88,8 @@ float row(const Problem& p, const TypedInputs<E>& in, int64_t b, int64_t h, int6
           float* o, bool round_p = false) {
   const int64_t hk = p.kv_head_of(h);
   scores(in.q.row(b, h, i), in.k, b, hk, keys, p.effective_scale(), s);
-  return softmax_pv(s, in.v, b, hk, keys, o, round_p);
+  modify(p.score_mod(b, h, i), keys, s);
+  return softmax_pv(s, in.v, b, hk, keys, o, round_p, p.sink_logit(h));
 }
 
 // The backward of query row (b, h, i) (backward.hpp's formulas) in float32, from the forward's

@@ -167,6 +167,7 @@ const TargetTable& target_table() {
           .exp2_n = map_n<simd::exp2>,
           .exp_n = map_n<simd::exp>,
           .exp2_nonpositive_n = map_n<simd::exp2_nonpositive>,
+          .tanh_n = map_n<simd::tanh>,
           .reduce_sum = [](const float* v) { return simd::reduce_sum(Batch::load_unaligned(v)); },
           .reduce_max = [](const float* v) { return simd::reduce_max(Batch::load_unaligned(v)); },
           .transpose_sum =

@@ -41,6 +41,7 @@ struct TestProbes {
   void (*exp2_n)(const float* in, float* out, size_t n);  // element-wise, any n
   void (*exp_n)(const float* in, float* out, size_t n);
   void (*exp2_nonpositive_n)(const float* in, float* out, size_t n);
+  void (*tanh_n)(const float* in, float* out, size_t n);
   float (*reduce_sum)(const float* vec);
   float (*reduce_max)(const float* vec);
   void (*transpose_sum)(const float* rows, float* out);  // rows: lanes vectors

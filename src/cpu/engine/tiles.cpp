@@ -162,13 +162,6 @@ struct KeyTile {
   Rows<E> k, v;    // its K and V rows (one run each, or one per block of a paged cache)
 };
 
-// Lane index of each score in vector v of a tile row, as floats (exact: < 64).
-inline Batch lane_index(int v) {
-  alignas(64) static const float kIota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  static_assert(kLanes <= 16, "kIota covers 16 lanes");
-  return Batch::load_aligned(kIota) + Batch(static_cast<float>(v * kLanes));
-}
-
 // Runs of set bits of x, in order: f(first, end).
 template <class F>
 inline void for_runs(uint64_t x, const F& f) {
@@ -207,6 +200,18 @@ void pv_keys(const Tiling& t, const Scratch& s, int64_t rr0, int m0, const KeyTi
   pv_rows<N>(p, kTileKeys, kt.v, o, t.dim_v_pad, alpha, x, y, t.dim_v, step);
 }
 
+// The score modifications (include/attnlab/blocks/score_mod.hpp) of MR rows' scores in vectors
+// [va, vb) of a tile (or wide step) whose key 0 is j0, in place, in log2 units: softcap c tanh(s / c),
+// then ALiBi's slope x (j - the row's diagonal). Masked keys are modified too and then replaced.
+template <int MR, int RowKeys>
+void modify_scores(const Scratch& s, float* p, int64_t rr0, int64_t j0, int va, int vb) {
+  for (int m = 0; m < MR; ++m) {
+    const bool alibi = s.slope2 != nullptr;
+    modify_score_row(p + m * RowKeys, va, vb, s.softcap2, alibi ? s.slope2[rr0 + m] : 0.f,
+                     alibi ? j0 - s.diag[rr0 + m] : 0);
+  }
+}
+
 // The online softmax of MR rows (rows rr0.. of the task) on one key tile, their scores in p
 // (MR x kTileKeys, log2 units), over the tile's vectors [va, vb) (those score_panel wrote:
 // every key some row sees lies in them; P outside them is never read): the masked keys (none
@@ -221,11 +226,18 @@ void pv_keys(const Tiling& t, const Scratch& s, int64_t rr0, int m0, const KeyTi
 // flash_amx's time).
 // RowKeys: the scores' row length in p (and P's, in pairs, in pw): the AMX blocks' rows span up
 // to kAmxGroup tiles.
+// j0: the key of the scores' first lane, for the score modifications (modify_scores), which need
+// scaled scores (scale 1: the AMX tiles' kernels do not take them).
 template <int MR, bool Words, bool Amx = false, int RowKeys = kTileKeys>
 bool softmax_rows(const Scratch& s, float* p, int64_t rr0, bool full, const int* lo, const int* hi, const uint64_t* w,
-                  float* alpha, int va = 0, int vb = kTileKeys / kLanes, float scale = 1.f, uint32_t* pw = nullptr) {
+                  float* alpha, int va = 0, int vb = kTileKeys / kLanes, float scale = 1.f, uint32_t* pw = nullptr,
+                  int64_t j0 = 0) {
   static_assert(!Amx || !Words,
                 "the AMX blocks' tiles are whole or masked by intervals");  // (store_pairs: kPairsBuilt)
+  if (s.softcap2 > 0.f || s.slope2) {
+    if (scale != 1.f) throw std::logic_error("tile engine: score modifications on unscaled scores");
+    modify_scores<MR, RowKeys>(s, p, rr0, j0, va, vb);
+  }
   const Batch sc(scale);
   const auto score = [&](const float* at) {
     if constexpr (Amx) {
@@ -368,8 +380,8 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
     if (!done) score_panel<MR>(s.q + rr0 * t.dim, s.kt, t.dim, ja, jb, s.p, step);
   }
   float alpha[MR];
-  const bool rescale =
-      softmax_rows<MR, Words>(s, s.p, rr0, full, lo, hi, w, alpha, ja / kLanes, (jb + kLanes - 1) / kLanes);
+  const bool rescale = softmax_rows<MR, Words>(s, s.p, rr0, full, lo, hi, w, alpha, ja / kLanes,
+                                               (jb + kLanes - 1) / kLanes, 1.f, nullptr, kt.j0);
   if constexpr (Pairs) round_p_rows<MR>(s.p, s.pw);  // l keeps the unrounded sum
 
   const float* a = rescale ? alpha : nullptr;
@@ -502,13 +514,13 @@ void process_wide(const Tiling& t, const Scratch& s, int64_t rr0, const float* k
     // P straight to bf16 pairs from the exp pass (the AMX blocks' form, scale 1: the same bits as
     // rounding a stored P afterwards, and l keeps the unrounded sum; 1.036x d 128, 1.024x d 64)
     const bool rescale = softmax_rows<MR, false, true, kWideKeys>(s, s.p, rr0, true, nullptr, nullptr, nullptr, alpha,
-                                                                  0, g * kTileKeys / kLanes, 1.f, s.pw);
+                                                                  0, g * kTileKeys / kLanes, 1.f, s.pw, kts[0].j0);
     pv_pairs<MR>(s.pw, kWideKeys / 2, vp, t.dim_v_pad, o, t.dim_v_pad, rescale ? alpha : nullptr, 0, g * kTileKeys / 2,
                  t.dim_v, none);
     return;
   }
   const bool rescale = softmax_rows<MR, false, false, kWideKeys>(s, s.p, rr0, true, nullptr, nullptr, nullptr, alpha, 0,
-                                                                 g * kTileKeys / kLanes);
+                                                                 g * kTileKeys / kLanes, 1.f, nullptr, kts[0].j0);
   const float* a = rescale ? alpha : nullptr;
   if constexpr (kFloat && !Pairs) {
     if (i8 && i8_pv_task(t, s) && pv_i8_tiles<MR, kWideKeys>(t, s, rr0, s.p, kts[0].j0, g, a)) return;  // flash_int8
@@ -989,8 +1001,24 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
     t.kt_tiles = tiles;
     t.kt_shared = kt_head * static_cast<size_t>(p.batch * p.kv_heads);
   }
+  t.softcap2 = p.softcap * kLog2e;
+  t.alibi = !p.alibi.empty();
+  if (t.alibi) t.mod_off = take(align64(sizeof(float) * t.rows) + sizeof(int64_t) * static_cast<size_t>(t.rows));
   t.bytes = off;
   return t;
+}
+
+Support alibi_support(const Problem& p, std::string_view kernel) {
+  if (p.alibi.empty()) return Support::yes();
+  if (gathered_columns(p) > 0) {
+    return Support::no("alibi with global positions: " + std::string(kernel) +
+                       " scores their columns as one gathered tile, whose keys are not consecutive; naive runs it");
+  }
+  if (p.dilation > 1 && kernel == "flash") {
+    return Support::no("alibi with dilation " + std::to_string(p.dilation) +
+                       ": flash runs a dilated window as strided phases; naive and decode run it");
+  }
+  return Support::yes();
 }
 
 Scratch::Scratch(std::byte* base, const Tiling& t, std::byte* shared)
@@ -1009,7 +1037,10 @@ Scratch::Scratch(std::byte* base, const Tiling& t, std::byte* shared)
       i8(t.int8_dot || t.i8_prefill ? base + t.i8_off : nullptr),
       i8_keys(t.i8_prefill ? shared : nullptr),
       pairs(t.pairs_shared && shared ? shared + t.i8_shared : nullptr),
-      kts(t.kt_shared && shared ? reinterpret_cast<const float*>(shared + t.i8_shared + t.pairs_shared) : nullptr) {
+      kts(t.kt_shared && shared ? reinterpret_cast<const float*>(shared + t.i8_shared + t.pairs_shared) : nullptr),
+      slope2(t.alibi ? reinterpret_cast<float*>(base + t.mod_off) : nullptr),
+      diag(t.alibi ? reinterpret_cast<int64_t*>(base + t.mod_off + align64(sizeof(float) * t.rows)) : nullptr),
+      softcap2(t.softcap2) {
   if (t.i8_prefill && !shared) throw std::logic_error("tile engine: int8 prefill without its shared key tiles");
 }
 
@@ -1031,6 +1062,12 @@ int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Sc
   const int64_t R = nr * G;
   const MaskSpec mask = p.mask_for_batch(b);
   for (int64_t r = 0; r < nr; ++r) std::fill_n(s.iv + r * G, G, mask.row(at[r]));
+  if (s.slope2) {  // ALiBi: row rr = r * G + g is head hk * G + g at position at[r]
+    for (int64_t rr = 0; rr < R; ++rr) {
+      s.slope2[rr] = p.alibi[hk * G + rr % G] * kLog2e;
+      s.diag[rr] = mask.pos(at[rr / G]);
+    }
+  }
 
   visit_inputs(in, [&](const auto& typed) { pack_rows(p, typed, t, s, b, hk, at, R); });
   const int64_t state = t.amx ? amx_rows(R) : R;  // an AMX block's padding rows too
@@ -1118,18 +1155,20 @@ float row_sum(const Scratch& s, int64_t rr) { return reduce_sum(Batch::load_alig
 
 void finish_rows(const Problem& p, const Outputs& out, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
                  RowPositions at, int64_t rows, const LseRows* lse_rows) {
-  // A row whose interval is empty gets O = 0, LSE = -inf; the others acc / l and m + log l
-  // (NaN when l is 0 or NaN, as in the reference).
+  // A row whose interval is empty gets O = 0, LSE = -inf (a sink logit's: b); the others acc / l and
+  // m + log l (NaN when l is 0 or NaN, as in the reference).
   for (int64_t rr = 0; rr < rows; ++rr) {
     if (s.iv[rr].lo == kNotThisTask.lo) continue;  // a solo position's row: its own task writes it
     const int64_t h = hk * t.group + rr % t.group, i = at[rr / t.group];
     const float l = row_sum(s, rr);
-    const bool empty = s.iv[rr].empty();
-    scale_row(s.o + rr * t.dim_v_pad, online_softmax::out_scale(empty, l), t.dim_v, out.o.row(b, h, i));
+    // (a sink logit: one more term of l, online_softmax.hpp's rule 6)
+    const online_softmax::Finish f =
+        online_softmax::finish<kLog2>(s.iv[rr].empty(), s.m[rr], l, p.sink_logit(h) * kLog2e);
+    scale_row(s.o + rr * t.dim_v_pad, f.out_scale, t.dim_v, out.o.row(b, h, i));
     float* lse = lse_rows ? (lse_rows->base ? lse_rows->base + h * lse_rows->head_stride + i * lse_rows->step : nullptr)
                  : out.lse ? out.lse + (b * p.q_heads + h) * p.q_len + i
                            : nullptr;
-    if (lse) *lse = online_softmax::out_lse<kLog2>(empty, s.m[rr], l);
+    if (lse) *lse = f.lse;
   }
 }
 

@@ -10,6 +10,7 @@
 // arithmetic this equals the full-row softmax; in float it adds a few roundings only.
 // Tiles outside every row's visible interval are never touched; inside a tile each row
 // only computes its own visible keys. NaN/Inf follow include/attnlab/blocks/online_softmax.hpp.
+// Score modifications (score_mod.hpp) per score after the scale; a sink logit at the finish.
 // Cache targets (this machine: 32 KiB L1d and 1 MiB L2 per core):
 //   S row 64 floats, Kt tile d x 64 floats -> L1 (32 KiB at d = 128), streamed once per row
 //   V tile 64 x d floats, Q block and O accumulator 32 x d each -> L2 (16-32 KiB each at
@@ -45,7 +46,7 @@ class Blocked final : public Kernel {
     return static_cast<size_t>(kBr * kBc + kBc * p.head_dim + kBr * p.dim_v() + 2 * kBr) * sizeof(float);
   }
   const Capabilities& capabilities() const override {
-    static constexpr Capabilities k{.head_dim_v = true};
+    static constexpr Capabilities k{.head_dim_v = true, .score_mods = true};
     return k;
   }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
@@ -98,8 +99,9 @@ class Blocked final : public Kernel {
                 for (int64_t j = 0; j < n; ++j) srow[j] += qd * kd[j];
               }
               float tile_max = kNegInf;
+              const ScoreMod mod = p.score_mod(b, h, i0 + r);  // softcap, ALiBi (score_mod.hpp)
               for (int64_t j = lo; j < hi; ++j) {
-                srow[j - j0] *= scale;
+                srow[j - j0] = mod.on() ? mod(srow[j - j0] * scale, j) : srow[j - j0] * scale;
                 tile_max = std::max(tile_max, srow[j - j0]);
               }
               // Online softmax: rescale what was accumulated under the old max, with the
@@ -123,13 +125,11 @@ class Blocked final : public Kernel {
           }
           for (int64_t r = 0; r < rows; ++r) {
             float* o = out.o.row(b, h, i0 + r);
-            // Fully masked (empty interval) -> O = 0, LSE = -inf; else acc / l, m + log l.
-            const bool empty = mask.row(i0 + r).empty();
-            const float inv = online_softmax::out_scale(empty, l[r]);
-            for (int64_t d = 0; d < dv; ++d) o[d] = acc[r * dv + d] * inv;
-            if (out.lse) {
-              out.lse[(b * p.q_heads + h) * p.q_len + i0 + r] = online_softmax::out_lse<kNatural>(empty, m[r], l[r]);
-            }
+            // Fully masked (empty interval) -> O = 0, LSE = -inf (or the sink logit); else acc / l, m + log l.
+            const online_softmax::Finish f =
+                online_softmax::finish<kNatural>(mask.row(i0 + r).empty(), m[r], l[r], p.sink_logit(h));
+            for (int64_t d = 0; d < dv; ++d) o[d] = acc[r * dv + d] * f.out_scale;
+            if (out.lse) out.lse[(b * p.q_heads + h) * p.q_len + i0 + r] = f.lse;
           }
         }
       }

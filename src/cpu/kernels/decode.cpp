@@ -145,6 +145,7 @@ class Decode final : public Kernel {
                                        .head_dim_v = true,
                                        .kv_quant = true,
                                        .paged = true,
+                                       .score_mods = true,
                                        .max_q_len = kMaxQLen,
                                        .limit_note = kLimitNote};
     static constexpr Capabilities kInt8{.patterns = true,
@@ -158,7 +159,7 @@ class Decode final : public Kernel {
     return int8_ ? kInt8 : kF32;
   }
   Support supports(const Problem& p) const override {
-    if (!int8_) return Support::yes();
+    if (!int8_) return simd::alibi_support(p, name());
     // Measured (MQA 32/1, 32k keys, the AMX Xeon): 32-row direct int8 tasks ran 0.63-0.79x decode's
     // packed float panels - then the 4 x 4 blocks' horizontal reductions cost more than the products
     // saved at that many rows. score_rows_i8 now puts keys in lanes (no reduction per row and key);
@@ -270,7 +271,7 @@ class Decode final : public Kernel {
       float* lse = out.lse ? out.lse + (b * p.q_heads + h) * p.q_len + i : nullptr;
       if (!any) {  // the mask leaves the row no key (never decided by the arithmetic)
         std::fill(o, o + d, 0.f);
-        if (lse) *lse = kNegInf;
+        if (lse) *lse = p.sink_logit(h);  // -inf, or the sink logit alone (online_softmax.hpp's rule 6)
         continue;
       }
       // Accumulate in chunk order, then one scaling per element.
@@ -289,8 +290,10 @@ class Decode final : public Kernel {
               .store_aligned(acc + v * kLanes);
         }
       }
-      simd::scale_row(acc, static_cast<float>(online_softmax::out_scale(false, big_l)), d, o);
-      if (lse) *lse = online_softmax::out_lse<kLog2>(false, big_m, big_l);
+      const online_softmax::Finish f =
+          online_softmax::finish<kLog2>(false, big_m, big_l, p.sink_logit(h) * simd::kLog2e);
+      simd::scale_row(acc, f.out_scale, d, o);
+      if (lse) *lse = f.lse;
     }
   }
 };

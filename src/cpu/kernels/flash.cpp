@@ -247,8 +247,12 @@ class Flash final : public Kernel {
   }
   // A quantized or paged cache: chunked prefill over it. The backward: src/cpu/engine/backward_tiles.cpp.
   const Capabilities& capabilities() const override {
-    static constexpr Capabilities k{
-        .patterns = true, .head_dim_v = true, .kv_quant = true, .paged = true, .backward = kBackward};
+    static constexpr Capabilities k{.patterns = true,
+                                    .head_dim_v = true,
+                                    .kv_quant = true,
+                                    .paged = true,
+                                    .backward = kBackward,
+                                    .score_mods = true};
     return k;
   }
   Support supports(const Problem& p) const override {
@@ -257,7 +261,7 @@ class Flash final : public Kernel {
                          ": flash runs a dilated window as strided phases of a contiguous cache (naive and decode "
                          "read it paged)");
     }
-    return Support::yes();
+    return simd::alibi_support(p, name());
   }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override {
     return simd::prefill_plan(p, simd::make_tiling(p));

@@ -86,7 +86,7 @@ class FlashBf16 final : public Kernel {
       return Support::no(std::string("dtype: ") + std::string(name()) + " computes on bf16 inputs only, not " +
                          to_string(p.dtype) + "; run with --dtype bf16 (float inputs are rounded to bf16 on load)");
     }
-    return Support::yes();
+    return simd::alibi_support(p, name());
   }
   size_t workspace_bytes(const Problem& p, int threads) const override {
     if (p.dtype != DType::BF16) return 0;  // not supported (make_tiling would refuse it)
@@ -94,8 +94,11 @@ class FlashBf16 final : public Kernel {
     return t.shared_bytes() + t.bytes * static_cast<size_t>(threads);
   }
   const Capabilities& capabilities() const override {
-    static constexpr Capabilities k{.patterns = true, .head_dim_v = true, .arithmetic = Arithmetic::Bf16Products};
-    return k;
+    // flash_amx's tiles hold unscaled scores (the scale folded into the softmax): no score modifications.
+    static constexpr Capabilities k{
+        .patterns = true, .head_dim_v = true, .score_mods = true, .arithmetic = Arithmetic::Bf16Products};
+    static constexpr Capabilities kAmx{.patterns = true, .head_dim_v = true, .arithmetic = Arithmetic::Bf16Products};
+    return amx_ ? kAmx : k;
   }
   std::shared_ptr<const Plan> make_plan(const Problem& p) const override { return simd::prefill_plan(p, tiling(p)); }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {

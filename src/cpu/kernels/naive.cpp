@@ -2,7 +2,8 @@
 //
 // Idea: for each (batch, head), materialize the whole scaled score matrix S (q_len x
 // kv_len), then for each row take the visible interval (or, for a sparse pattern, the list of
-// visible keys from the element rule), a stable softmax (subtract the max) and multiply by V. Exactly the arithmetic of
+// visible keys from the element rule), the score modifications (softcap, ALiBi: score_mod.hpp), a stable softmax
+// (subtract the max; a sink logit one more term of its sum) and multiply by V. Exactly the arithmetic of
 // textbook.hpp, which is also the tolerance baseline. Memory: q_len * kv_len floats of workspace (the O(n^2) the tiled
 // kernels avoid). Cost: 2 * (d + d_v) FLOP per visible pair plus one exp; no reuse of K/V across rows, so at large n it
 // streams K and V from memory once per query row (memory bound, ~1-3% of peak). Precision: f16/bf16 storage is widened
@@ -31,7 +32,7 @@ class Naive final : public Kernel {
   }
   const Capabilities& capabilities() const override {
     static constexpr Capabilities k{
-        .patterns = true, .head_dim_v = true, .kv_quant = true, .paged = true, .backward = true};
+        .patterns = true, .head_dim_v = true, .kv_quant = true, .paged = true, .backward = true, .score_mods = true};
     return k;
   }
   size_t backward_workspace_bytes(const Problem& p, int) const override {
@@ -123,11 +124,13 @@ class Naive final : public Kernel {
         for (int64_t i = 0; i < p.q_len; ++i) {  // S = scale * Q K^T on the visible keys
           with_keys(i, [&](const auto& keys) {
             textbook::scores(in.q.row(b, h, i), in.k, b, hk, keys, scale, scores + i * p.kv_len);
+            textbook::modify(p.score_mod(b, h, i), keys, scores + i * p.kv_len);
           });
         }
         for (int64_t i = 0; i < p.q_len; ++i) {  // softmax rows, then P V
           const float lse = with_keys(i, [&](const auto& keys) {
-            return textbook::softmax_pv(scores + i * p.kv_len, in.v, b, hk, keys, out.o.row(b, h, i));
+            return textbook::softmax_pv(scores + i * p.kv_len, in.v, b, hk, keys, out.o.row(b, h, i), false,
+                                        p.sink_logit(h));
           });
           if (out.lse) out.lse[(b * p.q_heads + h) * p.q_len + i] = lse;
         }

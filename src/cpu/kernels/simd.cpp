@@ -189,7 +189,7 @@ size_t row_block_scratch_bytes(const Problem& p) {
 
 template <class E>
 RowState attend_rows(const Problem& p, int64_t rows, const E* const* q_rows, const Interval* visible,
-                     const KvHead<E>& kv, Interval keys, std::byte* scratch) {
+                     const KvHead<E>& kv, Interval keys, std::byte* scratch, const ScoreMod* mods) {
   const int64_t d = p.head_dim;
   const Layout lay(d);
   const int64_t dp = lay.dp;
@@ -273,6 +273,10 @@ RowState attend_rows(const Problem& p, int64_t rows, const E* const* q_rows, con
       active[r] = ta[r] < te[r];
       if (!active[r]) continue;
       float* sr = s + r * kKeyTile;
+      if (mods && mods[r].on()) {  // softcap, ALiBi (score_mod.hpp) in log2 units, before the mask
+        modify_score_row(sr, 0, static_cast<int>((n + kLanes - 1) / kLanes), mods[r].softcap * kLog2e,
+                         mods[r].slope * kLog2e, j0 - mods[r].pos);
+      }
       std::fill(sr, sr + ta[r], kNegInf);
       std::fill(sr + te[r], sr + n, kNegInf);
       // include/attnlab/blocks/online_softmax.hpp: a NaN the max drops still makes l NaN.
@@ -328,11 +332,11 @@ RowState attend_rows(const Problem& p, int64_t rows, const E* const* q_rows, con
 }
 
 template RowState attend_rows(const Problem&, int64_t, const float* const*, const Interval*, const KvHead<float>&,
-                              Interval, std::byte*);
+                              Interval, std::byte*, const ScoreMod*);
 template RowState attend_rows(const Problem&, int64_t, const bf16* const*, const Interval*, const KvHead<bf16>&,
-                              Interval, std::byte*);
+                              Interval, std::byte*, const ScoreMod*);
 template RowState attend_rows(const Problem&, int64_t, const f16* const*, const Interval*, const KvHead<f16>&, Interval,
-                              std::byte*);
+                              std::byte*, const ScoreMod*);
 
 void attend_row_block(const Problem& p, const Inputs& in, const Outputs& out, int64_t b, int64_t h, int64_t i0,
                       std::byte* scratch) {
@@ -342,23 +346,24 @@ void attend_row_block(const Problem& p, const Inputs& in, const Outputs& out, in
   const MaskSpec mask = p.mask_for_batch(b);
   Interval visible[kRowBlock];
   for (int64_t r = 0; r < rows; ++r) visible[r] = mask.row(i0 + r);
+  ScoreMod mods[kRowBlock];
+  for (int64_t r = 0; r < rows; ++r) mods[r] = p.score_mod(b, h, i0 + r);
   const RowState st = visit_inputs(in, [&]<class E>(const TypedInputs<E>& typed) {
     const E* q[kRowBlock];
     for (int64_t r = 0; r < rows; ++r) q[r] = typed.q.row(b, h, i0 + r);
     const KvHead<E> kv{typed.k.row(b, hk, 0), typed.k.stride_s, typed.v.row(b, hk, 0), typed.v.stride_s};
-    return attend_rows(p, rows, q, visible, kv, Interval{0, mask.kv_len}, scratch);
+    return attend_rows(p, rows, q, visible, kv, Interval{0, mask.kv_len}, scratch, p.score_mods() ? mods : nullptr);
   });
 
-  // Normalize: O = 0, LSE = -inf for a row without visible keys, decided by its interval;
-  // otherwise acc / l and m + log l (NaN when l is 0 or NaN, as in the reference).
+  // Normalize: O = 0, LSE = -inf (or the sink logit) for a row without visible keys, decided by its
+  // interval; otherwise acc / l and m + log l (NaN when l is 0 or NaN, as in the reference).
   for (int64_t r = 0; r < rows; ++r) {
     float* o = out.o.row(b, h, i0 + r);
     const float* ar = st.acc + r * st.acc_stride;
-    const bool empty = visible[r].empty();
-    scale_row(ar, online_softmax::out_scale(empty, st.l[r]), d, o);
-    if (out.lse) {
-      out.lse[(b * p.q_heads + h) * p.q_len + i0 + r] = online_softmax::out_lse<kLog2>(empty, st.m[r], st.l[r]);
-    }
+    const online_softmax::Finish f =
+        online_softmax::finish<kLog2>(visible[r].empty(), st.m[r], st.l[r], p.sink_logit(h) * kLog2e);
+    scale_row(ar, f.out_scale, d, o);
+    if (out.lse) out.lse[(b * p.q_heads + h) * p.q_len + i0 + r] = f.lse;
   }
 }
 
@@ -372,6 +377,10 @@ class SimdKernel final : public Kernel {
            "softmax, 4-row x 64-float P*V tiles; 32-row blocks x 64-key tiles";
   }
   size_t workspace_bytes(const Problem& p, int) const override { return row_block_scratch_bytes(p); }
+  const Capabilities& capabilities() const override {
+    static constexpr Capabilities k{.score_mods = true};
+    return k;
+  }
   // Runs on the calling thread whatever ctx.threads says.
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     for (int64_t b = 0; b < p.batch; ++b)

@@ -40,6 +40,10 @@ class Threaded final : public Kernel {
   size_t workspace_bytes(const Problem& p, int threads) const override {
     return static_cast<size_t>(threads) * per_thread_bytes(p);
   }
+  const Capabilities& capabilities() const override {
+    static constexpr Capabilities k{.score_mods = true};
+    return k;
+  }
   void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
     const int64_t blocks = (p.q_len + simd::kRowBlock - 1) / simd::kRowBlock;
     const int64_t tasks = p.batch * p.q_heads * blocks;

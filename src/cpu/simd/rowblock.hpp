@@ -52,8 +52,10 @@ size_t row_block_scratch_bytes(const Problem& p);
 // in keys ∩ visible[r] are used; rows <= kRowBlock. Returns views into scratch.
 // (Instantiated in src/cpu/kernels/simd.cpp for float, bf16 and f16.)
 template <class E>
+// mods: the rows' score modifications (Problem::score_mod; natural units), or nullptr for none; the
+// sink logits are the caller's finish (online_softmax::finish).
 RowState attend_rows(const Problem& p, int64_t rows, const E* const* q, const Interval* visible, const KvHead<E>& kv,
-                     Interval keys, std::byte* scratch);
+                     Interval keys, std::byte* scratch, const ScoreMod* mods = nullptr);
 
 // O rows [i0, min(i0 + kRowBlock, q_len)) of (b, h), and their LSE when out.lse is set.
 void attend_row_block(const Problem& p, const Inputs& in, const Outputs& out, int64_t b, int64_t h, int64_t i0,

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <string_view>
 
 #include "attnlab/kernel.hpp"
 #include "attnlab/pattern.hpp"
@@ -114,9 +115,20 @@ struct Tiling {
   // (1.03-1.04x at 8/8 d 64 / d 128 and 32/8, 4096: results/2026-12-06-prefill_levers-2).
   size_t kt_head = 0, kt_shared = 0;
   int64_t kt_tiles = 0;
+  // Score modifications (include/attnlab/blocks/score_mod.hpp) in the scores' log2 units: softcap c
+  // log2 e (0: none); alibi: per row its slope times log2 e and its diagonal at mod_off (Scratch).
+  // Sink logits are the finish's (finish_rows, decode's merge).
+  float softcap2 = 0.f;
+  bool alibi = false;
+  size_t mod_off = 0;
   static constexpr size_t kMaxSharedKt = size_t{64} << 20;
   size_t shared_bytes() const { return i8_shared + pairs_shared + kt_shared; }
 };
+
+// ALiBi in the tile engine adds slope x (j0 + lane - diagonal): a tile's keys must be consecutive
+// positions. Refused (naming `kernel` and what runs it): a sparse pattern's gathered tile of global
+// columns, and flash's dilated phases (strided sub-problems); yes otherwise.
+Support alibi_support(const Problem& p, std::string_view kernel);
 
 // br = 0: the largest Br whose working set fits half the L2 (flash); else exactly br rows.
 // bf16_dot: flash_bf16's tiling (only where the target has AVX512_BF16; never direct); amx:
@@ -150,6 +162,9 @@ struct Scratch {
   std::byte* i8_keys;      // int8_prefill: the shared key tiles of all heads (Tiling::i8_shared), else nullptr
   const std::byte* pairs;  // flash_amx: the packed tiles of all heads (Tiling::pairs_shared), else nullptr
   const float* kts;        // the packed K^T tiles of all heads (Tiling::kt_shared), else nullptr
+  float* slope2;           // Tiling::alibi: R ALiBi slopes times log2 e, then R diagonals (int64); else nullptr
+  int64_t* diag;
+  float softcap2;  // Tiling::softcap2
   Scratch(std::byte* base, const Tiling& t, std::byte* shared = nullptr);
   // Whether this task scores in integers: int8_dot, and every row's Q rounded (round_q_row).
   bool i8_on() const { return i8 && i8[0] == std::byte{1}; }

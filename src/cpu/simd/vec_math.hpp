@@ -12,6 +12,9 @@
 //                                                  into the score scale)
 //   exp2_nonpositive(Batch)         2^x for x <= 0 or NaN: exp2's values, cheaper on AVX2
 //   exp(Batch)                      e^x           (Cody-Waite reduction, accurate)
+//   tanh(Batch)                     tanh x        (softcap's: score_mod.hpp)
+//   lane_index(v)                   v * kLanes + lane, as floats
+//   modify_score_row(...)           softcap and ALiBi on a row of scores in log2 units
 //   reduce_sum(Batch), reduce_max(Batch)          horizontal reductions
 //   transpose_sum(const Batch rows[kLanes])       lane i = reduce_sum(rows[i])
 //   rescale_log2(m_old, m_new)      online_softmax's rescale rule, kLanes rows at once
@@ -118,6 +121,47 @@ inline Batch exp(Batch x) {
   Batch r = simd::fnma(n, Batch(kLn2Hi), xc);
   r = simd::fnma(n, Batch(kLn2Lo), r);
   return detail::scale_or_zero(detail::exp_poly(r), n, x, kMinLog);
+}
+
+// tanh x, Cephes tanhf's split: |x| < 0.625 an odd polynomial x + x^3 P(x^2) (no cancellation near 0,
+// where 1 - 2 / (e^2x + 1) would lose the low bits), else sign(x) (1 - 2 / (e^2|x| + 1)) with exp
+// above (e^2|x| = inf past 44: exactly +-1). +-inf give +-1, NaN gives NaN. Measured against double
+// std::tanh on every 61st float (tests/kernels/test_simd_math.cpp): at most 3 ulp.
+inline Batch tanh(Batch x) {
+  const Batch a = simd::max(x, -x);
+  const Batch z = x * x;
+  Batch p(-5.70498872745e-3f);
+  p = simd::fma(p, z, Batch(2.06390887954e-2f));
+  p = simd::fma(p, z, Batch(-5.37397155531e-2f));
+  p = simd::fma(p, z, Batch(1.33314422036e-1f));
+  p = simd::fma(p, z, Batch(-3.33332819422e-1f));
+  const Batch small = simd::fma(p * z, x, x);
+  const Batch big = Batch(1.f) - Batch(2.f) / (exp(a + a) + Batch(1.f));
+  return simd::select(a < Batch(0.625f), small, simd::select(x < Batch(0.f), -big, big));
+}
+
+// Lane index of each value in vector v of a row, as floats (exact below 2^24).
+inline Batch lane_index(int v) {
+  alignas(64) static const float kIota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  static_assert(kLanes <= 16, "kIota covers 16 lanes");
+  return Batch::load_aligned(kIota) + Batch(static_cast<float>(v * kLanes));
+}
+
+// The score modifications (include/attnlab/blocks/score_mod.hpp) of one row's scores in vectors
+// [va, vb) of s (64-byte aligned) in log2 units, in place: cap2 = c log2 e > 0 gives cap2 tanh(x / cap2)
+// (= c tanh(s / c) log2 e), then slope2 = m_h log2 e != 0 adds slope2 (j - diagonal), lane 0 of vector 0
+// being key j0 (j0_minus_diag = j0 - the row's diagonal).
+inline void modify_score_row(float* s, int va, int vb, float cap2, float slope2, int64_t j0_minus_diag) {
+  if (cap2 > 0.f) {
+    const Batch c(cap2), inv(1.f / cap2);
+    for (int v = va; v < vb; ++v) (c * tanh(Batch::load_aligned(s + v * kLanes) * inv)).store_aligned(s + v * kLanes);
+  }
+  if (slope2 != 0.f) {
+    const Batch slope(slope2), base(static_cast<float>(j0_minus_diag));
+    for (int v = va; v < vb; ++v) {
+      simd::fma(slope, lane_index(v) + base, Batch::load_aligned(s + v * kLanes)).store_aligned(s + v * kLanes);
+    }
+  }
 }
 
 // o[0, d) = acc[0, d) * scale: a finished row's output (acc 64-byte aligned and padded to
