@@ -116,9 +116,10 @@ Support backward_support(const Kernel& kernel, const Problem& problem) {
                        " has no backward pass; allowed: " + kernels_that(&Capabilities::backward));
   }
   if (problem.score_mods() && !kernel.capabilities().score_mods_backward) {
+    const std::string have = kernels_that(&Capabilities::score_mods_backward);
     return Support::no("backward: score modifications " + problem.score_mod_name() + " (" +
-                       kernels_that(&Capabilities::score_mods_backward) + " have their backward; " +
-                       std::string(kernel.name()) + "'s takes plain scaled scores)");
+                       (have.empty() ? std::string("no kernel's backward takes them yet") : have + " take them") +
+                       "; " + std::string(kernel.name()) + "'s takes plain scaled scores)");
   }
   if (problem.kv_quantized() || problem.kv_paged()) {
     try {

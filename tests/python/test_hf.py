@@ -122,8 +122,11 @@ def test_what_it_does_not_take_is_refused():
     q = torch.rand(1, 4, 5, 32)
     with pytest.raises(ValueError, match="attention_mask: torch.float32; allowed: a bool mask"):
         attnlab.hf.attention_forward(m.model.layers[0].self_attn, q, q, q, torch.zeros(1, 1, 5, 5))
-    with pytest.raises(ValueError, match="softcap: 30.0"):
-        attnlab.hf.attention_forward(m.model.layers[0].self_attn, q, q, q, None, softcap=30.0)
+    # Training through a score modification: no kernel's backward takes one yet, and the error says so.
+    q.requires_grad_(True)
+    o = attnlab.torch.attention(q, q, q, softcap=30.0, kernel="flash")
+    with pytest.raises(attnlab.InvalidInput, match="backward: score modifications softcap30 .no kernel's backward"):
+        o.sum().backward()
 
 
 def test_the_model_compiles_whole():
@@ -139,3 +142,59 @@ def test_the_model_compiles_whole():
     with torch.no_grad():
         got = compiled(ids).logits
     assert torch.max(torch.abs(got - want)) <= 1e-5 * torch.max(torch.abs(want))
+
+
+def gemma2(seed=0):
+    """Gemma 2's attention: logit soft-capping (a small cap, so it bites) and sliding-window layers
+    alternating with full ones (the window through the mask builder)."""
+    torch.manual_seed(seed)
+    config = transformers.Gemma2Config(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=8,
+                                       attn_logit_softcapping=2.0, final_logit_softcapping=30.0,
+                                       query_pre_attn_scalar=32, max_position_embeddings=512,
+                                       layer_types=["sliding_attention", "full_attention"])
+    return transformers.Gemma2ForCausalLM(config).eval()
+
+
+def gpt_oss(seed=0):
+    """gpt-oss's attention: a learned sink logit per head (s_aux; drawn wide here, so it bites) and
+    alternating sliding-window layers."""
+    torch.manual_seed(seed)
+    config = transformers.GptOssConfig(vocab_size=256, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                                       num_experts_per_tok=2, sliding_window=8, max_position_embeddings=512,
+                                       layer_types=["sliding_attention", "full_attention"])
+    m = transformers.GptOssForCausalLM(config).eval()
+    for layer in m.model.layers:
+        torch.nn.init.normal_(layer.self_attn.sinks, std=1.0)
+    return m
+
+
+@pytest.mark.parametrize("family", [gemma2, gpt_oss])
+def test_score_modification_models_match_eager(family, monkeypatch):
+    # The families whose attention transformers routes through the interface with a score modification:
+    # logits within float32's reach of the eager implementation (the reference those models keep), the
+    # same 32 greedy tokens through transformers' cache and through LabCache, and the modification
+    # reaches the lab (softcap / sink_logits in every call).
+    attnlab.hf.register()
+    m = family()
+    ids = torch.randint(0, 256, (1, 24), generator=torch.Generator().manual_seed(1))
+    want, got = logits(m, ids, "eager"), logits(m, ids, "attnlab")
+    assert torch.max(torch.abs(got - want)) <= 1e-5 * torch.max(torch.abs(want))
+    tokens = generate(m, "eager", ids)
+    key = "softcap" if family is gemma2 else "sink_logits"
+    seen = []
+    real = attnlab.torch._core.attention
+
+    def spy(*args, **kw):
+        seen.append(key in kw)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(attnlab.torch._core, "attention", spy)
+    assert torch.equal(generate(m, "attnlab", ids), tokens)
+    m.set_attn_implementation("attnlab")
+    with torch.no_grad():
+        cached = m.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False,
+                            cache=attnlab.hf.LabCache(m.config))
+    assert torch.equal(cached, tokens)
+    assert seen and all(seen)

@@ -127,3 +127,18 @@ def test_torch_compile_keeps_the_op_in_one_graph():
     # The inductor backend (C++ code generated around the op) as well: the default of torch.compile.
     inductor = torch.compile(lambda x: block(x, lab), fullgraph=True)
     assert torch.max(torch.abs(inductor(x.detach()) - want.detach())) < 1e-5
+
+
+@pytest.mark.parametrize("kernel", ["flash", "naive"])
+def test_softcap_and_sink_logits_match_the_eager_formulas(kernel):
+    # The models' eager code in float64 (Gemma 2: c tanh(s / c); gpt-oss: a sink column in the softmax,
+    # dropped after it) against the lab's keywords beyond torch's, causal top-left as torch's.
+    q, k, v = tensors(hq=4, hkv=4, lq=20, lk=20)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    o = at.attention(q, k, v, is_causal=True, kernel=kernel, softcap=3.0, sink_logits=sinks)
+    s = (q.double() @ k.double().transpose(-1, -2)) / q.shape[-1] ** 0.5
+    s = 3.0 * torch.tanh(s / 3.0)
+    s = s.masked_fill(~torch.ones(20, 20, dtype=torch.bool).tril(), float("-inf"))
+    s = torch.cat([s, sinks.double().reshape(1, -1, 1, 1).expand(2, -1, 20, 1)], dim=-1)
+    p = torch.softmax(s, dim=-1)[..., :-1]
+    assert torch.max(torch.abs(o.double() - p @ v.double())) < 1e-5

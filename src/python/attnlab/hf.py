@@ -26,8 +26,11 @@ The mask: the backend registers transformers' SDPA mask builder under its name, 
 when the model's mask is the plain causal one (then the lab's causal flag is the whole mask), and a
 boolean mask (True = attend) otherwise - padding in a batch, a sliding window, a packed or
 bidirectional layout - which the lab takes as the problem's mask (its block map skips the tiles it
-hides; a row that sees no key, a left-padded position, gives O = 0). Refused with a ValueError
-naming it: an additive float mask, dropout in training, softcap, and asking for the weights.
+hides; a row that sees no key, a left-padded position, gives O = 0). The score modifications the
+models pass are taken (docs/operation.md): Gemma 2's logit soft-capping (`softcap`) and gpt-oss's
+sink logits (`s_aux`); ALiBi models (BLOOM, MPT, Falcon's ALiBi variant) compute their attention in
+their own modules, never through the interface. Refused with a ValueError naming it: an additive
+float mask, dropout in training, and asking for the weights.
 """
 import numpy
 import torch
@@ -56,18 +59,18 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if dropout:
         raise ValueError(f"dropout: {dropout}; allowed: 0.0 (the lab computes attention without dropout; "
                          "model.eval() for inference)")
-    if kwargs.get("softcap") is not None:
-        raise ValueError(f"softcap: {kwargs['softcap']}; allowed: None (not taken by attnlab.hf yet)")
     if kwargs.get("output_attentions"):
         raise ValueError("output_attentions: True; allowed: False (the lab never forms the attention weights)")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # A mask is the whole rule (it holds causality, the window, the padding); else causal, bottom-right.
     causal = "bottom_right" if causal and attention_mask is None else "none"
     kernel = "auto"  # the fastest kernel that runs it here (attnlab list prints the table)
+    # The score modifications models pass: Gemma 2's logit soft-capping, gpt-oss's sink logits (s_aux).
+    softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
     if isinstance(key, Stored):
-        o = key.layer.attention(query, attention_mask, causal, scaling, kernel)
+        o = key.layer.attention(query, attention_mask, causal, scaling, kernel, softcap, sinks)
     else:
-        o, _ = _attention_op(query, key, value, attention_mask, causal, scaling, kernel, None)
+        o, _ = _attention_op(query, key, value, attention_mask, causal, scaling, kernel, None, softcap, sinks)
     return o.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
@@ -184,12 +187,16 @@ class LabLayer(CacheLayerMixin if CacheLayerMixin is not None else object):
         self.length += n
         return Stored(self, self.dim), Stored(self, self.dim_v)
 
-    def attention(self, query, mask, causal, scale, kernel):
+    def attention(self, query, mask, causal, scale, kernel, softcap=None, sinks=None):
         """O (B, Hq, Lq, Dv) float32 of query over the stored K and V, read in place."""
         float_cache = self.kv_dtype in FLOAT_CACHES
         q = query.detach().to(FLOAT_CACHES[self.kv_dtype] if float_cache else torch.float32).contiguous()
         kw = dict(kv_lens=[self.length] * self.batch, threads=self.threads, scale=scale,
                   causal=causal != "none")
+        if softcap is not None:
+            kw["softcap"] = softcap
+        if sinks is not None:
+            kw["sink_logits"] = sinks.detach().float().reshape(-1).tolist()
         if not float_cache:
             kw["kv_dtype"] = self.kv_dtype
         if self.block:

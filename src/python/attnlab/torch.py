@@ -17,8 +17,9 @@ model's transposed views); CPU float32, bfloat16 or float16; O comes back float3
 cast to the input's dtype. is_causal is torch's top-left alignment; scale as torch's (default
 1/sqrt(E)); enable_gqa as torch's (K/V heads divide Q heads; the lab reads the shared heads, never
 repeats them); attn_mask a bool mask (True = attend) of shape (L, S) or (B|1, H|1, L, S), with
-is_causal or without (both: their intersection; a row with no visible key gives O = 0). Not taken
-(a clear error, never ignored): an additive float attn_mask, dropout_p > 0.
+is_causal or without (both: their intersection; a row with no visible key gives O = 0); softcap and
+sink_logits (keywords beyond torch's). Not taken (a clear error, never ignored): an additive float
+attn_mask, dropout_p > 0, the backward of softcap or sink logits.
 """
 from typing import Optional
 
@@ -36,24 +37,30 @@ def _in(x):
     return x.detach().contiguous()
 
 
-def _kw(mask, causal, scale, kernel, threads):
+def _kw(mask, causal, scale, kernel, threads, softcap=None, sinks=None):
     if causal not in _CAUSAL:
         raise ValueError(f"causal: {causal!r}; allowed: " + ", ".join(_CAUSAL))
     kw = dict(causal=_CAUSAL[causal], scale=scale, kernel=kernel, threads=threads)
     if mask is not None:  # bool (True = attend) as numpy shares it; the module copies it once
         kw["mask"] = mask.detach().contiguous().numpy()
+    if softcap is not None:  # the score modifications (docs/operation.md)
+        kw["softcap"] = softcap
+    if sinks is not None:
+        kw["sink_logits"] = sinks.detach().float().reshape(-1).tolist()
     return kw
 
 
 @torch.library.custom_op("attnlab::attention", mutates_args=(), device_types="cpu")
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], causal: str,
-               scale: Optional[float], kernel: str, threads: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    o, lse = _core.attention(_in(q), _in(k), _in(v), return_lse=True, **_kw(mask, causal, scale, kernel, threads))
+               scale: Optional[float], kernel: str, threads: Optional[int], softcap: Optional[float] = None,
+               sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    o, lse = _core.attention(_in(q), _in(k), _in(v), return_lse=True,
+                             **_kw(mask, causal, scale, kernel, threads, softcap, sinks))
     return o, lse
 
 
 @_attention.register_fake
-def _(q, k, v, mask, causal, scale, kernel, threads):
+def _(q, k, v, mask, causal, scale, kernel, threads, softcap=None, sinks=None):
     b, h, n, _ = q.shape
     return q.new_empty((b, h, n, v.shape[-1]), dtype=torch.float32), q.new_empty((b, h, n), dtype=torch.float32)
 
@@ -61,37 +68,42 @@ def _(q, k, v, mask, causal, scale, kernel, threads):
 @torch.library.custom_op("attnlab::attention_backward", mutates_args=(), device_types="cpu")
 def _attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                         lse: torch.Tensor, mask: Optional[torch.Tensor], causal: str, scale: Optional[float],
-                        kernel: str, threads: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        kernel: str, threads: Optional[int], softcap: Optional[float] = None,
+                        sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dq, dk, dv = _core.attention_backward(_in(q), _in(k), _in(v), _in(do.float()), o=_in(o), lse=_in(lse),
-                                          **_kw(mask, causal, scale, kernel, threads))
+                                          **_kw(mask, causal, scale, kernel, threads, softcap, sinks))
     return dq, dk, dv
 
 
 @_attention_backward.register_fake
-def _(do, q, k, v, o, lse, mask, causal, scale, kernel, threads):
+def _(do, q, k, v, o, lse, mask, causal, scale, kernel, threads, softcap=None, sinks=None):
     return tuple(x.new_empty(x.shape, dtype=torch.float32) for x in (q, k, v))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, mask, causal, scale, kernel, threads = inputs
+    q, k, v, mask, causal, scale, kernel, threads, softcap, sinks = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, mask)
-    ctx.args = (causal, scale, kernel, threads)
+    ctx.save_for_backward(q, k, v, o, lse, mask, sinks)
+    ctx.args = (causal, scale, kernel, threads, softcap)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, do, _dlse):
-    q, k, v, o, lse, mask = ctx.saved_tensors
-    dq, dk, dv = _attention_backward(do, q, k, v, o, lse, mask, *ctx.args)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+    q, k, v, o, lse, mask, sinks = ctx.saved_tensors
+    causal, scale, kernel, threads, softcap = ctx.args
+    dq, dk, dv = _attention_backward(do, q, k, v, o, lse, mask, causal, scale, kernel, threads, softcap, sinks)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None
 
 
 _attention.register_autograd(_backward, setup_context=_setup_context)
 
 
 def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
-              *, kernel="auto", threads=None):
-    """O = softmax(scale Q K^T [+ causal mask] [+ attn_mask]) V by the lab's `kernel` (forward and backward)."""
+              *, kernel="auto", threads=None, softcap=None, sink_logits=None):
+    """O = softmax(scale Q K^T [+ causal mask] [+ attn_mask]) V by the lab's `kernel` (forward and backward).
+    softcap (c: scores c tanh(s / c)) and sink_logits (a tensor of one logit per query head: one more term
+    of each row's softmax, no value row) are the lab's score modifications (docs/operation.md); the
+    backward does not take them yet (an error names it)."""
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         raise ValueError(f"attn_mask: {attn_mask.dtype}; allowed: a bool mask (True = attend), shape (L, S) or "
                          "(B|1, H|1, L, S) - an additive float mask is not taken")
@@ -103,4 +115,5 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     if key.shape[1] != query.shape[1] and not enable_gqa:
         raise ValueError(f"key: {key.shape[1]} heads for {query.shape[1]} query heads; allowed: the same "
                          "number, or enable_gqa=True (as torch's scaled_dot_product_attention)")
-    return _attention(query, key, value, attn_mask, "top_left" if is_causal else "none", scale, kernel, threads)[0]
+    return _attention(query, key, value, attn_mask, "top_left" if is_causal else "none", scale, kernel, threads,
+                      softcap, sink_logits)[0]
