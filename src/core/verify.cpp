@@ -286,14 +286,14 @@ RoundedV int8_rounded_v(const Problem& p, const ConstView& v) {
 // charged one code across a half (the kernel's weights differ from these by float32 roundoff):
 // flip gets the largest quantum x |V code x scale| of its rounded tiles, over l. Returns the LSE.
 float u8_softmax_pv(float* s, const View4<const float>& v, const RoundedV& rv, int64_t b, int64_t hk,
-                    const std::vector<int64_t>& keys, float* o, double* flip) {
+                    const std::vector<int64_t>& keys, float* o, double* flip, float sink) {
   const int64_t n = static_cast<int64_t>(keys.size()), dv = rv.dv, head = b * v.heads + hk;
   constexpr int64_t kTile = 64;
   std::fill(o, o + dv, 0.f);
   *flip = 0;
-  if (n == 0) return -std::numeric_limits<float>::infinity();
+  if (n == 0) return sink;
   float m = 0.f;
-  const float l = textbook::exp_shifted(s, n, &m);
+  const float l = textbook::exp_shifted(s, n, &m, sink);
   std::vector<double> acc(static_cast<size_t>(dv), 0.0);
   const float* vs = rv.scale.data() + head * dv;
   int32_t codes[kTile];
@@ -374,10 +374,14 @@ Errors int8_dense_errors(const Problem& p, const Inputs& in, Inputs rounded, con
         big = std::max(big, std::fabs(static_cast<double>(s[x])) + std::fabs(static_cast<double>(shift)));
         s[x] += shift;
       }
+      // The score modifications on the scaled integer scores, as the kernel's softmax applies them
+      // (softcap's slope is at most 1: the bound below still holds).
+      textbook::modify(p.score_mod(id.b, id.h, id.i), list, s.data());
+      const float sink = p.sink_logit(id.h);
       const double bound = 3.0 * std::numeric_limits<float>::epsilon() / 2 * big;
       if (!bf16_pv && rv.rounded[id.b * p.kv_heads + hk]) {
         double flip = 0;
-        lse = u8_softmax_pv(s.data(), smoothed.v, rv, id.b, hk, keys, o.data(), &flip);
+        lse = u8_softmax_pv(s.data(), smoothed.v, rv, id.b, hk, keys, o.data(), &flip, sink);
         Errors row;
         accumulate(row, ref, r, o.data(), &lse);
         const double at = std::isnan(ref.row_scale[r]) ? 1.0 : std::max(ref.row_scale[r], 1e-30);
@@ -388,7 +392,7 @@ Errors int8_dense_errors(const Problem& p, const Inputs& in, Inputs rounded, con
         e.lse = std::max(e.lse, row.lse);
         e.lse_checked = e.lse_checked || row.lse_checked;
       } else {
-        lse = textbook::softmax_pv(s.data(), smoothed.v, id.b, hk, list, o.data(), bf16_pv);
+        lse = textbook::softmax_pv(s.data(), smoothed.v, id.b, hk, list, o.data(), bf16_pv, sink);
         accumulate(e, ref, r, o.data(), &lse);
       }
       if (std::isfinite(ref.lse[r])) e.lse = std::max(e.lse, bound / std::max(1.0, std::fabs(ref.lse[r])));
@@ -449,13 +453,14 @@ Errors int8_cache_errors(const Problem& p, const Inputs& in, const Reference& re
     const std::vector<int64_t> keys = reference_keys(p, id);
     const int64_t n = static_cast<int64_t>(keys.size());
     std::fill(o.begin(), o.end(), 0.0);
-    float lse = -std::numeric_limits<float>::infinity();
+    float lse = p.sink_logit(id.h);  // a row without keys: -inf, or the sink logit alone
     double flip = 0;  // one code across a half, at the largest quantum x |unit| of the row's rounded tiles
     if (n > 0) {
-      textbook::scores(f.q.row(id.b, id.h, id.i), f.k, id.b, hk, textbook::KeyList{keys.data(), n}, p.effective_scale(),
-                       s.data());
+      const textbook::KeyList list{keys.data(), n};
+      textbook::scores(f.q.row(id.b, id.h, id.i), f.k, id.b, hk, list, p.effective_scale(), s.data());
+      textbook::modify(p.score_mod(id.b, id.h, id.i), list, s.data());
       float m = 0.f;
-      const float l = textbook::exp_shifted(s.data(), n, &m);
+      const float l = textbook::exp_shifted(s.data(), n, &m, p.sink_logit(id.h));
       for (int64_t x = 0; x < n;) {
         const int64_t j = keys[x];
         const bool whole = j % kTile == 0 && x + kTile <= n && keys[x + kTile - 1] == j + kTile - 1;

@@ -154,9 +154,14 @@ std::vector<Case> grid() {
   Problem paged = test::shape(1, 8, 2, 3, 700, 64);
   paged.kv_block = 64, paged.window_left = 100, paged.window_right = 0;
   add(paged, "paged_window");
-  Problem quant = test::shape(1, 8, 4, 2, 900, 64);
-  quant.kv_dtype = KvDType::Q8_0;
-  add(quant, "q8_0");
+  for (KvDType t : {KvDType::Q8_0, KvDType::U4}) {  // decode_i8's integer scores and P.V too
+    Problem quant = test::shape(1, 8, 4, 2, 900, 64);
+    quant.kv_dtype = t;
+    add(quant, to_string(t));
+  }
+  Problem big = test::shape(1, 4, 2, 200, 700, 64);  // flash_int8's whole rounded tiles and P.V
+  big.causal = CausalAlign::BottomRight;
+  add(big, "int8_tiles");
   Problem sinks = test::shape(1, 4, 2, 4, 900, 64);
   sinks.window_left = 64, sinks.window_right = 0, sinks.sinks = 4;
   add(sinks, "streaming_pattern");
@@ -222,7 +227,8 @@ TEST(ScoreModRefusal, KernelsThatDoNotRunThemSayWhichDo) {
     }
   }
   // The float kernels of the tile engine run them; the AMX tiles do not (their scores are unscaled).
-  for (const char* name : {"naive", "flash", "decode", "flash_bf16"}) {
+  for (const char* name :
+       {"naive", "blocked", "simd", "threaded", "flash", "decode", "flash_bf16", "flash_int8", "decode_i8"}) {
     EXPECT_TRUE(kernel_or_throw(name).capabilities().score_mods) << name;
   }
 }

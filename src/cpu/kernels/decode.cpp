@@ -153,6 +153,7 @@ class Decode final : public Kernel {
                                         .kv_quant = true,
                                         .kv_int_codes_only = true,
                                         .paged = true,
+                                        .score_mods = true,
                                         .arithmetic = Arithmetic::Int8Products,
                                         .max_q_len = kMaxQLen,
                                         .limit_note = kLimitNote};
@@ -168,7 +169,7 @@ class Decode final : public Kernel {
       return Support::no("group x q_len = " + std::to_string(p.group() * p.q_len) + " > " +
                          std::to_string(simd::kStreamRows) + ": decode_i8 scores direct tasks only; decode runs it");
     }
-    return Support::yes();
+    return simd::alibi_support(p, name());
   }
   std::shared_ptr<const attnlab::Plan> make_plan(const Problem& p) const override {
     if (!p.sparse()) return nullptr;

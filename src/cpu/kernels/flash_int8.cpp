@@ -84,7 +84,9 @@ class FlashInt8 final : public Kernel {
     return Support::yes();
   }
   const Capabilities& capabilities() const override {
-    static constexpr Capabilities kVector{.patterns = true, .head_dim_v = true, .arithmetic = Arithmetic::Int8Products};
+    // (the AMX tiles hold unscaled scores: no score modifications there)
+    static constexpr Capabilities kVector{
+        .patterns = true, .head_dim_v = true, .score_mods = true, .arithmetic = Arithmetic::Int8Products};
     static constexpr Capabilities kAmx{
         .patterns = true, .head_dim_v = true, .arithmetic = Arithmetic::Int8Bf16Products};
     return amx_ ? kAmx : kVector;
