@@ -12,6 +12,12 @@
 //   dS_ij = P_ij (dP_ij - D_i)
 //   dQ_i  = scale sum_j dS_ij K_j
 //   dK_j  = scale sum_i dS_ij Q_i
+// Score modifications (score_mod.hpp): S_ij is the modified score, so with softcap
+//   dS_ij = P_ij (dP_ij - D_i) (1 - tanh^2(s_ij / c))   (s_ij the scaled dot product before the cap)
+// (ALiBi's bias is a constant of the inputs: no factor); a sink logit b_h is one more term of the
+// softmax with no value row, so P_ij and LSE include it and
+//   dsink_h = - sum_{b, i} P_sink,bhi D_bhi,  P_sink = exp(b_h - LSE_bhi)
+// a gradient a model trains (gpt-oss's sinks), one per query head (Gradients::dsink).
 // GQA/MQA: a kv head's dK and dV sum over the query heads of its group. A masked pair contributes
 // nothing; a row that sees no key has dQ_i = 0 and adds nothing to dK, dV; a key no row sees has
 // dK_j = dV_j = 0. d_v != d: dO, O and dV have head_dim_v columns. NaN/Inf in Q, K, V or dO reach
@@ -37,14 +43,16 @@ struct BackwardInputs {
   const float* lse = nullptr;
 };
 
-// dQ, dK, dV: float32, Q's, K's and V's shapes in the problem's layout.
+// dQ, dK, dV: float32, Q's, K's and V's shapes in the problem's layout; dsink: q_heads floats when
+// the problem has sink logits (else nullptr), written whole.
 struct Gradients {
   MutView dq, dk, dv;
+  float* dsink = nullptr;
 };
 
 // Owned gradient tensors for a problem (allocate_gradients), zero-initialised.
 struct GradientTensors {
-  std::unique_ptr<float[], AlignedFree> dq, dk, dv;
+  std::unique_ptr<float[], AlignedFree> dq, dk, dv, dsink;
   Gradients grads;
 };
 GradientTensors allocate_gradients(const Problem& p);
@@ -57,6 +65,7 @@ void check_backward_problem(const Problem& p);
 // its own float64 forward (P materialized per row), the formulas above, never optimized.
 struct ReferenceGrads {
   std::vector<double> dq, dk, dv;
+  std::vector<double> dsink;  // q_heads values with sink logits, else empty
 };
 ReferenceGrads reference_backward(const Problem& p, const Inputs& in, const ConstView& d_o);
 
@@ -65,6 +74,7 @@ ReferenceGrads reference_backward(const Problem& p, const Inputs& in, const Cons
 // or the reverse, is an infinite error).
 struct GradErrors {
   double dq = 0, dk = 0, dv = 0;
+  double dsink = 0;  // with sink logits: max |dsink - ref| / max |ref| over the heads
 };
 GradErrors measure_grads(const ReferenceGrads& ref, const Gradients& g, const Problem& p);
 
@@ -75,7 +85,7 @@ GradErrors textbook_backward_errors(const Problem& p, const Inputs& in, const Co
 
 // Tolerance: kFactor x the baseline + kFloor per gradient (verify.hpp's constants).
 struct GradTolerance {
-  double dq = 0, dk = 0, dv = 0;
+  double dq = 0, dk = 0, dv = 0, dsink = 0;
   static GradTolerance from_baseline(const GradErrors& baseline);
   std::string why_failed(const GradErrors& e) const;  // empty when it passes
 };

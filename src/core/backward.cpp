@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "attnlab/kernel.hpp"
+#include "attnlab/blocks/score_mod.hpp"
 #include "attnlab/blocks/textbook.hpp"
 #include "attnlab/verify.hpp"
 
@@ -23,7 +24,8 @@ template <class E>
 void reference_typed(const Problem& p, const TypedInputs<E>& in, const ConstView& d_o, ReferenceGrads& g) {
   const int64_t d_n = p.head_dim, dv_n = p.dim_v();
   const double scale = p.effective_scale();
-  std::vector<double> s(static_cast<size_t>(p.kv_len)), o(static_cast<size_t>(dv_n));
+  std::vector<double> s(static_cast<size_t>(p.kv_len)), cap(static_cast<size_t>(p.kv_len)),
+      o(static_cast<size_t>(dv_n));
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t h = 0; h < p.q_heads; ++h) {
       const int64_t hk = p.kv_head_of(h);
@@ -32,15 +34,20 @@ void reference_typed(const Problem& p, const TypedInputs<E>& in, const ConstView
         if (keys.empty()) continue;  // dQ_i = 0, nothing to dK, dV
         const E* q = in.q.row(b, h, i);
         const float* go = d_o.row(b, h, i);
-        double m = -kInf;
+        // The modified scores (score_mod.hpp) and softcap's derivative; a sink logit starts the max.
+        const ScoreMod mod = p.score_mod(b, h, i);
+        const double sink = p.sink_logit(h);
+        double m = sink;
         for (size_t x = 0; x < keys.size(); ++x) {
           const E* k = in.k.row(b, hk, keys[x]);
           double dot = 0;
           for (int64_t d = 0; d < d_n; ++d) dot += static_cast<double>(to_float(q[d])) * to_float(k[d]);
-          s[x] = scale * dot;
+          cap[x] = mod.derivative(scale * dot);
+          s[x] = mod(scale * dot, keys[x]);
           if (!(s[x] <= m)) m = s[x];  // a NaN score makes the row NaN, as the forward reference
         }
-        double l = 0;
+        const double e_sink = sink == -kInf ? 0.0 : std::exp(sink - m);
+        double l = e_sink;
         for (size_t x = 0; x < keys.size(); ++x) l += (s[x] = std::exp(s[x] - m));
         std::fill(o.begin(), o.end(), 0.0);
         for (size_t x = 0; x < keys.size(); ++x) {  // s becomes P; O = P V
@@ -50,6 +57,7 @@ void reference_typed(const Problem& p, const TypedInputs<E>& in, const ConstView
         }
         double big_d = 0;
         for (int64_t d = 0; d < dv_n; ++d) big_d += static_cast<double>(go[d]) * o[d];
+        if (!g.dsink.empty()) g.dsink[static_cast<size_t>(h)] -= e_sink / l * big_d;
         double* dq = &g.dq[index(p.q_heads, p.q_len, d_n, b, h, i)];
         for (size_t x = 0; x < keys.size(); ++x) {
           const int64_t j = keys[x];
@@ -57,7 +65,7 @@ void reference_typed(const Problem& p, const TypedInputs<E>& in, const ConstView
           const E* v = in.v.row(b, hk, j);
           double dp = 0;
           for (int64_t d = 0; d < dv_n; ++d) dp += static_cast<double>(go[d]) * to_float(v[d]);
-          const double ds = s[x] * (dp - big_d);
+          const double ds = s[x] * (dp - big_d) * cap[x];
           double* dk = &g.dk[index(p.kv_heads, p.kv_len, d_n, b, hk, j)];
           double* dv = &g.dv[index(p.kv_heads, p.kv_len, dv_n, b, hk, j)];
           for (int64_t d = 0; d < d_n; ++d) {
@@ -107,6 +115,10 @@ GradientTensors allocate_gradients(const Problem& p) {
   t.grads.dq = make_view(t.dq.get(), p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
   t.grads.dk = make_view(t.dk.get(), p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
   t.grads.dv = make_view(t.dv.get(), p.batch, p.kv_heads, p.kv_len, p.dim_v(), p.layout);
+  if (!p.sink_logits.empty()) {
+    t.dsink = alloc_floats(static_cast<size_t>(p.q_heads));
+    t.grads.dsink = t.dsink.get();
+  }
   return t;
 }
 
@@ -116,6 +128,7 @@ ReferenceGrads reference_backward(const Problem& p, const Inputs& in, const Cons
   g.dq.assign(static_cast<size_t>(p.q_elems()), 0.0);
   g.dk.assign(static_cast<size_t>(p.kv_elems()), 0.0);
   g.dv.assign(static_cast<size_t>(p.v_elems()), 0.0);
+  if (!p.sink_logits.empty()) g.dsink.assign(static_cast<size_t>(p.q_heads), 0.0);
   visit_inputs(in, [&](const auto& typed) { reference_typed(p, typed, d_o, g); });
   return g;
 }
@@ -125,6 +138,10 @@ GradErrors measure_grads(const ReferenceGrads& ref, const Gradients& g, const Pr
   e.dq = tensor_error(ref.dq, g.dq, p.batch, p.q_heads, p.q_len, p.head_dim);
   e.dk = tensor_error(ref.dk, g.dk, p.batch, p.kv_heads, p.kv_len, p.head_dim);
   e.dv = tensor_error(ref.dv, g.dv, p.batch, p.kv_heads, p.kv_len, p.dim_v());
+  if (!ref.dsink.empty()) {
+    const View4<float> heads{g.dsink, 1, 1, 1, p.q_heads, 0, 0, p.q_heads};  // one row of q_heads values
+    e.dsink = g.dsink ? tensor_error(ref.dsink, heads, 1, 1, 1, p.q_heads) : kInf;
+  }
   return e;
 }
 
@@ -144,7 +161,7 @@ GradErrors textbook_backward_errors(const Problem& p, const Inputs& in, const Co
           float* o = out.outputs.o.row(b, h, i);
           const float lse = textbook::row(p, typed, b, h, i, list, s.data(), o);
           textbook::backward_row(p, typed, b, h, i, list, o, lse, d_o.row(b, h, i), s.data(), g.grads.dq.row(b, h, i),
-                                 g.grads.dk, g.grads.dv);
+                                 g.grads.dk, g.grads.dv, g.grads.dsink ? g.grads.dsink + h : nullptr);
         }
   });
   return measure_grads(ref, g.grads, p);
@@ -153,7 +170,7 @@ GradErrors textbook_backward_errors(const Problem& p, const Inputs& in, const Co
 GradTolerance GradTolerance::from_baseline(const GradErrors& baseline) {
   // A NaN in the inputs makes a baseline infinite; keep the tolerance finite (verify.hpp).
   const auto tol = [](double e) { return Tolerance::kFactor * (std::isfinite(e) ? e : 0.0) + Tolerance::kFloor; };
-  return {tol(baseline.dq), tol(baseline.dk), tol(baseline.dv)};
+  return {tol(baseline.dq), tol(baseline.dk), tol(baseline.dv), tol(baseline.dsink)};
 }
 
 std::string GradTolerance::why_failed(const GradErrors& e) const {
@@ -166,6 +183,7 @@ std::string GradTolerance::why_failed(const GradErrors& e) const {
   check("dQ", e.dq, dq);
   check("dK", e.dk, dk);
   check("dV", e.dv, dv);
+  check("dsink", e.dsink, dsink);
   return s.str();
 }
 
@@ -198,6 +216,7 @@ BackwardCheck run_backward_check(const Kernel& k, const Problem& p, const Inputs
   std::fill(g.dq.get(), g.dq.get() + p.q_elems(), nan);
   std::fill(g.dk.get(), g.dk.get() + p.kv_elems(), nan);
   std::fill(g.dv.get(), g.dv.get() + p.v_elems(), nan);
+  if (g.dsink) std::fill(g.dsink.get(), g.dsink.get() + p.q_heads, nan);
   session.run_backward(in, {d_o, as_const(out.outputs.o), out.outputs.lse}, g.grads);
   judge(out.outputs, g.grads, c);
   c.reason = c.tol.why_failed(c.errors);
@@ -308,6 +327,10 @@ SampledGradAgreement prepare_sampled_backward(const Problem& p, const Inputs& in
   if (p.sparse()) {
     throw InvalidInput("sampled backward check: a sparse pattern (" + p.pattern_name() +
                        "); allowed: interval masks (the full check, check_backward, takes every pattern)");
+  }
+  if (p.score_mods()) {
+    throw InvalidInput("sampled backward check: score modifications (" + p.score_mod_name() +
+                       "); allowed: none (the full check, check_backward, takes them)");
   }
   SampledGradAgreement a;
   a.sample = std::move(sample);

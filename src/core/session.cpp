@@ -118,7 +118,7 @@ Support backward_support(const Kernel& kernel, const Problem& problem) {
   if (problem.score_mods() && !kernel.capabilities().score_mods_backward) {
     const std::string have = kernels_that(&Capabilities::score_mods_backward);
     return Support::no("backward: score modifications " + problem.score_mod_name() + " (" +
-                       (have.empty() ? std::string("no kernel's backward takes them yet") : have + " take them") +
+                       (have.empty() ? std::string("no kernel's backward takes them yet") : "their backward: " + have) +
                        "; " + std::string(kernel.name()) + "'s takes plain scaled scores)");
   }
   if (problem.kv_quantized() || problem.kv_paged()) {

@@ -172,6 +172,12 @@ py::tuple attention_backward(const py::handle& q, const py::handle& k, const py:
   g.dq = make_view<float>(dq_data, p.batch, p.q_heads, p.q_len, p.head_dim, p.layout);
   g.dk = make_view<float>(dk_data, p.batch, p.kv_heads, p.kv_len, p.head_dim, p.layout);
   g.dv = make_view<float>(dv_data, p.batch, p.kv_heads, p.kv_len, p.dim_v(), p.layout);
+  py::object dsink;  // the sink logits' gradient (backward.hpp), one per query head
+  if (!p.sink_logits.empty()) {
+    auto [ds, ds_data] = new_output({p.q_heads});
+    dsink = ds;
+    g.dsink = ds_data;
+  }
   std::vector<float> o_buf;
   {
     py::gil_scoped_release unlocked;
@@ -186,6 +192,9 @@ py::tuple attention_backward(const py::handle& q, const py::handle& k, const py:
     session.run_backward(c.in, bw, g);
   }
   const std::string& lib = c.q.library;
+  if (!p.sink_logits.empty()) {
+    return py::make_tuple(to_library(dq, lib), to_library(dk, lib), to_library(dv, lib), to_library(dsink, lib));
+  }
   return py::make_tuple(to_library(dq, lib), to_library(dk, lib), to_library(dv, lib));
 }
 
@@ -317,7 +326,7 @@ PYBIND11_MODULE(_core, m) {  // attnlab._core; the package attnlab (src/python/a
         "(dq, dk, dv): the gradients of attention(q, k, v, ...) for the gradient `do` flowing into O (float32,\n"
         "O's shape), by the kernel's backward pass (attnlab.kernels(): those with one); o and lse (natural log,\n"
         "(batch, q_heads, q_len)) from the forward, or both None for the kernel's own forward. Same keywords\n"
-        "as attention().");
+        "as attention(); with sink_logits a fourth array, dsink (q_heads float32: the sink logits' gradient).");
   m.def("kernels", &kernels,
         "Every kernel variant: name, isa, label, description, precision, available, reason, default.");
   m.def("verify", &verify, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kernels") = "all",

@@ -356,3 +356,96 @@ TEST(ScoreModPlanted, EveryPlantedBugFailsTheAgreementRule) {
 
 }  // namespace
 }  // namespace attnlab
+
+// ---- The backward ----
+
+namespace attnlab {
+namespace {
+
+// A random dO (O's shape) for p, kept with its view.
+struct DoTensor {
+  std::vector<float> data;
+  ConstView view;
+  explicit DoTensor(const Problem& p) : data(static_cast<size_t>(p.o_elems())) {
+    uint32_t x = 12345;
+    for (float& v : data) v = static_cast<float>((x = x * 1664525u + 1013904223u) >> 8) / 16777216.f * 2.f - 1.f;
+    view = make_view<const float>(data.data(), p.batch, p.q_heads, p.q_len, p.dim_v(), p.layout);
+  }
+};
+
+Problem backward_problem(int mods, Layout layout = Layout::BHSD) {
+  Problem p = test::shape(2, 4, 2, 11, 19, 16);
+  p.causal = CausalAlign::BottomRight, p.kv_lens = {19, 7}, p.layout = layout;
+  set_mods(p, mods);
+  p.pass = Pass::Backward;
+  return p;
+}
+
+// naive's backward (softcap's derivative on dS, the sink logits' gradient) against the float64
+// reference gradients, every element, dsink included.
+TEST(ScoreModBackward, NaiveMatchesTheReference) {
+  for (int mods : {kSoftcap, kAlibi, kSink, kSoftcap | kAlibi | kSink}) {
+    for (Layout layout : {Layout::BHSD, Layout::BSHD}) {
+      const Problem p = backward_problem(mods, layout);
+      Tensors t = random_tensors(p, 21);
+      const DoTensor d_o(p);
+      const BackwardAgreement a = prepare_backward_agreement(p, t.inputs, d_o.view);
+      EXPECT_EQ(a.ref.dsink.size(), mods & kSink ? 4u : 0u);
+      const BackwardCheck c = check_backward(kernel_or_throw("naive"), p, t.inputs, d_o.view, a, 2);
+      EXPECT_EQ(c.verdict, Verdict::Pass) << mods_name(mods) << " " << to_string(layout) << ": " << c.reason;
+      if (mods & kSink) {
+        EXPECT_LT(c.errors.dsink, 1e-5) << mods_name(mods);
+      }
+    }
+  }
+}
+
+// A kernel whose backward takes plain scores refuses, naming naive's.
+TEST(ScoreModBackward, OthersRefuseNamingNaive) {
+  const Problem p = backward_problem(kSoftcap);
+  for (const Kernel* k : variants()) {
+    if (!k->capabilities().backward || k->capabilities().score_mods_backward) continue;
+    const Support s = supports_problem(*k, p);
+    ASSERT_FALSE(s) << k->name();
+    EXPECT_NE(s.reason.find("their backward: naive;"), std::string::npos) << s.reason;
+  }
+}
+
+// Bugs planted around naive's backward: the softcap dropped from the backward's scores, the sink
+// logits' gradient not written, or with its sign flipped - each fails the gradients' agreement.
+enum class BackwardBug { SoftcapIgnored, DsinkUnwritten, DsinkSignFlipped };
+class PlantedBackward final : public test::Wrapped {
+ public:
+  PlantedBackward(const Kernel& inner, BackwardBug bug) : Wrapped(inner), bug_(bug) {}
+  void run(const Problem& p, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    inner_.run(p, in, out, ctx);
+  }
+  void run_backward(const Problem& p, const Inputs& in, const BackwardInputs& bw, const Gradients& g,
+                    RunContext& ctx) const override {
+    Problem q = p;
+    Gradients h = g;
+    if (bug_ == BackwardBug::SoftcapIgnored) q.softcap = 0.f;
+    if (bug_ == BackwardBug::DsinkUnwritten) h.dsink = nullptr;
+    inner_.run_backward(q, in, bw, h, ctx);
+    if (bug_ == BackwardBug::DsinkSignFlipped)
+      for (int64_t x = 0; x < p.q_heads; ++x) g.dsink[x] = -g.dsink[x];
+  }
+
+ private:
+  BackwardBug bug_;
+};
+
+TEST(ScoreModBackward, PlantedBugsFail) {
+  const Problem p = backward_problem(kSoftcap | kSink);
+  Tensors t = random_tensors(p, 22);
+  const DoTensor d_o(p);
+  const BackwardAgreement a = prepare_backward_agreement(p, t.inputs, d_o.view);
+  for (BackwardBug bug : {BackwardBug::SoftcapIgnored, BackwardBug::DsinkUnwritten, BackwardBug::DsinkSignFlipped}) {
+    const PlantedBackward planted(kernel_or_throw("naive"), bug);
+    const BackwardCheck c = check_backward(planted, p, t.inputs, d_o.view, a, 2);
+    EXPECT_EQ(c.verdict, Verdict::Fail) << "bug " << static_cast<int>(bug) << ": " << c.reason;
+  }
+}
+
+}  // namespace
+}  // namespace attnlab

@@ -142,3 +142,24 @@ def test_softcap_and_sink_logits_match_the_eager_formulas(kernel):
     s = torch.cat([s, sinks.double().reshape(1, -1, 1, 1).expand(2, -1, 20, 1)], dim=-1)
     p = torch.softmax(s, dim=-1)[..., :-1]
     assert torch.max(torch.abs(o.double() - p @ v.double())) < 1e-5
+
+
+def test_softcap_and_sink_logits_train_through_naive():
+    # The gradients of softcap's scores and of the sink logits themselves (gpt-oss trains them) against
+    # torch's autograd of the eager formulas in float64.
+    q, k, v = tensors(b=1, hq=4, hkv=2, lq=9, lk=9, d=16)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], requires_grad=True)
+    o = at.attention(q, k, v, is_causal=True, enable_gqa=True, kernel="naive", softcap=3.0, sink_logits=sinks)
+    rq, rk, rv, rs = (x.detach().double().requires_grad_() for x in (q, k, v, sinks))
+    kk, vv = rk.repeat_interleave(2, dim=1), rv.repeat_interleave(2, dim=1)
+    s = 3.0 * torch.tanh((rq @ kk.transpose(-1, -2)) / 4.0 / 3.0)
+    s = s.masked_fill(~torch.ones(9, 9, dtype=torch.bool).tril(), float("-inf"))
+    s = torch.cat([s, rs.reshape(1, -1, 1, 1).expand(1, -1, 9, 1)], dim=-1)
+    ref = torch.softmax(s, dim=-1)[..., :-1] @ vv
+    assert torch.max(torch.abs(o.double() - ref)) < 1e-5
+    do = torch.rand_like(o)
+    o.backward(do)
+    ref.backward(do.double())
+    for got, want in ((q.grad, rq.grad), (k.grad, rk.grad), (v.grad, rv.grad), (sinks.grad, rs.grad)):
+        assert got.shape == want.shape
+        assert torch.max(torch.abs(got.double() - want)) < 1e-5 * max(1.0, torch.max(torch.abs(want)).item())

@@ -32,6 +32,14 @@ struct ScoreMod {
     if (slope != 0.f) s += T(slope) * T(j - pos);
     return s;
   }
+  // The derivative of the modified score in s (the backward's factor on dS): softcap's
+  // 1 - tanh^2(s / c), else 1 (ALiBi's bias does not depend on s).
+  template <class T>
+  ATTN_HD T derivative(T s) const {
+    if (!(softcap > 0.f)) return T(1);
+    const T t = std::tanh(s / T(softcap));
+    return T(1) - t * t;
+  }
 };
 
 }  // namespace attnlab

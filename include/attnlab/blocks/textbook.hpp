@@ -94,13 +94,14 @@ float row(const Problem& p, const TypedInputs<E>& in, int64_t b, int64_t h, int6
 
 // The backward of query row (b, h, i) (backward.hpp's formulas) in float32, from the forward's
 // O row and LSE (natural log): recomputes the row's scores into s, then
-//   P_x = exp(S_x - lse), D = dO . O, dS_x = P_x (dO . V_x - D),
-//   dq = scale sum_x dS_x K_x (written), dk_x += scale dS_x q, dv_x += P_x dO (accumulated).
-// A row that sees no key gets dq = 0 and adds nothing.
+//   P_x = exp(S_x - lse), D = dO . O, dS_x = P_x (dO . V_x - D) (times softcap's derivative),
+//   dq = scale sum_x dS_x K_x (written), dk_x += scale dS_x q, dv_x += P_x dO (accumulated),
+//   *dsink -= exp(b_h - lse) D (a sink logit; dsink nullptr: none).
+// A row that sees no key gets dq = 0 and adds nothing (its sink has P = 1 and D = 0).
 template <class E, class Keys>
 void backward_row(const Problem& p, const TypedInputs<E>& in, int64_t b, int64_t h, int64_t i, const Keys& keys,
                   const float* o, float lse, const float* d_o, float* s, float* dq, const View4<float>& dk,
-                  const View4<float>& dv) {
+                  const View4<float>& dv, float* dsink = nullptr) {
   const int64_t hk = p.kv_head_of(h), n = key_count(keys), d_n = p.head_dim, dv_n = p.dim_v();
   const float scale = p.effective_scale();
   for (int64_t d = 0; d < d_n; ++d) dq[d] = 0.f;
@@ -109,13 +110,15 @@ void backward_row(const Problem& p, const TypedInputs<E>& in, int64_t b, int64_t
   scores(q, in.k, b, hk, keys, scale, s);
   float big_d = 0.f;
   for (int64_t d = 0; d < dv_n; ++d) big_d += d_o[d] * o[d];
+  if (dsink) *dsink -= std::exp(p.sink_logit(h) - lse) * big_d;
+  const ScoreMod mod = p.score_mod(b, h, i);
   for (int64_t x = 0; x < n; ++x) {
     const int64_t j = key_at(keys, x);
-    const float pj = std::exp(s[x] - lse);
+    const float pj = std::exp((mod.on() ? mod(s[x], j) : s[x]) - lse);
     const E* vr = in.v.row(b, hk, j);
     float dp = 0.f;
     for (int64_t d = 0; d < dv_n; ++d) dp += d_o[d] * to_float(vr[d]);
-    const float ds = pj * (dp - big_d);
+    const float ds = pj * (dp - big_d) * mod.derivative(s[x]);
     const E* kr = in.k.row(b, hk, j);
     float* dkr = dk.row(b, hk, j);
     float* dvr = dv.row(b, hk, j);

@@ -158,12 +158,12 @@ PointFile Runner::decide(const GridPoint& g, const PointRecord& base) {
     rates.record(kernel_label(*k), g.threads, g.problem.forward_flops(), verify_run);
     fixture->session = std::make_unique<Session>(*k, g.problem, g.threads);
     if (g.problem.pass != Pass::Forward) {
-      // The gradients too: on sampled rows and keys (a sparse pattern: every element, naive's
-      // sizes), from the kernel's own forward and the dO the timing uses.
+      // The gradients too: on sampled rows and keys (a sparse pattern or score modifications: every
+      // element, naive's sizes), from the kernel's own forward and the dO the timing uses.
       prepare_backward(*fixture, g.problem, e.seed);
       const ConstView d_o = fixture->d_o_view();
       const BackwardCheck bc =
-          g.problem.sparse()
+          g.problem.sparse() || g.problem.score_mods()
               ? check_backward(*k, g.problem, in, d_o, prepare_backward_agreement(g.problem, in, d_o), g.threads)
               : check_backward_sampled(*k, g.problem, in, d_o,
                                        sample_grads(g.problem, static_cast<size_t>(e.verify_rows), e.seed), g.threads);

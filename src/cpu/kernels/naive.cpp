@@ -11,8 +11,9 @@
 // the workspace before the loops (what the reference reads), and a paged cache (kv_block) copied into a contiguous one
 // first (unpage_kv_into), as the reference reads it.
 // Backward (backward.hpp): textbook::backward_row per query row - scores recomputed, P from the forward's
-// LSE, D_i from its O, dQ written, dK/dV accumulated in (b, h, i) order - the float32 baseline of the
-// backward's tolerance. Memory: one row of kv_len floats. Cost: 4 (d + d_v)-ish FLOP per visible pair.
+// LSE, D_i from its O, dQ written, dK/dV accumulated in (b, h, i) order (softcap's derivative on dS,
+// dsink from each row's sink weight) - the float32 baseline of the backward's tolerance. Memory: one row of kv_len
+// floats. Cost: 4 (d + d_v)-ish FLOP per visible pair.
 #include <algorithm>
 #include <optional>
 #include <vector>
@@ -31,8 +32,13 @@ class Naive final : public Kernel {
     return "textbook float32: full score matrix, stable softmax, P*V; plain loops";
   }
   const Capabilities& capabilities() const override {
-    static constexpr Capabilities k{
-        .patterns = true, .head_dim_v = true, .kv_quant = true, .paged = true, .backward = true, .score_mods = true};
+    static constexpr Capabilities k{.patterns = true,
+                                    .head_dim_v = true,
+                                    .kv_quant = true,
+                                    .paged = true,
+                                    .backward = true,
+                                    .score_mods = true,
+                                    .score_mods_backward = true};
     return k;
   }
   size_t backward_workspace_bytes(const Problem& p, int) const override {
@@ -50,6 +56,7 @@ class Naive final : public Kernel {
     };
     zero(g.dk, p.kv_heads, p.kv_len);
     zero(g.dv, p.kv_heads, p.kv_len);
+    if (g.dsink) std::fill(g.dsink, g.dsink + p.q_heads, 0.f);
     float* s = reinterpret_cast<float*>(ctx.workspace.data());
     const std::optional<Pattern> pattern = p.sparse() ? std::optional<Pattern>(std::in_place, p) : std::nullopt;
     std::vector<int64_t> list;
@@ -61,7 +68,7 @@ class Naive final : public Kernel {
             const float lse = bw.lse[(b * p.q_heads + h) * p.q_len + i];
             const auto row = [&](const auto& keys) {
               textbook::backward_row(p, typed, b, h, i, keys, bw.o.row(b, h, i), lse, bw.d_o.row(b, h, i), s,
-                                     g.dq.row(b, h, i), g.dk, g.dv);
+                                     g.dq.row(b, h, i), g.dk, g.dv, g.dsink ? g.dsink + h : nullptr);
             };
             if (!pattern) {
               row(mask.row(i));

@@ -19,7 +19,8 @@ cast to the input's dtype. is_causal is torch's top-left alignment; scale as tor
 repeats them); attn_mask a bool mask (True = attend) of shape (L, S) or (B|1, H|1, L, S), with
 is_causal or without (both: their intersection; a row with no visible key gives O = 0); softcap and
 sink_logits (keywords beyond torch's). Not taken (a clear error, never ignored): an additive float
-attn_mask, dropout_p > 0, the backward of softcap or sink logits.
+attn_mask, dropout_p > 0, the backward of softcap or sink logits by a kernel whose backward lacks them
+(naive's has them).
 """
 from typing import Optional
 
@@ -69,15 +70,19 @@ def _(q, k, v, mask, causal, scale, kernel, threads, softcap=None, sinks=None):
 def _attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                         lse: torch.Tensor, mask: Optional[torch.Tensor], causal: str, scale: Optional[float],
                         kernel: str, threads: Optional[int], softcap: Optional[float] = None,
-                        sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dq, dk, dv = _core.attention_backward(_in(q), _in(k), _in(v), _in(do.float()), o=_in(o), lse=_in(lse),
-                                          **_kw(mask, causal, scale, kernel, threads, softcap, sinks))
-    return dq, dk, dv
+                        sinks: Optional[torch.Tensor] = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV and dsink (the sink logits' gradient; empty without them)."""
+    grads = _core.attention_backward(_in(q), _in(k), _in(v), _in(do.float()), o=_in(o), lse=_in(lse),
+                                     **_kw(mask, causal, scale, kernel, threads, softcap, sinks))
+    dsink = grads[3] if sinks is not None else q.new_empty((0,), dtype=torch.float32)
+    return grads[0], grads[1], grads[2], dsink
 
 
 @_attention_backward.register_fake
 def _(do, q, k, v, o, lse, mask, causal, scale, kernel, threads, softcap=None, sinks=None):
-    return tuple(x.new_empty(x.shape, dtype=torch.float32) for x in (q, k, v))
+    dsink = q.new_empty((q.shape[1] if sinks is not None else 0,), dtype=torch.float32)
+    return tuple(x.new_empty(x.shape, dtype=torch.float32) for x in (q, k, v)) + (dsink,)
 
 
 def _setup_context(ctx, inputs, output):
@@ -91,8 +96,10 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse, mask, sinks = ctx.saved_tensors
     causal, scale, kernel, threads, softcap = ctx.args
-    dq, dk, dv = _attention_backward(do, q, k, v, o, lse, mask, causal, scale, kernel, threads, softcap, sinks)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None
+    dq, dk, dv, dsink = _attention_backward(do, q, k, v, o, lse, mask, causal, scale, kernel, threads, softcap,
+                                            sinks)
+    dsinks = dsink.to(sinks.dtype).reshape(sinks.shape) if sinks is not None else None
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, dsinks
 
 
 _attention.register_autograd(_backward, setup_context=_setup_context)
@@ -102,8 +109,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
               *, kernel="auto", threads=None, softcap=None, sink_logits=None):
     """O = softmax(scale Q K^T [+ causal mask] [+ attn_mask]) V by the lab's `kernel` (forward and backward).
     softcap (c: scores c tanh(s / c)) and sink_logits (a tensor of one logit per query head: one more term
-    of each row's softmax, no value row) are the lab's score modifications (docs/operation.md); the
-    backward does not take them yet (an error names it)."""
+    of each row's softmax, no value row) are the lab's score modifications (docs/operation.md); their
+    backward (softcap's derivative on dS, the sink logits' own gradient) is naive's (kernel="naive")."""
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         raise ValueError(f"attn_mask: {attn_mask.dtype}; allowed: a bool mask (True = attend), shape (L, S) or "
                          "(B|1, H|1, L, S) - an additive float mask is not taken")
