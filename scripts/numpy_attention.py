@@ -111,18 +111,31 @@ def dense_mask(lq, lk, lk_b, causal, left, right):
     return pattern_mask(lq, lk, lk_b, causal, left, right)
 
 
+def alibi_slopes(heads):
+    """ALiBi's standard slopes (Press et al.; BLOOM's _get_alibi_slopes): 2^(-8k/p), k = 1..p, for p the
+    largest power of two <= heads, then the odd powers 2^(-4k/p), k = 1, 3, 5, ... for the rest."""
+    p = 2 ** int(np.floor(np.log2(heads)))
+    return [2.0 ** (-8.0 * k / p) for k in range(1, p + 1)] + [2.0 ** (-4.0 * k / p)
+                                                                for k in range(1, 2 * (heads - p), 2)]
+
+
 def attention(q, k, v, scale, causal, left, right, kv_lens, sinks=0, globals_=(), doc_lens=(),
-              dilation=1, bigbird=None, mask=None):
+              dilation=1, bigbird=None, mask=None, softcap=0.0, alibi=None, sink_logits=None):
     """q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D) float64 -> o (B, Hq, Lq, D), lse (B, Hq, Lq), keep.
 
     mask: optional bool mask file, (Lq, Lk) or (B|1, Hq|1, Lq, Lk). keep: (B, Hq|1, Lq, Lk),
-    the dense mask used.
+    the dense mask used. The score modifications, written as the models' eager code writes them:
+    softcap c > 0: s = c tanh(s / c); alibi (one slope per query head): s += slope (j - pos(i));
+    sink_logits (one per query head): a column appended to the scores before the softmax and dropped
+    after it (gpt-oss), so a row that sees no key has O = 0 and LSE = its sink logit.
     """
     b_n, hq, lq, _ = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     k = np.repeat(k, hq // hkv, axis=1)       # repeat_interleave: head h uses kv head h // G
     v = np.repeat(v, hq // hkv, axis=1)
     s = scale * np.einsum("bhid,bhjd->bhij", q, k)
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
     o = np.zeros(q.shape[:3] + v.shape[3:], dtype=q.dtype)
     lse = np.full((b_n, hq, lq), -np.inf)
     if mask is not None:
@@ -137,11 +150,19 @@ def attention(q, k, v, scale, causal, left, right, kv_lens, sinks=0, globals_=()
         if mask is not None:
             keep = keep & mask[b if mask.shape[0] > 1 else 0]  # (1|Hq, Lq, Lk)
         keeps.append(keep)
-        sb = np.where(keep, s[b], -np.inf)
+        sb = s[b]
+        if alibi is not None:
+            pos = np.arange(lq)[:, None] + (0 if causal == "top-left" else kv_lens[b] - lq)
+            sb = sb + np.asarray(alibi, dtype=np.float64)[:, None, None] * (np.arange(lk)[None, :] - pos)
+        sb = np.where(keep, sb, -np.inf)
+        if sink_logits is not None:
+            sink = np.broadcast_to(np.asarray(sink_logits, dtype=np.float64)[:, None, None], (hq, lq, 1))
+            sb = np.concatenate([sb, sink], axis=-1)
         m = sb.max(axis=-1, keepdims=True)
-        live = np.isfinite(m)                 # rows with at least one visible key
-        p = np.where(keep, np.exp(sb - np.where(live, m, 0.0)), 0.0)
-        l = p.sum(axis=-1, keepdims=True)
+        live = np.isfinite(m)                 # rows with at least one visible key (or a sink logit)
+        e = np.exp(sb - np.where(live, m, 0.0))
+        l = e.sum(axis=-1, keepdims=True)
+        p = np.where(keep, e[..., :lk], 0.0)
         o[b] = np.where(live, (p @ v[b]) / np.where(live, l, 1.0), 0.0)
         lse[b] = np.where(live[..., 0], (m + np.log(np.where(live, l, 1.0)))[..., 0], -np.inf)
     heads = max(x.shape[0] for x in keeps)
@@ -196,6 +217,9 @@ def main():
     ap.add_argument("--bigbird", default="", help="sparse: BLOCK,RANDOM,SEED random key blocks per query block")
     ap.add_argument("--mask", default="", help="sparse: boolean mask .npy, (q_len, kv_len) or (batch|1, q_heads|1, q_len, kv_len)")
     ap.add_argument("--mask-out", default="", help="also write the dense mask used, bool (batch, 1, q_len, kv_len)")
+    ap.add_argument("--softcap", type=float, default=0.0, help="score modification: s -> c tanh(s / c)")
+    ap.add_argument("--alibi", action="store_true", help="score modification: ALiBi, the standard slopes")
+    ap.add_argument("--sink-logits", default="", help="score modification: one sink logit, or one per query head")
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
     shape_q = (a.batch, a.q_heads, a.q_len, a.head_dim)
@@ -217,9 +241,16 @@ def main():
     mask = np.load(a.mask) if a.mask else None
     if mask is not None and a.mask_out and mask.ndim == 4 and mask.shape[1] > 1:
         ap.error("--mask-out writes one head: it cannot hold a per-head --mask")
+    sink_logits = [float(x) for x in a.sink_logits.split(",")] if a.sink_logits else None
+    if sink_logits is not None and len(sink_logits) == 1:
+        sink_logits = sink_logits * a.q_heads
+    # (the lab's slopes and logits are float32 values)
+    alibi = [float(np.float32(x)) for x in alibi_slopes(a.q_heads)] if a.alibi else None
+    sink_logits = [float(np.float32(x)) for x in sink_logits] if sink_logits else None
     o, lse, keep = attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
                              scale, causal, left, right, kv_lens, a.sinks, _ints(a.globals_),
-                             _ints(a.doc_lens), a.dilation, bigbird, mask)
+                             _ints(a.doc_lens), a.dilation, bigbird, mask, softcap=float(np.float32(a.softcap)),
+                             alibi=alibi, sink_logits=sink_logits)
     to_layout = (lambda x: x) if a.layout == "bhsd" else (lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3)))
     os.makedirs(a.out, exist_ok=True)
     np.save(os.path.join(a.out, "q.npy"), to_layout(q))

@@ -92,9 +92,12 @@ struct Problem {
   BigBird bigbird;
   std::shared_ptr<const BoolMask> mask;  // a mask file (True = attend)
   // Score modifications (blocks/score_mod.hpp, docs/operation.md); none set = scaled dot products.
+  // The standard ALiBi slopes and a sink logit for every head are resolved against q_heads where they
+  // are read (a CLI's .npy files and Python's arrays give the heads after the terms are set).
   float softcap = 0.f;             // c > 0: s = c tanh(s / c); 0: none
-  std::vector<float> alibi;        // per query head its ALiBi slope (alibi_slopes: the standard set); empty: none
-  std::vector<float> sink_logits;  // per query head its sink logit; empty: none
+  bool alibi_standard = false;     // ALiBi with the standard slopes for q_heads (standard_alibi_slope)
+  std::vector<float> alibi;        // else per query head its ALiBi slope; empty (and not standard): none
+  std::vector<float> sink_logits;  // per query head its sink logit, or one for every head; empty: none
 
   static constexpr int64_t kMinHeadDim = 1;
   static constexpr int64_t kMinKvBlock = 16, kMaxKvBlock = 256;
@@ -126,14 +129,18 @@ struct Problem {
   }
   std::string pattern_name() const;  // "sinks4+global16+...", "" without sparse terms
   // Whether a score modification is set (then a kernel needs Capabilities::score_mods).
-  bool score_mods() const { return softcap > 0.f || !alibi.empty() || !sink_logits.empty(); }
+  bool has_alibi() const { return alibi_standard || !alibi.empty(); }
+  bool score_mods() const { return softcap > 0.f || has_alibi() || !sink_logits.empty(); }
+  // Head h's ALiBi slope (0 without ALiBi).
+  float alibi_slope(int64_t h) const;
   // Row i of head h in batch b: its softcap, ALiBi slope and diagonal (MaskSpec::pos).
   ScoreMod score_mod(int64_t b, int64_t h, int64_t i) const {
-    return {softcap, alibi.empty() ? 0.f : alibi[h], mask_for_batch(b).pos(i)};
+    return {softcap, has_alibi() ? alibi_slope(h) : 0.f, mask_for_batch(b).pos(i)};
   }
   // Head h's sink logit, -inf without one.
   float sink_logit(int64_t h) const {
-    return sink_logits.empty() ? -std::numeric_limits<float>::infinity() : sink_logits[h];
+    if (sink_logits.empty()) return -std::numeric_limits<float>::infinity();
+    return sink_logits.size() == 1 ? sink_logits[0] : sink_logits[h];
   }
   std::string score_mod_name() const;  // "softcap30_alibi_sinklogits", "" without modifications
   MaskSpec mask_for_batch(int64_t b) const;
@@ -167,6 +174,7 @@ struct Problem {
 // ALiBi's standard slopes for n heads (Press et al.; BLOOM's build_alibi_tensor): for n a power of
 // two 2^(-8k/n), k = 1..n; else those of the power of two p below n, then every other slope of 2p's.
 std::vector<float> alibi_slopes(int64_t heads);
+float standard_alibi_slope(int64_t h, int64_t heads);  // alibi_slopes(heads)[h]
 
 // Q, K and V given as arrays - the CLI's .npy files, the Python module's arrays: the one rule
 // from their shapes to a problem's sizes, with the errors both give.

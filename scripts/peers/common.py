@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from numpy_attention import pattern_mask  # noqa: E402  the lab's independent dense mask builder
+from numpy_attention import alibi_slopes, pattern_mask  # noqa: E402  the lab's independent numpy model
 
 # The causal axis's values (false, true, "top_left").
 CAUSAL = {False: "none", True: "bottom-right", "top_left": "top-left"}
@@ -40,6 +40,27 @@ class Problem:
         self.d_o = None  # a backward point's dO, (B, Hq, Sq, Dv) float32 (serve.py loads it)
         bb = d.get("bigbird")
         self.bigbird = tuple(bb) if bb and bb[0] > 0 else None
+        # The score modifications (docs/operation.md): alibi true is the standard slope set.
+        self.softcap = float(d.get("softcap") or 0.0)
+        alibi = d.get("alibi", False)
+        self.alibi = alibi_slopes(self.q_heads) if alibi is True else (list(alibi) if alibi else None)
+        self.alibi_standard = alibi is True
+        self.sink_logits = list(d["sink_logits"]) if d.get("sink_logits") is not None else None
+
+    @property
+    def score_mods(self):
+        """The score modifications the point has: a subset of {"softcap", "alibi", "sink_logits"}."""
+        return {name for name, on in (("softcap", self.softcap > 0), ("alibi", self.alibi is not None),
+                                      ("sink_logits", self.sink_logits is not None)) if on}
+
+    def alibi_bias(self):
+        """ALiBi's bias slope_h (j - pos(i)), (B, Hq, Sq, Skv) float32; pos(i) the row's diagonal as the
+        mask aligns it (numpy_attention's rule)."""
+        out = np.empty((self.batch, self.q_heads, self.q_len, self.kv_len), np.float32)
+        for b in range(self.batch):
+            pos = np.arange(self.q_len)[:, None] + (0 if self.causal == "top-left" else self.kv_len_of(b) - self.q_len)
+            out[b] = np.asarray(self.alibi, np.float64)[:, None, None] * (np.arange(self.kv_len)[None, :] - pos)
+        return out
 
     @property
     def backward(self):

@@ -24,6 +24,11 @@ ggml = None
 _threads = 1
 
 
+# The score modifications ggml_flash_attn_ext takes (serve.py skips the others): logit_softcap, and
+# ALiBi through max_bias (the standard slopes).
+SCORE_MODS = {"ggml_fa": {"softcap", "alibi"}}
+
+
 def setup(threads):
     global ggml, _threads
     import ggml as _ggml
@@ -85,19 +90,35 @@ def prepare(kernel, p, q, k, v):
                                    if tname.startswith("Q") else ""),
            "GQA by ggml's head broadcast" if p.gqa else "MHA"]
     mask = None
-    keep = p.keep()[0, 0] if p.masked else None  # (Sq, Skv)
-    if keep is not None and not keep.all():
+    max_bias = 0.0
+    if p.alibi is not None:
+        # ggml's ALiBi: its slopes from max_bias (m0^(h+1), then m1's odd powers: the standard set at
+        # max_bias 8, for any head count) times the mask's value, which llama.cpp fills with the
+        # distance j - pos(i) (F16: exact integers up to 2048).
+        if not p.alibi_standard:
+            raise Skip("alibi: ggml_fa takes the standard slopes only (max_bias 8), not a list of slopes")
+        if skv > 2048:
+            raise Skip(f"alibi with kv_len {skv}: ggml's F16 mask holds the distances j - pos exactly up to 2048")
+        max_bias = 8.0
+        how.append("ALiBi by max_bias 8 and the distances in the F16 mask")
+    if p.softcap:
+        how.append(f"logit_softcap {p.softcap:g}")
+    keep = p.keep()[0, 0] if (p.masked or p.alibi is not None) else None  # (Sq, Skv)
+    if keep is not None and (not keep.all() or p.alibi is not None):
         if empty_rows(keep[None, None]):
             raise Skip(f"{empty_rows(keep[None, None])} rows see no key: ggml's softmax over an all -inf row "
                        "is not the lab's O = 0")
         m = np.zeros((sq_pad, skv), np.float16)
+        if p.alibi is not None:
+            pos = np.arange(sq)[:, None] + (0 if p.causal == "top-left" else skv - sq)
+            m[:sq] = (np.arange(skv)[None, :] - pos).astype(np.float16)
         m[:sq][~keep] = -np.inf
         mask = ggml.ggml_new_tensor_4d(ctx, ggml.GGML_TYPE_F16, skv, sq_pad, 1, 1)
         ctypes.memmove(ggml.ggml_get_data(mask), m.ctypes.data, m.nbytes)
         how.append("additive F16 mask from the lab's rule")
     else:
         how.append("no mask")
-    out = ggml.ggml_flash_attn_ext(ctx, qt, kt, vt, mask, p.scale, 0.0, 0.0)
+    out = ggml.ggml_flash_attn_ext(ctx, qt, kt, vt, mask, p.scale, max_bias, p.softcap)
     gf = ggml.ggml_new_graph(ctx)
     ggml.ggml_build_forward_expand(gf, out)
     plan = ggml.ggml_graph_plan(gf, _threads, None)

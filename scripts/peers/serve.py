@@ -89,6 +89,13 @@ def main():
             p = Problem(req["problem"])
             if p.backward and not getattr(mod, "BACKWARD", False):
                 raise Skip(f"{req['kernel']} has no backward pass (an inference runtime)")
+            # The score modifications a runner takes (its SCORE_MODS); a point with another is skipped.
+            takes = getattr(mod, "SCORE_MODS", {}).get(req["kernel"], set())
+            if p.score_mods - takes:
+                raise Skip(f"{req['kernel']} does not take {', '.join(sorted(p.score_mods - takes))} (it takes: "
+                           f"{', '.join(sorted(takes)) or 'no score modification'})")
+            if p.score_mods and p.backward:
+                raise Skip("score modifications' gradients are checked on the lab's own kernels (naive) only")
             q, k, v = load_inputs(req["dir"], p)
             if p.backward:
                 p.d_o = load_do(req["dir"], p)

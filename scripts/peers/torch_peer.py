@@ -1,11 +1,17 @@
 """PyTorch: torch.nn.functional.scaled_dot_product_attention (torch_sdpa; its CPU backends pick
 the fused flash kernel where they can) and FlexAttention (torch_flex, sparse patterns: a
 BlockMask built from the pattern, flex_attention compiled by torch.compile for the CPU)."""
+import numpy as np
+
 from catalogue import peers_of
 from common import Skip, empty_rows, mask_choice
 
 KERNELS = peers_of("torch")  # the catalogue's rows of this family (catalogue.json)
 BACKWARD = True  # torch_sdpa's, by autograd (torch_flex: forward only here)
+# The score modifications each takes (serve.py skips the others): SDPA's additive float mask carries
+# ALiBi's bias and, as one more key with K = V = 0, a sink logit; FlexAttention's score_mod softcap
+# and ALiBi.
+SCORE_MODS = {"torch_sdpa": {"alibi", "sink_logits"}, "torch_flex": {"softcap", "alibi"}}
 torch = None
 
 
@@ -43,6 +49,8 @@ def _sdpa(p, qt, kt, vt):
         kwargs["enable_gqa"] = True
         how.append("GQA by enable_gqa")
     kind, keep = mask_choice(p)
+    if p.score_mods:
+        return _sdpa_bias(p, F, qt, kt, vt, kwargs, how)
     if kind == "none":
         how.append("no mask")
     elif kind == "causal":
@@ -55,6 +63,35 @@ def _sdpa(p, qt, kt, vt):
     out = {}
     if p.backward:
         return _sdpa_backward(p, F, qt, kt, vt, kwargs, how)
+
+    def fn():
+        out["o"] = F.scaled_dot_product_attention(qt, kt, vt, **kwargs)
+
+    return fn, lambda: out["o"].numpy(), "; ".join(how)
+
+
+def _sdpa_bias(p, F, qt, kt, vt, kwargs, how):
+    """ALiBi and sink logits as an additive float mask (B, Hq, Sq, Skv [+1]): the bias, -inf where the
+    mask hides a key; a sink logit as one more key whose K and V rows are 0 (its score is the mask's
+    value alone, its value row adds nothing) - how a runtime without either term runs them."""
+    keep = p.keep()
+    bias = np.where(keep, np.float32(0), np.float32(-np.inf))
+    bias = np.broadcast_to(bias, (p.batch, p.q_heads, p.q_len, p.kv_len))
+    if p.alibi is not None:
+        bias = bias + p.alibi_bias()
+        how.append("ALiBi as an additive float attn_mask")
+    if p.sink_logits is not None:
+        sink = np.broadcast_to(np.asarray(p.sink_logits, np.float32)[None, :, None, None],
+                               (p.batch, p.q_heads, p.q_len, 1))
+        bias = np.concatenate([bias, sink], axis=-1)
+        kt = torch.cat([kt, kt.new_zeros(kt.shape[:2] + (1, kt.shape[3]))], dim=2)
+        vt = torch.cat([vt, vt.new_zeros(vt.shape[:2] + (1, vt.shape[3]))], dim=2)
+        how.append("sink logits as one more key (K = V = 0) with the logit in the mask")
+    elif empty_rows(keep):
+        raise Skip(f"{empty_rows(keep)} rows see no key: SDPA's softmax over an all -inf float mask row is NaN, not "
+                   "the lab's O = 0")
+    kwargs["attn_mask"] = torch.from_numpy(np.ascontiguousarray(bias, dtype=np.float32))
+    out = {}
 
     def fn():
         out["o"] = F.scaled_dot_product_attention(qt, kt, vt, **kwargs)
@@ -89,8 +126,8 @@ def _sdpa_backward(p, F, qt, kt, vt, kwargs, how):
 
 
 def _flex(p, qt, kt, vt):
-    if not (p.sparse or p.windowed):
-        raise Skip("torch_flex runs sparse patterns and windows (torch_sdpa runs the rest)")
+    if not (p.sparse or p.windowed or p.score_mods):
+        raise Skip("torch_flex runs sparse patterns, windows and score modifications (torch_sdpa runs the rest)")
     if p.kv_len < 128:
         # Measured with torch 2.15 (tests/peers/test_peers.py and a scratch probe): keys shorter
         # than one of FlexAttention's 128-token blocks gave wrong or NaN rows for some masks
@@ -109,10 +146,26 @@ def _flex(p, qt, kt, vt):
     block = create_block_mask(mask_mod, p.batch, None, p.q_len, p.kv_len, device="cpu")
     compiled = torch.compile(flex_attention, dynamic=False)
     kwargs = {"block_mask": block, "scale": p.scale, "enable_gqa": p.gqa}
+    mods = []
+    if p.softcap or p.alibi is not None:  # score_mod: softcap, then ALiBi (the lab's order)
+        cap = p.softcap
+        slopes = torch.tensor(p.alibi or [0.0] * p.q_heads, dtype=torch.float32)
+        pos = torch.tensor([[i + (0 if p.causal == "top-left" else p.kv_len_of(b) - p.q_len) for i in range(p.q_len)]
+                            for b in range(p.batch)])
+
+        def score_mod(score, b, h, qi, kj):
+            if cap:
+                score = cap * torch.tanh(score / cap)
+            if p.alibi is not None:
+                score = score + slopes[h] * (kj - pos[b, qi])
+            return score
+
+        kwargs["score_mod"] = score_mod
+        mods = ["score_mod: " + " + ".join(sorted(p.score_mods))]
     out = {}
 
     def fn():
         out["o"] = compiled(qt, kt, vt, **kwargs)
 
-    how = f"BlockMask from the dense mask (sparsity {block.sparsity():.0f}%), torch.compile"
+    how = "; ".join([f"BlockMask from the dense mask (sparsity {block.sparsity():.0f}%), torch.compile"] + mods)
     return fn, lambda: out["o"].numpy(), how

@@ -209,12 +209,12 @@ void validate_score_mods(const Problem& p) {
     throw InvalidInput("softcap: " + std::to_string(p.softcap) +
                        " is not allowed; allowed: a finite number > 0 (c in c tanh(s / c)), or 0 for none");
   }
-  const auto per_head = [&](const char* field, const std::vector<float>& v, const char* what) {
+  const auto per_head = [&](const char* field, const std::vector<float>& v, const char* what, bool one) {
     if (v.empty()) return;
-    if (static_cast<int64_t>(v.size()) != p.q_heads) {
+    if (static_cast<int64_t>(v.size()) != p.q_heads && !(one && v.size() == 1)) {
       throw InvalidInput(std::string(field) + ": " + std::to_string(v.size()) +
-                         " values given; allowed: one per query head (q_heads = " + std::to_string(p.q_heads) +
-                         "), or none");
+                         " values given; allowed: one per query head (q_heads = " + std::to_string(p.q_heads) + ")" +
+                         (one ? ", one for every head," : "") + " or none");
     }
     for (size_t h = 0; h < v.size(); ++h) {
       if (!std::isfinite(v[h])) {
@@ -223,24 +223,32 @@ void validate_score_mods(const Problem& p) {
       }
     }
   };
-  per_head("alibi", p.alibi, "a finite slope");
-  per_head("sink_logits", p.sink_logits, "a finite logit");
+  if (p.alibi_standard && !p.alibi.empty()) {
+    throw InvalidInput("alibi: the standard slopes and a list of " + std::to_string(p.alibi.size()) +
+                       " slopes; allowed: one of them");
+  }
+  per_head("alibi", p.alibi, "a finite slope", false);
+  per_head("sink_logits", p.sink_logits, "a finite logit", true);
 }
 }  // namespace
 
-std::vector<float> alibi_slopes(int64_t heads) {
-  std::vector<float> out;
-  if (heads < 1) return out;
+float standard_alibi_slope(int64_t h, int64_t heads) {
   int64_t pow2 = 1;
   while (pow2 * 2 <= heads) pow2 *= 2;
-  const auto series = [](int64_t n, int64_t count, int64_t step, std::vector<float>& to) {
-    const double base = std::exp2(-8.0 / static_cast<double>(n));
-    for (int64_t k = 1; static_cast<int64_t>(to.size()) < count; k += step)
-      to.push_back(static_cast<float>(std::pow(base, static_cast<double>(k))));
-  };
-  series(pow2, pow2, 1, out);
-  series(2 * pow2, heads, 2, out);  // the odd powers of 2p's base: every other slope of 2p heads
+  // 2^(-8k/p) for the first p heads, then the odd powers of 2p's base: every other slope of 2p heads.
+  const double k = h < pow2 ? static_cast<double>(h + 1) : static_cast<double>(2 * (h - pow2) + 1) / 2.0;
+  return static_cast<float>(std::exp2(-8.0 * k / static_cast<double>(pow2)));
+}
+
+std::vector<float> alibi_slopes(int64_t heads) {
+  std::vector<float> out;
+  for (int64_t h = 0; h < heads; ++h) out.push_back(standard_alibi_slope(h, heads));
   return out;
+}
+
+float Problem::alibi_slope(int64_t h) const {
+  if (alibi_standard) return standard_alibi_slope(h, q_heads);
+  return alibi.empty() ? 0.f : alibi[h];
 }
 
 void Problem::validate() const {
@@ -431,7 +439,7 @@ std::string Problem::score_mod_name() const {
     std::snprintf(text, sizeof text, "softcap%g", static_cast<double>(softcap));
     add(text);
   }
-  if (!alibi.empty()) add(alibi == alibi_slopes(q_heads) ? "alibi" : "alibi" + hash(alibi));
+  if (has_alibi()) add(alibi_standard || alibi == alibi_slopes(q_heads) ? "alibi" : "alibi" + hash(alibi));
   if (!sink_logits.empty()) add("sink" + hash(sink_logits));
   return n;
 }

@@ -456,15 +456,12 @@ std::vector<Axis> make_axes() {
       {"alibi", AxisKind::Score,
        "ALiBi: s += m_h (j - i) with the standard slopes (true) or one slope per query head (a list); false: none",
        nullptr, "false", alibi_values, ATTN_SET({
-         if (v.is_boolean()) {
-           p.alibi = v.get<bool>() ? alibi_slopes(p.q_heads) : std::vector<float>{};
-         } else {
-           p.alibi = floats(v);
-         }
+         p.alibi_standard = v.is_boolean() && v.get<bool>();
+         p.alibi = v.is_boolean() ? std::vector<float>{} : floats(v);
        }),
-       ATTN_READ(p.alibi.empty()                      ? Json(false)
-                 : p.alibi == alibi_slopes(p.q_heads) ? Json(true)
-                                                      : Json(p.alibi)),
+       ATTN_READ(!p.has_alibi()     ? Json(false)
+                 : p.alibi_standard ? Json(true)
+                                    : Json(p.alibi)),
        "true"},
       {"sink_logits", AxisKind::Score,
        "learned sink logits: one more term e^b_h in each row's softmax denominator, no value row (a number: every "
@@ -472,13 +469,15 @@ std::vector<Axis> make_axes() {
        nullptr, "null", sink_logit_values, ATTN_SET({
          if (v.is_null()) {
            p.sink_logits.clear();
-         } else if (v.is_number()) {
-           p.sink_logits.assign(static_cast<size_t>(p.q_heads), static_cast<float>(v.get<double>()));
+         } else if (v.is_number()) {  // every head's (resolved where read: Problem::sink_logit)
+           p.sink_logits.assign(1, static_cast<float>(v.get<double>()));
          } else {
            p.sink_logits = floats(v);
          }
        }),
-       ATTN_READ(p.sink_logits.empty() ? Json() : Json(p.sink_logits))},
+       ATTN_READ(p.sink_logits.empty()       ? Json()
+                 : p.sink_logits.size() == 1 ? Json(static_cast<double>(p.sink_logits[0]))
+                                             : Json(p.sink_logits))},
       {"layout", AxisKind::Setting, "memory layout: bhsd (batch, heads, seq, dim) or bshd", nullptr, "\"bhsd\"",
        [](W w, K key, const Json& v) { return names(w, key, v, enum_names(kLayouts)); },
        ATTN_SET(p.layout = parse_layout(v.get<std::string>())), ATTN_READ(to_string(p.layout))},

@@ -67,7 +67,11 @@ INSTANTIATE_TEST_SUITE_P(
              "--causal --scale 0.3"},
         // d_v != d_qk (MLA): V's (and O's) last dimension differs from Q's and K's.
         Case{"head_dim_v_mla", "--batch 2 --q-heads 4 --kv-heads 1 --q-len 9 --kv-len 70 --head-dim 72 --head-dim-v 40",
-             "--causal"}),
+             "--causal"},
+        // The score modifications, written as the models' eager code writes them (a sink logit as a
+        // column appended to the scores), with a batch entry whose rows see no key.
+        Case{"score_mods", "--batch 2 --q-heads 6 --kv-heads 2 --q-len 9 --kv-len 70 --head-dim 32",
+             "--causal --kv-lens 70,0 --softcap 2.5 --alibi --sink-logits 0.5,-1,2,0,1,3"}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -85,6 +85,20 @@ TEST(ScoreModReference, HandComputedRow) {
   EXPECT_EQ(row(empty).second, 2.0);
 }
 
+// The standard slopes and one sink logit for every head are resolved against q_heads where they are
+// read, so a term set before the sizes (a CLI's .npy files, Python's arrays) follows them.
+TEST(ScoreModProblem, StandardSlopesAndOneLogitFollowTheHeads) {
+  Problem p = test::shape(1, 2, 1, 3, 5, 8);
+  p.alibi_standard = true, p.sink_logits = {0.5f};
+  p.q_heads = 12;
+  p.validate();
+  for (int64_t h = 0; h < 12; ++h) {
+    EXPECT_EQ(p.alibi_slope(h), alibi_slopes(12)[h]) << h;
+    EXPECT_EQ(p.sink_logit(h), 0.5f) << h;
+  }
+  EXPECT_EQ(p.score_mod_name().rfind("alibi_sink", 0), 0u) << p.score_mod_name();
+}
+
 TEST(ScoreModReference, StandardAlibiSlopes) {
   const std::vector<float> eight = alibi_slopes(8);  // 2^-1 .. 2^-8
   for (int k = 0; k < 8; ++k) EXPECT_EQ(eight[k], std::exp2f(-static_cast<float>(k + 1))) << k;
@@ -109,7 +123,8 @@ TEST(ScoreModProblem, BadValuesNameTheField) {
   fails_with([](Problem& p) { p.softcap = kInf; }, "softcap");
   fails_with([](Problem& p) { p.alibi = {1.f, 2.f}; }, "alibi");
   fails_with([](Problem& p) { p.alibi = {1.f, 2.f, kNan, 3.f}; }, "alibi[2]");
-  fails_with([](Problem& p) { p.sink_logits = {1.f}; }, "sink_logits");
+  fails_with([](Problem& p) { p.sink_logits = {1.f, 2.f}; }, "sink_logits");
+  fails_with([](Problem& p) { p.alibi_standard = true, p.alibi = {1.f, 2.f, 3.f, 4.f}; }, "alibi");
   fails_with([](Problem& p) { p.sink_logits = {1.f, -kInf, 0.f, 0.f}; }, "sink_logits[1]");
 }
 

@@ -107,7 +107,8 @@ def check_against_numpy(o, p, how, what):
     q, k, v = inputs(p)
     kv_lens = p.kv_lens or [p.kv_len] * p.batch
     want, _, _ = attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), p.scale, p.causal,
-                           p.left, p.right, kv_lens, p.sinks, p.globals, p.doc_lens, p.dilation, p.bigbird)
+                           p.left, p.right, kv_lens, p.sinks, p.globals, p.doc_lens, p.dilation, p.bigbird,
+                           softcap=p.softcap, alibi=p.alibi, sink_logits=p.sink_logits)
     assert o.shape == want.shape, how
     assert np.isfinite(o).all(), how
     np.testing.assert_allclose(o, want, atol=2e-5, rtol=0, err_msg=f"{what}: {how}")
@@ -132,6 +133,41 @@ def test_peer_matches_numpy(kernel, case):
     p = problem(**CASES[case])
     o, how = run_peer(mod, kernel, p, case)
     check_against_numpy(o, p, how, f"{kernel} {case}")
+
+
+# The score modifications (docs/operation.md) where a peer takes them (its runner's SCORE_MODS;
+# serve.py skips a point with a term the peer does not take).
+SCORE_CASES = {
+    "softcap": dict(causal=1, q_len=160, kv_len=160, softcap=2.5),
+    "alibi_cross_bottom_right": dict(causal=1, q_len=5, kv_len=160, alibi=True),
+    "alibi_top_left": dict(causal=2, q_len=20, kv_len=160, alibi=True),
+    "alibi_window": dict(causal=1, q_len=160, kv_len=160, window_left=20, window_right=0, alibi=True),
+    "sink_logits": dict(causal=1, q_len=20, kv_len=160, sink_logits=[0.5, -1.0, 2.0, 0.0]),
+    "sink_logits_empty_rows": dict(batch=2, causal=1, q_len=12, kv_len=12, kv_lens=[12, 0],
+                                   sink_logits=[0.5, -1.0, 2.0, 0.0]),
+    "softcap_alibi": dict(causal=1, q_len=160, kv_len=160, softcap=2.5, alibi=True),
+}
+
+
+def takes(mod, kernel, p, case):
+    missing = p.score_mods - getattr(mod, "SCORE_MODS", {}).get(kernel, set())
+    if missing:
+        pytest.skip(f"{kernel} does not take {sorted(missing)} ({case}; serve.py skips such points)")
+
+
+@pytest.mark.parametrize("kernel", FLOAT_PEERS)
+@pytest.mark.parametrize("case", sorted(SCORE_CASES))
+def test_peer_score_modifications_match_numpy(kernel, case):
+    mod = peer(kernel)
+    p = problem(**SCORE_CASES[case])
+    takes(mod, kernel, p, case)
+    o, how = run_peer(mod, kernel, p, case)
+    check_against_numpy(o, p, how, f"{kernel} {case}")
+    # ... and the check sees a peer that dropped a term: the same O against the problem without it.
+    for term in p.score_mods:
+        plain = problem(**{key: value for key, value in SCORE_CASES[case].items() if key != term})
+        with pytest.raises(AssertionError):
+            check_against_numpy(o, plain, how, f"{kernel} {case} without {term}")
 
 
 @pytest.mark.parametrize("kernel", FLOAT_PEERS)

@@ -1002,14 +1002,14 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
     t.kt_shared = kt_head * static_cast<size_t>(p.batch * p.kv_heads);
   }
   t.softcap2 = p.softcap * kLog2e;
-  t.alibi = !p.alibi.empty();
+  t.alibi = p.has_alibi();
   if (t.alibi) t.mod_off = take(align64(sizeof(float) * t.rows) + sizeof(int64_t) * static_cast<size_t>(t.rows));
   t.bytes = off;
   return t;
 }
 
 Support alibi_support(const Problem& p, std::string_view kernel) {
-  if (p.alibi.empty()) return Support::yes();
+  if (!p.has_alibi()) return Support::yes();
   if (gathered_columns(p) > 0) {
     return Support::no("alibi with global positions: " + std::string(kernel) +
                        " scores their columns as one gathered tile, whose keys are not consecutive; naive runs it");
@@ -1064,7 +1064,7 @@ int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Sc
   for (int64_t r = 0; r < nr; ++r) std::fill_n(s.iv + r * G, G, mask.row(at[r]));
   if (s.slope2) {  // ALiBi: row rr = r * G + g is head hk * G + g at position at[r]
     for (int64_t rr = 0; rr < R; ++rr) {
-      s.slope2[rr] = p.alibi[hk * G + rr % G] * kLog2e;
+      s.slope2[rr] = p.alibi_slope(hk * G + rr % G) * kLog2e;
       s.diag[rr] = mask.pos(at[rr / G]);
     }
   }
