@@ -60,7 +60,7 @@ TEST(PointSchema, IdsOfCommittedRunsAreUnchanged) {
     if (!fs::exists(csv)) continue;
     ++folders;
     for (const auto& row : read_csv(csv)) {
-      if (!row.count("pattern") || !row.at("pattern").empty()) continue;  // sparse: not rebuilt from columns
+      if (!row.count("pattern") || !row.at("pattern").empty()) continue;     // sparse: not rebuilt from columns
       if (row.count("score_mod") && !row.at("score_mod").empty()) continue;  // nor are the score terms' values
       Problem p;
       p.batch = int_of(row, "batch", 1);

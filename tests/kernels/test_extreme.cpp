@@ -337,6 +337,42 @@ TEST_P(SpecialValues, MatchTheReferenceElementByElement) {
   if (ran == 0) GTEST_SKIP() << skip;
 }
 
+// Every other case of the matrix again under the score modifications (softcap 4, the standard ALiBi
+// slopes, a sink logit: score_mod.hpp), for the kernels that state they run them: a NaN score stays
+// NaN under softcap, an infinite one saturates at +-c (its row then finite), as the reference says.
+class SpecialValuesScoreMods : public ::testing::TestWithParam<const Kernel*> {};
+
+TEST_P(SpecialValuesScoreMods, MatchTheReferenceUnderTheModifications) {
+  const Kernel& k = *GetParam();
+  if (!k.capabilities().score_mods) GTEST_SKIP() << k.name() << " does not run score modifications";
+  if (Support s = k.available(); !s) GTEST_SKIP() << s.reason;
+  int ran = 0, failed = 0;
+  std::string skip;
+  const std::vector<Case> cases = matrix();
+  for (size_t n = 0; n < cases.size(); n += 2) {
+    Case c = cases[n];
+    c.p.softcap = 4.f, c.p.alibi_standard = true, c.p.sink_logits = {0.5f};
+    Tensors t = random_tensors(c.p, 2000 + c.place * 10 + c.target);
+    plant(c, t);
+    std::string why_skip;
+    const std::string why = run_and_compare(k, c.p, t.inputs, &why_skip);
+    if (!why_skip.empty()) {
+      skip = why_skip;
+      continue;
+    }
+    ++ran;
+    if (!why.empty()) {
+      ++failed;
+      ADD_FAILURE() << k.name() << ", " << c.name() << " with score modifications:" << why;
+    }
+  }
+  std::printf("%s, score modifications: %d cases ran, %d failed\n", test::variant_name(k).c_str(), ran, failed);
+  if (ran == 0) GTEST_SKIP() << skip;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, SpecialValuesScoreMods, ::testing::ValuesIn(kernels_under_test()),
+                         [](const ::testing::TestParamInfo<const Kernel*>& info) { return kernel_name(info.param); });
+
 INSTANTIATE_TEST_SUITE_P(Kernels, SpecialValues,
                          ::testing::Combine(::testing::ValuesIn(kernels_under_test()), ::testing::Range(0, kValues)),
                          [](const ::testing::TestParamInfo<std::tuple<const Kernel*, int>>& info) {
