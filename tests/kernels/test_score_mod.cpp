@@ -396,9 +396,9 @@ Problem backward_problem(int mods, Layout layout = Layout::BHSD) {
   return p;
 }
 
-// naive's backward (softcap's derivative on dS, the sink logits' gradient) against the float64
-// reference gradients, every element, dsink included.
-TEST(ScoreModBackward, NaiveMatchesTheReference) {
+// Every backward that takes them (naive's, flash's: softcap's derivative on dS, the sink logits'
+// gradient) against the float64 reference gradients, every element, dsink included.
+TEST(ScoreModBackward, MatchesTheReference) {
   for (int mods : {kSoftcap, kAlibi, kSink, kSoftcap | kAlibi | kSink}) {
     for (Layout layout : {Layout::BHSD, Layout::BSHD}) {
       const Problem p = backward_problem(mods, layout);
@@ -406,24 +406,30 @@ TEST(ScoreModBackward, NaiveMatchesTheReference) {
       const DoTensor d_o(p);
       const BackwardAgreement a = prepare_backward_agreement(p, t.inputs, d_o.view);
       EXPECT_EQ(a.ref.dsink.size(), mods & kSink ? 4u : 0u);
-      const BackwardCheck c = check_backward(kernel_or_throw("naive"), p, t.inputs, d_o.view, a, 2);
-      EXPECT_EQ(c.verdict, Verdict::Pass) << mods_name(mods) << " " << to_string(layout) << ": " << c.reason;
-      if (mods & kSink) {
-        EXPECT_LT(c.errors.dsink, 1e-5) << mods_name(mods);
+      for (const Kernel* k : variants()) {
+        if (!k->capabilities().score_mods_backward || !k->available()) continue;
+        const BackwardCheck c = check_backward(*k, p, t.inputs, d_o.view, a, 2);
+        EXPECT_EQ(c.verdict, Verdict::Pass)
+            << test::variant_name(*k) << " " << mods_name(mods) << " " << to_string(layout) << ": " << c.reason;
+        if (mods & kSink) {
+          EXPECT_LT(c.errors.dsink, 1e-5) << mods_name(mods);
+        }
       }
     }
   }
 }
 
-// A kernel whose backward takes plain scores refuses, naming naive's.
-TEST(ScoreModBackward, OthersRefuseNamingNaive) {
+// A kernel whose backward takes plain scores refuses, naming those whose backward takes them.
+TEST(ScoreModBackward, OthersRefuseNamingThoseThatRunThem) {
   const Problem p = backward_problem(kSoftcap);
   for (const Kernel* k : variants()) {
     if (!k->capabilities().backward || k->capabilities().score_mods_backward) continue;
     const Support s = supports_problem(*k, p);
     ASSERT_FALSE(s) << k->name();
-    EXPECT_NE(s.reason.find("their backward: naive;"), std::string::npos) << s.reason;
+    EXPECT_NE(s.reason.find("their backward: naive, flash;"), std::string::npos) << s.reason;
   }
+  EXPECT_TRUE(kernel_or_throw("naive").capabilities().score_mods_backward);
+  EXPECT_TRUE(kernel_or_throw("flash").capabilities().score_mods_backward);
 }
 
 // Bugs planted around naive's backward: the softcap dropped from the backward's scores, the sink

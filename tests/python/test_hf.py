@@ -122,11 +122,6 @@ def test_what_it_does_not_take_is_refused():
     q = torch.rand(1, 4, 5, 32)
     with pytest.raises(ValueError, match="attention_mask: torch.float32; allowed: a bool mask"):
         attnlab.hf.attention_forward(m.model.layers[0].self_attn, q, q, q, torch.zeros(1, 1, 5, 5))
-    # Training through a score modification on a kernel whose backward lacks it: the error names naive's.
-    q.requires_grad_(True)
-    o = attnlab.torch.attention(q, q, q, softcap=30.0, kernel="flash")
-    with pytest.raises(attnlab.InvalidInput, match="backward: score modifications softcap30 .their backward: naive;"):
-        o.sum().backward()
 
 
 def test_the_model_compiles_whole():

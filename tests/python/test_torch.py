@@ -144,12 +144,13 @@ def test_softcap_and_sink_logits_match_the_eager_formulas(kernel):
     assert torch.max(torch.abs(o.double() - p @ v.double())) < 1e-5
 
 
-def test_softcap_and_sink_logits_train_through_naive():
+@pytest.mark.parametrize("kernel", ["naive", "flash"])
+def test_softcap_and_sink_logits_train(kernel):
     # The gradients of softcap's scores and of the sink logits themselves (gpt-oss trains them) against
     # torch's autograd of the eager formulas in float64.
     q, k, v = tensors(b=1, hq=4, hkv=2, lq=9, lk=9, d=16)
     sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], requires_grad=True)
-    o = at.attention(q, k, v, is_causal=True, enable_gqa=True, kernel="naive", softcap=3.0, sink_logits=sinks)
+    o = at.attention(q, k, v, is_causal=True, enable_gqa=True, kernel=kernel, softcap=3.0, sink_logits=sinks)
     rq, rk, rv, rs = (x.detach().double().requires_grad_() for x in (q, k, v, sinks))
     kk, vv = rk.repeat_interleave(2, dim=1), rv.repeat_interleave(2, dim=1)
     s = 3.0 * torch.tanh((rq @ kk.transpose(-1, -2)) / 4.0 / 3.0)

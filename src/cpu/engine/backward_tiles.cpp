@@ -2,7 +2,8 @@
 //
 // Idea: never store the n^2 matrices. The forward left LSE per row, so a tile of P is
 // recomputed from Q, K and LSE: P = exp(scale Q K^T - LSE) on the visible pairs, 0 elsewhere.
-//   pass 0  D_i = dO_i . O_i for every row (one dot product each);
+//   pass 0  D_i = dO_i . O_i for every row (one dot product each); with sink logits their gradient
+//           dsink_h = - sum e^(b_h - LSE_i) D_i (backward.hpp), in a fixed order;
 //   pass 1  one task per (batch, kv head, 64-key tile) owns that tile's dK and dV: for every
 //           query head of the GQA group and every 64-row query tile that sees a key of the tile,
 //           S = Q K^T and dP = dO V^T (score_panel_strided: the Q and dO rows as they lie, K^T
@@ -10,6 +11,8 @@
 //           (pv_rows on the transposed tiles); written once at the end;
 //   pass 2  one task per (batch, query head, 64-row query tile) owns its dQ: the same S, P, dP
 //           and dS recomputed per visible key tile (its K^T, V^T packed), dQ += scale dS K.
+// Score modifications (score_mod.hpp): P from the modified score (softcap, then ALiBi) and dS times
+// softcap's slope 1 - tanh^2, per tile element.
 // dQ gets its own pass instead of atomics or per-task partials: every output element has one
 // owner that sums in a fixed order, so the result is bitwise identical for any thread count, at
 // the price of recomputing two of the five GEMMs (7 GEMMs of (d or d_v) x 64 x 64 per tile pair
@@ -197,7 +200,15 @@ class Engine {
   // pat: the problem's sparse pattern (nullptr for interval masks).
   Engine(const Problem& p, const TypedInputs<E>& in, const BackwardInputs& bw, const Gradients& g, const float* dd,
          const Pattern* pat)
-      : p_(p), in_(in), bw_(bw), g_(g), dd_(dd), pat_(pat), l_(p), scale_(p.effective_scale()) {}
+      : p_(p),
+        in_(in),
+        bw_(bw),
+        g_(g),
+        dd_(dd),
+        pat_(pat),
+        l_(p),
+        scale_(p.effective_scale()),
+        mods_(p.softcap > 0.f || p.has_alibi()) {}
 
   // Query rows of a tile as the GEMMs read them (float32, ld floats apart).
   struct QueryRows {
@@ -260,10 +271,10 @@ class Engine {
     simd::pack_k_transposed(v, nk, p_.dim_v(), t.vt);
   }
 
-  // S, P (into t.s), dP, dS (into t.dpm) of the loaded rows against the packed keys [j0, j0 + nk);
-  // P^T and scale dS^T into t.pt and t.dst when `transposed`.
+  // S, P (into t.s), dP, dS (into t.dpm) of the loaded rows (b, h, i0 + r) against the packed keys
+  // [j0, j0 + nk); P^T and scale dS^T into t.pt and t.dst when `transposed`.
   void tile(const Tile& t, const QueryRows& rows, int br, const Interval* iv, int64_t j0, int nk, bool transposed,
-            Meet meet) const {
+            Meet meet, int64_t b, int64_t h, int64_t i0) const {
     dots(br, rows.q, rows.ldq, t.kt, p_.head_dim, iv, j0, nk, t.s);
     dots(br, rows.go, rows.ldgo, t.vt, p_.dim_v(), iv, j0, nk, t.dpm);
     alignas(64) static constexpr float kIota[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
@@ -275,6 +286,27 @@ class Engine {
       float* s = t.s + r * kTileKeys;
       float* dp = t.dpm + r * kTileKeys;
       const Batch neg_lse(-t.lse[r]), dd(t.dd[r]), blo(static_cast<float>(lo)), bhi(static_cast<float>(hi));
+      if (mods_) {  // the score modifications (score_mod.hpp): the modified score's P, dS times softcap's slope
+        const ScoreMod mod = p_.score_mod(b, h, i0 + r);
+        const Batch cap(mod.softcap), inv(mod.softcap > 0.f ? 1.f / mod.softcap : 0.f), slope(mod.slope),
+            base(static_cast<float>(j0 - mod.pos));
+        for (int c = 0; c < nk; c += kLanes) {
+          const Batch idx = Batch::load_aligned(kIota) + Batch(static_cast<float>(c));
+          const auto seen = simd::mask_and(idx >= blo, idx < bhi);
+          Batch x = scale * Batch::load_aligned(s + c), d_cap(1.f);
+          if (mod.softcap > 0.f) {
+            const Batch th = simd::tanh(x * inv);
+            x = cap * th;
+            d_cap = simd::fnma(th, th, Batch(1.f));
+          }
+          if (mod.slope != 0.f) x = simd::fma(slope, idx + base, x);
+          const Batch pc = simd::select(seen, simd::exp(x + neg_lse), Batch(0.f));
+          const Batch ds = simd::select(seen, pc * (Batch::load_aligned(dp + c) - dd) * d_cap, Batch(0.f));
+          pc.store_aligned(s + c);
+          ds.store_aligned(dp + c);
+        }
+        continue;
+      }
       for (int c = 0; c < nk; c += kLanes) {
         // P = e^(scale S - LSE) and dS = P (dP - D) on the keys the row sees, 0 elsewhere: the
         // mask decides (select), never the arithmetic (a hidden key's NaN score stays out).
@@ -339,7 +371,7 @@ class Engine {
         if (m == Meet::None) continue;
         const QueryRows rows = load_rows(t, b, h, i0, br);
         // Rows past br in the transposed tiles stay out of the sums: n = br below.
-        tile(t, rows, br, iv, j0, nk, true, m);
+        tile(t, rows, br, iv, j0, nk, true, m, b, h, i0);
         const Rows<float> go = Rows<float>::strided(rows.go, rows.ldgo, br),
                           q = Rows<float>::strided(rows.q, rows.ldq, br);
         float* acc = dq ? dq + ((h - hk * p_.group()) * p_.q_len + i0) * l_.dp : nullptr;
@@ -392,7 +424,7 @@ class Engine {
       if (m == Meet::None) continue;
       const Rows<E> k = key_rows(in_.k, b, hk, j0, nk);
       pack_keys(t, k, key_rows(in_.v, b, hk, j0, nk), nk);
-      tile(t, rows, br, iv, j0, nk, false, m);
+      tile(t, rows, br, iv, j0, nk, false, m, b, h, i0);
       add_dq(t, br, iv, j0, nk, k, dq, m);
     }
     write_dq(b, h, i0, br, dq);
@@ -440,6 +472,7 @@ class Engine {
   const Pattern* pat_;
   const Layout l_;
   const float scale_;
+  const bool mods_;  // softcap or ALiBi (a sink logit changes only LSE, which the forward gave, and dsink)
 };
 
 // The fused pass's dQ accumulators of one task (a kv head's group of query heads).
@@ -483,6 +516,19 @@ void flash_backward(const Problem& p, const Inputs& in, const BackwardInputs& bw
       }
     }
   });
+  // The sink logits' gradient (backward.hpp): dsink_h = - sum_{b,i} e^(b_h - LSE) D, in a fixed order
+  // (the same bits for any thread count), O(rows).
+  if (g.dsink) {
+    for (int64_t h = 0; h < p.q_heads; ++h) {
+      double acc = 0;
+      for (int64_t b = 0; b < p.batch; ++b)
+        for (int64_t i = 0; i < p.q_len; ++i) {
+          const int64_t r = (b * p.q_heads + h) * p.q_len + i;
+          acc += std::exp(static_cast<double>(p.sink_logit(h)) - bw.lse[r]) * dd[r];
+        }
+      g.dsink[h] = static_cast<float>(-acc);
+    }
+  }
   // A sparse pattern's rule and block classification: the session's plan (made outside the timed
   // call), else built here (O(n)).
   std::optional<Pattern> own;

@@ -252,7 +252,8 @@ class Flash final : public Kernel {
                                     .kv_quant = true,
                                     .paged = true,
                                     .backward = kBackward,
-                                    .score_mods = true};
+                                    .score_mods = true,
+                                    .score_mods_backward = kBackward};
     return k;
   }
   Support supports(const Problem& p) const override {

@@ -19,8 +19,7 @@ cast to the input's dtype. is_causal is torch's top-left alignment; scale as tor
 repeats them); attn_mask a bool mask (True = attend) of shape (L, S) or (B|1, H|1, L, S), with
 is_causal or without (both: their intersection; a row with no visible key gives O = 0); softcap and
 sink_logits (keywords beyond torch's). Not taken (a clear error, never ignored): an additive float
-attn_mask, dropout_p > 0, the backward of softcap or sink logits by a kernel whose backward lacks them
-(naive's has them).
+attn_mask, dropout_p > 0.
 """
 from typing import Optional
 
@@ -110,7 +109,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     """O = softmax(scale Q K^T [+ causal mask] [+ attn_mask]) V by the lab's `kernel` (forward and backward).
     softcap (c: scores c tanh(s / c)) and sink_logits (a tensor of one logit per query head: one more term
     of each row's softmax, no value row) are the lab's score modifications (docs/operation.md); their
-    backward (softcap's derivative on dS, the sink logits' own gradient) is naive's (kernel="naive")."""
+    backward (softcap's derivative on dS, the sink logits' own gradient) is naive's and flash's."""
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         raise ValueError(f"attn_mask: {attn_mask.dtype}; allowed: a bool mask (True = attend), shape (L, S) or "
                          "(B|1, H|1, L, S) - an additive float mask is not taken")
