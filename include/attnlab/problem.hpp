@@ -142,7 +142,7 @@ struct Problem {
     if (sink_logits.empty()) return -std::numeric_limits<float>::infinity();
     return sink_logits.size() == 1 ? sink_logits[0] : sink_logits[h];
   }
-  std::string score_mod_name() const;  // "softcap30_alibi_sinklogits", "" without modifications
+  std::string score_mod_name() const;  // "softcap30_alibi_sink6f0129fb" (a hash of the logits), "" without
   MaskSpec mask_for_batch(int64_t b) const;
   // The visible key interval of query row i in batch b (interval problems).
   Interval visible(int64_t b, int64_t i) const { return mask_for_batch(b).row(i); }

@@ -35,6 +35,9 @@ std::vector<DilationPhase> dilation_phases(const Problem& p) {
       s.scale = p.effective_scale();
       s.layout = p.layout;
       s.dtype = p.dtype;
+      // Softcap and sink logits are the rows' own (ALiBi's distances are not the phase's: refused).
+      s.softcap = p.softcap;
+      s.sink_logits = p.sink_logits;
       // The phase's diagonal: pos - j = D (i' - j' + c), c = (first_q + off - r) / D. sub's own
       // alignment puts it at kv_len' - q_len' (bottom-right) or 0 (top-left), and that is c:
       // q_len - first_q = (Lk - r) - D c, so q_len' = kv_len' - c whenever the phase has keys

@@ -137,8 +137,9 @@ struct Case {
 
 std::vector<Case> grid() {
   std::vector<Case> out;
-  const auto add = [&](Problem p, const std::string& name) {
-    for (int mods : {kSoftcap, kAlibi, kSink, kSoftcap | kAlibi | kSink}) {
+  const auto add = [&](Problem p, const std::string& name,
+                       std::initializer_list<int> all = {kSoftcap, kAlibi, kSink, kSoftcap | kAlibi | kSink}) {
+    for (int mods : all) {
       Problem q = p;
       set_mods(q, mods);
       out.push_back({q, name + "_" + mods_name(mods)});
@@ -180,6 +181,10 @@ std::vector<Case> grid() {
   Problem sinks = test::shape(1, 4, 2, 4, 900, 64);
   sinks.window_left = 64, sinks.window_right = 0, sinks.sinks = 4;
   add(sinks, "streaming_pattern");
+  // flash's dilated phases take softcap and sink logits (ALiBi's distances are not a phase's: refused).
+  Problem dilated = test::shape(1, 4, 2, 150, 150, 32);
+  dilated.causal = CausalAlign::BottomRight, dilated.window_left = 60, dilated.dilation = 3;
+  add(dilated, "dilated", {kSoftcap, kSink, kSoftcap | kSink});
   return out;
 }
 

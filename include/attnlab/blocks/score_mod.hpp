@@ -24,8 +24,6 @@ struct ScoreMod {
   float slope = 0.f;    // m_h; 0: none
   int64_t pos = 0;      // the row's diagonal (MaskSpec::pos)
   ATTN_HD bool on() const { return softcap > 0.f || slope != 0.f; }
-  // The ALiBi distance j - pos as a float: exact up to 2^24 keys either side.
-  ATTN_HD float distance(int64_t j) const { return static_cast<float>(j - pos); }
   template <class T>
   ATTN_HD T operator()(T s, int64_t j) const {
     if (softcap > 0.f) s = T(softcap) * std::tanh(s / T(softcap));
