@@ -95,7 +95,7 @@ def main():
                 raise Skip(f"{req['kernel']} does not take {', '.join(sorted(p.score_mods - takes))} (it takes: "
                            f"{', '.join(sorted(takes)) or 'no score modification'})")
             if p.score_mods and p.backward:
-                raise Skip("score modifications' gradients are checked on the lab's own kernels (naive) only")
+                raise Skip("score modifications' gradients are checked on the lab's own kernels (naive, flash) only")
             q, k, v = load_inputs(req["dir"], p)
             if p.backward:
                 p.d_o = load_do(req["dir"], p)

@@ -192,11 +192,7 @@ class LabLayer(CacheLayerMixin if CacheLayerMixin is not None else object):
         float_cache = self.kv_dtype in FLOAT_CACHES
         q = query.detach().to(FLOAT_CACHES[self.kv_dtype] if float_cache else torch.float32).contiguous()
         kw = dict(kv_lens=[self.length] * self.batch, threads=self.threads, scale=scale,
-                  causal=causal != "none")
-        if softcap is not None:
-            kw["softcap"] = softcap
-        if sinks is not None:
-            kw["sink_logits"] = sinks.detach().float().reshape(-1).tolist()
+                  causal=causal != "none", **_ops._score_kw(softcap, sinks))
         if not float_cache:
             kw["kv_dtype"] = self.kv_dtype
         if self.block:

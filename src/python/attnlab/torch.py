@@ -37,16 +37,23 @@ def _in(x):
     return x.detach().contiguous()
 
 
-def _kw(mask, causal, scale, kernel, threads, softcap=None, sinks=None):
-    if causal not in _CAUSAL:
-        raise ValueError(f"causal: {causal!r}; allowed: " + ", ".join(_CAUSAL))
-    kw = dict(causal=_CAUSAL[causal], scale=scale, kernel=kernel, threads=threads)
-    if mask is not None:  # bool (True = attend) as numpy shares it; the module copies it once
-        kw["mask"] = mask.detach().contiguous().numpy()
-    if softcap is not None:  # the score modifications (docs/operation.md)
+def _score_kw(softcap, sinks):
+    """The score modifications (docs/operation.md) as the module's keywords: softcap, and sink logits
+    from a tensor of one per query head."""
+    kw = {}
+    if softcap is not None:
         kw["softcap"] = softcap
     if sinks is not None:
         kw["sink_logits"] = sinks.detach().float().reshape(-1).tolist()
+    return kw
+
+
+def _kw(mask, causal, scale, kernel, threads, softcap=None, sinks=None):
+    if causal not in _CAUSAL:
+        raise ValueError(f"causal: {causal!r}; allowed: " + ", ".join(_CAUSAL))
+    kw = dict(causal=_CAUSAL[causal], scale=scale, kernel=kernel, threads=threads, **_score_kw(softcap, sinks))
+    if mask is not None:  # bool (True = attend) as numpy shares it; the module copies it once
+        kw["mask"] = mask.detach().contiguous().numpy()
     return kw
 
 
