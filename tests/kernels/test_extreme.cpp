@@ -309,17 +309,15 @@ TEST(SpecialValueMatrix, CoversEveryPairOfFactors) {
   std::printf("special-value matrix: %zu cases per kernel\n", cases.size());
 }
 
-class SpecialValues : public ::testing::TestWithParam<std::tuple<const Kernel*, int>> {};
-
-TEST_P(SpecialValues, MatchTheReferenceElementByElement) {
-  const Kernel& k = *std::get<0>(GetParam());
-  const int value = std::get<1>(GetParam());
-  if (Support s = k.available(); !s) GTEST_SKIP() << s.reason;
+// Runs matrix cases on k, each with its value planted (inputs seeded from seed, its place and
+// target), against the reference element by element: a failure per disagreeing case (`with` after its
+// name), the counts printed under `label`, the test skipped when none ran.
+void check_cases(const Kernel& k, const std::vector<Case>& cases, uint64_t seed, const std::string& label,
+                 const char* with = "") {
   int ran = 0, failed = 0;
   std::string skip;
-  for (const Case& c : matrix()) {
-    if (c.value != value) continue;
-    Tensors t = random_tensors(c.p, 1000 + c.place * 10 + c.target);
+  for (const Case& c : cases) {
+    Tensors t = random_tensors(c.p, seed + c.place * 10 + c.target);
     plant(c, t);
     std::string why_skip;
     const std::string why = run_and_compare(k, c.p, t.inputs, &why_skip);
@@ -330,11 +328,24 @@ TEST_P(SpecialValues, MatchTheReferenceElementByElement) {
     ++ran;
     if (!why.empty()) {
       ++failed;
-      ADD_FAILURE() << k.name() << ", " << c.name() << ":" << why;
+      ADD_FAILURE() << k.name() << ", " << c.name() << with << ":" << why;
     }
   }
-  std::printf("%s, %s: %d cases ran, %d failed\n", test::variant_name(k).c_str(), kValueName[value], ran, failed);
+  std::printf("%s, %s: %d cases ran, %d failed\n", test::variant_name(k).c_str(), label.c_str(), ran, failed);
   if (ran == 0) GTEST_SKIP() << skip;
+}
+
+class SpecialValues : public ::testing::TestWithParam<std::tuple<const Kernel*, int>> {};
+
+TEST_P(SpecialValues, MatchTheReferenceElementByElement) {
+  const Kernel& k = *std::get<0>(GetParam());
+  const int value = std::get<1>(GetParam());
+  if (Support s = k.available(); !s) GTEST_SKIP() << s.reason;
+  std::vector<Case> cases;
+  for (const Case& c : matrix()) {
+    if (c.value == value) cases.push_back(c);
+  }
+  check_cases(k, cases, 1000, kValueName[value]);
 }
 
 // Every other case of the matrix again under the score modifications (softcap 4, the standard ALiBi
@@ -346,28 +357,13 @@ TEST_P(SpecialValuesScoreMods, MatchTheReferenceUnderTheModifications) {
   const Kernel& k = *GetParam();
   if (!k.capabilities().score_mods) GTEST_SKIP() << k.name() << " does not run score modifications";
   if (Support s = k.available(); !s) GTEST_SKIP() << s.reason;
-  int ran = 0, failed = 0;
-  std::string skip;
-  const std::vector<Case> cases = matrix();
-  for (size_t n = 0; n < cases.size(); n += test::small_mode() ? 6 : 2) {  // (sanitizer builds: every 6th)
-    Case c = cases[n];
-    c.p.softcap = 4.f, c.p.alibi_standard = true, c.p.sink_logits = {0.5f};
-    Tensors t = random_tensors(c.p, 2000 + c.place * 10 + c.target);
-    plant(c, t);
-    std::string why_skip;
-    const std::string why = run_and_compare(k, c.p, t.inputs, &why_skip);
-    if (!why_skip.empty()) {
-      skip = why_skip;
-      continue;
-    }
-    ++ran;
-    if (!why.empty()) {
-      ++failed;
-      ADD_FAILURE() << k.name() << ", " << c.name() << " with score modifications:" << why;
-    }
+  const std::vector<Case> all = matrix();
+  std::vector<Case> cases;
+  for (size_t n = 0; n < all.size(); n += test::small_mode() ? 6 : 2) {  // (sanitizer builds: every 6th)
+    cases.push_back(all[n]);
+    cases.back().p.softcap = 4.f, cases.back().p.alibi_standard = true, cases.back().p.sink_logits = {0.5f};
   }
-  std::printf("%s, score modifications: %d cases ran, %d failed\n", test::variant_name(k).c_str(), ran, failed);
-  if (ran == 0) GTEST_SKIP() << skip;
+  check_cases(k, cases, 2000, "score modifications", " with score modifications");
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, SpecialValuesScoreMods, ::testing::ValuesIn(kernels_under_test()),
