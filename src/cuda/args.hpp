@@ -9,6 +9,7 @@
 #include "attnlab/dtype.hpp"
 #include "attnlab/blocks/interval.hpp"
 #include "attnlab/blocks/kv_page.hpp"
+#include "attnlab/blocks/score_mod.hpp"
 #include "attnlab/kv_quant.hpp"
 #include "cuda/kernel_list.hpp"
 
@@ -61,6 +62,12 @@ struct DeviceArgs {
   const int32_t* table = nullptr;
   int64_t table_len = 0, kv_block = 0;
   int64_t k_row_bytes = 0, v_row_bytes = 0;  // one stored K / V row (Problem::kv_row_bytes)
+  // The score modifications (Problem::score_mod, blocks/score_mod.hpp): softcap c (0: none), and per
+  // query head its ALiBi slope and sink logit (nullptr: none), resolved on the host by attach_head_terms
+  // (host_args.hpp). Host pointers until runtime.cu copies them.
+  float softcap = 0.f;
+  const float* alibi = nullptr;
+  const float* sinks = nullptr;
 
   ATTN_HD int64_t group() const { return q_heads / kv_heads; }
   // The wider of head_dim and head_dim_v: what a tile's columns must hold.
@@ -68,6 +75,15 @@ struct DeviceArgs {
   ATTN_HD MaskSpec mask(int64_t b) const {
     return MaskSpec{q_len, kv_lens ? kv_lens[b] : kv_len, causal, window_left, window_right};
   }
+  // Whether the scores are modified (softcap or ALiBi; a sink logit changes only the finish).
+  ATTN_HD bool modifies_scores() const { return softcap > 0.f || alibi; }
+  // Row i of query head h (mask: its batch entry's): its ScoreMod in units of `unit` per natural
+  // unit (log2 e for kernels whose scores carry scale * log2 e; c tanh(s / c) scales with them).
+  ATTN_HD ScoreMod score_mod(const MaskSpec& mask, int64_t h, int64_t i, float unit) const {
+    return {softcap * unit, alibi ? alibi[h] * unit : 0.f, mask.pos(i)};
+  }
+  // Head h's sink logit in units of `unit` (-inf: none).
+  ATTN_HD float sink(int64_t h, float unit) const { return sinks ? sinks[h] * unit : -INFINITY; }
   ATTN_HD int64_t lse_index(int64_t b, int64_t h, int64_t i) const { return (b * q_heads + h) * q_len + i; }
   // Bytes per stride unit of K and V: 1 for a quantized cache, else the element's.
   ATTN_HD int64_t kv_unit_bytes() const { return kv != KvDType::Same ? 1 : dtype_bytes(dtype); }

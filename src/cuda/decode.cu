@@ -14,7 +14,7 @@
 //      float32, zeros past head_dim), reading K's values by the layout's rule (kv_read.hpp's value(),
 //      the CPU's rule; f32 and 16-bit rows 16 bytes at a time);
 //   3. online softmax per row across the warp (a row's 32 keys are the warp's lanes; log2 units),
-//      keys the row does not see -inf (never multiplied);
+//      after softcap and ALiBi (score_mod.hpp), keys the row does not see -inf (never multiplied);
 //   4. O += P V: each thread owns a 16-byte piece of V's columns for some of the rows and adds only
 //      the keys a row sees (0 x a NaN/Inf in a V row the row does not see never happens).
 // Each block leaves per row an unnormalized state (acc, max m, sum l) in device scratch; a second
@@ -22,11 +22,13 @@
 // merge: M = max_c m_c, w_c = 2^(m_c - M), L = sum_c w_c l_c (double), O = sum_c w_c acc_c / L,
 // LSE = (M + log2 L) ln 2 (online_softmax.hpp) - skipping the chunks the row sees no key of (never
 // weighted by 0), so NaN/Inf reach O and LSE as in the reference; an empty interval gives O = 0,
-// LSE = -inf (a property of the mask, never of the arithmetic).
+// LSE = -inf (a property of the mask, never of the arithmetic). The head's sink logit joins once, at
+// the merge's finish (online_softmax::finish; an empty row's LSE is then the logit).
 // Chunks: the longest power of two up to 4096 keys, at least 128, that still gives 4 blocks per SM.
 // Memory: shared Q (16 x head_dim floats) + 2 x 32 raw K rows + 2 x 32 raw V rows (each padded to 16
-// bytes, + 16 so neighbouring rows start on other banks) + P (16 x 32 floats): 29 KiB for a bf16
-// cache at d 128, 146 KiB for f32 at d 256; scratch: rows x chunks x (d_v + 2) floats.
+// bytes, + 16 so neighbouring rows start on other banks) + P (16 x 32 floats) + the rows' score
+// modifications (256 B): 29 KiB for a bf16 cache at d 128, 146 KiB for f32 at d 256; scratch: rows x
+// chunks x (d_v + 2) floats.
 // Cost: K and V bytes read once per 16 rows (Problem::kv_bytes() when group x q_len <= 16), 4 x d
 // FLOP per (row, key): memory-bound at decode's row counts.
 // Precision: the cache's values as its read rule gives them (f32, bf16, f16 widened exactly;
@@ -50,7 +52,6 @@ constexpr int kR = 16;  // query rows per block
 constexpr int kRowsPerWarp = kR / kWarps;
 constexpr int64_t kMaxQLen = 16, kMaxDim = 256;
 constexpr int kOutFloats = kR * static_cast<int>(kMaxDim) / kThreads;  // O per thread (32 floats)
-constexpr float kLog2e = 1.4426950408889634f;
 
 // The split of one problem, made on the host (it sizes the launch and the scratch) and read by
 // both kernels.
@@ -147,6 +148,7 @@ __global__ void __launch_bounds__(kThreads) decode_split(DeviceArgs a, Split sp,
   std::byte* vbuf = kbuf + 2 * kT * sp.k_pitch;
   float* ps = reinterpret_cast<float*>(vbuf + 2 * kT * sp.v_pitch);
   float* alpha_s = ps + kR * kT;
+  auto* mod_s = reinterpret_cast<ScoreMod*>(alpha_s + kR);  // per row: softcap and ALiBi (log2 units)
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int64_t b = blockIdx.z, hk = blockIdx.y;
   const int64_t chunk = blockIdx.x / sp.row_tiles, r0 = (blockIdx.x % sp.row_tiles) * kR;
@@ -191,6 +193,14 @@ __global__ void __launch_bounds__(kThreads) decode_split(DeviceArgs a, Split sp,
     iv_o[rr] = rg < groups && r < nrows ? interval(static_cast<int>(r)) : Interval{0, 0};
   }
   const float qk_scale = a.scale * kLog2e;
+  // The rows' modifications, read from shared memory: computed in the loop they took 26-30 more
+  // registers at sm_90 for the 16-bit and quantized caches (128 -> 154-156, 168 -> 198: a block
+  // less per SM).
+  const bool modifies = a.modifies_scores();
+  if (modifies && tid < kR) {
+    const int64_t t = r0 + tid;
+    mod_s[tid] = a.score_mod(mask, hk * group + t % group, t / group, kLog2e);
+  }
 
   load(lo, 0);
   cp_async_commit();
@@ -221,7 +231,9 @@ __global__ void __launch_bounds__(kThreads) decode_split(DeviceArgs a, Split sp,
       const int r = warp + kWarps * rr;
       if (r >= nrows) continue;  // (the whole warp)
       const bool vis = j < hi && iv_s[rr].lo <= j && j < iv_s[rr].hi;
-      const float x = vis ? s[rr] * qk_scale : -INFINITY;  // replaced, never multiplied
+      float x = s[rr] * qk_scale;
+      if (modifies) x = mod_s[r](x, j);  // softcap and ALiBi (log2 units), before the mask
+      x = vis ? x : -INFINITY;           // replaced, never multiplied
       const float m_new = fmaxf(m[rr], group_max<32>(x));
       const float alpha = online_softmax::rescale<online_softmax::Units::Log2>(m[rr], m_new);
       const float p = vis ? exp2f(x - online_softmax::subtrahend(m_new)) : 0.f;
@@ -302,9 +314,11 @@ __global__ void __launch_bounds__(kThreads) decode_merge(DeviceArgs a, Split sp,
     any = true;
   }
   float* o = a.o + a.os.at(b, h, i);
-  if (!any) {  // the mask leaves the row no key
+  const float sink = a.sink(h, kLog2e);
+  if (!any) {  // the mask leaves the row no key: O = 0, LSE = -inf or the sink logit
     for (int64_t c = lane; c < a.head_dim_v; c += 32) o[c] = 0.f;
-    if (lane == 0 && a.lse) a.lse[a.lse_index(b, h, i)] = -INFINITY;
+    if (lane == 0 && a.lse)
+      a.lse[a.lse_index(b, h, i)] = online_softmax::finish<online_softmax::Units::Log2>(true, 0.f, 1.0, sink).lse;
     return;
   }
   float acc[kCols] = {};
@@ -319,14 +333,12 @@ __global__ void __launch_bounds__(kThreads) decode_merge(DeviceArgs a, Split sp,
       if (lane + 32 * k < a.head_dim_v) acc[k] = fmaf(w, pc[lane + 32 * k], acc[k]);
     }
   }
-  const auto scale = static_cast<float>(online_softmax::out_scale(false, big_l));
+  const online_softmax::Finish fin = online_softmax::finish<online_softmax::Units::Log2>(false, big_m, big_l, sink);
   ATTN_UNROLL
   for (int k = 0; k < kCols; ++k) {
-    if (lane + 32 * k < a.head_dim_v) o[lane + 32 * k] = acc[k] * scale;
+    if (lane + 32 * k < a.head_dim_v) o[lane + 32 * k] = acc[k] * fin.out_scale;
   }
-  if (lane == 0 && a.lse) {
-    a.lse[a.lse_index(b, h, i)] = online_softmax::out_lse<online_softmax::Units::Log2>(false, big_m, big_l);
-  }
+  if (lane == 0 && a.lse) a.lse[a.lse_index(b, h, i)] = fin.lse;
 }
 
 template <class F>
@@ -364,7 +376,8 @@ Split split_of(const DeviceArgs& a, int sm_count) {
 
 int64_t smem_bytes(const DeviceArgs& a) {
   const Split sp = split_of(a, 1);  // (the chunks do not change it)
-  return kR * sp.d_pad * 4 + 2 * kT * (sp.k_pitch + sp.v_pitch) + kR * kT * 4 + kR * 4;
+  return kR * sp.d_pad * 4 + 2 * kT * (sp.k_pitch + sp.v_pitch) + kR * kT * 4 + kR * 4 +
+         kR * static_cast<int64_t>(sizeof(ScoreMod));
 }
 
 int64_t scratch_floats(const DeviceArgs& a, int sm_count) {

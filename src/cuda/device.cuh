@@ -34,6 +34,7 @@ using cuda_impl::DeviceArgs;
 using cuda_impl::LaunchEnv;
 
 constexpr unsigned kFullMask = 0xffffffffu;
+constexpr float kLog2e = 1.4426950408889634f;  // the kernels whose softmax runs on exp2 scale scores by it
 
 // Max / sum over groups of kWidth consecutive lanes (kWidth a power of two <= 32); every lane
 // of the group gets the result.

@@ -22,7 +22,9 @@
 // kN-key steps, full ones unmasked and partial ones masked by each row's 64-bit word - the same
 // select and P V rule as a tile an interval cuts (an interval becomes a word, key_bits).
 // Q is pre-scaled by scale * log2(e) once, so the softmax runs on exp2 (FA's softmax.h trick);
-// LSE = m * ln 2 + log(l). Fully masked rows (empty interval): O = 0, LSE = -inf.
+// LSE = m * ln 2 + log(l). Fully masked rows (empty interval): O = 0, LSE = -inf. Softcap and ALiBi
+// (score_mod.hpp) modify a tile's scores in log2 units before the mask; a sink logit joins at the
+// finish (tile_walk.cuh's end_row).
 // Memory: shared (kM + kN) * (D + 4) + kN * D + kM * (kN + pad) floats, <= 98 KiB for every
 // head-dim bucket (so it also runs on sm_86/89 parts with 99 KiB), nothing in global memory
 // beyond Q, K, V, O, LSE (and a pattern's block map): O(N) extra memory. K and V are read q_len*G/kM times per kv head.
@@ -48,7 +50,6 @@ namespace flash_impl {
 constexpr int kThreads = 256;
 constexpr int kTX = 16;  // threads across the keys of a score tile (and across head_dim)
 constexpr int kTY = 16;  // threads across the rows
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Row length of the P tile such that the two row groups of a warp (rows ty*kRM and
 // (ty+1)*kRM) land 16 banks apart: P stores are conflict-free.
@@ -74,11 +75,13 @@ struct Config {
 
 // One score tile step over keys [j0, j0 + n_keys). kMasked: some row does not see every key of
 // the tile; row_bits(row of the block) gives the keys it sees (bit n: key j0 + n), so each
-// score is checked against them and P * V skips the others.
-template <class C, bool kMasked, class RowBits>
+// score is checked against them and P * V skips the others. With `modifies`, row_mod(row of the
+// block) gives the row's softcap and ALiBi (log2 units), applied before the mask.
+template <class C, bool kMasked, class RowBits, class RowMod>
 __device__ __forceinline__ void tile_step(const float* qs, const float* ks, const float* vs, float* ps, int tx, int ty,
-                                          int dim4, int n_keys, const RowBits& row_bits, float (&m)[C::kRM],
-                                          float (&l)[C::kRM], float (&acc)[C::kRM][C::kCols]) {
+                                          int dim4, int64_t j0, int n_keys, const RowBits& row_bits, bool modifies,
+                                          const RowMod& row_mod, float (&m)[C::kRM], float (&l)[C::kRM],
+                                          float (&acc)[C::kRM][C::kCols]) {
   // S = Q K^T for this thread's kRM x kRN scores (log2 domain: Q carries scale * log2 e).
   float s[C::kRM][C::kRN];
   ATTN_UNROLL
@@ -103,6 +106,14 @@ __device__ __forceinline__ void tile_step(const float* qs, const float* ks, cons
         t = fmaf(qv[r].w, kv[c].w, t);
         s[r][c] = t;
       }
+    }
+  }
+  if (modifies) {  // (uniform in the block; recomputed per tile, as row_bits, rather than held)
+    ATTN_UNROLL
+    for (int r = 0; r < C::kRM; ++r) {
+      const ScoreMod mod = row_mod(ty * C::kRM + r);
+      ATTN_UNROLL
+      for (int c = 0; c < C::kRN; ++c) s[r][c] = mod(s[r][c], j0 + tx + kTX * c);
     }
   }
   // Online softmax, one row at a time; the 16 lanes of a row hold identical m and alpha.
@@ -236,6 +247,13 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
     for (int c = 0; c < C::kCols; ++c) acc[r][c] = 0.f;
   }
 
+  // Row r of the block's score modification (log2 units: Q carries scale * log2 e).
+  const bool modifies = a.modifies_scores();
+  const auto row_mod = [&](int r) {
+    const int64_t t = t0 + r;
+    return a.score_mod(mask, hk * group + t % group, t / group, kLog2e);
+  };
+
   // Key tile [j0, j0 + kN): K and V rows up to `end` (zeros past it: never read, but never
   // NaN either), then the step, masked by row_bits when `masked`.
   const auto visit = [&](int64_t j0, int64_t end, bool masked, const auto& row_bits) {
@@ -247,9 +265,9 @@ __global__ void __launch_bounds__(kThreads, 2) flash_kernel(DeviceArgs a) {
     __syncthreads();
     const int n_keys = end - j0 < C::kN ? static_cast<int>(end - j0) : C::kN;
     if (!masked) {
-      tile_step<C, false>(qs, ks, vs, ps, tx, ty, dim4, n_keys, row_bits, m, l, acc);
+      tile_step<C, false>(qs, ks, vs, ps, tx, ty, dim4, j0, n_keys, row_bits, modifies, row_mod, m, l, acc);
     } else {
-      tile_step<C, true>(qs, ks, vs, ps, tx, ty, dim4, n_keys, row_bits, m, l, acc);
+      tile_step<C, true>(qs, ks, vs, ps, tx, ty, dim4, j0, n_keys, row_bits, modifies, row_mod, m, l, acc);
     }
   };
   const int64_t v = a.sparse ? a.map.variant(b, hk) : 0;

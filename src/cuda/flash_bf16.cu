@@ -13,7 +13,8 @@
 //      are B's columns, so K's rows load untransposed), float32 accumulators;
 //   3. online softmax in registers (log2 domain: the scores times scale * log2 e in float32): a
 //      lane holds 2 rows x 16 keys, the row max and sum over the 4 lanes of a quad (shuffles);
-//      masked scores are replaced by -inf (never multiplied);
+//      softcap and ALiBi (score_mod.hpp) first, then masked scores replaced by -inf (never
+//      multiplied); a sink logit joins at the finish (tile_walk.cuh's end_row);
 //   4. O += P V: P rounded to bf16 (the l sum stays float32, as the tolerance baseline's), the S
 //      accumulators turned into mma A fragments in registers (FA-2's trick: C's layout is A's),
 //      V's fragments by ldmatrix.trans. A tile some row does not see whole takes CUDA cores for
@@ -42,7 +43,6 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kM = 16 * kWarps;  // rows per block: 16 per warp (mma's M)
 constexpr int kN = 64;           // keys per tile
 constexpr int kNT = kN / 8;      // score n-tiles per warp
-constexpr float kLog2e = 1.4426950408889634f;
 
 template <int D>
 struct Config {
@@ -124,6 +124,12 @@ __global__ void __launch_bounds__(kThreads) flash_bf16_kernel(DeviceArgs a, bool
   for (int ot = 0; ot < C::kOT; ++ot) o[ot][0] = o[ot][1] = o[ot][2] = o[ot][3] = 0.f;
   const int row_in_block[2] = {warp * 16 + g, warp * 16 + g + 8};
 
+  const bool modifies = a.modifies_scores();
+  const auto row_mod = [&](int r) {
+    const int64_t t = t0 + r;
+    return a.score_mod(mask, hk * group + t % group, t / group, kLog2e);
+  };
+
   const int64_t v = a.sparse ? a.map.variant(b, hk) : 0;
   KeyTiles<kN> tiles(a, mask, v, blockIdx.x, t0, kM);
   // One tile's step on the K and V rows in kt, vt (loaded and visible to the block).
@@ -147,12 +153,15 @@ __global__ void __launch_bounds__(kThreads) flash_bf16_kernel(DeviceArgs a, bool
     ATTN_UNROLL
     for (int hr = 0; hr < 2; ++hr) {
       if (masked) vis[hr] = tiles.row_bits(tile, row_in_block[hr]);
+      // Softcap and ALiBi (log2 units), before the mask; recomputed per tile rather than held.
+      const ScoreMod mod = modifies ? row_mod(row_in_block[hr]) : ScoreMod{};
       float tile_max = -INFINITY;
       ATTN_UNROLL
       for (int nt = 0; nt < kNT; ++nt) {
         ATTN_UNROLL
         for (int x = 0; x < 2; ++x) {
           float v = s[nt][2 * hr + x] * qk_scale;
+          if (modifies) v = mod(v, tile.j0 + 8 * nt + 2 * tq + x);
           if (masked && !(vis[hr] >> (8 * nt + 2 * tq + x) & 1)) v = -INFINITY;  // replaced, never multiplied
           s[nt][2 * hr + x] = v;
           tile_max = fmaxf(tile_max, v);

@@ -22,6 +22,10 @@ std::shared_ptr<const Plan> block_plan(const Problem& p, const KernelOps& ops);
 void attach_plan(DeviceArgs& a, const Problem& p, const KernelOps& ops, const Plan* plan,
                  std::shared_ptr<const Plan>& keep);
 
+// Sets a's score modifications from p: softcap, and the per-head ALiBi slopes and sink logits resolved
+// against q_heads into `keep` (which must outlive the run; a's pointers point into it).
+void attach_head_terms(DeviceArgs& a, const Problem& p, std::vector<float>& keep);
+
 // Elements of Q, K, V from each view's first element to its last (what one contiguous copy
 // moves), in the inputs' storage dtype (K and V of a quantized cache: bytes).
 struct InputExtents {

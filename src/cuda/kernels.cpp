@@ -127,6 +127,18 @@ DeviceArgs device_args(const Problem& p, const Inputs& in, const Outputs& out) {
   return a;
 }
 
+void attach_head_terms(DeviceArgs& a, const Problem& p, std::vector<float>& keep) {
+  a.softcap = p.softcap;
+  const bool sinks = !p.sink_logits.empty();
+  keep.clear();
+  if (p.has_alibi())
+    for (int64_t h = 0; h < p.q_heads; ++h) keep.push_back(p.alibi_slope(h));
+  if (sinks)
+    for (int64_t h = 0; h < p.q_heads; ++h) keep.push_back(p.sink_logit(h));
+  a.alibi = p.has_alibi() ? keep.data() : nullptr;
+  a.sinks = sinks ? keep.data() + (p.has_alibi() ? p.q_heads : 0) : nullptr;
+}
+
 InputExtents input_extents(const Inputs& in) {
   InputExtents e;
   visit_inputs(in, [&](const auto& t) {
@@ -188,6 +200,8 @@ class CudaKernel final : public Kernel {
     cuda_impl::DeviceArgs a = cuda_impl::device_args(p, in, out);
     std::shared_ptr<const Plan> keep;
     cuda_impl::attach_plan(a, p, *ops_, ctx.plan, keep);
+    std::vector<float> head_terms;
+    cuda_impl::attach_head_terms(a, p, head_terms);
     const cuda_impl::InputExtents in_ext = cuda_impl::input_extents(in);
     cuda_dev::Extents ext;
     ext.q = in_ext.q;

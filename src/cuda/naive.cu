@@ -3,9 +3,10 @@
 //
 // Idea: warp w takes rows w, w + W, ... (grid-stride over the batch * q_heads * q_len rows).
 // For its row it walks the visible keys [lo, hi) of the shared interval rule with the 32 lanes
-// taking every 32nd key: pass 1 writes s_j = scale * q.k_j to a global scratch row and finds
-// the max; pass 2 turns the scratch row into exp(s_j - max) and sums it; pass 3 has the lanes
-// split head_dim and accumulate sum_j p_j * v_j. The scores round as the textbook's do (no
+// taking every 32nd key: pass 1 writes s_j = scale * q.k_j (then softcap and ALiBi, score_mod.hpp)
+// to a global scratch row and finds the max; pass 2 turns the scratch row into exp(s_j - max)
+// and sums it; pass 3 has the lanes split head_dim and accumulate sum_j p_j * v_j, and the finish
+// adds the head's sink logit (online_softmax::finish). The scores round as the textbook's do (no
 // fused multiply-add, device.cuh's mul_rn/add_rn): the float32 tolerance is a multiple of the
 // textbook's realized error, and at huge scores a fused rounding alone measured 4.6x it on an
 // H200 (results/2026-12-04-gpu_check). Masked keys are never read (no NaN leaks);
@@ -40,15 +41,17 @@ __global__ void __launch_bounds__(kThreads) naive_kernel(DeviceArgs a, float* sc
     const int64_t h = (row / a.q_len) % a.q_heads;
     const int64_t b = row / (a.q_len * a.q_heads);
     const int64_t hk = h / a.group();
-    const Interval iv = a.mask(b).row(i);
+    const MaskSpec mask = a.mask(b);
+    const Interval iv = mask.row(i);
     const E* q = qa + a.qs.at(b, h, i);
+    const ScoreMod mod = a.score_mod(mask, h, i, 1.f);
 
     float m = -INFINITY;
     for (int64_t j = iv.lo + lane; j < iv.hi; j += 32) {
       const E* k = ka + a.ks.at(b, hk, j);
       float dot = 0.f;
       for (int64_t d = 0; d < a.head_dim; ++d) dot = add_rn(dot, mul_rn(to_float(q[d]), to_float(k[d])));
-      s[j] = a.scale * dot;
+      s[j] = mod(a.scale * dot, j);
       m = fmaxf(m, s[j]);
     }
     m = group_max<32>(m);  // fmaxf drops NaN: their p is NaN all the same (online_softmax.hpp)
@@ -60,17 +63,17 @@ __global__ void __launch_bounds__(kThreads) naive_kernel(DeviceArgs a, float* sc
       l += p;
     }
     l = group_sum<32>(l);
-    __syncwarp();                                                // every lane's p_j visible to every lane
-    const float inv = online_softmax::out_scale(iv.empty(), l);  // fully masked row -> O = 0
+    __syncwarp();  // every lane's p_j visible to every lane
+    // A fully masked row: O = 0 (LSE -inf, or the sink logit's).
+    const online_softmax::Finish fin =
+        online_softmax::finish<online_softmax::Units::Natural>(iv.empty(), m, l, a.sink(h, 1.f));
     float* o = a.o + a.os.at(b, h, i);
     for (int64_t d = lane; d < a.head_dim_v; d += 32) {
       float acc = 0.f;
       for (int64_t j = iv.lo; j < iv.hi; ++j) acc += s[j] * to_float(va[a.vs.at(b, hk, j) + d]);
-      o[d] = acc * inv;
+      o[d] = acc * fin.out_scale;
     }
-    if (lane == 0 && a.lse) {
-      a.lse[a.lse_index(b, h, i)] = online_softmax::out_lse<online_softmax::Units::Natural>(iv.empty(), m, l);
-    }
+    if (lane == 0 && a.lse) a.lse[a.lse_index(b, h, i)] = fin.lse;
     __syncwarp();  // the scratch row is rewritten by the next row
   }
 }

@@ -172,9 +172,10 @@ struct Resources {
   Event start, copied_in, computed, timed_start, timed_end, copied_out;
   DeviceBuffer q, k, v, o, lse, kv_lens, scratch, table;
   DeviceBuffer map_start, map_entries, map_bits, map_empty;  // a sparse pattern's block map
+  DeviceBuffer alibi, sinks;                                 // per query head (score modifications)
   void release_buffers() {
-    for (DeviceBuffer* b :
-         {&q, &k, &v, &o, &lse, &kv_lens, &scratch, &table, &map_start, &map_entries, &map_bits, &map_empty}) {
+    for (DeviceBuffer* b : {&q, &k, &v, &o, &lse, &kv_lens, &scratch, &table, &map_start, &map_entries, &map_bits,
+                            &map_empty, &alibi, &sinks}) {
       b->reset();
     }
   }
@@ -273,6 +274,17 @@ void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, con
                           cudaMemcpyHostToDevice, s),
           "cudaMemcpy kv_lens to device");
   }
+  size_t head_bytes = 0;  // the score modifications' per-head slopes and sink logits
+  const auto copy_heads = [&](DeviceBuffer& buf, const float* src, const char* what) -> const float* {
+    if (!src) return nullptr;
+    float* dst = buf.get<float>(static_cast<size_t>(host.q_heads), what);
+    const size_t bytes = static_cast<size_t>(host.q_heads) * sizeof(float);
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s), (std::string("cudaMemcpy ") + what).c_str());
+    head_bytes += bytes;
+    return dst;
+  };
+  d.alibi = copy_heads(r.alibi, host.alibi, "ALiBi slopes");
+  d.sinks = copy_heads(r.sinks, host.sinks, "sink logits");
   size_t map_bytes = 0;
   if (host.sparse) {
     // The block map (built on the host by the plan), copied with the inputs.
@@ -337,9 +349,9 @@ void run(const cuda_impl::KernelOps& ops, const cuda_impl::DeviceArgs& host, con
   timing.kernel_ms =
       timed_launches > 0 ? elapsed_ms(r.timed_start, r.timed_end) / timed_launches : timing.first_launch_ms;
   timing.d2h_ms = elapsed_ms(timed_launches > 0 ? r.timed_end : r.computed, r.copied_out);
-  timing.h2d_bytes =
-      static_cast<double>(static_cast<size_t>(ext.q) * in_size + static_cast<size_t>(ext.k + ext.v) * kv_size +
-                          (dlens ? static_cast<size_t>(host.batch) * sizeof(int64_t) : 0) + map_bytes + table_bytes);
+  timing.h2d_bytes = static_cast<double>(
+      static_cast<size_t>(ext.q) * in_size + static_cast<size_t>(ext.k + ext.v) * kv_size +
+      (dlens ? static_cast<size_t>(host.batch) * sizeof(int64_t) : 0) + map_bytes + table_bytes + head_bytes);
   timing.d2h_bytes = static_cast<double>(d2h);
 }
 

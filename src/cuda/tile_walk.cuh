@@ -115,9 +115,10 @@ __device__ __forceinline__ bool row_sees_nothing(const DeviceArgs& a, const Mask
   return a.sparse ? a.map.row_empty[(v * a.q_len + i) * a.group() + gi] != 0 : mask.row(i).empty();
 }
 
-// The end of row t of a block's row space (kv head hk of sequence b), both flash kernels' epilogue:
-// its LSE written when `writes` (the one lane of the row that does) and LSE is wanted, and where its
-// O goes with the factor that normalizes it (0 for a row that sees no key: O = 0, LSE = -inf).
+// The end of row t of a block's row space (kv head hk of sequence b), both flash kernels' epilogue
+// (m in log2 units): its LSE written when `writes` (the one lane of the row that does) and LSE is
+// wanted, and where its O goes with the factor that normalizes it, the head's sink logit taken in
+// (online_softmax::finish; a row that sees no key: O = 0, LSE = -inf or the sink logit).
 struct RowEnd {
   float* o;
   float inv;
@@ -126,10 +127,10 @@ __device__ __forceinline__ RowEnd end_row(const DeviceArgs& a, const MaskSpec& m
                                           int64_t t, float m, float l_row, bool writes) {
   const int64_t group = a.group(), i = t / group, h = hk * group + t % group;
   const bool empty = row_sees_nothing(a, mask, v, i, t % group);
-  if (writes && a.lse) {
-    a.lse[a.lse_index(b, h, i)] = online_softmax::out_lse<online_softmax::Units::Log2>(empty, m, l_row);
-  }
-  return {a.o + a.os.at(b, h, i), online_softmax::out_scale(empty, l_row)};
+  const online_softmax::Finish fin =
+      online_softmax::finish<online_softmax::Units::Log2>(empty, m, l_row, a.sink(h, kLog2e));
+  if (writes && a.lse) a.lse[a.lse_index(b, h, i)] = fin.lse;
+  return {a.o + a.os.at(b, h, i), fin.out_scale};
 }
 
 }  // namespace attnlab::ATTN_CUDA_NS

@@ -50,6 +50,8 @@ class EmulatedKernel final : public Kernel {
     cuda_impl::DeviceArgs a = cuda_impl::device_args(p, in, out);
     std::shared_ptr<const Plan> keep;
     cuda_impl::attach_plan(a, p, ops_, ctx.plan, keep);
+    std::vector<float> head_terms;
+    cuda_impl::attach_head_terms(a, p, head_terms);
     ops_.launch(a, cuda_impl::LaunchEnv{nullptr, sms_, reinterpret_cast<float*>(ctx.workspace.data())});
   }
 

@@ -14,6 +14,7 @@
 #include "attnlab/kernel.hpp"
 #include "attnlab/verify.hpp"
 #include "attnlab/blocks/textbook.hpp"
+#include "cuda_emu.hpp"
 #include "test_util.hpp"
 
 namespace attnlab {
@@ -133,6 +134,7 @@ TEST(ScoreModProblem, BadValuesNameTheField) {
 struct Case {
   Problem p;
   std::string name;
+  int mods = 0;
 };
 
 // Small grids (sanitizer builds, test::small_mode): all three terms together only, and no shape past
@@ -147,7 +149,7 @@ std::vector<Case> grid() {
       if (small && mods != *(all.end() - 1)) continue;
       Problem q = p;
       set_mods(q, mods);
-      out.push_back({q, name + "_" + mods_name(mods)});
+      out.push_back({q, name + "_" + mods_name(mods), mods});
     }
   };
   Problem p = test::shape(1, 4, 2, 37, 70, 40);  // prefill, odd sizes, GQA 2
@@ -199,11 +201,23 @@ struct Param {
 };
 void PrintTo(const Param& p, std::ostream* os) { *os << test::variant_name(*p.kernel) << " " << p.c.p.describe(); }
 
+// Every registry variant, then the CUDA kernels' device code under the host emulation (the registry's
+// CUDA entries need a device; the emulation runs the same source here).
+std::vector<const Kernel*> with_emulated_cuda() {
+  std::vector<const Kernel*> ks = variants();
+  for (const char* id : {"naive", "flash", "flash_bf16", "decode"}) ks.push_back(&test::emulated_cuda(id));
+  return ks;
+}
+
 std::vector<Param> params() {
   std::vector<Param> out;
-  for (const Kernel* k : variants()) {
+  for (const Kernel* k : with_emulated_cuda()) {
     if (!k->capabilities().score_mods) continue;
+    const bool emulated = k->name().rfind("emu_cuda_", 0) == 0;
     for (Case c : grid()) {
+      // The emulation runs a thread at a time (~100x a CPU kernel): each term alone on the small
+      // shapes, the three together on every shape.
+      if (emulated && c.p.kv_len > 300 && c.mods != (kSoftcap | kAlibi | kSink)) continue;
       const std::optional<DType> d = test::case_dtype(*k, c.p.dtype);
       if (!d) continue;
       c.p.dtype = *d;
@@ -251,9 +265,10 @@ TEST(ScoreModRefusal, KernelsThatDoNotRunThemSayWhichDo) {
       EXPECT_EQ(named, r->capabilities().score_mods) << r->name() << " in: " << s.reason;
     }
   }
-  // The float kernels of the tile engine run them; the AMX tiles do not (their scores are unscaled).
-  for (const char* name :
-       {"naive", "blocked", "simd", "threaded", "flash", "decode", "flash_bf16", "flash_int8", "decode_i8"}) {
+  // The float kernels of the tile engine and the CUDA kernels run them; the AMX tiles do not (their
+  // scores are unscaled).
+  for (const char* name : {"naive", "blocked", "simd", "threaded", "flash", "decode", "flash_bf16", "flash_int8",
+                           "decode_i8", "cuda_naive", "cuda_flash", "cuda_flash_bf16", "cuda_decode"}) {
     EXPECT_TRUE(kernel_or_throw(name).capabilities().score_mods) << name;
   }
 }
@@ -276,7 +291,7 @@ TEST(ScoreModRefusal, AlibiWithGlobalColumnsSaysWhatRunsIt) {
 // infinite score saturates at +-c, and the row stays finite, as the formula says).
 TEST(ScoreModSpecialValues, FollowTheReference) {
   int checked = 0;
-  for (const Kernel* k : variants()) {
+  for (const Kernel* k : with_emulated_cuda()) {
     if (!k->capabilities().score_mods || !k->available()) continue;
     for (int64_t sq : {1, 70}) {
       Problem p = test::shape(1, 4, 2, sq, 600, 32);
@@ -319,7 +334,7 @@ TEST(ScoreModSpecialValues, SoftcapSaturatesAnInfiniteScore) {
   double o[16], scale = 0;
   const double lse = reference_row(p, t.inputs, {0, 0, 0}, o, &scale);
   EXPECT_TRUE(std::isfinite(lse));
-  for (const Kernel* k : variants()) {
+  for (const Kernel* k : with_emulated_cuda()) {
     if (!k->capabilities().score_mods || !k->available() || !supports_problem(*k, p)) continue;
     const KernelCheck c = test::check_all_rows(*k, p, t);
     EXPECT_EQ(c.verdict, Verdict::Pass) << test::variant_name(*k) << ": " << c.reason;
