@@ -293,6 +293,9 @@ TEST(ScoreModSpecialValues, FollowTheReference) {
   int checked = 0;
   for (const Kernel* k : with_emulated_cuda()) {
     if (!k->capabilities().score_mods || !k->available()) continue;
+    // (Sanitizer builds: the emulated kernels' memory paths run in the grid above, as asan-test
+    // leaves their special-value matrices to the plain suite.)
+    if (test::small_mode() && k->name().rfind("emu_cuda_", 0) == 0) continue;
     for (int64_t sq : {1, 70}) {
       Problem p = test::shape(1, 4, 2, sq, 600, 32);
       p.causal = CausalAlign::BottomRight;
