@@ -1,0 +1,96 @@
+// Query-aware sparse decode's building blocks (issue 66; Quest, Tang et al. 2024): page summaries of a
+// KV cache's keys, the bound they give a query's best score in a page, the choice of pages within a
+// token budget, and what attending only the chosen pages costs against dense attention.
+//
+// A page is kSummaryPageKeys consecutive keys of one sequence and kv head - one tile of the tile
+// engine and one 64-key entry of a block map, so a chosen page is a whole tile of the exact decode
+// that follows. Its summary is the element-wise min and max of its keys as the cache's read rule
+// gives them (load_row: f32, bf16, f16 widened, a quantized row dequantized), in float32:
+// 2 x head_dim floats per 64 keys - 1/32 of a float32 K cache's bytes, 1/16 of a 16-bit one's,
+// 1/8 of u8's (d 128: 136-byte rows), 1/4.25 of u4's.
+//
+// For a query q the page's bound is u = sum_i max(q_i min_i, q_i max_i): every key k of the page has
+// q.k <= u (each term is the larger of the two ends of q_i times the interval k_i lies in), exactly
+// in real arithmetic; computed in double from float32 values. A NaN key makes its page's min or max
+// NaN and its bound NaN: such a page ranks first (choose_pages), so a NaN the dense result has is not
+// hidden by the choice whenever the budget reaches it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "attnlab/problem.hpp"
+#include "attnlab/tensor.hpp"
+#include "attnlab/verify.hpp"
+
+namespace attnlab {
+
+inline constexpr int64_t kSummaryPageKeys = 64;
+
+// Per (batch entry, kv head, page): head_dim minima, then head_dim maxima. A page with no key yet:
+// minima +inf, maxima -inf (its bound is -inf for any q with a nonzero element; never chosen by
+// score).
+struct KvSummary {
+  int64_t batch = 0, kv_heads = 0, pages = 0, dim = 0;
+  std::vector<float> data;
+
+  float* min(int64_t b, int64_t hk, int64_t page) { return data.data() + offset(b, hk, page); }
+  const float* min(int64_t b, int64_t hk, int64_t page) const { return data.data() + offset(b, hk, page); }
+  float* max(int64_t b, int64_t hk, int64_t page) { return min(b, hk, page) + dim; }
+  const float* max(int64_t b, int64_t hk, int64_t page) const { return min(b, hk, page) + dim; }
+  size_t bytes() const { return data.size() * sizeof(float); }
+
+ private:
+  size_t offset(int64_t b, int64_t hk, int64_t page) const {
+    return static_cast<size_t>(((b * kv_heads + hk) * pages + page) * 2 * dim);
+  }
+};
+
+// Pages of n keys.
+inline int64_t summary_pages(int64_t n) { return (n + kSummaryPageKeys - 1) / kSummaryPageKeys; }
+
+// An empty summary for p's cache (kv_len keys per sequence: every page without a key).
+KvSummary make_summary(const Problem& p);
+// Folds key j of sequence b, kv head hk (head_dim floats as the cache reads it back) into its page:
+// what the store path does when it appends a row, so a growing cache keeps its summaries current
+// without a pass over the cache.
+void summary_add_key(KvSummary& s, int64_t b, int64_t hk, int64_t j, const float* k);
+// K row j of sequence b, kv head hk as the cache's read rule gives it (any dtype or quantized
+// layout, contiguous or paged), into k (head_dim floats).
+void read_key(const Problem& p, const Inputs& in, int64_t b, int64_t hk, int64_t j, float* k);
+// The summary of every key a sequence holds (j < kv_len_of(b)), read from the cache.
+KvSummary summarize_keys(const Problem& p, const Inputs& in);
+
+// q's bound on page (mn, mx): sum_i max(q_i mn_i, q_i mx_i), in double (NaN from a NaN key).
+double page_bound(const float* q, const float* mn, const float* mx, int64_t d);
+
+// Which pages of a sequence of n keys to attend: the pages holding the first sink_tokens keys and
+// the last recent_tokens keys always, then the others in decreasing score (a NaN score first; ties
+// to the earlier page) while whole pages fit in `tokens` (the sinks' and recent pages count too;
+// tokens <= 0: every page). Ascending page indices.
+struct PageBudget {
+  int64_t tokens = 0;
+  int64_t sink_tokens = 0;
+  int64_t recent_tokens = 0;
+};
+std::vector<int64_t> choose_pages(const std::vector<double>& score, int64_t n, const PageBudget& budget);
+
+// The page scores of query position i's rows in kv head hk's group (sequence b): per page, the
+// largest bound over the group's query heads - one choice per group, so the group's K and V are read
+// once - times the softmax scale. Sparse patterns and score modifications are refused (InvalidInput):
+// a bound for them is not this one.
+std::vector<double> group_page_scores(const Problem& p, const Inputs& in, const KvSummary& s, int64_t b, int64_t hk,
+                                      int64_t i);
+
+// What attending only `pages` does to row r, exactly (float64, the cache's values as read): recall, the
+// softmax mass of the row's visible keys in those pages under the dense attention (1: nothing left
+// out), and o_rel_error, |O_pages - O_dense| / |O_dense| (Euclidean norms; 0 for equal rows).
+// Refuses what group_page_scores refuses.
+struct SelectionAccuracy {
+  double recall = 0;
+  double o_rel_error = 0;
+};
+SelectionAccuracy selection_accuracy(const Problem& p, const Inputs& in, const RowId& r,
+                                     const std::vector<int64_t>& pages);
+
+}  // namespace attnlab

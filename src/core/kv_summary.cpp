@@ -1,0 +1,219 @@
+// Page summaries, bounds, the page choice and its accuracy (include/attnlab/kv_summary.hpp).
+#include "attnlab/kv_summary.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "attnlab/kv_quant.hpp"
+
+namespace attnlab {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Row j of sequence b, kv head hk of K (key) or V, `dim` values as the cache reads them back.
+void read_row(const Problem& p, const Inputs& in, bool key, int64_t b, int64_t hk, int64_t j, float* out) {
+  const int64_t dim = key ? p.head_dim : p.dim_v();
+  const std::byte* row = nullptr;
+  if (in.kv != KvDType::Same) {
+    row = kv_row(key ? in.kq : in.vq, in.pages, b, hk, j);
+  } else if (in.dtype == DType::F32) {
+    row = reinterpret_cast<const std::byte*>(kv_row(key ? in.k : in.v, in.pages, b, hk, j));
+  } else {
+    row = reinterpret_cast<const std::byte*>(kv_row(key ? in.k16 : in.v16, in.pages, b, hk, j));
+  }
+  load_row(in.kv, in.dtype, row, dim, out, in.kv_scale);
+}
+
+// A float row of Q (any dtype).
+void read_q(const Problem& p, const Inputs& in, int64_t b, int64_t h, int64_t i, float* out) {
+  if (in.dtype == DType::F32) {
+    const float* q = in.q.row(b, h, i);
+    std::copy(q, q + p.head_dim, out);
+  } else {
+    const uint16_t* q = in.q16.row(b, h, i);
+    for (int64_t x = 0; x < p.head_dim; ++x)
+      out[x] = in.dtype == DType::BF16 ? to_float(bf16{q[x]}) : to_float(f16{q[x]});
+  }
+}
+
+void refuse_unbounded(const Problem& p, const char* what) {
+  if (p.sparse()) {
+    throw InvalidInput(std::string(what) + ": a sparse pattern (" + p.pattern_name() +
+                       "); allowed: interval masks (causal, window, kv_lens)");
+  }
+  if (p.score_mods()) {
+    throw InvalidInput(std::string(what) + ": score modifications (" + p.score_mod_name() +
+                       "); allowed: none (the page bound is on the scaled dot product)");
+  }
+}
+
+}  // namespace
+
+KvSummary make_summary(const Problem& p) {
+  KvSummary s;
+  s.batch = p.batch, s.kv_heads = p.kv_heads, s.pages = summary_pages(p.kv_len), s.dim = p.head_dim;
+  s.data.resize(static_cast<size_t>(s.batch * s.kv_heads * s.pages * 2 * s.dim));
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t hk = 0; hk < s.kv_heads; ++hk)
+      for (int64_t x = 0; x < s.pages; ++x) {
+        std::fill_n(s.min(b, hk, x), s.dim, std::numeric_limits<float>::infinity());
+        std::fill_n(s.max(b, hk, x), s.dim, -std::numeric_limits<float>::infinity());
+      }
+  return s;
+}
+
+void summary_add_key(KvSummary& s, int64_t b, int64_t hk, int64_t j, const float* k) {
+  if (b < 0 || b >= s.batch || hk < 0 || hk >= s.kv_heads || j < 0 || j / kSummaryPageKeys >= s.pages) {
+    throw InvalidInput("summary_add_key: key " + std::to_string(j) + " of sequence " + std::to_string(b) +
+                       ", kv head " + std::to_string(hk) + " is outside the summary (" + std::to_string(s.batch) +
+                       " sequences, " + std::to_string(s.kv_heads) + " kv heads, " +
+                       std::to_string(s.pages * kSummaryPageKeys) + " keys)");
+  }
+  float* mn = s.min(b, hk, j / kSummaryPageKeys);
+  float* mx = s.max(b, hk, j / kSummaryPageKeys);
+  for (int64_t x = 0; x < s.dim; ++x) {
+    // A NaN value makes both ends NaN (std::min / std::max would drop it on one side).
+    if (std::isnan(k[x])) {
+      mn[x] = mx[x] = k[x];
+    } else if (!std::isnan(mn[x])) {
+      mn[x] = std::min(mn[x], k[x]);
+      mx[x] = std::max(mx[x], k[x]);
+    }
+  }
+}
+
+void read_key(const Problem& p, const Inputs& in, int64_t b, int64_t hk, int64_t j, float* k) {
+  read_row(p, in, true, b, hk, j, k);
+}
+
+KvSummary summarize_keys(const Problem& p, const Inputs& in) {
+  KvSummary s = make_summary(p);
+  std::vector<float> k(static_cast<size_t>(p.head_dim));
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t hk = 0; hk < p.kv_heads; ++hk)
+      for (int64_t j = 0; j < p.kv_len_of(b); ++j) {
+        read_key(p, in, b, hk, j, k.data());
+        summary_add_key(s, b, hk, j, k.data());
+      }
+  return s;
+}
+
+double page_bound(const float* q, const float* mn, const float* mx, int64_t d) {
+  double u = 0;
+  for (int64_t x = 0; x < d; ++x) {
+    const double a = static_cast<double>(q[x]) * mn[x], c = static_cast<double>(q[x]) * mx[x];
+    u += std::isnan(a) || std::isnan(c) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, c);
+  }
+  return u;
+}
+
+std::vector<int64_t> choose_pages(const std::vector<double>& score, int64_t n, const PageBudget& budget) {
+  const int64_t pages = summary_pages(n);
+  if (static_cast<int64_t>(score.size()) < pages) {
+    throw InvalidInput("choose_pages: " + std::to_string(score.size()) + " scores for " + std::to_string(pages) +
+                       " pages of " + std::to_string(n) + " keys");
+  }
+  std::vector<char> chosen(static_cast<size_t>(pages), 0);
+  int64_t used = 0;
+  const auto take = [&](int64_t x) {
+    if (chosen[x]) return;
+    chosen[x] = 1;
+    used += std::min(kSummaryPageKeys, n - x * kSummaryPageKeys);
+  };
+  if (budget.tokens <= 0) {
+    for (int64_t x = 0; x < pages; ++x) take(x);
+  } else {
+    for (int64_t x = 0; x < summary_pages(std::min(budget.sink_tokens, n)); ++x) take(x);
+    for (int64_t x = std::max<int64_t>(0, n - budget.recent_tokens) / kSummaryPageKeys;
+         budget.recent_tokens > 0 && x < pages; ++x) {
+      take(x);
+    }
+    std::vector<int64_t> order(static_cast<size_t>(pages));
+    std::iota(order.begin(), order.end(), int64_t{0});
+    // NaN first, then decreasing score, ties to the earlier page.
+    const auto key = [&](int64_t x) { return std::isnan(score[x]) ? kInf : score[x]; };
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t c) { return key(a) > key(c); });
+    for (const int64_t x : order) {
+      const int64_t size = std::min(kSummaryPageKeys, n - x * kSummaryPageKeys);
+      if (chosen[x] || used + size > budget.tokens) continue;
+      take(x);
+    }
+  }
+  std::vector<int64_t> out;
+  for (int64_t x = 0; x < pages; ++x)
+    if (chosen[x]) out.push_back(x);
+  return out;
+}
+
+std::vector<double> group_page_scores(const Problem& p, const Inputs& in, const KvSummary& s, int64_t b, int64_t hk,
+                                      int64_t i) {
+  refuse_unbounded(p, "group_page_scores");
+  const int64_t pages = summary_pages(p.kv_len_of(b));
+  std::vector<double> score(static_cast<size_t>(pages), -kInf);
+  std::vector<float> q(static_cast<size_t>(p.head_dim));
+  const double scale = p.effective_scale();
+  for (int64_t g = 0; g < p.group(); ++g) {
+    read_q(p, in, b, hk * p.group() + g, i, q.data());
+    for (int64_t x = 0; x < pages; ++x) {
+      if (std::isnan(score[x])) continue;  // (a NaN stays)
+      const double u = scale * page_bound(q.data(), s.min(b, hk, x), s.max(b, hk, x), p.head_dim);
+      if (std::isnan(u) || u > score[x]) score[x] = u;
+    }
+  }
+  return score;
+}
+
+SelectionAccuracy selection_accuracy(const Problem& p, const Inputs& in, const RowId& r,
+                                     const std::vector<int64_t>& pages) {
+  refuse_unbounded(p, "selection_accuracy");
+  const Interval iv = p.visible(r.b, r.i);
+  const int64_t hk = p.kv_head_of(r.h), d = p.head_dim, dv = p.dim_v();
+  std::vector<float> q(static_cast<size_t>(d)), k(static_cast<size_t>(d)), v(static_cast<size_t>(dv));
+  read_q(p, in, r.b, r.h, r.i, q.data());
+  std::vector<char> in_pages(static_cast<size_t>(summary_pages(p.kv_len)), 0);
+  for (const int64_t x : pages) {
+    if (x >= 0 && x < static_cast<int64_t>(in_pages.size())) in_pages[x] = 1;
+  }
+  const int64_t n = std::max<int64_t>(0, iv.hi - iv.lo);
+  std::vector<double> s(static_cast<size_t>(n));
+  double m_all = -kInf, m_sel = -kInf;
+  for (int64_t j = iv.lo; j < iv.hi; ++j) {
+    read_key(p, in, r.b, hk, j, k.data());
+    double dot = 0;
+    for (int64_t x = 0; x < d; ++x) dot += static_cast<double>(q[x]) * k[x];
+    const double sj = p.effective_scale() * dot;
+    s[j - iv.lo] = sj;
+    m_all = std::max(m_all, sj);
+    if (in_pages[j / kSummaryPageKeys]) m_sel = std::max(m_sel, sj);
+  }
+  std::vector<double> o_all(static_cast<size_t>(dv), 0.0), o_sel(static_cast<size_t>(dv), 0.0);
+  double l_all = 0, l_sel = 0, mass = 0;
+  for (int64_t j = iv.lo; j < iv.hi; ++j) {
+    const bool sel = in_pages[j / kSummaryPageKeys];
+    const double e_all = std::exp(s[j - iv.lo] - m_all), e_sel = sel ? std::exp(s[j - iv.lo] - m_sel) : 0.0;
+    read_row(p, in, false, r.b, hk, j, v.data());
+    for (int64_t x = 0; x < dv; ++x) {
+      o_all[x] += e_all * v[x];
+      o_sel[x] += e_sel * v[x];
+    }
+    l_all += e_all, l_sel += e_sel;
+    if (sel) mass += e_all;
+  }
+  SelectionAccuracy a;
+  if (n == 0) return {1.0, 0.0};  // nothing visible: the choice leaves nothing out
+  a.recall = mass / l_all;
+  double diff = 0, norm = 0;
+  for (int64_t x = 0; x < dv; ++x) {
+    const double os = l_sel > 0 ? o_sel[x] / l_sel : 0.0, od = o_all[x] / l_all;
+    diff += (os - od) * (os - od);
+    norm += od * od;
+  }
+  a.o_rel_error = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+  return a;
+}
+
+}  // namespace attnlab
