@@ -108,6 +108,7 @@ struct Capabilities {
   bool backward = false;             // the backward pass (backward.hpp)
   bool score_mods = false;           // softcap, ALiBi and sink logits (Problem::score_mods, score_mod.hpp)
   bool score_mods_backward = false;  // ... in its backward pass too (d softcap, d sink logits)
+  bool topk = false;                 // query-aware sparse decode (Problem::topk_tokens, kv_summary.hpp)
   Arithmetic arithmetic = Arithmetic::F32;  // what its tolerance is measured against
   int64_t max_q_len = 0;                    // 0: any; decode kernels take a few new query rows
   int64_t max_head_dim = 0;                 // 0: Problem's limit; else max(head_dim, head_dim_v) up to this

@@ -61,6 +61,10 @@ void read_key(const Problem& p, const Inputs& in, int64_t b, int64_t hk, int64_t
 // The summary of every key a sequence holds (j < kv_len_of(b)), read from the cache.
 KvSummary summarize_keys(const Problem& p, const Inputs& in);
 
+// t's summaries read from its cache, kept by t (Tensors::summary) and named by t.inputs.summary: what
+// random_tensors does for a topk problem; again after a test changes K in place.
+void attach_summary(const Problem& p, Tensors& t);
+
 // q's bound on page (mn, mx): sum_i max(q_i mn_i, q_i mx_i), in double (NaN from a NaN key).
 double page_bound(const float* q, const float* mn, const float* mx, int64_t d);
 
@@ -81,6 +85,12 @@ std::vector<int64_t> choose_pages(const std::vector<double>& score, int64_t n, c
 // a bound for them is not this one.
 std::vector<double> group_page_scores(const Problem& p, const Inputs& in, const KvSummary& s, int64_t b, int64_t hk,
                                       int64_t i);
+
+// The pages a query-aware sparse decode (Problem::topk_tokens) attends for sequence b, kv head hk: by
+// group_page_scores, the largest over the problem's query positions (one choice for all its rows, so
+// K and V are read once), choose_pages with the problem's budget. Needs in.summary (InvalidInput
+// naming it when absent).
+std::vector<int64_t> topk_pages(const Problem& p, const Inputs& in, int64_t b, int64_t hk);
 
 // What attending only `pages` does to row r, exactly (float64, the cache's values as read): recall, the
 // softmax mass of the row's visible keys in those pages under the dense attention (1: nothing left

@@ -98,6 +98,14 @@ struct Problem {
   bool alibi_standard = false;     // ALiBi with the standard slopes for q_heads (standard_alibi_slope)
   std::vector<float> alibi;        // else per query head its ALiBi slope; empty (and not standard): none
   std::vector<float> sink_logits;  // per query head its sink logit, or one for every head; empty: none
+  // Query-aware sparse decode (kv_summary.hpp; issue 66): 0 = dense. Else each (sequence, kv head)
+  // attends exactly over the 64-key pages its query rows' summary bounds rank first, within
+  // topk_tokens keys, always with the pages of the first topk_sinks and the last topk_recent keys
+  // (topk_pages) - an approximation, judged by recall and O's error (selection_accuracy), not the
+  // agreement rule. The inputs carry the cache's page summaries (Inputs::summary).
+  int64_t topk_tokens = 0;
+  int64_t topk_sinks = 0;
+  int64_t topk_recent = 0;
 
   static constexpr int64_t kMinHeadDim = 1;
   static constexpr int64_t kMinKvBlock = 16, kMaxKvBlock = 256;
@@ -142,6 +150,7 @@ struct Problem {
     if (sink_logits.empty()) return -std::numeric_limits<float>::infinity();
     return sink_logits.size() == 1 ? sink_logits[0] : sink_logits[h];
   }
+  bool topk() const { return topk_tokens > 0; }
   std::string score_mod_name() const;  // "softcap30_alibi_sink6f0129fb" (a hash of the logits), "" without
   MaskSpec mask_for_batch(int64_t b) const;
   // The visible key interval of query row i in batch b (interval problems).

@@ -14,6 +14,8 @@
 
 namespace attnlab {
 
+struct KvSummary;  // kv_summary.hpp
+
 template <class T>
 struct View4 {
   T* data = nullptr;
@@ -83,6 +85,9 @@ struct Inputs {
   View4<const std::byte> kq, vq;
   float kv_scale = 1.0f;
   KvPages pages;  // a paged cache: the K and V views above are its pool
+  // The cache's page summaries (kv_summary.hpp), which a query-aware sparse decode
+  // (Problem::topk_tokens) ranks the pages by; nullptr: none kept.
+  const KvSummary* summary = nullptr;
 };
 
 // Inputs over memory the caller owns (numpy arrays, a KV cache) holding `dtype` elements: each
@@ -189,6 +194,7 @@ struct Tensors {
   std::unique_ptr<std::byte[], AlignedFree> q16, k16, v16;
   std::unique_ptr<std::byte[], AlignedFree> kq, vq;  // a quantized cache's rows
   std::vector<int32_t> table;                        // a paged cache's block table
+  std::shared_ptr<KvSummary> summary;                // Problem::topk: the cache's page summaries
   Inputs inputs;
   Outputs outputs;
 };

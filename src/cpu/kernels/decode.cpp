@@ -29,6 +29,14 @@
 // the block map of one q_len-row query tile (make_plan, outside the timed region) replaces the
 // intervals: a chunk runs only its map entries (attend_blocks), and a row takes part in the
 // merge of the chunks where the map gives it a visible key (BlockMap::row_sees).
+// Query-aware sparse decode (Problem::topk_tokens; include/attnlab/kv_summary.hpp): per (batch, kv
+// head) the 64-key pages topk_pages chooses from the cache's page summaries (the bound of each page
+// for the group's query rows, within the token budget, with the sinks' and the recent keys' pages)
+// replace the key chunks - chunk c holds chosen pages c * chunk_keys / 64 .. - and run as key tiles
+// masked by the rows' intervals (attend_pages); the merge takes a row's chunks whose pages it sees.
+// So the chosen keys get exactly decode's arithmetic, and a budget covering every page is dense
+// decode, bit for bit. The choice is made in the run (it depends on Q): its cost is the bound of
+// every page, 2 x head_dim products per page and query row (scalar double for now).
 // Thread-count independence: the chunking depends only on the problem and the merge
 // order is fixed, so the output is bitwise identical for any thread count (tested in
 // tests/kernels/test_threads.cpp).
@@ -66,6 +74,7 @@
 #include <tbb/task_arena.h>
 
 #include "attnlab/kernel.hpp"
+#include "attnlab/kv_summary.hpp"
 #include "attnlab/blocks/online_softmax.hpp"
 #include "cpu/engine/parallel.hpp"
 #include "attnlab/kv_quant.hpp"
@@ -98,6 +107,27 @@ constexpr auto kLog2 = online_softmax::Units::Log2;
 // Whether a row with interval iv sees some key of `chunk`.
 bool sees_chunk(const Interval& iv, int64_t chunk, int64_t chunk_keys, int64_t kv_len) {
   return std::max(iv.lo, chunk * chunk_keys) < std::min({iv.hi, (chunk + 1) * chunk_keys, kv_len});
+}
+
+// Query-aware sparse decode's chosen pages per (batch, kv head) (none: every key), cut into chunks of
+// `per_chunk` pages.
+struct TopkPages {
+  const std::vector<std::vector<int64_t>>& pages;
+  int64_t per_chunk, kv_heads;
+  bool on() const { return !pages.empty(); }
+  // Chunk c's pages of (b, hk): where they start and how many (0 past the list).
+  std::pair<const int64_t*, int64_t> chunk(int64_t b, int64_t hk, int64_t c) const {
+    const std::vector<int64_t>& list = pages[static_cast<size_t>(b * kv_heads + hk)];
+    const int64_t n = static_cast<int64_t>(list.size()), lo = std::min(n, c * per_chunk);
+    return {list.data() + lo, std::min(n, lo + per_chunk) - lo};
+  }
+};
+
+// Whether the budget covers every page of every sequence (then the choice is every page: dense decode).
+bool topk_covers_all(const Problem& p) {
+  for (int64_t b = 0; b < p.batch; ++b)
+    if (p.topk_tokens < p.kv_len_of(b)) return false;
+  return true;
 }
 
 struct Plan {
@@ -146,6 +176,7 @@ class Decode final : public Kernel {
                                        .kv_quant = true,
                                        .paged = true,
                                        .score_mods = true,
+                                       .topk = true,
                                        .max_q_len = kMaxQLen,
                                        .limit_note = kLimitNote};
     static constexpr Capabilities kInt8{.patterns = true,
@@ -154,6 +185,7 @@ class Decode final : public Kernel {
                                         .kv_int_codes_only = true,
                                         .paged = true,
                                         .score_mods = true,
+                                        .topk = true,
                                         .arithmetic = Arithmetic::Int8Products,
                                         .max_q_len = kMaxQLen,
                                         .limit_note = kLimitNote};
@@ -191,6 +223,19 @@ class Decode final : public Kernel {
       map = made && made->map.br == p.q_len ? &made->map : &own.emplace(build_block_map(p, p.q_len));
     }
 
+    // Query-aware sparse decode: per (batch, kv head) the pages its rows attend (topk_pages), their
+    // chunks of plan.chunk_keys / 64 pages in place of the key chunks (the pages ascending, so the
+    // merge's order stays fixed). A budget covering every page of every sequence is dense decode.
+    std::vector<std::vector<int64_t>> pages;
+    if (p.topk() && !topk_covers_all(p)) {
+      pages.resize(static_cast<size_t>(p.batch * p.kv_heads));
+      attnlab::parallel_tasks(TaskRange(0, p.batch * p.kv_heads, 1), [&](const TaskRange& range) {
+        for (int64_t bh = range.begin(); bh != range.end(); ++bh)
+          pages[bh] = topk_pages(p, in, bh / p.kv_heads, bh % p.kv_heads);
+      });
+    }
+    const TopkPages chosen{pages, plan.chunk_keys / simd::kTileKeys, p.kv_heads};
+
     // 1. Partial states, one task per (batch, kv head, key chunk).
     const int64_t tasks = p.batch * p.kv_heads * plan.chunks;
     attnlab::parallel_tasks(TaskRange(0, tasks, 1), [&](const TaskRange& range) {
@@ -200,14 +245,14 @@ class Decode final : public Kernel {
         const int64_t chunk = t % plan.chunks;
         const int64_t bh = t / plan.chunks;
         const int64_t b = bh / p.kv_heads, hk = bh % p.kv_heads;
-        run_chunk(p, in, plan, map, s, b, hk, chunk, plan.partial(partials, b, hk, chunk, p.kv_heads));
+        run_chunk(p, in, plan, map, chosen, s, b, hk, chunk, plan.partial(partials, b, hk, chunk, p.kv_heads));
       }
     });
 
     // 2. Exact merge of the chunks of every query row, in chunk order.
     attnlab::parallel_tasks(TaskRange(0, p.batch * p.kv_heads, 1), [&](const TaskRange& range) {
       for (int64_t bh = range.begin(); bh != range.end(); ++bh) {
-        merge(p, out, plan, map, bh / p.kv_heads, bh % p.kv_heads, partials);
+        merge(p, out, plan, map, chosen, bh / p.kv_heads, bh % p.kv_heads, partials);
       }
     });
   }
@@ -216,11 +261,15 @@ class Decode final : public Kernel {
   bool int8_;
 
   static void run_chunk(const Problem& p, const Inputs& in, const Plan& plan, const BlockMap* map,
-                        const simd::Scratch& s, int64_t b, int64_t hk, int64_t chunk, float* partial) {
+                        const TopkPages& chosen, const simd::Scratch& s, int64_t b, int64_t hk, int64_t chunk,
+                        float* partial) {
     const simd::Tiling& t = plan.tiling;
     const Interval keys{chunk * plan.chunk_keys, std::min((chunk + 1) * plan.chunk_keys, p.mask_for_batch(b).kv_len)};
     const int64_t rows = simd::begin_rows(p, in, t, s, b, hk, 0, p.q_len);
-    if (map) {
+    if (chosen.on()) {
+      const auto [first, n] = chosen.chunk(b, hk, chunk);
+      simd::attend_pages(p, in, t, s, b, hk, rows, first, n);
+    } else if (map) {
       simd::attend_blocks(p, in, t, s, *map, b, hk, 0, 0, rows, keys);
     } else {
       simd::attend_keys(p, in, t, s, b, hk, rows, keys);
@@ -233,10 +282,19 @@ class Decode final : public Kernel {
     }
   }
 
-  // Whether row r (engine order) sees a key of `chunk`: its interval, or the block map.
-  static bool sees(const Problem& p, const Plan& plan, const BlockMap* map, int64_t b, int64_t hk, int64_t r,
-                   const Interval& iv, int64_t chunk) {
+  // Whether row r (engine order) sees a key of `chunk`: its interval, the chunk's chosen pages, or the
+  // block map.
+  static bool sees(const Problem& p, const Plan& plan, const BlockMap* map, const TopkPages& chosen, int64_t b,
+                   int64_t hk, int64_t r, const Interval& iv, int64_t chunk) {
     const int64_t lk = p.kv_len_of(b);
+    if (chosen.on()) {
+      const auto [first, n] = chosen.chunk(b, hk, chunk);
+      for (int64_t x = 0; x < n; ++x) {
+        const int64_t j0 = first[x] * simd::kTileKeys;
+        if (std::max(iv.lo, j0) < std::min({iv.hi, j0 + simd::kTileKeys, lk})) return true;
+      }
+      return false;
+    }
     if (!map) return sees_chunk(iv, chunk, plan.chunk_keys, lk);
     return map->row_sees(map->variant(b, hk), 0, r, chunk * plan.chunk_keys,
                          std::min((chunk + 1) * plan.chunk_keys, lk));
@@ -247,8 +305,8 @@ class Decode final : public Kernel {
     return v;
   }
 
-  static void merge(const Problem& p, const Outputs& out, const Plan& plan, const BlockMap* map, int64_t b, int64_t hk,
-                    float* partials) {
+  static void merge(const Problem& p, const Outputs& out, const Plan& plan, const BlockMap* map,
+                    const TopkPages& chosen, int64_t b, int64_t hk, float* partials) {
     using simd::Batch;
     using simd::kLanes;
     const int64_t d = p.dim_v(), group = p.group();
@@ -265,7 +323,7 @@ class Decode final : public Kernel {
       float big_m = kNegInf;
       bool any = false;
       for (int64_t c = 0; c < plan.chunks; ++c) {
-        seen[c] = sees(p, plan, map, b, hk, r, iv, c);
+        seen[c] = sees(p, plan, map, chosen, b, hk, r, iv, c);
         if (seen[c]) big_m = std::max(big_m, row[c * chunk_stride + plan.dp]), any = true;
       }
       float* o = out.o.row(b, h, i);

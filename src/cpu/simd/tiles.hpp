@@ -189,6 +189,10 @@ int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Sc
                    RowPositions at, int64_t nr);
 void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
                  int64_t rows, Interval keys);
+// Query-aware sparse decode's attend_keys (kv_summary.hpp's topk_pages): the n 64-key pages at
+// `pages` (ascending page indices of sequence b), each a key tile masked by the rows' intervals.
+void attend_pages(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
+                  int64_t rows, const int64_t* pages, int64_t n);
 // A sparse pattern's attend_keys: the key tiles of the block map's entries for query tile qt
 // (a br-row tile at positions qt * map.br ..., map.br == t.br, or a solo tile: positions
 // map.solo_positions(qt)) inside `keys` (bounds at multiples of 64), each masked by its

@@ -1,0 +1,261 @@
+// Query-aware sparse decode (Problem::topk_tokens; include/attnlab/kv_summary.hpp's topk_pages) through
+// decode and decode_i8: a budget covering every page is dense decode bit for bit; a smaller one is
+// exact attention over the chosen pages (the agreement rule against the float64 reference of the
+// problem masked to those pages); special values in skipped and chosen pages; a needle found end to
+// end; the refusals.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "attnlab/kernel.hpp"
+#include "attnlab/kv_summary.hpp"
+#include "attnlab/verify.hpp"
+#include "test_util.hpp"
+
+namespace attnlab {
+namespace {
+
+constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+
+// O and LSE of kernel k on p (its own tensors' inputs), 2 threads.
+struct KernelRun {
+  Tensors out;
+};
+KernelRun run_kernel(const Kernel& k, const Problem& p, const Inputs& in) {
+  KernelRun r{allocate_outputs(p)};
+  Session s(k, p, 2);
+  s.run(in, r.out.outputs);
+  return r;
+}
+
+bool bitwise_equal(const Problem& p, const KernelRun& a, const KernelRun& b) {
+  for (int64_t x = 0; x < p.batch; ++x)
+    for (int64_t h = 0; h < p.q_heads; ++h)
+      for (int64_t i = 0; i < p.q_len; ++i) {
+        if (std::memcmp(a.out.outputs.o.row(x, h, i), b.out.outputs.o.row(x, h, i), sizeof(float) * p.dim_v()))
+          return false;
+      }
+  return std::memcmp(a.out.outputs.lse, b.out.outputs.lse, sizeof(float) * p.lse_elems()) == 0;
+}
+
+struct CacheCase {
+  KvDType kv;
+  DType dtype;
+  int64_t block;
+};
+const CacheCase kCaches[] = {{KvDType::Same, DType::F32, 0},  {KvDType::Same, DType::BF16, 64},
+                             {KvDType::Same, DType::F16, 0},  {KvDType::U8, DType::F32, 0},
+                             {KvDType::Q4_0, DType::F32, 32}, {KvDType::Fp8E5M2, DType::F32, 0}};
+
+// Decode's shape: 3 new rows of 8 query heads on 2 kv heads, two sequences of different lengths,
+// bottom-right causal; a budget of 640 keys with the first 64 and the last 100 always.
+Problem topk_problem(const CacheCase& c, int64_t tokens) {
+  Problem p = test::shape(2, 8, 2, 3, 5000, 64);
+  p.kv_dtype = c.kv, p.dtype = c.dtype, p.kv_block = c.block, p.kv_lens = {5000, 2100};
+  p.causal = CausalAlign::BottomRight;
+  p.topk_tokens = tokens, p.topk_sinks = 64, p.topk_recent = 100;
+  p.validate();
+  return p;
+}
+
+std::vector<const Kernel*> topk_kernels() {
+  std::vector<const Kernel*> out;
+  for (const Kernel* k : variants())
+    if (k->capabilities().topk) out.push_back(k);
+  return out;
+}
+
+TEST(TopkDecode, BudgetCoveringEveryPageIsDenseDecodeBitForBit) {
+  int ran = 0;
+  for (const Kernel* k : topk_kernels()) {
+    for (const CacheCase& c : kCaches) {
+      const Problem p = topk_problem(c, 5000);
+      Problem dense = p;
+      dense.topk_tokens = dense.topk_sinks = dense.topk_recent = 0;
+      if (!supports_problem(*k, p) || !k->available()) continue;
+      const Tensors t = random_tensors(p, 4);
+      EXPECT_TRUE(bitwise_equal(p, run_kernel(*k, p, t.inputs), run_kernel(*k, dense, t.inputs)))
+          << test::variant_name(*k) << " " << p.describe();
+      ++ran;
+    }
+  }
+  EXPECT_GT(ran, 0);
+}
+
+// The problem masked to the pages topk_pages chose (per batch entry and query head: its kv head's).
+Problem masked_to_pages(const Problem& p, const Inputs& in) {
+  Problem m = p;
+  m.topk_tokens = m.topk_sinks = m.topk_recent = 0;
+  auto mask = std::make_shared<BoolMask>();
+  mask->batch = p.batch, mask->heads = p.q_heads, mask->q_len = p.q_len, mask->kv_len = p.kv_len;
+  mask->data.assign(static_cast<size_t>(p.batch * p.q_heads * p.q_len * p.kv_len), 0);
+  mask->source = "topk_pages";
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t hk = 0; hk < p.kv_heads; ++hk)
+      for (const int64_t page : topk_pages(p, in, b, hk))
+        for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h)
+          for (int64_t i = 0; i < p.q_len; ++i)
+            for (int64_t j = page * kSummaryPageKeys; j < std::min(p.kv_len, (page + 1) * kSummaryPageKeys); ++j)
+              mask->data[static_cast<size_t>(((b * p.q_heads + h) * p.q_len + i) * p.kv_len + j)] = 1;
+  m.mask = mask;
+  m.validate();
+  return m;
+}
+
+// The float kernel (decode): exact attention over the chosen pages, by the agreement rule of the masked
+// problem (its float64 reference and float32 tolerance).
+TEST(TopkDecode, ChosenPagesAgreeWithTheReferenceOverThem) {
+  const Kernel& decode = kernel_or_throw("decode");
+  for (const CacheCase& c : kCaches) {
+    const Problem p = topk_problem(c, 640);
+    const Tensors t = random_tensors(p, 6);
+    const Problem m = masked_to_pages(p, t.inputs);
+    const Agreement a = prepare_agreement(m, t.inputs, all_rows(m));
+    const KernelRun r = run_kernel(decode, p, t.inputs);
+    const Errors e = measure(a.ref, as_const(r.out.outputs.o), r.out.outputs.lse, m);
+    EXPECT_TRUE(a.tol.passes(e)) << p.describe() << ": O " << e.o_rel << " LSE " << e.lse;
+    // And it is not dense decode: the dense reference is further off than the tolerance.
+    Problem dense = p;
+    dense.topk_tokens = dense.topk_sinks = dense.topk_recent = 0;
+    const Agreement ad = prepare_agreement(dense, t.inputs, all_rows(dense));
+    EXPECT_FALSE(ad.tol.passes(measure(ad.ref, as_const(r.out.outputs.o), r.out.outputs.lse, dense))) << p.describe();
+  }
+}
+
+// A kernel run on the topk problem, presented as a kernel of the problem masked to the chosen pages, so
+// check_kernel judges its outputs by that problem's reference and by the kernel's own arithmetic
+// class (decode_i8: the tolerance derived from its rounding).
+class AsMasked final : public Kernel {
+ public:
+  AsMasked(const Kernel& k, const Problem& topk) : k_(k), topk_(topk) {}
+  std::string_view name() const override { return k_.name(); }
+  std::string_view description() const override { return "a topk run judged as its masked problem"; }
+  const Capabilities& capabilities() const override { return k_.capabilities(); }
+  Support supports(const Problem&) const override { return Support::yes(); }
+  void run(const Problem&, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    Session(k_, topk_, ctx.threads).run(in, out);
+  }
+
+ private:
+  const Kernel& k_;
+  Problem topk_;
+};
+
+// Every kernel that states topk, on every cache: exact attention over the pages topk_pages chose (a
+// chunk merge off by a page, or a page list cut short, moves O by more than the tolerance).
+TEST(TopkDecode, EveryTopkKernelIsExactOverTheChosenPages) {
+  int ran = 0;
+  for (const Kernel* k : topk_kernels()) {
+    for (const CacheCase& c : kCaches) {
+      const Problem p = topk_problem(c, 640);
+      if (!supports_problem(*k, p) || !k->available()) continue;
+      const Tensors t = random_tensors(p, 8);
+      const Problem m = masked_to_pages(p, t.inputs);
+      const KernelCheck r = check_kernel(AsMasked(*k, p), m, t.inputs, prepare_agreement(m, t.inputs, all_rows(m)), 2);
+      EXPECT_EQ(r.verdict, Verdict::Pass) << test::variant_name(*k) << " " << p.describe() << ": " << r.reason;
+      ++ran;
+    }
+  }
+  EXPECT_GT(ran, 0);
+}
+
+// A NaN key in a page the budget skips does not reach O; one in a chosen page makes the rows that see it
+// NaN, as dense attention over the chosen keys says.
+TEST(TopkDecode, ANanKeyLeaksOnlyFromAChosenPage) {
+  const Kernel& decode = kernel_or_throw("decode");
+  // 200 keys: the sinks' page and the recent keys' pages only (sequence 0: page 0, and 76, 77 and the
+  // 8 keys of 78; sequence 1: page 0, 31 and the 52 keys of 32).
+  Problem p = topk_problem(kCaches[0], 200);
+  Tensors t = random_tensors(p, 2);
+  const_cast<float*>(t.inputs.k.row(0, 0, 2500))[7] = kNan;  // a middle page of sequence 0, kv head 0
+  attach_summary(p, t);
+  const std::vector<int64_t> skipped = topk_pages(p, t.inputs, 0, 0);
+  ASSERT_TRUE(std::find(skipped.begin(), skipped.end(), 2500 / kSummaryPageKeys) == skipped.end());
+  const KernelRun r = run_kernel(decode, p, t.inputs);
+  for (int64_t h = 0; h < p.q_heads; ++h)
+    for (int64_t i = 0; i < p.q_len; ++i)
+      for (int64_t d = 0; d < p.dim_v(); ++d) ASSERT_TRUE(std::isfinite(r.out.outputs.o.row(0, h, i)[d])) << h;
+  // A budget with room for one more page takes the NaN page first (its bound is NaN): kv head 0's rows
+  // are NaN, kv head 1's and sequence 1's stay finite.
+  p.topk_tokens = 264;
+  attach_summary(p, t);
+  const std::vector<int64_t> chosen = topk_pages(p, t.inputs, 0, 0);
+  ASSERT_TRUE(std::find(chosen.begin(), chosen.end(), 2500 / kSummaryPageKeys) != chosen.end());
+  const KernelRun n = run_kernel(decode, p, t.inputs);
+  EXPECT_TRUE(std::isnan(n.out.outputs.o.row(0, 0, 0)[0]));
+  EXPECT_TRUE(std::isfinite(n.out.outputs.o.row(0, 4, 0)[0]));  // kv head 1 (heads 4..7)
+  EXPECT_TRUE(std::isfinite(n.out.outputs.o.row(1, 0, 0)[0]));  // sequence 1
+}
+
+// A needle at several depths of an 8k cache, through the kernel: with an eighth of the keys it gives
+// nearly dense O, and topk_pages' choice holds the needle's page.
+TEST(TopkDecode, ANeedleAtAnyDepthIsRetrievedEndToEnd) {
+  const Kernel& decode = kernel_or_throw("decode");
+  Problem p = test::shape(1, 8, 2, 1, 8192, 64);
+  p.causal = CausalAlign::BottomRight;
+  p.topk_tokens = 1024, p.topk_sinks = 64, p.topk_recent = 64;
+  Problem dense = p;
+  dense.topk_tokens = dense.topk_sinks = dense.topk_recent = 0;
+  for (const int64_t depth : {int64_t{100}, int64_t{4000}, int64_t{8000}}) {
+    Tensors t = random_tensors(p, 31);
+    for (int64_t hk = 0; hk < p.kv_heads; ++hk) {
+      const float* q = t.inputs.q.row(0, hk * p.group() + 1, 0);
+      float* k = const_cast<float*>(t.inputs.k.row(0, hk, depth));
+      for (int64_t x = 0; x < p.head_dim; ++x) k[x] = 8.f * q[x];
+    }
+    attach_summary(p, t);
+    const std::vector<int64_t> pages = topk_pages(p, t.inputs, 0, 0);
+    EXPECT_TRUE(std::find(pages.begin(), pages.end(), depth / kSummaryPageKeys) != pages.end()) << depth;
+    const SelectionAccuracy acc = selection_accuracy(p, t.inputs, {0, 1, 0}, pages);
+    EXPECT_GE(acc.recall, 0.95) << depth;
+    const KernelRun a = run_kernel(decode, p, t.inputs), b = run_kernel(decode, dense, t.inputs);
+    double diff = 0, norm = 0;
+    for (int64_t d = 0; d < p.dim_v(); ++d) {
+      const double u = a.out.outputs.o.row(0, 1, 0)[d], v = b.out.outputs.o.row(0, 1, 0)[d];
+      diff += (u - v) * (u - v), norm += v * v;
+    }
+    EXPECT_LT(std::sqrt(diff / norm), 0.1) << depth;
+  }
+}
+
+TEST(TopkDecode, RefusalsNameTheFieldAndTheKernels) {
+  Problem p = topk_problem(kCaches[0], 640);
+  const Support s = supports_problem(kernel_or_throw("flash"), p);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.reason.find("topk_tokens 640"), std::string::npos) << s.reason;
+  EXPECT_NE(s.reason.find("decode"), std::string::npos) << s.reason;
+  // No summaries in the inputs.
+  Tensors t = random_tensors(p, 1);
+  t.inputs.summary = nullptr;
+  try {
+    run_kernel(kernel_or_throw("decode"), p, t.inputs);
+    ADD_FAILURE() << "ran without summaries";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("page summaries"), std::string::npos) << e.what();
+  }
+  // The agreement rule is not an approximation's judge.
+  EXPECT_THROW(prepare_agreement(p, t.inputs, all_rows(p)), InvalidInput);
+  const auto fails_with = [](const std::function<void(Problem&)>& f, const std::string& field) {
+    Problem q = test::shape(1, 4, 2, 1, 500, 32);
+    q.topk_tokens = 128;
+    f(q);
+    try {
+      q.validate();
+      ADD_FAILURE() << "accepted: " << field;
+    } catch (const InvalidInput& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(field, 0), 0u) << e.what();
+    }
+  };
+  fails_with([](Problem& q) { q.topk_tokens = -1; }, "topk_tokens");
+  fails_with([](Problem& q) { q.topk_recent = -5; }, "topk_recent");
+  fails_with([](Problem& q) { q.topk_tokens = 0, q.topk_sinks = 4; }, "topk_sinks");
+  fails_with([](Problem& q) { q.sinks = 4, q.window_left = 64, q.window_right = 0; }, "topk_tokens");
+  fails_with([](Problem& q) { q.softcap = 30.f; }, "topk_tokens");
+}
+
+}  // namespace
+}  // namespace attnlab
