@@ -9,11 +9,13 @@
 // 2 x head_dim floats per 64 keys - 1/32 of a float32 K cache's bytes, 1/16 of a 16-bit one's,
 // 1/8 of u8's (d 128: 136-byte rows), 1/4.25 of u4's.
 //
-// For a query q the page's bound is u = sum_i max(q_i min_i, q_i max_i): every key k of the page has
-// q.k <= u (each term is the larger of the two ends of q_i times the interval k_i lies in), exactly
-// in real arithmetic; computed in double from float32 values. A NaN key makes its page's min or max
-// NaN and its bound NaN: such a page ranks first (choose_pages), so a NaN the dense result has is not
-// hidden by the choice whenever the budget reaches it.
+// For a query q the page's bound is u = sum_i max(q_i min_i, q_i max_i) = q+ . max + q- . min (q+ and
+// q- its positive and negative parts): every key k of the page has q.k <= u (each term is the larger
+// of the two ends of q_i times the interval k_i lies in), exactly in real arithmetic; computed in
+// float32 (two dot products per page and query row, 8 partial sums in a fixed order), so within
+// float32 rounding. A NaN key makes its page's min or max NaN and its bound NaN (an infinite one may
+// too): such a page ranks first (choose_pages), so a NaN the dense result has is not hidden by the
+// choice whenever the budget reaches it.
 #pragma once
 
 #include <cstdint>
@@ -65,8 +67,10 @@ KvSummary summarize_keys(const Problem& p, const Inputs& in);
 // random_tensors does for a topk problem; again after a test changes K in place.
 void attach_summary(const Problem& p, Tensors& t);
 
-// q's bound on page (mn, mx): sum_i max(q_i mn_i, q_i mx_i), in double (NaN from a NaN key).
-double page_bound(const float* q, const float* mn, const float* mx, int64_t d);
+// q's positive and negative parts (d floats each): pos_i = max(q_i, 0), neg_i = min(q_i, 0).
+void split_query(const float* q, int64_t d, float* pos, float* neg);
+// The bound on page (mn, mx) of the query split into pos, neg: pos . mx + neg . mn (NaN from a NaN key).
+float page_bound(const float* pos, const float* neg, const float* mn, const float* mx, int64_t d);
 
 // Which pages of a sequence of n keys to attend: the pages holding the first sink_tokens keys and
 // the last recent_tokens keys always, then the others in decreasing score (a NaN score first; ties
