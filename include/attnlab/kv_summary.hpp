@@ -27,7 +27,7 @@
 
 namespace attnlab {
 
-inline constexpr int64_t kSummaryPageKeys = 64;
+inline constexpr int64_t kSummaryPageKeys = Problem::kTopkPageKeys;
 
 // Per (batch entry, kv head, page): head_dim minima, then head_dim maxima. A page with no key yet:
 // minima +inf, maxima -inf (its bound is -inf for any q with a nonzero element; never chosen by

@@ -106,6 +106,7 @@ struct Problem {
   int64_t topk_tokens = 0;
   int64_t topk_sinks = 0;
   int64_t topk_recent = 0;
+  static constexpr int64_t kTopkPageKeys = 64;  // keys per page (kv_summary.hpp: one key tile)
 
   static constexpr int64_t kMinHeadDim = 1;
   static constexpr int64_t kMinKvBlock = 16, kMaxKvBlock = 256;
@@ -151,6 +152,10 @@ struct Problem {
     return sink_logits.size() == 1 ? sink_logits[0] : sink_logits[h];
   }
   bool topk() const { return topk_tokens > 0; }
+  // The keys a query-aware sparse decode reads at most of sequence b: whole pages within topk_tokens,
+  // or the sinks' and recent keys' pages when they alone take more (kv_len_of(b) without a budget).
+  // visible_pairs, kv_bytes and so FLOPs and bytes count these (and kv_bytes the summaries read).
+  int64_t topk_keys(int64_t b) const;
   std::string score_mod_name() const;  // "softcap30_alibi_sink6f0129fb" (a hash of the logits), "" without
   MaskSpec mask_for_batch(int64_t b) const;
   // The visible key interval of query row i in batch b (interval problems).

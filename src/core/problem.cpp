@@ -358,8 +358,24 @@ MaskSpec Problem::mask_for_batch(int64_t b) const {
   return MaskSpec{q_len, kv_len_of(b), causal, window_left, window_right};
 }
 
+int64_t Problem::topk_keys(int64_t b) const {
+  const int64_t n = kv_len_of(b);
+  if (!topk()) return n;
+  // The pages holding the first topk_sinks keys, and those holding the last topk_recent.
+  const int64_t sink_pages = std::min(n, (std::min(topk_sinks, n) + kTopkPageKeys - 1) / kTopkPageKeys * kTopkPageKeys);
+  const int64_t recent_pages = topk_recent > 0 ? n - (n - std::min(topk_recent, n)) / kTopkPageKeys * kTopkPageKeys : 0;
+  const int64_t always = std::min(n, sink_pages + recent_pages);
+  return std::min(n, std::max(topk_tokens, always));
+}
+
 int64_t Problem::visible_pairs() const {
   if (sparse()) return count_pattern(*this).pairs;
+  if (topk()) {  // each row: its visible keys, at most the budget's
+    int64_t pairs = 0;
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t i = 0; i < q_len; ++i) pairs += std::min(visible(b, i).size(), topk_keys(b));
+    return pairs * q_heads;
+  }
   int64_t pairs = 0;
   for_each_batch_mask(*this, [&](const MaskSummary& s, int64_t entries) { pairs += s.pairs * entries; });
   return pairs * q_heads;
@@ -380,6 +396,14 @@ double Problem::kv_bytes() const {
   // One K and one V row (a shared V is read from K's row: its lines are K's).
   const double row = static_cast<double>(kv_row_bytes(head_dim) + (kv_shared ? 0 : kv_row_bytes(dim_v())));
   if (sparse()) return count_pattern(*this).kv_keys * row;
+  if (topk()) {  // the budget's keys, and every page's summary (2 x head_dim floats)
+    double bytes = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      const double pages = static_cast<double>((kv_len_of(b) + kTopkPageKeys - 1) / kTopkPageKeys);
+      bytes += static_cast<double>(topk_keys(b)) * row + pages * 2.0 * static_cast<double>(head_dim) * sizeof(float);
+    }
+    return bytes * static_cast<double>(kv_heads);
+  }
   double keys = 0;
   for_each_batch_mask(*this, [&](const MaskSummary& s, int64_t entries) {
     keys += static_cast<double>(s.keys.size()) * static_cast<double>(entries);

@@ -222,6 +222,23 @@ TEST(TopkDecode, ANeedleAtAnyDepthIsRetrievedEndToEnd) {
   }
 }
 
+// FLOPs and bytes count the budget's keys (and the summaries), the dense problem's when it covers them.
+TEST(TopkDecode, FlopsAndBytesCountTheBudget) {
+  Problem p = test::shape(1, 8, 2, 1, 5000, 64);  // one row, sees all 5000 keys
+  Problem dense = p;
+  p.topk_tokens = 5000;
+  EXPECT_EQ(p.visible_pairs(), dense.visible_pairs());
+  p.topk_tokens = 640, p.topk_sinks = 4, p.topk_recent = 100;
+  // The sinks' page (64) and the last 100 keys' pages (76 .. 78: 136 keys) fit in 640.
+  EXPECT_EQ(p.topk_keys(0), 640);
+  EXPECT_EQ(p.visible_pairs(), 640 * 8);
+  EXPECT_DOUBLE_EQ(p.forward_flops(), 2.0 * 128 * 640 * 8);
+  const double row = 2 * 64 * 4, summaries = 79 * 2 * 64 * 4;  // 79 pages of min and max
+  EXPECT_DOUBLE_EQ(p.kv_bytes(), 2 * (640 * row + summaries));
+  p.topk_tokens = 100;  // less than the pages that are always read: those
+  EXPECT_EQ(p.topk_keys(0), 200);
+}
+
 TEST(TopkDecode, RefusalsNameTheFieldAndTheKernels) {
   Problem p = topk_problem(kCaches[0], 640);
   const Support s = supports_problem(kernel_or_throw("flash"), p);

@@ -36,7 +36,8 @@
 // masked by the rows' intervals (attend_pages); the merge takes a row's chunks whose pages it sees.
 // So the chosen keys get exactly decode's arithmetic, and a budget covering every page is dense
 // decode, bit for bit. The choice is made in the run (it depends on Q): its cost is the bound of
-// every page, 2 x head_dim products per page and query row (scalar double for now).
+// every page, 2 x head_dim products per page and query row (kv_summary.hpp's page_bound, float32;
+// not yet on the SIMD targets).
 // Thread-count independence: the chunking depends only on the problem and the merge
 // order is fixed, so the output is bitwise identical for any thread count (tested in
 // tests/kernels/test_threads.cpp).
