@@ -163,6 +163,22 @@ TEST(TopkDecode, EveryTopkKernelIsExactOverTheChosenPages) {
   EXPECT_GT(ran, 0);
 }
 
+// The pages are chosen per (sequence, kv head) and their chunks merged in a fixed order: the bits do not
+// depend on the thread count.
+TEST(TopkDecode, BitsDoNotDependOnTheThreadCount) {
+  for (const Kernel* k : topk_kernels()) {
+    for (const CacheCase& c : {kCaches[0], kCaches[3]}) {
+      const Problem p = topk_problem(c, 640);
+      if (!supports_problem(*k, p) || !k->available()) continue;
+      const Tensors t = random_tensors(p, 12);
+      KernelRun one{allocate_outputs(p)}, three{allocate_outputs(p)};
+      Session(*k, p, 1).run(t.inputs, one.out.outputs);
+      Session(*k, p, 3).run(t.inputs, three.out.outputs);
+      EXPECT_TRUE(bitwise_equal(p, one, three)) << test::variant_name(*k) << " " << p.describe();
+    }
+  }
+}
+
 // A NaN key in a page the budget skips does not reach O; one in a chosen page makes the rows that see it
 // NaN, as dense attention over the chosen keys says.
 TEST(TopkDecode, ANanKeyLeaksOnlyFromAChosenPage) {
