@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(kThreads) decode_merge(DeviceArgs a, Split sp,
       if (lane + 32 * k < a.head_dim_v) acc[k] = fmaf(w, pc[lane + 32 * k], acc[k]);
     }
   }
-  const online_softmax::Finish fin = online_softmax::finish<online_softmax::Units::Log2>(false, big_m, big_l, sink);
+  const online_softmax::Finish fin = row_finish<online_softmax::Units::Log2>(false, big_m, big_l, sink);
   ATTN_UNROLL
   for (int k = 0; k < kCols; ++k) {
     if (lane + 32 * k < a.head_dim_v) o[lane + 32 * k] = acc[k] * fin.out_scale;

@@ -17,6 +17,7 @@
 #define ATTN_CUDA_NS cuda_dev
 #endif
 
+#include "attnlab/blocks/online_softmax.hpp"
 #include "cuda/args.hpp"
 
 // `#pragma unroll` for nvcc; nothing for the host compiler (which would warn).
@@ -147,5 +148,25 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
 }
 
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Score s of key j modified by mod (score_mod.hpp's rule: softcap's tanh, then ALiBi), out of line:
+// inlined into every unrolled score of every tile shape and dtype, the flash kernels' fat binary grew
+// by 3.1 MB (flash.cu 9.1 -> 12.2 MB), past the GPU bundle's 60 MiB. A call only where the scores are
+// modified (DeviceArgs::modifies_scores).
+__device__ __noinline__ inline float modified_score(const ScoreMod& mod, float s, int64_t j) { return mod(s, j); }
+
+// A row's finish (online_softmax::finish: O's factor and the natural-log LSE) from its max m and sum l in
+// units U, with the head's sink logit (in U; -inf: none). The sink's branch out of line: inlined into
+// every row of every tile shape it took 1.4 MB of flash.cu's fat binary; without a sink the finish is
+// the two inlined rules it always was.
+template <online_softmax::Units U, class T>
+__device__ __noinline__ online_softmax::Finish finish_with_sink(bool empty, float m, T l, float sink) {
+  return online_softmax::finish<U>(empty, m, l, sink);
+}
+template <online_softmax::Units U, class T>
+__device__ __forceinline__ online_softmax::Finish row_finish(bool empty, float m, T l, float sink) {
+  if (sink != -INFINITY) return finish_with_sink<U>(empty, m, l, sink);
+  return {static_cast<float>(online_softmax::out_scale(empty, l)), online_softmax::out_lse<U>(empty, m, l)};
+}
 
 }  // namespace attnlab::ATTN_CUDA_NS

@@ -376,6 +376,7 @@ inline BlockScheduler& current() { return *BlockScheduler::t_current; }
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 #define threadIdx (::attnlab::cuda_emu::g_thread_idx)
 #define blockIdx (::attnlab::cuda_emu::g_block_idx)

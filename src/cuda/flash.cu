@@ -113,7 +113,7 @@ __device__ __forceinline__ void tile_step(const float* qs, const float* ks, cons
     for (int r = 0; r < C::kRM; ++r) {
       const ScoreMod mod = row_mod(ty * C::kRM + r);
       ATTN_UNROLL
-      for (int c = 0; c < C::kRN; ++c) s[r][c] = mod(s[r][c], j0 + tx + kTX * c);
+      for (int c = 0; c < C::kRN; ++c) s[r][c] = modified_score(mod, s[r][c], j0 + tx + kTX * c);
     }
   }
   // Online softmax, one row at a time; the 16 lanes of a row hold identical m and alpha.

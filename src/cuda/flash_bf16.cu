@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) flash_bf16_kernel(DeviceArgs a, bool
         ATTN_UNROLL
         for (int x = 0; x < 2; ++x) {
           float v = s[nt][2 * hr + x] * qk_scale;
-          if (modifies) v = mod(v, tile.j0 + 8 * nt + 2 * tq + x);
+          if (modifies) v = modified_score(mod, v, tile.j0 + 8 * nt + 2 * tq + x);
           if (masked && !(vis[hr] >> (8 * nt + 2 * tq + x) & 1)) v = -INFINITY;  // replaced, never multiplied
           s[nt][2 * hr + x] = v;
           tile_max = fmaxf(tile_max, v);

@@ -65,8 +65,7 @@ __global__ void __launch_bounds__(kThreads) naive_kernel(DeviceArgs a, float* sc
     l = group_sum<32>(l);
     __syncwarp();  // every lane's p_j visible to every lane
     // A fully masked row: O = 0 (LSE -inf, or the sink logit's).
-    const online_softmax::Finish fin =
-        online_softmax::finish<online_softmax::Units::Natural>(iv.empty(), m, l, a.sink(h, 1.f));
+    const online_softmax::Finish fin = row_finish<online_softmax::Units::Natural>(iv.empty(), m, l, a.sink(h, 1.f));
     float* o = a.o + a.os.at(b, h, i);
     for (int64_t d = lane; d < a.head_dim_v; d += 32) {
       float acc = 0.f;

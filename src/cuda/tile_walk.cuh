@@ -128,7 +128,7 @@ __device__ __forceinline__ RowEnd end_row(const DeviceArgs& a, const MaskSpec& m
   const int64_t group = a.group(), i = t / group, h = hk * group + t % group;
   const bool empty = row_sees_nothing(a, mask, v, i, t % group);
   const online_softmax::Finish fin =
-      online_softmax::finish<online_softmax::Units::Log2>(empty, m, l_row, a.sink(h, kLog2e));
+      row_finish<online_softmax::Units::Log2>(empty, m, l_row, a.sink(h, kLog2e));
   if (writes && a.lse) a.lse[a.lse_index(b, h, i)] = fin.lse;
   return {a.o + a.os.at(b, h, i), fin.out_scale};
 }

@@ -1078,6 +1078,20 @@ int64_t begin_rows(const Problem& p, const Inputs& in, const Tiling& t, const Sc
   return R;
 }
 
+namespace {
+// attend_keys' and attend_pages' tile x: the span's x-th 64 keys, or page pages[x] (keys up to span.hi) -
+// one type, so the tile engine is instantiated once for both (a second type doubled attend_tiles' code
+// for every element type and target: the GPU bundle grew past its 60 MiB).
+struct TilesAt {
+  Interval span;
+  const int64_t* pages;
+  TileRef operator()(int64_t x) const {
+    const int64_t j0 = pages ? pages[x] * kTileKeys : span.lo + x * kTileKeys;
+    return TileRef{j0, static_cast<int>(std::min<int64_t>(kTileKeys, span.hi - j0)), nullptr};
+  }
+};
+}  // namespace
+
 void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
                  int64_t rows, Interval keys) {
   // Key tiles inside keys and the union of the rows' visible intervals.
@@ -1093,21 +1107,13 @@ void attend_keys(const Problem& p, const Inputs& in, const Tiling& t, const Scra
   // So are flash_amx's packed tiles, and flash's shared K^T tiles.
   if (t.i8_prefill || s.pairs || s.kts) span.lo = std::max(keys.lo, span.lo / kTileKeys * kTileKeys);
   const int64_t n = (span.size() + kTileKeys - 1) / kTileKeys;
-  const auto at = [&span](int64_t x) {
-    const int64_t j0 = span.lo + x * kTileKeys;
-    return TileRef{j0, static_cast<int>(std::min<int64_t>(kTileKeys, span.hi - j0)), nullptr};
-  };
-  visit_kv(in, [&](const auto& typed) { attend_tiles_as<false>(typed, t, s, b, hk, rows, n, at); });
+  visit_kv(in, [&](const auto& typed) { attend_tiles_as<false>(typed, t, s, b, hk, rows, n, TilesAt{span, nullptr}); });
 }
 
 void attend_pages(const Problem& p, const Inputs& in, const Tiling& t, const Scratch& s, int64_t b, int64_t hk,
                   int64_t rows, const int64_t* pages, int64_t n) {
   static_assert(kTileKeys == kSummaryPageKeys, "a summary's page is one key tile");
-  const int64_t lk = p.kv_len_of(b);
-  const auto at = [&](int64_t x) {
-    const int64_t j0 = pages[x] * kTileKeys;
-    return TileRef{j0, static_cast<int>(std::min<int64_t>(kTileKeys, lk - j0)), nullptr};
-  };
+  const TilesAt at{{0, p.kv_len_of(b)}, pages};
   if (n > 0) visit_kv(in, [&](const auto& typed) { attend_tiles_as<false>(typed, t, s, b, hk, rows, n, at); });
 }
 
