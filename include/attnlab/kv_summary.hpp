@@ -7,7 +7,7 @@
 // that follows. Its summary is the element-wise min and max of its keys as the cache's read rule
 // gives them (load_row: f32, bf16, f16 widened, a quantized row dequantized), in float32:
 // 2 x head_dim floats per 64 keys - 1/32 of a float32 K cache's bytes, 1/16 of a 16-bit one's,
-// 1/8 of u8's (d 128: 136-byte rows), 1/4.25 of u4's.
+// 1/8.5 of u8's (d 128: 136-byte rows), 1/4.5 of u4's (72-byte rows).
 //
 // For a query q the page's bound is u = sum_i max(q_i min_i, q_i max_i) = q+ . max + q- . min (q+ and
 // q- its positive and negative parts): every key k of the page has q.k <= u (each term is the larger
@@ -30,8 +30,7 @@ namespace attnlab {
 inline constexpr int64_t kSummaryPageKeys = Problem::kTopkPageKeys;
 
 // Per (batch entry, kv head, page): head_dim minima, then head_dim maxima. A page with no key yet:
-// minima +inf, maxima -inf (its bound is -inf for any q with a nonzero element; never chosen by
-// score).
+// minima +inf, maxima -inf (never scored: group_page_scores takes the pages that hold keys).
 struct KvSummary {
   int64_t batch = 0, kv_heads = 0, pages = 0, dim = 0;
   std::vector<float> data;
@@ -82,6 +81,13 @@ struct PageBudget {
   int64_t recent_tokens = 0;
 };
 std::vector<int64_t> choose_pages(const std::vector<double>& score, int64_t n, const PageBudget& budget);
+// The pages always chosen of a sequence of n keys (a budget > 0): [0, sink_end) holds the first
+// sink_tokens keys, [recent_begin, summary_pages(n)) the last recent_tokens - the one rule choose_pages
+// and Problem::topk_keys (FLOPs, bytes) follow.
+struct AlwaysPages {
+  int64_t sink_end, recent_begin;
+};
+AlwaysPages always_pages(int64_t n, const PageBudget& budget);
 
 // The page scores of query position i's rows in kv head hk's group (sequence b): per page, the
 // largest bound over the group's query heads - one choice per group, so the group's K and V are read

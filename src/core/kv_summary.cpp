@@ -28,16 +28,10 @@ void read_row(const Problem& p, const Inputs& in, bool key, int64_t b, int64_t h
   load_row(in.kv, in.dtype, row, dim, out, in.kv_scale);
 }
 
-// A float row of Q (any dtype).
+// A float row of Q (any dtype), by the same read rule.
 void read_q(const Problem& p, const Inputs& in, int64_t b, int64_t h, int64_t i, float* out) {
-  if (in.dtype == DType::F32) {
-    const float* q = in.q.row(b, h, i);
-    std::copy(q, q + p.head_dim, out);
-  } else {
-    const uint16_t* q = in.q16.row(b, h, i);
-    for (int64_t x = 0; x < p.head_dim; ++x)
-      out[x] = in.dtype == DType::BF16 ? to_float(bf16{q[x]}) : to_float(f16{q[x]});
-  }
+  const void* row = in.dtype == DType::F32 ? static_cast<const void*>(in.q.row(b, h, i)) : in.q16.row(b, h, i);
+  load_row(KvDType::Same, in.dtype, static_cast<const std::byte*>(row), p.head_dim, out);
 }
 
 void refuse_unbounded(const Problem& p, const char* what) {
@@ -122,6 +116,12 @@ float page_bound(const float* pos, const float* neg, const float* mn, const floa
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
+AlwaysPages always_pages(int64_t n, const PageBudget& budget) {
+  const int64_t pages = summary_pages(n);
+  return {summary_pages(std::min(budget.sink_tokens, n)),
+          budget.recent_tokens > 0 ? std::max<int64_t>(0, n - budget.recent_tokens) / kSummaryPageKeys : pages};
+}
+
 std::vector<int64_t> choose_pages(const std::vector<double>& score, int64_t n, const PageBudget& budget) {
   const int64_t pages = summary_pages(n);
   if (static_cast<int64_t>(score.size()) < pages) {
@@ -138,11 +138,9 @@ std::vector<int64_t> choose_pages(const std::vector<double>& score, int64_t n, c
   if (budget.tokens <= 0) {
     for (int64_t x = 0; x < pages; ++x) take(x);
   } else {
-    for (int64_t x = 0; x < summary_pages(std::min(budget.sink_tokens, n)); ++x) take(x);
-    for (int64_t x = std::max<int64_t>(0, n - budget.recent_tokens) / kSummaryPageKeys;
-         budget.recent_tokens > 0 && x < pages; ++x) {
-      take(x);
-    }
+    const AlwaysPages always = always_pages(n, budget);
+    for (int64_t x = 0; x < always.sink_end; ++x) take(x);
+    for (int64_t x = always.recent_begin; x < pages; ++x) take(x);
     std::vector<int64_t> order(static_cast<size_t>(pages));
     std::iota(order.begin(), order.end(), int64_t{0});
     // NaN first, then decreasing score, ties to the earlier page.

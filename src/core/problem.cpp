@@ -1,5 +1,7 @@
 #include "attnlab/problem.hpp"
 
+#include "attnlab/kv_summary.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -361,10 +363,11 @@ MaskSpec Problem::mask_for_batch(int64_t b) const {
 int64_t Problem::topk_keys(int64_t b) const {
   const int64_t n = kv_len_of(b);
   if (!topk()) return n;
-  // The pages holding the first topk_sinks keys, and those holding the last topk_recent.
-  const int64_t sink_pages = std::min(n, (std::min(topk_sinks, n) + kTopkPageKeys - 1) / kTopkPageKeys * kTopkPageKeys);
-  const int64_t recent_pages = topk_recent > 0 ? n - (n - std::min(topk_recent, n)) / kTopkPageKeys * kTopkPageKeys : 0;
-  const int64_t always = std::min(n, sink_pages + recent_pages);
+  // The keys of the pages always chosen (kv_summary.hpp's always_pages; an overlap counted twice, the
+  // whole sequence at most).
+  const AlwaysPages a = always_pages(n, {topk_tokens, topk_sinks, topk_recent});
+  const int64_t recent_from = a.recent_begin * kTopkPageKeys;
+  const int64_t always = std::min(n, std::min(n, a.sink_end * kTopkPageKeys) + std::max<int64_t>(0, n - recent_from));
   return std::min(n, std::max(topk_tokens, always));
 }
 

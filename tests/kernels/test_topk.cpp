@@ -62,28 +62,35 @@ Problem topk_problem(const CacheCase& c, int64_t tokens) {
   return p;
 }
 
-std::vector<const Kernel*> topk_kernels() {
-  std::vector<const Kernel*> out;
-  for (const Kernel* k : variants())
-    if (k->capabilities().topk) out.push_back(k);
-  return out;
-}
-
-TEST(TopkDecode, BudgetCoveringEveryPageIsDenseDecodeBitForBit) {
+// f(kernel, problem) for every kernel variant that states topk and every cache of `caches` it runs, at
+// budget `tokens`; how many pairs ran.
+template <class F>
+int for_each_topk_case(int64_t tokens, const std::vector<CacheCase>& caches, const F& f) {
   int ran = 0;
-  for (const Kernel* k : topk_kernels()) {
-    for (const CacheCase& c : kCaches) {
-      const Problem p = topk_problem(c, 5000);
-      Problem dense = p;
-      dense.topk_tokens = dense.topk_sinks = dense.topk_recent = 0;
-      if (!supports_problem(*k, p) || !k->available()) continue;
-      const Tensors t = random_tensors(p, 4);
-      EXPECT_TRUE(bitwise_equal(p, run_kernel(*k, p, t.inputs), run_kernel(*k, dense, t.inputs)))
-          << test::variant_name(*k) << " " << p.describe();
+  for (const Kernel* k : variants()) {
+    if (!k->capabilities().topk || !k->available()) continue;
+    for (const CacheCase& c : caches) {
+      const Problem p = topk_problem(c, tokens);
+      if (!supports_problem(*k, p)) continue;
+      f(*k, p);
       ++ran;
     }
   }
-  EXPECT_GT(ran, 0);
+  return ran;
+}
+const std::vector<CacheCase> kAllCaches(std::begin(kCaches), std::end(kCaches));
+
+TEST(TopkDecode, BudgetCoveringEveryPageIsDenseDecodeBitForBit) {
+  EXPECT_GT(
+      for_each_topk_case(5000, kAllCaches,
+                         [](const Kernel& k, const Problem& p) {
+                           Problem dense = p;
+                           dense.topk_tokens = dense.topk_sinks = dense.topk_recent = 0;
+                           const Tensors t = random_tensors(p, 4);
+                           EXPECT_TRUE(bitwise_equal(p, run_kernel(k, p, t.inputs), run_kernel(k, dense, t.inputs)))
+                               << test::variant_name(k) << " " << p.describe();
+                         }),
+      0);
 }
 
 // The problem masked to the pages topk_pages chose (per batch entry and query head: its kv head's).
@@ -148,35 +155,31 @@ class AsMasked final : public Kernel {
 // Every kernel that states topk, on every cache: exact attention over the pages topk_pages chose (a
 // chunk merge off by a page, or a page list cut short, moves O by more than the tolerance).
 TEST(TopkDecode, EveryTopkKernelIsExactOverTheChosenPages) {
-  int ran = 0;
-  for (const Kernel* k : topk_kernels()) {
-    for (const CacheCase& c : kCaches) {
-      const Problem p = topk_problem(c, 640);
-      if (!supports_problem(*k, p) || !k->available()) continue;
-      const Tensors t = random_tensors(p, 8);
-      const Problem m = masked_to_pages(p, t.inputs);
-      const KernelCheck r = check_kernel(AsMasked(*k, p), m, t.inputs, prepare_agreement(m, t.inputs, all_rows(m)), 2);
-      EXPECT_EQ(r.verdict, Verdict::Pass) << test::variant_name(*k) << " " << p.describe() << ": " << r.reason;
-      ++ran;
-    }
-  }
-  EXPECT_GT(ran, 0);
+  EXPECT_GT(for_each_topk_case(640, kAllCaches,
+                               [](const Kernel& k, const Problem& p) {
+                                 const Tensors t = random_tensors(p, 8);
+                                 const Problem m = masked_to_pages(p, t.inputs);
+                                 const KernelCheck r = check_kernel(AsMasked(k, p), m, t.inputs,
+                                                                    prepare_agreement(m, t.inputs, all_rows(m)), 2);
+                                 EXPECT_EQ(r.verdict, Verdict::Pass)
+                                     << test::variant_name(k) << " " << p.describe() << ": " << r.reason;
+                               }),
+            0);
 }
 
 // The pages are chosen per (sequence, kv head) and their chunks merged in a fixed order: the bits do not
 // depend on the thread count.
 TEST(TopkDecode, BitsDoNotDependOnTheThreadCount) {
-  for (const Kernel* k : topk_kernels()) {
-    for (const CacheCase& c : {kCaches[0], kCaches[3]}) {
-      const Problem p = topk_problem(c, 640);
-      if (!supports_problem(*k, p) || !k->available()) continue;
-      const Tensors t = random_tensors(p, 12);
-      KernelRun one{allocate_outputs(p)}, three{allocate_outputs(p)};
-      Session(*k, p, 1).run(t.inputs, one.out.outputs);
-      Session(*k, p, 3).run(t.inputs, three.out.outputs);
-      EXPECT_TRUE(bitwise_equal(p, one, three)) << test::variant_name(*k) << " " << p.describe();
-    }
-  }
+  EXPECT_GT(for_each_topk_case(640, {kCaches[0], kCaches[3]},
+                               [](const Kernel& k, const Problem& p) {
+                                 const Tensors t = random_tensors(p, 12);
+                                 KernelRun one{allocate_outputs(p)}, three{allocate_outputs(p)};
+                                 Session(k, p, 1).run(t.inputs, one.out.outputs);
+                                 Session(k, p, 3).run(t.inputs, three.out.outputs);
+                                 EXPECT_TRUE(bitwise_equal(p, one, three))
+                                     << test::variant_name(k) << " " << p.describe();
+                               }),
+            0);
 }
 
 // A NaN key in a page the budget skips does not reach O; one in a chosen page makes the rows that see it
