@@ -113,4 +113,21 @@ struct SelectionAccuracy {
 SelectionAccuracy selection_accuracy(const Problem& p, const Inputs& in, const RowId& r,
                                      const std::vector<int64_t>& pages);
 
+// The problem masked to the pages topk_pages chose (a boolean mask over batch entry, query head, row
+// and key; the budget off): a dense problem whose float64 reference is what a topk run computes exactly.
+Problem masked_to_pages(const Problem& p, const Inputs& in);
+
+// A query-aware sparse decode judged - the sweep's and verify's rule for an approximation:
+//   exact: the kernel's run on p held, by check_kernel, to the float64 reference of masked_to_pages(p)
+//          in the kernel's own arithmetic class (its exact part: a page dropped or merged twice fails);
+//   recall_min, recall_mean: selection_accuracy's recall of the chosen pages over `rows`;
+//   err_dense: the kernel's O against the dense float64 reference on `rows` (verify.hpp's o_rel, the
+//              largest): what the choice and the arithmetic cost together - measured, never a verdict.
+struct TopkCheck {
+  KernelCheck exact;
+  double recall_min = 0, recall_mean = 0;
+  double err_dense = 0;
+};
+TopkCheck check_topk(const Kernel& k, const Problem& p, const Inputs& in, const std::vector<RowId>& rows, int threads);
+
 }  // namespace attnlab

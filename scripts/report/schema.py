@@ -34,7 +34,7 @@ MEASURED_FLOAT_COLS = {"flops", "bytes", "kv_bytes", "kv_bytes_per_token", "time
                        "err_lse", "tol_lse", "seconds_spent", "err_o_rel_f32_inputs", "probe_read_gbs_min",
                        "probe_read_gbs_median", "probe_read_gbs_max", "bw_fraction_probe_median",
                        "bw_fraction_probe_best", "err_dq", "err_dk", "err_dv", "tol_dq", "tol_dk", "tol_dv",
-                       "roofline_s", "roofline_fraction"}
+                       "roofline_s", "roofline_fraction", "recall_min", "recall_mean", "err_o_rel_dense"}
 
 
 def load_schema(folder):

@@ -5,7 +5,10 @@
 #include <cstdint>
 #include <cstring>
 #include <iostream>
+#include <memory>
 #include <tuple>
+
+#include "attnlab/kv_summary.hpp"
 
 namespace attnlab::cli {
 
@@ -78,6 +81,10 @@ LoadedInputs load_inputs(const std::string& qp, const std::string& kp, const std
     Tensors paged = page_kv(li.problem, li.inputs);
     li.stored = std::move(paged);
     li.inputs = li.stored.inputs;
+  }
+  if (li.problem.topk()) {  // a sparse decode's page summaries, read from the loaded cache
+    li.stored.summary = std::make_shared<KvSummary>(summarize_keys(li.problem, li.inputs));
+    li.inputs.summary = li.stored.summary.get();
   }
   return li;
 }

@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <memory>
 #include <numeric>
+#include <utility>
 
 #include "attnlab/kv_quant.hpp"
 
@@ -260,6 +263,80 @@ SelectionAccuracy selection_accuracy(const Problem& p, const Inputs& in, const R
   }
   a.o_rel_error = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
   return a;
+}
+
+Problem masked_to_pages(const Problem& p, const Inputs& in) {
+  Problem m = p;
+  m.topk_tokens = m.topk_sinks = m.topk_recent = 0;
+  auto mask = std::make_shared<BoolMask>();
+  mask->batch = p.batch, mask->heads = p.q_heads, mask->q_len = p.q_len, mask->kv_len = p.kv_len;
+  mask->data.assign(static_cast<size_t>(p.batch * p.q_heads * p.q_len * p.kv_len), 0);
+  mask->source = "topk_pages";
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t hk = 0; hk < p.kv_heads; ++hk)
+      for (const int64_t page : topk_pages(p, in, b, hk)) {
+        const int64_t lo = page * kSummaryPageKeys, hi = std::min(p.kv_len, lo + kSummaryPageKeys);
+        for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h)
+          for (int64_t i = 0; i < p.q_len; ++i) {
+            uint8_t* row = mask->data.data() + static_cast<size_t>(((b * p.q_heads + h) * p.q_len + i) * p.kv_len);
+            std::fill(row + lo, row + hi, uint8_t{1});
+          }
+      }
+  m.mask = std::move(mask);
+  m.validate();
+  return m;
+}
+
+namespace {
+
+// A kernel's run on the topk problem presented as a kernel of the masked problem, so check_kernel judges
+// its outputs by that problem's reference and the kernel's own arithmetic class.
+class AsMasked final : public Kernel {
+ public:
+  AsMasked(const Kernel& k, const Problem& topk) : k_(k), topk_(topk) {}
+  std::string_view name() const override { return k_.name(); }
+  std::string_view description() const override { return "a topk run judged as its masked problem"; }
+  const Capabilities& capabilities() const override { return k_.capabilities(); }
+  Support supports(const Problem&) const override { return Support::yes(); }
+  size_t workspace_bytes(const Problem&, int threads) const override { return k_.workspace_bytes(topk_, threads); }
+  void run(const Problem&, const Inputs& in, const Outputs& out, RunContext& ctx) const override {
+    Session(k_, topk_, ctx.threads).run(in, out);
+  }
+
+ private:
+  const Kernel& k_;
+  Problem topk_;
+};
+
+}  // namespace
+
+TopkCheck check_topk(const Kernel& k, const Problem& p, const Inputs& in, const std::vector<RowId>& rows, int threads) {
+  TopkCheck c;
+  c.exact.kernel = std::string(k.name());
+  if (Support s = can_run(k, p, threads); !s) {
+    c.exact.reason = s.reason;
+    return c;
+  }
+  const Problem m = masked_to_pages(p, in);
+  c.exact = check_kernel(AsMasked(k, p), m, in, prepare_agreement(m, in, rows), threads);
+  Problem dense = p;
+  dense.topk_tokens = dense.topk_sinks = dense.topk_recent = 0;
+  Tensors out = allocate_outputs(p);
+  Session(k, p, threads).run(in, out.outputs);
+  c.err_dense = measure(reference(dense, in, rows), as_const(out.outputs.o), out.outputs.lse, dense).o_rel;
+  // Recall per row, from the pages its (sequence, kv head) chose.
+  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> chosen;
+  double sum = 0;
+  c.recall_min = 1.0;
+  for (const RowId& r : rows) {
+    const auto key = std::pair{r.b, p.kv_head_of(r.h)};
+    if (!chosen.count(key)) chosen[key] = topk_pages(p, in, key.first, key.second);
+    const double recall = selection_accuracy(p, in, r, chosen[key]).recall;
+    c.recall_min = std::min(c.recall_min, recall);
+    sum += recall;
+  }
+  c.recall_mean = rows.empty() ? 1.0 : sum / static_cast<double>(rows.size());
+  return c;
 }
 
 }  // namespace attnlab

@@ -647,7 +647,11 @@ size_t verification_bytes(const Kernel& k, const Problem& p, size_t rows, int th
       p.kv_quantized() ? allocated_bytes(static_cast<size_t>(p.kv_elems() + p.v_elems()) * sizeof(float)) : 0;
   // A paged cache is copied into a contiguous one first (unpage_kv).
   const size_t unpaged = p.kv_paged() ? unpaged_bytes(p) : 0;
-  return sampling + reference + row_scratch + dequantized + unpaged + check_output_bytes(p) +
+  // A topk point (check_topk): the problem masked to its chosen pages, one byte per (b, h, i, j), and a
+  // second O and LSE for the dense comparison.
+  const size_t masked =
+      p.topk() ? static_cast<size_t>(p.batch * p.q_heads * p.q_len * p.kv_len) + check_output_bytes(p) : 0;
+  return sampling + reference + row_scratch + dequantized + unpaged + masked + check_output_bytes(p) +
          allocated_bytes(k.workspace_bytes(p, threads)) + kVerifyBookkeeping;
 }
 

@@ -4,8 +4,10 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <memory>
 
 #include "attnlab/kv_quant.hpp"
+#include "attnlab/kv_summary.hpp"
 #include "attnlab/tensor.hpp"
 #include "schema/point_schema.hpp"
 
@@ -113,10 +115,11 @@ std::shared_ptr<Py_buffer> block_table_of(const py::handle& obj, int64_t batch) 
   return view;
 }
 
-Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, const py::object& causal,
-               const std::optional<std::pair<int64_t, int64_t>>& window,
-               const std::optional<std::vector<int64_t>>& kv_lens, const std::optional<float>& scale,
-               const std::string& layout, const std::optional<std::string>& dtype, const py::kwargs& settings) {
+namespace {
+Call arrays_call(const py::handle& q, const py::handle& k, const py::handle& v, const py::object& causal,
+                 const std::optional<std::pair<int64_t, int64_t>>& window,
+                 const std::optional<std::vector<int64_t>>& kv_lens, const std::optional<float>& scale,
+                 const std::string& layout, const std::optional<std::string>& dtype, const py::kwargs& settings) {
   Call c;
   Problem& p = c.p;
   p.layout = parse_layout(layout);
@@ -233,6 +236,20 @@ Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, co
   } else if (p.kv_paged()) {  // K and V copied into a paged cache's scattered blocks
     c.cache = page_kv(p, c.in);
     c.in = c.cache.inputs;
+  }
+  return c;
+}
+
+}  // namespace
+
+Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, const py::object& causal,
+               const std::optional<std::pair<int64_t, int64_t>>& window,
+               const std::optional<std::vector<int64_t>>& kv_lens, const std::optional<float>& scale,
+               const std::string& layout, const std::optional<std::string>& dtype, const py::kwargs& settings) {
+  Call c = arrays_call(q, k, v, causal, window, kv_lens, scale, layout, dtype, settings);
+  if (c.p.topk()) {  // a sparse decode's page summaries, read from the cache as given (one pass over K)
+    c.cache.summary = std::make_shared<KvSummary>(summarize_keys(c.p, c.in));
+    c.in.summary = c.cache.summary.get();
   }
   return c;
 }

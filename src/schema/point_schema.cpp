@@ -92,6 +92,14 @@ std::vector<PointField> make_fields() {
        nullptr},
       {"threads", "int", "threads the kernel ran on", true, 15, "-t", "/t:", never, ATTN_INT(v.threads), "threads",
        ATTN_NUM(v.threads)},
+      // Query-aware sparse decode (kv_summary.hpp): in ids only when set ("...-topk4096s64r256-...").
+      {"topk_tokens", "int", "query-aware sparse decode: keys attended per sequence and kv head (0: every key)", true,
+       18, "-topk", "/topk:", [](V v) { return !v.problem.topk(); }, ATTN_INT(v.problem.topk_tokens), "topk_tokens",
+       ATTN_NUM(v.problem.topk_tokens)},
+      {"topk_sinks", "int", "the first keys a sparse decode always attends", true, 19, "s",
+       "/topks:", [](V v) { return !v.problem.topk(); }, ATTN_INT(v.problem.topk_sinks), nullptr, nullptr},
+      {"topk_recent", "int", "the last keys a sparse decode always attends", true, 20, "r",
+       "/topkr:", [](V v) { return !v.problem.topk(); }, ATTN_INT(v.problem.topk_recent), nullptr, nullptr},
   };
 }
 
@@ -497,6 +505,16 @@ std::vector<Axis> make_axes() {
        "true: one cache tensor, V the first head_dim_v columns of K's rows (MLA's latent cache; head_dim_v <= "
        "head_dim)",
        nullptr, "false", bool_values, ATTN_SET(p.kv_shared = v.get<bool>()), ATTN_READ(p.kv_shared)},
+      // Query-aware sparse decode (kv_summary.hpp; decode and decode_i8): an approximation, judged by
+      // recall and O's error against dense attention beside its exactness over the pages it chose.
+      {"topk_tokens", AxisKind::Setting,
+       "query-aware sparse decode: attend the 64-key pages whose bound from the keys' min/max summaries is "
+       "largest, within this many keys per sequence and kv head (0: every key; decode, decode_i8)",
+       nullptr, "0", ints<0>, ATTN_SET(p.topk_tokens = v.get<int64_t>()), ATTN_READ(p.topk_tokens)},
+      {"topk_sinks", AxisKind::Setting, "with topk_tokens: the pages of the first N keys are always attended", nullptr,
+       "0", ints<0>, ATTN_SET(p.topk_sinks = v.get<int64_t>()), ATTN_READ(p.topk_sinks)},
+      {"topk_recent", AxisKind::Setting, "with topk_tokens: the pages of the last N keys are always attended", nullptr,
+       "0", ints<0>, ATTN_SET(p.topk_recent = v.get<int64_t>()), ATTN_READ(p.topk_recent)},
       {"pass", AxisKind::Sweep,
        "forward (O, LSE), backward (dQ, dK, dV from a random dO and the kernel's own forward's O and LSE, "
        "untimed; FLOPs 2.5x the forward's) or forward_backward (both, timed together)",

@@ -318,7 +318,7 @@ TEST(Experiment, IsaAxisRunsEachPerTargetKernelOncePerTarget) {
                 "head_dim_v x causal "
                 "x window x kv_lens x sinks x global x doc_lens x dilation x bigbird x mask_file x softcap x alibi "
                 "x sink_logits x layout x dtype "
-                "x kv_dtype x kv_block x kv_shared x pass x threads x isa"),
+                "x kv_dtype x kv_block x kv_shared x topk_tokens x topk_sinks x topk_recent x pass x threads x isa"),
       std::string::npos);
 }
 

@@ -96,6 +96,11 @@ Json PointRecord::to_json() const {
             {"verify_rows", verify_rows},
             {"seconds_spent", real_to_json(seconds_spent)},
             {"measured_at", measured_at}};
+  if (problem.topk()) {
+    j["recall_min"] = real_to_json(recall_min);
+    j["recall_mean"] = real_to_json(recall_mean);
+    j["err_o_rel_dense"] = real_to_json(err_o_rel_dense);
+  }
   if (problem.pass != Pass::Forward) {
     j["err_grad"] = {real_to_json(err_grad.dq), real_to_json(err_grad.dk), real_to_json(err_grad.dv)};
     j["tol_grad"] = {real_to_json(tol_grad.dq), real_to_json(tol_grad.dk), real_to_json(tol_grad.dv)};
@@ -134,6 +139,11 @@ PointRecord PointRecord::from_json(const Json& j) {
     r.tol_lse = real_at(j, "tol_lse");
     // Absent before 16-bit storage: the inputs were the float32 ones.
     r.err_o_rel_f32_inputs = j.contains("err_o_rel_f32_inputs") ? real_at(j, "err_o_rel_f32_inputs") : r.err_o_rel;
+    if (r.problem.topk()) {
+      r.recall_min = real_at(j, "recall_min");
+      r.recall_mean = real_at(j, "recall_mean");
+      r.err_o_rel_dense = real_at(j, "err_o_rel_dense");
+    }
     r.verify_rows = j.at("verify_rows").get<int>();
     r.seconds_spent = real_at(j, "seconds_spent");
     r.measured_at = j.at("measured_at").get<std::string>();

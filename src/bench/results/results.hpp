@@ -75,6 +75,11 @@ struct PointRecord {
   // they were rounded to the storage dtype or quantized into the KV cache (kv_dtype): what
   // 16-bit storage or a quantized cache costs end to end (equal to err_o_rel for f32).
   double err_o_rel_f32_inputs = 0;
+  // A query-aware sparse decode (Problem::topk): the verdict and errors above are its exact part
+  // (against the problem masked to the pages it chose); what the choice costs is measured
+  // (kv_summary.hpp, check_topk): the chosen keys' softmax mass under dense attention over the
+  // verified rows (smallest, mean), and O's error against the dense float64 reference (largest).
+  double recall_min = 0, recall_mean = 0, err_o_rel_dense = 0;
   // A backward point (Problem::pass): dQ, dK, dV against the float64 reference gradients on
   // sampled rows and keys (verify.hpp, check_backward_sampled), and their tolerances.
   GradErrors err_grad;

@@ -56,6 +56,7 @@ std::vector<TidyCell> tidy_row(const std::string& experiment, const PointRecord&
   // Time columns apply to timed points only; verification columns to verified ones.
   auto if_timed = [&](double v) { return timed ? num(v) : std::string(); };
   auto if_verified = [&](double v) { return r.verdict.empty() ? std::string() : num(v); };
+  auto if_topk = [&](double v) { return r.verdict.empty() || !p.topk() ? std::string() : num(v); };
   auto if_grads = [&](double v) { return r.verdict.empty() || p.pass == Pass::Forward ? std::string() : num(v); };
   std::vector<TidyCell> row = {{"experiment", experiment},
                                {"id", r.id},
@@ -109,6 +110,11 @@ std::vector<TidyCell> tidy_row(const std::string& experiment, const PointRecord&
       {"err_lse", if_verified(r.err_lse)},
       {"tol_lse", if_verified(r.tol_lse)},
       {"err_o_rel_f32_inputs", if_verified(r.err_o_rel_f32_inputs)},
+      // A query-aware sparse decode's accuracy (check_topk): recall over the verified rows, O against
+      // the dense float64 reference.
+      {"recall_min", if_topk(r.recall_min)},
+      {"recall_mean", if_topk(r.recall_mean)},
+      {"err_o_rel_dense", if_topk(r.err_o_rel_dense)},
       // A backward point's gradients (max error over the sampled rows / keys, relative to the
       // tensor's largest reference value) and their tolerances.
       {"err_dq", if_grads(r.err_grad.dq)},

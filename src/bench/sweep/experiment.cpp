@@ -35,8 +35,9 @@ bool is_grid_key(const std::string& key) {
   return std::find(k.begin(), k.end(), key) != k.end();
 }
 // Keys allowed only at the top level.
-const std::vector<std::string> kRunKeys = {"description",       "repetitions", "rounds", "min_time_s", "time_cap_s",
-                                           "memory_budget_mib", "verify_rows", "seed",   "grids",      "peers"};
+const std::vector<std::string> kRunKeys = {
+    "description", "repetitions", "rounds", "min_time_s", "time_cap_s", "memory_budget_mib",
+    "verify_rows", "seed",        "grids",  "peers",      "needles"};
 
 // "all" | NAME | [NAME, ...]: the targets, in build order (narrowest first).
 std::vector<std::string> parse_isa(const Where& w, const Json& v, const IsaChoices& isas) {
@@ -225,6 +226,21 @@ Experiment parse_experiment(const Json& doc, const std::string& name, const std:
   if (doc.contains("verify_rows"))
     e.verify_rows = static_cast<int>(parse_int_at_least(w, "verify_rows", doc["verify_rows"], 1, 1 << 20));
   if (doc.contains("seed")) e.seed = static_cast<uint64_t>(parse_int_at_least(w, "seed", doc["seed"], 0, INT64_MAX));
+  if (doc.contains("needles")) {
+    const Json& v = doc["needles"];
+    const std::string allowed = "{\"per_row\": N >= 1, \"mass\": a share in (0, 1) (default 0.97)}";
+    if (!v.is_object() || !v.contains("per_row")) w.bad("needles", v, allowed);
+    for (const auto& [key, x] : v.items()) {
+      if (key != "per_row" && key != "mass") w.bad("needles", v, allowed);
+    }
+    e.needles.per_row = parse_int_at_least(w, "needles.per_row", v["per_row"], 1, 1 << 20);
+    if (v.contains("mass")) {
+      if (!v["mass"].is_number() || !(v["mass"].get<double>() > 0 && v["mass"].get<double>() < 1)) {
+        w.bad("needles", v, allowed);
+      }
+      e.needles.mass = v["mass"].get<double>();
+    }
+  }
   if (doc.contains("peers")) {
     const Json& v = doc["peers"];
     std::vector<std::string> items;

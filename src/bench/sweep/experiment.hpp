@@ -45,6 +45,9 @@
 //     "memory_budget_mib": number > 0  skip a point needing more memory      default RAM / 2
 //     "verify_rows": int >= 1          rows checked against the reference per point  default 64
 //     "seed":        int >= 0          random inputs                                 default 1
+//     "needles":     {"per_row": N, "mass": M}  the random inputs with N keys per query row planted
+//                    to hold M of its softmax mass (include/attnlab/workload.hpp: sparse attention
+//                    for query-aware sparse decode's accuracy)   default none
 //     "peers":       [NAME, ...] | "a,b"  peers measured beside the kernels on every shape of
 //                    the grids (bench/peers/peers.hpp: torch, ort, jax, ggml or their kernels
 //                    torch_sdpa, torch_flex, ort_mha, ort_gqa, ov_sdpa, ov_decode, jax_dpa, ggml_fa)  default none
@@ -79,6 +82,7 @@
 #include <nlohmann/json.hpp>
 
 #include "attnlab/problem.hpp"
+#include "attnlab/workload.hpp"
 #include "bench/using.hpp"
 
 namespace attnlab::bench {
@@ -129,6 +133,7 @@ struct Experiment {
   double memory_budget_mib = 0;  // 0 = half the physical memory
   int verify_rows = 64;
   uint64_t seed = 1;
+  Needles needles;  // the inputs' planted needles (none: random_tensors)
 };
 
 // `known_kernels`: the names "all" expands to and that implementations may list; `isas`:

@@ -70,8 +70,9 @@ void add_round(PointFile& into, const PointFile& next, int round) {
   }
   for (const auto& [mine, theirs] :
        {std::pair{&r.err_o_rel, n.err_o_rel}, std::pair{&r.err_lse, n.err_lse},
-        std::pair{&r.err_o_rel_f32_inputs, n.err_o_rel_f32_inputs}, std::pair{&r.err_grad.dq, n.err_grad.dq},
-        std::pair{&r.err_grad.dk, n.err_grad.dk}, std::pair{&r.err_grad.dv, n.err_grad.dv}}) {
+        std::pair{&r.err_o_rel_f32_inputs, n.err_o_rel_f32_inputs}, std::pair{&r.err_o_rel_dense, n.err_o_rel_dense},
+        std::pair{&r.err_grad.dq, n.err_grad.dq}, std::pair{&r.err_grad.dk, n.err_grad.dk},
+        std::pair{&r.err_grad.dv, n.err_grad.dv}}) {
     if (!(*mine >= theirs)) *mine = theirs;  // the worst pass (NaN stays)
   }
   r.times.insert(r.times.end(), n.times.begin(), n.times.end());

@@ -8,6 +8,7 @@
 #include <benchmark/benchmark.h>
 
 #include "attnlab/isa.hpp"
+#include "attnlab/kv_summary.hpp"
 #include "attnlab/limits.hpp"
 #include "attnlab/npy.hpp"
 #include "attnlab/verify.hpp"
@@ -79,7 +80,7 @@ Agreement Runner::unrounded_agreement(const Problem& p, const std::vector<RowId>
   f32.dtype = DType::F32;
   f32.kv_dtype = KvDType::Same;
   f32.kv_block = 0;  // the same values; the reference reads a paged cache as a contiguous one anyway
-  const Tensors source = random_tensors(f32, e.seed);
+  const Tensors source = workload_tensors(f32, e.seed, e.needles);
   return prepare_agreement(f32, source.inputs, rows);
 }
 
@@ -127,13 +128,25 @@ PointFile Runner::decide(const GridPoint& g, const PointRecord& base) {
     // Verify first, on the inputs that will be timed.
     auto fixture = std::make_unique<PointFixture>();
     fixture->id = r.id;
-    fixture->tensors = random_tensors(g.problem, e.seed);
+    fixture->tensors = workload_tensors(g.problem, e.seed, e.needles);
     const Inputs& in = fixture->tensors.inputs;
     const auto rows = sample_rows(g.problem, static_cast<size_t>(e.verify_rows), e.seed);
-    const Agreement ag = prepare_agreement(g.problem, in, rows);
-    const auto tv = Clock::now();
-    const KernelCheck check = check_kernel(*k, g.problem, in, ag, g.threads);
-    const double verify_run = seconds_since(tv);
+    KernelCheck check;
+    double verify_run = 0;
+    if (g.problem.topk()) {
+      // An approximation: its exact part by the agreement rule, its accuracy measured (check_topk;
+      // its runs are not one forward's time).
+      const auto tv = Clock::now();
+      const TopkCheck tc = check_topk(*k, g.problem, in, rows, g.threads);
+      verify_run = seconds_since(tv);
+      check = tc.exact;
+      r.recall_min = tc.recall_min, r.recall_mean = tc.recall_mean, r.err_o_rel_dense = tc.err_dense;
+    } else {
+      const Agreement ag = prepare_agreement(g.problem, in, rows);
+      const auto tv = Clock::now();
+      check = check_kernel(*k, g.problem, in, ag, g.threads);
+      verify_run = seconds_since(tv);
+    }
     r.verdict = to_string(check.verdict);
     r.err_o_rel = check.errors.o_rel;
     r.err_lse = check.errors.lse;
@@ -141,7 +154,7 @@ PointFile Runner::decide(const GridPoint& g, const PointRecord& base) {
     r.tol_lse = check.tol.lse;
     r.verify_rows = static_cast<int>(rows.size());
     r.err_o_rel_f32_inputs = r.err_o_rel;
-    if (stored_not_float32(g.problem) && check.verdict == Verdict::Pass) {
+    if (stored_not_float32(g.problem) && !g.problem.topk() && check.verdict == Verdict::Pass) {
       // The same kernel on the same stored inputs, against float64 on the float32 values
       // they were rounded (or quantized) from: the storage's end-to-end cost.
       r.err_o_rel_f32_inputs =
@@ -154,8 +167,9 @@ PointFile Runner::decide(const GridPoint& g, const PointRecord& base) {
       r.seconds_spent = seconds_since(t0);
       return pf;
     }
-    // The verification ran the forward: its rate, not the pass's.
-    rates.record(kernel_label(*k), g.threads, g.problem.forward_flops(), verify_run);
+    // The verification ran the forward: its rate, not the pass's (a topk check's runs and references
+    // are not one forward's).
+    if (!g.problem.topk()) rates.record(kernel_label(*k), g.threads, g.problem.forward_flops(), verify_run);
     fixture->session = std::make_unique<Session>(*k, g.problem, g.threads);
     if (g.problem.pass != Pass::Forward) {
       // The gradients too: on sampled rows and keys (a sparse pattern or score modifications: every
@@ -221,13 +235,18 @@ PointFile Runner::decide_peer(const GridPoint& g, const PointRecord& base) {
     r.seconds_spent = seconds_since(t0);
     return pf;
   };
+  if (p.topk()) {
+    return decided(PointStatus::Skipped, "unsupported: topk_tokens " + std::to_string(p.topk_tokens) +
+                                             " (no peer runs a query-aware sparse decode on a CPU; its dense points "
+                                             "are the comparison)");
+  }
   r.memory_bytes = peer_memory_bytes(g.kernel, p) + verification_bytes(*find_kernel("naive"), p, e.verify_rows, 1);
   if (static_cast<double>(r.memory_bytes) > memory_budget) {
     return decided(PointStatus::Skipped, "memory: needs " + fmt_mib(static_cast<double>(r.memory_bytes)) +
                                              " > budget " + fmt_mib(memory_budget));
   }
   try {
-    const Tensors t = random_tensors(p, e.seed);
+    const Tensors t = workload_tensors(p, e.seed, e.needles);
     const auto rows = sample_rows(p, static_cast<size_t>(e.verify_rows), e.seed);
     const Agreement ag = prepare_agreement(p, t.inputs, rows);
     const bool backward = p.pass != Pass::Forward;
