@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "attnlab/kv_summary.hpp"
 #include "attnlab/verify.hpp"
 
 namespace attnlab::bench {
@@ -28,8 +29,9 @@ size_t fixture_bytes(const Problem& p) {
   // from (while converting, and for the sweep's error on the unrounded inputs).
   auto bytes = [](int64_t elems, size_t size) { return allocated_bytes(static_cast<size_t>(elems) * size); };
   const size_t in = static_cast<size_t>(dtype_bytes(p.dtype));
-  const size_t own = bytes(p.q_elems(), in) + bytes(p.kv_elems(), in) + bytes(p.v_elems(), in) + bytes(p.o_elems(), 4) +
-                     bytes(p.lse_elems(), 4);
+  size_t own = bytes(p.q_elems(), in) + bytes(p.kv_elems(), in) + bytes(p.v_elems(), in) + bytes(p.o_elems(), 4) +
+               bytes(p.lse_elems(), 4);
+  if (p.topk()) own += bytes(p.batch * p.kv_heads * summary_pages(p.kv_len) * 2 * p.head_dim, 4);  // the summaries
   if (p.dtype == DType::F32) return own;
   Problem f32 = p;
   f32.dtype = DType::F32;
