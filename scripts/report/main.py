@@ -11,6 +11,7 @@ from .plot_masks import plot_masks, plot_sparse
 from .plot_scaling import plot_ladder, plot_memory, plot_scaling, plot_throughput
 from .plot_shapes import plot_decode, plot_gqa, plot_head_dim, plot_heads, plot_threads
 from .plot_targets import plot_precision, plot_vector_width
+from .plot_topk import long_context_section
 from .tables import (arithmetic_section, kv_cache_section, model_table, paged_section, peer_section, shape_text,
                      summary_table, training_section)
 
@@ -78,6 +79,7 @@ def write_report(folder, out):
     md += kv_cache_section(rows, ok)
     md += arithmetic_section(rows, ok, folder)
     md += paged_section(rows, ok)
+    md += long_context_section(plots, ok) if ok else []
 
     if machine:
         git = machine.get("git", {})

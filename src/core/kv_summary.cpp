@@ -52,15 +52,24 @@ void refuse_unbounded(const Problem& p, const char* what) {
 
 KvSummary make_summary(const Problem& p) {
   KvSummary s;
-  s.batch = p.batch, s.kv_heads = p.kv_heads, s.pages = summary_pages(p.kv_len), s.dim = p.head_dim;
-  s.data.resize(static_cast<size_t>(s.batch * s.kv_heads * s.pages * 2 * s.dim));
+  s.batch = p.batch, s.kv_heads = p.kv_heads, s.pages = summary_stored_pages(p.kv_len), s.dim = p.head_dim;
+  s.own = alloc_floats(s.floats());
+  clear_summary(s);
+  return s;
+}
+
+void clear_summary(KvSummary& s) {
+  const int64_t half = s.dim * kSummaryBlockPages;
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t hk = 0; hk < s.kv_heads; ++hk)
-      for (int64_t x = 0; x < s.pages; ++x) {
-        std::fill_n(s.min(b, hk, x), s.dim, std::numeric_limits<float>::infinity());
-        std::fill_n(s.max(b, hk, x), s.dim, -std::numeric_limits<float>::infinity());
+      for (int64_t k = 0; k < s.blocks(); ++k) {
+        std::fill_n(s.block(b, hk, k), half, std::numeric_limits<float>::infinity());
+        std::fill_n(s.block(b, hk, k) + half, half, -std::numeric_limits<float>::infinity());
       }
-  return s;
+}
+
+void page_extent(const KvSummary& s, int64_t b, int64_t hk, int64_t page, float* mn, float* mx) {
+  for (int64_t x = 0; x < s.dim; ++x) mn[x] = s.lo(b, hk, page, x), mx[x] = s.hi(b, hk, page, x);
 }
 
 void summary_add_key(KvSummary& s, int64_t b, int64_t hk, int64_t j, const float* k) {
@@ -70,15 +79,16 @@ void summary_add_key(KvSummary& s, int64_t b, int64_t hk, int64_t j, const float
                        " sequences, " + std::to_string(s.kv_heads) + " kv heads, " +
                        std::to_string(s.pages * kSummaryPageKeys) + " keys)");
   }
-  float* mn = s.min(b, hk, j / kSummaryPageKeys);
-  float* mx = s.max(b, hk, j / kSummaryPageKeys);
+  const int64_t page = j / kSummaryPageKeys;
   for (int64_t x = 0; x < s.dim; ++x) {
+    float& mn = s.lo(b, hk, page, x);
+    float& mx = s.hi(b, hk, page, x);
     // A NaN value makes both ends NaN (std::min / std::max would drop it on one side).
     if (std::isnan(k[x])) {
-      mn[x] = mx[x] = k[x];
-    } else if (!std::isnan(mn[x])) {
-      mn[x] = std::min(mn[x], k[x]);
-      mx[x] = std::max(mx[x], k[x]);
+      mn = mx = k[x];
+    } else if (!std::isnan(mn)) {
+      mn = std::min(mn, k[x]);
+      mx = std::max(mx, k[x]);
     }
   }
 }
@@ -109,14 +119,31 @@ void split_query(const float* q, int64_t d, float* pos, float* neg) {
 }
 
 float page_bound(const float* pos, const float* neg, const float* mn, const float* mx, int64_t d) {
-  // Eight independent partial sums (element x into sum x % 8; the compiler keeps them in vectors),
-  // added pairwise: one order on every machine.
-  float acc[8] = {};
-  int64_t x = 0;
-  for (; x + 8 <= d; x += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += pos[x + l] * mx[x + l] + neg[x + l] * mn[x + l];
-  for (; x < d; ++x) acc[x % 8] += pos[x] * mx[x] + neg[x] * mn[x];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  float acc = 0.f;
+  for (int64_t x = 0; x < d; ++x) acc = std::fma(neg[x], mn[x], std::fma(pos[x], mx[x], acc));
+  return acc;
+}
+
+void page_scores_reference(const float* split, int64_t group, int64_t d, const float* blocks, int64_t pages,
+                           float* best) {
+  std::vector<float> mn(static_cast<size_t>(d)), mx(static_cast<size_t>(d));
+  for (int64_t x = 0; x < pages; ++x) {
+    const float* block = blocks + x / kSummaryBlockPages * 2 * d * kSummaryBlockPages;
+    for (int64_t y = 0; y < d; ++y) {
+      mn[y] = block[y * kSummaryBlockPages + x % kSummaryBlockPages];
+      mx[y] = block[(d + y) * kSummaryBlockPages + x % kSummaryBlockPages];
+    }
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t g = 0; g < group; ++g) {
+      const float u = page_bound(split + 2 * g * d, split + (2 * g + 1) * d, mn.data(), mx.data(), d);
+      if (std::isnan(u)) {  // (a NaN stays)
+        m = u;
+        break;
+      }
+      m = std::max(m, u);
+    }
+    best[x] = m;
+  }
 }
 
 AlwaysPages always_pages(int64_t n, const PageBudget& budget) {
@@ -146,14 +173,20 @@ std::vector<int64_t> choose_pages(const std::vector<double>& score, int64_t n, c
     for (int64_t x = always.recent_begin; x < pages; ++x) take(x);
     std::vector<int64_t> order(static_cast<size_t>(pages));
     std::iota(order.begin(), order.end(), int64_t{0});
-    // NaN first, then decreasing score, ties to the earlier page.
+    // NaN first, then decreasing score, ties to the earlier page: a total order.
     const auto key = [&](int64_t x) { return std::isnan(score[x]) ? kInf : score[x]; };
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t c) { return key(a) > key(c); });
-    for (const int64_t x : order) {
+    const auto before = [&](int64_t a, int64_t c) { return key(a) > key(c) || (key(a) == key(c) && a < c); };
+    // Only the head of the order can be taken: the full pages that fit, past the ones already chosen, and
+    // the last page (the one that may be short) wherever it ranks.
+    const int64_t always_taken = always.sink_end + (pages - always.recent_begin);
+    const int64_t head = std::min(pages, budget.tokens / kSummaryPageKeys + always_taken + 1);
+    std::partial_sort(order.begin(), order.begin() + head, order.end(), before);
+    const auto offer = [&](int64_t x) {
       const int64_t size = std::min(kSummaryPageKeys, n - x * kSummaryPageKeys);
-      if (chosen[x] || used + size > budget.tokens) continue;
-      take(x);
-    }
+      if (!chosen[x] && used + size <= budget.tokens) take(x);
+    };
+    for (int64_t r = 0; r < head; ++r) offer(order[r]);
+    offer(pages - 1);  // (after the head, only a short last page can still fit)
   }
   std::vector<int64_t> out;
   for (int64_t x = 0; x < pages; ++x)
@@ -162,7 +195,7 @@ std::vector<int64_t> choose_pages(const std::vector<double>& score, int64_t n, c
 }
 
 std::vector<double> group_page_scores(const Problem& p, const Inputs& in, const KvSummary& s, int64_t b, int64_t hk,
-                                      int64_t i) {
+                                      int64_t i, PageScorer scorer) {
   refuse_unbounded(p, "group_page_scores");
   const int64_t pages = summary_pages(p.kv_len_of(b)), d = p.head_dim, group = p.group();
   // The group's queries split once; then each page's summary is read once for all of them.
@@ -171,26 +204,15 @@ std::vector<double> group_page_scores(const Problem& p, const Inputs& in, const 
     read_q(p, in, b, hk * group + g, i, q.data());
     split_query(q.data(), d, split.data() + 2 * g * d, split.data() + (2 * g + 1) * d);
   }
+  std::vector<float> best(static_cast<size_t>(pages));
+  scorer(split.data(), group, d, s.block(b, hk, 0), pages, best.data());
   std::vector<double> score(static_cast<size_t>(pages));
   const double scale = p.effective_scale();
-  for (int64_t x = 0; x < pages; ++x) {
-    const float* mn = s.min(b, hk, x);
-    const float* mx = s.max(b, hk, x);
-    float best = -std::numeric_limits<float>::infinity();
-    for (int64_t g = 0; g < group; ++g) {
-      const float u = page_bound(split.data() + 2 * g * d, split.data() + (2 * g + 1) * d, mn, mx, d);
-      if (std::isnan(u)) {  // (a NaN stays)
-        best = u;
-        break;
-      }
-      best = std::max(best, u);
-    }
-    score[x] = scale * best;
-  }
+  for (int64_t x = 0; x < pages; ++x) score[x] = scale * best[x];
   return score;
 }
 
-std::vector<int64_t> topk_pages(const Problem& p, const Inputs& in, int64_t b, int64_t hk) {
+std::vector<int64_t> topk_pages(const Problem& p, const Inputs& in, int64_t b, int64_t hk, PageScorer scorer) {
   if (!in.summary) {
     throw InvalidInput("topk_tokens " + std::to_string(p.topk_tokens) +
                        ": the inputs hold no page summaries (Inputs::summary; kv_summary.hpp's summarize_keys, or "
@@ -204,7 +226,7 @@ std::vector<int64_t> topk_pages(const Problem& p, const Inputs& in, int64_t b, i
   }
   std::vector<double> score;
   for (int64_t i = 0; i < p.q_len; ++i) {
-    const std::vector<double> si = group_page_scores(p, in, s, b, hk, i);
+    const std::vector<double> si = group_page_scores(p, in, s, b, hk, i, scorer);
     if (score.empty()) {
       score = si;
       continue;

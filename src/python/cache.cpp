@@ -5,10 +5,14 @@
 
 #include <pybind11/stl.h>
 
+#include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnlab/kv_quant.hpp"
+#include "attnlab/kv_summary.hpp"
 #include "attnlab/tensor.hpp"
 #include "python/call.hpp"
 
@@ -133,8 +137,8 @@ int64_t cache_row_bytes(const std::string& kv_dtype, int64_t dim) {
 }
 
 void write_kv(const py::handle& cache, const py::handle& rows, int64_t start,
-              const std::optional<std::string>& kv_dtype, const py::object& block_table,
-              const std::string& layout_name) {
+              const std::optional<std::string>& kv_dtype, const py::object& block_table, const std::string& layout_name,
+              const py::object& summary) {
   const Layout layout = parse_layout(layout_name);
   const Arr c = as_input(cache, "cache", std::nullopt, layout);
   if (c.read_only) {
@@ -156,14 +160,41 @@ void write_kv(const py::handle& cache, const py::handle& rows, int64_t start,
                           (r.pages.table ? " (the block table's rows x the pool's heads)" : ""));
   }
   check_span(r, start, len, "written");
+  std::optional<std::pair<KvSummary, std::shared_ptr<Py_buffer>>> s;
+  if (!summary.is_none()) {
+    s = summary_of(summary, batch, heads, dim, true);
+    if (summary_pages(start + len) > s->first.pages) {
+      throw py::value_error("summary: " + n(s->first.pages) + " pages of 64 rows; allowed: at least " +
+                            n(summary_pages(start + len)) + " (rows up to " + n(start + len) +
+                            " are written; new_kv_summary(batch, kv_heads, capacity, dim) for the cache's capacity)");
+    }
+  }
   const ConstView src = make_view(static_cast<const float*>(x.data), batch, heads, len, dim, layout);
   py::gil_scoped_release unlocked;
+  std::vector<float> back(static_cast<size_t>(dim));
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t j = 0; j < len; ++j) {
-        store_row(r.kv, r.dtype, src.row(b, h, j), dim,
-                  const_cast<std::byte*>(kv_row(r.view, r.pages, b, h, start + j)));
+        std::byte* row = const_cast<std::byte*>(kv_row(r.view, r.pages, b, h, start + j));
+        store_row(r.kv, r.dtype, src.row(b, h, j), dim, row);
+        if (s) {  // the row as the kernels will read it
+          load_row(r.kv, r.dtype, row, dim, back.data());
+          summary_add_key(s->first, b, h, start + j, back.data());
+        }
       }
+}
+
+py::object new_kv_summary(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t dim) {
+  if (batch < 1 || kv_heads < 1 || capacity < 0 || dim < 1) {
+    throw py::value_error("new_kv_summary: batch " + n(batch) + ", kv_heads " + n(kv_heads) + ", capacity " +
+                          n(capacity) + ", dim " + n(dim) + "; allowed: batch, kv_heads, dim >= 1, capacity >= 0");
+  }
+  const int64_t pages = summary_stored_pages(capacity);
+  const auto [out, data] = new_output({batch, kv_heads, pages / kSummaryBlockPages, 2, dim, kSummaryBlockPages});
+  KvSummary s;
+  s.batch = batch, s.kv_heads = kv_heads, s.pages = pages, s.dim = dim, s.external = data;
+  clear_summary(s);
+  return out;
 }
 
 py::object read_kv(const py::handle& cache, const std::optional<std::string>& kv_dtype,

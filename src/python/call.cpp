@@ -46,10 +46,11 @@ void apply_settings(const py::kwargs& settings, Problem& p) {
   int threads = 0;
   for (const auto& [name, value] : settings) {
     const std::string key = py::str(name);
-    if (key == "block_table" || key == "mask") continue;  // make_call's: arrays, not axes
+    if (key == "block_table" || key == "mask" || key == "kv_summary") continue;  // make_call's: arrays, not axes
     const schema::Axis* a = schema::find_axis(key);
     if (!a || !keyword_axis(*a)) {
-      std::string allowed = "kernel, causal, window, kv_lens, scale, layout, threads, dtype, isa, block_table, mask";
+      std::string allowed =
+          "kernel, causal, window, kv_lens, scale, layout, threads, dtype, isa, block_table, mask, kv_summary";
       for (const schema::Axis& x : schema::axes()) {
         if (keyword_axis(x)) allowed += ", " + std::string(x.key);
       }
@@ -113,6 +114,40 @@ std::shared_ptr<Py_buffer> block_table_of(const py::handle& obj, int64_t batch) 
                           ", blocks per sequence): sequence b's key j in pool block block_table[b][j // block]");
   }
   return view;
+}
+
+std::pair<KvSummary, std::shared_ptr<Py_buffer>> summary_of(const py::handle& obj, int64_t batch, int64_t kv_heads,
+                                                            int64_t dim, bool writable) {
+  const std::string allowed = "a C-contiguous float32 array of shape (batch = " + std::to_string(batch) +
+                              ", kv_heads = " + std::to_string(kv_heads) +
+                              ", blocks, 2, head_dim = " + std::to_string(dim) +
+                              ", 16) (attnlab.new_kv_summary makes one)";
+  Py_buffer got{};
+  if (PyObject_GetBuffer(obj.ptr(), &got, writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO) != 0) {
+    PyErr_Clear();
+    throw py::type_error("kv_summary: " + type_name(obj) + (writable ? " has no writable buffer" : " has no buffer") +
+                         "; allowed: " + allowed);
+  }
+  auto view = std::shared_ptr<Py_buffer>(new Py_buffer(got), [](Py_buffer* b) {
+    PyBuffer_Release(b);
+    delete b;
+  });
+  std::string fmt = view->format ? view->format : "B";
+  if (!fmt.empty() && std::string("@=<").find(fmt[0]) != std::string::npos) fmt.erase(0, 1);
+  const std::vector<int64_t> shape(view->shape, view->shape + view->ndim);
+  bool dense = true;  // C order: each dimension's stride the bytes of the ones after it (size-1 ones aside)
+  for (int64_t i = view->ndim - 1, step = view->itemsize; i >= 0 && view->strides; --i) {
+    dense = dense && (shape[i] == 1 || view->strides[i] == step);
+    step *= shape[i];
+  }
+  if (fmt != "f" || view->itemsize != 4 || view->ndim != 6 || !dense || shape[0] != batch || shape[1] != kv_heads ||
+      shape[3] != 2 || shape[4] != dim || shape[5] != kSummaryBlockPages) {
+    throw py::value_error("kv_summary: shape " + shape_text(shape) + ", format '" + fmt + "'; allowed: " + allowed);
+  }
+  KvSummary s;
+  s.batch = batch, s.kv_heads = kv_heads, s.pages = shape[2] * kSummaryBlockPages, s.dim = dim;
+  s.external = static_cast<float*>(view->buf);
+  return {std::move(s), view};
 }
 
 namespace {
@@ -247,10 +282,18 @@ Call make_call(const py::handle& q, const py::handle& k, const py::handle& v, co
                const std::optional<std::vector<int64_t>>& kv_lens, const std::optional<float>& scale,
                const std::string& layout, const std::optional<std::string>& dtype, const py::kwargs& settings) {
   Call c = arrays_call(q, k, v, causal, window, kv_lens, scale, layout, dtype, settings);
-  if (c.p.topk()) {  // a sparse decode's page summaries, read from the cache as given (one pass over K)
-    c.cache.summary = std::make_shared<KvSummary>(summarize_keys(c.p, c.in));
-    c.in.summary = c.cache.summary.get();
+  const bool given = settings.contains("kv_summary") && !py::object(settings["kv_summary"]).is_none();
+  if (given && !c.p.topk()) {
+    throw py::value_error("kv_summary: given without topk_tokens; allowed: with topk_tokens > 0 (a sparse decode)");
   }
+  if (given) {  // the caller's summaries (write_kv keeps them as rows are stored), read in place
+    auto [s, buffer] = summary_of(settings["kv_summary"], c.p.batch, c.p.kv_heads, c.p.head_dim, false);
+    c.cache.summary = std::make_shared<KvSummary>(std::move(s));
+    c.summary_buffer = std::move(buffer);
+  } else if (c.p.topk()) {  // read from the cache as given: one pass over K per call
+    c.cache.summary = std::make_shared<KvSummary>(summarize_keys(c.p, c.in));
+  }
+  c.in.summary = c.cache.summary.get();
   return c;
 }
 

@@ -39,6 +39,7 @@
 
 #include "attnlab/auto.hpp"
 #include "attnlab/kernel.hpp"
+#include "attnlab/kv_summary.hpp"
 #include "attnlab/limits.hpp"
 #include "attnlab/verify.hpp"
 #include "peaks/peak.hpp"
@@ -341,12 +342,20 @@ PYBIND11_MODULE(_core, m) {  // attnlab._core; the package attnlab (src/python/a
         "The point schema's input axes (experiment keys): key, kind (size, setting, mask, run), help, default.\n"
         "Every 'setting' is a keyword of attention() and verify().");
   m.def("write_kv", &write_kv, py::arg("cache"), py::arg("rows"), py::arg("start"), py::arg("kv_dtype") = py::none(),
-        py::arg("block_table") = py::none(), py::arg("layout") = "bhsd",
+        py::arg("block_table") = py::none(), py::arg("layout") = "bhsd", py::arg("summary") = py::none(),
         "Stores rows (float32 (batch, kv_heads, n, d)) at positions [start, start + n) of a KV cache you hold,\n"
         "by the lab's rule for its layout: cache (batch, kv_heads, capacity, row) - uint8 rows of kv_dtype's\n"
         "bytes (q8_0, q4_0, u8, u4, fp8_e4m3, fp8_e5m2), or a float32/bfloat16/float16 cache (rounded to\n"
         "nearest even) - or, with block_table (int32 (batch, entries)), a pool (blocks, kv_heads, block, row).\n"
-        "attention(q, cache_k, cache_v, kv_dtype=..., kv_lens=..., block_table=...) then reads it in place.");
+        "attention(q, cache_k, cache_v, kv_dtype=..., kv_lens=..., block_table=...) then reads it in place.\n"
+        "summary (new_kv_summary's array): each stored K row folded into its 64-row page's min and max, as the\n"
+        "cache reads it back - what attention(..., topk_tokens=N, kv_summary=summary) ranks pages by.");
+  m.def("new_kv_summary", &new_kv_summary, py::arg("batch"), py::arg("kv_heads"), py::arg("capacity"), py::arg("dim"),
+        "Page summaries for a K cache of `capacity` rows per sequence: float32 (batch, kv_heads, blocks, 2, dim, 16):\n"
+        "page p's minima in [:, :, p // 16, 0, :, p % 16], its maxima in [..., 1, ...]; 64 rows a page, every page\n"
+        "empty (min +inf, max -inf); write_kv(..., summary=) keeps them current.");
+  m.attr("SUMMARY_PAGE_KEYS") = kSummaryPageKeys;      // rows per page of a summary
+  m.attr("SUMMARY_BLOCK_PAGES") = kSummaryBlockPages;  // pages per block
   m.def("read_kv", &read_kv, py::arg("cache"), py::arg("kv_dtype") = py::none(), py::arg("length") = py::none(),
         py::arg("block_table") = py::none(), py::arg("layout") = "bhsd", py::arg("dim") = py::none(),
         "A cache's first `length` rows per sequence read back as float32 (batch, kv_heads, length, d): the\n"

@@ -5,6 +5,7 @@
 // is measured - dense when every page is chosen.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -45,6 +46,7 @@ template <class Bound>
 int violations(const Problem& p, const Inputs& in, const KvSummary& s, const Bound& bound) {
   int bad = 0;
   std::vector<float> q(static_cast<size_t>(p.head_dim)), k(static_cast<size_t>(p.head_dim));
+  std::vector<float> lo(static_cast<size_t>(p.head_dim)), hi(static_cast<size_t>(p.head_dim));
   std::mt19937 rng(7);
   std::normal_distribution<float> n01;
   for (int trial = 0; trial < 6; ++trial) {
@@ -56,8 +58,9 @@ int violations(const Problem& p, const Inputs& in, const KvSummary& s, const Bou
           double dot = 0;
           for (int64_t x = 0; x < p.head_dim; ++x) dot += static_cast<double>(q[x]) * k[x];
           const int64_t page = j / kSummaryPageKeys;
-          const float* mn = s.min(b, hk, page);
-          const float* mx = s.max(b, hk, page);
+          page_extent(s, b, hk, page, lo.data(), hi.data());
+          const float* mn = lo.data();
+          const float* mx = hi.data();
           const double u = bound(q.data(), mn, mx, p.head_dim);
           double terms = 0;
           for (int64_t x = 0; x < p.head_dim; ++x)
@@ -103,8 +106,8 @@ TEST(KvSummary, RowByRowEqualsReadFromTheCache) {
           read_key(p, t.inputs, b, hk, j, k.data());
           summary_add_key(grown, b, hk, j, k.data());
         }
-    EXPECT_EQ(grown.data, whole.data) << p.describe();
-    EXPECT_EQ(whole.bytes(), static_cast<size_t>(2 * 2 * 5 * 2 * 64 * sizeof(float)));  // 300 keys: 5 pages
+    EXPECT_TRUE(std::equal(grown.values(), grown.values() + grown.floats(), whole.values())) << p.describe();
+    EXPECT_EQ(whole.bytes(), static_cast<size_t>(2 * 2 * 16 * 2 * 64 * sizeof(float)));  // 300 keys: 5 pages, a block
   }
 }
 
@@ -113,8 +116,8 @@ TEST(KvSummary, ANanKeyMakesItsPageBoundNan) {
   Tensors t = random_tensors(p, 9);
   const_cast<float*>(t.inputs.k.row(0, 0, 70))[5] = kNan;  // page 1
   const KvSummary s = summarize_keys(p, t.inputs);
-  EXPECT_TRUE(std::isnan(s.min(0, 0, 1)[5]));
-  EXPECT_TRUE(std::isnan(s.max(0, 0, 1)[5]));
+  EXPECT_TRUE(std::isnan(s.lo(0, 0, 1, 5)));
+  EXPECT_TRUE(std::isnan(s.hi(0, 0, 1, 5)));
   const std::vector<double> score = group_page_scores(p, t.inputs, s, 0, 0, 0);
   ASSERT_EQ(score.size(), 4u);
   EXPECT_TRUE(std::isnan(score[1]));
@@ -127,9 +130,55 @@ TEST(KvSummary, BadKeyPositionNamesTheSummary) {
   Problem p = test::shape(1, 2, 1, 1, 100, 8);
   KvSummary s = make_summary(p);
   std::vector<float> k(8, 1.f);
-  EXPECT_THROW(summary_add_key(s, 0, 0, 128, k.data()), InvalidInput);
+  // 100 keys: 2 pages, stored as a block of 16 - room for 1024 keys.
+  EXPECT_THROW(summary_add_key(s, 0, 0, 1024, k.data()), InvalidInput);
   EXPECT_THROW(summary_add_key(s, 1, 0, 5, k.data()), InvalidInput);
-  EXPECT_NO_THROW(summary_add_key(s, 0, 0, 127, k.data()));  // (the last page's room)
+  EXPECT_THROW(summary_add_key(s, 0, 0, -1, k.data()), InvalidInput);
+  EXPECT_NO_THROW(summary_add_key(s, 0, 0, 1023, k.data()));  // (the block's room)
+}
+
+// choose_pages orders only the head of the pages it can take: the same choice as the whole order (NaN
+// first, then decreasing score, ties to the earlier page; a short last page taken wherever it ranks), over
+// random scores with ties and NaNs, short and whole last pages, with and without sinks and recent keys.
+TEST(KvSummary, ChoiceIsTheWholeOrdersGreedyChoice) {
+  const auto whole_order = [](const std::vector<double>& score, int64_t n, const PageBudget& b) {
+    const int64_t pages = summary_pages(n);
+    std::vector<char> chosen(static_cast<size_t>(pages), 0);
+    int64_t used = 0;
+    const auto size = [&](int64_t x) { return std::min(kSummaryPageKeys, n - x * kSummaryPageKeys); };
+    const AlwaysPages a = always_pages(n, b);
+    for (int64_t x = 0; x < pages; ++x)
+      if (x < a.sink_end || x >= a.recent_begin) chosen[x] = 1, used += size(x);
+    std::vector<int64_t> order(static_cast<size_t>(pages));
+    for (int64_t x = 0; x < pages; ++x) order[x] = x;
+    const auto key = [&](int64_t x) {
+      return std::isnan(score[x]) ? std::numeric_limits<double>::infinity() : score[x];
+    };
+    std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return key(x) > key(y); });
+    for (const int64_t x : order)
+      if (!chosen[x] && used + size(x) <= b.tokens) chosen[x] = 1, used += size(x);
+    std::vector<int64_t> out;
+    for (int64_t x = 0; x < pages; ++x)
+      if (chosen[x]) out.push_back(x);
+    return out;
+  };
+  std::mt19937 rng(11);
+  int compared = 0;
+  for (const int64_t n : {int64_t{64 * 50}, int64_t{64 * 50 + 17}, int64_t{200}}) {
+    for (const PageBudget b : {PageBudget{256, 0, 0}, PageBudget{300, 10, 70}, PageBudget{1000, 64, 0},
+                               PageBudget{64 * 49 + 20, 0, 5}, PageBudget{17, 0, 0}, PageBudget{81, 0, 0}}) {
+      for (int trial = 0; trial < 20; ++trial) {
+        std::vector<double> score(static_cast<size_t>(summary_pages(n)));
+        for (double& x : score) {
+          x = static_cast<double>(rng() % 7);  // many ties
+          if (rng() % 13 == 0) x = std::numeric_limits<double>::quiet_NaN();
+        }
+        EXPECT_EQ(choose_pages(score, n, b), whole_order(score, n, b)) << n << " " << b.tokens << " " << trial;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, 3 * 6 * 20);
 }
 
 TEST(KvSummary, ChoiceKeepsSinksRecentKeysAndTheBudget) {

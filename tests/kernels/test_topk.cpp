@@ -9,11 +9,14 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <random>
 #include <vector>
 
+#include "attnlab/isa.hpp"
 #include "attnlab/kernel.hpp"
 #include "attnlab/kv_summary.hpp"
 #include "attnlab/verify.hpp"
+#include "cpu/dispatch/isa_internal.hpp"
 #include "test_util.hpp"
 
 namespace attnlab {
@@ -213,6 +216,49 @@ TEST(TopkDecode, ANeedleAtAnyDepthIsRetrievedEndToEnd) {
       diff += (u - v) * (u - v), norm += v * v;
     }
     EXPECT_LT(std::sqrt(diff / norm), 0.1) << depth;
+  }
+}
+
+// Every target's page scorer (the kernels') gives the reference's bits - on head dims that are and are not
+// multiples of the 16 lanes, one query and a group, with a NaN, an infinity and an empty page's
+// +inf/-inf among the summaries - so a kernel chooses the pages topk_pages names on any target.
+TEST(TopkDecode, EveryTargetsPageScorerIsTheReferenceBitForBit) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  for (const std::string& isa : runnable_isas()) {
+    const TargetTable& t = *target_table_for(isa);
+    ASSERT_NE(t.probes.page_scores, nullptr) << isa;
+    for (const int64_t d : {int64_t{16}, int64_t{33}, int64_t{80}, int64_t{128}, int64_t{256}}) {
+      for (const int64_t group : {int64_t{1}, int64_t{4}}) {
+        const int64_t pages = group == 1 ? 3 * kSummaryBlockPages + 5 : 5 * kSummaryBlockPages + 7;
+        std::vector<float> q(static_cast<size_t>(d)), split(static_cast<size_t>(2 * group * d));
+        for (int64_t g = 0; g < group; ++g) {
+          for (float& x : q) x = u(rng);
+          split_query(q.data(), d, split.data() + 2 * g * d, split.data() + (2 * g + 1) * d);
+        }
+        KvSummary s;  // 6 blocks: the scorers' runs of 4 blocks and the single ones after, a short last block
+        s.batch = s.kv_heads = 1, s.pages = 6 * kSummaryBlockPages, s.dim = d;
+        s.own = alloc_floats(s.floats());
+        for (int64_t x = 0; x < s.pages; ++x)
+          for (int64_t y = 0; y < d; ++y) {
+            const float a = u(rng), b = u(rng);
+            s.lo(0, 0, x, y) = std::min(a, b), s.hi(0, 0, x, y) = std::max(a, b);
+          }
+        s.lo(0, 0, 3, d / 2) = kNan;                                           // page 3: a NaN key
+        s.hi(0, 0, 5, 1) = std::numeric_limits<float>::infinity();             // page 5: an infinite one
+        for (int64_t y = 0; y < d; ++y) s.lo(0, 0, 7, y) = -s.hi(0, 0, 7, y);  // page 7: +-
+        for (int64_t y = 0; y < d; ++y) s.lo(0, 0, 70, y) = 1.f / 0.f, s.hi(0, 0, 70, y) = -1.f / 0.f;  // empty
+        std::vector<float> want(static_cast<size_t>(pages)), got(static_cast<size_t>(pages), 1.f);
+        page_scores_reference(split.data(), group, d, s.block(0, 0, 0), pages, want.data());
+        t.probes.page_scores(split.data(), group, d, s.block(0, 0, 0), pages, got.data());
+        for (int64_t x = 0; x < pages; ++x) {
+          const bool same = std::isnan(want[x]) ? std::isnan(got[x]) : std::memcmp(&want[x], &got[x], 4) == 0;
+          EXPECT_TRUE(same) << isa << " d " << d << " group " << group << " page " << x << ": " << want[x] << " vs "
+                            << got[x];
+        }
+        EXPECT_TRUE(std::isnan(got[3])) << isa;
+      }
+    }
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "cpu/simd/int8_dot.hpp"
 #include "cpu/simd/microkernel.hpp"
+#include "cpu/simd/page_bound.hpp"
 #include "cpu/simd/vec_math.hpp"
 
 namespace attnlab::ATTN_TARGET_NS {
@@ -190,6 +191,7 @@ const TargetTable& target_table() {
           .kv_row = simd::read_kv_row,
           .round_int8_row = simd::round_int8_row,
           .round_v_rows = simd::round_v_rows,
+          .page_scores = simd::page_scores,
           .round_p_row =
               [](const float* p, const float* sc, bool is_signed, uint8_t* codes, float* quantum) {
                 alignas(64) float pa[simd::kTileKeys], sa[simd::kTileKeys];  // the kernel's rows are aligned

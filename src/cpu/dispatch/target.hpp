@@ -58,6 +58,9 @@ struct TestProbes {
   bool (*round_int8_row)(const float* x, int64_t n, int8_t* q, float* scale);
   // flash_int8's vector rounding of V per channel (int8_dot.hpp: round_v_rows), round_v_channels' rule.
   bool (*round_v_rows)(const float* rows, int64_t ld, int64_t n, int64_t dv, int8_t* codes, float* scales);
+  // Query-aware sparse decode's page scorer (page_bound.hpp; kv_summary.hpp's PageScorer): the
+  // reference's bits.
+  void (*page_scores)(const float* split, int64_t group, int64_t d, const float* summary, int64_t pages, float* best);
   // decode_i8's rounding of one row's P times V's scales over a 64-key tile (int8_dot.hpp:
   // round_p_row), round_p_tile's rule: codes as bytes (signed: int8), the quantum.
   bool (*round_p_row)(const float* p, const float* sc, bool is_signed, uint8_t* codes, float* quantum);

@@ -115,8 +115,14 @@ class LabLayer(CacheLayerMixin if CacheLayerMixin is not None else object):
     is_compileable = False
     is_croppable = True
 
-    def __init__(self, kv_dtype="f32", block=0, max_cache_len=None, decode_kernel="auto", threads=None):
+    def __init__(self, kv_dtype="f32", block=0, max_cache_len=None, decode_kernel="auto", threads=None,
+                 topk_tokens=0, topk_sinks=0, topk_recent=0):
         super().__init__()
+        for name, value in (("topk_tokens", topk_tokens), ("topk_sinks", topk_sinks), ("topk_recent", topk_recent)):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}: {value!r}; allowed: an int >= 0")
+        if not topk_tokens and (topk_sinks or topk_recent):
+            raise ValueError("topk_sinks, topk_recent: set without topk_tokens; allowed: with topk_tokens > 0")
         if kv_dtype not in CACHE_TYPES:
             raise ValueError(f"kv_dtype: {kv_dtype!r}; allowed: " + ", ".join(CACHE_TYPES))
         low, high = _core.KV_BLOCKS
@@ -129,6 +135,8 @@ class LabLayer(CacheLayerMixin if CacheLayerMixin is not None else object):
                              "and P.V on q8_0, q4_0, u8, u4)")
         self.kv_dtype, self.block, self.max_cache_len = kv_dtype, block, max_cache_len
         self.decode_kernel, self.threads = decode_kernel, threads
+        self.topk = dict(topk_tokens=topk_tokens, topk_sinks=topk_sinks, topk_recent=topk_recent) if topk_tokens \
+            else None
         self.length = 0
         self.last_kernel = None  # the kernel variant the last attention call ran (e.g. "decode_i8[avx512]")
 
@@ -149,6 +157,7 @@ class LabLayer(CacheLayerMixin if CacheLayerMixin is not None else object):
         self.capacity = 0  # tokens per sequence (contiguous), blocks (paged)
         self.keys = self.values = None
         self.table = numpy.zeros((self.batch, 0), dtype=numpy.int32)  # paged: the block table
+        self.summary = None  # topk: K's page summaries per sequence position (attnlab.new_kv_summary)
         self.is_initialized = True
 
     def _grow(self, length):
@@ -174,6 +183,14 @@ class LabLayer(CacheLayerMixin if CacheLayerMixin is not None else object):
                 fresh = numpy.arange(taken * self.batch, entries * self.batch, dtype=numpy.int32)
                 self.table = numpy.ascontiguousarray(numpy.concatenate(
                     [self.table, fresh.reshape(entries - taken, self.batch).T], axis=1))
+        if self.topk:  # the summaries cover every position the kernels may be handed (the capacity)
+            tokens = self.table.shape[1] * self.block if self.block else self.capacity
+            per_block = _core.SUMMARY_PAGE_KEYS * _core.SUMMARY_BLOCK_PAGES
+            blocks = 0 if self.summary is None else self.summary.shape[2]
+            if -(-tokens // per_block) > blocks:
+                more = _core.new_kv_summary(self.batch, self.heads, tokens - per_block * blocks, self.dim)
+                self.summary = more if self.summary is None else \
+                    numpy.ascontiguousarray(numpy.concatenate([self.summary, more], axis=2))
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
@@ -182,7 +199,7 @@ class LabLayer(CacheLayerMixin if CacheLayerMixin is not None else object):
         self._grow(self.length + n)
         kw = dict(kv_dtype=None if self.kv_dtype in FLOAT_CACHES else self.kv_dtype,
                   block_table=self.table if self.block else None)
-        _core.write_kv(self.keys, key_states.detach().float().contiguous(), self.length, **kw)
+        _core.write_kv(self.keys, key_states.detach().float().contiguous(), self.length, summary=self.summary, **kw)
         _core.write_kv(self.values, value_states.detach().float().contiguous(), self.length, **kw)
         self.length += n
         return Stored(self, self.dim), Stored(self, self.dim_v)
@@ -201,8 +218,13 @@ class LabLayer(CacheLayerMixin if CacheLayerMixin is not None else object):
             width = self.length if self.block else self.capacity
             kw["mask"] = torch.nn.functional.pad(mask, (0, width - mask.shape[-1]), value=False).contiguous().numpy()
         q_len = query.shape[2]
-        if self.decode_kernel != "auto" and q_len <= DECODE_MAX_Q and q_len < self.length:  # a decode step
+        decode_step = q_len <= DECODE_MAX_Q and q_len < self.length
+        if self.decode_kernel != "auto" and decode_step:
             kernel = self.decode_kernel if self.kv_dtype in INTEGER_CACHES else "decode"
+        # Query-aware sparse decode on a decode step under the plain causal mask (a mask of the model's
+        # own is a pattern the page bound does not cover: such steps read every key).
+        if self.topk and decode_step and mask is None:
+            kw.update(self.topk, kv_summary=self.summary)
         # A float32 model keeps float32 products on a 16-bit cache (its storage, not its arithmetic);
         # auto still takes an integer cache's steps with decode_i8 (its row holds under any arithmetic).
         arithmetic = "native" if query.dtype == torch.bfloat16 or kernel != "auto" else "f32"
@@ -222,8 +244,13 @@ class LabLayer(CacheLayerMixin if CacheLayerMixin is not None else object):
 
     def reset(self):
         self.length = 0
+        if self.summary is not None:
+            self.summary = _core.new_kv_summary(self.batch, self.heads, self.summary.shape[2] * _core.SUMMARY_PAGE_KEYS
+                                                * _core.SUMMARY_BLOCK_PAGES, self.dim)
 
     def crop(self, tokens_to_remove):
+        # (the summaries keep the dropped rows' extent: the rows written over them widen it - a looser
+        # bound, never a wrong one)
         if tokens_to_remove > 0:  # transformers' rule: a negative count of tokens to drop
             raise ValueError(f"tokens_to_remove: {tokens_to_remove}; allowed: <= 0 (minus the tokens to drop)")
         self.length = max(0, self.length + tokens_to_remove)
@@ -234,6 +261,8 @@ class LabLayer(CacheLayerMixin if CacheLayerMixin is not None else object):
         if not self.is_initialized or self.length == 0:
             return
         idx = beam_idx.cpu()
+        if self.summary is not None:  # per sequence, whatever the storage
+            self.summary = numpy.ascontiguousarray(self.summary[idx.numpy()])
         if self.block:
             dst = torch.from_numpy(self.table.reshape(-1).astype(numpy.int64))
             src = torch.from_numpy(self.table[idx.numpy()].reshape(-1).astype(numpy.int64))
@@ -250,11 +279,17 @@ class LabCache(Cache if Cache is not None else object):
     then made once at that size and never moves; more tokens are a ValueError). decode_kernel "auto" (the
     default: the lab's table, `attnlab list`), "decode" (float32 dot products on the dequantized rows) or
     "decode_i8" (integer dot products on q8_0, q4_0, u8, u4 codes); each layer's last_kernel names the
-    kernel its last call ran. Use with attn_implementation="attnlab"."""
+    kernel its last call ran. topk_tokens N > 0: query-aware sparse decode (include/attnlab/kv_summary.hpp) -
+    each decode step attends the 64-key pages its query's bound from K's per-page min and max ranks first,
+    within N keys per sequence and kv head, always with the pages of the first topk_sinks and the last
+    topk_recent keys; the summaries are kept by write_kv as rows arrive (1/32 of a float32 K cache's bytes);
+    prefill, and steps under a mask of the model's own, read every key. An approximation: the lab's
+    long_context experiment measures its recall. Use with attn_implementation="attnlab"."""
 
     def __init__(self, config=None, kv_dtype="f32", block=0, max_cache_len=None, decode_kernel="auto",
-                 threads=None):
-        make = lambda: LabLayer(kv_dtype, block, max_cache_len, decode_kernel, threads)  # noqa: E731
+                 threads=None, topk_tokens=0, topk_sinks=0, topk_recent=0):
+        make = lambda: LabLayer(kv_dtype, block, max_cache_len, decode_kernel, threads,  # noqa: E731
+                                topk_tokens, topk_sinks, topk_recent)
         make()  # the arguments' checks, before any model runs
         if config is not None:
             layers = config.get_text_config(decoder=True).num_hidden_layers
