@@ -215,6 +215,42 @@ def test_growth_and_preallocation():
         m(ids[:, :75], cache=fixed)
 
 
+def test_sparse_decode(monkeypatch):
+    # topk_tokens: each decode step's call asks for the sparse decode with the layer's summaries, which
+    # write_kv keeps as the cache grows (contiguous doubling, paged blocks): each page's min and max of
+    # K as stored. A budget covering every key is the dense cache's tokens and logits bit for bit; the
+    # prompt (prefill) reads every key.
+    attnlab.hf.register()
+    m, ids = model(), prompt(n=250, seed=4)
+    calls = []
+    real = attnlab.hf._core.attention
+
+    def spy(*args, **kw):
+        calls.append((args[0].shape[2], kw.get("topk_tokens")))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(attnlab.hf._core, "attention", spy)
+    dense_tokens, dense_logits = generate(m, "attnlab", ids, attnlab.hf.LabCache(m.config, kv_dtype="u8"), steps=6)
+    for kw in ({}, {"block": 32}):
+        calls.clear()
+        cache = attnlab.hf.LabCache(m.config, kv_dtype="u8", topk_tokens=4096, **kw)
+        tokens, logits = generate(m, "attnlab", ids, cache, steps=6)
+        assert torch.equal(tokens, dense_tokens) and torch.equal(logits, dense_logits), kw
+        assert calls == [(250, None)] * 2 + [(1, 4096)] * 10, calls  # (the last token is never attended)
+        sparse = attnlab.hf.LabCache(m.config, kv_dtype="u8", topk_tokens=128, topk_sinks=4, topk_recent=64, **kw)
+        generate(m, "attnlab", ids, sparse, steps=40)
+        layer = sparse.layers[1]
+        keys = attnlab.read_kv(layer.keys, kv_dtype="u8", length=layer.length, block_table=layer.table if kw else None,
+                               dim=layer.dim)
+        assert layer.summary.shape[2] == 1  # 289 keys: 5 pages, one block
+        for page in range(5):
+            rows = keys[:, :, 64 * page:64 * (page + 1)].numpy()
+            assert np.array_equal(layer.summary[:, :, 0, 0, :, page], rows.min(axis=2))
+            assert np.array_equal(layer.summary[:, :, 0, 1, :, page], rows.max(axis=2))
+    with pytest.raises(ValueError, match="topk_sinks, topk_recent: set without topk_tokens"):
+        attnlab.hf.LabCache(m.config, topk_recent=64)
+
+
 def test_beam_search():
     # reorder_cache: each beam takes its parent's rows (paged: copied into its own blocks).
     attnlab.hf.register()

@@ -72,6 +72,11 @@ void GenerationConfig::validate() const {
                        std::to_string(kMaxThreads));
   if (prefill_max_tokens < 0) throw InvalidInput("prefill_max_tokens: negative; allowed: an integer >= 0");
   if (verify_steps < 0) throw InvalidInput("verify_steps: negative; allowed: an integer >= 0");
+  if (head.topk()) {  // (its cache keeps no page summaries, and its steps are judged by the agreement rule)
+    throw InvalidInput("topk_tokens: " + std::to_string(head.topk_tokens) +
+                       " in a generation run; allowed: 0 (the query-aware sparse decode runs in sweeps - "
+                       "experiments/long_context.json - verify, the Python module and attnlab.hf.LabCache)");
+  }
   if (repetitions < 1) throw InvalidInput("repetitions: " + std::to_string(repetitions) + "; allowed: >= 1");
   if (head.layout != Layout::BHSD) {
     throw InvalidInput("layout: " + std::string(to_string(head.layout)) +
