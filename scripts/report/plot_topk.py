@@ -18,7 +18,11 @@ def _cache(r):
 
 
 def _budget(r):
-    return r.get("topk_tokens") or 0
+    """The point's topk_tokens (0: dense; a folder whose schema.json predates the axis reads it as text)."""
+    try:
+        return int(r.get("topk_tokens") or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _groups(ok):
