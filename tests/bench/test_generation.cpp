@@ -96,6 +96,28 @@ TEST(Generation, PagedCacheTakesBlocksAsTokensArrive) {
   }
 }
 
+// A query-aware sparse decode (Problem::topk): the cache keeps K's page summaries as rows are appended
+// (contiguous and paged, float and u8 rows), every step attends the pages its query ranks first and is
+// exact over them (verified against the problem masked to those pages), reads the budget's keys and the
+// summaries instead of the whole context, and the prompt is prefilled over every key.
+TEST(Generation, SparseDecodeKeepsSummariesAsTokensArrive) {
+  for (const auto& [kv, block] : std::vector<std::pair<KvDType, int64_t>>{
+           {KvDType::Same, 0}, {KvDType::U8, 0}, {KvDType::Same, 64}, {KvDType::U8, 16}}) {
+    bench::GenerationConfig c = small();
+    c.head.head_dim = 64, c.head.kv_dtype = kv, c.head.kv_block = block;
+    c.head.topk_tokens = 256, c.head.topk_sinks = 16, c.head.topk_recent = 32;
+    c.steps = 5, c.verify_steps = 5;
+    SCOPED_TRACE(std::string(to_string(kv)) + " block " + std::to_string(block));
+    const bench::GenerationResult r = bench::run_generation(c);
+    ASSERT_EQ(static_cast<int64_t>(r.steps.size()), c.steps);
+    EXPECT_EQ(r.prefill_verdict, "PASS") << r.prefill_note;
+    for (const auto& st : r.steps) {
+      EXPECT_EQ(st.verdict, "PASS") << "step " << st.step << ": error " << st.err_o_rel << " > " << st.tol_o_rel;
+      EXPECT_LT(st.kv_read_bytes, 0.5 * static_cast<double>(st.context) * c.kv_bytes_per_token()) << st.step;
+    }
+  }
+}
+
 // MLA's latent cache: V is the first head_dim_v columns of K's rows; only K rows are appended.
 // Each step equals the unshared problem whose V rows are those columns (verified against float64
 // on the shared cache), and a token costs K's bytes only.

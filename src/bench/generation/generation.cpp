@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "attnlab/kernel.hpp"
+#include "attnlab/kv_summary.hpp"
 #include "attnlab/limits.hpp"
 #include "attnlab/verify.hpp"
 #include "bench/sweep/bench_point.hpp"
@@ -28,9 +30,25 @@ std::tuple<std::string, double, double> check(const Kernel& k, const Problem& p,
   // The reference reads the cache through the same table: a block handed out twice (a later
   // token overwriting an earlier one) would agree with it, so the table itself is checked.
   if (p.kv_paged()) validate_block_table(p, in.pages);
-  const Agreement a = prepare_agreement(p, in, std::move(rows));
-  const Errors e = measure(a.ref, as_const(out.o), out.lse, p);
-  const Tolerance t = tolerance_for(k, p, in, a);
+  // A sparse decode step: the summaries the appends kept must be the ones read from the cache's keys (the
+  // store path's check), and its exact part is judged against the problem masked to the pages it chose
+  // (check_topk's rule; the sweeps measure its recall).
+  if (p.topk()) {
+    const KvSummary want = summarize_keys(p, in);
+    for (int64_t hk = 0; hk < p.kv_heads; ++hk)
+      for (int64_t page = 0; page < summary_pages(p.kv_len); ++page)
+        for (int64_t x = 0; x < p.head_dim; ++x) {
+          const auto same = [](float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); };
+          if (!same(want.lo(0, hk, page, x), in.summary->lo(0, hk, page, x)) ||
+              !same(want.hi(0, hk, page, x), in.summary->hi(0, hk, page, x))) {
+            return {"FAIL", std::numeric_limits<double>::infinity(), 0.0};
+          }
+        }
+  }
+  const Problem judged = p.topk() ? masked_to_pages(p, in) : p;
+  const Agreement a = prepare_agreement(judged, in, std::move(rows));
+  const Errors e = measure(a.ref, as_const(out.o), out.lse, judged);
+  const Tolerance t = tolerance_for(k, judged, in, a);
   return {t.passes(e) ? "PASS" : "FAIL", e.o_rel, t.o_rel};
 }
 
@@ -72,11 +90,7 @@ void GenerationConfig::validate() const {
                        std::to_string(kMaxThreads));
   if (prefill_max_tokens < 0) throw InvalidInput("prefill_max_tokens: negative; allowed: an integer >= 0");
   if (verify_steps < 0) throw InvalidInput("verify_steps: negative; allowed: an integer >= 0");
-  if (head.topk()) {  // (its cache keeps no page summaries, and its steps are judged by the agreement rule)
-    throw InvalidInput("topk_tokens: " + std::to_string(head.topk_tokens) +
-                       " in a generation run; allowed: 0 (the query-aware sparse decode runs in sweeps - "
-                       "experiments/long_context.json - verify, the Python module and attnlab.hf.LabCache)");
-  }
+
   if (repetitions < 1) throw InvalidInput("repetitions: " + std::to_string(repetitions) + "; allowed: >= 1");
   if (head.layout != Layout::BHSD) {
     throw InvalidInput("layout: " + std::string(to_string(head.layout)) +
@@ -151,7 +165,8 @@ GenerationResult run_generation(const GenerationConfig& c) {
     r.prefill_note = "not run: a " + std::to_string(c.prompt) + "-token prompt is above prefill_max_tokens (" +
                      std::to_string(c.prefill_max_tokens) + "); the cache holds its K/V rows without it";
   } else {
-    const Problem pp = c.step_problem(c.prompt, c.prompt);
+    Problem pp = c.step_problem(c.prompt, c.prompt);
+    pp.topk_tokens = pp.topk_sinks = pp.topk_recent = 0;  // the prompt reads every key
     for (int64_t h = 0; h < c.head.q_heads; ++h)
       for (int64_t i = 0; i < c.prompt; ++i) {
         draw(qx.data(), c.head.head_dim);

@@ -9,6 +9,7 @@
 
 #include "attnlab/kernel.hpp"
 #include "attnlab/kv_quant.hpp"
+#include "attnlab/kv_summary.hpp"
 #include "attnlab/tensor.hpp"
 #include "bench/generation/generation.hpp"
 
@@ -19,7 +20,10 @@ namespace attnlab::bench {
 // blocks of kv_heads x B rows, handed out as tokens arrive (a block when the sequence's last one
 // is full, from the pool in scattered_pool_order: never adjacent or in order), the sequence's
 // block table growing with them, as a paged runtime's block manager does. kv_shared: V is the
-// first head_dim_v columns of K's rows (no V rows are written).
+// first head_dim_v columns of K's rows (no V rows are written). A query-aware sparse decode
+// (Problem::topk) also keeps K's page summaries, each appended row folded in as it is stored
+// (kv_summary.hpp's summary_add_key, on the row read back as the kernels read it): part of the
+// append's time, as it is a runtime's.
 struct Cache {
   GenerationConfig c;
   int64_t rows;          // cache capacity C
@@ -30,6 +34,8 @@ struct Cache {
   size_t k_bytes, v_bytes, q_bytes;
   std::vector<int32_t> order, table;  // the pool's blocks in hand-out order; the sequence's blocks
   std::unique_ptr<std::byte[], AlignedFree> k, v, q;
+  KvSummary summary;             // (topk only)
+  std::vector<float> read_back;  // a stored K row as the kernels read it
   explicit Cache(const GenerationConfig& cfg)
       : c(cfg),
         rows(cfg.cache_rows()),
@@ -43,10 +49,21 @@ struct Cache {
         q_bytes(static_cast<size_t>(c.head.q_heads * q_rows * c.head.head_dim * dtype_bytes(c.head.dtype))) {
     if (c.head.kv_paged()) order = scattered_pool_order(blocks), table.reserve(static_cast<size_t>(blocks));
   }
-  size_t bytes() const { return k_bytes + v_bytes + q_bytes; }
+  size_t bytes() const { return k_bytes + v_bytes + q_bytes + summary_bytes(); }
+  size_t summary_bytes() const {
+    return c.head.topk()
+               ? static_cast<size_t>(c.head.kv_heads * summary_stored_pages(rows) * 2 * c.head.head_dim) * sizeof(float)
+               : 0;
+  }
   void allocate() {
     k = alloc_bytes(k_bytes), q = alloc_bytes(q_bytes);
     if (v_bytes) v = alloc_bytes(v_bytes);
+    if (c.head.topk()) {
+      Problem whole = c.head;
+      whole.batch = 1, whole.kv_len = rows;
+      summary = make_summary(whole);
+      read_back.resize(static_cast<size_t>(c.head.head_dim));
+    }
   }
   // K's or V's rows as a byte view: (blocks, kv heads, block, row bytes).
   View4<std::byte> rows_of(bool value) const {
@@ -68,7 +85,12 @@ struct Cache {
   void put_kv(int64_t h, int64_t j, const float* kx, const float* vx) {
     if (c.head.kv_paged() && j / block == static_cast<int64_t>(table.size())) table.push_back(order[table.size()]);
     const KvPages pg = pages(j + 1);
-    put(kv_row(rows_of(false), pg, 0, h, j), kx, c.head.head_dim, true);
+    std::byte* k_at = kv_row(rows_of(false), pg, 0, h, j);
+    put(k_at, kx, c.head.head_dim, true);
+    if (c.head.topk()) {
+      load_row(c.head.kv_dtype, c.head.dtype, k_at, c.head.head_dim, read_back.data());
+      summary_add_key(summary, 0, h, j, read_back.data());
+    }
     if (!c.head.kv_shared) put(kv_row(rows_of(true), pg, 0, h, j), vx, c.head.dim_v(), true);
   }
   void put_q(int64_t h, int64_t i, int64_t q_len, const float* qx) {
@@ -107,6 +129,7 @@ struct Cache {
     }
     if (c.head.kv_shared) share_v_with_k(c.head, in);
     in.pages = pages(len);
+    if (c.head.topk()) in.summary = &summary;
     return in;
   }
 };
