@@ -14,8 +14,17 @@ namespace attnlab::ATTN_TARGET_NS::simd {
 
 using Batch = xsimd::batch<float>;
 inline constexpr int kLanes = static_cast<int>(Batch::size);
+// Fused on every target. xsimd 8.1 has no avx512f fma: it falls back to x * y + z, which GCC contracts
+// into vfmadd231ps but clang does not (its default -ffp-contract=on stops at the intrinsics) - so a
+// clang build's AVX-512 kernels rounded twice where GCC's round once, and the page bound's bits
+// (kv_summary.hpp: the same on every target) differed from the reference's (found by the ASan build).
+#if defined(__AVX512F__)
+inline Batch fma(Batch a, Batch b, Batch c) { return _mm512_fmadd_ps(a, b, c); }
+inline Batch fnma(Batch a, Batch b, Batch c) { return _mm512_fnmadd_ps(a, b, c); }
+#else
 inline Batch fma(Batch a, Batch b, Batch c) { return xsimd::fma(a, b, c); }
 inline Batch fnma(Batch a, Batch b, Batch c) { return xsimd::fnma(a, b, c); }
+#endif
 inline Batch max(Batch a, Batch b) { return xsimd::max(a, b); }
 inline Batch min(Batch a, Batch b) { return xsimd::min(a, b); }
 inline Batch abs_of(Batch a) { return xsimd::abs(a); }
