@@ -90,30 +90,50 @@ std::shared_ptr<const BoolMask> mask_of(const py::handle& obj) {
 
 }  // namespace
 
+namespace {
+// An array argument's buffer, held while the returned view lives: its format without the byte-order
+// mark, its shape, and whether it is C-contiguous (each dimension's stride the bytes of the ones after
+// it; size-1 dimensions aside). TypeError naming the argument when it has no (writable) buffer.
+struct Buffer {
+  std::shared_ptr<Py_buffer> view;
+  std::string fmt;
+  std::vector<int64_t> shape;
+  bool c_order = true;
+};
+Buffer buffer_of(const py::handle& obj, const char* name, bool writable, const std::string& allowed) {
+  Py_buffer got{};
+  if (PyObject_GetBuffer(obj.ptr(), &got, writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO) != 0) {
+    PyErr_Clear();
+    throw py::type_error(std::string(name) + ": " + type_name(obj) +
+                         (writable ? " has no writable buffer" : " has no buffer") + "; allowed: " + allowed);
+  }
+  Buffer b;
+  b.view = std::shared_ptr<Py_buffer>(new Py_buffer(got), [](Py_buffer* v) {
+    PyBuffer_Release(v);
+    delete v;
+  });
+  b.fmt = b.view->format ? b.view->format : "B";
+  if (!b.fmt.empty() && std::string("@=<").find(b.fmt[0]) != std::string::npos) b.fmt.erase(0, 1);
+  b.shape.assign(b.view->shape, b.view->shape + b.view->ndim);
+  for (int64_t i = b.view->ndim - 1, step = b.view->itemsize; i >= 0 && b.view->strides; --i) {
+    b.c_order = b.c_order && (b.shape[i] == 1 || b.view->strides[i] == step);
+    step *= b.shape[i];
+  }
+  return b;
+}
+}  // namespace
+
 // block_table: int32 (batch, entries per sequence), C order, read in place.
 std::shared_ptr<Py_buffer> block_table_of(const py::handle& obj, int64_t batch) {
-  Py_buffer got{};
-  if (PyObject_GetBuffer(obj.ptr(), &got, PyBUF_RECORDS_RO) != 0) {
-    PyErr_Clear();
-    throw py::type_error("block_table: " + type_name(obj) + " has no buffer; allowed: a 2-D int32 numpy array");
-  }
-  auto view = std::shared_ptr<Py_buffer>(new Py_buffer(got), [](Py_buffer* b) {
-    PyBuffer_Release(b);
-    delete b;
-  });
-  std::string fmt = view->format ? view->format : "B";
-  if (!fmt.empty() && std::string("@=<").find(fmt[0]) != std::string::npos) fmt.erase(0, 1);
-  const std::vector<int64_t> shape(view->shape, view->shape + view->ndim);
-  const bool c_order = view->ndim != 2 || !view->strides ||
-                       (view->strides[1] == 4 && (shape[0] == 1 || view->strides[0] == 4 * shape[1]));
-  if ((fmt != "i" && fmt != "l") || view->itemsize != 4 || view->ndim != 2 || !c_order ||
-      (batch >= 0 && shape[0] != batch)) {
-    throw py::value_error("block_table: shape " + shape_text(shape) + ", format '" + fmt + "', item size " +
-                          std::to_string(view->itemsize) + "; allowed: a C-contiguous int32 array of shape (batch" +
+  const Buffer b = buffer_of(obj, "block_table", false, "a 2-D int32 numpy array");
+  if ((b.fmt != "i" && b.fmt != "l") || b.view->itemsize != 4 || b.view->ndim != 2 || !b.c_order ||
+      (batch >= 0 && b.shape[0] != batch)) {
+    throw py::value_error("block_table: shape " + shape_text(b.shape) + ", format '" + b.fmt + "', item size " +
+                          std::to_string(b.view->itemsize) + "; allowed: a C-contiguous int32 array of shape (batch" +
                           (batch >= 0 ? " = " + std::to_string(batch) : std::string()) +
                           ", blocks per sequence): sequence b's key j in pool block block_table[b][j // block]");
   }
-  return view;
+  return b.view;
 }
 
 std::pair<KvSummary, std::shared_ptr<Py_buffer>> summary_of(const py::handle& obj, int64_t batch, int64_t kv_heads,
@@ -122,32 +142,16 @@ std::pair<KvSummary, std::shared_ptr<Py_buffer>> summary_of(const py::handle& ob
                               ", kv_heads = " + std::to_string(kv_heads) +
                               ", blocks, 2, head_dim = " + std::to_string(dim) +
                               ", 16) (attnlab.new_kv_summary makes one)";
-  Py_buffer got{};
-  if (PyObject_GetBuffer(obj.ptr(), &got, writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO) != 0) {
-    PyErr_Clear();
-    throw py::type_error("kv_summary: " + type_name(obj) + (writable ? " has no writable buffer" : " has no buffer") +
-                         "; allowed: " + allowed);
-  }
-  auto view = std::shared_ptr<Py_buffer>(new Py_buffer(got), [](Py_buffer* b) {
-    PyBuffer_Release(b);
-    delete b;
-  });
-  std::string fmt = view->format ? view->format : "B";
-  if (!fmt.empty() && std::string("@=<").find(fmt[0]) != std::string::npos) fmt.erase(0, 1);
-  const std::vector<int64_t> shape(view->shape, view->shape + view->ndim);
-  bool dense = true;  // C order: each dimension's stride the bytes of the ones after it (size-1 ones aside)
-  for (int64_t i = view->ndim - 1, step = view->itemsize; i >= 0 && view->strides; --i) {
-    dense = dense && (shape[i] == 1 || view->strides[i] == step);
-    step *= shape[i];
-  }
-  if (fmt != "f" || view->itemsize != 4 || view->ndim != 6 || !dense || shape[0] != batch || shape[1] != kv_heads ||
-      shape[3] != 2 || shape[4] != dim || shape[5] != kSummaryBlockPages) {
-    throw py::value_error("kv_summary: shape " + shape_text(shape) + ", format '" + fmt + "'; allowed: " + allowed);
+  const Buffer b = buffer_of(obj, "kv_summary", writable, allowed);
+  const std::vector<int64_t>& shape = b.shape;
+  if (b.fmt != "f" || b.view->itemsize != 4 || b.view->ndim != 6 || !b.c_order || shape[0] != batch ||
+      shape[1] != kv_heads || shape[3] != 2 || shape[4] != dim || shape[5] != kSummaryBlockPages) {
+    throw py::value_error("kv_summary: shape " + shape_text(shape) + ", format '" + b.fmt + "'; allowed: " + allowed);
   }
   KvSummary s;
   s.batch = batch, s.kv_heads = kv_heads, s.pages = shape[2] * kSummaryBlockPages, s.dim = dim;
-  s.external = static_cast<float*>(view->buf);
-  return {std::move(s), view};
+  s.external = static_cast<float*>(b.view->buf);
+  return {std::move(s), b.view};
 }
 
 namespace {
