@@ -165,9 +165,70 @@ inline constexpr int kSliceRows = kVectorRegisters == 32 ? 4 : 2;  // rows per p
 // their signs moved onto Q (sign8), so q8_0 needs no offset and u8's sum is I - 128 sum q (its zero
 // point read 128 lower). With VNNI q8_0's codes go in as c + 128 (one xor) and q4_0's nibbles as
 // they are; each block's lane 0 per key starts at -128 sum_b q resp. -8 sum_b q.
+// The slices of the kSliceKeys keys at p (row types): chunk c's kI8Chunk / 16 vectors (rem: the
+// row's values from the chunk on).
+template <KvDType T, bool Vnni>
+inline void row_slices(const std::byte* const* p, int64_t c, int64_t rem, i8_detail::IVec* v) {
+  using namespace i8_detail;
+  if constexpr (T == KvDType::U8) {
+    for (int x = 0; x < kI8Chunk / 16; ++x) {
+      v[x] = slice_of(p, 8 + c * kI8Chunk + 16 * x, rem - 16 * x);
+      if constexpr (!Vnni) v[x] = xor80(v[x]);
+    }
+  } else {  // u4: kI8Chunk / 32 slices of 16 bytes, lows then highs (vec_slot's order)
+    constexpr int kB = kI8Chunk / 32;
+    for (int x = 0; x < kB; ++x) {
+      const IVec a = slice_of(p, 8 + c * kI8Chunk / 2 + 16 * x, (rem + 1) / 2 - 16 * x);
+      v[x] = nibbles_lo(a), v[kB + x] = nibbles_hi(a);
+    }
+  }
+}
+// The slices of the kSliceKeys keys at p (block types): block b's two (values 0..15, 16..31).
+template <KvDType T, bool Vnni>
+inline void block_slices(const std::byte* const* p, int64_t b, i8_detail::IVec* v) {
+  using namespace i8_detail;
+  constexpr int kBytes = T == KvDType::Q8_0 ? 34 : 18;
+  if constexpr (T == KvDType::Q8_0) {
+    v[0] = slice_of(p, b * kBytes + 2, 16), v[1] = slice_of(p, b * kBytes + 18, 16);
+    if constexpr (Vnni) v[0] = xor80(v[0]), v[1] = xor80(v[1]);
+  } else {
+    const IVec a = slice_of(p, b * kBytes + 2, 16);
+    v[0] = nibbles_lo(a), v[1] = nibbles_hi(a);
+  }
+}
+// Slice vectors per register block of kSliceBlock keys: per chunk (row types) or 32-value block, 4
+// vectors of keys, each kI8Chunk / 16 resp. 2 slices.
+inline constexpr int64_t i8_slice_vectors(KvDType t, int64_t d) {
+  return is_row_type(t) ? (d + kI8Chunk - 1) / kI8Chunk * 4 * (kI8Chunk / 16) : d / 32 * 4 * 2;
+}
+
+// A direct task of more than one panel (decode_i8 at GQA >= 8) scores every panel against the same
+// tile: its slices are made once per tile (prep_k_slices) and each panel loads them (score_rows_i8's
+// pre), instead of every panel putting them together from the K rows again - the lane-masked
+// broadcasts cost an ALU operation per vpdpbusd they feed. The tile's nk keys, kSliceBlock at a time
+// (keys past nk repeat the last: computed, never stored), in score_rows_i8_slices' order.
+template <KvDType T, bool Vnni>
+void prep_k_slices(const I8Layout& l, const Rows<Quant<T>>& k, int nk, std::byte* out) {
+  using namespace i8_detail;
+  auto* v = reinterpret_cast<IVec*>(out);
+  for (int j0 = 0; j0 < nk; j0 += kSliceBlock) {
+    const std::byte* kr[kSliceBlock];
+    for (int c = 0; c < kSliceBlock; ++c)
+      kr[c] = reinterpret_cast<const std::byte*>(k.row(j0 + c < nk ? j0 + c : nk - 1));
+    if constexpr (is_row_type(T)) {
+      for (int64_t c = 0; c < (l.d + kI8Chunk - 1) / kI8Chunk; ++c)
+        for (int g = 0; g < 4; ++g, v += kI8Chunk / 16)
+          row_slices<T, Vnni>(kr + g * kSliceKeys, c, l.d - c * kI8Chunk, v);
+    } else {
+      for (int64_t b = 0; b < l.d / 32; ++b)
+        for (int g = 0; g < 4; ++g, v += 2) block_slices<T, Vnni>(kr + g * kSliceKeys, b, v);
+    }
+  }
+}
+
 template <int MR, KvDType T, bool Vnni, class Step>
 void score_rows_i8_slices(const I8Layout& l, const std::byte* q0, int64_t ld, const Rows<Quant<T>>& k, int ja, int jb,
-                          float* s, Step& step) {
+                          float* s, Step& step, const std::byte* pre) {
   using namespace i8_detail;
   constexpr bool kRow = is_row_type(T);
   constexpr bool kSigned = !Vnni && (T == KvDType::Q8_0 || T == KvDType::U8);  // magnitude x moved sign
@@ -205,19 +266,13 @@ void score_rows_i8_slices(const I8Layout& l, const std::byte* q0, int64_t ld, co
 #pragma GCC unroll 4
           for (int g = 0; g < 4; ++g) {
             for (int x = 0; x < kSliceKeys * kI8Chunk / kLanes / kDotKeys; ++x) step();  // score_rows' pace
-            const std::byte* const* p = kr + g * kSliceKeys;
             IVec v[kI8Chunk / 16];
-            if constexpr (T == KvDType::U8) {
-              for (int x = 0; x < kI8Chunk / 16; ++x) {
-                v[x] = slice_of(p, 8 + c * kI8Chunk + 16 * x, rem - 16 * x);
-                if constexpr (!Vnni) v[x] = xor80(v[x]);
-              }
-            } else {  // u4: kI8Chunk / 32 slices of 16 bytes, lows then highs (vec_slot's order)
-              constexpr int kB = kI8Chunk / 32;
-              for (int x = 0; x < kB; ++x) {
-                const IVec a = slice_of(p, 8 + c * kI8Chunk / 2 + 16 * x, (rem + 1) / 2 - 16 * x);
-                v[x] = nibbles_lo(a), v[kB + x] = nibbles_hi(a);
-              }
+            if (pre) {
+              const auto* pv =
+                  reinterpret_cast<const IVec*>(pre) + ((j0 / kSliceBlock * chunks + c) * 4 + g) * (kI8Chunk / 16);
+              for (int x = 0; x < kI8Chunk / 16; ++x) v[x] = load_ivec(pv + x);
+            } else {
+              row_slices<T, Vnni>(kr + g * kSliceKeys, c, rem, v);
             }
             for (int r = 0; r < kR; ++r) {
               const int8_t* qv = q(r).vec + c * kI8Chunk;
@@ -247,15 +302,14 @@ void score_rows_i8_slices(const I8Layout& l, const std::byte* q0, int64_t ld, co
 #pragma GCC unroll 4
           for (int g = 0; g < 4; ++g) {
             for (int x = 0; x < kSliceKeys * 32 / kLanes / kDotKeys; ++x) step();
-            const std::byte* const* p = kr + g * kSliceKeys;
-            IVec v0, v1;
-            if constexpr (T == KvDType::Q8_0) {
-              v0 = slice_of(p, b * kBytes + 2, 16), v1 = slice_of(p, b * kBytes + 18, 16);
-              if constexpr (Vnni) v0 = xor80(v0), v1 = xor80(v1);
+            IVec v[2];
+            if (pre) {
+              const auto* pv = reinterpret_cast<const IVec*>(pre) + ((j0 / kSliceBlock * blocks + b) * 4 + g) * 2;
+              v[0] = load_ivec(pv), v[1] = load_ivec(pv + 1);
             } else {
-              const IVec a = slice_of(p, b * kBytes + 2, 16);
-              v0 = nibbles_lo(a), v1 = nibbles_hi(a);
+              block_slices<T, Vnni>(kr + g * kSliceKeys, b, v);
             }
+            const IVec v0 = v[0], v1 = v[1];
             const Batch dkv = spread_keys(dk, g);
             for (int r = 0; r < kR; ++r) {
               const int8_t* qn = q(r).nat + 32 * b;
@@ -302,11 +356,12 @@ void score_rows_i8_keys(const I8Layout& l, const std::byte* q0, int64_t ld, cons
 
 // score_rows (microkernel.hpp) in integers: the floor's slices where it has them (kI8Vector),
 // else key by key.
+// pre: the tile's slices (prep_k_slices), or nullptr.
 template <int MR, KvDType T, bool Vnni, class Step>
 void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8Layout& l, const Rows<Quant<T>>& k,
-                   int ja, int jb, float* s, Step& step) {
+                   int ja, int jb, float* s, Step& step, const std::byte* pre = nullptr) {
   if constexpr (kI8Vector) {
-    score_rows_i8_slices<MR, T, Vnni>(l, q0, ld, k, ja, jb, s, step);
+    score_rows_i8_slices<MR, T, Vnni>(l, q0, ld, k, ja, jb, s, step, pre);
   } else {
     score_rows_i8_keys<MR, T, Vnni>(l, q0, ld, k, ja, jb, s, step);
   }
@@ -688,11 +743,39 @@ inline i8_detail::IVec p_word(const PCodes<MR>& pc, int m, int g, int64_t c0, bo
   }
 }
 
+// V's codes for keys 4g .. 4g + 3 and the chunk of columns from c0 as vpdpbusd's signed operand: four
+// rows interleaved by two unpack stages (xk[k] lane 4L + c: column 16L + 4k + c, key 4g + c).
+template <KvDType T>
+inline void v_words(const std::byte* const* vr, int g, int64_t c0, int64_t rem, i8_detail::IVec xk[4]) {
+  using namespace i8_detail;
+  const IVec r0 = v_codes<T>(vr[4 * g], c0, rem), r1 = v_codes<T>(vr[4 * g + 1], c0, rem);
+  const IVec r2 = v_codes<T>(vr[4 * g + 2], c0, rem), r3 = v_codes<T>(vr[4 * g + 3], c0, rem);
+  const IVec a = lo8(r0, r1), b = lo8(r2, r3), c = hi8(r0, r1), d = hi8(r2, r3);
+  xk[0] = lo16(a, b), xk[1] = hi16(a, b), xk[2] = lo16(c, d), xk[3] = hi16(c, d);
+}
+// Bytes of a whole V tile's words (prep_v_words): per chunk of columns and 4 keys, 4 vectors.
+inline int64_t v_word_bytes(int64_t dv) {
+  return (dv + kI8Chunk - 1) / kI8Chunk * kTileKeys * static_cast<int64_t>(sizeof(i8_detail::IVec));
+}
+// A direct task of more than one panel: the whole V tile's words made once (v_words, in
+// pv_tile_i8_vector's order) for every panel's P.V, instead of four loads and eight unpacks per 4
+// keys in every pass of kPvRows rows.
+template <KvDType T>
+void prep_v_words(const std::byte* const* vr, int64_t dv, std::byte* out) {
+  auto* v = reinterpret_cast<i8_detail::IVec*>(out);
+  for (int64_t c0 = 0; c0 < dv; c0 += kI8Chunk)
+    for (int g = 0; g < kTileKeys / 4; ++g, v += 4) {
+      i8_detail::IVec xk[4];
+      v_words<T>(vr, g, c0, dv - c0, xk);
+      for (int k = 0; k < 4; ++k) i8_detail::store_ivec(v + k, xk[k]);
+    }
+}
+
 // o[m] (ldo apart, dv_pad floats) = o[m] alpha[m] (alpha given) + the tile's P.V by the formulas above;
-// vr: the tile's kTileKeys V rows.
+// vr: the tile's kTileKeys V rows; pre: their words (prep_v_words), or nullptr.
 template <int MR, KvDType T, class Step>
 void pv_tile_i8_vector(const PCodes<MR>& pc, const std::byte* const* vr, int64_t dv, float* o, int64_t ldo,
-                       const float* alpha, Step& step) {
+                       const float* alpha, Step& step, const std::byte* pre) {
   using namespace i8_detail;
   const int64_t dv_pad = padded_dim(dv);
   if (alpha) {
@@ -713,10 +796,13 @@ void pv_tile_i8_vector(const PCodes<MR>& pc, const std::byte* const* vr, int64_t
         for (int k = 0; k < 4; ++k) acc[r][k] = izero();
       for (int g = 0; g < kTileKeys / 4; ++g) {
         for (int x = 0; x < kI8Chunk / kLanes; ++x) step();
-        const IVec r0 = v_codes<T>(vr[4 * g], c0, rem), r1 = v_codes<T>(vr[4 * g + 1], c0, rem);
-        const IVec r2 = v_codes<T>(vr[4 * g + 2], c0, rem), r3 = v_codes<T>(vr[4 * g + 3], c0, rem);
-        const IVec a = lo8(r0, r1), b = lo8(r2, r3), c = hi8(r0, r1), d = hi8(r2, r3);
-        const IVec xk[4] = {lo16(a, b), hi16(a, b), lo16(c, d), hi16(c, d)};
+        IVec xk[4];
+        if (pre) {
+          const auto* pv = reinterpret_cast<const IVec*>(pre) + (c0 / kI8Chunk * (kTileKeys / 4) + g) * 4;
+          for (int k = 0; k < 4; ++k) xk[k] = load_ivec(pv + k);
+        } else {
+          v_words<T>(vr, g, c0, rem, xk);
+        }
         for (int r = 0; r < kRows; ++r) {
           if (r >= rows) break;
           const IVec pw = p_word<T>(pc, m0 + r, g, c0, two);
@@ -775,9 +861,9 @@ void pv_tile_i8_columns(const PCodes<MR>& pc, const std::byte* const* vr, int64_
 }
 template <int MR, KvDType T, class Step>
 void pv_tile_i8(const PCodes<MR>& pc, const std::byte* const* vr, int64_t dv, float* o, int64_t ldo, const float* alpha,
-                Step& step) {
+                Step& step, const std::byte* pre = nullptr) {
   if constexpr (kI8Vector) {
-    pv_tile_i8_vector<MR, T>(pc, vr, dv, o, ldo, alpha, step);
+    pv_tile_i8_vector<MR, T>(pc, vr, dv, o, ldo, alpha, step, pre);
   } else {
     pv_tile_i8_columns<MR, T>(pc, vr, dv, o, ldo, alpha, step);
   }

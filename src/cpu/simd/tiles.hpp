@@ -85,13 +85,15 @@ struct Tiling {
   int64_t kv_heads = 0;
   // int8 dot products (decode_i8, src/cpu/simd/int8_dot.hpp; direct tasks over a q8_0, q4_0, u8 or
   // u4 cache): at i8_off a 64-byte flag (1: every row of the task rounded), then R + 1 rows of
-  // i8_row bytes (Q's integer form; the last all zero).
+  // i8_row bytes (Q's integer form; the last all zero). A task of more than one panel on a target with
+  // the integer vectors (kI8Vector): at i8_prep_off a tile's K slices (prep_k_slices), then at
+  // i8_prep_v more its V words (prep_v_words), made once per tile for all the panels.
   bool int8_dot = false;
   bool i8_vnni = false;  // vpdpbusd (the CPU has this target's VNNI unit; not ATTN_NO_VNNI=1), else vpmaddubsw;
                          // decode_i8 on NEON: sdot where the CPU has it, else the rule
   bool i8_pv = false;    // decode_i8's P.V in integers (pv_tile_i8, int8_dot.hpp), else float32; flash_int8:
                          // whole tiles' P.V in integers (pv_tile_u8) on V rounded per channel (i8_v_off)
-  size_t i8_off = 0;
+  size_t i8_off = 0, i8_prep_off = 0, i8_prep_v = 0;
   int64_t i8_row = 0;
   // int8 prefill (flash_int8: a dense float32 problem, src/cpu/simd/int8_dot.hpp): K smoothed and
   // rounded once per run into shared key tiles (i8_shared bytes before the threads' scratch: per
@@ -139,30 +141,33 @@ Tiling make_tiling(const Problem& p, int64_t br = 0, bool bf16_dot = false, bool
                    bool int8_prefill = false);
 
 struct Scratch {
-  float* q;                // R x d, panels of kPanelRows rows, k-major in a panel, times scale*log2e
-                           // (not written for a direct task, which uses qr; bf16_dot: R x d/2 words of
-                           // unscaled bf16 pairs, word-major in a panel)
-  float* o;                // R x dim_v_pad unnormalized output accumulators
-  float* kt;               // dim_pad x kTileKeys packed K tile (a wide step: Tiling::wide of them)
-  float* p;                // kPanelRows x kTileKeys scores, then probabilities, of the current panel
-                           // (amx: 32 x 256, the scores of up to four whole tiles side by side;
-                           // a wide tiling: kPanelRows x kWideKeys)
-  float* m;                // R running max (log2 units)
-  float* l;                // R x kLanes running sums, one partial sum per lane (row_sum adds them)
-  Interval* iv;            // R visible intervals, one per row (the G rows of a query row share it)
-  float* qr;               // (R + 1) x dim_pad: Q rows times scale*log2e, zero padded, then a zero
-                           // row (Tiling::direct only, else nullptr)
-  float* gather;           // 64 K rows, then 64 V rows (Tiling::gather_*), gathered as stored, or nullptr
-  uint32_t* vp;            // bf16_dot or amx: 32 x dim_v_pad words, the V tile by key pairs (else nullptr)
-  uint32_t* pw;            // bf16_dot or amx: kPanelRows x 32 words (amx: 32 x 128), P rounded to bf16 pairs
-  uint32_t* qa;            // amx: R rounded up to 32 rows of padded_words(d) words, Q rows as bf16 pairs
-                           // (flash_int8_amx: as int8 codes, I8KeyTile(d).rows words a row)
-  std::byte* i8;           // int8_dot: the flag, then Q's integer rows (Tiling::i8_off); int8_prefill: the
-                           // task's header and Q words; else nullptr
-  std::byte* i8_keys;      // int8_prefill: the shared key tiles of all heads (Tiling::i8_shared), else nullptr
-  const std::byte* pairs;  // flash_amx: the packed tiles of all heads (Tiling::pairs_shared), else nullptr
-  const float* kts;        // the packed K^T tiles of all heads (Tiling::kt_shared), else nullptr
-  float* slope2;           // Tiling::alibi: R ALiBi slopes times log2 e, then R diagonals (int64); else nullptr
+  float* q;            // R x d, panels of kPanelRows rows, k-major in a panel, times scale*log2e
+                       // (not written for a direct task, which uses qr; bf16_dot: R x d/2 words of
+                       // unscaled bf16 pairs, word-major in a panel)
+  float* o;            // R x dim_v_pad unnormalized output accumulators
+  float* kt;           // dim_pad x kTileKeys packed K tile (a wide step: Tiling::wide of them)
+  float* p;            // kPanelRows x kTileKeys scores, then probabilities, of the current panel
+                       // (amx: 32 x 256, the scores of up to four whole tiles side by side;
+                       // a wide tiling: kPanelRows x kWideKeys)
+  float* m;            // R running max (log2 units)
+  float* l;            // R x kLanes running sums, one partial sum per lane (row_sum adds them)
+  Interval* iv;        // R visible intervals, one per row (the G rows of a query row share it)
+  float* qr;           // (R + 1) x dim_pad: Q rows times scale*log2e, zero padded, then a zero
+                       // row (Tiling::direct only, else nullptr)
+  float* gather;       // 64 K rows, then 64 V rows (Tiling::gather_*), gathered as stored, or nullptr
+  uint32_t* vp;        // bf16_dot or amx: 32 x dim_v_pad words, the V tile by key pairs (else nullptr)
+  uint32_t* pw;        // bf16_dot or amx: kPanelRows x 32 words (amx: 32 x 128), P rounded to bf16 pairs
+  uint32_t* qa;        // amx: R rounded up to 32 rows of padded_words(d) words, Q rows as bf16 pairs
+                       // (flash_int8_amx: as int8 codes, I8KeyTile(d).rows words a row)
+  std::byte* i8;       // int8_dot: the flag, then Q's integer rows (Tiling::i8_off); int8_prefill: the
+                       // task's header and Q words; else nullptr
+  std::byte* i8_keys;  // int8_prefill: the shared key tiles of all heads (Tiling::i8_shared), else nullptr
+  std::byte* i8_prep;  // int8_dot over more than one panel: Tiling::i8_prep_off, else nullptr
+  const std::byte* i8_k_pre = nullptr;  // the current tile's K slices and V words when made (attend_tiles),
+  const std::byte* i8_v_pre = nullptr;  // else nullptr
+  const std::byte* pairs;               // flash_amx: the packed tiles of all heads (Tiling::pairs_shared), else nullptr
+  const float* kts;                     // the packed K^T tiles of all heads (Tiling::kt_shared), else nullptr
+  float* slope2;  // Tiling::alibi: R ALiBi slopes times log2 e, then R diagonals (int64); else nullptr
   int64_t* diag;
   float softcap2;  // Tiling::softcap2
   Scratch(std::byte* base, const Tiling& t, std::byte* shared = nullptr);

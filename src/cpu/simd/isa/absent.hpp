@@ -37,8 +37,7 @@ IntReg and_(IntReg x, int m);
 Batch f16_scale(uint16_t bits);
 Fp8Words fp8_words(const std::byte* p);
 Batch e5m2_floats(Fp8Words w);
-Batch e4m3_floats_times_2e8(Fp8Words w);
-Batch nan_where_7f(Fp8Words w, Batch x);
+Batch e4m3_floats(Fp8Words w);
 }  // namespace kv_detail
 
 namespace i8_detail {
@@ -49,6 +48,7 @@ IVec abs8(IVec x);
 IVec sign8(IVec s, IVec c);
 Batch to_float(IVec x);
 IVec load_ivec(const void* p);
+void store_ivec(void* p, IVec x);
 IVec izero();
 IVec bcast32(int32_t x);
 IVec halves(IVec lo, IVec hi);

@@ -149,13 +149,13 @@ inline Fp8Words fp8_words(const std::byte* p) {
   return _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }
 inline Batch e5m2_floats(Fp8Words w) { return _mm256_cvtph_ps(_mm_slli_epi16(w, 8)); }
-inline Batch e4m3_floats_times_2e8(Fp8Words w) {
-  return _mm256_cvtph_ps(_mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8),
-                                      _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), 7)));
-}
-inline Batch nan_where_7f(Fp8Words w, Batch x) {
-  const __m128i m7 = _mm_and_si128(w, _mm_set1_epi16(0x7f));
-  const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(m7, _mm_set1_epi16(0x7f))));
+// E4M3 as avx512.hpp's e4m3_floats: the byte's bits moved into binary16 (the value times 2^-8), times
+// 2^8; the NaN code made NaN with its sign by a blend.
+inline Batch e4m3_floats(Fp8Words w) {
+  const __m128i h = _mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(w, 8), 1), _mm_set1_epi16(static_cast<short>(0xbfff)));
+  const __m256 x = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
+  const __m128i m7 = _mm_set1_epi16(0x7f);
+  const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(_mm_and_si128(w, m7), m7)));
   const __m256 q = _mm256_or_ps(_mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN))),
                                 _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)));
   return _mm256_blendv_ps(x, q, nan);
@@ -180,6 +180,7 @@ inline IVec abs8(IVec x) { return _mm256_abs_epi8(x); }
 inline IVec sign8(IVec s, IVec c) { return _mm256_sign_epi8(s, c); }
 inline Batch to_float(IVec x) { return _mm256_cvtepi32_ps(x); }
 inline IVec load_ivec(const void* p) { return _mm256_load_si256(static_cast<const __m256i*>(p)); }
+inline void store_ivec(void* p, IVec x) { _mm256_store_si256(static_cast<__m256i*>(p), x); }
 inline IVec izero() { return _mm256_setzero_si256(); }
 inline IVec bcast32(int32_t x) { return _mm256_set1_epi32(x); }
 inline IVec halves(IVec lo, IVec hi) { return _mm256_blend_epi32(lo, hi, 0xf0); }

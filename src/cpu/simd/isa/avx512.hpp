@@ -190,23 +190,23 @@ inline IntReg srl(IntReg x, int n) { return _mm512_srl_epi32(x, _mm_cvtsi32_si12
 inline IntReg and_(IntReg x, int m) { return _mm512_and_si512(x, _mm512_set1_epi32(m)); }
 // A broadcast binary16 value as float32.
 inline Batch f16_scale(uint16_t bits) { return _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(bits))); }
-// 16 fp8 bytes at p as 16-bit lanes; read as binary16 (E5M2: the byte is the word's top half;
-// E4M3: sign, then exponent and mantissa 1 bit lower, i.e. the value times 2^-8) and widened
-// to float32; E4M3's NaN code (S.1111.111) made NaN by hand.
+// 16 fp8 bytes at p as 16-bit lanes; read as binary16 and widened to float32. E5M2: the byte is the
+// word's top half. E4M3: the sign at bit 15 and the 7-bit magnitude one bit lower than the byte's
+// (a shift up, an arithmetic shift down, a mask: the value times 2^-8), times 2^8 in float32; its NaN
+// code (S.1111.111, which reads 480) made NaN with its sign by one masked ternary-logic op.
 inline Fp8Words fp8_words(const std::byte* p) {
   return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 inline Batch e5m2_floats(Fp8Words w) { return _mm512_cvtph_ps(_mm256_slli_epi16(w, 8)); }
-inline Batch e4m3_floats_times_2e8(Fp8Words w) {
-  return _mm512_cvtph_ps(_mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8),
-                                         _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7)));
-}
-inline Batch nan_where_7f(Fp8Words w, Batch x) {
-  const __m256i m7 = _mm256_and_si256(w, _mm256_set1_epi16(0x7f));
-  const __mmask16 nan = _mm256_cmpeq_epi16_mask(m7, _mm256_set1_epi16(0x7f));
-  const __m512 q = _mm512_or_ps(_mm512_and_ps(x, _mm512_castsi512_ps(_mm512_set1_epi32(INT32_MIN))),
-                                _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
-  return _mm512_mask_blend_ps(nan, x, q);
+inline Batch e4m3_floats(Fp8Words w) {
+  const __m256i h =
+      _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(w, 8), 1), _mm256_set1_epi16(static_cast<short>(0xbfff)));
+  const __m512 x = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f));
+  const __m256i m7 = _mm256_set1_epi16(0x7f);
+  const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(w, m7), m7);
+  // (x & sign) | quiet NaN where nan: imm 0xea = (A & B) | C
+  return _mm512_castsi512_ps(_mm512_mask_ternarylogic_epi32(_mm512_castps_si512(x), nan, _mm512_set1_epi32(INT32_MIN),
+                                                            _mm512_set1_epi32(0x7fc00000), 0xea));
 }
 }  // namespace kv_detail
 
@@ -231,6 +231,7 @@ inline IVec abs8(IVec x) { return _mm512_abs_epi8(x); }
 inline IVec sign8(IVec s, IVec c) { return _mm512_mask_sub_epi8(s, _mm512_movepi8_mask(c), _mm512_setzero_si512(), s); }
 inline Batch to_float(IVec x) { return _mm512_cvtepi32_ps(x); }
 inline IVec load_ivec(const void* p) { return _mm512_load_si512(p); }
+inline void store_ivec(void* p, IVec x) { _mm512_store_si512(p, x); }
 inline IVec izero() { return _mm512_setzero_si512(); }
 inline IVec bcast32(int32_t x) { return _mm512_set1_epi32(x); }
 // The low 8 int32 lanes of lo, the high 8 of hi.
