@@ -202,10 +202,10 @@ inline constexpr int64_t i8_slice_vectors(KvDType t, int64_t d) {
   return is_row_type(t) ? (d + kI8Chunk - 1) / kI8Chunk * 4 * (kI8Chunk / 16) : d / 32 * 4 * 2;
 }
 
-// A direct task of more than one panel (decode_i8 at GQA >= 8) scores every panel against the same
-// tile: its slices are made once per tile (prep_k_slices) and each panel loads them (score_rows_i8's
-// pre), instead of every panel putting them together from the K rows again - the lane-masked
-// broadcasts cost an ALU operation per vpdpbusd they feed. The tile's nk keys, kSliceBlock at a time
+// A direct task of 3 panels or more (decode_i8 at GQA >= 12; tiles.cpp's prep_i8_tile) scores every
+// panel against the same tile: its slices are made once per tile (prep_k_slices) and each panel loads
+// them (score_rows_i8's pre), instead of every panel putting them together from the K rows again -
+// the lane-masked broadcasts cost an ALU operation per vpdpbusd they feed. The tile's nk keys, kSliceBlock at a time
 // (keys past nk repeat the last: computed, never stored), in score_rows_i8_slices' order.
 template <KvDType T, bool Vnni>
 void prep_k_slices(const I8Layout& l, const Rows<Quant<T>>& k, int nk, std::byte* out) {
@@ -757,7 +757,7 @@ inline void v_words(const std::byte* const* vr, int g, int64_t c0, int64_t rem, 
 inline int64_t v_word_bytes(int64_t dv) {
   return (dv + kI8Chunk - 1) / kI8Chunk * kTileKeys * static_cast<int64_t>(sizeof(i8_detail::IVec));
 }
-// A direct task of more than one panel: the whole V tile's words made once (v_words, in
+// A direct task of 3 panels or more: the whole V tile's words made once (v_words, in
 // pv_tile_i8_vector's order) for every panel's P.V, instead of four loads and eight unpacks per 4
 // keys in every pass of kPvRows rows.
 template <KvDType T>
