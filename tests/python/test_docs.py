@@ -142,3 +142,28 @@ def test_headline_int8_beside_the_best_bf16_peer_when_no_int8_peer_ran(monkeypat
     assert any("| f32 | flash |" in line and "| - |" in line for line in table), table
     assert any("no int8 peer ran" in line for line in table), table
     assert any("| f32 | flash |" in line and "| ov_sdpa |" in line for line in table), table
+
+
+def test_a_long_headline_table_keeps_the_longest_context_and_says_where_the_rest_is(monkeypatch):
+    """The README is the front door: past MAX_HEADLINE_ROWS rows (several shape families, two classes
+    of arithmetic each) a table keeps the run's longest context and points at the folder's report for
+    the rows it left out; a short table keeps every row."""
+    monkeypatch.setattr(docs, "lead_per_pass", lambda folder, best, peer: "-")
+    base = {"threads": "2", "head_dim": "128", "q_len": 1, "flops": "1e9", "bytes": "1e9", "status": "ok",
+            "dtype": "f32"}
+    rows = []
+    for kv_heads in ("2", "8", "32"):
+        for kv_len in (32768, 131072) if kv_heads == "8" else (32768,):
+            for cache in ("q8_0", "q4_0", "u8", "u4"):
+                shape = dict(base, q_heads="32", kv_heads=kv_heads, kv_len=kv_len, kv_dtype=cache)
+                rows += [dict(shape, kernel="decode", isa="avx512", time_median_s="0.004"),
+                         dict(shape, kernel="decode_i8", isa="avx512", time_median_s="0.003"),
+                         dict(shape, kernel="ort_gqa", isa="peer", time_median_s="0.012")]
+    dims = ["q_heads", "kv_heads", "head_dim", "q_len", "kv_len", "kv_dtype", "threads"]
+    table = docs.headline_table("x", machine((100e9, 10e9)), rows, dims)
+    body = [line for line in table if line.startswith("| 32/")]
+    assert len(body) == 8 and all("kv 131072" in line for line in body), table  # 4 caches x 2 classes
+    assert any("(24 more rows at shorter lengths: [results/x/report.md]" in line for line in table), table
+    short = docs.headline_table("x", machine((100e9, 10e9)), [r for r in rows if r["kv_heads"] == "32"], dims)
+    assert len([line for line in short if line.startswith("| 32/")]) == 8, short
+    assert not any("more rows at shorter lengths" in line for line in short), short
