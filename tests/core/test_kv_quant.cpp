@@ -3,6 +3,7 @@
 // round trip may make, and the special values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -403,6 +404,43 @@ TEST(KvCache, SpecialValuesFollowTheReference) {
       const RowId& id = ref.rows[r];
       const bool sees = p.kv_head_of(id.h) == 1 && id.i == 1;  // kv head 1, the row that sees key 299
       EXPECT_EQ(std::isnan(ref.o[r * ref.dim]), sees) << to_string(type) << " h" << id.h << " i" << id.i;
+    }
+  }
+}
+
+// fp8_e4m3's NaN code (0x7f; 0xff with the sign) wherever it lies: the tile engine reads a direct task's tile
+// that holds none by a shorter rule (tiles.cpp: e4m3_finite, then Quant<T, true>), so a code at any lane of
+// a K or V row, at any key of a tile (its first, its last, the cache's last), contiguous or paged (16-token
+// blocks: a tile in runs), must still poison exactly what the reference's NaN poisons.
+TEST(KvCache, Fp8E4M3NanCodesAnywhereFollowTheReference) {
+  for (int64_t block : {0, 16}) {
+    Problem c = kvcache::cache_shape(1, 4, 2, 2, 300, 64, KvDType::Fp8E4M3);
+    c.causal = CausalAlign::BottomRight;
+    Problem p = c, f = c;
+    p.kv_block = block;
+    f.kv_dtype = KvDType::Same;
+    int planted = 0;
+    for (bool in_v : {false, true}) {
+      for (int64_t key : {0, 1, 63, 64, 127, 298, 299}) {
+        for (int64_t lane : {0, 15, 16, 31, 63}) {
+          Tensors floats = random_tensors(f, 5);
+          const float nan = (++planted % 2 ? 1.f : -1.f) * std::numeric_limits<float>::quiet_NaN();
+          const ConstView& view = in_v ? floats.inputs.v : floats.inputs.k;
+          const_cast<float*>(view.row(0, 1, key))[lane] = nan;
+          const Tensors contiguous = convert_inputs(c, floats.inputs);
+          const Tensors t = block ? page_kv(p, contiguous.inputs) : convert_inputs(c, floats.inputs);
+          const Reference ref = reference(p, t.inputs);
+          ASSERT_TRUE(std::any_of(ref.o.begin(), ref.o.end(), [](double x) { return std::isnan(x); }));
+          for (const char* name : {"flash", "decode"}) {
+            for (const Kernel* k : kvcache::runnable(name)) {
+              const KernelCheck c = kvcache::check(*k, p, t);
+              EXPECT_EQ(c.verdict, Verdict::Pass)
+                  << k->name() << "[" << k->isa() << "] " << (in_v ? "V" : "K") << " key " << key << " lane " << lane
+                  << " block " << block << ": " << c.reason;
+            }
+          }
+        }
+      }
     }
   }
 }

@@ -25,15 +25,18 @@
 
 namespace attnlab::ATTN_TARGET_NS::simd {
 
-template <KvDType T>
+// Finite: rows known to hold no NaN code (fp8_e4m3 only: the tile engine scans a tile's rows,
+// tiles.cpp's e4m3_finite_tile), read without the NaN code's test.
+template <KvDType T, bool Finite = false>
 struct Quant {
   static constexpr KvDType type = T;
+  static constexpr bool kFinite = Finite;
   std::byte raw;
 };
 template <class E>
 inline constexpr bool kIsQuant = false;
-template <KvDType T>
-inline constexpr bool kIsQuant<Quant<T>> = true;
+template <KvDType T, bool F>
+inline constexpr bool kIsQuant<Quant<T, F>> = true;
 
 // A u8 / u4 row's codes alone, as numbers (its 8-byte scale and zero point skipped: a row of
 // Codes<T> starts 8 bytes into the Quant<T> row): decode_i8's P.V, where each key's scale rides
@@ -53,8 +56,8 @@ template <class E>
 inline constexpr int kValueBits = 8 * static_cast<int>(sizeof(E));
 template <KvDType T>
 inline constexpr int kValueBits<Codes<T>> = T == KvDType::U8 ? 8 : 4;
-template <KvDType T>
-inline constexpr int kValueBits<Quant<T>> = T == KvDType::Q4_0 || T == KvDType::U4 ? 4 : 8;
+template <KvDType T, bool F>
+inline constexpr int kValueBits<Quant<T, F>> = T == KvDType::Q4_0 || T == KvDType::U4 ? 4 : 8;
 
 template <class E>
 inline int64_t row_bytes(int64_t d) {
@@ -136,6 +139,7 @@ inline Batch load_at(const E* row, int64_t c) {
       return e5m2_floats(fp8_words(r + c));
     } else {
       static_assert(T == KvDType::Fp8E4M3);
+      if constexpr (E::kFinite) return e4m3_floats_finite(fp8_words(r + c));
       return e4m3_floats(fp8_words(r + c));
     }
   }

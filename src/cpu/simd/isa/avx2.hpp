@@ -151,14 +151,27 @@ inline Fp8Words fp8_words(const std::byte* p) {
 inline Batch e5m2_floats(Fp8Words w) { return _mm256_cvtph_ps(_mm_slli_epi16(w, 8)); }
 // E4M3 as avx512.hpp's e4m3_floats: the byte's bits moved into binary16 (the value times 2^-8), times
 // 2^8; the NaN code made NaN with its sign by a blend.
-inline Batch e4m3_floats(Fp8Words w) {
+inline Batch e4m3_floats_finite(Fp8Words w) {  // avx512.hpp's: the NaN code reads +-480
   const __m128i h = _mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(w, 8), 1), _mm_set1_epi16(static_cast<short>(0xbfff)));
-  const __m256 x = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
+}
+inline Batch e4m3_floats(Fp8Words w) {
+  const __m256 x = e4m3_floats_finite(w);
   const __m128i m7 = _mm_set1_epi16(0x7f);
   const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(_mm_and_si128(w, m7), m7)));
   const __m256 q = _mm256_or_ps(_mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN))),
                                 _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)));
   return _mm256_blendv_ps(x, q, nan);
+}
+inline bool e4m3_nan_code_in(const std::byte* p, int64_t n) {  // avx512.hpp's
+  const __m256i top = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256i m = top;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    m = _mm256_max_epu8(m, _mm256_or_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)), top));
+  bool found = _mm256_movemask_epi8(_mm256_cmpeq_epi8(m, _mm256_set1_epi8(-1))) != 0;
+  for (; i < n; ++i) found = found || (static_cast<uint8_t>(p[i]) | 0x80) == 0xff;
+  return found;
 }
 }  // namespace kv_detail
 

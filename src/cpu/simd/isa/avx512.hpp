@@ -198,15 +198,29 @@ inline Fp8Words fp8_words(const std::byte* p) {
   return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 inline Batch e5m2_floats(Fp8Words w) { return _mm512_cvtph_ps(_mm256_slli_epi16(w, 8)); }
-inline Batch e4m3_floats(Fp8Words w) {
+// Every code but the NaN code (S.1111.111, which reads +-480 here): a tile without one (e4m3_nan_code_in)
+// reads its values by this alone.
+inline Batch e4m3_floats_finite(Fp8Words w) {
   const __m256i h =
       _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(w, 8), 1), _mm256_set1_epi16(static_cast<short>(0xbfff)));
-  const __m512 x = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f));
+  return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f));
+}
+inline Batch e4m3_floats(Fp8Words w) {
+  const __m512 x = e4m3_floats_finite(w);
   const __m256i m7 = _mm256_set1_epi16(0x7f);
   const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(w, m7), m7);
   // (x & sign) | quiet NaN where nan: imm 0xea = (A & B) | C
   return _mm512_castsi512_ps(_mm512_mask_ternarylogic_epi32(_mm512_castps_si512(x), nan, _mm512_set1_epi32(INT32_MIN),
                                                             _mm512_set1_epi32(0x7fc00000), 0xea));
+}
+// Whether one of the n bytes at p is E4M3's NaN code (0x7f or 0xff): the largest byte | 0x80 is 0xff.
+inline bool e4m3_nan_code_in(const std::byte* p, int64_t n) {
+  const __m512i top = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i m = top;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) m = _mm512_max_epu8(m, _mm512_or_si512(_mm512_loadu_si512(p + i), top));
+  if (i < n) m = _mm512_max_epu8(m, _mm512_or_si512(_mm512_maskz_loadu_epi8(~0ull >> (64 - (n - i)), p + i), top));
+  return _mm512_cmpeq_epi8_mask(m, _mm512_set1_epi8(-1)) != 0;
 }
 }  // namespace kv_detail
 
