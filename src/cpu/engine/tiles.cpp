@@ -317,9 +317,11 @@ bool softmax_rows(const Scratch& s, float* p, int64_t rr0, bool full, const int*
 }
 
 // decode_i8's task of 3 panels or more (GQA >= 12 at q_len 1): the tile's K slices (prep_k_slices)
-// and, on a whole tile with integer P.V, its V words (prep_v_words), made once into Scratch::i8_prep
-// for every panel. Paired (build/attn_ab_switch decode --kernel decode_i8, 32k keys, d 128, 2 threads,
-// the AMX Xeon avx512): GQA 16 u8 1.08x, u4 1.10x, q8_0 1.07x, q4_0 1.05x; at GQA 8 (2 panels) the
+// and, on a whole tile with integer P.V, its V words (prep_v_words) and V scales (v_tile_scales), made
+// once into Scratch::i8_prep for every panel. Paired (build/attn_ab_switch decode --kernel decode_i8,
+// 32k keys, d 128, 2 threads, the AMX Xeon avx512): the slices and words at GQA 16 u8 1.08x, u4 1.10x,
+// q8_0 1.07x, q4_0 1.05x; the scales on top u8 1.04x, u4 1.07x, q8_0 1.04x, q4_0 1.08x (its four
+// blocks of f16 scales, one key at a time, were gathered by every panel). At GQA 8 (2 panels) the
 // stores and reloads cost what they save (0.97-0.99x), so it stays off there.
 template <class E>
 Scratch prep_i8_tile(const Tiling& t, const Scratch& s, const KeyTile<E>& kt) {
@@ -338,6 +340,9 @@ Scratch prep_i8_tile(const Tiling& t, const Scratch& s, const KeyTile<E>& kt) {
       for (int j = 0; j < kTileKeys; ++j) vr[j] = reinterpret_cast<const std::byte*>(kt.v.row(j));
       prep_v_words<E::type>(vr, t.dim_v, s.i8_prep + t.i8_prep_v);
       sp.i8_v_pre = s.i8_prep + t.i8_prep_v;
+      auto* scales = reinterpret_cast<float*>(s.i8_prep + t.i8_prep_v + v_word_bytes(t.dim_v));
+      v_tile_scales<E::type>(vr, t.dim_v, scales);
+      sp.i8_v_scales = scales;
     }
   }
   return sp;
@@ -424,7 +429,7 @@ void process_panel(const Tiling& t, const Scratch& s, int64_t rr0, const KeyTile
         const std::byte* vr[kTileKeys];
         for (int j = 0; j < kTileKeys; ++j) vr[j] = reinterpret_cast<const std::byte*>(kt.v.row(j));
         PCodes<MR> pc;
-        if (round_p_rows<MR, E::type>(s.p, vr, t.dim_v, pc)) {
+        if (round_p_rows<MR, E::type>(s.p, vr, t.dim_v, pc, s.i8_v_scales)) {
           pv_tile_i8<MR, E::type>(pc, vr, t.dim_v, s.o + rr0 * t.dim_v_pad, t.dim_v_pad, a, step, s.i8_v_pre);
           return;
         }
@@ -1037,7 +1042,8 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
     if (kI8Vector && t.rows > 2 * kDotRows) {
       t.i8_prep_v = align64(static_cast<size_t>(kTileKeys / kSliceBlock * i8_slice_vectors(p.kv_dtype, t.dim)) *
                             sizeof(i8_detail::IVec));
-      t.i8_prep_off = take(t.i8_prep_v + static_cast<size_t>(v_word_bytes(t.dim_v)));
+      t.i8_prep_off = take(t.i8_prep_v + static_cast<size_t>(v_word_bytes(t.dim_v)) +
+                           sizeof(float) * static_cast<size_t>(v_scale_floats(p.kv_dtype, t.dim_v)));
     }
   }
   if (int8_prefill) {

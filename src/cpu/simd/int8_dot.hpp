@@ -701,27 +701,45 @@ inline bool round_p_block(const float* p, const float* sc, const float* zp, int6
 }
 inline bool bad_weights(Batch bad) { return reduce_sum(bad) != 0.f; }
 
-// Rounds the panel's P (MR rows, kTileKeys apart) times V's scales (vr: the tile's V rows) into pc,
-// block by block (round_p_block); false when a weight is NaN or Inf (or negative, unsigned): then
-// nothing is used and the tile runs in float32.
-template <int MR, KvDType T>
-inline bool round_p_rows(const float* p, const std::byte* const* vr, int64_t dv, PCodes<MR>& pc) {
-  constexpr bool kSigned = T == KvDType::Q4_0;
+// V's scales of a whole tile's rows (vr) as P.V multiplies P by them: per V scale block b (p_blocks)
+// kTileKeys floats at out + b * kTileKeys, then (row types) the zero points (zp_of). A task of 3 panels
+// or more gathers them once per tile (tiles.cpp's prep_i8_tile), the others once per panel.
+inline int64_t v_scale_floats(KvDType t, int64_t dv) {
+  return ((is_row_type(t) ? 1 : dv / 32) + (is_row_type(t) ? 1 : 0)) * kTileKeys;
+}
+template <KvDType T>
+inline void v_tile_scales(const std::byte* const* vr, int64_t dv, float* out) {
   const int64_t nb = p_blocks<T>(dv);
-  Batch bad(0.f);
   for (int64_t b = 0; b < nb; ++b) {
-    alignas(64) float sc[kTileKeys], zp[kTileKeys];
+    float* sc = out + b * kTileKeys;
     if constexpr (is_row_type(T) || !kI8Vector) {
-      for (int j = 0; j < kTileKeys; ++j) {
-        sc[j] = v_scale<T>(vr[j], b);
-        if constexpr (is_row_type(T)) zp[j] = zp_of<T>(vr[j]);
-      }
+      for (int j = 0; j < kTileKeys; ++j) sc[j] = v_scale<T>(vr[j], b);
     } else {  // the f16 scales by F16C, kLanes at a time (a scalar conversion per key and block cost more)
       alignas(64) uint16_t bits[kTileKeys];
       for (int j = 0; j < kTileKeys; ++j) bits[j] = kv_detail::load_u16(vr[j] + b * (T == KvDType::Q8_0 ? 34 : 18));
       for (int j = 0; j < kTileKeys; j += kLanes) f16_lanes(bits + j).store_aligned(sc + j);
     }
-    if (!round_p_block<MR, kSigned>(p, sc, is_row_type(T) ? zp : nullptr, b, pc, bad)) return false;
+  }
+  if constexpr (is_row_type(T)) {
+    for (int j = 0; j < kTileKeys; ++j) out[nb * kTileKeys + j] = zp_of<T>(vr[j]);
+  }
+}
+
+// Rounds the panel's P (MR rows, kTileKeys apart) times V's scales (vr: the tile's V rows; pre: their
+// v_tile_scales, or nullptr) into pc, block by block (round_p_block); false when a weight is NaN or Inf
+// (or negative, unsigned): then nothing is used and the tile runs in float32.
+template <int MR, KvDType T>
+inline bool round_p_rows(const float* p, const std::byte* const* vr, int64_t dv, PCodes<MR>& pc,
+                         const float* pre = nullptr) {
+  constexpr bool kSigned = T == KvDType::Q4_0;
+  const int64_t nb = p_blocks<T>(dv);
+  alignas(64) float own[(kMaxPBlocks + 1) * kTileKeys];
+  if (!pre) v_tile_scales<T>(vr, dv, own);
+  const float* sc = pre ? pre : own;
+  Batch bad(0.f);
+  for (int64_t b = 0; b < nb; ++b) {
+    if (!round_p_block<MR, kSigned>(p, sc + b * kTileKeys, is_row_type(T) ? sc + nb * kTileKeys : nullptr, b, pc, bad))
+      return false;
   }
   return !bad_weights(bad);
 }

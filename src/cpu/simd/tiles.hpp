@@ -87,7 +87,8 @@ struct Tiling {
   // u4 cache): at i8_off a 64-byte flag (1: every row of the task rounded), then R + 1 rows of
   // i8_row bytes (Q's integer form; the last all zero). A task of 3 panels or more on a target with
   // the integer vectors (kI8Vector): at i8_prep_off a tile's K slices (prep_k_slices), then at
-  // i8_prep_off + i8_prep_v its V words (prep_v_words), made once per tile for all the panels.
+  // i8_prep_off + i8_prep_v its V words (prep_v_words), then its V scales (v_tile_scales), made once
+  // per tile for all the panels.
   bool int8_dot = false;
   bool i8_vnni = false;  // vpdpbusd (the CPU has this target's VNNI unit; not ATTN_NO_VNNI=1), else vpmaddubsw;
                          // decode_i8 on NEON: sdot where the CPU has it, else the rule
@@ -165,6 +166,7 @@ struct Scratch {
   std::byte* i8_prep;  // int8_dot over 3 panels or more: Tiling::i8_prep_off, else nullptr
   const std::byte* i8_k_pre = nullptr;  // the current tile's K slices and V words when made (attend_tiles),
   const std::byte* i8_v_pre = nullptr;  // else nullptr
+  const float* i8_v_scales = nullptr;   // and its V scales (v_tile_scales), else nullptr
   const std::byte* pairs;               // flash_amx: the packed tiles of all heads (Tiling::pairs_shared), else nullptr
   const float* kts;                     // the packed K^T tiles of all heads (Tiling::kt_shared), else nullptr
   float* slope2;  // Tiling::alibi: R ALiBi slopes times log2 e, then R diagonals (int64); else nullptr
