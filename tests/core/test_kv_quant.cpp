@@ -295,8 +295,8 @@ KernelCheck check(const Kernel& k, const Problem& p, const Tensors& t, int threa
 
 // Every cache type through naive, flash, decode and decode_i8 (its integer types; every target): decode's key chunks
 // (300 and 1000 keys cross them), GQA and MQA, causal, a window, per-batch kv lengths (an empty one), d_v != d, chunked
-// prefill (query rows over a longer cache), and sparse patterns (sinks and a window: the block map's words and its
-// gathered sink tile, read from the quantized rows).
+// prefill (query rows over a longer cache), sparse patterns (sinks and a window: the block map's words and its
+// gathered sink tile, read from the quantized rows), and a head dim that ends in a partial vector (row types, fp8).
 TEST(KvCache, KernelsThatReadACacheAgreeOnEveryCacheType) {
   using kvcache::cache_shape;
   for (KvDType type : quantized_kv_dtypes()) {
@@ -313,6 +313,7 @@ TEST(KvCache, KernelsThatReadACacheAgreeOnEveryCacheType) {
     shapes.push_back(cache_shape(1, 4, 2, 2, 700, 64, type));  // StreamingLLM: 4 sinks + a window
     shapes.back().sinks = 4, shapes.back().window_left = 100, shapes.back().window_right = 0;
     shapes.back().causal = CausalAlign::BottomRight;
+    if (kv_block_values(type) == 1) shapes.push_back(cache_shape(1, 4, 2, 2, 130, 40, type));  // a vector's tail
     for (const Problem& p : shapes) {
       p.validate();
       const Tensors t = random_tensors(p, 11);

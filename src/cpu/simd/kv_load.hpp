@@ -26,7 +26,7 @@
 namespace attnlab::ATTN_TARGET_NS::simd {
 
 // Finite: rows known to hold no NaN code (fp8_e4m3 only: the tile engine scans a tile's rows,
-// tiles.cpp's e4m3_finite_tile), read without the NaN code's test.
+// tiles.cpp's e4m3_finite), read without the NaN code's test and without E4M3's 2^8 (kReadScale).
 template <KvDType T, bool Finite = false>
 struct Quant {
   static constexpr KvDType type = T;
@@ -37,6 +37,13 @@ template <class E>
 inline constexpr bool kIsQuant = false;
 template <KvDType T, bool F>
 inline constexpr bool kIsQuant<Quant<T, F>> = true;
+// What every value read from rows of E carries: 1, or 2^-8 for Quant<Fp8E4M3, true> (binary16 holds
+// E4M3's magnitudes 2^8 lower; the scores and P take the 2^8 back, once per tile). A power of two, so
+// the products are the unscaled ones bit for bit, bar subnormal ones.
+template <class E>
+inline constexpr float kReadScale = 1.f;
+template <>
+inline constexpr float kReadScale<Quant<KvDType::Fp8E4M3, true>> = 0x1p-8f;
 
 // A u8 / u4 row's codes alone, as numbers (its 8-byte scale and zero point skipped: a row of
 // Codes<T> starts 8 bytes into the Quant<T> row): decode_i8's P.V, where each key's scale rides
@@ -76,7 +83,7 @@ inline float value_at(const E* row, int64_t i) {
     const auto* u = reinterpret_cast<const uint8_t*>(row);
     return static_cast<float>(E::type == KvDType::U8 ? u[i] : i % 2 ? u[i / 2] >> 4 : u[i / 2] & 0x0f);
   } else if constexpr (kIsQuant<E>) {
-    return kv_read::value(E::type, reinterpret_cast<const std::byte*>(row), i, 1.0f);
+    return kv_read::value(E::type, reinterpret_cast<const std::byte*>(row), i, 1.0f) * kReadScale<E>;
   } else {
     return to_float(row[i]);
   }
@@ -139,7 +146,7 @@ inline Batch load_at(const E* row, int64_t c) {
       return e5m2_floats(fp8_words(r + c));
     } else {
       static_assert(T == KvDType::Fp8E4M3);
-      if constexpr (E::kFinite) return e4m3_floats_finite(fp8_words(r + c));
+      if constexpr (E::kFinite) return e4m3_floats_scaled(fp8_words(r + c));
       return e4m3_floats(fp8_words(r + c));
     }
   }

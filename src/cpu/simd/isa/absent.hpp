@@ -38,7 +38,7 @@ Batch f16_scale(uint16_t bits);
 Fp8Words fp8_words(const std::byte* p);
 Batch e5m2_floats(Fp8Words w);
 Batch e4m3_floats(Fp8Words w);
-Batch e4m3_floats_finite(Fp8Words w);
+Batch e4m3_floats_scaled(Fp8Words w);
 bool e4m3_nan_code_in(const std::byte* p, int64_t n);
 }  // namespace kv_detail
 

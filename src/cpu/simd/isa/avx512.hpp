@@ -198,15 +198,15 @@ inline Fp8Words fp8_words(const std::byte* p) {
   return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 inline Batch e5m2_floats(Fp8Words w) { return _mm512_cvtph_ps(_mm256_slli_epi16(w, 8)); }
-// Every code but the NaN code (S.1111.111, which reads +-480 here): a tile without one (e4m3_nan_code_in)
-// reads its values by this alone.
-inline Batch e4m3_floats_finite(Fp8Words w) {
-  const __m256i h =
-      _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(w, 8), 1), _mm256_set1_epi16(static_cast<short>(0xbfff)));
-  return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f));
+// The value times 2^-8 for every code but the NaN code (S.1111.111, which reads +-1.875 here): a tile
+// without one (e4m3_nan_code_in) reads its values by this alone, its scores and P taking the 2^8
+// (tiles.cpp: kReadScale).
+inline Batch e4m3_floats_scaled(Fp8Words w) {
+  return _mm512_cvtph_ps(
+      _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(w, 8), 1), _mm256_set1_epi16(static_cast<short>(0xbfff))));
 }
 inline Batch e4m3_floats(Fp8Words w) {
-  const __m512 x = e4m3_floats_finite(w);
+  const __m512 x = _mm512_mul_ps(e4m3_floats_scaled(w), _mm512_set1_ps(256.f));
   const __m256i m7 = _mm256_set1_epi16(0x7f);
   const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(w, m7), m7);
   // (x & sign) | quiet NaN where nan: imm 0xea = (A & B) | C
