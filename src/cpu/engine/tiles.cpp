@@ -697,7 +697,7 @@ KeyTile<E> key_tile(const TypedInputs<E>& in, const Tiling& t, int64_t b, int64_
 // multiply by 2^8 (kReadScale): the scores and P take it, once per tile (scale_scores) - 1.04-1.09x
 // more at 32/8 (old and new binaries alternated, 4 rounds), paged 1.06-1.09x.
 template <class E>
-inline constexpr bool kE4m3Finite = std::is_same_v<E, Quant<KvDType::Fp8E4M3>>&& kKvVector;
+inline constexpr bool kE4m3Finite = (kKvVector && std::is_same_v<E, Quant<KvDType::Fp8E4M3>>);
 template <KvDType T>
 bool e4m3_finite(const Rows<Quant<T>>& r, int nk, int64_t d) {
   bool nan = false;

@@ -149,12 +149,12 @@ inline Fp8Words fp8_words(const std::byte* p) {
   return _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }
 inline Batch e5m2_floats(Fp8Words w) { return _mm256_cvtph_ps(_mm_slli_epi16(w, 8)); }
-// E4M3 as avx512.hpp's e4m3_floats: the byte's bits moved into binary16 (the value times 2^-8), times
-// 2^8; the NaN code made NaN with its sign by a blend.
 inline Batch e4m3_floats_scaled(Fp8Words w) {  // avx512.hpp's: the value times 2^-8
   return _mm256_cvtph_ps(
       _mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(w, 8), 1), _mm_set1_epi16(static_cast<short>(0xbfff))));
 }
+// E4M3 as avx512.hpp's e4m3_floats: the byte's bits moved into binary16 (the value times 2^-8), times
+// 2^8; the NaN code made NaN with its sign by a blend.
 inline Batch e4m3_floats(Fp8Words w) {
   const __m256 x = _mm256_mul_ps(e4m3_floats_scaled(w), _mm256_set1_ps(256.f));
   const __m128i m7 = _mm_set1_epi16(0x7f);
