@@ -429,15 +429,16 @@ TEST(KvCache, Fp8E4M3NanCodesAnywhereFollowTheReference) {
           const ConstView& view = in_v ? floats.inputs.v : floats.inputs.k;
           const_cast<float*>(view.row(0, 1, key))[lane] = nan;
           const Tensors contiguous = convert_inputs(c, floats.inputs);
-          const Tensors t = block ? page_kv(p, contiguous.inputs) : convert_inputs(c, floats.inputs);
+          const Tensors paged = block ? page_kv(p, contiguous.inputs) : Tensors{};
+          const Tensors& t = block ? paged : contiguous;
           const Reference ref = reference(p, t.inputs);
           ASSERT_TRUE(std::any_of(ref.o.begin(), ref.o.end(), [](double x) { return std::isnan(x); }));
           for (const char* name : {"flash", "decode"}) {
             for (const Kernel* k : kvcache::runnable(name)) {
-              const KernelCheck c = kvcache::check(*k, p, t);
-              EXPECT_EQ(c.verdict, Verdict::Pass)
+              const KernelCheck r = kvcache::check(*k, p, t);
+              EXPECT_EQ(r.verdict, Verdict::Pass)
                   << k->name() << "[" << k->isa() << "] " << (in_v ? "V" : "K") << " key " << key << " lane " << lane
-                  << " block " << block << ": " << c.reason;
+                  << " block " << block << ": " << r.reason;
             }
           }
         }
