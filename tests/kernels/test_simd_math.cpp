@@ -412,9 +412,9 @@ TEST_P(SimdMath, Int8ChannelsRoundInVectorsAsTheRule) {
 
 // decode_i8's scores (int8_dot.hpp: score_rows_i8) are the rule's integers on every target, with
 // the target's dot-product unit (vpdpbusd, NEON's sdot: where the CPU has it) and without it
-// (vpmaddubsw; the rule): against the exact integer dot products of Q's and K's codes per block,
-// combined in double, within a few float roundings of the magnitudes summed - one code off moves
-// a score by its block's scales, far more. Every cache type with integer codes, head dims with
+// (vpmaddubsw; the rule), from the K rows and from a tile's words (prep_k_words): against the exact integer dot
+// products of Q's and K's codes per block, combined in double, within a few float roundings of the magnitudes summed -
+// one code off moves a score by its block's scales, far more. Every cache type with integer codes, head dims with
 // partial vectors and slices (row types), keys with a large zero point and all-equal rows.
 TEST_P(SimdMath, I8ScoresAreTheRulesIntegers) {
   if (!t_->probes.i8_score) GTEST_SKIP() << "no i8 probe";
@@ -463,11 +463,14 @@ TEST_P(SimdMath, I8ScoresAreTheRulesIntegers) {
         }
         for (bool unit : {false, true}) {
           if (unit && !unit_runs) continue;
-          const float got = t_->probes.i8_score(t, unit, q.data(), d, kb.data());
-          EXPECT_LE(std::fabs(got - want), 8 * std::numeric_limits<float>::epsilon() * mag + 1e-30)
-              << to_string(t) << " d " << d << " round " << round << (unit ? " with " + unit_isa : " without the unit")
-              << ": " << got << " want " << want;
-          ++checked;
+          for (bool words : {false, true}) {
+            const float got = t_->probes.i8_score(t, unit, words, q.data(), d, kb.data());
+            EXPECT_LE(std::fabs(got - want), 8 * std::numeric_limits<float>::epsilon() * mag + 1e-30)
+                << to_string(t) << " d " << d << " round " << round
+                << (unit ? " with " + unit_isa : " without the unit") << (words ? ", the tile's words" : "") << ": "
+                << got << " want " << want;
+            ++checked;
+          }
         }
       }
     }

@@ -110,8 +110,8 @@ void map_n(const float* in, float* out, size_t n) {
 }
 
 // TestProbes::i8_score: score_rows_i8 on one key (its other lanes repeat it: computed, never read).
-template <KvDType T>
-float i8_score_as(bool unit, const float* q, int64_t d, const std::byte* k) {
+template <KvDType T, bool Vnni>
+float i8_score_on(bool words, const float* q, int64_t d, const std::byte* k) {
   const simd::I8Layout l(d);
   constexpr int64_t kRow = simd::I8Layout(Problem::kMaxHeadDim).row;
   alignas(64) std::byte row[2 * kRow];  // the row and score_rows_i8's zero row
@@ -119,19 +119,27 @@ float i8_score_as(bool unit, const float* q, int64_t d, const std::byte* k) {
   const auto rows = simd::Rows<simd::Quant<T>>::strided(reinterpret_cast<const simd::Quant<T>*>(k), 0, 1);
   alignas(64) float s[simd::kTileKeys] = {};
   simd::NoStep none;
-  if (unit) {
-    simd::score_rows_i8<1, T, true>(row, l.row, row + l.row, l, rows, 0, 1, s, none);
-  } else {
-    simd::score_rows_i8<1, T, false>(row, l.row, row + l.row, l, rows, 0, 1, s, none);
+  if constexpr (simd::kI8Vector) {
+    if (words) {
+      alignas(64) std::byte pre[simd::key_words_bytes(T, Problem::kMaxHeadDim)];
+      simd::prep_k_words<T, Vnni>(l, rows, 1, pre);
+      simd::score_rows_i8<1, T, Vnni>(row, l.row, row + l.row, l, rows, 0, 1, s, none, pre);
+      return s[0];
+    }
   }
+  simd::score_rows_i8<1, T, Vnni>(row, l.row, row + l.row, l, rows, 0, 1, s, none);
   return s[0];
 }
-float i8_score(KvDType t, bool unit, const float* q, int64_t d, const std::byte* k) {
+template <KvDType T>
+float i8_score_as(bool unit, bool words, const float* q, int64_t d, const std::byte* k) {
+  return unit ? i8_score_on<T, true>(words, q, d, k) : i8_score_on<T, false>(words, q, d, k);
+}
+float i8_score(KvDType t, bool unit, bool words, const float* q, int64_t d, const std::byte* k) {
   switch (t) {
-    case KvDType::Q8_0: return i8_score_as<KvDType::Q8_0>(unit, q, d, k);
-    case KvDType::Q4_0: return i8_score_as<KvDType::Q4_0>(unit, q, d, k);
-    case KvDType::U8: return i8_score_as<KvDType::U8>(unit, q, d, k);
-    case KvDType::U4: return i8_score_as<KvDType::U4>(unit, q, d, k);
+    case KvDType::Q8_0: return i8_score_as<KvDType::Q8_0>(unit, words, q, d, k);
+    case KvDType::Q4_0: return i8_score_as<KvDType::Q4_0>(unit, words, q, d, k);
+    case KvDType::U8: return i8_score_as<KvDType::U8>(unit, words, q, d, k);
+    case KvDType::U4: return i8_score_as<KvDType::U4>(unit, words, q, d, k);
     default: return std::numeric_limits<float>::quiet_NaN();
   }
 }

@@ -67,8 +67,9 @@ struct TestProbes {
   // decode_i8's score of Q row q (d floats, rounded by its rule) against K row k of a q8_0, q4_0,
   // u8 or u4 cache (int8_dot.hpp: score_rows_i8 on one key), through the target's dot-product
   // unit i8_score_unit (vpdpbusd / sdot: only where the CPU runs it; "" on scalar) or without it
-  // (vpmaddubsw; the rule elsewhere). NaN when Q does not round.
-  float (*i8_score)(KvDType t, bool unit, const float* q, int64_t d, const std::byte* k);
+  // (vpmaddubsw; the rule elsewhere); words: from the tile's words (prep_k_words, as tasks of 2 panels
+  // or more score; the integer vectors only), else from the K rows. NaN when Q does not round.
+  float (*i8_score)(KvDType t, bool unit, bool words, const float* q, int64_t d, const std::byte* k);
   const char* i8_score_unit;
 };
 

@@ -316,26 +316,28 @@ bool softmax_rows(const Scratch& s, float* p, int64_t rr0, bool full, const int*
   return rescale;
 }
 
-// decode_i8's task of 3 panels or more (GQA >= 12 at q_len 1): the tile's K slices (prep_k_slices)
-// and, on a whole tile with integer P.V, its V words (prep_v_words) and V scales (v_tile_scales), made
-// once into Scratch::i8_prep for every panel. Paired (build/attn_ab_switch decode --kernel decode_i8,
-// 32k keys, d 128, 2 threads, the AMX Xeon avx512): the slices and words at GQA 16 u8 1.08x, u4 1.10x,
-// q8_0 1.07x, q4_0 1.05x; the scales on top u8 1.04x, u4 1.07x, q8_0 1.04x, q4_0 1.08x (its four
-// blocks of f16 scales, one key at a time, were gathered by every panel). At GQA 8 (2 panels) the
-// stores and reloads cost what they save (0.97-0.99x), so it stays off there.
+// decode_i8's task of 2 panels or more (GQA >= 8 at q_len 1): the tile's K words (prep_k_words), and with
+// 3 panels or more (v), on a whole tile with integer P.V, its V words (prep_v_words) and V scales
+// (v_tile_scales), made once into Scratch::i8_prep for every panel. Paired (build/attn_ab_switch decode
+// --kernel decode_i8, 32k keys, d 128, 2 threads, the AMX Xeon avx512):
+// - K words against the slices the panels put together (or, before, loaded from a slice prep at 3
+//   panels): GQA 16 q4_0 1.23x, q8_0 1.24x, u8 1.12x, u4 1.09x; GQA 8 q4_0 1.12x, q8_0 1.13x, u8
+//   1.10x, u4 1.02x. At GQA 4 (one panel) the transpose costs what it saves (u8 0.96x, u4 0.87x).
+// - V words and scales at 3 panels: u8 1.04x, u4 1.07x, q8_0 1.04x, q4_0 1.08x (with K slices); at 2
+//   panels 0.98-1.05x, so off there.
 template <class E>
-Scratch prep_i8_tile(const Tiling& t, const Scratch& s, const KeyTile<E>& kt) {
+Scratch prep_i8_tile(const Tiling& t, const Scratch& s, const KeyTile<E>& kt, bool v) {
   Scratch sp = s;
   if constexpr (kIntDot<E> && kI8Vector) {
     if (!s.i8_prep || !s.i8_on()) return sp;
     const I8Layout l(t.dim);
     if (t.i8_vnni) {
-      prep_k_slices<E::type, true>(l, kt.k, kt.nk, s.i8_prep);
+      prep_k_words<E::type, true>(l, kt.k, kt.nk, s.i8_prep);
     } else {
-      prep_k_slices<E::type, false>(l, kt.k, kt.nk, s.i8_prep);
+      prep_k_words<E::type, false>(l, kt.k, kt.nk, s.i8_prep);
     }
     sp.i8_k_pre = s.i8_prep;
-    if (t.i8_pv && kt.nk == kTileKeys) {
+    if (v && t.i8_pv && kt.nk == kTileKeys) {
       const std::byte* vr[kTileKeys];
       for (int j = 0; j < kTileKeys; ++j) vr[j] = reinterpret_cast<const std::byte*>(kt.v.row(j));
       prep_v_words<E::type>(vr, t.dim_v, s.i8_prep + t.i8_prep_v);
@@ -899,7 +901,7 @@ void attend_tiles(const TypedInputs<E>& in, const Tiling& t, const Scratch& s, i
         // threads, Zen 4 avx512, paired): decode f32 1.19x, u8 1.18x; decode_i8 u8 1.28x, q4_0 1.17x;
         // at GQA 16 decode_i8 u8 1.23x, q4_0 1.08x.
         const int64_t ph = rows <= kPanelRows ? kPanelRows : std::min(kPanelRows, kDotRows);
-        const Scratch sp = rows > 2 * ph ? prep_i8_tile(t, s, kt) : s;  // 3 panels or more
+        const Scratch sp = rows > ph ? prep_i8_tile(t, s, kt, rows > 2 * ph) : s;  // 2 panels or more
         const auto panels_on = [&](const auto& tile_rows) {
           for (int64_t rr0 = 0; rr0 < rows; rr0 += ph) {
             const int mr = static_cast<int>(std::min<int64_t>(ph, rows - rr0));
@@ -1053,9 +1055,8 @@ Tiling make_tiling(const Problem& p, int64_t br, bool bf16_dot, bool amx, bool i
     t.i8_pv = i8_pv_runs(t.i8_vnni);
     t.i8_row = I8Layout(t.dim).row;
     t.i8_off = take(64 + static_cast<size_t>((t.rows + 1) * t.i8_row));
-    if (kI8Vector && t.rows > 2 * kDotRows) {
-      t.i8_prep_v = align64(static_cast<size_t>(kTileKeys / kSliceBlock * i8_slice_vectors(p.kv_dtype, t.dim)) *
-                            sizeof(i8_detail::IVec));
+    if (kI8Vector && t.rows > kPanelRows) {  // 2 panels or more (attend_tiles)
+      t.i8_prep_v = align64(key_words_bytes(p.kv_dtype, t.dim));
       t.i8_prep_off = take(t.i8_prep_v + static_cast<size_t>(v_word_bytes(t.dim_v)) +
                            sizeof(float) * static_cast<size_t>(v_scale_floats(p.kv_dtype, t.dim_v)));
     }

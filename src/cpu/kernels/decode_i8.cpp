@@ -21,11 +21,12 @@
 // same rules (verify.cpp: int8_cache_errors), plus float32's floor - the cost of rounding is derived
 // from the inputs, never chosen. Memory: decode's, plus per task (R + 1) rows of Q's integer form
 // (~3.6 bytes per value) and per panel its P codes (64 bytes per row and V scale block, on the stack);
-// with 3 panels or more (GQA >= 12), per thread a tile's K slices, V words and V scales, made once per
-// tile for every panel (17 KiB at d 128; tiles.cpp's prep_i8_tile: 1.05-1.10x and 1.04-1.08x at GQA 16).
+// with 2 panels or more (GQA >= 8), per thread a tile's K as words (K^T, prep_k_words: K.Q a small
+// GEMM), with 3 or more its V words and V scales too, made once per tile for every panel (18 KiB at
+// d 128; tiles.cpp's prep_i8_tile: 1.09-1.24x at GQA 16, 1.02-1.13x at GQA 8).
 // Cost: decode's bytes; per key and 64 values, K.Q is one vpdpbusd per row (row types; block types add
-// a conversion and an FMA), P.V one vpdpbusd per row plus 2 unpacks per key shared by the rows, against
-// 4 FMAs per row and the widening in each GEMM.
+// a conversion and an FMA per 2 vpdpbusd, per 8 on a tile's words), P.V one vpdpbusd per row plus 2
+// unpacks per key shared by the rows, against 4 FMAs per row and the widening in each GEMM.
 #include "attnlab/kernel.hpp"
 #include "cpu/dispatch/target.hpp"
 

@@ -239,39 +239,9 @@ inline void block_slices(const std::byte* const* p, int64_t b, i8_detail::IVec* 
     v[0] = nibbles_lo(a), v[1] = nibbles_hi(a);
   }
 }
-// Slice vectors per register block of kSliceBlock keys: per chunk (row types) or 32-value block, 4
-// vectors of keys, each kI8Chunk / 16 resp. 2 slices.
-inline constexpr int64_t i8_slice_vectors(KvDType t, int64_t d) {
-  return is_row_type(t) ? (d + kI8Chunk - 1) / kI8Chunk * 4 * (kI8Chunk / 16) : d / 32 * 4 * 2;
-}
-
-// A direct task of 3 panels or more (decode_i8 at GQA >= 12; tiles.cpp's prep_i8_tile) scores every
-// panel against the same tile: its slices are made once per tile (prep_k_slices) and each panel loads
-// them (score_rows_i8's pre), instead of every panel putting them together from the K rows again -
-// the lane-masked broadcasts cost an ALU operation per vpdpbusd they feed. The tile's nk keys, kSliceBlock at a time
-// (keys past nk repeat the last: computed, never stored), in score_rows_i8_slices' order.
-template <KvDType T, bool Vnni>
-void prep_k_slices(const I8Layout& l, const Rows<Quant<T>>& k, int nk, std::byte* out) {
-  using namespace i8_detail;
-  auto* v = reinterpret_cast<IVec*>(out);
-  for (int j0 = 0; j0 < nk; j0 += kSliceBlock) {
-    const std::byte* kr[kSliceBlock];
-    for (int c = 0; c < kSliceBlock; ++c)
-      kr[c] = reinterpret_cast<const std::byte*>(k.row(j0 + c < nk ? j0 + c : nk - 1));
-    if constexpr (is_row_type(T)) {
-      for (int64_t c = 0; c < (l.d + kI8Chunk - 1) / kI8Chunk; ++c)
-        for (int g = 0; g < 4; ++g, v += kI8Chunk / 16)
-          row_slices<T, Vnni>(kr + g * kSliceKeys, c, l.d - c * kI8Chunk, v);
-    } else {
-      for (int64_t b = 0; b < l.d / 32; ++b)
-        for (int g = 0; g < 4; ++g, v += 2) block_slices<T, Vnni>(kr + g * kSliceKeys, b, v);
-    }
-  }
-}
-
 template <int MR, KvDType T, bool Vnni, class Step>
 void score_rows_i8_slices(const I8Layout& l, const std::byte* q0, int64_t ld, const Rows<Quant<T>>& k, int ja, int jb,
-                          float* s, Step& step, const std::byte* pre) {
+                          float* s, Step& step) {
   using namespace i8_detail;
   constexpr bool kRow = is_row_type(T);
   constexpr bool kSigned = !Vnni && (T == KvDType::Q8_0 || T == KvDType::U8);  // magnitude x moved sign
@@ -310,13 +280,7 @@ void score_rows_i8_slices(const I8Layout& l, const std::byte* q0, int64_t ld, co
           for (int g = 0; g < 4; ++g) {
             for (int x = 0; x < kSliceKeys * kI8Chunk / kLanes / kDotKeys; ++x) step();  // score_rows' pace
             IVec v[kI8Chunk / 16];
-            if (pre) {
-              const auto* pv =
-                  reinterpret_cast<const IVec*>(pre) + ((j0 / kSliceBlock * chunks + c) * 4 + g) * (kI8Chunk / 16);
-              for (int x = 0; x < kI8Chunk / 16; ++x) v[x] = load_ivec(pv + x);
-            } else {
-              row_slices<T, Vnni>(kr + g * kSliceKeys, c, rem, v);
-            }
+            row_slices<T, Vnni>(kr + g * kSliceKeys, c, rem, v);
             for (int r = 0; r < kR; ++r) {
               const int8_t* qv = q(r).vec + c * kI8Chunk;
               for (int x = 0; x < kI8Chunk / 16; ++x) acc[r][g] = dot(acc[r][g], v[x], qv + 16 * x);
@@ -346,12 +310,7 @@ void score_rows_i8_slices(const I8Layout& l, const std::byte* q0, int64_t ld, co
           for (int g = 0; g < 4; ++g) {
             for (int x = 0; x < kSliceKeys * 32 / kLanes / kDotKeys; ++x) step();
             IVec v[2];
-            if (pre) {
-              const auto* pv = reinterpret_cast<const IVec*>(pre) + ((j0 / kSliceBlock * blocks + b) * 4 + g) * 2;
-              v[0] = load_ivec(pv), v[1] = load_ivec(pv + 1);
-            } else {
-              block_slices<T, Vnni>(kr + g * kSliceKeys, b, v);
-            }
+            block_slices<T, Vnni>(kr + g * kSliceKeys, b, v);
             const IVec v0 = v[0], v1 = v[1];
             const Batch dkv = spread_keys(dk, g);
             for (int r = 0; r < kR; ++r) {
@@ -376,6 +335,170 @@ void score_rows_i8_slices(const I8Layout& l, const std::byte* q0, int64_t ld, co
     }
   }
 }
+// A direct task of 3 panels or more (decode_i8 at GQA >= 12; tiles.cpp's prep_i8_tile) scores every
+// panel against the same tile, so the tile is laid out once as a small GEMM's operand (prep_k_words):
+// K^T by 32-bit words, as flash_int8's key tiles -
+//   words[x * kTileKeys + j]   key j's codes 4x .. 4x + 3 in Q's order (nat; u4: vec), the unsigned
+//                              operand as score_rows_i8_slices takes it (zero past the row's codes)
+//   scale[b * kTileKeys + j]   block types: key j's scale of block b as a float; row types: its
+//                              scale, then (at kTileKeys + j) its zero point as the sum sees it
+// so one vpdpbusd sums a word of kLanes keys against a broadcast Q word and a key's block sum ends
+// in one lane: block types scale once per block, key vector and row (a conversion and an FMA per 8
+// vpdpbusd, where the slices spend them per 2), and no group_sums. Made from kLanes keys' packed code
+// bytes (key_bytes) transposed by words (transpose_words), nibbles split after the transpose.
+inline constexpr bool is_nibble_type(KvDType t) { return t == KvDType::U4 || t == KvDType::Q4_0; }
+// Transposes per kLanes keys: the row's code bytes, 4 kLanes at a time.
+inline constexpr int64_t key_byte_steps(KvDType t, int64_t d) {
+  const int64_t bytes = t == KvDType::U8 || t == KvDType::Q8_0 ? d : (d + 1) / 2;
+  return (bytes + 4 * kLanes - 1) / (4 * kLanes);
+}
+// Word rows a tile holds, and the words a score sums (Q's codes past them are zero).
+inline constexpr int64_t key_word_rows(KvDType t, int64_t d) {
+  return key_byte_steps(t, d) * kLanes * (is_nibble_type(t) ? 2 : 1);
+}
+inline constexpr int64_t key_words_summed(KvDType t, int64_t d) {
+  return is_row_type(t) ? (d + kI8Chunk - 1) / kI8Chunk * (kI8Chunk / 4) : d / 4;
+}
+inline constexpr size_t key_words_bytes(KvDType t, int64_t d) {
+  return static_cast<size_t>((key_word_rows(t, d) + (is_row_type(t) ? 2 : d / 32)) * kTileKeys * 4);
+}
+// The word of packed dword px (bytes 4px .. 4px + 3 of the codes; nibble types: their low nibbles,
+// the high ones' word is lo_word + hi_words): q4_0's block holds values 0..15 in its low nibbles and
+// 16..31 in its high ones; u4's chunk of kI8Chunk values its even values low, odd high (vec_slot).
+template <KvDType T>
+inline constexpr int64_t kHiWords = T == KvDType::Q4_0 ? 4 : kI8Chunk / 8;
+template <KvDType T>
+inline int64_t lo_word(int64_t px) {
+  if constexpr (is_nibble_type(T)) return px / kHiWords<T> * 2 * kHiWords<T> + px % kHiWords<T>;
+  return px;
+}
+
+template <KvDType T, bool Vnni>
+void prep_k_words(const I8Layout& l, const Rows<Quant<T>>& k, int nk, std::byte* out) {
+  using namespace i8_detail;
+  constexpr bool kFlip = Vnni ? T == KvDType::Q8_0 : T == KvDType::U8;  // q8_0 as c + 128; no VNNI: u8 as c - 128
+  const int64_t d = l.d, steps = key_byte_steps(T, d);
+  auto* w = reinterpret_cast<int32_t*>(out);
+  float* sc = reinterpret_cast<float*>(out) + key_word_rows(T, d) * kTileKeys;
+  for (int j0 = 0; j0 < kTileKeys; j0 += kLanes) {
+    const std::byte* kr[kLanes];  // keys past nk repeat the last (computed, never stored)
+    for (int c = 0; c < kLanes; ++c) kr[c] = reinterpret_cast<const std::byte*>(k.row(j0 + c < nk ? j0 + c : nk - 1));
+    for (int64_t t = 0; t < steps; ++t) {
+      IVec x[kLanes];
+      for (int c = 0; c < kLanes; ++c) x[c] = key_bytes<T>(kr[c], t, d);
+      transpose_words(x);
+      for (int y = 0; y < kLanes; ++y) {
+        const int64_t px = t * kLanes + y;
+        if constexpr (is_nibble_type(T)) {
+          store_ivec(w + lo_word<T>(px) * kTileKeys + j0, nibbles_lo(x[y]));
+          store_ivec(w + (lo_word<T>(px) + kHiWords<T>)*kTileKeys + j0, nibbles_hi(x[y]));
+        } else {
+          store_ivec(w + px * kTileKeys + j0, kFlip ? xor80(x[y]) : x[y]);
+        }
+      }
+    }
+    if constexpr (is_row_type(T)) {
+      constexpr float kZpShift = !Vnni && T == KvDType::U8 ? 128.f : 0.f;
+      for (int c = 0; c < kLanes; ++c)
+        sc[j0 + c] = kv_read::load_f32(kr[c]), sc[kTileKeys + j0 + c] = kv_read::load_f32(kr[c] + 4) - kZpShift;
+    } else {
+      constexpr int kBytes = T == KvDType::Q8_0 ? 34 : 18;
+      for (int64_t b = 0; b < d / 32; ++b) {
+        alignas(64) uint16_t bits[kLanes];
+        for (int c = 0; c < kLanes; ++c) bits[c] = kv_detail::load_u16(kr[c] + b * kBytes);
+        f16_lanes(bits).store_aligned(sc + b * kTileKeys + j0);
+      }
+    }
+  }
+}
+
+// score_rows_i8 on a tile's words (prep_k_words): rows in passes of kWordRows, NV vectors of keys
+// at a time, each step one word of every key vector against each row's broadcast word.
+inline constexpr int kWordRows = kVectorRegisters == 32 ? 4 : 2;
+template <int MR, KvDType T, bool Vnni, class Step>
+void score_rows_i8_words(const I8Layout& l, const std::byte* q0, int64_t ld, int ja, int jb, float* s, Step& step,
+                         const std::byte* pre) {
+  using namespace i8_detail;
+  constexpr bool kRow = is_row_type(T);
+  constexpr bool kSigned = !Vnni && (T == KvDType::Q8_0 || T == KvDType::U8);  // magnitude x moved sign
+  constexpr int kR = MR < kWordRows ? MR : kWordRows;
+  // int32 (and for block types float) accumulators, NV key vectors and kR Q words in registers
+  constexpr int NV = kRow && kVectorRegisters == 32 ? 4 : 2;
+  const int64_t d = l.d, nw = key_words_summed(T, d);
+  const auto* w = reinterpret_cast<const int32_t*>(pre);
+  const float* sc = reinterpret_cast<const float*>(pre) + key_word_rows(T, d) * kTileKeys;
+  const int va = ja / kLanes, vb = (jb + kLanes - 1) / kLanes;
+  for (int v0 = va; v0 < vb; v0 += NV) {
+    const int nv = vb - v0 < NV ? vb - v0 : NV;  // vectors past nv repeat v0 (computed, never stored)
+    for (int r0 = 0; r0 < MR; r0 += kR) {
+      const int rows = MR - r0 < kR ? MR - r0 : kR;
+      const auto q = [&](int r) {  // rows past MR repeat the pass's first (computed, never stored)
+        return I8Row(const_cast<std::byte*>(q0 + (r0 + (r < rows ? r : 0)) * ld), l);
+      };
+      const int8_t* qc[kR];
+      for (int r = 0; r < kR; ++r) qc[r] = T == KvDType::U4 ? q(r).vec : q(r).nat;
+      // Word x of the NV key vectors times each row's word x.
+      const auto word = [&](IVec(&acc)[kR][NV], int64_t x) {
+        IVec kv[NV];
+        for (int n = 0; n < NV; ++n) {
+          step();
+          kv[n] = load_ivec(w + x * kTileKeys + (v0 + (n < nv ? n : 0)) * kLanes);
+        }
+        for (int r = 0; r < kR; ++r) {
+          int32_t qw;
+          std::memcpy(&qw, qc[r] + 4 * x, 4);
+          const IVec qb = bcast32(qw);
+          for (int n = 0; n < NV; ++n)
+            acc[r][n] =
+                kSigned ? dot4<Vnni>(acc[r][n], abs8(kv[n]), sign8(qb, kv[n])) : dot4<Vnni>(acc[r][n], kv[n], qb);
+        }
+      };
+      Batch out[kR][NV];
+      if constexpr (kRow) {
+        IVec acc[kR][NV];
+        for (int r = 0; r < kR; ++r)
+          for (int n = 0; n < NV; ++n) acc[r][n] = izero();
+        for (int64_t x = 0; x < nw; ++x) word(acc, x);
+        for (int r = 0; r < kR; ++r)
+          for (int n = 0; n < NV; ++n) {
+            const float* kc = sc + (v0 + (n < nv ? n : 0)) * kLanes;
+            out[r][n] = simd::fma(-Batch::load_aligned(kc + kTileKeys), Batch(static_cast<float>(q(r).bsum[0])),
+                                  to_float(acc[r][n])) *
+                        Batch(q(r).bs[0]) * Batch::load_aligned(kc);
+          }
+      } else {
+        for (int r = 0; r < kR; ++r)
+          for (int n = 0; n < NV; ++n) out[r][n] = Batch(0.f);
+        for (int64_t b = 0; b < d / 32; ++b) {
+          IVec acc[kR][NV];  // each lane starts at the codes' offset times the block's sum of Q codes
+          for (int r = 0; r < kR; ++r) {
+            const int32_t off = Vnni ? (T == KvDType::Q8_0 ? -128 : -8) : (T == KvDType::Q4_0 ? -8 : 0);
+            for (int n = 0; n < NV; ++n) acc[r][n] = bcast32(off * q(r).bsum[b]);
+          }
+          for (int64_t x = 8 * b; x < 8 * b + 8; ++x) word(acc, x);
+          for (int r = 0; r < kR; ++r)
+            for (int n = 0; n < NV; ++n) {
+              const Batch dk = Batch::load_aligned(sc + b * kTileKeys + (v0 + (n < nv ? n : 0)) * kLanes);
+              out[r][n] = simd::fma(to_float(acc[r][n]), dk * Batch(q(r).bs[b]), out[r][n]);
+            }
+        }
+      }
+      for (int r = 0; r < rows; ++r)
+        for (int n = 0; n < nv; ++n) {
+          const int j = (v0 + n) * kLanes;
+          float* dst = s + (r0 + r) * kTileKeys + j;
+          if (j >= ja && j + kLanes <= jb) {
+            out[r][n].store_aligned(dst);
+          } else {  // an edge vector: its keys in [ja, jb) only
+            alignas(64) float lanes[kLanes];
+            out[r][n].store_aligned(lanes);
+            for (int c = std::max(ja - j, 0); c < std::min(jb - j, kLanes); ++c) dst[c] = lanes[c];
+          }
+        }
+    }
+  }
+}
+
 // Elsewhere the rule, key by key; the NEON target with Vnni (the CPU has sdot: kI8Sdot): the same
 // integers by the floor's sdot_codes, combined by the rule's own code (score_from_dots).
 template <int MR, KvDType T, bool Vnni, class Step>
@@ -397,14 +520,14 @@ void score_rows_i8_keys(const I8Layout& l, const std::byte* q0, int64_t ld, cons
   }
 }
 
-// score_rows (microkernel.hpp) in integers: the floor's slices where it has them (kI8Vector),
-// else key by key.
-// pre: the tile's slices (prep_k_slices), or nullptr.
+// score_rows (microkernel.hpp) in integers: on the floor's integer vectors (kI8Vector) the tile's
+// words (pre: prep_k_words) when made, else the slices; elsewhere key by key.
 template <int MR, KvDType T, bool Vnni, class Step>
 void score_rows_i8(const std::byte* q0, int64_t ld, const std::byte*, const I8Layout& l, const Rows<Quant<T>>& k,
                    int ja, int jb, float* s, Step& step, const std::byte* pre = nullptr) {
   if constexpr (kI8Vector) {
-    score_rows_i8_slices<MR, T, Vnni>(l, q0, ld, k, ja, jb, s, step, pre);
+    if (pre) return score_rows_i8_words<MR, T, Vnni>(l, q0, ld, ja, jb, s, step, pre);
+    score_rows_i8_slices<MR, T, Vnni>(l, q0, ld, k, ja, jb, s, step);
   } else {
     score_rows_i8_keys<MR, T, Vnni>(l, q0, ld, k, ja, jb, s, step);
   }

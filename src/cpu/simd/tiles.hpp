@@ -85,10 +85,10 @@ struct Tiling {
   int64_t kv_heads = 0;
   // int8 dot products (decode_i8, src/cpu/simd/int8_dot.hpp; direct tasks over a q8_0, q4_0, u8 or
   // u4 cache): at i8_off a 64-byte flag (1: every row of the task rounded), then R + 1 rows of
-  // i8_row bytes (Q's integer form; the last all zero). A task of 3 panels or more on a target with
-  // the integer vectors (kI8Vector): at i8_prep_off a tile's K slices (prep_k_slices), then at
-  // i8_prep_off + i8_prep_v its V words (prep_v_words), then its V scales (v_tile_scales), made once
-  // per tile for all the panels.
+  // i8_row bytes (Q's integer form; the last all zero). A task of 2 panels or more on a target with
+  // the integer vectors (kI8Vector): at i8_prep_off a tile's K words (prep_k_words), then (3 panels
+  // or more) at i8_prep_off + i8_prep_v its V words (prep_v_words), then its V scales (v_tile_scales),
+  // made once per tile for all the panels.
   bool int8_dot = false;
   bool i8_vnni = false;  // vpdpbusd (the CPU has this target's VNNI unit; not ATTN_NO_VNNI=1), else vpmaddubsw;
                          // decode_i8 on NEON: sdot where the CPU has it, else the rule
@@ -163,8 +163,8 @@ struct Scratch {
   std::byte* i8;       // int8_dot: the flag, then Q's integer rows (Tiling::i8_off); int8_prefill: the
                        // task's header and Q words; else nullptr
   std::byte* i8_keys;  // int8_prefill: the shared key tiles of all heads (Tiling::i8_shared), else nullptr
-  std::byte* i8_prep;  // int8_dot over 3 panels or more: Tiling::i8_prep_off, else nullptr
-  const std::byte* i8_k_pre = nullptr;  // the current tile's K slices and V words when made (attend_tiles),
+  std::byte* i8_prep;  // int8_dot over 2 panels or more: Tiling::i8_prep_off, else nullptr
+  const std::byte* i8_k_pre = nullptr;  // the current tile's K words and V words when made (attend_tiles),
   const std::byte* i8_v_pre = nullptr;  // else nullptr
   const float* i8_v_scales = nullptr;   // and its V scales (v_tile_scales), else nullptr
   const std::byte* pairs;               // flash_amx: the packed tiles of all heads (Tiling::pairs_shared), else nullptr

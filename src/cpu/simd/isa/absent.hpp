@@ -67,6 +67,9 @@ Batch round_to_codes(Batch y, uint8_t* out);
 inline constexpr int kPvRows = 1;
 template <KvDType T>
 IVec v_codes(const std::byte* r, int64_t c0, int64_t rem);
+template <KvDType T>
+IVec key_bytes(const std::byte* r, int64_t t, int64_t d);
+void transpose_words(IVec* x);
 IVec lo8(IVec a, IVec b);
 IVec hi8(IVec a, IVec b);
 IVec lo16(IVec a, IVec b);

@@ -273,6 +273,33 @@ inline IVec v_codes(const std::byte* r, int64_t c0, int64_t rem) {
     return _mm256_and_si256(_mm256_blend_epi32(z, _mm256_srli_epi16(z, 4), 0xf0), _mm256_set1_epi8(0x0f));
   }
 }
+// avx512.hpp's key_bytes over 32 bytes: [32 t, 32 t + 32) of key row r's codes as stored.
+template <KvDType T>
+inline IVec key_bytes(const std::byte* r, int64_t t, int64_t d) {
+  if constexpr (T == KvDType::U8 || T == KvDType::U4) {
+    const int64_t n = (T == KvDType::U8 ? d : (d + 1) / 2) - 32 * t;
+    const std::byte* p = r + 8 + 32 * t;
+    if (n >= 32) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    alignas(32) std::byte buf[32];
+    copy_bytes(p, n > 0 ? n : 0, buf, 32);
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
+  } else if constexpr (T == KvDType::Q8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + t * 34 + 2));  // block t (t < d / 32)
+  } else {
+    static_assert(T == KvDType::Q4_0);
+    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 2 * t * 18 + 2));
+    const __m128i hi = 2 * t + 1 < d / 32 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + (2 * t + 1) * 18 + 2))
+                                          : _mm_setzero_si128();
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+  }
+}
+// x[i] word j <- x[j] word i (transpose_block on the integer bits).
+inline void transpose_words(IVec x[8]) {
+  __m256 f[8];
+  for (int i = 0; i < 8; ++i) f[i] = _mm256_castsi256_ps(x[i]);
+  transpose_block(f);
+  for (int i = 0; i < 8; ++i) x[i] = _mm256_castps_si256(f[i]);
+}
 inline IVec lo8(IVec a, IVec b) { return _mm256_unpacklo_epi8(a, b); }
 inline IVec hi8(IVec a, IVec b) { return _mm256_unpackhi_epi8(a, b); }
 inline IVec lo16(IVec a, IVec b) { return _mm256_unpacklo_epi16(a, b); }

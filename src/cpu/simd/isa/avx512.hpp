@@ -327,6 +327,39 @@ inline IVec v_codes(const std::byte* r, int64_t c0, int64_t rem) {
     return _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
   }
 }
+// Bytes [64 t, 64 t + 64) of key row r's codes as stored, zero past them (prep_k_words): u8 and u4
+// the row's bytes past its scale and zero point, q8_0 and q4_0 the d / 32 blocks' code bytes back to back.
+template <KvDType T>
+inline IVec key_bytes(const std::byte* r, int64_t t, int64_t d) {
+  if constexpr (T == KvDType::U8 || T == KvDType::U4) {
+    const int64_t n = (T == KvDType::U8 ? d : (d + 1) / 2) - 64 * t;
+    return _mm512_maskz_loadu_epi8(n <= 0 ? 0 : first_bytes(n), r + 8 + 64 * t);
+  } else {
+    constexpr int kBytes = T == KvDType::Q8_0 ? 32 : 16, kStride = kBytes + 2, kPer = 64 / kBytes;
+    const int64_t nb = d / 32;
+    IVec z = _mm512_setzero_si512();
+    for (int i = 0; i < kPer; ++i) {
+      const int64_t b = kPer * t + i;
+      if (b >= nb) break;
+      const std::byte* p = r + b * kStride + 2;
+      if constexpr (kBytes == 32) {
+        const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        z = i ? _mm512_inserti64x4(z, y, 1) : _mm512_inserti64x4(z, y, 0);
+      } else {
+        z = _mm512_mask_broadcast_i32x4(z, static_cast<__mmask16>(0xf << (4 * i)),
+                                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      }
+    }
+    return z;
+  }
+}
+// x[i] word j <- x[j] word i (transpose_block on the integer bits).
+inline void transpose_words(IVec x[16]) {
+  __m512 f[16];
+  for (int i = 0; i < 16; ++i) f[i] = _mm512_castsi512_ps(x[i]);
+  transpose_block(f);
+  for (int i = 0; i < 16; ++i) x[i] = _mm512_castps_si512(f[i]);
+}
 inline IVec lo8(IVec a, IVec b) { return _mm512_unpacklo_epi8(a, b); }
 inline IVec hi8(IVec a, IVec b) { return _mm512_unpackhi_epi8(a, b); }
 inline IVec lo16(IVec a, IVec b) { return _mm512_unpacklo_epi16(a, b); }
