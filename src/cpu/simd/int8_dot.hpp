@@ -298,9 +298,7 @@ void score_rows_i8_slices(const I8Layout& l, const std::byte* q0, int64_t ld, co
           for (int g = 0; g < 4; ++g) acc[r][g] = Batch(0.f);
         constexpr int kBytes = T == KvDType::Q8_0 ? 34 : 18;
         for (int64_t b = 0; b < blocks; ++b) {
-          alignas(64) uint16_t bits[kSliceBlock];
-          for (int c = 0; c < kSliceBlock; ++c) bits[c] = kv_detail::load_u16(kr[c] + b * kBytes);
-          const Batch dk = f16_lanes(bits);
+          const Batch dk = f16_at(kr, b * kBytes);
           IVec start[kR];  // each key's lane 0: the codes' offset times the block's sum of Q codes
           for (int r = 0; r < kR; ++r) {
             start[r] = Vnni ? lane0_of_each_key((T == KvDType::Q8_0 ? -128 : -8) * q(r).bsum[b])
@@ -404,9 +402,7 @@ void prep_k_words(const I8Layout& l, const Rows<Quant<T>>& k, int nk, std::byte*
     } else {
       constexpr int kBytes = T == KvDType::Q8_0 ? 34 : 18;
       for (int64_t b = 0; b < d / 32; ++b) {
-        alignas(64) uint16_t bits[kLanes];
-        for (int c = 0; c < kLanes; ++c) bits[c] = kv_detail::load_u16(kr[c] + b * kBytes);
-        f16_lanes(bits).store_aligned(sc + b * kTileKeys + j0);
+        f16_at(kr, b * kBytes).store_aligned(sc + b * kTileKeys + j0);
       }
     }
   }
@@ -837,10 +833,9 @@ inline void v_tile_scales(const std::byte* const* vr, int64_t dv, float* out) {
     float* sc = out + b * kTileKeys;
     if constexpr (is_row_type(T) || !kI8Vector) {
       for (int j = 0; j < kTileKeys; ++j) sc[j] = v_scale<T>(vr[j], b);
-    } else {  // the f16 scales by F16C, kLanes at a time (a scalar conversion per key and block cost more)
-      alignas(64) uint16_t bits[kTileKeys];
-      for (int j = 0; j < kTileKeys; ++j) bits[j] = kv_detail::load_u16(vr[j] + b * (T == KvDType::Q8_0 ? 34 : 18));
-      for (int j = 0; j < kTileKeys; j += kLanes) f16_lanes(bits + j).store_aligned(sc + j);
+    } else {  // the f16 scales gathered and converted kLanes at a time (f16_at)
+      for (int j = 0; j < kTileKeys; j += kLanes)
+        f16_at(vr + j, b * (T == KvDType::Q8_0 ? 34 : 18)).store_aligned(sc + j);
     }
   }
   if constexpr (is_row_type(T)) {

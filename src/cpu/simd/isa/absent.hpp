@@ -19,7 +19,7 @@ using FloatReg = Batch;
 void transpose_block(FloatReg* r);
 void load_even_odd(const bf16* p, Batch& even, Batch& odd);
 Batch trunc_float(Batch y);
-Batch f16_lanes(const uint16_t* p);
+Batch f16_at(const std::byte* const* p, int64_t off);
 Batch spread_keys(Batch v, int g);
 template <bool Max>
 Batch reduce4(Batch a, Batch b, Batch c, Batch d);

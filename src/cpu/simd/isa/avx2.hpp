@@ -98,8 +98,15 @@ inline void load_even_odd(const bf16* p, Batch& even, Batch& odd) {
   odd = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
 }
 
-inline Batch f16_lanes(const uint16_t* p) {  // 8 binary16 values, 16-byte aligned
-  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(p)));
+// avx512.hpp's f16_at: the 8 binary16 values at p[c] + off as float32, by two gathers.
+inline Batch f16_at(const std::byte* const* p, int64_t off) {
+  const __m256i o = _mm256_set1_epi64x(off);
+  const __m256i a = _mm256_add_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), o);
+  const __m256i b = _mm256_add_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 4)), o);
+  const __m128i lo = _mm256_i64gather_epi32(static_cast<const int*>(nullptr), a, 1);
+  const __m128i hi = _mm256_i64gather_epi32(static_cast<const int*>(nullptr), b, 1);
+  const __m128i m = _mm_set1_epi32(0xffff);
+  return _mm256_cvtph_ps(_mm_packus_epi32(_mm_and_si128(lo, m), _mm_and_si128(hi, m)));
 }
 // 8 keys' values in key order; vector g holds key 2g + k's value in all of 128-bit lane k.
 inline Batch spread_keys(Batch v, int g) {
