@@ -333,7 +333,7 @@ void score_rows_i8_slices(const I8Layout& l, const std::byte* q0, int64_t ld, co
     }
   }
 }
-// A direct task of 3 panels or more (decode_i8 at GQA >= 12; tiles.cpp's prep_i8_tile) scores every
+// A direct task of 2 panels or more (decode_i8 at GQA >= 8; tiles.cpp's prep_i8_tile) scores every
 // panel against the same tile, so the tile is laid out once as a small GEMM's operand (prep_k_words):
 // K^T by 32-bit words, as flash_int8's key tiles -
 //   words[x * kTileKeys + j]   key j's codes 4x .. 4x + 3 in Q's order (nat; u4: vec), the unsigned
@@ -361,7 +361,7 @@ inline constexpr size_t key_words_bytes(KvDType t, int64_t d) {
   return static_cast<size_t>((key_word_rows(t, d) + (is_row_type(t) ? 2 : d / 32)) * kTileKeys * 4);
 }
 // The word of packed dword px (bytes 4px .. 4px + 3 of the codes; nibble types: their low nibbles,
-// the high ones' word is lo_word + hi_words): q4_0's block holds values 0..15 in its low nibbles and
+// the high ones' word is lo_word + kHiWords): q4_0's block holds values 0..15 in its low nibbles and
 // 16..31 in its high ones; u4's chunk of kI8Chunk values its even values low, odd high (vec_slot).
 template <KvDType T>
 inline constexpr int64_t kHiWords = T == KvDType::Q4_0 ? 4 : kI8Chunk / 8;
@@ -401,9 +401,7 @@ void prep_k_words(const I8Layout& l, const Rows<Quant<T>>& k, int nk, std::byte*
         sc[j0 + c] = kv_read::load_f32(kr[c]), sc[kTileKeys + j0 + c] = kv_read::load_f32(kr[c] + 4) - kZpShift;
     } else {
       constexpr int kBytes = T == KvDType::Q8_0 ? 34 : 18;
-      for (int64_t b = 0; b < d / 32; ++b) {
-        f16_at(kr, b * kBytes).store_aligned(sc + b * kTileKeys + j0);
-      }
+      for (int64_t b = 0; b < d / 32; ++b) f16_at(kr, b * kBytes).store_aligned(sc + b * kTileKeys + j0);
     }
   }
 }
